@@ -1,0 +1,1 @@
+"""trex: a compiler-style graph optimization layer for MoE post-training."""
