@@ -1,0 +1,34 @@
+"""The `Backend` interface: what a plugin implements to run part of a trex graph.
+
+A backend answers `supports(node)` for each node (it must return False, never raise, for anything
+it cannot run) and `lower(gm, example_inputs)` for a graph made only of nodes it said yes to,
+returning a callable with the graph's signature. Backends are tried in the user's priority order;
+the eager reference backend takes whatever the others leave, so no backend has to be complete.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from torch import fx
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def supports(self, node: fx.Node) -> bool:
+        """True when this backend can run `node` (a call node with meta['val']); never raises."""
+
+    @abstractmethod
+    def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        """A callable computing `gm` (whose call nodes this backend all supports).
+
+        `example_inputs` are FakeTensors (shapes, dtypes, devices) of gm's placeholders.
+        """
+
+    def __repr__(self) -> str:
+        return f"<trex backend {self.name!r}>"

@@ -1,0 +1,185 @@
+"""`trex.compile`: the front door."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trex.capture import CapturedGraph, CompileOptions, GraphBreak, TrexCompiler
+from trex.errors import CaptureError, TrexError
+from trex.pass_manager import Pass
+from trex.targets import check_executable
+
+FALLBACKS = (None, "eager")
+
+
+class TrexFallbackWarning(UserWarning):
+    """The model was not captured whole and runs region by region (`fallback="eager"`)."""
+
+
+class CompileSession:
+    """What trex did to one compiled model: the graphs, their reports, timings and dumps."""
+
+    def __init__(self, compiler: TrexCompiler, previous_experts_implementation: str | None, experts_coverage: dict[str, str | None]):
+        self.compiler = compiler
+        self.previous_experts_implementation = previous_experts_implementation
+        self.experts_coverage = experts_coverage  # experts module -> None (fused trex op) or why not
+        self.first_call_seconds: float | None = None
+
+    @property
+    def graphs(self) -> list[CapturedGraph]:
+        return self.compiler.graphs
+
+    @property
+    def graph_breaks(self) -> list[GraphBreak]:
+        return [g.graph_break for g in self.graphs if g.graph_break is not None]
+
+    @property
+    def dump_dir(self) -> Path | None:
+        return self.compiler.options.dump_dir
+
+    @property
+    def options(self) -> CompileOptions:
+        return self.compiler.options
+
+    def summary(self) -> str:
+        lines = [f"trex: {len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s); target {self.options.target.name}; backends {', '.join(b.name for b in self.options.backends)}"]
+        lines += [f"  {g.summary()}" for g in self.graphs]
+        if self.first_call_seconds is not None:
+            lines.append(f"  first call (capture + compile + run): {self.first_call_seconds:.2f} s")
+        if self.dump_dir is not None:
+            lines.append(f"  dumps: {self.dump_dir}")
+        return "\n".join(lines)
+
+
+class CompiledModule(torch.nn.Module):
+    """The compiled model: call it like the original; it shares the original's parameters.
+
+    Parameters and buffers appear under `_orig_mod.` (as with `torch.compile`); attributes the
+    original has (`config`, `generate`, ...) are reachable directly. `.trex` is the `CompileSession`.
+    """
+
+    def __init__(self, model: torch.nn.Module, compiled: Any, session: CompileSession, fallback: str | None):
+        super().__init__()
+        self._orig_mod = model
+        self._compiled = compiled
+        self.trex = session
+        self._fallback = fallback
+        self._warned = False
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        first = self.trex.first_call_seconds is None
+        start = time.perf_counter()
+        try:
+            output = self._compiled(*args, **kwargs)
+        except TrexError:
+            raise
+        except Exception as error:
+            inner = _trex_error_inside(error)
+            if inner is not None:  # Dynamo wraps what a backend raises; show trex's own message
+                raise inner.with_traceback(None) from error
+            if self._fallback is None and _is_graph_break(error):
+                raise CaptureError(_describe_graph_breaks(self._orig_mod, args, kwargs, error)) from error
+            raise
+        if first:
+            self.trex.first_call_seconds = time.perf_counter() - start
+        if self._fallback == "eager" and self.trex.graph_breaks and not self._warned:
+            self._warned = True
+            warnings.warn(_fallback_message(self.trex), TrexFallbackWarning, stacklevel=2)
+        return output
+
+
+def _trex_error_inside(error: BaseException) -> TrexError | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, TrexError):
+            return error
+        seen.add(id(error))
+        error = getattr(error, "inner_exception", None) or error.__cause__
+    return None
+
+
+def _is_graph_break(error: Exception) -> bool:
+    from torch._dynamo import exc
+
+    return isinstance(error, (exc.Unsupported, exc.UserError)) or "graph break" in str(error).lower()
+
+
+def _describe_graph_breaks(model: torch.nn.Module, args: tuple, kwargs: dict, error: Exception) -> str:
+    """List every graph break (file:line, source, reason) by re-running the model under explain."""
+    breaks: list[GraphBreak] = []
+    try:
+        explanation = torch._dynamo.explain(model)(*args, **kwargs)
+        breaks = [GraphBreak.from_reason(r) for r in explanation.break_reasons]
+    except Exception as explain_error:  # noqa: BLE001 - fall back to the one break we know
+        breaks = [GraphBreak(f"{error} (explain failed: {explain_error})", [])]
+    if not breaks:
+        breaks = [GraphBreak(str(error), [])]
+    listed = "\n".join(f"  {i}. {b.describe()}" for i, b in enumerate(breaks, 1))
+    return (
+        f"trex could not capture {type(model).__name__} as one graph: {len(breaks)} graph break(s)\n{listed}\n"
+        "Fix the lines above (data-dependent Python control flow, .item()/.tolist(), unsupported calls), "
+        "or pass fallback='eager' to run the model region by region, each region compiled by trex."
+    )
+
+
+def _fallback_message(session: CompileSession) -> str:
+    breaks = session.graph_breaks
+    listed = "\n".join(f"  {i}. {b.describe()}" for i, b in enumerate(breaks, 1))
+    return f"trex: the model was not captured whole; fallback='eager' runs it as {len(session.graphs)} regions compiled by trex with eager Python between them ({len(breaks)} graph break(s)):\n{listed}"
+
+
+def _device_types(model: torch.nn.Module) -> set[str]:
+    return {t.device.type for t in (*model.parameters(), *model.buffers())}
+
+
+def compile(
+    model: torch.nn.Module,
+    *,
+    target: str = "cpu",
+    backend: str | Any | Sequence[str | Any] = "eager",
+    passes: str | Sequence[str | Pass] | None = None,
+    dump_dir: str | Path | None = None,
+    fallback: str | None = None,
+) -> CompiledModule:
+    """Compile `model` for training (forward, `loss.backward()`, optimizer step) and inference.
+
+    Capture is Dynamo + AOTAutograd: one joint forward+backward aten graph per Dynamo graph,
+    FakeTensor metadata on every node. transformers MoE models are switched to the "trex" experts
+    implementation (same math, one `trex.moe_experts` op per layer; the previous implementation's
+    name is kept in `.trex.previous_experts_implementation`).
+
+    target:   hardware the program is planned for (`trex.targets.TARGETS`); executing needs it here.
+    backend:  a backend name or instance, or a priority list; the eager backend takes the rest.
+    passes:   the pipeline ("a,b" or a list of names / pass objects); default trex.passes.DEFAULT_PIPELINE.
+              `TREX_PASSES=-name` disables a pass, `TREX_FUEL=N` bounds the number of rewrites.
+    dump_dir: write every graph after every pass, decisions, partitions and lowering here
+              (or set `TREX_DUMP=dir`). Files trex did not write are never removed.
+    fallback: None (default) raises `CaptureError` listing every graph break; "eager" runs the model
+              region by region, each region compiled by trex, and warns once with the breaks.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TrexError(f"trex.compile takes a torch.nn.Module, got {type(model).__name__}")
+    if fallback not in FALLBACKS:
+        raise TrexError(f"unknown fallback {fallback!r}; valid: None (raise on graph breaks) or 'eager'")
+    options = CompileOptions.build(target=target, backend=backend, passes=passes, dump_dir=dump_dir)
+    check_executable(options.target, _device_types(model))
+
+    from trex.integrations.transformers_moe import experts_coverage, use_trex_experts
+
+    previous = use_trex_experts(model)
+    compiler = TrexCompiler(options)
+    session = CompileSession(compiler, previous, experts_coverage(model))
+    compiled = torch.compile(model, backend=compiler, fullgraph=fallback is None)
+    return CompiledModule(model, compiled, session, fallback)

@@ -1,0 +1,1 @@
+"""Adapters between trex and the model libraries it captures."""
