@@ -1,0 +1,278 @@
+"""Cluster topologies: devices in nested domains (tiers), and where a process group lands on them.
+
+A cluster is a device profile plus tiers listed from the innermost (fastest) outwards, e.g. NVLink
+inside an 8-GPU node, then InfiniBand across nodes. Each tier has a domain size (devices per
+domain; the outermost tier spans the whole cluster), a per-device bandwidth per direction, a
+per-message latency, an achievable fraction of that bandwidth, and a topology:
+
+* `switch` - every device reaches every other at the full per-device bandwidth (NVSwitch, a
+  rail-optimised fabric, the CloudMatrix Unified Bus).
+* `full_mesh` - point-to-point links of `bandwidth_gbs` each (Ascend HCCS inside an Atlas 800T A2);
+  a group of f devices can drive at most f-1 links at once, so small groups get little bandwidth.
+
+Ranks are numbered so that consecutive ranks share the innermost domain (rank r sits in domain
+r // size of each tier), the layout Megatron and torchrun produce. `placement(ranks)` turns a group
+into levels (tier, fanout): how many sub-domains the group spans at each tier.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from trex.cost_model.devices import BUILTIN_DEVICES, DeviceProfile, device_profile_from_dict, get_device, read_profile_file
+from trex.errors import TrexError, UnknownNameError
+
+Topology = Literal["switch", "full_mesh"]
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    size: int | None  # devices per domain; None for the outermost tier (the whole cluster)
+    bandwidth_gbs: float  # per device per direction (switch) or per link (full_mesh), GB/s
+    latency_us: float  # per message / per algorithm step
+    efficiency: float = 0.85  # achievable fraction of bandwidth for large messages
+    topology: Topology = "switch"
+    source: str = ""
+
+    def bandwidth(self, peers: int) -> float:
+        """Bytes/s one device can push to `peers` other members of its group over this tier."""
+        if self.topology == "full_mesh":
+            links = max(1, peers) if self.size is None else max(1, min(peers, self.size - 1))
+            return links * self.bandwidth_gbs * 1e9 * self.efficiency
+        return self.bandwidth_gbs * 1e9 * self.efficiency
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+@dataclass(frozen=True)
+class Level:
+    """One tier of a group's placement: `fanout` sub-domains talk over `tier`."""
+
+    tier: Tier
+    fanout: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A process group mapped onto a cluster: levels from the innermost tier outwards."""
+
+    size: int
+    levels: tuple[Level, ...]  # only tiers the group actually crosses (fanout > 1)
+
+    @property
+    def slowest(self) -> Tier | None:
+        return self.levels[-1].tier if self.levels else None
+
+    def describe(self) -> str:
+        if not self.levels:
+            return f"{self.size} rank (local)"
+        return " x ".join(f"{level.fanout} over {level.tier.name}" for level in self.levels)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    description: str
+    device: DeviceProfile
+    tiers: tuple[Tier, ...]
+    devices: int
+    max_devices: int | None = None  # None: grows by adding domains of the outermost tier
+    unit: int | None = None  # devices allocated together (a server); defaults to the innermost tier's domain
+    sources: tuple[str, ...] = ()
+
+    @property
+    def node_size(self) -> int:
+        """Devices in the largest bounded domain below the outermost tier (a node or supernode)."""
+        bounded = [t.size for t in self.tiers if t.size is not None]
+        return bounded[-1] if bounded else 1
+
+    def sized(self, devices: int) -> Cluster:
+        """The same cluster with `devices` devices: whole servers once past one server."""
+        if devices < 1:
+            raise TrexError(f"--devices must be at least 1 (got {devices})")
+        if self.max_devices is not None and devices > self.max_devices:
+            raise TrexError(f"cluster {self.name!r} holds at most {self.max_devices} devices (asked for {devices})")
+        unit = self.unit or (self.tiers[0].size or 1)
+        if devices > unit and devices % unit:
+            lower = devices - devices % unit
+            raise TrexError(f"cluster {self.name!r} allocates whole servers of {unit} devices; {devices} is not a multiple of {unit} "
+                            f"(use {lower} or {lower + unit})")
+        return replace(self, devices=devices)
+
+    def with_device(self, device: DeviceProfile) -> Cluster:
+        return replace(self, device=device)
+
+    def placement(self, ranks: tuple[int, ...] | list[int]) -> Placement:
+        ranks = tuple(ranks)
+        return _placement(self.tiers, ranks)
+
+    def strided_placement(self, size: int, stride: int, start: int = 0) -> Placement:
+        """Placement of the regular group {start + stride * i : i < size}."""
+        return _strided_placement(self.tiers, size, stride, start)
+
+    def tier_between(self, a: int, b: int) -> Tier:
+        """The innermost tier whose domain holds both ranks."""
+        for tier in self.tiers:
+            if tier.size is None or a // tier.size == b // tier.size:
+                return tier
+        return self.tiers[-1]
+
+
+def _placement(tiers: tuple[Tier, ...], ranks: tuple[int, ...]) -> Placement:
+    if len(set(ranks)) != len(ranks):
+        raise TrexError(f"a process group lists a rank twice: {sorted(ranks)}")
+    previous = len(ranks)
+    levels = []
+    for tier in tiers:
+        domains = 1 if tier.size is None else len({r // tier.size for r in ranks})
+        fanout = math.ceil(previous / domains)
+        if fanout > 1:
+            levels.append(Level(tier, fanout))
+        previous = domains
+    return Placement(len(ranks), tuple(levels))
+
+
+@lru_cache(maxsize=4096)
+def _strided_placement(tiers: tuple[Tier, ...], size: int, stride: int, start: int) -> Placement:
+    return _placement(tiers, tuple(start + stride * i for i in range(size)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Named clusters (the same names as trex.TARGETS). Bandwidths per device per direction.
+
+_NVLINK3 = Tier("nvlink3", 8, 300.0, 3.0, 0.78, "switch", "NVLink3 600 GB/s bidirectional; NCCL all-reduce bus bandwidth ~230-240 GB/s on DGX A100")
+_HDR_IB = Tier("infiniband-hdr", None, 25.0, 6.0, 0.88, "switch", "Selene: 8x HDR 200 Gb/s per node, 25 GB/s per GPU (Korthikanti et al. 2022)")
+_NVLINK4 = Tier("nvlink4", 8, 450.0, 3.0, 0.80, "switch", "NVLink4 900 GB/s bidirectional; NCCL bus bandwidth ~360 GB/s")
+_NDR_IB = Tier("infiniband-ndr", None, 50.0, 6.0, 0.82, "switch", "NDR 400 Gb/s per GPU (50 GB/s); ~40-42 GB/s effective")
+_NVLINK_H800 = Tier("nvlink-h800", 8, 200.0, 3.0, 0.80, "switch", "H800 NVLink 400 GB/s bidirectional; DeepSeek measured ~160 GB/s (V3 report Sec. 3.2.2)")
+_IB_H800 = Tier("infiniband-ndr", None, 50.0, 6.0, 0.80, "switch", "8x 400 Gb/s IB per node; ~40 GB/s effective per GPU (DeepSeek-V3 report)")
+_HCCS = Tier("hccs", 8, 56.0, 5.0, 0.85, "full_mesh", "Atlas 800T A2: HCCS full mesh, ~56 GB/s per peer link, ~392 GB/s aggregate")
+_ROCE_200 = Tier("roce-200g", None, 25.0, 10.0, 0.85, "switch", "RoCE 200 Gb/s per NPU (Pangu Ultra report Sec. 4.1)")
+_DIE_TO_DIE = Tier("die-to-die", 2, 540.0, 1.0, 0.80, "switch", "910C package: two dies paired on-package (assumed ~540 GB/s); CloudMatrix384 paper")
+_UB_NODE = Tier("ub-node", 16, 196.0, 2.0, 0.80, "switch", "910C server: 8 packages / 16 dies on the Unified Bus, >392 GB/s per package (CloudMatrix384 paper)")
+_UB_SUPERNODE = Tier("unified-bus", 768, 196.0, 2.0, 0.80, "switch", "CloudMatrix384: UB non-blocking all-to-all over 384 packages (768 dies), >392 GB/s per package, <1 us latency")
+_ROCE_400_DIE = Tier("roce-400g", None, 25.0, 10.0, 0.85, "switch", "RDMA 400 Gb/s per 910C package across supernodes (25 GB/s per die)")
+
+
+def _builtin_clusters() -> dict[str, Cluster]:
+    d = BUILTIN_DEVICES
+    clusters = [
+        Cluster("a100", "DGX A100 / Selene: 8x A100 SXM 80GB per node, NVLink3, 8x HDR InfiniBand per node", d["a100"], (_NVLINK3, _HDR_IB), 8),
+        Cluster("h100", "DGX H100: 8x H100 SXM per node, NVLink4, 8x NDR InfiniBand per node", d["h100"], (_NVLINK4, _NDR_IB), 8),
+        Cluster("h800", "8x H800 per node, reduced NVLink, 8x 400 Gb/s InfiniBand per node", d["h800"], (_NVLINK_H800, _IB_H800), 8),
+        Cluster("h200", "HGX H200: 8x H200 SXM per node, NVLink4, NDR InfiniBand", d["h200"], (_NVLINK4, _NDR_IB), 8),
+        Cluster("ascend-910b", "Atlas 800T A2: 8x Ascend 910B (64 GB) per node, HCCS full mesh, RoCE 200 Gb/s per NPU", d["ascend-910b"], (_HCCS, _ROCE_200), 8),
+        Cluster("ascend-910c", "Ascend 910C servers: 8 packages (16 dies, one NPU each) per node on UB, RoCE across nodes", d["ascend-910c-die"],
+                (_DIE_TO_DIE, _UB_NODE, _ROCE_400_DIE), 16, unit=16),
+        Cluster("cloudmatrix384", "CloudMatrix384 supernode: 384 Ascend 910C (768 dies) on the Unified Bus; RoCE between supernodes", d["ascend-910c-die"],
+                (_DIE_TO_DIE, _UB_SUPERNODE, _ROCE_400_DIE), 768, unit=16),
+        Cluster("cpu", "this machine: CPU processes talking over gloo (loopback)", d["cpu"],
+                (Tier("gloo-loopback", None, 2.0, 50.0, 1.0, "switch", "placeholder; `trex calibrate` measures gloo"),), 1),
+    ]
+    return {c.name: c for c in clusters}
+
+
+BUILTIN_CLUSTERS: dict[str, Cluster] = _builtin_clusters()
+
+
+def cluster_names() -> list[str]:
+    return sorted(BUILTIN_CLUSTERS)
+
+
+def get_cluster(name_or_path: str | Path, devices: int | None = None, device: str | Path | None = None) -> Cluster:
+    """A named cluster (or a TOML/JSON cluster file), sized to `devices`, optionally with another device."""
+    key = str(name_or_path)
+    if key == "cpu":
+        from trex.cost_model.devices import calibrated_cpu_path
+
+        path = calibrated_cpu_path()
+        cluster = load_cluster(path) if path.exists() else BUILTIN_CLUSTERS["cpu"]
+    elif key in BUILTIN_CLUSTERS:
+        cluster = BUILTIN_CLUSTERS[key]
+    elif Path(key).suffix in (".toml", ".json") or Path(key).exists():
+        cluster = load_cluster(key)
+    else:
+        raise UnknownNameError("cluster", key, BUILTIN_CLUSTERS, hint="or pass a cluster file (.toml or .json)")
+    if device is not None:
+        cluster = cluster.with_device(get_device(device))
+    return cluster.sized(devices) if devices is not None else cluster
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster files: a [device] table (or `device = "h100"`) and a [cluster] table with [[cluster.tiers]].
+
+_TIER_FIELDS = {"name": "a label, e.g. 'nvlink'", "size": "devices per domain (omit for the outermost tier)",
+                "bandwidth_gbs": "GB/s per device per direction (per link for full_mesh)", "latency_us": "microseconds per message",
+                "efficiency": "achievable fraction (0-1] of bandwidth", "topology": "'switch' or 'full_mesh'", "source": "where the numbers come from"}
+
+
+def _tier_fail(source: str, index: int, field: str, problem: str, fix: str) -> TrexError:
+    return TrexError(f"cluster file {source}: field 'cluster.tiers[{index}].{field}' {problem}; {fix}")
+
+
+def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
+    if "cluster" not in data or not isinstance(data["cluster"], dict):
+        raise TrexError(f"cluster file {source}: table 'cluster' is missing; add [cluster] with name and [[cluster.tiers]]")
+    table = data["cluster"]
+    device_entry = data.get("device", table.get("device"))
+    if device_entry is None:
+        raise TrexError(f"cluster file {source}: field 'device' is missing; name a built-in device (e.g. device = \"h100\") or add a [device] table")
+    device = get_device(device_entry) if isinstance(device_entry, str) else device_profile_from_dict(device_entry, source)
+    tiers_data = table.get("tiers")
+    if not isinstance(tiers_data, list) or not tiers_data:
+        raise TrexError(f"cluster file {source}: field 'cluster.tiers' is missing or empty; add one [[cluster.tiers]] per tier, innermost first")
+    tiers = []
+    for index, tier in enumerate(tiers_data):
+        for key in tier:
+            if key not in _TIER_FIELDS:
+                raise _tier_fail(source, index, key, "is not a tier field", f"valid fields: {', '.join(_TIER_FIELDS)}")
+        for key in ("name", "bandwidth_gbs", "latency_us"):
+            if key not in tier:
+                raise _tier_fail(source, index, key, "is missing", f"add it: {_TIER_FIELDS[key]}")
+        for key in ("bandwidth_gbs", "latency_us", "efficiency"):
+            value = tier.get(key, 0.85 if key == "efficiency" else None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (key == "efficiency" and value > 1):
+                raise _tier_fail(source, index, key, f"must be a positive number{' at most 1' if key == 'efficiency' else ''} (got {value!r})", _TIER_FIELDS[key])
+        size = tier.get("size")
+        last = index == len(tiers_data) - 1
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise _tier_fail(source, index, "size", f"must be a positive integer (got {size!r})", _TIER_FIELDS["size"])
+        if size is None and not last:
+            raise _tier_fail(source, index, "size", "is missing", "only the outermost tier may omit its domain size")
+        if tiers and size is not None and tiers[-1].size is not None and size % tiers[-1].size:
+            raise _tier_fail(source, index, "size", f"({size}) is not a multiple of the tier inside it ({tiers[-1].size})", "domains must nest")
+        topology = tier.get("topology", "switch")
+        if topology not in ("switch", "full_mesh"):
+            raise _tier_fail(source, index, "topology", f"is {topology!r}", "use 'switch' or 'full_mesh'")
+        tiers.append(Tier(tier["name"], size, float(tier["bandwidth_gbs"]), float(tier["latency_us"]), float(tier.get("efficiency", 0.85)),
+                          topology, tier.get("source", "")))
+    if tiers[-1].size is not None:
+        tiers.append(replace(tiers[-1], name=f"{tiers[-1].name}-outer", size=None))
+    name = table.get("name", Path(source).stem)
+    devices = table.get("devices", tiers[0].size or 1)
+    return Cluster(name, table.get("description", name), device, tuple(tiers), int(devices), table.get("max_devices"), table.get("unit"))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_dict(read_profile_file(path), source=str(path))
+
+
+def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
+    from trex.cost_model.devices import device_profile_to_dict
+
+    tiers = []
+    for tier in cluster.tiers:
+        entry: dict[str, Any] = {"name": tier.name, "bandwidth_gbs": tier.bandwidth_gbs, "latency_us": tier.latency_us,
+                                 "efficiency": tier.efficiency, "topology": tier.topology, "source": tier.source}
+        if tier.size is not None:
+            entry["size"] = tier.size
+        tiers.append(entry)
+    return {**device_profile_to_dict(cluster.device), "cluster": {"name": cluster.name, "description": cluster.description,
+                                                                   "devices": cluster.devices, "tiers": tiers}}

@@ -1,0 +1,488 @@
+"""Device profiles: what one accelerator (or this CPU) can do, and how close to peak it gets.
+
+A profile holds the datasheet facts (peak dense throughput per dtype, memory, HBM bandwidth) and
+three small performance models shared by every estimate on that device:
+
+* `GemmModel` - tile-wave GEMM time. A GEMM is cut into `tile_m x tile_n` output tiles that run in
+  waves over `compute_units` (SMs or AI cores); each tile streams its K dimension plus a fixed
+  pipeline fill/drain worth `k_fill` elements of K. A partly filled last wave costs a full wave,
+  padded rows and columns cost full tiles. `efficiency[dtype]` is the large-shape ceiling: it is set
+  so the model reproduces the published Maximum Achievable Matmul FLOPS (MAMF) at its best shape.
+* `AttentionModel` - fused (flash) attention: forward and backward efficiencies that approach their
+  ceilings as keys per query grow (a Hockney n_1/2 curve in the key count).
+* memory-bound kernels: `time = kernel_overhead + bytes / (hbm_bandwidth * memory_efficiency)`,
+  the classic latency-bandwidth (Hockney) model; size-dependent efficiency follows from it.
+
+Profiles load from TOML or JSON (`load_device_profile`), are validated field by field, and `trex
+calibrate` writes the `cpu` one from measurements on the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trex.errors import TrexError, UnknownNameError
+
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    """Tile-wave model of a (grouped) GEMM on a device with `compute_units` parallel engines."""
+
+    compute_units: int
+    efficiency: Mapping[str, float]  # large-shape fraction of peak, per dtype
+    tile_m: int = 128
+    tile_n: int = 128
+    k_fill: float = 128.0  # per-tile prologue/epilogue, in elements of K
+
+    def ceiling(self, dtype: str) -> float:
+        if dtype not in self.efficiency:
+            raise TrexError(f"no GEMM efficiency for dtype {dtype!r}; the profile defines {', '.join(sorted(self.efficiency))}")
+        return self.efficiency[dtype]
+
+
+@dataclass(frozen=True)
+class AttentionModel:
+    """Fused attention (FlashAttention-style) efficiency, relative to the BF16 dense peak."""
+
+    forward_efficiency: float
+    backward_efficiency: float
+    half_keys: float = 256.0  # keys per query at which efficiency is half its ceiling
+
+    def efficiency(self, keys_per_query: float, backward: bool) -> float:
+        ceiling = self.backward_efficiency if backward else self.forward_efficiency
+        keys = max(keys_per_query, 1.0)
+        return ceiling * keys / (keys + self.half_keys)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One accelerator: datasheet facts plus the performance models every estimate shares."""
+
+    name: str
+    description: str
+    peak_tflops: Mapping[str, float]  # dense tensor/cube throughput per dtype (no sparsity)
+    memory_gib: float
+    hbm_bandwidth_gbs: float
+    gemm: GemmModel
+    attention: AttentionModel
+    memory_efficiency: float = 0.85  # achievable fraction of HBM bandwidth for streaming kernels
+    kernel_overhead_us: float = 4.0  # launch + inter-kernel gap per kernel
+    reserved_memory_gib: float = 3.0  # runtime context, communicator buffers, allocator fragmentation
+    sources: tuple[str, ...] = ()
+    calibrated: bool = False
+
+    # -- derived quantities, SI units -------------------------------------------------------
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        if dtype not in self.peak_tflops:
+            have = ", ".join(sorted(self.peak_tflops))
+            raise TrexError(f"device {self.name!r} has no {dtype} throughput (it supports {have}); choose one of those precisions")
+        return self.peak_tflops[dtype] * 1e12
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        return (self.memory_gib - self.reserved_memory_gib) * GIB
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_gbs * 1e9
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        return self.kernel_overhead_us * 1e-6
+
+    def supports(self, dtype: str) -> bool:
+        return dtype in self.peak_tflops
+
+    # -- the three performance models ---------------------------------------------------------
+    def gemm_time(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1, out_bytes: float = 2.0) -> float:
+        """Seconds for `groups` GEMMs of [m,k] @ [k,n] each (a grouped GEMM when groups > 1).
+
+        Each output tile runs a main loop over k (+ `k_fill` of pipeline fill) at the per-unit
+        share of the dtype's ceiling, then an epilogue that writes `out_bytes` per output element
+        (8 when a weight gradient accumulates into an FP32 main-gradient buffer: read + write) at
+        the per-unit share of HBM bandwidth. Time is monotone non-decreasing in m, n, k.
+        """
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        g = self.gemm
+        tiles = groups * math.ceil(m / g.tile_m) * math.ceil(n / g.tile_n)
+        units = g.compute_units
+        waves = math.ceil(tiles / units)
+        per_unit_flops = self.peak_flops(dtype) * g.ceiling(dtype) / units
+        busy = min(tiles, units)
+        per_unit_bandwidth = self.hbm_bytes_per_s * self.memory_efficiency / busy
+        tile = 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) / per_unit_flops + g.tile_m * g.tile_n * out_bytes / per_unit_bandwidth
+        element = DTYPE_BYTES[dtype]
+        traffic = groups * ((m * k + k * n) * element + m * n * out_bytes)
+        memory = traffic / (self.hbm_bytes_per_s * self.memory_efficiency)
+        return self.kernel_overhead_s + max(waves * tile, memory)
+
+    def gemm_efficiency(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1) -> float:
+        """Achieved fraction of the dtype's peak for this shape (time model inverted)."""
+        seconds = self.gemm_time(m, n, k, dtype, groups)
+        return 2.0 * groups * m * n * k / seconds / self.peak_flops(dtype) if seconds else 0.0
+
+    def attention_time(self, flops: float, keys_per_query: float, backward: bool) -> float:
+        """Seconds for a fused attention kernel doing `flops` tensor-core FLOPs (BF16)."""
+        if flops <= 0:
+            return 0.0
+        efficiency = self.attention.efficiency(keys_per_query, backward)
+        return self.kernel_overhead_s + flops / (self.peak_flops("bf16") * efficiency)
+
+    def memory_time(self, bytes_moved: float, kernels: float = 1.0) -> float:
+        """Seconds for memory-bound kernels moving `bytes_moved` bytes in total."""
+        if bytes_moved <= 0 and kernels <= 0:
+            return 0.0
+        return kernels * self.kernel_overhead_s + bytes_moved / (self.hbm_bytes_per_s * self.memory_efficiency)
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in profiles. Peaks are dense (no sparsity) and per SKU; `efficiency` values are the MAMF
+# ceilings quoted next to them, divided by the model's own best-shape factor (see _mamf_ceiling).
+
+_MAMF_SOURCE = "Maximum Achievable Matmul FLOPS table, S. Bekman, ml-engineering (compute/accelerator/README.md)"
+
+
+def ceiling_from_measurement(profile: DeviceProfile, dtype: str, fraction: float, shape: tuple[int, int, int]) -> float:
+    """The GEMM ceiling at which `profile`'s tile-wave model reproduces a measured fraction of peak
+    (e.g. a published MAMF) at the measured shape: the model is inverted, not fitted."""
+    m, n, k = shape
+    g = profile.gemm
+    tiles = math.ceil(m / g.tile_m) * math.ceil(n / g.tile_n)
+    waves = math.ceil(tiles / g.compute_units)
+    target = 2.0 * m * n * k / (fraction * profile.peak_flops(dtype))
+    busy = min(tiles, g.compute_units)
+    epilogue = g.tile_m * g.tile_n * 2.0 / (profile.hbm_bytes_per_s * profile.memory_efficiency / busy)
+    main = target - profile.kernel_overhead_s - waves * epilogue
+    if main <= 0:
+        raise TrexError(f"measured {fraction:.0%} of peak at {shape} is faster than the memory system allows; check the measurement")
+    return min(1.0, waves * 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) * g.compute_units / (profile.peak_flops(dtype) * main))
+
+
+def _with_ceilings(profile: DeviceProfile, measured: dict[str, tuple[float, tuple[int, int, int]]]) -> DeviceProfile:
+    efficiency = dict(profile.gemm.efficiency)
+    for dtype, (fraction, shape) in measured.items():
+        efficiency[dtype] = ceiling_from_measurement(profile, dtype, fraction, shape)
+    return replace(profile, gemm=replace(profile.gemm, efficiency=efficiency))
+
+
+def _nvidia(name: str, description: str, *, peak: dict[str, float], memory_gib: float, hbm_gbs: float, sms: int,
+            measured: dict[str, tuple[float, tuple[int, int, int]]], attention: AttentionModel, memory_efficiency: float,
+            sources: tuple[str, ...]) -> DeviceProfile:
+    base = DeviceProfile(
+        name=name,
+        description=description,
+        peak_tflops=peak,
+        memory_gib=memory_gib,
+        hbm_bandwidth_gbs=hbm_gbs,
+        gemm=GemmModel(compute_units=sms, efficiency={dtype: 0.8 for dtype in peak}, tile_m=128, tile_n=256, k_fill=64.0),
+        attention=attention,
+        memory_efficiency=memory_efficiency,
+        kernel_overhead_us=4.0,
+        reserved_memory_gib=3.0,
+        sources=sources,
+    )
+    # every half-precision dtype shares the measured ceiling; FP32 keeps the 0.8 default
+    same = {dtype: measured["bf16"] for dtype in ("fp16", "tf32") if dtype in peak}
+    return _with_ceilings(base, {**same, **measured})
+
+
+# MAMF measurements: (fraction of peak, best shape M x N x K). Each built-in's GEMM ceiling is the
+# value at which its tile-wave model reproduces the measurement (`ceiling_from_measurement`).
+MAMF: dict[str, tuple[float, tuple[int, int, int]]] = {
+    "a100": (267.9 / 312.0, (6912, 16384, 2048)),  # A100 SXM, CUDA 12.1
+    "h100": (792.1 / 989.0, (6144, 17920, 2816)),  # H100 SXM, CUDA 12.1
+}
+# FP8 with per-block (1x128 / 128x128) scaling: DeepGEMM reports up to ~1550 TFLOP/s on H800
+# (78% of 1979); framework kernels (Transformer Engine's blockwise recipe) sit lower: 70% of the
+# FP8 peak at the H100 MAMF shape is taken as their large-shape throughput.
+HOPPER_FP8_MEASURED = (0.70, MAMF["h100"][1])
+
+# FlashAttention-2 (Dao 2023, Fig. 4-6): A100 fwd up to ~70% of peak, fwd+bwd ~60-65% at head dim
+# 128 and long sequences. FlashAttention-3 (Shah et al. 2024): H100 BF16 forward 600-740 TFLOP/s
+# (60-75%); backward ~1.5-1.75x FlashAttention-2, i.e. ~45-55% of peak.
+_A100_ATTENTION = AttentionModel(forward_efficiency=0.72, backward_efficiency=0.60, half_keys=256.0)
+_HOPPER_ATTENTION = AttentionModel(forward_efficiency=0.70, backward_efficiency=0.52, half_keys=384.0)
+
+_NVIDIA_DATASHEET = "NVIDIA A100/H100/H200 datasheets (dense tensor-core peaks, memory, HBM bandwidth)"
+
+# Ascend: peaks from Huawei's torchtitan-npu plugin peak table (devices.md). Cube units: 16x16x16
+# FP16 MACs per AI core per cycle; the core counts below follow from the peaks at 1.8-1.9 GHz.
+# No public MAMF table exists for Ascend; 0.80 of peak for large cube GEMMs is assumed (Pangu Ultra
+# reports >52% MFU at 8K NPUs after fusion, which needs GEMMs well above 70% of peak).
+_ASCEND_GEMM = 0.80
+_ASCEND_ATTENTION = AttentionModel(forward_efficiency=0.60, backward_efficiency=0.48, half_keys=512.0)
+_ASCEND_SOURCES = ("torchtitan-npu peak table (910B1-B4)", "Pangu Ultra report Sec. 4.1 (Atlas 800T A2)",
+                   "CloudMatrix384 paper, arXiv 2506.12708 (910C)")
+
+
+def _ascend(name: str, description: str, *, bf16: float, memory_gib: float, hbm_gbs: float, cores: int) -> DeviceProfile:
+    return DeviceProfile(
+        name=name,
+        description=description,
+        peak_tflops={"bf16": bf16, "fp16": bf16, "fp32": bf16 / 8.0},
+        memory_gib=memory_gib,
+        hbm_bandwidth_gbs=hbm_gbs,
+        gemm=GemmModel(compute_units=cores, efficiency={"bf16": _ASCEND_GEMM, "fp16": _ASCEND_GEMM, "fp32": _ASCEND_GEMM},
+                       tile_m=128, tile_n=256, k_fill=256.0),
+        attention=_ASCEND_ATTENTION,
+        memory_efficiency=0.80,
+        kernel_overhead_us=8.0,  # host dispatch on CANN is slower than CUDA launches
+        reserved_memory_gib=3.0,
+        sources=_ASCEND_SOURCES,
+    )
+
+
+def _uncalibrated_cpu() -> DeviceProfile:
+    cores = os.cpu_count() or 1
+    return DeviceProfile(
+        name="cpu",
+        description=f"this machine's CPU ({cores} cores), NOT calibrated: run `trex calibrate` to measure it",
+        peak_tflops={"fp32": 0.02 * cores, "bf16": 0.005 * cores, "fp16": 0.005 * cores},
+        memory_gib=8.0,
+        hbm_bandwidth_gbs=10.0,
+        gemm=GemmModel(compute_units=cores, efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
+        attention=AttentionModel(forward_efficiency=0.5, backward_efficiency=0.4, half_keys=64.0),
+        memory_efficiency=1.0,
+        kernel_overhead_us=10.0,
+        reserved_memory_gib=0.5,
+        sources=("placeholder values; `trex calibrate` replaces them with measurements",),
+    )
+
+
+def _builtin_profiles() -> dict[str, DeviceProfile]:
+    h100_peak = {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}
+    hopper_gemm = {"bf16": MAMF["h100"], "fp8": HOPPER_FP8_MEASURED}
+    profiles = [
+        _nvidia("a100", "NVIDIA A100 SXM 80GB", peak={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, memory_gib=80, hbm_gbs=2039,
+                sms=108, measured={"bf16": MAMF["a100"]}, attention=_A100_ATTENTION,
+                memory_efficiency=0.85, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-2, Dao 2023")),
+        _nvidia("h100", "NVIDIA H100 SXM 80GB", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132, measured=hopper_gemm,
+                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-3, Shah et al. 2024")),
+        _nvidia("h800", "NVIDIA H800 SXM 80GB (H100 compute, reduced NVLink)", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132,
+                measured=hopper_gemm, attention=_HOPPER_ATTENTION, memory_efficiency=0.88,
+                sources=(_NVIDIA_DATASHEET, "DeepSeek-V3 technical report Sec. 3.2.2", _MAMF_SOURCE)),
+        _nvidia("h200", "NVIDIA H200 SXM 141GB", peak=h100_peak, memory_gib=141, hbm_gbs=4800, sms=132, measured=hopper_gemm,
+                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE)),
+        _ascend("ascend-910b1", "Huawei Ascend 910B1 (64 GB)", bf16=373.88, memory_gib=64, hbm_gbs=1600, cores=24),
+        _ascend("ascend-910b2", "Huawei Ascend 910B2 (64 GB)", bf16=353.89, memory_gib=64, hbm_gbs=1600, cores=24),
+        _ascend("ascend-910b3", "Huawei Ascend 910B3 (64 GB)", bf16=294.91, memory_gib=64, hbm_gbs=1600, cores=20),
+        _ascend("ascend-910b4", "Huawei Ascend 910B4 (32 GB)", bf16=245.76, memory_gib=32, hbm_gbs=800, cores=20),
+        _ascend("ascend-910c-die", "Huawei Ascend 910C, one die (software sees each die as one NPU)", bf16=376.0, memory_gib=64, hbm_gbs=1600, cores=24),
+        _ascend("ascend-910c", "Huawei Ascend 910C package (2 dies)", bf16=752.0, memory_gib=128, hbm_gbs=3200, cores=48),
+        _uncalibrated_cpu(),
+    ]
+    table = {p.name: p for p in profiles}
+    # The Atlas 800T A2 ships 910B1-B3 with 64 GB; "ascend-910b" names the B2, Pangu Ultra's device class.
+    table["ascend-910b"] = replace(table["ascend-910b2"], name="ascend-910b", description="Huawei Ascend 910B (910B2 figures), Atlas 800T A2")
+    return table
+
+
+BUILTIN_DEVICES: dict[str, DeviceProfile] = _builtin_profiles()
+
+
+def device_names() -> list[str]:
+    return sorted(BUILTIN_DEVICES)
+
+
+def calibration_dir() -> Path:
+    """Where `trex calibrate` saves profiles: $TREX_CACHE_DIR or ~/.cache/trex."""
+    return Path(os.environ.get("TREX_CACHE_DIR", Path.home() / ".cache" / "trex"))
+
+
+def calibrated_cpu_path() -> Path:
+    return calibration_dir() / "cpu.toml"
+
+
+def get_device(name_or_path: str | Path) -> DeviceProfile:
+    """A built-in device by name, the calibrated CPU profile for `cpu` when one was saved, or a file."""
+    key = str(name_or_path)
+    if key == "cpu" and calibrated_cpu_path().exists():
+        return load_device_profile(calibrated_cpu_path())
+    if key in BUILTIN_DEVICES:
+        return BUILTIN_DEVICES[key]
+    path = Path(key)
+    if path.suffix in (".toml", ".json") or path.exists():
+        return load_device_profile(path)
+    raise UnknownNameError("device", key, BUILTIN_DEVICES, hint="or pass a profile file (.toml or .json)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile files. A profile is one [device] table; nested tables gemm, attention and peak_tflops.
+
+_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "name": (str, "a short identifier, e.g. 'my-npu'"),
+    "description": (str, "one line saying what the device is"),
+    "memory_gib": ((int, float), "device memory capacity in GiB"),
+    "hbm_bandwidth_gbs": ((int, float), "peak memory bandwidth in GB/s"),
+    "memory_efficiency": ((int, float), "achievable fraction (0-1] of the memory bandwidth"),
+    "kernel_overhead_us": ((int, float), "launch + gap per kernel in microseconds"),
+    "reserved_memory_gib": ((int, float), "memory the runtime keeps for itself, in GiB"),
+    "sources": (list, "a list of strings citing where the numbers come from"),
+    "calibrated": (bool, "true when the numbers were measured by `trex calibrate`"),
+    "peak_tflops": (dict, "a table of dtype = dense TFLOP/s, e.g. {bf16 = 989.4}"),
+    "gemm": (dict, "a table with compute_units, efficiency, tile_m, tile_n, k_fill"),
+    "attention": (dict, "a table with forward_efficiency, backward_efficiency, half_keys"),
+}
+_REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
+_GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
+                "tile_m": "output tile rows", "tile_n": "output tile columns", "k_fill": "per-tile pipeline fill in elements of K"}
+_ATTENTION_FIELDS = {"forward_efficiency": "fraction of BF16 peak (0-1]", "backward_efficiency": "fraction of BF16 peak (0-1]",
+                     "half_keys": "keys per query at half efficiency"}
+
+
+def _fail(source: str, field_name: str, problem: str, fix: str) -> TrexError:
+    return TrexError(f"device profile {source}: field '{field_name}' {problem}; {fix}")
+
+
+def _positive(source: str, field_name: str, value: Any, fix: str, *, at_most: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _fail(source, field_name, f"must be a positive number (got {value!r})", fix)
+    if at_most is not None and value > at_most:
+        raise _fail(source, field_name, f"must be at most {at_most} (got {value!r})", fix)
+    return float(value)
+
+
+def _check_known(source: str, prefix: str, table: Mapping[str, Any], known: Mapping[str, Any]) -> None:
+    for key in table:
+        if key not in known:
+            raise _fail(source, f"{prefix}{key}", "is not a profile field", f"valid fields here: {', '.join(sorted(known))}")
+
+
+def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> DeviceProfile:
+    """Build and validate a profile; every error names the field and says how to fix it."""
+    if "device" in data and isinstance(data["device"], Mapping):
+        data = data["device"]
+    _check_known(source, "device.", data, _FIELDS)
+    for key in _REQUIRED:
+        if key not in data:
+            raise _fail(source, f"device.{key}", "is missing", f"add it: {_FIELDS[key][1]}")
+    for key, (kind, fix) in _FIELDS.items():
+        if key in data and not isinstance(data[key], kind):
+            raise _fail(source, f"device.{key}", f"has type {type(data[key]).__name__}", f"expected {fix}")
+    peak = {}
+    for dtype, value in data["peak_tflops"].items():
+        if dtype not in DTYPE_BYTES:
+            raise _fail(source, f"device.peak_tflops.{dtype}", "is not a known dtype", f"use one of {', '.join(DTYPE_BYTES)}")
+        peak[dtype] = _positive(source, f"device.peak_tflops.{dtype}", value, "give dense TFLOP/s")
+    if not peak:
+        raise _fail(source, "device.peak_tflops", "is empty", "give at least one dtype, e.g. bf16 = 989.4")
+    gemm_table = data["gemm"]
+    _check_known(source, "device.gemm.", gemm_table, _GEMM_FIELDS)
+    if "compute_units" not in gemm_table or "efficiency" not in gemm_table:
+        raise _fail(source, "device.gemm", "needs compute_units and efficiency", "add both (see `trex calibrate --help`)")
+    units = gemm_table["compute_units"]
+    if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
+        raise _fail(source, "device.gemm.compute_units", f"must be a positive integer (got {units!r})", _GEMM_FIELDS["compute_units"])
+    efficiency_table = gemm_table["efficiency"]
+    if not isinstance(efficiency_table, Mapping):
+        raise _fail(source, "device.gemm.efficiency", "must be a table", _GEMM_FIELDS["efficiency"])
+    efficiency = {}
+    for dtype, value in efficiency_table.items():
+        if dtype not in peak:
+            raise _fail(source, f"device.gemm.efficiency.{dtype}", "has no matching peak_tflops entry", f"add peak_tflops.{dtype} or remove it")
+        efficiency[dtype] = _positive(source, f"device.gemm.efficiency.{dtype}", value, "a fraction of peak in (0, 1]", at_most=1.0)
+    missing = sorted(set(peak) - set(efficiency))
+    if missing:
+        raise _fail(source, "device.gemm.efficiency", f"lacks {', '.join(missing)}", "give an efficiency for every dtype in peak_tflops")
+    gemm = GemmModel(
+        compute_units=units,
+        efficiency=efficiency,
+        tile_m=int(_positive(source, "device.gemm.tile_m", gemm_table.get("tile_m", 128), _GEMM_FIELDS["tile_m"])),
+        tile_n=int(_positive(source, "device.gemm.tile_n", gemm_table.get("tile_n", 128), _GEMM_FIELDS["tile_n"])),
+        k_fill=float(gemm_table.get("k_fill", 128.0)),
+    )
+    if gemm.k_fill < 0:
+        raise _fail(source, "device.gemm.k_fill", f"must be >= 0 (got {gemm.k_fill})", _GEMM_FIELDS["k_fill"])
+    attention_table = data.get("attention", {"forward_efficiency": 0.6, "backward_efficiency": 0.45})
+    _check_known(source, "device.attention.", attention_table, _ATTENTION_FIELDS)
+    attention = AttentionModel(
+        forward_efficiency=_positive(source, "device.attention.forward_efficiency", attention_table.get("forward_efficiency", 0.6), "(0, 1]", at_most=1.0),
+        backward_efficiency=_positive(source, "device.attention.backward_efficiency", attention_table.get("backward_efficiency", 0.45), "(0, 1]", at_most=1.0),
+        half_keys=_positive(source, "device.attention.half_keys", attention_table.get("half_keys", 256.0), _ATTENTION_FIELDS["half_keys"]),
+    )
+    sources = data.get("sources", [])
+    if not all(isinstance(s, str) for s in sources):
+        raise _fail(source, "device.sources", "must hold strings only", _FIELDS["sources"][1])
+    return DeviceProfile(
+        name=data["name"],
+        description=data.get("description", data["name"]),
+        peak_tflops=peak,
+        memory_gib=_positive(source, "device.memory_gib", data["memory_gib"], _FIELDS["memory_gib"][1]),
+        hbm_bandwidth_gbs=_positive(source, "device.hbm_bandwidth_gbs", data["hbm_bandwidth_gbs"], _FIELDS["hbm_bandwidth_gbs"][1]),
+        gemm=gemm,
+        attention=attention,
+        memory_efficiency=_positive(source, "device.memory_efficiency", data.get("memory_efficiency", 0.85), "a fraction in (0, 1]", at_most=1.0),
+        kernel_overhead_us=float(data.get("kernel_overhead_us", 4.0)),
+        reserved_memory_gib=float(data.get("reserved_memory_gib", 0.0)),
+        sources=tuple(sources),
+        calibrated=bool(data.get("calibrated", False)),
+    )
+
+
+def read_profile_file(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML or JSON file into a dict, with the parser's line and column on error."""
+    path = Path(path)
+    if not path.exists():
+        raise TrexError(f"profile file {path} does not exist; write one (TOML or JSON) or run `trex calibrate` to create the cpu profile")
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise TrexError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise TrexError(f"{path}: not valid TOML ({error}); profiles are TOML (.toml) or JSON (.json)") from None
+
+
+def load_device_profile(path: str | Path) -> DeviceProfile:
+    return device_profile_from_dict(read_profile_file(path), source=str(path))
+
+
+def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
+    return {
+        "device": {
+            "name": profile.name,
+            "description": profile.description,
+            "memory_gib": profile.memory_gib,
+            "hbm_bandwidth_gbs": profile.hbm_bandwidth_gbs,
+            "memory_efficiency": profile.memory_efficiency,
+            "kernel_overhead_us": profile.kernel_overhead_us,
+            "reserved_memory_gib": profile.reserved_memory_gib,
+            "calibrated": profile.calibrated,
+            "sources": list(profile.sources),
+            "peak_tflops": dict(profile.peak_tflops),
+            "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,
+                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency)},
+            "attention": {"forward_efficiency": profile.attention.forward_efficiency,
+                          "backward_efficiency": profile.attention.backward_efficiency, "half_keys": profile.attention.half_keys},
+        }
+    }
+
+
+def save_device_profile(profile: DeviceProfile, path: str | Path) -> Path:
+    """Write a profile as TOML (or JSON when the path ends in .json); it loads back identically."""
+    from trex.cost_model.toml_writer import dumps
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = device_profile_to_dict(profile)
+    path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))
+    return path
+

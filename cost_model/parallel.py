@@ -1,0 +1,241 @@
+"""`ParallelConfig`: the plan-shaped input the estimator prices, its parsing, and its constraints.
+
+Degrees follow Megatron: tp (with sequence parallelism), pp with vpp virtual stages (interleaved
+1F1B), cp, dp, and for MoE layers ep and etp over the same tp*cp*dp ranks of a pipeline stage
+(expert data parallelism edp = tp*cp*dp / (ep*etp)). Rank order is tp fastest, then cp, dp, pp
+(Megatron's default `tp-cp-ep-dp-pp`); expert groups are laid over a stage's ranks etp fastest.
+
+`ParallelConfig` carries the training shape (seq, micro/global batch, precision, recompute) and the
+software choices that change the time of a step (overlaps, attention kernel, MoE dispatcher, optimizer
+state dtypes). The planner's `Plan` holds one of these; `validate` names every violated constraint
+with its numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
+from trex.errors import TrexError
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+AttentionKernel = Literal["flash", "unfused"]
+Dispatcher = Literal["alltoall", "deepep"]
+
+
+class InfeasiblePlan(TrexError):
+    """A plan that violates a constraint; `violations` lists each with its numbers."""
+
+    def __init__(self, violations: list[str]):
+        self.violations = violations
+        super().__init__("infeasible plan: " + "; ".join(violations))
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+    dp: int | None = None  # derived from the device count when None
+    zero: int = 1  # 0: replicated optimizer; 1: distributed optimizer (ZeRO-1); 2: + gradients; 3: + parameters
+    seq: int = 2048
+    gbs: int = 64
+    mbs: int = 1
+    precision: Precision = "bf16"
+    recompute: str = "selective"  # none | selective | full | selective:<module>+<module>
+    sequence_parallel: bool = True
+    attention_kernel: AttentionKernel = "flash"
+    dispatcher: Dispatcher = "alltoall"
+    moe_imbalance: float = 1.0  # max/mean routed rows over EP ranks (1.0: balanced routing)
+    tp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False  # EP all-to-all hidden behind another micro-batch (1F1B A2A overlap / DualPipe)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    overlap_p2p: bool = True
+    grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
+    optimizer_state_dtype: Precision = "fp32"  # optimizer moments
+    optimizer: str = "auto"  # auto (model's own), adamw, muon
+    layers_per_chunk: tuple[int, ...] | None = None  # explicit stage split: layers in each of pp*vpp chunks
+
+    # -- derived -----------------------------------------------------------------------------
+    def with_devices(self, devices: int) -> ParallelConfig:
+        """Fill in dp from the device count (tp*pp*cp*dp = devices)."""
+        if self.dp is not None:
+            return self
+        per_replica = self.tp * self.pp * self.cp
+        if devices % per_replica:
+            raise InfeasiblePlan([f"tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {per_replica} does not divide the {devices} devices"])
+        return dataclasses.replace(self, dp=devices // per_replica)
+
+    @property
+    def data_parallel(self) -> int:
+        if self.dp is None:
+            raise TrexError("dp is not set; call with_devices(n) first")
+        return self.dp
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.cp * self.data_parallel
+
+    @property
+    def stage_ranks(self) -> int:
+        """Ranks in one pipeline stage: tp*cp*dp."""
+        return self.tp * self.cp * self.data_parallel
+
+    @property
+    def edp(self) -> int:
+        return self.stage_ranks // (self.ep * self.etp)
+
+    @property
+    def microbatches(self) -> int:
+        return self.gbs // (self.mbs * self.data_parallel)
+
+    @property
+    def recompute_mode(self) -> str:
+        return self.recompute.split(":", 1)[0]
+
+    @property
+    def recompute_modules(self) -> frozenset[str]:
+        """Modules whose activations are dropped and recomputed (selective); all for full."""
+        mode = self.recompute_mode
+        if mode == "none":
+            return frozenset()
+        if mode == "full":
+            return frozenset(RECOMPUTE_MODULES)
+        if ":" in self.recompute:
+            return frozenset(m for m in self.recompute.split(":", 1)[1].replace(",", "+").split("+") if m)
+        return frozenset({"core_attn"})  # Megatron's default selective recompute
+
+    def label(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"vpp={self.vpp}", f"ep={self.ep}", f"etp={self.etp}", f"cp={self.cp}",
+                 f"dp={self.dp}", f"zero={self.zero}"]
+        return ",".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.layers_per_chunk is not None:
+            data["layers_per_chunk"] = list(self.layers_per_chunk)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParallelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TrexError(f"unknown plan field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+        values = dict(data)
+        if values.get("layers_per_chunk") is not None:
+            values["layers_per_chunk"] = tuple(values["layers_per_chunk"])
+        return cls(**values)
+
+
+_PLAN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero")
+
+
+def parse_plan(text: str, **training: Any) -> ParallelConfig:
+    """Parse `"tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1"`; omitted degrees default to 1 (dp: derived)."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if "=" not in item:
+            raise TrexError(f"plan item {item!r} is not key=value; write e.g. \"tp=8,pp=4,ep=8\"")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key not in _PLAN_KEYS:
+            raise TrexError(f"unknown plan key {key!r}; valid keys: {', '.join(_PLAN_KEYS)}")
+        try:
+            number = int(raw)
+        except ValueError:
+            raise TrexError(f"plan value {key}={raw!r} is not an integer") from None
+        if number < (0 if key == "zero" else 1):
+            raise TrexError(f"plan value {key}={number} must be {'>= 0' if key == 'zero' else 'a positive integer'}")
+        values[key] = number
+    return ParallelConfig(**values, **training)
+
+
+def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
+    """Every violated constraint, each with its numbers (empty when the plan is consistent)."""
+    problems: list[str] = []
+    dp = plan.dp
+    if dp is None:
+        if devices % (plan.tp * plan.pp * plan.cp):
+            problems.append(f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {plan.tp * plan.pp * plan.cp} does not divide the {devices} devices")
+            return problems
+        dp = devices // (plan.tp * plan.pp * plan.cp)
+    if plan.tp * plan.pp * plan.cp * dp != devices:
+        problems.append(f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{dp} = {plan.tp * plan.pp * plan.cp * dp} differs from the {devices} devices")
+    if plan.zero not in (0, 1, 2, 3):
+        problems.append(f"zero={plan.zero}: ZeRO stages are 0, 1, 2 or 3")
+    heads = [core.heads for layer in spec.layers for core in layer.attention if core.v_head_dim]
+    if heads and min(heads) % plan.tp:
+        problems.append(f"tp={plan.tp} does not divide the {min(heads)} attention heads")
+    if plan.sequence_parallel and plan.tp > 1 and (plan.seq // plan.cp) % plan.tp:
+        problems.append(f"sequence parallelism needs tp={plan.tp} to divide seq/cp = {plan.seq // plan.cp}")
+    if plan.seq % (2 * plan.cp if plan.cp > 1 else 1):
+        problems.append(f"cp={plan.cp} needs seq={plan.seq} divisible by 2*cp (load-balanced causal split)")
+    chunks = plan.pp * plan.vpp
+    if plan.layers_per_chunk is not None:
+        if len(plan.layers_per_chunk) != chunks:
+            problems.append(f"layers_per_chunk has {len(plan.layers_per_chunk)} entries for pp*vpp = {chunks} chunks")
+        if sum(plan.layers_per_chunk) != spec.num_layers:
+            problems.append(f"layers_per_chunk sums to {sum(plan.layers_per_chunk)} but the model has {spec.num_layers} layers")
+    elif chunks > spec.num_layers + 2:
+        problems.append(f"pp*vpp = {plan.pp}*{plan.vpp} = {chunks} chunks exceed the {spec.num_layers} layers (+ an embedding and a head chunk)")
+    if plan.vpp > 1 and plan.pp == 1:
+        problems.append("vpp > 1 needs pp > 1 (virtual stages interleave a pipeline)")
+    per_step = plan.mbs * dp
+    if plan.gbs % per_step:
+        problems.append(f"gbs={plan.gbs} is not a multiple of mbs*dp = {plan.mbs}*{dp} = {per_step}")
+    elif plan.vpp > 1 and (plan.gbs // per_step) % plan.pp:
+        problems.append(f"interleaved schedule needs the {plan.gbs // per_step} micro-batches per step to be a multiple of pp={plan.pp}")
+    moe = next((layer.moe for layer in spec.layers if layer.moe), None)
+    if moe is None:
+        if plan.ep > 1 or plan.etp > 1:
+            problems.append(f"ep={plan.ep}, etp={plan.etp} but {spec.name} has no MoE layers")
+    else:
+        if moe.num_experts % plan.ep:
+            problems.append(f"ep={plan.ep} does not divide the {moe.num_experts} experts")
+        stage = plan.tp * plan.cp * dp
+        if stage % (plan.ep * plan.etp):
+            problems.append(f"ep*etp = {plan.ep}*{plan.etp} = {plan.ep * plan.etp} does not divide the tp*cp*dp = {stage} data-parallel ranks of a stage")
+        if moe.expert_ffn % plan.etp:
+            problems.append(f"etp={plan.etp} does not divide the expert width {moe.expert_ffn}")
+    if plan.recompute_mode not in ("none", "selective", "full"):
+        problems.append(f"recompute={plan.recompute!r}: use none, selective, full or selective:<module>+<module>")
+    unknown = plan.recompute_modules - set(RECOMPUTE_MODULES)
+    if unknown:
+        problems.append(f"unknown recompute module(s) {', '.join(sorted(unknown))}; known: {', '.join(RECOMPUTE_MODULES)}")
+    if plan.moe_imbalance < 1.0:
+        problems.append(f"moe_imbalance={plan.moe_imbalance} must be >= 1 (it is max/mean load)")
+    return problems
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Global ranks of the groups a rank belongs to, in Megatron's tp-cp-dp-pp order."""
+
+    plan: ParallelConfig
+    groups: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (size, stride) of rank 0's group
+
+    @classmethod
+    def of(cls, plan: ParallelConfig) -> RankLayout:
+        tp, cp, dp, pp = plan.tp, plan.cp, plan.data_parallel, plan.pp
+        stage = tp * cp * dp
+        groups = {
+            "tp": (tp, 1),
+            "cp": (cp, tp),
+            "dp": (dp, tp * cp),
+            "pp": (pp, stage),
+            "etp": (plan.etp, 1),
+            "ep": (plan.ep, plan.etp),
+            "edp": (plan.edp, plan.etp * plan.ep),
+            "tp_cp_dp": (stage, 1),
+        }
+        return cls(plan, groups)
+
+    def ranks(self, kind: str, start: int = 0) -> tuple[int, ...]:
+        size, stride = self.groups[kind]
+        return tuple(start + stride * i for i in range(size))

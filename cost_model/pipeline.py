@@ -1,0 +1,150 @@
+"""Pipeline schedules: how layers split into stages, and how long m micro-batches take through them.
+
+Layers split into pp*vpp chunks; device d holds chunks d, d+pp, ... (Megatron's interleaving).
+The default split spreads layers as evenly as possible and gives the shorter chunks to the ends,
+which also carry the embedding and the output head (Megatron's account-for-embedding/loss split).
+
+Two ways to get the step's pipeline time from per-chunk forward/backward times:
+
+* `closed_form_makespan` - m * max_d t_d + (pp - 1)/vpp * mean_d t_d, with t_d a device's time per
+  micro-batch over all its chunks. Uniform stages give Narayanan et al.'s bubble (p-1)/(v m); a slow
+  stage sets the steady-state rate. Microseconds, used by the estimator and the planner.
+* `simulate` - list scheduling of Megatron's (interleaved) 1F1B order with its dependencies
+  (forward of chunk c after chunk c-1's, backward after chunk c+1's and its own forward, p2p
+  latency on every stage boundary). Exact for the model's task times; used for Chrome traces and
+  to test the closed form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trex.errors import TrexError
+
+
+def default_layers_per_chunk(num_layers: int, chunks: int) -> tuple[int, ...]:
+    """Layers per chunk, as even as possible; the shorter chunks go to the ends first, then inwards.
+
+    Up to two chunks more than layers are allowed: the end chunks then hold only the embedding
+    or the output head (Megatron's account-for-embedding/loss split with one layer per chunk).
+    """
+    if chunks > num_layers + 2:
+        raise TrexError(f"{chunks} pipeline chunks exceed the {num_layers} layers (+ embedding and head chunks)")
+    base, extra = divmod(num_layers, chunks)
+    counts = [base] * chunks
+    order = sorted(range(chunks), key=lambda c: -min(c, chunks - 1 - c))  # middle chunks first
+    for c in order[:extra]:
+        counts[c] += 1
+    return tuple(counts)
+
+
+def device_chunks(device: int, pp: int, vpp: int) -> list[int]:
+    return [device + pp * j for j in range(vpp)]
+
+
+def closed_form_makespan(per_device: Sequence[float], microbatches: int, vpp: int) -> float:
+    """Pipeline time of one step from each device's time per micro-batch (all its chunks)."""
+    if not per_device:
+        return 0.0
+    pp = len(per_device)
+    slowest = max(per_device)
+    if pp == 1:
+        return microbatches * slowest
+    return microbatches * slowest + (pp - 1) / vpp * (sum(per_device) / pp)
+
+
+def warmup_forwards(device: int, pp: int, vpp: int, microbatches: int) -> int:
+    """Forward chunk-steps a device runs before its first backward (Megatron's schedule)."""
+    total = microbatches * vpp
+    if vpp == 1:
+        return min(pp - device - 1, microbatches)
+    return min((pp - device - 1) * 2 + (vpp - 1) * pp, total)
+
+
+def forward_chunk_order(device: int, pp: int, vpp: int, microbatches: int) -> list[tuple[int, int]]:
+    """(local chunk, micro-batch) of each forward step of a device, in Megatron's interleaved order."""
+    steps = []
+    for k in range(microbatches * vpp):
+        group, within = divmod(k, pp * vpp)
+        local = within // pp
+        mb = group * pp + within % pp
+        steps.append((local, mb))
+    return steps
+
+
+def in_flight(device: int, pp: int, vpp: int, microbatches: int) -> list[int]:
+    """Peak number of micro-batches whose activations each local chunk holds at once.
+
+    The first `warmup + 1` forward steps run before any backward frees memory; forward step k
+    works on local chunk (k mod pp*vpp) // pp (see `forward_chunk_order`).
+    """
+    steps = warmup_forwards(device, pp, vpp, microbatches) + 1
+    cycles, rest = divmod(steps, pp * vpp)
+    return [cycles * pp + min(pp, max(0, rest - j * pp)) for j in range(vpp)]
+
+
+@dataclass(frozen=True)
+class Task:
+    device: int
+    chunk: int  # global chunk index
+    microbatch: int
+    kind: str  # "F" or "B"
+    start: float
+    end: float
+
+
+def simulate(forward: Sequence[float], backward: Sequence[float], pp: int, vpp: int, microbatches: int, p2p: float = 0.0) -> list[Task]:
+    """Event simulation of (interleaved) 1F1B. forward[c], backward[c]: one micro-batch through chunk c."""
+    chunks = pp * vpp
+    if len(forward) != chunks or len(backward) != chunks:
+        raise ValueError(f"need {chunks} chunk times, got {len(forward)} forward and {len(backward)} backward")
+    if vpp > 1 and microbatches % pp:
+        raise TrexError(f"interleaved 1F1B needs micro-batches ({microbatches}) divisible by pp ({pp})")
+    programs: list[list[tuple[str, int, int]]] = []
+    for d in range(pp):
+        fwd = [("F", local * pp + d, mb) for local, mb in forward_chunk_order(d, pp, vpp, microbatches)]
+        bwd = [("B", (vpp - 1 - local) * pp + d, mb) for local, mb in forward_chunk_order(d, pp, vpp, microbatches)]
+        warm = warmup_forwards(d, pp, vpp, microbatches)
+        program = fwd[:warm]
+        f_i, b_i = warm, 0
+        while f_i < len(fwd) or b_i < len(bwd):
+            if f_i < len(fwd):
+                program.append(fwd[f_i])
+                f_i += 1
+            if b_i < len(bwd):
+                program.append(bwd[b_i])
+                b_i += 1
+        programs.append(program)
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * pp
+    position = [0] * pp
+    tasks: list[Task] = []
+    remaining = sum(len(p) for p in programs)
+    while remaining:
+        progressed = False
+        for d in range(pp):
+            while position[d] < len(programs[d]):
+                kind, chunk, mb = programs[d][position[d]]
+                if kind == "F":
+                    deps = [("F", chunk - 1, mb)] if chunk > 0 else []
+                else:
+                    deps = [("F", chunk, mb)] + ([("B", chunk + 1, mb)] if chunk < chunks - 1 else [])
+                if any(dep not in done for dep in deps):
+                    break
+                ready = max([free[d]] + [done[dep] + (p2p if dep[1] % pp != d or dep[0] != kind else 0.0) for dep in deps])
+                duration = forward[chunk] if kind == "F" else backward[chunk]
+                end = ready + duration
+                done[(kind, chunk, mb)] = end
+                free[d] = end
+                tasks.append(Task(d, chunk, mb, kind, ready, end))
+                position[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked (a bug in the schedule order)")
+    return tasks
+
+
+def makespan(tasks: Sequence[Task]) -> float:
+    return max((t.end for t in tasks), default=0.0)

@@ -1,0 +1,124 @@
+"""Predicted vs published: every row of published_runs.csv estimated as it was run.
+
+Each row gives model, device count and kind, parallel degrees, batch, sequence, precision and the
+published figure (step time, model TFLOP/s per device or MFU). `data/published_setups.toml` adds
+the software facts the columns do not carry (attention kernel, recompute modules, dispatcher,
+pipeline layout, gradient dtype), each with its source. The same device profile and cluster serve
+every row of that device; nothing is tuned per row.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trex.cost_model.cluster import get_cluster
+from trex.cost_model.model_spec import get_model_spec
+from trex.cost_model.parallel import ParallelConfig
+from trex.cost_model.step import StepEstimate, estimate_step
+from trex.errors import TrexError
+
+CLUSTER_OF_DEVICE = {"a100": "a100", "h100": "h100", "h800": "h800", "h200": "h200", "ascend-910b": "ascend-910b"}
+
+
+def _data(name: str) -> str:
+    return resources.files("trex.cost_model").joinpath("data", name).read_text()
+
+
+def published_runs(path: str | Path | None = None) -> list[dict[str, str]]:
+    text = Path(path).read_text() if path else _data("published_runs.csv")
+    return list(csv.DictReader(text.splitlines()))
+
+
+def published_setups() -> dict[str, dict[str, Any]]:
+    return tomllib.loads(_data("published_setups.toml"))
+
+
+def layers_per_chunk_from_layout(layout: str, chunks: int, num_layers: int) -> tuple[int, ...]:
+    """Decoder layers per chunk from a Megatron pipeline layout such as "Et|(tt|)*30mL"."""
+    expanded = layout
+    pattern = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while True:
+        match = pattern.search(expanded)
+        if not match:
+            break
+        expanded = expanded[: match.start()] + match.group(1) * int(match.group(2)) + expanded[match.end():]
+    parts = expanded.split("|")
+    if len(parts) != chunks:
+        raise TrexError(f"pipeline layout {layout!r} has {len(parts)} chunks, the plan has pp*vpp = {chunks}")
+    counts = tuple(part.count("t") for part in parts)
+    if sum(counts) != num_layers:
+        raise TrexError(f"pipeline layout {layout!r} places {sum(counts)} layers, the model has {num_layers}")
+    if "E" not in parts[0] or "L" not in parts[-1]:
+        raise TrexError(f"pipeline layout {layout!r}: the embedding (E) goes in the first chunk and the loss (L) in the last")
+    return counts
+
+
+@dataclass(frozen=True)
+class Comparison:
+    id: str
+    model: str
+    devices: int
+    device: str
+    plan: str
+    metric: str
+    published: float
+    predicted: float
+    estimate: StepEstimate
+    source: str
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction (positive: predicted larger)."""
+        return self.predicted / self.published - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "model": self.model, "devices": self.devices, "device": self.device, "plan": self.plan, "metric": self.metric,
+                "published": self.published, "predicted": self.predicted, "error": self.error,
+                "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu, "breakdown": self.estimate.breakdown.to_dict(),
+                "memory_per_device_gib": self.estimate.memory.total / 2**30}
+
+
+def plan_of_row(row: dict[str, str], setup: dict[str, Any], num_layers: int) -> ParallelConfig:
+    known = {f.name for f in fields(ParallelConfig)}
+    values: dict[str, Any] = {key: int(row[key]) for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "gbs", "seq")}
+    values["precision"] = row["precision"]
+    values["recompute"] = row["recompute"]
+    for key, value in setup.items():
+        if key in known:
+            values[key] = value
+        elif key == "pipeline_layout":
+            values["layers_per_chunk"] = layers_per_chunk_from_layout(value, values["pp"] * values["vpp"], num_layers)
+        elif key != "source":
+            raise TrexError(f"published_setups.toml: unknown key {key!r}")
+    return ParallelConfig(**values)
+
+
+def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None) -> Comparison:
+    setup = setup if setup is not None else published_setups().get(row["id"], {})
+    spec = get_model_spec(row["model"])
+    devices = int(row["devices"])
+    cluster = get_cluster(CLUSTER_OF_DEVICE.get(row["device"], row["device"]), devices)
+    plan = plan_of_row(row, setup, spec.num_layers)
+    estimate = estimate_step(spec, cluster, plan)
+    metric = row["metric"]
+    if metric == "step_time_s":
+        predicted = estimate.step_time_s
+    elif metric == "model_tflops_per_device":
+        predicted = estimate.model_tflops_per_device
+    elif metric == "mfu":
+        predicted = estimate.mfu
+    else:
+        raise TrexError(f"row {row['id']}: unknown metric {metric!r}")
+    return Comparison(row["id"], row["model"], devices, row["device"], estimate.plan.label(), metric, float(row["value"]), predicted, estimate,
+                      setup.get("source", row.get("source", "")))
+
+
+def compare_all(path: str | Path | None = None) -> list[Comparison]:
+    setups = published_setups()
+    return [compare_row(row, setups.get(row["id"], {})) for row in published_runs(path)]

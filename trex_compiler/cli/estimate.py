@@ -1,0 +1,143 @@
+"""`trex estimate`: price one training step of a parallel plan on a cluster, analytically.
+
+    trex estimate --model deepseek-v3 --cluster h100 --devices 1024 \\
+        --plan "tp=2,pp=8,vpp=4,ep=64" --seq 4096 --gbs 8192 --precision fp8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "estimate",
+        help="estimate step time, MFU and memory of a parallel plan (no hardware needed)",
+        description="Price one training step of PLAN for MODEL on CLUSTER with the analytical cost model. "
+        "MFU uses Megatron's per-GEMM model-FLOP count over the dense BF16 peak; mfu_6n uses 6*N_active + attention.",
+    )
+    parser.add_argument("--model", required=True, help="built-in model (e.g. deepseek-v3, gpt-175b) or a transformers config.json")
+    parser.add_argument("--cluster", required=True, help="named cluster (a100, h100, h800, h200, ascend-910b, ascend-910c, cloudmatrix384, cpu) or a TOML/JSON cluster file")
+    parser.add_argument("--devices", type=int, required=True, help="number of devices (accelerators, or dies on Ascend 910C)")
+    parser.add_argument("--device", help="override the cluster's device profile (a built-in name or a TOML/JSON profile)")
+    parser.add_argument("--plan", default="", help='parallel degrees, e.g. "tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1" (dp derived when omitted)')
+    parser.add_argument("--seq", type=int, default=2048, help="sequence length")
+    parser.add_argument("--gbs", type=int, default=64, help="global batch size in sequences")
+    parser.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+    parser.add_argument("--recompute", default="selective", help="none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)")
+    parser.add_argument("--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)")
+    parser.set_defaults(run=run)
+
+
+def _coerce(field: str, raw: str, current: object) -> object:
+    from trex.errors import TrexError
+
+    if isinstance(current, bool):
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise TrexError(f"--set {field}={raw}: expected true or false")
+    if isinstance(current, int) and not isinstance(current, bool):
+        try:
+            return int(raw)
+        except ValueError:
+            raise TrexError(f"--set {field}={raw}: expected an integer") from None
+    if isinstance(current, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise TrexError(f"--set {field}={raw}: expected a number") from None
+    if field == "layers_per_chunk":
+        return tuple(int(x) for x in raw.split(","))
+    return raw
+
+
+def build_plan(args: argparse.Namespace):
+    import dataclasses
+
+    from trex.cost_model.parallel import ParallelConfig, parse_plan
+    from trex.errors import TrexError
+
+    plan = parse_plan(args.plan, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision, recompute=args.recompute)
+    fields = {f.name: f for f in dataclasses.fields(ParallelConfig)}
+    updates = {}
+    for item in args.set:
+        if "=" not in item:
+            raise TrexError(f"--set {item!r}: write FIELD=VALUE")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key not in fields:
+            raise TrexError(f"--set: unknown plan field {key!r}; fields: {', '.join(sorted(fields))}")
+        updates[key] = _coerce(key, raw, getattr(plan, key) if getattr(plan, key) is not None else 0)
+    return dataclasses.replace(plan, **updates)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.model_spec import get_model_spec
+    from trex.cost_model.parallel import InfeasiblePlan
+    from trex.cost_model.step import estimate_step
+
+    spec = get_model_spec(args.model)
+    cluster = get_cluster(args.cluster, args.devices, device=args.device)
+    plan = build_plan(args)
+    try:
+        estimate = estimate_step(spec, cluster, plan)
+    except InfeasiblePlan as error:
+        if args.json:
+            print(json.dumps({"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "plan": plan.to_dict(),
+                              "feasible": False, "violations": error.violations}, indent=2))
+            return 1
+        raise
+    if args.trace:
+        from trex.cost_model.trace import write_trace
+
+        write_trace(estimate, args.trace)
+    if args.json:
+        print(json.dumps(estimate.to_dict(), indent=2))
+        return 0 if estimate.feasible else 1
+    _print_human(estimate, spec, args.trace)
+    return 0 if estimate.feasible else 1
+
+
+def _print_human(estimate, spec, trace_path: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    data = estimate.to_dict()
+    console.print(f"[bold]{spec.describe()}[/bold]")
+    console.print(f"{estimate.cluster}: {estimate.devices} x {estimate.device}   plan {estimate.plan.label()}   "
+                  f"seq {estimate.plan.seq}, gbs {estimate.plan.gbs}, mbs {estimate.plan.mbs}, {estimate.plan.precision}, "
+                  f"recompute {estimate.plan.recompute}, {estimate.plan.microbatches} micro-batches")
+    table = Table(title="step estimate", show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("step time", f"{estimate.step_time_s:.3f} s"),
+        ("tokens/s per device", f"{estimate.tokens_per_s_per_device:,.0f}"),
+        ("model TFLOP/s per device", f"{estimate.model_tflops_per_device:.1f}"),
+        ("MFU (Megatron per-GEMM)", f"{estimate.mfu:.1%}"),
+        ("MFU (6N + attention)", f"{estimate.mfu_6n:.1%}"),
+        ("HFU (executed FLOPs)", f"{estimate.hfu:.1%}"),
+        ("FLOPs per token", f"{estimate.flops_per_token / 1e9:.1f} GFLOP (6N: {estimate.flops_per_token_6n / 1e9:.1f})"),
+    ]
+    for key, value in data["breakdown"].items():
+        rows.append((f"  {key.replace('_', ' ')}", f"{value:.3f} s"))
+    for key, value in data["memory_gib"].items():
+        rows.append((f"  memory {key.replace('_', ' ')}", f"{value:.1f} GiB"))
+    for quantity, value in rows:
+        table.add_row(quantity, value)
+    console.print(table)
+    for problem in estimate.memory_violations():
+        console.print(f"[red]infeasible:[/red] {problem}")
+    for note in estimate.notes:
+        console.print(f"note: {note}")
+    if trace_path:
+        console.print(f"trace written to {trace_path} (open it in https://ui.perfetto.dev)")
