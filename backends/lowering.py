@@ -20,6 +20,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from trex.backends.backend import Backend
 from trex.backends.eager import EagerBackend
 from trex.errors import BackendError
+from trex.graph_copy import copy_graph_module
 
 
 @dataclass
@@ -86,7 +87,8 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
 
 
 def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend]) -> Lowering:
-    """Lower `gm` (modified in place) across `backends`; the eager backend is always the last resort."""
+    """Lower a copy of `gm` across `backends`; the eager backend is always the last resort."""
+    gm = copy_graph_module(gm)
     assignment, notes = assign_nodes(gm, backends)
     names = {node.name: backend.name for node, backend in assignment.items()}
     eager = EagerBackend()

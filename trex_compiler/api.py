@@ -67,7 +67,7 @@ class CompiledModule(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, compiled: Any, session: CompileSession, fallback: str | None):
         super().__init__()
         self._orig_mod = model
-        self._compiled = compiled
+        self.__dict__["_compiled"] = compiled  # not a submodule: parameters appear once, under _orig_mod
         self.trex = session
         self._fallback = fallback
         self._warned = False

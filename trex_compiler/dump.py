@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from trex.graph_copy import copy_graph_module
+
 if TYPE_CHECKING:
     from trex.pass_manager import PassContext, PassRecord
 
@@ -84,6 +86,7 @@ if __name__ == "__main__":
 
 def graph_source(gm: fx.GraphModule, header_lines: list[str]) -> str:
     """Python source of `gm` that imports, runs on random inputs, and names where it came from."""
+    gm = copy_graph_module(gm, flat_signature=True)
     class_code = gm.print_readable(print_output=False, include_stride=False, include_device=False)
     class_name = re.match(r"class (\w+)\(", class_code.lstrip()).group(1)
     inputs = ",\n    ".join(_input_spec(n) for n in gm.graph.find_nodes(op="placeholder"))
@@ -162,13 +165,32 @@ class DumpWriter:
         return self.write_text(directory / f"{name}.py", graph_source(gm, header_lines))
 
 
-def write_reproducer(gm: fx.GraphModule, pipeline: list[str], ctx: PassContext, directory: str | Path | None) -> Path:
+def pass_locator(pass_: Any) -> dict[str, str]:
+    """Where a pass can be found again: its name, and for passes trex does not ship, its class."""
+    import inspect
+
+    from trex.passes import PASSES
+
+    entry = {"name": pass_.name}
+    if PASSES.get(pass_.name) is not type(pass_):
+        cls = type(pass_)
+        try:
+            source = inspect.getsourcefile(cls) or ""
+        except TypeError:  # defined interactively
+            source = ""
+        entry.update(module=cls.__module__, qualname=cls.__qualname__, file=source)
+    return entry
+
+
+def write_reproducer(gm: fx.GraphModule, pipeline: list[Any], ctx: PassContext, directory: str | Path | None) -> Path:
     """Write a failing pass's input graph and the pipeline from that pass on; return the folder."""
     base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="trex-repro-"))
-    folder = base / f"repro_graph_{ctx.graph_id}_{ctx.phase}_{pipeline[0]}"
+    first = pipeline[0].name
+    folder = base / f"repro_graph_{ctx.graph_id}_{ctx.phase}_{first}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "graph.py").write_text(graph_source(gm, [f"trex reproducer: input of pass {pipeline[0]!r} on graph {ctx.graph_id} ({ctx.phase})"]))
-    (folder / "pipeline.txt").write_text(",".join(pipeline) + "\n")
+    (folder / "graph.py").write_text(graph_source(gm, [f"trex reproducer: input of pass {first!r} on graph {ctx.graph_id} ({ctx.phase})"]))
+    (folder / "pipeline.txt").write_text(",".join(p.name for p in pipeline) + "\n")
+    (folder / "pipeline.json").write_text(json.dumps([pass_locator(p) for p in pipeline], indent=1) + "\n")
     (folder / "repro.py").write_text(
         '"""Re-run the failing pipeline on the saved graph: python repro.py"""\n'
         "from pathlib import Path\n\n"

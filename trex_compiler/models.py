@@ -94,15 +94,22 @@ FULL_SIZE_MODELS: dict[str, NamedModel] = {
 }
 
 
-def model_names() -> list[str]:
-    return sorted(FULL_SIZE_MODELS)
+TINY_PREFIX = "tiny-"
+
+
+def model_names(*, include_tiny: bool = True) -> list[str]:
+    names = sorted(FULL_SIZE_MODELS)
+    return names + [TINY_PREFIX + f for f in TINY_FAMILIES] if include_tiny else names
 
 
 def load_config(name_or_path: str | Path) -> PretrainedConfig:
-    """A transformers config from a built-in name or a path to a `config.json` (or its folder)."""
+    """A transformers config from a built-in name (full-size, or `tiny-<family>`) or a path to a
+    `config.json` (or its folder)."""
     key = str(name_or_path)
     if key in FULL_SIZE_MODELS:
         return FULL_SIZE_MODELS[key].make_config()
+    if key.startswith(TINY_PREFIX) and key[len(TINY_PREFIX):] in TINY_FAMILIES:
+        return tiny_config(key[len(TINY_PREFIX):])
     path = Path(key)
     if path.is_dir():
         path = path / "config.json"

@@ -12,7 +12,9 @@ reproducer (the pass's input graph + the pipeline) on disk.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 import traceback
 from collections.abc import Iterable, Sequence
@@ -24,6 +26,7 @@ import torch
 from torch import fx
 
 from trex.errors import PassError, TrexError
+from trex.graph_copy import copy_graph_module
 
 if TYPE_CHECKING:
     from trex.dump import DumpWriter
@@ -265,7 +268,7 @@ class PassManager:
                 record.skipped_reason = f"out of fuel (TREX_FUEL={self.fuel})"
                 continue
             outputs_before = _output_signature(gm)
-            snapshot = _copy_graph_module(gm)
+            snapshot = copy_graph_module(gm)
             start = time.perf_counter()
             try:
                 result = pass_.run(gm, ctx)
@@ -290,7 +293,7 @@ class PassManager:
         from trex.dump import write_reproducer
 
         before = [r.name for r in report.records if r.ran]
-        remaining = [p.name for p in self.pipeline[self.pipeline.index(pass_):]]
+        remaining = self.pipeline[self.pipeline.index(pass_):]
         where = write_reproducer(graph_before, remaining, ctx, self.repro_dir)
         detail = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = traceback.extract_tb(error.__traceback__)
@@ -299,18 +302,9 @@ class PassManager:
         return PassError(
             f"pass {pass_.name!r} failed on graph {ctx.graph_id} ({ctx.phase}): {detail}\n"
             f"  passes that ran before it: {', '.join(before) or '(none)'}\n"
-            f"  reproducer: python {where / 'repro.py'}  (input graph {where / 'graph.py'}, pipeline {','.join(remaining)})\n"
+            f"  reproducer: python {where / 'repro.py'}  (input graph {where / 'graph.py'}, pipeline {pipeline_string(remaining)})\n"
             f"  to run without it: TREX_PASSES=-{pass_.name}"
         )
-
-
-def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A structural copy (the graph and its meta), sharing tensors: enough for a reproducer."""
-    graph = fx.Graph()
-    value_map: dict[fx.Node, fx.Node] = {}
-    output = graph.graph_copy(gm.graph, value_map)
-    graph.output(output)
-    return fx.GraphModule(gm, graph)
 
 
 def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") -> PipelineReport:
@@ -320,6 +314,27 @@ def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") 
 
     folder = Path(folder)
     gm, _ = load_dumped_graph(folder / "graph.py")
-    names = (folder / "pipeline.txt").read_text().strip().split(",")
-    manager = PassManager(resolve_pipeline(names), repro_dir=folder / "again")
+    entries = json.loads((folder / "pipeline.json").read_text())
+    pipeline = [resolve_pipeline([e["name"]])[0] if "qualname" not in e else _load_pass_class(e)() for e in entries]
+    manager = PassManager(pipeline, repro_dir=folder / "again")
     return manager.run(gm, PassContext(target=target, phase=phase))
+
+
+def _load_pass_class(entry: dict[str, str]) -> type:
+    """A user's pass class, by module (or, if that is not importable, by source file)."""
+    import importlib
+    import importlib.util
+
+    try:
+        module = importlib.import_module(entry["module"])
+    except ImportError:
+        if not entry.get("file"):
+            raise TrexError(f"cannot import pass {entry['name']!r} from module {entry['module']!r}") from None
+        spec = importlib.util.spec_from_file_location(entry["module"], entry["file"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[entry["module"]] = module
+        spec.loader.exec_module(module)
+    target: Any = module
+    for part in entry["qualname"].split("."):
+        target = getattr(target, part)
+    return target

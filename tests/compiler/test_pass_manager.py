@@ -1,0 +1,210 @@
+"""The pass manager instruments every pass: dumps, decisions, disabling, fuel, errors, reproducers."""
+
+import json
+import subprocess
+import sys
+from typing import ClassVar
+
+import pytest
+import torch
+
+import trex
+from trex.dump import load_dumped_graph
+from trex.pass_manager import PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
+from trex.passes import DEFAULT_PIPELINE, resolve_pipeline
+
+
+def _train_once(compiled, x):
+    loss = compiled(x)
+    loss.backward()
+    return loss
+
+
+def test_dump_dir_holds_runnable_graph_after_every_pass_and_decisions(small_moe, tmp_path):
+    model, x = small_moe
+    compiled = trex.compile(model, dump_dir=tmp_path)
+    _train_once(compiled, x)
+    graph_dir = tmp_path / "graph_0_joint"
+    names = sorted(p.name for p in graph_dir.iterdir())
+    assert names == [
+        "000_capture.py",
+        "001_canonicalize_moe.decisions.jsonl",
+        "001_canonicalize_moe.py",
+        "002_dead_code_elimination.decisions.jsonl",
+        "002_dead_code_elimination.py",
+        "backward.py",
+        "forward.py",
+        "lowering_backward.txt",
+        "lowering_forward.txt",
+        "summary.txt",
+    ]
+    header = (graph_dir / "001_canonicalize_moe.py").read_text().splitlines()[:2]
+    assert "canonicalize_moe" in header[0]
+    assert "took" in header[1] and "ms" in header[1] and "nodes" in header[1] and "(+" in header[1]
+    decisions = [json.loads(line) for line in (graph_dir / "001_canonicalize_moe.decisions.jsonl").read_text().splitlines()]
+    assert len(decisions) == 4  # 2 layers x (forward, backward)
+    assert {d["data"]["phase"] for d in decisions} == {"forward", "backward"}
+    assert all(d["pass"] == "canonicalize_moe" and d["reason"] for d in decisions)
+
+
+def test_dumped_graph_runs_as_a_script_and_loads_back_as_the_same_graph(small_moe, tmp_path):
+    model, x = small_moe
+    compiled = trex.compile(model, dump_dir=tmp_path)
+    _train_once(compiled, x)
+    script = tmp_path / "graph_0_joint" / "002_dead_code_elimination.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    gm, inputs = load_dumped_graph(script)
+    joint = compiled.trex.graphs[0].joint
+    ops = lambda g: [str(n.target) for n in g.graph.nodes if n.op == "call_function"]  # noqa: E731
+    assert [o.rsplit(".", 1)[0] for o in ops(gm)] == [o.rsplit(".", 1)[0] for o in ops(joint)]
+
+
+def test_trex_dump_environment_variable_is_honoured(small_moe, tmp_path, monkeypatch):
+    monkeypatch.setenv("TREX_DUMP", str(tmp_path / "env"))
+    model, x = small_moe
+    _train_once(trex.compile(model), x)
+    assert (tmp_path / "env" / "graph_0_joint" / "000_capture.py").exists()
+
+
+def test_foreign_files_in_the_dump_dir_are_never_removed(small_moe, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "graph_0_joint").mkdir()
+    (tmp_path / "graph_0_joint" / "keep.py").write_text("# mine too")
+    model, x = small_moe
+    for _ in range(2):  # the second compile replaces trex's own files only
+        torch._dynamo.reset()
+        compiled = trex.compile(model, dump_dir=tmp_path)
+        _train_once(compiled, x)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "graph_0_joint" / "keep.py").read_text() == "# mine too"
+    assert "notes.txt" in compiled.trex.compiler.foreign_dump_files
+    assert (tmp_path / "graph_0_joint" / "001_canonicalize_moe.py").exists()
+
+
+def test_trex_passes_disables_a_pass_by_name(small_moe, monkeypatch):
+    monkeypatch.setenv("TREX_PASSES", "-canonicalize_moe")
+    model, x = small_moe
+    compiled = trex.compile(model)
+    loss = _train_once(compiled, x)
+    record = compiled.trex.graphs[0].report.records[0]
+    assert record.name == "canonicalize_moe" and not record.ran and "disabled" in record.skipped_reason
+    joint = compiled.trex.graphs[0].joint
+    assert any(n.target == torch.ops.trex.moe_experts.default for n in joint.graph.nodes)
+    torch.testing.assert_close(loss, model(x))
+
+
+def test_fuel_bounds_the_number_of_rewrites(small_moe, monkeypatch):
+    monkeypatch.setenv("TREX_FUEL", "1")
+    model, x = small_moe
+    compiled = trex.compile(model)
+    _train_once(compiled, x)
+    report = compiled.trex.graphs[0].report
+    assert len(report.records[0].decisions) == 1
+    assert not report.records[1].ran and "out of fuel" in report.records[1].skipped_reason
+    fused = [n for n in compiled.trex.graphs[0].joint.graph.nodes if "moe_experts" in str(n.target)]
+    assert len(fused) == 3  # one of the four fused nodes was inlined
+
+
+@pytest.mark.parametrize(("environ", "message"), [({"TREX_PASSES": "canonicalize_moe"}, "starts with '-'"), ({"TREX_FUEL": "lots"}, "not an integer"), ({"TREX_FUEL": "-1"}, "negative")])
+def test_malformed_environment_settings_are_explained(environ, message):
+    with pytest.raises(trex.TrexError, match=message):
+        disabled_from_env(environ) if "TREX_PASSES" in environ else fuel_from_env(environ)
+
+
+def test_disabling_an_unknown_pass_lists_the_pipeline(small_moe, monkeypatch):
+    monkeypatch.setenv("TREX_PASSES", "-no_such_pass")
+    model, _ = small_moe
+    with pytest.raises(trex.UnknownNameError, match="canonicalize_moe"):
+        trex.compile(model).trex.compiler.pass_manager()
+
+
+class _Explodes:
+    """A pass that fails, to check what the user is told."""
+
+    name: ClassVar[str] = "explodes"
+
+    def run(self, gm, ctx):
+        raise ValueError("boom")
+
+
+def test_failing_pass_is_named_with_the_passes_before_it_and_a_reproducer(small_moe, tmp_path):
+    model, x = small_moe
+    compiled = trex.compile(model, passes=["canonicalize_moe", _Explodes()], dump_dir=tmp_path)
+    with pytest.raises(trex.PassError) as failure:
+        _train_once(compiled, x)
+    message = str(failure.value)
+    assert "pass 'explodes' failed" in message and "boom" in message
+    assert "passes that ran before it: canonicalize_moe" in message
+    assert "TREX_PASSES=-explodes" in message
+    repro = tmp_path / "repro_graph_0_joint_explodes"
+    assert (repro / "pipeline.txt").read_text().strip() == "explodes"
+    gm, _ = load_dumped_graph(repro / "graph.py")
+    assert not any(n.target == torch.ops.trex.moe_experts.default for n in gm.graph.nodes), "the input of the failing pass, after canonicalize_moe"
+
+
+def test_reproducer_script_replays_the_failure(small_moe, tmp_path):
+    model, x = small_moe
+    compiled = trex.compile(model, passes=["canonicalize_moe", _Explodes(), "dead_code_elimination"], dump_dir=tmp_path)
+    with pytest.raises(trex.PassError):
+        _train_once(compiled, x)
+    repro = tmp_path / "repro_graph_0_joint_explodes"
+    assert (repro / "pipeline.txt").read_text().strip() == "explodes,dead_code_elimination"
+    result = subprocess.run([sys.executable, str(repro / "repro.py")], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "pass 'explodes' failed" in result.stderr and "boom" in result.stderr
+
+
+def test_pass_that_breaks_shape_propagation_is_caught_at_that_pass(small_moe):
+    class WrongShape:
+        name: ClassVar[str] = "wrong_shape"
+
+        def run(self, gm, ctx):
+            for node in gm.graph.nodes:
+                if node.target == torch.ops.aten.mm.default:
+                    node.args = (node.args[0], node.args[0])  # [M,K] @ [M,K]: does not type-check
+                    return PassResult(modified=True)
+            return PassResult(modified=False)
+
+    model, x = small_moe
+    compiled = trex.compile(model, passes=[WrongShape()])
+    with pytest.raises(trex.PassError, match="wrong_shape"):
+        _train_once(compiled, x)
+
+
+def test_passes_never_print(small_moe, capsys):
+    model, x = small_moe
+    _train_once(trex.compile(model), x)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+def test_pipeline_is_data_and_resolves_from_a_string():
+    assert [p.name for p in resolve_pipeline(None)] == list(DEFAULT_PIPELINE)
+    assert [p.name for p in resolve_pipeline("dead_code_elimination")] == ["dead_code_elimination"]
+    with pytest.raises(trex.UnknownNameError, match="canonicalize_moe"):
+        resolve_pipeline("canonicalise_moe")
+
+
+def test_manager_rejects_objects_that_are_not_passes():
+    with pytest.raises(trex.TrexError, match="not a pass"):
+        PassManager([object()])
+
+
+def test_dead_code_elimination_removes_unused_values_and_records_each():
+    from torch import fx
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    used = graph.call_function(torch.ops.aten.relu.default, (x,))
+    unused = graph.call_function(torch.ops.aten.exp.default, (x,))
+    graph.call_function(torch.ops.aten.neg.default, (unused,))
+    graph.output(used)
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(torch.randn(3))
+    report = PassManager(resolve_pipeline("dead_code_elimination")).run(gm, PassContext())
+    assert [d.subject for d in report.records[0].decisions] == ["neg_default", "exp_default"]
+    assert [n.name for n in gm.graph.nodes] == ["x", "relu_default", "output"]

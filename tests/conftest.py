@@ -1,0 +1,55 @@
+"""Shared test setup: hypothesis profiles, one torch thread per xdist worker, tiny models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# "ci" (the default) keeps the default run well under CI's budget on 2 cores; "dev" explores more.
+settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)  # two workers on two cores: no oversubscription
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch (Dynamo caches are per process)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_trex_environment(monkeypatch):
+    for name in ("TREX_DUMP", "TREX_PASSES", "TREX_FUEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class SmallMoe(torch.nn.Module):
+    """Two MoE layers written directly against the trex op: compiles in about a second."""
+
+    def __init__(self, hidden=16, experts=4, top_k=2, layers=2):
+        super().__init__()
+        self.top_k = top_k
+        self.routers = torch.nn.ModuleList(torch.nn.Linear(hidden, experts, bias=False) for _ in range(layers))
+        self.gate_up = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(experts, 2 * hidden, hidden) * hidden**-0.5) for _ in range(layers))
+        self.down = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(experts, hidden, hidden) * hidden**-0.5) for _ in range(layers))
+        self.head = torch.nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        for router, gate_up, down in zip(self.routers, self.gate_up, self.down):
+            weights, index = torch.topk(torch.softmax(router(x), -1), self.top_k, dim=-1)
+            x = x + torch.ops.trex.moe_experts(x, index, weights, gate_up, down, "silu", 0.0, False)[0]
+        return self.head(torch.relu(x)).sum()
+
+
+@pytest.fixture
+def small_moe():
+    torch.manual_seed(0)
+    return SmallMoe(), torch.randn(8, 16)
