@@ -74,6 +74,7 @@ class CapturedGraph:
     report: PipelineReport | None = None
     lowerings: dict[str, Lowering] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # aot_trace, passes, partition, lower_*
+    started_at: float = field(default=0.0, repr=False)  # when trex received the Dynamo graph
 
     def summary(self) -> str:
         parts = [f"graph {self.graph_id} ({self.phase}): dynamo {len(self.dynamo_graph.graph.nodes)} nodes"]
@@ -144,7 +145,7 @@ class TrexCompiler:
             graph_break=GraphBreak.from_reason(reason) if reason is not None and getattr(reason, "graph_break", False) else None,
         )
         self.graphs.append(graph)
-        graph.seconds["aot_trace"] = -time.perf_counter()
+        graph.started_at = time.perf_counter()
         compile_with_aot = aot_autograd(
             fw_compiler=lambda g, inputs: self._lower(graph, "forward", g),
             bw_compiler=lambda g, inputs: self._lower(graph, "backward", g),
@@ -157,8 +158,8 @@ class TrexCompiler:
         return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
-        graph.seconds["aot_trace"] += time.perf_counter()
         start = time.perf_counter()
+        graph.seconds["aot_trace"] = start - graph.started_at
         graph.report = self.pass_manager().run(gm, self._context(graph))
         graph.seconds["passes"] = time.perf_counter() - start
         graph.joint = gm
