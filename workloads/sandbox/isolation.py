@@ -1,0 +1,145 @@
+"""Which isolation the machine allows, and which paths the sandboxed interpreter needs or must not see.
+
+Two levels:
+
+- `os`: needs root (CAP_SYS_ADMIN) on Linux. The program runs as pid 1 of fresh pid, network,
+  mount, IPC and UTS namespaces under a uid of its own (1_500_000_000 + the launcher's pid), with
+  every mount read-only except its work directory, the evaluator's files masked, a /proc that
+  shows only its own processes, and RLIMIT_NPROC counting only its own processes. This is the
+  security boundary for untrusted model-written code.
+- `process`: any user. A new session and process group, resource limits, a scrubbed
+  environment, its own work directory, and the audit-hook guard. It contains mistakes and naive
+  hostile code; it is not a boundary against code written to escape an audit hook.
+
+`auto` picks `os` when the probe succeeds and `process` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from trex.workloads.sandbox.limits import SandboxConfigError
+
+ISOLATION_LEVELS = ("auto", "os", "process")
+UID_BASE = 1_500_000_000
+
+_probe_lock = threading.Lock()
+_probe_cache: dict[str, str | None] = {}
+
+
+@dataclass(frozen=True)
+class InterpreterPaths:
+    """Paths the sandboxed interpreter reads: its binary, prefixes and import path."""
+
+    executable: str  # as given (a virtualenv's bin/python must keep its path to find pyvenv.cfg)
+    needed: tuple[str, ...]  # normalized, minimal: none lies inside another
+    site_packages: tuple[str, ...]
+
+    @classmethod
+    def of(cls, python: str) -> InterpreterPaths:
+        script = (
+            "import json, sys, sysconfig; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
+            "sys.base_exec_prefix, sys.path, sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']]))"
+        )
+        try:
+            out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=60, check=True)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise SandboxConfigError(f"cannot start the sandbox interpreter {python}: {error}") from error
+        *prefixes, path, purelib, platlib = json.loads(out.stdout)
+        candidates = [python, os.path.dirname(python), os.path.realpath(python), *prefixes, *path]
+        site = tuple(dict.fromkeys(os.path.realpath(p) for p in (purelib, platlib) if os.path.isdir(p)))
+        return cls(executable=python, needed=minimal_roots(candidates), site_packages=site)
+
+
+def minimal_roots(paths: list[str]) -> tuple[str, ...]:
+    """Existing paths, normalized, without the ones that lie inside another."""
+    normalized = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)}, key=len)
+    roots: list[str] = []
+    for path in normalized:
+        if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots):
+            roots.append(path)
+    return tuple(sorted(roots))
+
+
+def evaluator_paths() -> tuple[str, ...]:
+    """The trex installation a program must not read: the source checkout for an editable
+    install (the folder holding pyproject.toml), otherwise the installed package directories."""
+    import trex
+    import trex.workloads
+
+    paths = set()
+    for package in (trex, trex.workloads):
+        directory = Path(package.__file__).resolve().parent
+        checkout = directory.parent
+        if (checkout / "pyproject.toml").exists() or (checkout / ".git").exists():
+            paths.add(str(checkout))
+        else:
+            paths.add(str(directory))
+    return tuple(sorted(paths))
+
+
+def resolve_isolation(requested: str, launcher: str, python: InterpreterPaths, work_base: str) -> str:
+    """The isolation level to use; raises when `os` is requested and unavailable."""
+    if requested not in ISOLATION_LEVELS:
+        raise SandboxConfigError(f"unknown isolation {requested!r}; valid: {', '.join(ISOLATION_LEVELS)}")
+    if requested == "process":
+        return "process"
+    reason = os_isolation_unavailable(launcher, python, work_base)
+    if reason is None:
+        return "os"
+    if requested == "os":
+        raise SandboxConfigError(
+            f"os isolation is unavailable: {reason}. Run the evaluator as root on Linux, "
+            "or use isolation='process' (not a boundary against deliberately hostile code)"
+        )
+    return "process"
+
+
+def os_isolation_unavailable(launcher: str, python: InterpreterPaths, work_base: str) -> str | None:
+    """None when `os` isolation works here, else why not (probed once per interpreter)."""
+    if not sys.platform.startswith("linux"):
+        return f"needs Linux, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return f"needs root (namespaces, mounts, a separate uid); running as uid {os.geteuid()}"
+    with _probe_lock:
+        if python.executable not in _probe_cache:
+            _probe_cache[python.executable] = _probe(launcher, python, work_base)
+        return _probe_cache[python.executable]
+
+
+def _probe(launcher: str, python: InterpreterPaths, work_base: str) -> str | None:
+    read_fd, write_fd = os.pipe()
+    config = {
+        "mode": "probe",
+        "status_fd": write_fd,
+        "parent_pid": os.getpid(),
+        "needed": list(python.needed),
+        "work_dir": work_base,
+        "uid_base": UID_BASE,
+        "argv": [python.executable],
+    }
+    try:
+        process = subprocess.run(
+            [python.executable, "-I", "-S", launcher, json.dumps(config)],
+            pass_fds=(write_fd,),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"probe failed to start: {error}"
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as status:
+        lines = status.read().decode(errors="replace").splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    if any(record.get("probe") for record in records):
+        return None
+    errors = [record["setup_error"] for record in records if "setup_error" in record]
+    return errors[0] if errors else f"probe exited {process.returncode}: {process.stderr.strip()[-300:]}"

@@ -1,0 +1,374 @@
+"""`Sandbox`: run one untrusted Python program per fresh process, within limits, and say how it ended."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+
+from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
+from trex.workloads.sandbox.isolation import UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
+from trex.workloads.sandbox.limits import Limits, SandboxConfigError
+from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, USER_DATA_ROOTS, PathPolicy
+
+# Files copied into the runtime directory: the code that runs inside the sandbox's process tree.
+_RUNTIME_FILES = ("launcher.py", "linux.py", "policy.py", "bootstrap.py", "guard.py", "recorders.py")
+# At most this much of stdout and of stderr is kept (the end of it: objectives are printed last).
+MAX_KEPT_OUTPUT = 1 << 20
+
+
+class Sandbox:
+    """Runs untrusted Python programs, each in a fresh interpreter, and classifies how they ended.
+
+        with Sandbox(Limits(wall_s=30), hide=["/data/answers.json"]) as sandbox:
+            execution = sandbox.run(source)
+            execution.failure        # None, or a FailureKind such as TIMEOUT or FILE_DENIED
+            execution.last_solve     # SolveRecord(api="pyscipopt", status="optimal", objective=...)
+
+    `hide` adds paths the program must not read to the evaluator's own installation, which is
+    always hidden. `isolation` is "auto", "os" or "process" (see `trex.workloads.sandbox.isolation`).
+    `run` is thread-safe: an evaluator runs many programs at once from a thread pool; each run
+    is its own process tree, so threads only wait.
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        isolation: str = "auto",
+        hide: Iterable[str | os.PathLike] = (),
+        python: str | None = None,
+        guard: bool = True,
+        record_solvers: bool = True,
+        allow_fork: bool = False,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.limits = limits or Limits()
+        self.guard = guard
+        self.record_solvers = record_solvers
+        self.allow_fork = allow_fork
+        self.extra_env = dict(env or {})
+        self.interpreter = InterpreterPaths.of(python or _default_python())
+        self._base = tempfile.mkdtemp(prefix="trex-sandbox-")
+        os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
+        self._runtime = os.path.join(self._base, "runtime")
+        self._install_runtime()
+        self.hidden = tuple(sorted({os.path.realpath(p) for p in [*evaluator_paths(), *map(os.fspath, hide)]}))
+        self.isolation = resolve_isolation(isolation, self._launcher, self.interpreter, self._base)
+        self._counter = itertools.count()
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                _remove_tree(self._base)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    @property
+    def _launcher(self) -> str:
+        return os.path.join(self._runtime, "launcher.py")
+
+    def _install_runtime(self) -> None:
+        os.mkdir(self._runtime, 0o755)
+        source = Path(__file__).parent
+        for name in _RUNTIME_FILES:
+            target = os.path.join(self._runtime, name)
+            shutil.copyfile(source / name, target)
+            os.chmod(target, 0o644)
+        empty = os.path.join(self._runtime, "masked")
+        open(empty, "w").close()
+        os.chmod(empty, 0o000)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def policy_for(self, work_dir: str) -> PathPolicy:
+        """What a program whose work directory is `work_dir` may read, write and execute."""
+        readable = (*SYSTEM_READ_ROOTS, *self.interpreter.needed, self._runtime, work_dir)
+        return PathPolicy(
+            read_allow=readable,
+            read_deny=(*SYSTEM_READ_DENY, *self.hidden),
+            write_roots=(work_dir,),
+            exec_roots=self.interpreter.site_packages,
+        )
+
+    def run(
+        self,
+        source: str,
+        *,
+        files: Mapping[str, str | bytes] | None = None,
+        limits: Limits | None = None,
+    ) -> Execution:
+        """Run `source` as `program.py` in a fresh work directory that also holds `files`."""
+        if self._closed:
+            raise SandboxConfigError("this Sandbox is closed")
+        limits = limits or self.limits
+        run_dir = os.path.join(self._base, f"run-{next(self._counter)}")
+        os.mkdir(run_dir, 0o711)
+        try:
+            return self._run_in(run_dir, source, files or {}, limits)
+        finally:
+            _remove_tree(run_dir)
+
+    def _run_in(self, run_dir: str, source: str, files: Mapping[str, str | bytes], limits: Limits) -> Execution:
+        work_dir, io_dir = os.path.join(run_dir, "work"), os.path.join(run_dir, "io")
+        os.mkdir(work_dir, 0o700)
+        os.mkdir(io_dir, 0o700)
+        program = os.path.join(work_dir, "program.py")
+        Path(program).write_text(source, encoding="utf-8")
+        for name, content in files.items():
+            _write_input(work_dir, name, content)
+        for directory, subdirectories, names in os.walk(work_dir):
+            for name in subdirectories:
+                os.chmod(os.path.join(directory, name), 0o755)
+            for name in names:
+                os.chmod(os.path.join(directory, name), 0o644)
+
+        token = secrets.token_hex(8)
+        events_path = os.path.join(io_dir, "events.jsonl")
+        events_fd = os.open(events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        status_read, status_write = os.pipe()
+        bootstrap_config = {
+            "events_fd": events_fd,
+            "program": program,
+            "record_solvers": self.record_solvers,
+            "guard": self.guard,
+            "allow_fork": self.allow_fork,
+            "policy": self.policy_for(work_dir).to_json(),
+        }
+        argv = [self.interpreter.executable, "-I", "-B", os.path.join(self._runtime, "bootstrap.py"), json.dumps(bootstrap_config)]
+        launcher_config = {
+            "mode": self.isolation,
+            "status_fd": status_write,
+            "parent_pid": os.getpid(),
+            "argv": argv,
+            "env": self._environment(work_dir, token),
+            "work_dir": work_dir,
+            "limits": limits.to_json(),
+            "uid_base": UID_BASE,
+            "needed": [*self.interpreter.needed, self._base],
+            "hide": [*self.hidden, *USER_DATA_ROOTS],
+            "empty_file": os.path.join(self._runtime, "masked"),
+        }
+        stdout_path, stderr_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+        started = time.monotonic()
+        try:
+            with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+                process = subprocess.Popen(
+                    [self.interpreter.executable, "-I", "-S", self._launcher, json.dumps(launcher_config)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=stdout,
+                    stderr=stderr,
+                    pass_fds=(events_fd, status_write),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as error:
+            os.close(status_read)
+            return _sandbox_error(f"cannot start the launcher: {error}", self.isolation)
+        finally:
+            os.close(events_fd)
+            os.close(status_write)
+        timed_out = not _wait(process, limits.wall_s)
+        if timed_out:
+            _kill_group(process.pid)
+            process.wait()
+        wall = time.monotonic() - started
+        _kill_group(process.pid)  # stragglers a program left in its process group
+        if self.isolation == "process":
+            _kill_marked(token)  # and those that left the group with setsid()
+        with os.fdopen(status_read, "rb") as status_file:
+            status_lines = status_file.read().decode(errors="replace").splitlines()
+        status = _merge_status(status_lines)
+
+        stdout_text = _read_tail(stdout_path)
+        stderr_text = _read_tail(stderr_path)
+        events = parse_events(_read_tail(events_path))
+        setup_error = status.get("setup_error")
+        if setup_error is None and not timed_out and "exit" not in status and "signal" not in status:
+            setup_error = f"the launcher ended without a status (exit {process.returncode}): {stderr_text.strip()[-300:]}"
+        raw = RawOutcome(
+            timed_out=timed_out,
+            exit_code=status.get("exit"),
+            signal=status.get("signal"),
+            cpu_s=float(status.get("cpu_s", 0.0)),
+            stderr=stderr_text,
+            events=events,
+            setup_error=setup_error,
+            limits_cpu_s=limits.cpu_s,
+            limits_memory_bytes=limits.memory_bytes,
+        )
+        failure, detail = classify(raw)
+        return Execution(
+            failure=failure,
+            detail=detail,
+            exit_code=raw.exit_code,
+            signal=raw.signal,
+            stdout=stdout_text,
+            stderr=stderr_text,
+            solves=solves_from(events),
+            violations=tuple(str(e.get("detail", "")) for e in events if e["event"] == "violation"),
+            wall_s=wall,
+            cpu_s=raw.cpu_s,
+            max_rss_bytes=int(status.get("max_rss_bytes", 0)),
+            isolation=self.isolation,
+            warnings=tuple(status.get("warnings", ())),
+        )
+
+    def _environment(self, work_dir: str, token: str) -> dict[str, str]:
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": work_dir,
+            "TMPDIR": work_dir,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            # one thread per BLAS/OpenMP pool: the evaluator already runs one program per core
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            # glibc reserves 64 MiB of address space per malloc arena and thread; cap the arenas so
+            # multi-threaded solvers are not killed by the address-space limit for memory never used
+            "MALLOC_ARENA_MAX": "2",
+            "TREX_SANDBOX_TOKEN": token,
+        }
+        env.update(self.extra_env)
+        return env
+
+
+def _default_python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _write_input(work_dir: str, name: str, content: str | bytes) -> None:
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise SandboxConfigError(f"input file name {name!r} must be a relative path inside the work directory")
+    target = Path(work_dir, *relative.parts)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        target.write_text(content, encoding="utf-8")
+    else:
+        target.write_bytes(content)
+
+
+def _merge_status(lines: list[str]) -> dict:
+    status: dict = {"warnings": []}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if "warning" in record:
+            status["warnings"].append(str(record["warning"]))
+        else:
+            status.update(record)
+    return status
+
+
+def _read_tail(path: str, limit: int = MAX_KEPT_OUTPUT) -> str:
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > limit:
+                file.seek(size - limit)
+            return file.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait for `process` up to `timeout` seconds; False when it is still running.
+
+    Uses a pidfd where the kernel has them: `Popen.wait(timeout)` polls with sleeps of up to
+    50 ms, which would add that much latency to every program."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        try:
+            process.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    if not ready:
+        return False
+    process.wait()
+    return True
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_marked(token: str) -> None:
+    """Kill processes (of our uid) whose environment carries this run's token: the ones a program
+    moved out of its process group. Best effort: a program can also clear its environment."""
+    marker = f"TREX_SANDBOX_TOKEN={token}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if marker in environ.read().split(b"\0"):
+                    os.kill(int(entry), signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def _remove_tree(path: str) -> None:
+    def make_writable(function, failed_path, _exc_info):  # programs may chmod their files away
+        try:
+            os.chmod(os.path.dirname(failed_path), stat.S_IRWXU)
+            os.chmod(failed_path, stat.S_IRWXU)
+            function(failed_path)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=make_writable)
+
+
+def _sandbox_error(detail: str, isolation: str) -> Execution:
+    return Execution(
+        failure=FailureKind.SANDBOX_ERROR,
+        detail=detail,
+        exit_code=None,
+        signal=None,
+        stdout="",
+        stderr="",
+        isolation=isolation,
+    )
