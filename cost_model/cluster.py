@@ -17,7 +17,6 @@ into levels (tier, fanout): how many sub-domains the group spans at each tier.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -126,16 +125,21 @@ class Cluster:
 
 
 def _placement(tiers: tuple[Tier, ...], ranks: tuple[int, ...]) -> Placement:
+    """Levels of a group: at each tier, the most sub-domains one domain of it holds (an uneven group
+    is priced by its most crowded domain)."""
     if len(set(ranks)) != len(ranks):
         raise TrexError(f"a process group lists a rank twice: {sorted(ranks)}")
-    previous = len(ranks)
+    below = {r: r for r in ranks}  # each rank's domain at the tier below (itself, at first)
     levels = []
     for tier in tiers:
-        domains = 1 if tier.size is None else len({r // tier.size for r in ranks})
-        fanout = math.ceil(previous / domains)
+        here = {r: (0 if tier.size is None else r // tier.size) for r in ranks}
+        members: dict[int, set[int]] = {}
+        for r in ranks:
+            members.setdefault(here[r], set()).add(below[r])
+        fanout = max(len(m) for m in members.values())
         if fanout > 1:
             levels.append(Level(tier, fanout))
-        previous = domains
+        below = here
     return Placement(len(ranks), tuple(levels))
 
 

@@ -25,7 +25,7 @@ from typing import Literal
 
 from trex.cost_model.cluster import Cluster, Level, Placement, Tier
 
-Algorithm = Literal["auto", "flat", "hierarchical"]
+Algorithm = Literal["auto", "flat", "tree", "hierarchical"]
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -86,24 +86,22 @@ def _hier_gather(nbytes: float, levels: Sequence[Level]) -> float:
 
 
 def all_reduce(nbytes: float, placement: Placement, algorithm: Algorithm = "auto") -> float:
-    """Seconds to all-reduce `nbytes` over the group."""
+    """Seconds to all-reduce `nbytes` over the group (auto: the cheapest of ring, tree, hierarchical)."""
     if placement.size <= 1 or nbytes <= 0:
         return 0.0
     g = placement.size
     tier = _flat_tier(placement)
-    flat_ring = 2 * (g - 1) * _flat_latency(placement) + 2 * (g - 1) / g * nbytes / tier.bandwidth(g - 1)
-    flat_tree = 2 * math.ceil(math.log2(g)) * _flat_latency(placement) + 2 * nbytes / tier.bandwidth(1)
-    flat = min(flat_ring, flat_tree)
-    if len(placement.levels) == 1:
-        level = placement.levels[0]
-        return min(_ring(level.tier, level.fanout, nbytes, 2), _tree_all_reduce(level.tier, level.fanout, nbytes))
-    # reduce-scatter inward-out, then all-gather outward-in: each phase twice the gather cost
+    ring = 2 * (g - 1) * _flat_latency(placement) + 2 * (g - 1) / g * nbytes / tier.bandwidth(g - 1)
+    tree = 2 * math.ceil(math.log2(g)) * _flat_latency(placement) + 2 * nbytes / tier.bandwidth(1)
+    # reduce-scatter inward-out, then all-gather outward-in: twice the gather cost
     hierarchical = 2 * _hier_gather(nbytes, placement.levels)
     if algorithm == "flat":
-        return flat
+        return ring
+    if algorithm == "tree":
+        return tree
     if algorithm == "hierarchical":
         return hierarchical
-    return min(flat, hierarchical)
+    return min(ring, tree, hierarchical)
 
 
 def all_to_all(nbytes_per_rank: float, placement: Placement) -> float:

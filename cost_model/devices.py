@@ -24,7 +24,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class GemmModel:
     tile_m: int = 128
     tile_n: int = 128
     k_fill: float = 128.0  # per-tile prologue/epilogue, in elements of K
+    launch_us: Mapping[str, float] = field(default_factory=dict)  # per-dtype fixed cost (default: the device's kernel overhead)
 
     def ceiling(self, dtype: str) -> float:
         if dtype not in self.efficiency:
@@ -80,6 +81,23 @@ class DeviceProfile:
     reserved_memory_gib: float = 3.0  # runtime context, communicator buffers, allocator fragmentation
     sources: tuple[str, ...] = ()
     calibrated: bool = False
+    cache_mib: float = 0.0  # on-chip cache that serves small working sets (0: not modelled)
+    cache_bandwidth_gbs: float = 0.0
+    op_overhead_us: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name, replaces kernel_overhead_us
+    vector_tflops: float = 0.0  # non-tensor-core element-wise throughput (0: the fp32 peak)
+
+    def vector_flops(self) -> float:
+        return (self.vector_tflops or self.peak_tflops.get("fp32", 1.0)) * 1e12
+
+    def elementwise_time(self, flops: float, bytes_moved: float, kernels: float = 1.0) -> float:
+        """An element-wise kernel: bound by memory traffic or by vector arithmetic, whichever is slower."""
+        return max(self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops())
+
+    def overhead_s(self, op: str, kind: str) -> float:
+        """Fixed cost of launching one op: measured per op or per kind when calibrated."""
+        if op in self.op_overhead_us:
+            return self.op_overhead_us[op] * 1e-6
+        return self.op_overhead_us.get(kind, self.kernel_overhead_us) * 1e-6
 
     # -- derived quantities, SI units -------------------------------------------------------
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -129,7 +147,8 @@ class DeviceProfile:
         element = DTYPE_BYTES[dtype]
         traffic = groups * ((m * k + k * n) * element + m * n * out_bytes)
         memory = traffic / (self.hbm_bytes_per_s * self.memory_efficiency)
-        return self.kernel_overhead_s + max(waves * tile, memory)
+        launch = g.launch_us[dtype] * 1e-6 if dtype in g.launch_us else self.kernel_overhead_s
+        return launch + max(waves * tile, memory)
 
     def gemm_efficiency(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1) -> float:
         """Achieved fraction of the dtype's peak for this shape (time model inverted)."""
@@ -144,10 +163,18 @@ class DeviceProfile:
         return self.kernel_overhead_s + flops / (self.peak_flops("bf16") * efficiency)
 
     def memory_time(self, bytes_moved: float, kernels: float = 1.0) -> float:
-        """Seconds for memory-bound kernels moving `bytes_moved` bytes in total."""
+        """Seconds for memory-bound kernels moving `bytes_moved` bytes in total.
+
+        With a modelled cache, the first `cache_mib` of traffic per kernel streams at cache
+        bandwidth and the rest at memory bandwidth (continuous and monotone in bytes).
+        """
         if bytes_moved <= 0 and kernels <= 0:
             return 0.0
-        return kernels * self.kernel_overhead_s + bytes_moved / (self.hbm_bytes_per_s * self.memory_efficiency)
+        memory = self.hbm_bytes_per_s * self.memory_efficiency
+        if self.cache_mib > 0 and self.cache_bandwidth_gbs > 0 and kernels > 0:
+            cached = min(bytes_moved, kernels * self.cache_mib * 2**20)
+            return kernels * self.kernel_overhead_s + cached / (self.cache_bandwidth_gbs * 1e9) + (bytes_moved - cached) / memory
+        return kernels * self.kernel_overhead_s + bytes_moved / memory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +194,8 @@ def ceiling_from_measurement(profile: DeviceProfile, dtype: str, fraction: float
     target = 2.0 * m * n * k / (fraction * profile.peak_flops(dtype))
     busy = min(tiles, g.compute_units)
     epilogue = g.tile_m * g.tile_n * 2.0 / (profile.hbm_bytes_per_s * profile.memory_efficiency / busy)
-    main = target - profile.kernel_overhead_s - waves * epilogue
+    launch = g.launch_us[dtype] * 1e-6 if dtype in g.launch_us else profile.kernel_overhead_s
+    main = target - launch - waves * epilogue
     if main <= 0:
         raise TrexError(f"measured {fraction:.0%} of peak at {shape} is faster than the memory system allows; check the measurement")
     return min(1.0, waves * 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) * g.compute_units / (profile.peak_flops(dtype) * main))
@@ -337,10 +365,15 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "peak_tflops": (dict, "a table of dtype = dense TFLOP/s, e.g. {bf16 = 989.4}"),
     "gemm": (dict, "a table with compute_units, efficiency, tile_m, tile_n, k_fill"),
     "attention": (dict, "a table with forward_efficiency, backward_efficiency, half_keys"),
+    "cache_mib": ((int, float), "cache capacity (MiB) that serves small working sets; 0 to disable"),
+    "cache_bandwidth_gbs": ((int, float), "bandwidth of that cache in GB/s"),
+    "op_overhead_us": (dict, "a table of op kind or op name = fixed microseconds per call"),
+    "vector_tflops": ((int, float), "element-wise (non-tensor-core) throughput in TFLOP/s"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
-                "tile_m": "output tile rows", "tile_n": "output tile columns", "k_fill": "per-tile pipeline fill in elements of K"}
+                "tile_m": "output tile rows", "tile_n": "output tile columns", "k_fill": "per-tile pipeline fill in elements of K",
+                "launch_us": "table of dtype = fixed microseconds per GEMM call"}
 _ATTENTION_FIELDS = {"forward_efficiency": "fraction of BF16 peak (0-1]", "backward_efficiency": "fraction of BF16 peak (0-1]",
                      "half_keys": "keys per query at half efficiency"}
 
@@ -405,6 +438,8 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         tile_m=int(_positive(source, "device.gemm.tile_m", gemm_table.get("tile_m", 128), _GEMM_FIELDS["tile_m"])),
         tile_n=int(_positive(source, "device.gemm.tile_n", gemm_table.get("tile_n", 128), _GEMM_FIELDS["tile_n"])),
         k_fill=float(gemm_table.get("k_fill", 128.0)),
+        launch_us={dtype: _positive(source, f"device.gemm.launch_us.{dtype}", value, _GEMM_FIELDS["launch_us"])
+                   for dtype, value in gemm_table.get("launch_us", {}).items()},
     )
     if gemm.k_fill < 0:
         raise _fail(source, "device.gemm.k_fill", f"must be >= 0 (got {gemm.k_fill})", _GEMM_FIELDS["k_fill"])
@@ -431,6 +466,11 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         reserved_memory_gib=float(data.get("reserved_memory_gib", 0.0)),
         sources=tuple(sources),
         calibrated=bool(data.get("calibrated", False)),
+        cache_mib=float(data.get("cache_mib", 0.0)),
+        cache_bandwidth_gbs=float(data.get("cache_bandwidth_gbs", 0.0)),
+        op_overhead_us={key: _positive(source, f"device.op_overhead_us.{key}", value, "microseconds per call")
+                        for key, value in data.get("op_overhead_us", {}).items()},
+        vector_tflops=float(data.get("vector_tflops", 0.0)),
     )
 
 
@@ -466,10 +506,14 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "kernel_overhead_us": profile.kernel_overhead_us,
             "reserved_memory_gib": profile.reserved_memory_gib,
             "calibrated": profile.calibrated,
+            "cache_mib": profile.cache_mib,
+            "cache_bandwidth_gbs": profile.cache_bandwidth_gbs,
+            "op_overhead_us": dict(profile.op_overhead_us),
+            "vector_tflops": profile.vector_tflops,
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,
-                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency)},
+                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency), "launch_us": dict(profile.gemm.launch_us)},
             "attention": {"forward_efficiency": profile.attention.forward_efficiency,
                           "backward_efficiency": profile.attention.backward_efficiency, "half_keys": profile.attention.half_keys},
         }

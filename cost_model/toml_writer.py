@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,14 @@ def _scalar(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _key(key: str) -> str:
+    """A bare key when TOML allows one, else a quoted key (e.g. "trex.moe_dispatch")."""
+    return key if _BARE.match(key) else json.dumps(key)
+
+
 def _is_table_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Mapping) for v in value)
 
@@ -37,9 +46,9 @@ def _is_table_list(value: Any) -> bool:
 def _emit(table: Mapping[str, Any], path: list[str], lines: list[str]) -> None:
     scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping) and not _is_table_list(v)]
     if path and (scalars or not table):
-        lines.append(f"[{'.'.join(path)}]")
+        lines.append(f"[{'.'.join(_key(p) for p in path)}]")
     for key, value in scalars:
-        lines.append(f"{key} = {_scalar(value)}")
+        lines.append(f"{_key(key)} = {_scalar(value)}")
     if scalars:
         lines.append("")
     for key, value in table.items():
@@ -47,9 +56,9 @@ def _emit(table: Mapping[str, Any], path: list[str], lines: list[str]) -> None:
             _emit(value, [*path, key], lines)
         elif _is_table_list(value):
             for item in value:
-                lines.append(f"[[{'.'.join([*path, key])}]]")
+                lines.append(f"[[{'.'.join(_key(p) for p in [*path, key])}]]")
                 for k, v in item.items():
-                    lines.append(f"{k} = {_scalar(v)}")
+                    lines.append(f"{_key(k)} = {_scalar(v)}")
                 lines.append("")
 
 

@@ -1,0 +1,230 @@
+"""Graph annotation: price every node of a captured fx graph and write `node.meta["cost"]`.
+
+An analysis in the torch.fx sense: it reads shapes from `node.meta["val"]` (FakeTensors) and writes
+a `NodeCost` per node, never mutating the graph. FLOPs and bytes come from the sympy formulas of
+`trex.cost_model.op_formulas`; time from the target's performance models (tile-wave GEMMs, fused
+attention, bandwidth-bound kernels, alpha-beta collectives over the cluster). A node whose op has no
+formula gets a `NodeCost` with `priced=False` and is listed by name in the report: nothing is
+silently priced at zero.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+
+from trex.cost_model import collectives
+from trex.cost_model.cluster import Cluster, get_cluster
+from trex.cost_model.devices import DeviceProfile
+from trex.cost_model.op_formulas import (
+    COLLECTIVE_KIND, B, D_qk, D_v, E, H, HEADS, K, L_k, L_q, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name,
+)
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """What one node costs on the target. `formula` is FLOPs as a sympy expression of `bindings`."""
+
+    op: str
+    kind: str
+    flops: float
+    bytes: float
+    time_s: float
+    formula: sympy.Expr | None = None
+    bytes_formula: sympy.Expr | None = None
+    bindings: Mapping[str, float] = field(default_factory=dict)
+    priced: bool = True
+    note: str = ""
+
+    def describe(self) -> str:
+        if not self.priced:
+            return f"{self.op}: no formula ({self.note})" if self.note else f"{self.op}: no formula"
+        values = ", ".join(f"{k}={v:g}" for k, v in self.bindings.items())
+        return f"flops = {self.formula}  [{values}]" if self.formula is not None else self.kind
+
+
+@dataclass
+class AnnotationReport:
+    target: str
+    nodes: int = 0
+    priced: int = 0
+    unpriced: Counter = field(default_factory=Counter)  # op name -> nodes without a formula
+    flops_by_kind: Counter = field(default_factory=Counter)
+    bytes_by_kind: Counter = field(default_factory=Counter)
+    time_by_kind: Counter = field(default_factory=Counter)
+    time_by_op: Counter = field(default_factory=Counter)
+    count_by_op: Counter = field(default_factory=Counter)
+    flops_by_op: Counter = field(default_factory=Counter)
+
+    @property
+    def total_flops(self) -> float:
+        return float(sum(self.flops_by_kind.values()))
+
+    @property
+    def total_bytes(self) -> float:
+        return float(sum(self.bytes_by_kind.values()))
+
+    @property
+    def total_time_s(self) -> float:
+        return float(sum(self.time_by_kind.values()))
+
+    def merge(self, other: AnnotationReport) -> None:
+        self.nodes += other.nodes
+        self.priced += other.priced
+        for mine, theirs in ((self.unpriced, other.unpriced), (self.flops_by_kind, other.flops_by_kind), (self.bytes_by_kind, other.bytes_by_kind),
+                             (self.time_by_kind, other.time_by_kind), (self.time_by_op, other.time_by_op), (self.count_by_op, other.count_by_op),
+                             (self.flops_by_op, other.flops_by_op)):
+            mine.update(theirs)
+
+
+def resolve_target(target: str | DeviceProfile | Cluster) -> Cluster:
+    """A cluster for a target name, a device profile (single-tier default cluster), or a cluster."""
+    if isinstance(target, Cluster):
+        return target
+    if isinstance(target, DeviceProfile):
+        base = get_cluster("cpu" if target.name == "cpu" else "h100")
+        return base.with_device(target)
+    return get_cluster(target)
+
+
+def _dtype(node: fx.Node, device: DeviceProfile) -> str:
+    outputs = node_outputs(node)
+    for t in outputs:
+        name = DTYPE_NAMES.get(t.dtype)
+        if name is not None:
+            return name if device.supports(name) else ("bf16" if device.supports("bf16") else "fp32")
+        if "float8" in str(t.dtype) and device.supports("fp8"):
+            return "fp8"
+    return "bf16" if device.supports("bf16") else "fp32"
+
+
+def _group_size(node: fx.Node, groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[int, tuple[int, ...] | None]:
+    schema_names = [a.name for a in node.target._schema.arguments]
+    values = dict(zip(schema_names, node.args))
+    values.update(node.kwargs)
+    name = values.get("group_name") or values.get("tag")
+    if groups and name in groups:
+        ranks = tuple(groups[name])
+        return len(ranks), ranks
+    if "group_size" in values and isinstance(values["group_size"], int):
+        return int(values["group_size"]), None
+    if name is not None:
+        try:
+            from torch.distributed.distributed_c10d import _resolve_process_group, get_process_group_ranks
+
+            group = _resolve_process_group(name)
+            ranks = tuple(get_process_group_ranks(group))
+            return len(ranks), ranks
+        except Exception:
+            pass
+    return (world_size or 0), None
+
+
+def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: float, cluster: Cluster,
+          groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[float, str]:
+    device = cluster.device
+    kind = formula.kind
+    name = op_name(node.target)
+    if kind in ("view", "sync"):
+        return 0.0, ""
+    if kind == "gemm":
+        dtype = _dtype(node, device)
+        if S in values:  # grouped: S rows over E groups
+            experts = max(1, int(values[E]))
+            rows = values[S] / experts
+            if name == "trex.grouped_mm_weight_grad" or (name == "aten._grouped_mm" and len(node_outputs(node)[0].shape) == 3
+                                                        and len(node.args[0].meta["val"].shape) == 2 and len(node.args[1].meta["val"].shape) == 2):
+                return device.gemm_time(values[K], values[N], rows, dtype, experts), ""
+            return device.gemm_time(rows, values[N], values[K], dtype, experts), ""
+        return device.gemm_time(values[M], values[N], values[K], dtype, int(values.get(B, 1))), ""
+    if kind == "attention":
+        keys = values[L_k] * values[causal]
+        backward = name.endswith("backward")
+        return device.attention_time(flops, keys, backward), ""
+    if kind == "moe" and name in ("trex.moe_experts", "trex.moe_experts_backward"):
+        dtype = _dtype(node, device)
+        experts = max(1, int(values[E]))
+        rows = values[S] / experts
+        gemms = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(rows, values[H], values[N], dtype, experts)
+        if name.endswith("backward"):
+            gemms = 2 * gemms
+        return gemms + device.memory_time(moved, 6), ""
+    if kind == "collective":
+        size, ranks = _group_size(node, groups, world_size)
+        if size <= 1:
+            return (0.0, "single-rank group") if size == 1 else (0.0, "group size unknown: pass groups= or world_size=")
+        placement = cluster.placement(ranks) if ranks else cluster.strided_placement(size, 1)
+        short = name.split(".")[-1]
+        collective = COLLECTIVE_KIND.get(short)
+        if collective is None:
+            return 0.0, f"no cost model for collective {short}"
+        buffer = values.get(sympy.Symbol("bytes_in"), moved)
+        if collective == "all_gather":
+            buffer = values.get(sympy.Symbol("bytes_out"), moved)
+        elif collective == "all_to_all":
+            buffer = values.get(sympy.Symbol("bytes_in"), moved)
+        return collectives.collective_time(collective, buffer, placement), ""
+    return device.elementwise_time(flops, moved, 1), ""
+
+
+def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:
+    """The cost of one call_function node (None for placeholders and outputs)."""
+    if node.op != "call_function":
+        return None
+    name = op_name(node.target)
+    formula = formula_for(node.target)
+    if formula is None:
+        return NodeCost(name, "unpriced", 0.0, 0.0, 0.0, priced=False, note="no formula for this op")
+    try:
+        values = formula.bind(node)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as error:
+        return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note=f"cannot read shapes: {type(error).__name__}")
+    if values is None:
+        return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note="shapes unavailable (no FakeTensor meta)")
+    ordered = [float(values.get(symbol, 0.0)) for symbol in formula.symbols]
+    flops, moved = (float(x) for x in formula.evaluate(*ordered))
+    seconds, problem = _time(node, formula, values, flops, moved, cluster, groups, world_size)
+    if seconds > 0 and formula.kind not in ("collective", "gemm"):  # the per-call cost this device measured for this op (kind)
+        device = cluster.device
+        seconds += device.overhead_s(name, formula.kind) - device.kernel_overhead_s
+    bindings = {symbol.name: values[symbol] for symbol in formula.symbols if symbol in values}
+    if problem:
+        return NodeCost(name, formula.kind, flops, moved, 0.0, formula.flops, formula.bytes, bindings, priced=False, note=problem)
+    return NodeCost(name, formula.kind, flops, moved, seconds, formula.flops, formula.bytes, bindings, note=formula.note)
+
+
+def annotate(graph: fx.GraphModule | fx.Graph, target: str | DeviceProfile | Cluster = "cpu", *, groups: Mapping[str, Sequence[int]] | None = None,
+             world_size: int | None = None) -> AnnotationReport:
+    """Write `node.meta["cost"]` on every call_function node of `graph`; return the totals.
+
+    groups: process-group name -> global ranks, for collectives whose group is not initialised in
+    this process (the default: ranks 0..group_size-1 of the target cluster).
+    """
+    cluster = resolve_target(target)
+    fx_graph = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    report = AnnotationReport(target=f"{cluster.name}:{cluster.device.name}")
+    for node in fx_graph.nodes:
+        cost = annotate_node(node, cluster, groups, world_size)
+        if cost is None:
+            continue
+        node.meta["cost"] = cost
+        report.nodes += 1
+        if not cost.priced:
+            report.unpriced[cost.op] += 1
+            continue
+        report.priced += 1
+        report.flops_by_kind[cost.kind] += cost.flops
+        report.bytes_by_kind[cost.kind] += cost.bytes
+        report.time_by_kind[cost.kind] += cost.time_s
+        report.time_by_op[cost.op] += cost.time_s
+        report.count_by_op[cost.op] += 1
+        report.flops_by_op[cost.op] += cost.flops
+    return report

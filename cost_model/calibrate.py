@@ -1,0 +1,424 @@
+"""`trex calibrate`: measure this machine and write the `cpu` device profile and cluster tier.
+
+Microbenchmarks, each timed as the fastest of repeated runs after warm-up (the least-disturbed run:
+on a shared machine other processes only ever add time):
+
+* matmul (fp32 and bf16) over a ladder of square and skinny shapes. The peak is the best measured
+  throughput; the GEMM ceiling is set so the tile-wave model reproduces it at its shape
+  (`ceiling_from_measurement`), and the per-tile pipeline fill `k_fill` is the grid value that best
+  fits every other shape (least squares on log time).
+* streaming copy of large buffers: the memory bandwidth (bytes read + written per second).
+* element-wise add over sizes from one element up: the per-op overhead (the intercept of the
+  latency-bandwidth line), the bandwidth of working sets that fit the per-core cache (its slope
+  below the cache size) and the achievable fraction of the copy bandwidth (its slope above).
+* one tiny call of each op kind and of each trex MoE op: the fixed per-call cost of that kind,
+  which dominates small graphs on a CPU (`op_overhead_us`).
+* exp over a cache-resident buffer: element-wise arithmetic throughput, for ops bound by
+  arithmetic rather than memory traffic (softmax, activations) on a CPU.
+* fused attention forward and backward (`scaled_dot_product_attention`): efficiency vs the fp32 peak.
+* collectives over gloo between 2 local processes (all_reduce, all_gather, reduce_scatter,
+  all_to_all): latency and bandwidth of an alpha-beta line fitted to all_reduce, the others kept as data.
+
+`fast=True` runs the same code on small sizes with few repetitions (a few seconds), for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trex.cost_model.cluster import Cluster, Tier, cluster_to_dict
+from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
+
+
+@dataclass
+class Calibration:
+    profile: DeviceProfile
+    tier: Tier
+    matmul: list[tuple[str, int, int, int, float]] = field(default_factory=list)  # dtype, m, n, k, seconds
+    copy: list[tuple[float, float]] = field(default_factory=list)  # bytes moved, seconds
+    pointwise: list[tuple[float, float]] = field(default_factory=list)
+    attention: list[tuple[str, float, float]] = field(default_factory=list)  # direction, flops, seconds
+    collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
+    dispatch: dict[str, float] = field(default_factory=dict)  # op kind / op -> seconds per tiny call
+    vector_flops: float = 0.0
+    seconds: float = 0.0
+
+    def cluster(self) -> Cluster:
+        return Cluster("cpu", f"this machine, calibrated: {self.profile.description}", self.profile, (self.tier,), 1)
+
+
+def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 2, min_seconds: float = 0.0) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    spent = 0.0
+    while len(samples) < repeats or spent < min_seconds:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        samples.append(elapsed)
+        spent += elapsed
+        if len(samples) >= 10 * repeats:
+            break
+    return min(samples)
+
+
+def _batched_time(fn: Callable[[], Any], inner: int, repeats: int) -> float:
+    """Median time of one call, timing `inner` calls at once (for calls of a few microseconds)."""
+
+    def many() -> None:
+        for _ in range(inner):
+            fn()
+
+    return best_time(many, repeats) / inner
+
+
+def measure_matmul(shapes: list[tuple[int, int, int]], dtypes: tuple[str, ...], repeats: int) -> list[tuple[str, int, int, int, float]]:
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    out = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            a = torch.randn(m, k, dtype=torch_dtype[dtype])
+            b = torch.randn(k, n, dtype=torch_dtype[dtype])
+            inner = max(1, int(2e7 / (2 * m * n * k)))
+            out.append((dtype, m, n, k, _batched_time(lambda: torch.mm(a, b), inner, repeats)))
+    return out
+
+
+def measure_copy(sizes: list[int], repeats: int) -> list[tuple[float, float]]:
+    out = []
+    for elements in sizes:
+        x = torch.empty(elements, dtype=torch.float32).uniform_()
+        y = torch.empty_like(x)
+        seconds = best_time(lambda: y.copy_(x), repeats)
+        out.append((2.0 * elements * 4, seconds))
+    return out
+
+
+def measure_pointwise(sizes: list[int], repeats: int) -> list[tuple[float, float]]:
+    out = []
+    for elements in sizes:
+        x = torch.rand(elements)
+        y = torch.rand(elements)
+        z = torch.empty(elements)  # written in place: the kernel, not the first-touch page faults of a fresh buffer
+        inner = max(1, min(2000, int(1e6 / max(elements, 1))))
+        out.append((3.0 * elements * 4, _batched_time(lambda: torch.add(x, y, out=z), inner, repeats)))
+    return out
+
+
+def _dispatch_cases() -> dict[str, tuple[Any, tuple, dict]]:
+    """One tiny call per op kind (and per trex MoE op): what a call costs beyond its data."""
+    import trex.ops  # noqa: F401 - registers torch.ops.trex
+
+    aten, ops = torch.ops.aten, torch.ops.trex
+    x, y = torch.rand(4, 8), torch.rand(4, 8)
+    index = torch.zeros(4, 2, dtype=torch.long)
+    weights = torch.rand(4, 2)
+    experts = torch.rand(2, 8, 8)
+    sorted_hidden, perm, offsets = ops.moe_dispatch(x, index, 2)
+    q = torch.rand(1, 1, 4, 8)
+    return {
+        "pointwise": (aten.add.Tensor, (x, y), {}),
+        "reduction": (aten.sum.dim_IntList, (x, [1]), {}),
+        "copy": (aten.clone.default, (x,), {}),
+        "creation": (aten.zeros.default, ([4, 8],), {}),
+        "gather_scatter": (aten.index_select.default, (x, 0, index[:, 0]), {}),
+        "sort": (aten.topk.default, (x, 2), {}),
+        "softmax": (aten._softmax.default, (x, -1, False), {}),
+        "norm": (aten.native_layer_norm.default, (x, [8], None, None, 1e-5), {}),
+        "loss": (aten.nll_loss_forward.default, (x, index[:, 0], None, 1, -100), {}),
+        "gemm": (aten.mm.default, (x, y.t()), {}),
+        "attention": (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {}),
+        "trex.moe_dispatch": (ops.moe_dispatch.default, (x, index, 2), {}),
+        "trex.moe_dispatch_backward": (ops.moe_dispatch_backward.default, (sorted_hidden, perm, 4), {}),
+        "trex.grouped_mm": (ops.grouped_mm.default, (sorted_hidden, experts, offsets), {}),
+        "trex.grouped_mm_weight_grad": (ops.grouped_mm_weight_grad.default, (sorted_hidden, sorted_hidden, offsets), {}),
+        "trex.moe_combine": (ops.moe_combine.default, (sorted_hidden, perm, weights), {}),
+        "trex.moe_combine_backward": (ops.moe_combine_backward.default, (x, sorted_hidden, perm, weights), {}),
+    }
+
+
+def measure_vector(elements: int, repeats: int) -> float:
+    """Element-wise arithmetic throughput (FLOP/s), from exp over a cache-resident buffer: the op
+    formulas count a transcendental as 4 FLOPs, so the rate is in the same units they use."""
+    x = torch.rand(elements)
+    z = torch.empty(elements)
+    seconds = _batched_time(lambda: torch.exp(x, out=z), 20, repeats)
+    return 4.0 * elements / seconds
+
+
+def measure_dispatch(repeats: int) -> dict[str, float]:
+    """Seconds per tiny call of each op kind (see `_dispatch_cases`)."""
+    out = {}
+    for key, (op, args, kwargs) in _dispatch_cases().items():
+        out[key] = _batched_time(lambda: op(*args, **kwargs), 200, repeats)
+    return out
+
+
+def measure_attention(shapes: list[tuple[int, int, int, int]], repeats: int) -> list[tuple[str, float, float]]:
+    out = []
+    for batch, heads, seq, dim in shapes:
+        q, k, v = (torch.randn(batch, heads, seq, dim, requires_grad=True) for _ in range(3))
+        flops = 2.0 * batch * heads * seq * seq * (2 * dim) * ((seq + 1) / (2 * seq))
+        forward = best_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grad = torch.randn_like(o)
+
+        def backward() -> None:
+            out_ = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.autograd.grad(out_, (q, k, v), grad)
+
+        both = best_time(backward, repeats)
+        out.append(("forward", flops, forward))
+        out.append(("backward", 2.5 * flops, max(both - forward, forward * 0.5)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives over gloo with two local processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collective_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, queue: Any) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        results = []
+        for elements in sizes:
+            x = torch.rand(elements)
+            gathered = torch.empty(elements * world)
+            scattered = torch.empty(max(1, elements // world))
+            source = torch.rand(max(1, elements // world) * world)
+            a2a_out = torch.empty(max(1, elements // world) * world)
+            cases = {
+                "all_reduce": (lambda: dist.all_reduce(x), elements * 4.0),
+                "all_gather": (lambda: dist.all_gather_into_tensor(gathered, x), elements * world * 4.0),
+                "reduce_scatter": (lambda: dist.reduce_scatter_tensor(scattered, source), source.numel() * 4.0),
+                "all_to_all": (lambda: dist.all_to_all_single(a2a_out, source), source.numel() * 4.0),
+            }
+            for kind, (fn, nbytes) in cases.items():
+                dist.barrier()
+                try:
+                    seconds = best_time(fn, repeats, warmup=2)
+                except RuntimeError:  # a backend without this collective: skip it
+                    continue
+                results.append((kind, nbytes, seconds))
+        if rank == 0:
+            queue.put(results)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_collectives(sizes: list[int], repeats: int, world: int = 2, timeout: float = 120.0) -> list[tuple[str, float, float]]:
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    port = _free_port()
+    processes = [context.Process(target=_collective_worker, args=(rank, world, port, sizes, repeats, queue)) for rank in range(world)]
+    for p in processes:
+        p.start()
+    try:
+        results = queue.get(timeout=timeout)
+    finally:
+        for p in processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Fits
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of seconds against size; both clamped to be positive."""
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    n = len(points)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var else 0.0
+    slope = max(slope, 1e-15)
+    intercept = max(mean_y - slope * mean_x, min(ys) * 0.5, 1e-7)
+    return intercept, slope
+
+
+def _fit_gemm(matmul: list[tuple[str, int, int, int, float]], base: DeviceProfile) -> DeviceProfile:
+    """Per dtype: the asymptotic peak and the fixed launch cost, with one `k_fill` shared by all,
+    minimising the squared log-time error over the measured shapes (a grid search)."""
+    dtypes = sorted({d for d, *_ in matmul})
+    best_rate = {d: max(2.0 * m * n * k / s for dd, m, n, k, s in matmul if dd == d) for d in dtypes}
+    fastest = {d: min(s for dd, *_, s in matmul if dd == d) for d in dtypes}
+    multipliers = [1.0 + 0.05 * i for i in range(41)]  # peak between 1x and 3x the best measured rate
+    launches = (0.05, 0.25, 0.5, 0.75, 0.9)  # fixed cost as a fraction of the fastest call
+    best_fit, best_error = base, math.inf
+    for k_fill in (0.0, 8.0, 16.0, 32.0, 64.0, 128.0):
+        peaks, launch, error = {}, {}, 0.0
+        for d in dtypes:
+            points = [(m, n, k, s) for dd, m, n, k, s in matmul if dd == d]
+            choice, choice_error = (best_rate[d], fastest[d] * 0.5), math.inf
+            for factor in multipliers:
+                for share in launches:
+                    gemm = replace(base.gemm, k_fill=k_fill, efficiency={d: 1.0}, launch_us={d: fastest[d] * share * 1e6})
+                    candidate = replace(base, peak_tflops={d: best_rate[d] * factor / 1e12}, gemm=gemm)
+                    e = sum((math.log(candidate.gemm_time(m, n, k, d, out_bytes=4.0 if d == "fp32" else 2.0)) - math.log(s)) ** 2
+                            for m, n, k, s in points)
+                    if e < choice_error:
+                        choice, choice_error = (best_rate[d] * factor, fastest[d] * share), e
+            peaks[d], launch[d] = choice[0] / 1e12, choice[1] * 1e6
+            error += choice_error
+        if error < best_error:
+            gemm = replace(base.gemm, k_fill=k_fill, efficiency={d: 1.0 for d in dtypes}, launch_us=launch)
+            best_fit, best_error = replace(base, peak_tflops=peaks, gemm=gemm), error
+    return best_fit
+
+
+def calibrate(fast: bool = False, collectives: bool = True, threads: int | None = None) -> Calibration:
+    """Measure this machine (see module docstring) and return the fitted profile and tier.
+
+    threads: intra-op threads to measure with (default: torch's current setting). On a machine
+    other processes share, fewer threads than cores avoids timing the OS scheduler instead of the
+    kernels (an OpenMP barrier waits a whole time slice for a descheduled thread).
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _calibrate(fast, collectives)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _calibrate(fast: bool, collectives: bool) -> Calibration:
+    started = time.perf_counter()
+    threads = torch.get_num_threads()
+    repeats = 3 if fast else 7
+    if fast:
+        shapes = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 64, 256)]
+        copy_sizes = [1 << 20, 1 << 22]
+        pointwise_sizes = [1, 1 << 10, 1 << 12, 1 << 14, 1 << 20, 1 << 21]
+        attention_shapes = [(1, 2, 64, 32)]
+        collective_sizes = [256, 1 << 16]
+    else:
+        shapes = [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)] + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
+        copy_sizes = [1 << 22, 1 << 24, 1 << 26]
+        pointwise_sizes = [1, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
+        attention_shapes = [(1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)]
+        collective_sizes = [64, 1 << 12, 1 << 16, 1 << 20, 1 << 22]
+    base = DeviceProfile(
+        name="cpu", description=f"{_cpu_name()}, {threads} threads (calibrated {time.strftime('%Y-%m-%d')})",
+        peak_tflops={"fp32": 0.1}, memory_gib=_memory_gib(), hbm_bandwidth_gbs=10.0,
+        gemm=GemmModel(compute_units=threads, efficiency={"fp32": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
+        attention=AttentionModel(0.5, 0.4, 64.0), memory_efficiency=1.0, kernel_overhead_us=5.0, reserved_memory_gib=1.0,
+        sources=("measured by `trex calibrate` on this machine",), calibrated=True,
+    )
+    result = Calibration(profile=base, tier=Tier("gloo-loopback", None, 1.0, 50.0, 1.0, "switch", "placeholder"))
+    result.copy = measure_copy(copy_sizes, repeats)
+    bandwidth = max(nbytes / seconds for nbytes, seconds in result.copy)
+    result.pointwise = measure_pointwise(pointwise_sizes, repeats)
+    cache = _cache_bytes()
+    in_cache = [p for p in result.pointwise if p[0] <= cache / 2]
+    beyond = [p for p in result.pointwise if p[0] >= 2 * cache] or result.pointwise[-2:]
+    overhead, cache_slope = fit_line(in_cache) if len(in_cache) >= 2 else fit_line(result.pointwise)
+    _, slope = fit_line(beyond) if len(beyond) >= 2 else (overhead, 1.0 / bandwidth)
+    pointwise_bandwidth = 1.0 / slope
+    result.matmul = measure_matmul(shapes, ("fp32", "bf16"), repeats)
+    profile = replace(base, hbm_bandwidth_gbs=bandwidth / 1e9, memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
+                      kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
+    profile = _fit_gemm(result.matmul, profile)
+    result.dispatch = measure_dispatch(repeats)
+    result.vector_flops = measure_vector(1 << 16, repeats)
+    profile = replace(profile, op_overhead_us={key: seconds * 1e6 for key, seconds in result.dispatch.items()}, vector_tflops=result.vector_flops / 1e12)
+    result.attention = measure_attention(attention_shapes, repeats)
+    fp32 = profile.peak_flops("fp32")
+    forward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "forward"]
+    backward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "backward"]
+    half_keys = 64.0
+    # attention_time charges the BF16 peak; express the measured fp32 efficiencies against it
+    scale = fp32 / profile.peak_flops("bf16") if profile.supports("bf16") else 1.0
+    profile = replace(profile, attention=AttentionModel(min(1.0, max(forward) * scale * (1 + half_keys / 256)),
+                                                       min(1.0, max(backward) * scale * (1 + half_keys / 256)), half_keys))
+    result.profile = profile
+    if collectives:
+        result.collectives = measure_collectives(collective_sizes, repeats)
+        reduce_points = [(nbytes, seconds) for kind, nbytes, seconds in result.collectives if kind == "all_reduce"]
+        latency, slope = fit_line(reduce_points)
+        # ring all_reduce over 2 ranks: 2 steps of latency, 2*(1/2) n / B of traffic; loopback
+        # traffic cannot beat the memory bandwidth measured above
+        link = min(1.0 / slope, bandwidth)
+        result.tier = Tier("gloo-loopback", None, bandwidth_gbs=link / 1e9, latency_us=latency / 2 * 1e6, efficiency=1.0,
+                           topology="switch", source="measured by `trex calibrate`: all_reduce over gloo, 2 local processes")
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _cache_bytes() -> float:
+    """Per-core cache capacity (the level-2 cache from sysfs; 1 MiB when unknown)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(base.glob("index*")):
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+                return float(text.rstrip("KMG")) * unit
+    except (OSError, ValueError):
+        pass
+    return float(2**20)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+def _memory_gib() -> float:
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return round(pages / 1024**3, 1)
+    except (ValueError, OSError, AttributeError):
+        return 8.0
+
+
+def save_calibration(result: Calibration, path: str | Path | None = None) -> Path:
+    """Write the profile and its gloo tier as one file (TOML, or JSON by suffix); `cpu` loads it."""
+    import json
+
+    from trex.cost_model.toml_writer import dumps
+
+    path = Path(path) if path else calibrated_cpu_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = cluster_to_dict(result.cluster())
+    data["measurements"] = {
+        "matmul": [f"{d} {m}x{n}x{k}: {s * 1e6:.1f} us" for d, m, n, k, s in result.matmul],
+        "copy": [f"{b / 1e6:.1f} MB: {s * 1e6:.1f} us" for b, s in result.copy],
+        "pointwise": [f"{b / 1e3:.1f} kB: {s * 1e6:.2f} us" for b, s in result.pointwise],
+        "attention": [f"{d} {f / 1e6:.1f} MFLOP: {s * 1e6:.1f} us" for d, f, s in result.attention],
+        "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
+        "dispatch": [f"{k}: {s * 1e6:.2f} us" for k, s in result.dispatch.items()],
+        "seconds": result.seconds,
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))
+    return path

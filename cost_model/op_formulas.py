@@ -1,0 +1,445 @@
+"""Per-op cost formulas: FLOPs and bytes of every aten (and trex MoE) op, as sympy expressions.
+
+Each `OpFormula` names its shape symbols, gives FLOPs and bytes moved as sympy expressions of them,
+and binds the symbols from a node's FakeTensor shapes. Expressions are lambdified once per formula,
+so pricing a graph evaluates plain Python functions (microseconds per node) while `explain` can
+still print `2*K*M*N` with the values it was evaluated at.
+
+Ops are found by exact name first (GEMMs, attention, MoE ops, normalisations, losses, gathers and
+scatters, sorts, collectives), then by what torch says about them: an op tagged
+`torch.Tag.pointwise` gets the element-wise formula, an op whose result aliases its input (a
+view) costs nothing and is labelled `view`. An op matched by neither has no formula: annotation
+reports it by name and never prices it silently at zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import sympy
+import torch
+
+# Shape symbols shared by the formulas below.
+M, N, K, B, S, E, T, H = sympy.symbols("M N K B S E T H", positive=True, integer=True)
+L_q, L_k, D_qk, D_v, HEADS = sympy.symbols("L_q L_k D_qk D_v heads", positive=True, integer=True)
+N_out, N_in = sympy.symbols("N_out N_in", nonnegative=True, integer=True)  # elements of the result / of the inputs
+Bytes_in, Bytes_out = sympy.symbols("bytes_in bytes_out", nonnegative=True)
+s_in, s_out = sympy.symbols("s_in s_out", positive=True)  # bytes per element
+causal = sympy.Symbol("causal_fraction", positive=True)  # fraction of the score matrix computed
+
+KINDS = ("gemm", "attention", "moe", "pointwise", "reduction", "norm", "softmax", "loss", "gather_scatter", "sort", "copy",
+         "creation", "view", "collective", "sync")
+
+
+@dataclass(frozen=True)
+class OpFormula:
+    kind: str
+    flops: sympy.Expr
+    bytes: sympy.Expr
+    bind: Callable[[Any], dict[sympy.Symbol, float] | None]  # node -> symbol values (None: cannot bind)
+    note: str = ""
+    symbols: tuple[sympy.Symbol, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.symbols:
+            found = sorted(self.flops.free_symbols | self.bytes.free_symbols, key=lambda s: s.name)
+            object.__setattr__(self, "symbols", tuple(found))
+
+    @property
+    def evaluate(self) -> Callable[..., tuple[float, float]]:
+        return _lambdified(self.flops, self.bytes, self.symbols)
+
+
+@cache
+def _lambdified(flops: sympy.Expr, nbytes: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> Callable[..., tuple[float, float]]:
+    return sympy.lambdify(symbols, (flops, nbytes), modules="math")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading FakeTensor metadata off fx nodes
+
+
+def tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+
+def node_inputs(node: Any) -> list[torch.Tensor]:
+    out = []
+    for arg in (*node.args, *node.kwargs.values()):
+        for item in (arg if isinstance(arg, (list, tuple)) else [arg]):
+            if hasattr(item, "meta"):
+                out.extend(tensors(item.meta.get("val")))
+    return out
+
+
+def node_outputs(node: Any) -> list[torch.Tensor]:
+    return tensors(node.meta.get("val"))
+
+
+def nbytes(t: torch.Tensor) -> float:
+    return float(t.numel() * t.element_size())
+
+
+def _shape(arg: Any) -> tuple[int, ...] | None:
+    value = arg.meta.get("val") if hasattr(arg, "meta") else None
+    if isinstance(value, torch.Tensor):
+        return tuple(int(d) for d in value.shape)
+    return None
+
+
+def _element(arg: Any) -> float:
+    value = arg.meta.get("val") if hasattr(arg, "meta") else None
+    return float(value.element_size()) if isinstance(value, torch.Tensor) else 2.0
+
+
+def _io(node: Any) -> dict[sympy.Symbol, float]:
+    ins, outs = node_inputs(node), node_outputs(node)
+    return {N_out: float(sum(t.numel() for t in outs)), N_in: float(sum(t.numel() for t in ins)),
+            Bytes_in: sum(nbytes(t) for t in ins), Bytes_out: sum(nbytes(t) for t in outs)}
+
+
+def argument(node: Any, name: str, position: int, default: Any = None) -> Any:
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[position] if len(node.args) > position else default
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMMs
+
+
+def _bind_mm(node: Any) -> dict | None:
+    a, b = _shape(node.args[0]), _shape(node.args[1])
+    if not a or not b or len(a) != 2 or len(b) != 2:
+        return None
+    return {M: a[0], K: a[1], N: b[1], s_in: _element(node.args[0]), s_out: _element(node)}
+
+
+def _bind_addmm(node: Any) -> dict | None:
+    a, b = _shape(node.args[1]), _shape(node.args[2])
+    if not a or not b:
+        return None
+    return {M: a[0], K: a[1], N: b[1], s_in: _element(node.args[1]), s_out: _element(node)}
+
+
+def _bind_bmm(node: Any, offset: int = 0) -> dict | None:
+    a, b = _shape(node.args[offset]), _shape(node.args[offset + 1])
+    if not a or not b or len(a) != 3:
+        return None
+    return {B: a[0], M: a[1], K: a[2], N: b[2], s_in: _element(node.args[offset]), s_out: _element(node)}
+
+
+def _bind_grouped(node: Any) -> dict | None:
+    """aten._grouped_mm / trex.grouped_mm: 2-D x 3-D ([S,K] x [E,K,N]) or 2-D x 2-D with groups along K."""
+    a, b = _shape(node.args[0]), _shape(node.args[1])
+    if not a or not b:
+        return None
+    if len(a) == 2 and len(b) == 3:  # rows split over experts
+        return {S: a[0], K: a[1], N: b[2], E: b[0], s_in: _element(node.args[0]), s_out: _element(node)}
+    if len(a) == 3 and len(b) == 3:  # batched
+        return {S: a[0] * a[1], K: a[2], N: b[2], E: a[0], s_in: _element(node.args[0]), s_out: _element(node)}
+    if len(a) == 2 and len(b) == 2:  # weight gradient: [M, S] x [S, N] grouped along S
+        out = _shape(node)
+        experts = out[0] if out and len(out) == 3 else 1
+        return {S: a[1], K: a[0], N: b[1], E: experts, s_in: _element(node.args[0]), s_out: _element(node)}
+    return None
+
+
+def _bind_grouped_weight_grad(node: Any) -> dict | None:
+    a, b = _shape(node.args[0]), _shape(node.args[1])
+    out = _shape(node)
+    if not a or not b or not out:
+        return None
+    return {S: a[0], K: a[1], N: b[1], E: out[0], s_in: _element(node.args[0]), s_out: _element(node)}
+
+
+_MM = OpFormula("gemm", 2 * M * N * K, (M * K + K * N) * s_in + M * N * s_out, _bind_mm)
+_ADDMM = OpFormula("gemm", 2 * M * N * K + M * N, (M * K + K * N + N) * s_in + M * N * s_out, _bind_addmm)
+_BMM = OpFormula("gemm", 2 * B * M * N * K, B * (M * K + K * N) * s_in + B * M * N * s_out, _bind_bmm)
+_BADDBMM = OpFormula("gemm", 2 * B * M * N * K + B * M * N, B * (M * K + K * N + M * N) * s_in + B * M * N * s_out, lambda n: _bind_bmm(n, 1))
+_GROUPED = OpFormula("gemm", 2 * S * K * N, (S * K + E * K * N) * s_in + S * N * s_out, _bind_grouped, "rows S split over E groups")
+_GROUPED_WGRAD = OpFormula("gemm", 2 * S * K * N, S * (K + N) * s_in + E * K * N * s_out, _bind_grouped_weight_grad, "per group a_e^T @ b_e")
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention (fused kernels): q [B, heads, L_q, D_qk], k [B, heads_kv, L_k, D_qk], v [.., L_k, D_v]
+
+
+def _bind_sdpa(node: Any, backward: bool = False) -> dict | None:
+    offset = 1 if backward else 0  # backward ops take grad_out first
+    q, k, v = (_shape(node.args[offset + i]) for i in range(3))
+    if not q or not k or not v:
+        return None
+    schema = node.target._schema
+    names = [a.name for a in schema.arguments]
+    is_causal = False
+    if "is_causal" in names:
+        position = names.index("is_causal")
+        is_causal = bool(argument(node, "is_causal", position, False))
+    lq, lk = q[-2], k[-2]
+    fraction = ((lq + 1) / (2 * lq)) if (is_causal and lq == lk) else 1.0
+    batch = math.prod(q[:-3]) if len(q) > 3 else 1
+    return {B: batch, HEADS: q[-3], L_q: lq, L_k: lk, D_qk: q[-1], D_v: v[-1], causal: fraction, s_in: _element(node.args[offset])}
+
+
+_ATTN_FWD_FLOPS = 2 * B * HEADS * L_q * L_k * causal * (D_qk + D_v)
+_ATTN_FWD = OpFormula("attention", _ATTN_FWD_FLOPS, B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + L_q * D_v) * s_in, _bind_sdpa,
+                      "QK^T and PV over the (causal part of the) score matrix")
+_ATTN_BWD = OpFormula("attention", sympy.Rational(5, 2) * _ATTN_FWD_FLOPS,
+                      2 * B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + 2 * L_q * D_v) * s_in, lambda n: _bind_sdpa(n, True),
+                      "recompute S, P; dV, dP, dS, dQ, dK: 5 GEMMs vs the forward's 2")
+
+
+# ---------------------------------------------------------------------------------------------
+# Element-wise, reductions, normalisation, losses, data movement (shape-generic)
+
+
+def _generic(kind: str, flops_per_out: float | sympy.Expr = 1, flops_per_in: float | sympy.Expr = 0, note: str = "") -> OpFormula:
+    return OpFormula(kind, flops_per_out * N_out + flops_per_in * N_in, Bytes_in + Bytes_out, _io, note)
+
+
+POINTWISE = _generic("pointwise", 1, note="one op per output element; bytes = inputs read + output written")
+TRANSCENDENTAL = _generic("pointwise", 4, note="exp/log/trig-class op, ~4 FLOPs per element")
+REDUCTION = _generic("reduction", 0, 1, note="one op per input element")
+SOFTMAX = _generic("softmax", 0, 5, note="max, subtract, exp, sum, divide per element")
+SOFTMAX_BACKWARD = _generic("softmax", 0, 2, note="grad * out, row sum, fused subtract")
+NORM = _generic("norm", 0, 4, note="mean/variance (RMS), scale, shift")
+NORM_BACKWARD = _generic("norm", 0, 5, note="")
+LOSS = _generic("loss", 0, 1, note="gather target log-prob, reduce")
+GATHER = _generic("gather_scatter", 0, 0, note="indexed read/write: pure data movement")
+SCATTER_ADD = _generic("gather_scatter", 1, 0, note="indexed accumulate: one add per element")
+COPY = _generic("copy", 0, 0, note="read + write")
+CREATION = OpFormula("creation", sympy.Integer(0), Bytes_out, _io, "fill: write only")
+VIEW = OpFormula("view", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "aliases its input: no data moved")
+SYNC = OpFormula("sync", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "waits for a collective; its cost is on the collective")
+
+
+def _bind_sort(node: Any) -> dict | None:
+    ins = node_inputs(node)
+    if not ins:
+        return None
+    data = ins[0]
+    io = _io(node)
+    io[N] = float(max(2, data.numel()))
+    return io
+
+
+SORT = OpFormula("sort", N * sympy.log(N, 2), Bytes_in + Bytes_out, _bind_sort, "comparison sort: n log2 n")
+
+
+def _bind_topk(node: Any) -> dict | None:
+    io = _bind_sort(node)
+    if io is None:
+        return None
+    k = argument(node, "k", 1, 1)
+    io[K] = float(max(2, int(k)))
+    return io
+
+
+TOPK = OpFormula("sort", N * sympy.log(K, 2), Bytes_in + Bytes_out, _bind_topk, "selection: n log2 k")
+
+
+# trex MoE ops ---------------------------------------------------------------------------------
+
+def _bind_moe_dispatch(node: Any) -> dict | None:
+    hidden, index = _shape(node.args[0]), _shape(node.args[1])
+    if not hidden or not index:
+        return None
+    rows = math.prod(index)
+    return {S: max(2, rows), H: hidden[-1], T: math.prod(hidden[:-1]), E: int(node.args[2]), s_in: _element(node.args[0])}
+
+
+def _bind_moe_combine(node: Any) -> dict | None:
+    rows, weights = _shape(node.args[0]), _shape(node.args[2])
+    if not rows or not weights:
+        return None
+    return {S: rows[0], H: rows[-1], T: weights[0], s_in: _element(node.args[0])}
+
+
+def _bind_moe_combine_backward(node: Any) -> dict | None:
+    grad, rows, weights = _shape(node.args[0]), _shape(node.args[1]), _shape(node.args[3])
+    if not grad or not rows or not weights:
+        return None
+    return {S: rows[0], H: rows[-1], T: weights[0], s_in: _element(node.args[1])}
+
+
+def _bind_moe_dispatch_backward(node: Any) -> dict | None:
+    grad = _shape(node.args[0])
+    tokens = node.args[2]
+    if not grad:
+        return None
+    return {S: grad[0], H: grad[-1], T: int(tokens), s_in: _element(node.args[0])}
+
+
+def _bind_moe_experts(node: Any, backward: bool = False) -> dict | None:
+    values = node_outputs(node)
+    if backward:
+        grad_hidden, _, grad_gate_up, grad_down = values[:4]
+        sorted_hidden, gate_up_out = (node.args[7].meta.get("val"), node.args[8].meta.get("val"))
+        rows, hidden = sorted_hidden.shape[0], sorted_hidden.shape[-1]
+        fc1 = gate_up_out.shape[-1]
+        experts = grad_gate_up.shape[0]
+        inner = grad_down.numel() // (experts * hidden)
+        element = grad_hidden.element_size()
+    else:
+        _, _, offsets, sorted_hidden, gate_up_out, _ = values[:6]
+        rows, hidden = sorted_hidden.shape[0], sorted_hidden.shape[-1]
+        fc1 = gate_up_out.shape[-1]
+        experts = offsets.shape[0]
+        down = node.args[4].meta.get("val")
+        inner = down.numel() // (experts * hidden)
+        element = sorted_hidden.element_size()
+    tokens = math.prod(node.args[1].meta["val"].shape[:-1]) if not backward else node.args[1].meta["val"].shape[0]
+    return {S: rows, H: hidden, M: fc1, N: inner, E: experts, T: tokens, s_in: element}
+
+
+_EXPERT_GEMMS = 2 * S * H * M + 2 * S * N * H
+_MOE_EXPERTS = OpFormula("moe", _EXPERT_GEMMS + 4 * S * N + 2 * S * H,
+                         (2 * T * H + 3 * S * H + S * M + S * N + E * H * (M + N)) * s_in, _bind_moe_experts,
+                         "gate_up + down grouped GEMMs, activation, weighted combine (fused trex.moe_experts)")
+_MOE_EXPERTS_BACKWARD = OpFormula("moe", 2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
+                                  (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in,
+                                  lambda n: _bind_moe_experts(n, True), "data and weight gradients of both grouped GEMMs")
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives (functional c10d). Bytes are the buffer the algorithm moves; time comes from the
+# cluster model in trex.cost_model.collectives.
+
+
+def _bind_collective(node: Any) -> dict | None:
+    ins = node_inputs(node)
+    outs = node_outputs(node)
+    if not ins:
+        return None
+    return {Bytes_in: nbytes(ins[0]), Bytes_out: sum(nbytes(t) for t in outs)}
+
+
+COLLECTIVE = OpFormula("collective", sympy.Integer(0), sympy.Max(Bytes_in, Bytes_out), _bind_collective, "bytes = the larger of send / receive buffer")
+REDUCING_COLLECTIVE = OpFormula("collective", N_in, sympy.Max(Bytes_in, Bytes_out),
+                                lambda n: {**(_bind_collective(n) or {}), N_in: float(sum(t.numel() for t in node_inputs(n)[:1]))},
+                                "one add per input element")
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: exact op-packet names first.
+
+_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh", "sigmoid", "erf", "erfc", "erfinv",
+                   "rsqrt", "sqrt", "pow", "silu", "gelu", "softplus", "mish", "elu", "atan", "atan2", "asin", "acos", "sinh", "cosh", "logit",
+                   "reciprocal", "silu_backward", "gelu_backward", "sigmoid_backward", "tanh_backward", "softplus_backward", "lgamma", "digamma"}
+
+EXACT: dict[str, OpFormula] = {
+    "aten.mm": _MM, "aten.addmm": _ADDMM, "aten.bmm": _BMM, "aten.baddbmm": _BADDBMM,
+    "aten._grouped_mm": _GROUPED, "aten._scaled_mm": _MM, "aten._scaled_grouped_mm": _GROUPED,
+    "trex.grouped_mm": _GROUPED, "trex.grouped_mm_weight_grad": _GROUPED_WGRAD,
+    "trex.moe_dispatch": OpFormula("moe", S * sympy.log(S, 2), (T * H + S * H) * s_in + S * 8 + E * 4, _bind_moe_dispatch,
+                                   "sort S (token, slot) pairs by expert, gather S rows"),
+    "trex.moe_combine": OpFormula("moe", 2 * S * H, (S * H + T * H) * s_in + S * 8 + T * 4, _bind_moe_combine, "weight S rows, sum k per token"),
+    "trex.moe_combine_backward": OpFormula("moe", 4 * S * H, (T * H + 2 * S * H) * s_in + S * 8 + 2 * T * 4, _bind_moe_combine_backward,
+                                           "gradient rows (gather x weight) and weight gradients (row dot products)"),
+    "trex.moe_dispatch_backward": OpFormula("moe", S * H, (S * H + T * H) * s_in + S * 8, _bind_moe_dispatch_backward, "scatter-add S rows onto T tokens"),
+    "trex.moe_experts": _MOE_EXPERTS, "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
+    "aten._scaled_dot_product_flash_attention": _ATTN_FWD, "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
+    "aten._scaled_dot_product_efficient_attention": _ATTN_FWD, "aten._scaled_dot_product_cudnn_attention": _ATTN_FWD,
+    "aten._flash_attention_forward": _ATTN_FWD, "aten._efficient_attention_forward": _ATTN_FWD,
+    "aten._scaled_dot_product_flash_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_flash_attention_for_cpu_backward": _ATTN_BWD,
+    "aten._scaled_dot_product_efficient_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_cudnn_attention_backward": _ATTN_BWD,
+    "aten._flash_attention_backward": _ATTN_BWD, "aten._efficient_attention_backward": _ATTN_BWD,
+    "aten._softmax": SOFTMAX, "aten._log_softmax": SOFTMAX, "aten._safe_softmax": SOFTMAX,
+    "aten._softmax_backward_data": SOFTMAX_BACKWARD, "aten._log_softmax_backward_data": SOFTMAX_BACKWARD,
+    "aten.native_layer_norm": NORM, "aten.native_layer_norm_backward": NORM_BACKWARD, "aten._fused_rms_norm": NORM,
+    "aten._fused_rms_norm_backward": NORM_BACKWARD, "aten.native_batch_norm": NORM, "aten.native_group_norm": NORM,
+    "aten.nll_loss_forward": LOSS, "aten.nll_loss_backward": LOSS, "aten.nll_loss2d_forward": LOSS, "aten.nll_loss2d_backward": LOSS,
+    "aten.cross_entropy_loss": SOFTMAX,
+    "aten.sum": REDUCTION, "aten.mean": REDUCTION, "aten.amax": REDUCTION, "aten.amin": REDUCTION, "aten.max": REDUCTION, "aten.min": REDUCTION,
+    "aten.prod": REDUCTION, "aten.var": REDUCTION, "aten.var_mean": REDUCTION, "aten.std": REDUCTION, "aten.std_mean": REDUCTION,
+    "aten.any": REDUCTION, "aten.all": REDUCTION, "aten.argmax": REDUCTION, "aten.argmin": REDUCTION, "aten.logsumexp": REDUCTION,
+    "aten.norm": REDUCTION, "aten.linalg_vector_norm": REDUCTION, "aten.cumsum": REDUCTION, "aten.cumprod": REDUCTION,
+    "aten.count_nonzero": REDUCTION, "aten.aminmax": REDUCTION, "aten.bincount": REDUCTION, "aten.histc": REDUCTION,
+    "aten.embedding": GATHER, "aten.embedding_dense_backward": SCATTER_ADD, "aten.index": GATHER, "aten.index_select": GATHER,
+    "aten.gather": GATHER, "aten.take_along_dim": GATHER, "aten.index_put": GATHER, "aten._unsafe_index": GATHER,
+    "aten._unsafe_index_put": GATHER, "aten.index_add": SCATTER_ADD, "aten.index_copy": GATHER, "aten.scatter": GATHER,
+    "aten.scatter_add": SCATTER_ADD, "aten.scatter_reduce": SCATTER_ADD, "aten.masked_scatter": GATHER, "aten.masked_select": GATHER,
+    "aten.nonzero": GATHER, "aten.searchsorted": GATHER, "aten.one_hot": GATHER,
+    "aten.sort": SORT, "aten.argsort": SORT, "aten.topk": TOPK, "aten.kthvalue": TOPK, "aten.unique": SORT, "aten._unique2": SORT,
+    "aten.cat": COPY, "aten.stack": COPY, "aten.clone": COPY, "aten._to_copy": COPY, "aten.copy": COPY, "aten.copy_": COPY,
+    "aten.contiguous": COPY, "aten.constant_pad_nd": COPY, "aten.repeat": COPY, "aten.repeat_interleave": COPY, "aten.roll": COPY,
+    "aten.flip": COPY, "aten.tril": COPY, "aten.triu": COPY, "aten.slice_backward": COPY, "aten.select_backward": COPY,
+    "aten.slice_scatter": COPY, "aten.select_scatter": COPY, "aten.diagonal_scatter": COPY, "aten.as_strided_scatter": COPY,
+    "aten.expand_copy": COPY, "aten.permute_copy": COPY, "aten.view_copy": COPY, "aten._reshape_copy": COPY, "aten.lift_fresh_copy": COPY,
+    "aten.index_fill": COPY, "aten.fill": CREATION, "aten.zero": CREATION,
+    "aten.empty": CREATION, "aten.empty_like": CREATION, "aten.empty_strided": CREATION, "aten.new_empty": CREATION,
+    "aten.new_empty_strided": CREATION, "aten.zeros": CREATION, "aten.zeros_like": CREATION, "aten.new_zeros": CREATION,
+    "aten.ones": CREATION, "aten.ones_like": CREATION, "aten.new_ones": CREATION, "aten.full": CREATION, "aten.full_like": CREATION,
+    "aten.new_full": CREATION, "aten.arange": CREATION, "aten.linspace": CREATION, "aten.scalar_tensor": CREATION,
+    "aten.rand": CREATION, "aten.randn": CREATION, "aten.rand_like": CREATION, "aten.randn_like": CREATION, "aten.randint": CREATION,
+    "aten.randperm": CREATION, "aten.eye": CREATION, "aten.native_dropout": POINTWISE, "aten.native_dropout_backward": POINTWISE,
+    "aten.floor_divide": POINTWISE, "aten.remainder": POINTWISE, "aten.fmod": POINTWISE,
+    "aten.lift_fresh": VIEW, "aten.detach": VIEW, "aten.alias": VIEW, "aten._unsafe_view": VIEW, "aten.view": VIEW, "aten.reshape": VIEW,
+    "aten.t": VIEW, "aten.transpose": VIEW, "aten.permute": VIEW, "aten.expand": VIEW, "aten.squeeze": VIEW, "aten.unsqueeze": VIEW,
+    "aten.slice": VIEW, "aten.select": VIEW, "aten.split": VIEW, "aten.split_with_sizes": VIEW, "aten.unbind": VIEW, "aten.chunk": VIEW,
+    "aten.narrow": VIEW, "aten.as_strided": VIEW, "aten.diagonal": VIEW, "aten.unfold": VIEW, "aten.view_as_real": VIEW,
+    "aten.view_as_complex": VIEW, "aten.movedim": VIEW, "aten.unflatten": VIEW, "aten.expand_as": VIEW, "aten.sym_size": VIEW,
+    "aten.sym_numel": VIEW, "aten.sym_stride": VIEW, "aten.sym_storage_offset": VIEW, "aten._assert_tensor_metadata": VIEW,
+    "aten._assert_scalar": VIEW, "aten._local_scalar_dense": VIEW, "aten.item": VIEW, "aten.sym_constrain_range_for_size": VIEW,
+    "_operator.getitem": VIEW, "operator.getitem": VIEW,
+    "_c10d_functional.all_reduce": REDUCING_COLLECTIVE, "_c10d_functional.all_reduce_": REDUCING_COLLECTIVE,
+    "_c10d_functional.reduce_scatter_tensor": REDUCING_COLLECTIVE, "_c10d_functional.all_gather_into_tensor": COLLECTIVE,
+    "_c10d_functional.all_to_all_single": COLLECTIVE, "_c10d_functional.broadcast": COLLECTIVE,
+    "_c10d_functional.all_reduce_coalesced": REDUCING_COLLECTIVE, "_c10d_functional.all_gather_into_tensor_coalesced": COLLECTIVE,
+    "_c10d_functional.reduce_scatter_tensor_coalesced": REDUCING_COLLECTIVE, "_c10d_functional.wait_tensor": SYNC,
+    "_c10d_functional_autograd.all_to_all_single": COLLECTIVE, "_c10d_functional_autograd.all_gather_into_tensor": COLLECTIVE,
+    "_c10d_functional_autograd.reduce_scatter_tensor": REDUCING_COLLECTIVE,
+}
+
+COLLECTIVE_KIND = {
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_to_all_single": "all_to_all", "broadcast": "all_gather",
+}
+
+
+def op_name(target: Any) -> str:
+    """`aten.mm` for torch.ops.aten.mm.default; `operator.getitem` for Python callables."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        qualified = packet._qualified_op_name  # e.g. "aten::mm"
+        return qualified.replace("::", ".")
+    module = getattr(target, "__module__", "") or ""
+    return f"{module}.{getattr(target, '__name__', str(target))}"
+
+
+def _is_view(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    aliases = [r.alias_info for r in schema.returns]
+    return all(a is not None and not a.is_write for a in aliases)
+
+
+def formula_for(target: Any) -> OpFormula | None:
+    """The formula for an fx node target, or None when trex has none (the caller reports it)."""
+    name = op_name(target)
+    if name in EXACT:
+        return EXACT[name]
+    short = name.split(".")[-1]
+    tags = getattr(target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return TRANSCENDENTAL if short.rstrip("_") in _TRANSCENDENTAL else POINTWISE
+    if _is_view(target):
+        return VIEW
+    if name.startswith("aten.") and short.rstrip("_") in _TRANSCENDENTAL:
+        return TRANSCENDENTAL
+    return None
+
+
+def known_op_names() -> Sequence[str]:
+    return sorted(EXACT)

@@ -1,0 +1,57 @@
+"""`trex calibrate`: real measurements of this machine, saved as a profile that `cpu` then uses."""
+
+import math
+
+import pytest
+
+from trex.cost_model.calibrate import calibrate, fit_line, save_calibration
+from trex.cost_model.cluster import get_cluster
+from trex.cost_model.devices import get_device, load_device_profile
+from trex.cost_model.op_timing import ranks, spearman
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return calibrate(fast=True, threads=1)
+
+
+def test_calibration_measures_every_microbenchmark(measured):
+    assert {d for d, *_ in measured.matmul} == {"fp32", "bf16"}
+    assert measured.copy and measured.pointwise and measured.attention
+    assert {kind for kind, *_ in measured.collectives} >= {"all_reduce", "all_gather", "all_to_all"}
+    assert {"pointwise", "gemm", "trex.moe_dispatch"} <= set(measured.dispatch)
+
+
+def test_the_fitted_gemm_model_reproduces_the_measured_matmuls(measured):
+    profile = measured.profile
+    for dtype, m, n, k, seconds in measured.matmul:
+        predicted = profile.gemm_time(m, n, k, dtype, out_bytes=4.0 if dtype == "fp32" else 2.0)
+        assert abs(math.log(predicted / seconds)) < math.log(4.0), (dtype, m, n, k, predicted, seconds)
+
+
+def test_measured_quantities_are_physical(measured):
+    profile, tier = measured.profile, measured.tier
+    assert 1e9 < profile.peak_flops("fp32") < 1e13  # one core: GFLOP/s to a few TFLOP/s
+    assert 0.5 < profile.hbm_bandwidth_gbs < 1000 and 0 < profile.memory_efficiency <= 1
+    assert 0 < profile.kernel_overhead_us < 1000 and profile.calibrated
+    assert 0 < tier.latency_us < 100_000 and tier.bandwidth_gbs > 0
+
+
+def test_saved_profile_is_what_target_cpu_uses(measured, tmp_path, monkeypatch):
+    monkeypatch.setenv("TREX_CACHE_DIR", str(tmp_path))
+    path = save_calibration(measured)
+    assert path == tmp_path / "cpu.toml"
+    assert load_device_profile(path) == measured.profile
+    assert get_device("cpu") == measured.profile
+    assert get_cluster("cpu").tiers == (measured.tier,)
+
+
+def test_fit_line_recovers_latency_and_bandwidth():
+    intercept, slope = fit_line([(0.0, 5e-6), (1e6, 5e-6 + 1e-4), (4e6, 5e-6 + 4e-4)])
+    assert intercept == pytest.approx(5e-6) and slope == pytest.approx(1e-10)
+
+
+def test_spearman_on_hand_examples():
+    assert ranks([10.0, 20.0, 20.0, 5.0]) == [2.0, 3.5, 3.5, 1.0]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -1,0 +1,115 @@
+"""Step estimates: consistent outputs, the right direction for every knob, clear infeasibility."""
+
+import time
+
+import pytest
+
+from trex.cost_model.cluster import get_cluster
+from trex.cost_model.model_spec import get_model_spec
+from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig
+from trex.cost_model.step import estimate_step
+
+DSV3 = get_model_spec("deepseek-v3")
+H100 = get_cluster("h100", 1024)
+PLAN = ParallelConfig(tp=2, pp=8, vpp=4, ep=64, seq=4096, gbs=8192, precision="fp8", recompute="selective:mla_up_proj+mlp",
+                      dispatcher="deepep", layers_per_chunk=(1,) + (2,) * 30 + (0,))
+
+
+def _with(**changes):
+    return ParallelConfig(**{**PLAN.to_dict(), **changes})
+
+
+@pytest.fixture(scope="module")
+def estimate():
+    return estimate_step(DSV3, H100, PLAN)
+
+
+def test_breakdown_adds_up_to_the_step_time(estimate):
+    b = estimate.breakdown
+    assert b.compute_s + b.exposed_comm_s + b.bubble_s + b.optimizer_s == pytest.approx(estimate.step_time_s, rel=1e-6)
+    assert 0 < b.recompute_s < b.compute_s
+
+
+def test_throughput_metrics_are_consistent(estimate):
+    assert estimate.tokens_per_s == pytest.approx(8192 * 4096 / estimate.step_time_s)
+    assert estimate.model_tflops_per_device == pytest.approx(estimate.flops_per_token * estimate.tokens_per_s_per_device / 1e12)
+    assert estimate.mfu == pytest.approx(estimate.model_tflops_per_device * 1e12 / 989.4e12)
+    assert estimate.hfu > estimate.mfu  # recompute and duplicated down-projections are executed, not counted
+
+
+def test_json_shape_has_what_the_cli_promises(estimate):
+    data = estimate.to_dict()
+    for key in ("step_time_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu", "mfu_6n", "memory_per_device_gib", "flops_per_token", "breakdown"):
+        assert key in data
+    assert set(data["breakdown"]) >= {"compute", "exposed_communication", "bubble", "optimizer"}
+
+
+def test_fp8_is_faster_than_bf16(estimate):
+    assert estimate_step(DSV3, H100, _with(precision="bf16")).step_time_s > estimate.step_time_s
+
+
+def test_full_recompute_costs_time_and_saves_memory(estimate):
+    full = estimate_step(DSV3, H100, _with(recompute="full"))
+    assert full.step_time_s > estimate.step_time_s and full.memory.activations < estimate.memory.activations
+
+
+def test_overlapping_expert_all_to_alls_hides_communication(estimate):
+    overlapped = estimate_step(DSV3, H100, _with(ep_comm_overlap=True))
+    assert overlapped.breakdown.exposed_comm_s < estimate.breakdown.exposed_comm_s
+    assert overlapped.step_time_s < estimate.step_time_s
+
+
+def test_node_deduplicating_dispatch_beats_plain_all_to_all_across_nodes(estimate):
+    assert estimate_step(DSV3, H100, _with(dispatcher="alltoall")).step_time_s > estimate.step_time_s
+
+
+def test_load_imbalance_slows_the_step(estimate):
+    assert estimate_step(DSV3, H100, _with(moe_imbalance=1.3)).step_time_s > estimate.step_time_s
+
+
+def test_more_data_parallel_replicas_raise_throughput():
+    spec, plan = get_model_spec("gpt-175b"), ParallelConfig(tp=8, pp=8, vpp=3, seq=2048, gbs=512)
+    small = estimate_step(spec, get_cluster("a100", 64), plan)
+    large = estimate_step(spec, get_cluster("a100", 256), plan)
+    assert large.tokens_per_s > 3 * small.tokens_per_s
+
+
+def test_interleaving_shrinks_the_bubble():
+    spec, cluster = get_model_spec("gpt-175b"), get_cluster("a100", 64)
+    plain = estimate_step(spec, cluster, ParallelConfig(tp=8, pp=8, vpp=1, seq=2048, gbs=64))
+    interleaved = estimate_step(spec, cluster, ParallelConfig(tp=8, pp=8, vpp=3, seq=2048, gbs=64))
+    assert interleaved.breakdown.bubble_s < plain.breakdown.bubble_s / 2
+
+
+def test_inconsistent_plan_raises_with_every_violation():
+    with pytest.raises(InfeasiblePlan) as error:
+        estimate_step(DSV3, H100, _with(tp=3, ep=7))
+    message = str(error.value)
+    assert "tp*pp*cp = 3*8*1 = 24 does not divide the 1024 devices" in message
+
+
+def test_a_plan_that_does_not_fit_reports_the_shortfall_per_component():
+    estimate = estimate_step(get_model_spec("gpt-1t"), get_cluster("a100", 8), ParallelConfig(tp=8, seq=2048, gbs=8, recompute="full"))
+    assert not estimate.feasible
+    (problem,) = estimate.memory_violations()
+    assert "exceeds the 77.0 GiB usable on a100" in problem and "optimizer" in problem
+    assert estimate.to_dict()["feasible"] is False
+
+
+def test_fp8_on_a100_is_infeasible():
+    with pytest.raises(InfeasiblePlan, match="fp8 is not supported by a100"):
+        estimate_step(get_model_spec("gpt-22b"), get_cluster("a100", 8), ParallelConfig(tp=8, gbs=4, mbs=4, precision="fp8"))
+
+
+def test_one_estimate_takes_about_a_millisecond():
+    estimate_step(DSV3, H100, PLAN)
+    start = time.perf_counter()
+    for _ in range(20):
+        estimate_step(DSV3, H100, PLAN)
+    assert (time.perf_counter() - start) / 20 < 0.01  # budget with headroom for a loaded CI machine; ~1 ms measured
+
+
+def test_deepseek_v4_pro_on_cloudmatrix_is_priced():
+    spec = get_model_spec("deepseek-v4-pro")
+    estimate = estimate_step(spec, get_cluster("cloudmatrix384", 1024), ParallelConfig(tp=4, pp=8, vpp=2, ep=64, seq=4096, gbs=1024))
+    assert 0 < estimate.mfu < 1 and estimate.memory.total > 0
