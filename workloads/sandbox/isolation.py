@@ -2,11 +2,16 @@
 
 Two levels:
 
-- `os`: needs root (CAP_SYS_ADMIN) on Linux. The program runs as pid 1 of fresh pid, network,
-  mount, IPC and UTS namespaces under a uid of its own (1_500_000_000 + the launcher's pid), with
-  every mount read-only except its work directory, the evaluator's files masked, a /proc that
-  shows only its own processes, and RLIMIT_NPROC counting only its own processes. This is the
-  security boundary for untrusted model-written code.
+- `os`: needs root (CAP_SYS_ADMIN) on Linux. The program runs in fresh pid, network, mount,
+  IPC and UTS namespaces under a uid of its own (1_500_000_000 + the launcher's pid). It sees
+  the system directories (`VISIBLE_ROOTS`: /usr, /lib*, /bin, /sbin, /etc, /proc, /sys, /dev),
+  the interpreter with its packages, and its work directory; every other top-level directory is
+  masked, as are the evaluator's installation and the paths the caller hides, even inside what
+  stays visible. Every mount is read-only except the work directory; /proc shows only the
+  program's own processes; the network namespace has no interface but a downed loopback;
+  RLIMIT_NPROC counts only the program's processes; signals to anything outside are refused
+  by the kernel (other uid, other pid namespace). This is the security boundary for untrusted
+  model-written code.
 - `process`: any user. A new session and process group, resource limits, a scrubbed
   environment, its own work directory, and the audit-hook guard. It contains mistakes and naive
   hostile code; it is not a boundary against code written to escape an audit hook.

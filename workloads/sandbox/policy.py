@@ -28,7 +28,6 @@ SYSTEM_READ_ROOTS: tuple[str, ...] = (
     "/bin",
     "/sbin",
     "/etc",
-    "/opt",
     "/proc/self",
     "/proc/thread-self",
     "/proc/cpuinfo",
@@ -45,10 +44,10 @@ SYSTEM_READ_ROOTS: tuple[str, ...] = (
 # Never readable, even though /etc is: credentials of the machine the evaluator runs on.
 SYSTEM_READ_DENY: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh")
 
-# Where people and services keep data. Under `os` isolation these are masked too (except the
-# interpreter's own paths inside them); the guard denies them anyway, as it denies every path
-# it does not list as readable.
-USER_DATA_ROOTS: tuple[str, ...] = ("/home", "/root", "/tmp", "/var/tmp", "/dev/shm", "/mnt", "/media", "/srv", "/run/user")
+# The top-level directories a program sees under `os` isolation (read-only). Every other entry
+# of / (/home, /root, /tmp, /var, /srv, /mnt, /opt, a /work or /data of the machine, ...) is
+# masked, except the paths the interpreter needs and the program's own work directory.
+VISIBLE_ROOTS: tuple[str, ...] = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev")
 
 # Device files any program may open for writing.
 WRITABLE_DEVICES: tuple[str, ...] = ("/dev/null",)

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
 from trex.workloads.sandbox.isolation import UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
 from trex.workloads.sandbox.limits import Limits, SandboxConfigError
-from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, USER_DATA_ROOTS, PathPolicy
+from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, VISIBLE_ROOTS, PathPolicy
 
 # Files copied into the runtime directory: the code that runs inside the sandbox's process tree.
 _RUNTIME_FILES = ("launcher.py", "linux.py", "policy.py", "bootstrap.py", "guard.py", "recorders.py")
@@ -172,7 +172,7 @@ class Sandbox:
             "limits": limits.to_json(),
             "uid_base": UID_BASE,
             "needed": [*self.interpreter.needed, self._base],
-            "hide": [*self.hidden, *USER_DATA_ROOTS],
+            "hide": [*self.hidden, *SYSTEM_READ_DENY, *_invisible_roots()],
             "empty_file": os.path.join(self._runtime, "masked"),
         }
         stdout_path, stderr_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
@@ -264,6 +264,11 @@ def _default_python() -> str:
     import sys
 
     return sys.executable
+
+
+def _invisible_roots() -> list[str]:
+    """The entries of / that `os` isolation masks (see `VISIBLE_ROOTS`)."""
+    return [os.path.join("/", entry) for entry in sorted(os.listdir("/")) if os.path.join("/", entry) not in VISIBLE_ROOTS]
 
 
 def _write_input(work_dir: str, name: str, content: str | bytes) -> None:
