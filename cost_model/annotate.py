@@ -128,6 +128,20 @@ def _group_size(node: fx.Node, groups: Mapping[str, Sequence[int]] | None, world
     return (world_size or 0), None
 
 
+def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) -> float:
+    dtype = _dtype(node, device)
+    if S in values:  # grouped: S rows over E groups
+        experts = max(1, int(values[E]))
+        rows = values[S] / experts
+        weight_grad = name == "trex.grouped_mm_weight_grad" or (
+            name == "aten._grouped_mm" and len(node_outputs(node)[0].shape) == 3
+            and len(node.args[0].meta["val"].shape) == 2 and len(node.args[1].meta["val"].shape) == 2)
+        if weight_grad:
+            return device.gemm_time(values[K], values[N], rows, dtype, experts)
+        return device.gemm_time(rows, values[N], values[K], dtype, experts)
+    return device.gemm_time(values[M], values[N], values[K], dtype, int(values.get(B, 1)))
+
+
 def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: float, cluster: Cluster,
           groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[float, str]:
     device = cluster.device
@@ -135,16 +149,10 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
     name = op_name(node.target)
     if kind in ("view", "sync"):
         return 0.0, ""
+    if kind == "gemm" and name in device.op_bandwidth_gbs:  # this implementation was measured: never faster than that
+        return max(_gemm_time(node, name, values, device), device.op_time(name, kind, flops, moved)), ""
     if kind == "gemm":
-        dtype = _dtype(node, device)
-        if S in values:  # grouped: S rows over E groups
-            experts = max(1, int(values[E]))
-            rows = values[S] / experts
-            if name == "trex.grouped_mm_weight_grad" or (name == "aten._grouped_mm" and len(node_outputs(node)[0].shape) == 3
-                                                        and len(node.args[0].meta["val"].shape) == 2 and len(node.args[1].meta["val"].shape) == 2):
-                return device.gemm_time(values[K], values[N], rows, dtype, experts), ""
-            return device.gemm_time(rows, values[N], values[K], dtype, experts), ""
-        return device.gemm_time(values[M], values[N], values[K], dtype, int(values.get(B, 1))), ""
+        return _gemm_time(node, name, values, device), ""
     if kind == "attention":
         keys = values[L_k] * values[causal]
         backward = name.endswith("backward")
@@ -157,6 +165,8 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         if name.endswith("backward"):
             gemms = 2 * gemms
         return gemms + device.memory_time(moved, 6), ""
+    if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
+        return device.op_time(name, kind, flops, moved), ""
     if kind == "collective":
         size, ranks = _group_size(node, groups, world_size)
         if size <= 1:
@@ -172,7 +182,7 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         elif collective == "all_to_all":
             buffer = values.get(sympy.Symbol("bytes_in"), moved)
         return collectives.collective_time(collective, buffer, placement), ""
-    return device.elementwise_time(flops, moved, 1), ""
+    return device.op_time(name, kind, flops, moved), ""
 
 
 def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:
@@ -192,7 +202,7 @@ def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence
     ordered = [float(values.get(symbol, 0.0)) for symbol in formula.symbols]
     flops, moved = (float(x) for x in formula.evaluate(*ordered))
     seconds, problem = _time(node, formula, values, flops, moved, cluster, groups, world_size)
-    if seconds > 0 and formula.kind not in ("collective", "gemm"):  # the per-call cost this device measured for this op (kind)
+    if seconds > 0 and formula.kind in ("attention",):  # the per-call cost this device measured for this op kind
         device = cluster.device
         seconds += device.overhead_s(name, formula.kind) - device.kernel_overhead_s
     bindings = {symbol.name: values[symbol] for symbol in formula.symbols if symbol in values}

@@ -11,8 +11,9 @@ on a shared machine other processes only ever add time):
 * element-wise add over sizes from one element up: the per-op overhead (the intercept of the
   latency-bandwidth line), the bandwidth of working sets that fit the per-core cache (its slope
   below the cache size) and the achievable fraction of the copy bandwidth (its slope above).
-* one tiny call of each op kind and of each trex MoE op: the fixed per-call cost of that kind,
-  which dominates small graphs on a CPU (`op_overhead_us`).
+* one representative op of each kind (and each trex MoE op, and the composite `_safe_softmax` /
+  broadcasting `where` of eager attention) at two sizes: the fixed cost per call and the bytes per
+  second of that kind (`op_overhead_us`, `op_bandwidth_gbs`), which decide small graphs on a CPU.
 * exp over a cache-resident buffer: element-wise arithmetic throughput, for ops bound by
   arithmetic rather than memory traffic (softmax, activations) on a CPU.
 * fused attention forward and backward (`scaled_dot_product_attention`): efficiency vs the fp32 peak.
@@ -48,7 +49,7 @@ class Calibration:
     pointwise: list[tuple[float, float]] = field(default_factory=list)
     attention: list[tuple[str, float, float]] = field(default_factory=list)  # direction, flops, seconds
     collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
-    dispatch: dict[str, float] = field(default_factory=dict)  # op kind / op -> seconds per tiny call
+    kinds: dict[str, tuple[float, float]] = field(default_factory=dict)  # op kind / op -> (seconds per call, bytes per second)
     vector_flops: float = 0.0
     seconds: float = 0.0
 
@@ -115,36 +116,60 @@ def measure_pointwise(sizes: list[int], repeats: int) -> list[tuple[float, float
     return out
 
 
-def _dispatch_cases() -> dict[str, tuple[Any, tuple, dict]]:
-    """One tiny call per op kind (and per trex MoE op): what a call costs beyond its data."""
+def _kind_cases(rows: int) -> dict[str, tuple[Any, tuple]]:
+    """One representative call per op kind (and per trex MoE op, and the composite softmax eager
+    attention uses) on `rows` x 64 fp32 elements: priced against its formula at two sizes."""
     import trex.ops  # noqa: F401 - registers torch.ops.trex
 
     aten, ops = torch.ops.aten, torch.ops.trex
-    x, y = torch.rand(4, 8), torch.rand(4, 8)
-    index = torch.zeros(4, 2, dtype=torch.long)
-    weights = torch.rand(4, 2)
-    experts = torch.rand(2, 8, 8)
-    sorted_hidden, perm, offsets = ops.moe_dispatch(x, index, 2)
-    q = torch.rand(1, 1, 4, 8)
+    x, y = torch.rand(rows, 64), torch.rand(rows, 64)
+    index = torch.randint(0, 8, (rows, 2))
+    weights = torch.rand(rows, 2)
+    experts = torch.rand(8, 64, 64)
+    sorted_hidden, perm, offsets = ops.moe_dispatch(x, index, 8)
+    q = torch.rand(1, 1, rows, 64)
+    mask = torch.rand(rows, 64) > 0.5
     return {
-        "pointwise": (aten.add.Tensor, (x, y), {}),
-        "reduction": (aten.sum.dim_IntList, (x, [1]), {}),
-        "copy": (aten.clone.default, (x,), {}),
-        "creation": (aten.zeros.default, ([4, 8],), {}),
-        "gather_scatter": (aten.index_select.default, (x, 0, index[:, 0]), {}),
-        "sort": (aten.topk.default, (x, 2), {}),
-        "softmax": (aten._softmax.default, (x, -1, False), {}),
-        "norm": (aten.native_layer_norm.default, (x, [8], None, None, 1e-5), {}),
-        "loss": (aten.nll_loss_forward.default, (x, index[:, 0], None, 1, -100), {}),
-        "gemm": (aten.mm.default, (x, y.t()), {}),
-        "attention": (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q), {}),
-        "trex.moe_dispatch": (ops.moe_dispatch.default, (x, index, 2), {}),
-        "trex.moe_dispatch_backward": (ops.moe_dispatch_backward.default, (sorted_hidden, perm, 4), {}),
-        "trex.grouped_mm": (ops.grouped_mm.default, (sorted_hidden, experts, offsets), {}),
-        "trex.grouped_mm_weight_grad": (ops.grouped_mm_weight_grad.default, (sorted_hidden, sorted_hidden, offsets), {}),
-        "trex.moe_combine": (ops.moe_combine.default, (sorted_hidden, perm, weights), {}),
-        "trex.moe_combine_backward": (ops.moe_combine_backward.default, (x, sorted_hidden, perm, weights), {}),
+        "pointwise": (aten.add.Tensor, (x, y)),
+        "reduction": (aten.sum.dim_IntList, (x, [1])),
+        "copy": (aten.clone.default, (y.t(),)),  # clones in captured graphs mostly make transposed views contiguous
+        "creation": (aten.zeros.default, ([rows, 64],)),
+        "gather_scatter": (aten.index_select.default, (x, 0, torch.randint(0, rows, (rows,)))),
+        "sort": (aten.topk.default, (x, 8)),
+        "softmax": (aten._softmax.default, (x, -1, False)),
+        "aten._safe_softmax": (aten._safe_softmax.default, (x, -1)),
+        "aten.where": (aten.where.self, (mask, x, torch.tensor(0.0))),
+        "norm": (aten.native_layer_norm.default, (x, [64], None, None, 1e-5)),
+        "loss": (aten.nll_loss_forward.default, (x, index[:, 0], None, 1, -100)),
+        "attention": (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, q, q)),
+        "trex.moe_dispatch": (ops.moe_dispatch.default, (x, index, 8)),
+        "trex.moe_dispatch_backward": (ops.moe_dispatch_backward.default, (sorted_hidden, perm, rows)),
+        "trex.grouped_mm": (ops.grouped_mm.default, (sorted_hidden, experts, offsets)),
+        "trex.grouped_mm_weight_grad": (ops.grouped_mm_weight_grad.default, (sorted_hidden, sorted_hidden, offsets)),
+        "trex.moe_combine": (ops.moe_combine.default, (sorted_hidden, perm, weights)),
+        "trex.moe_combine_backward": (ops.moe_combine_backward.default, (x, sorted_hidden, perm, weights)),
     }
+
+
+def _call_bytes(op: Any, args: tuple) -> float:
+    """Bytes the op's formula says one call moves (inputs read + outputs written)."""
+    out = op(*args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    return float(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 4096) -> dict[str, tuple[float, float]]:
+    """Per op kind: (fixed seconds per call, bytes per second) from a call at two sizes."""
+    out = {}
+    small, large = _kind_cases(small_rows), _kind_cases(large_rows)
+    for key in small:
+        (op, args_small), (_, args_large) = small[key], large[key]
+        t_small = _batched_time(lambda: op(*args_small), 200, repeats)
+        t_large = _batched_time(lambda: op(*args_large), 5, repeats)
+        b_small, b_large = _call_bytes(op, args_small), _call_bytes(op, args_large)
+        rate = (b_large - b_small) / max(t_large - t_small, 1e-9)
+        out[key] = (t_small, rate)
+    return out
 
 
 def measure_vector(elements: int, repeats: int) -> float:
@@ -154,14 +179,6 @@ def measure_vector(elements: int, repeats: int) -> float:
     z = torch.empty(elements)
     seconds = _batched_time(lambda: torch.exp(x, out=z), 20, repeats)
     return 4.0 * elements / seconds
-
-
-def measure_dispatch(repeats: int) -> dict[str, float]:
-    """Seconds per tiny call of each op kind (see `_dispatch_cases`)."""
-    out = {}
-    for key, (op, args, kwargs) in _dispatch_cases().items():
-        out[key] = _batched_time(lambda: op(*args, **kwargs), 200, repeats)
-    return out
 
 
 def measure_attention(shapes: list[tuple[int, int, int, int]], repeats: int) -> list[tuple[str, float, float]]:
@@ -318,7 +335,8 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
         attention_shapes = [(1, 2, 64, 32)]
         collective_sizes = [256, 1 << 16]
     else:
-        shapes = [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)] + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
+        shapes = ([(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)] + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
+                  + [(512, 64, 64), (512, 128, 64), (512, 64, 256), (2048, 64, 64), (128, 512, 64), (64, 64, 2048)])  # skinny, short-K
         copy_sizes = [1 << 22, 1 << 24, 1 << 26]
         pointwise_sizes = [1, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
         attention_shapes = [(1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)]
@@ -344,9 +362,13 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     profile = replace(base, hbm_bandwidth_gbs=bandwidth / 1e9, memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
                       kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
     profile = _fit_gemm(result.matmul, profile)
-    result.dispatch = measure_dispatch(repeats)
+    result.kinds = measure_kinds(repeats, large_rows=512 if fast else 4096)
     result.vector_flops = measure_vector(1 << 16, repeats)
-    profile = replace(profile, op_overhead_us={key: seconds * 1e6 for key, seconds in result.dispatch.items()}, vector_tflops=result.vector_flops / 1e12)
+    # Generic kinds keep the cache/memory bandwidth model (their sizes vary widely); ops measured by
+    # name (trex MoE ops, composite eager ops) also keep their own rate.
+    profile = replace(profile, op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
+                      op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items() if "." in key},
+                      vector_tflops=result.vector_flops / 1e12)
     result.attention = measure_attention(attention_shapes, repeats)
     fp32 = profile.peak_flops("fp32")
     forward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "forward"]
@@ -417,7 +439,7 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         "pointwise": [f"{b / 1e3:.1f} kB: {s * 1e6:.2f} us" for b, s in result.pointwise],
         "attention": [f"{d} {f / 1e6:.1f} MFLOP: {s * 1e6:.1f} us" for d, f, s in result.attention],
         "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
-        "dispatch": [f"{k}: {s * 1e6:.2f} us" for k, s in result.dispatch.items()],
+        "op_kinds": [f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()],
         "seconds": result.seconds,
     }
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))

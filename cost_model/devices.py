@@ -85,6 +85,7 @@ class DeviceProfile:
     cache_bandwidth_gbs: float = 0.0
     op_overhead_us: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name, replaces kernel_overhead_us
     vector_tflops: float = 0.0  # non-tensor-core element-wise throughput (0: the fp32 peak)
+    op_bandwidth_gbs: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name (calibrated CPUs)
 
     def vector_flops(self) -> float:
         return (self.vector_tflops or self.peak_tflops.get("fp32", 1.0)) * 1e12
@@ -92,6 +93,14 @@ class DeviceProfile:
     def elementwise_time(self, flops: float, bytes_moved: float, kernels: float = 1.0) -> float:
         """An element-wise kernel: bound by memory traffic or by vector arithmetic, whichever is slower."""
         return max(self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops())
+
+    def op_time(self, op: str, kind: str, flops: float, bytes_moved: float) -> float:
+        """One memory-bound op: its fixed cost plus its traffic at the rate measured for it (or its
+        kind) when calibrated, else at the memory model's rate; never faster than its arithmetic."""
+        rate = self.op_bandwidth_gbs.get(op, self.op_bandwidth_gbs.get(kind))
+        if rate:
+            return self.overhead_s(op, kind) + max(bytes_moved / (rate * 1e9), flops / self.vector_flops())
+        return self.elementwise_time(flops, bytes_moved) - self.kernel_overhead_s + self.overhead_s(op, kind)
 
     def overhead_s(self, op: str, kind: str) -> float:
         """Fixed cost of launching one op: measured per op or per kind when calibrated."""
@@ -369,6 +378,7 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "cache_bandwidth_gbs": ((int, float), "bandwidth of that cache in GB/s"),
     "op_overhead_us": (dict, "a table of op kind or op name = fixed microseconds per call"),
     "vector_tflops": ((int, float), "element-wise (non-tensor-core) throughput in TFLOP/s"),
+    "op_bandwidth_gbs": (dict, "a table of op kind or op name = measured GB/s of that op"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
@@ -471,6 +481,8 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         op_overhead_us={key: _positive(source, f"device.op_overhead_us.{key}", value, "microseconds per call")
                         for key, value in data.get("op_overhead_us", {}).items()},
         vector_tflops=float(data.get("vector_tflops", 0.0)),
+        op_bandwidth_gbs={key: _positive(source, f"device.op_bandwidth_gbs.{key}", value, "GB/s")
+                          for key, value in data.get("op_bandwidth_gbs", {}).items()},
     )
 
 
@@ -510,6 +522,7 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "cache_bandwidth_gbs": profile.cache_bandwidth_gbs,
             "op_overhead_us": dict(profile.op_overhead_us),
             "vector_tflops": profile.vector_tflops,
+            "op_bandwidth_gbs": dict(profile.op_bandwidth_gbs),
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,

@@ -211,6 +211,7 @@ TRANSCENDENTAL = _generic("pointwise", 4, note="exp/log/trig-class op, ~4 FLOPs 
 REDUCTION = _generic("reduction", 0, 1, note="one op per input element")
 SOFTMAX = _generic("softmax", 0, 5, note="max, subtract, exp, sum, divide per element")
 SOFTMAX_BACKWARD = _generic("softmax", 0, 2, note="grad * out, row sum, fused subtract")
+SAFE_SOFTMAX = _generic("softmax", 0, 8, note="softmax plus the all-masked-row check and select")
 NORM = _generic("norm", 0, 4, note="mean/variance (RMS), scale, shift")
 NORM_BACKWARD = _generic("norm", 0, 5, note="")
 LOSS = _generic("loss", 0, 1, note="gather target log-prob, reduce")
@@ -353,7 +354,7 @@ EXACT: dict[str, OpFormula] = {
     "aten._scaled_dot_product_flash_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_flash_attention_for_cpu_backward": _ATTN_BWD,
     "aten._scaled_dot_product_efficient_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_cudnn_attention_backward": _ATTN_BWD,
     "aten._flash_attention_backward": _ATTN_BWD, "aten._efficient_attention_backward": _ATTN_BWD,
-    "aten._softmax": SOFTMAX, "aten._log_softmax": SOFTMAX, "aten._safe_softmax": SOFTMAX,
+    "aten._softmax": SOFTMAX, "aten._log_softmax": SOFTMAX, "aten._safe_softmax": SAFE_SOFTMAX,
     "aten._softmax_backward_data": SOFTMAX_BACKWARD, "aten._log_softmax_backward_data": SOFTMAX_BACKWARD,
     "aten.native_layer_norm": NORM, "aten.native_layer_norm_backward": NORM_BACKWARD, "aten._fused_rms_norm": NORM,
     "aten._fused_rms_norm_backward": NORM_BACKWARD, "aten.native_batch_norm": NORM, "aten.native_group_norm": NORM,

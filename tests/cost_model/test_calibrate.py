@@ -19,7 +19,8 @@ def test_calibration_measures_every_microbenchmark(measured):
     assert {d for d, *_ in measured.matmul} == {"fp32", "bf16"}
     assert measured.copy and measured.pointwise and measured.attention
     assert {kind for kind, *_ in measured.collectives} >= {"all_reduce", "all_gather", "all_to_all"}
-    assert {"pointwise", "gemm", "trex.moe_dispatch"} <= set(measured.dispatch)
+    assert {"pointwise", "softmax", "trex.moe_dispatch", "trex.grouped_mm"} <= set(measured.kinds)
+    assert all(fixed > 0 and rate > 0 for fixed, rate in measured.kinds.values())
 
 
 def test_the_fitted_gemm_model_reproduces_the_measured_matmuls(measured):
