@@ -86,6 +86,7 @@ class DeviceProfile:
     op_overhead_us: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name, replaces kernel_overhead_us
     vector_tflops: float = 0.0  # non-tensor-core element-wise throughput (0: the fp32 peak)
     op_bandwidth_gbs: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name (calibrated CPUs)
+    _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
 
     def vector_flops(self) -> float:
         return (self.vector_tflops or self.peak_tflops.get("fp32", 1.0)) * 1e12
@@ -145,6 +146,16 @@ class DeviceProfile:
         """
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
+        key = (m, n, k, dtype, groups, out_bytes)
+        cached = self._gemm_cache.get(key)
+        if cached is not None:
+            return cached
+        seconds = self._gemm_time(m, n, k, dtype, groups, out_bytes)
+        if len(self._gemm_cache) < 100_000:
+            self._gemm_cache[key] = seconds
+        return seconds
+
+    def _gemm_time(self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float) -> float:
         g = self.gemm
         tiles = groups * math.ceil(m / g.tile_m) * math.ceil(n / g.tile_n)
         units = g.compute_units

@@ -113,3 +113,23 @@ def test_deepseek_v4_pro_on_cloudmatrix_is_priced():
     spec = get_model_spec("deepseek-v4-pro")
     estimate = estimate_step(spec, get_cluster("cloudmatrix384", 1024), ParallelConfig(tp=4, pp=8, vpp=2, ep=64, seq=4096, gbs=1024))
     assert 0 < estimate.mfu < 1 and estimate.memory.total > 0
+
+
+def _exposed_expert_traffic(cluster_name: str, overlap: bool) -> tuple[float, float]:
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+
+    spec = get_model_spec("deepseek-v4-pro")
+    plan = ParallelConfig(tp=1, pp=16, ep=64, seq=4096, gbs=1024, dispatcher="deepep", ep_comm_overlap=overlap).with_devices(1024)
+    cost = layer_cost(spec.layer_kinds["csa+moe"], spec.hidden_size, CostContext.of(plan, get_cluster(cluster_name, 1024), detail=True))
+    (ep,) = [op for op in cost.ops if op.category == "ep_comm"]
+    return ep.forward_s + ep.backward_s, cost.compute_s
+
+
+def test_v4_expert_traffic_hides_behind_compute_on_the_unified_bus_but_not_over_h800_infiniband():
+    # DeepSeek-V4 report Sec. 3.1: EP traffic hides when compute/bandwidth <= 2d FLOP/byte; the 910C on
+    # UB (~1.9K FLOP/byte) passes for V4-Pro (d = 3072), an H800 over IB (~20-25K) does not.
+    exposed_ub, _ = _exposed_expert_traffic("cloudmatrix384", overlap=True)
+    exposed_ib, _ = _exposed_expert_traffic("h800", overlap=True)
+    assert exposed_ub == 0.0
+    assert exposed_ib > 0.0
+    assert _exposed_expert_traffic("cloudmatrix384", overlap=False)[0] > 0.0
