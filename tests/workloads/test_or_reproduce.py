@@ -45,7 +45,7 @@ def recorded_score(path: str, rule: Rule) -> float:
         records = [json.loads(line) for line in lines]
     benchmark = benchmark_from_records("ref", path, enumerate(records, start=1))
     correct = 0
-    for item, record in zip(benchmark.items, records):
+    for item, record in zip(benchmark.items, records, strict=True):
         recorded = record["execution_best_solution"]
         if isinstance(item.answer, NoSolution):
             correct += recorded == "No Best Solution"

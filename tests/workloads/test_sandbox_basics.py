@@ -63,11 +63,12 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 @pytest.mark.parametrize("api", sorted(SOLVER_PROGRAMS))
-def test_recorder_reports_the_optimal_objective_of_each_solver_api(sandboxes, api):
+def test_recorder_reports_the_optimal_objective_of_each_solver_api(sandboxes, api, isolation):
     if not installed(api):
         pytest.skip(f"{api} is not installed")
-    execution = sandboxes("process").run(SOLVER_PROGRAMS[api])
+    execution = sandboxes(isolation).run(SOLVER_PROGRAMS[api])
     assert execution.ok, execution.detail + execution.stderr[-1500:]
     assert execution.last_solve is not None
     assert execution.last_solve.api == api

@@ -184,7 +184,7 @@ def _isolate(config: dict, uid: int) -> None:
     if refused:
         _write_status(config["status_fd"], {"warning": "mounts left writable: " + "; ".join(refused)})
     linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-    for directory, subdirectories, files in os.walk(work_dir):  # the program owns its inputs
+    for directory, _, files in os.walk(work_dir):  # the program owns its inputs
         os.chown(directory, uid, uid)
         for name in files:
             os.chown(os.path.join(directory, name), uid, uid, follow_symlinks=False)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 
 from trex.errors import TrexError
 
@@ -27,7 +28,8 @@ class Limits:
     cpu_s: float = 60.0
     memory_bytes: int = 4 << 30
     file_size_bytes: int = 32 << 20
-    max_processes: int = 64
+    # solvers start a thread per core (COPT, Gurobi), and RLIMIT_NPROC counts threads
+    max_processes: int = field(default_factory=lambda: max(64, 2 * (os.cpu_count() or 1) + 16))
     max_open_files: int = 256
 
     def __post_init__(self) -> None:

@@ -113,7 +113,7 @@ class TransformersClient:
         for start in range(0, len(requests), self.batch_size):
             batch = requests[start:start + self.batch_size]
             texts = self.generate_texts([self.render(request.prompt) for request in batch], seed_offset=start)
-            for request, text in zip(batch, texts):
+            for request, text in zip(batch, texts, strict=True):
                 yield Completion(key=request.key, text=text)
 
     def generate_texts(self, prompts: list[str], seed_offset: int = 0) -> list[str]:

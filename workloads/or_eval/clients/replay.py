@@ -92,9 +92,9 @@ class ReplayClient:
         firsts = [(group[0].line, group[0].record) for group in groups.values()]
         name = Path(self.path).name.split(".executed")[0].removesuffix(".jsonl").removesuffix(".json")
         benchmark = benchmark_from_records(name, self.path, firsts, self.fields)
-        self._by_item = {item.id: group for item, group in zip(benchmark.items, groups.values())}
+        self._by_item = {item.id: group for item, group in zip(benchmark.items, groups.values(), strict=True)}
         answer_field = self.fields.answer or _first_present(self.records[0].record, ANSWER_FIELDS)
-        for item, group in zip(benchmark.items, groups.values()):
+        for item, group in zip(benchmark.items, groups.values(), strict=True):
             for replay in group[1:]:
                 if answer_field not in replay.record:
                     raise DataFormatError(self.path, replay.line, "missing", answer_field)
