@@ -293,8 +293,8 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
             else:
                 grad_sync = collectives.all_reduce(dense_grads, dp_place) + collectives.all_reduce(expert_grads, edp_place)
                 gather = 0.0
-            if plan.zero >= 3:  # parameters gathered again for every micro-batch's forward and backward
-                gather += 2 * m * gather
+            if plan.zero >= 3:  # no resident copy: parameters are gathered for every micro-batch's forward and backward
+                gather = 2 * m * gather
             last_backward = sum(chunks[c].backward_s for c in ids)
             first_forward = sum(chunks[c].forward_s for c in ids)
             window_b = last_backward if plan.overlap_grad_reduce else 0.0
