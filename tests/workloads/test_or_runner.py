@@ -63,7 +63,10 @@ def test_a_killed_run_loses_nothing_and_the_rerun_finishes_the_rest(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "trex", "eval", "--client", "replay", "--predictions", predictions,
                "--out", str(out), "--workers", "2", "--no-progress", "--isolation", "process"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    scratch = tmp_path / "scratch"  # the killed evaluator cannot remove its sandbox directory
+    scratch.mkdir()
+    environment = {**os.environ, "TMPDIR": str(scratch)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=environment)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
-from trex.workloads.sandbox.isolation import UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
+from trex.workloads.sandbox.isolation import ISOLATION_LEVELS, UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
 from trex.workloads.sandbox.limits import Limits, SandboxConfigError
 from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, VISIBLE_ROOTS, PathPolicy
 
@@ -59,16 +59,22 @@ class Sandbox:
         self.record_solvers = record_solvers
         self.allow_fork = allow_fork
         self.extra_env = dict(env or {})
+        if isolation not in ISOLATION_LEVELS:
+            raise SandboxConfigError(f"unknown isolation {isolation!r}; valid: {', '.join(ISOLATION_LEVELS)}")
         self.interpreter = InterpreterPaths.of(python or _default_python())
-        self._base = tempfile.mkdtemp(prefix="trex-sandbox-")
-        os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
-        self._runtime = os.path.join(self._base, "runtime")
-        self._install_runtime()
         self.hidden = tuple(sorted({os.path.realpath(p) for p in [*evaluator_paths(), *map(os.fspath, hide)]}))
-        self.isolation = resolve_isolation(isolation, self._launcher, self.interpreter, self._base)
         self._counter = itertools.count()
-        self._closed = False
         self._lock = threading.Lock()
+        self._closed = False
+        self._base = tempfile.mkdtemp(prefix="trex-sandbox-")
+        try:
+            os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
+            self._runtime = os.path.join(self._base, "runtime")
+            self._install_runtime()
+            self.isolation = resolve_isolation(isolation, self._launcher, self.interpreter, self._base)
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -86,7 +92,8 @@ class Sandbox:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if hasattr(self, "_base"):
+                self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
