@@ -8,6 +8,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+import trex.ops  # noqa: F401 - SmallMoe calls torch.ops.trex directly
+
 # "ci" (the default) keeps the default run well under CI's budget on 2 cores; "dev" explores more.
 settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

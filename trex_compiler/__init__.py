@@ -5,36 +5,53 @@
     loss.backward(); optimizer.step()
 
 See README.md and ARCHITECTURE.md for the path of a model through the compiler.
+
+Public names are imported on first use, so `import trex` (and every `trex` command's `--help`)
+does not pay for importing torch. `import trex.ops` registers the `torch.ops.trex` operators;
+`trex.compile` and everything that captures does so itself.
 """
 
-from trex import ops  # noqa: F401 - registers torch.ops.trex before anything is captured
-from trex.api import CompiledModule, CompileSession, TrexFallbackWarning, compile
-from trex.backends import Backend, available_backends, get_backend, register_backend
-from trex.errors import BackendError, CaptureError, PassError, TrexError, UnknownNameError
-from trex.pass_manager import Decision, Pass, PassContext, PassResult
-from trex.targets import TARGETS, Target
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "TARGETS",
-    "Backend",
-    "BackendError",
-    "CaptureError",
-    "CompileSession",
-    "CompiledModule",
-    "Decision",
-    "Pass",
-    "PassContext",
-    "PassError",
-    "PassResult",
-    "Target",
-    "TrexError",
-    "TrexFallbackWarning",
-    "UnknownNameError",
-    "__version__",
-    "available_backends",
-    "compile",
-    "get_backend",
-    "register_backend",
-]
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "compile": "trex.api",
+    "CompiledModule": "trex.api",
+    "CompileSession": "trex.api",
+    "TrexFallbackWarning": "trex.api",
+    "Backend": "trex.backends",
+    "available_backends": "trex.backends",
+    "get_backend": "trex.backends",
+    "register_backend": "trex.backends",
+    "BackendError": "trex.errors",
+    "CaptureError": "trex.errors",
+    "PassError": "trex.errors",
+    "TrexError": "trex.errors",
+    "UnknownNameError": "trex.errors",
+    "Decision": "trex.pass_manager",
+    "Pass": "trex.pass_manager",
+    "PassContext": "trex.pass_manager",
+    "PassResult": "trex.pass_manager",
+    "TARGETS": "trex.targets",
+    "Target": "trex.targets",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trex' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

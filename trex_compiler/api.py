@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+import trex.ops  # noqa: F401 - the trex operators must exist before anything is captured
 from trex.capture import CapturedGraph, CompileOptions, GraphBreak, TrexCompiler
 from trex.errors import CaptureError, TrexError
 from trex.pass_manager import Pass

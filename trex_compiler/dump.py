@@ -100,7 +100,7 @@ def graph_source(gm: fx.GraphModule, header_lines: list[str]) -> str:
         f"{header}\n"
         "import torch\n"
         "from torch import device, inf, nan  # noqa: F401 - names the generated code may use\n\n"
-        "import trex  # noqa: F401 - registers torch.ops.trex\n\n\n"
+        "import trex.ops  # noqa: F401 - registers torch.ops.trex\n\n\n"
         f"{class_code.strip()}\n\n\n"
         f"INPUTS = [\n    {inputs}\n]\n"
         f"CONSTANTS = [{', '.join(constants)}]  # zero-filled stand-ins for the graph's tensor constants\n"
