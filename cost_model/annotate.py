@@ -142,11 +142,20 @@ def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) ->
     return device.gemm_time(values[M], values[N], values[K], dtype, int(values.get(B, 1)))
 
 
+def _measured_name(node: fx.Node, device: DeviceProfile) -> str:
+    """The most specific name the device has a measurement for: the overload, else the op."""
+    overload = str(node.target)
+    if overload in device.op_overhead_us or overload in device.op_bandwidth_gbs:
+        return overload
+    return op_name(node.target)
+
+
 def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: float, cluster: Cluster,
           groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[float, str]:
     device = cluster.device
     kind = formula.kind
     name = op_name(node.target)
+    measured = _measured_name(node, device)
     if kind in ("view", "sync"):
         return 0.0, ""
     if kind == "gemm" and name in device.op_bandwidth_gbs:  # this implementation was measured: never faster than that
@@ -166,7 +175,7 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
             gemms = 2 * gemms
         return gemms + device.memory_time(moved, 6), ""
     if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
-        return device.op_time(name, kind, flops, moved), ""
+        return device.op_time(measured, kind, flops, moved), ""
     if kind == "collective":
         size, ranks = _group_size(node, groups, world_size)
         if size <= 1:
@@ -182,7 +191,7 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         elif collective == "all_to_all":
             buffer = values.get(sympy.Symbol("bytes_in"), moved)
         return collectives.collective_time(collective, buffer, placement), ""
-    return device.op_time(name, kind, flops, moved), ""
+    return device.op_time(measured, kind, flops, moved), ""
 
 
 def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:

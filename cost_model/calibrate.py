@@ -11,9 +11,10 @@ on a shared machine other processes only ever add time):
 * element-wise add over sizes from one element up: the per-op overhead (the intercept of the
   latency-bandwidth line), the bandwidth of working sets that fit the per-core cache (its slope
   below the cache size) and the achievable fraction of the copy bandwidth (its slope above).
-* one representative op of each kind (and each trex MoE op, and the composite `_safe_softmax` /
-  broadcasting `where` of eager attention) at two sizes: the fixed cost per call and the bytes per
-  second of that kind (`op_overhead_us`, `op_bandwidth_gbs`), which decide small graphs on a CPU.
+* one representative op of each kind, each trex MoE op, the composite `_safe_softmax`, and the
+  element-wise overloads captured graphs are made of (with the argument kinds they get there) at two
+  sizes: the fixed cost per call and the bytes per second (`op_overhead_us`, `op_bandwidth_gbs`),
+  which decide small graphs on a CPU (a division or a compare-with-scalar costs several additions).
 * exp over a cache-resident buffer: element-wise arithmetic throughput, for ops bound by
   arithmetic rather than memory traffic (softmax, activations) on a CPU.
 * fused attention forward and backward (`scaled_dot_product_attention`): efficiency vs the fp32 peak.
@@ -151,6 +152,42 @@ def _kind_cases(rows: int) -> dict[str, tuple[Any, tuple]]:
     }
 
 
+def _elementwise_cases(rows: int) -> dict[str, tuple[Any, tuple]]:
+    """The element-wise overloads captured training graphs are made of, each with the argument
+    kinds it gets there (tensor-tensor, tensor-scalar, broadcast): CPU kernels differ per overload."""
+    aten = torch.ops.aten
+    x, y = torch.rand(rows, 64) + 0.5, torch.rand(rows, 64) + 0.5
+    column = torch.rand(rows, 1) + 0.5
+    return {
+        "aten.add.Tensor": (aten.add.Tensor, (x, y)),
+        "aten.sub.Tensor": (aten.sub.Tensor, (x, y)),
+        "aten.mul.Tensor": (aten.mul.Tensor, (x, column)),
+        "aten.mul.Scalar": (aten.mul.Scalar, (x, 0.5)),
+        "aten.div.Tensor": (aten.div.Tensor, (x, column)),
+        "aten.div.Scalar": (aten.div.Scalar, (x, 3.0)),
+        "aten.pow.Tensor_Scalar": (aten.pow.Tensor_Scalar, (x, 2)),
+        "aten.neg.default": (aten.neg.default, (x,)),
+        "aten.rsqrt.default": (aten.rsqrt.default, (x,)),
+        "aten.exp.default": (aten.exp.default, (x,)),
+        "aten.clamp.default": (aten.clamp.default, (x, 0.1, 0.9)),
+        "aten.silu.default": (aten.silu.default, (x,)),
+        "aten.silu_backward.default": (aten.silu_backward.default, (y, x)),
+        "aten.sigmoid.default": (aten.sigmoid.default, (x,)),
+        "aten.le.Scalar": (aten.le.Scalar, (x, 0.7)),
+        "aten.ge.Tensor": (aten.ge.Tensor, (x, y)),
+        "aten.where.self": (aten.where.self, (x > 0.7, x, torch.tensor(0.0))),
+        "aten.masked_fill.Scalar": (aten.masked_fill.Scalar, (x, x > 0.7, 0.0)),
+        "prims.convert_element_type.default": (torch.ops.prims.convert_element_type.default, (x, torch.bfloat16)),
+        "aten.cat.default": (aten.cat.default, ([x, y], -1)),
+        "aten._to_copy.default": (aten._to_copy.default, (x,)),
+        "aten.slice_backward.default": (aten.slice_backward.default, (x, [rows, 128], 1, 0, 64, 1)),
+        "aten.mean.dim": (aten.mean.dim, (x, [-1], True)),
+        "aten.sum.default": (aten.sum.default, (x,)),
+        "aten.amax.default": (aten.amax.default, (x, [-1], True)),
+        "aten.max.dim": (aten.max.dim, (x, -1, True)),
+    }
+
+
 def _call_bytes(op: Any, args: tuple) -> float:
     """Bytes the op's formula says one call moves (inputs read + outputs written)."""
     out = op(*args)
@@ -158,10 +195,14 @@ def _call_bytes(op: Any, args: tuple) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
-def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 4096) -> dict[str, tuple[float, float]]:
-    """Per op kind: (fixed seconds per call, bytes per second) from a call at two sizes."""
+def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256) -> dict[str, tuple[float, float]]:
+    """Per op kind and per common element-wise overload: (fixed seconds per call, bytes per second)
+    from a call at two sizes."""
     out = {}
-    small, large = _kind_cases(small_rows), _kind_cases(large_rows)
+    small = {**_kind_cases(small_rows), **_elementwise_cases(small_rows)}
+    # the second size is cache-resident: the measured rate is the op's arithmetic and bookkeeping;
+    # larger tensors are bounded by the cache/memory model as well (see DeviceProfile.op_time)
+    large = {**_kind_cases(large_rows), **_elementwise_cases(large_rows)}
     for key in small:
         (op, args_small), (_, args_large) = small[key], large[key]
         t_small = _batched_time(lambda: op(*args_small), 200, repeats)
@@ -362,12 +403,10 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     profile = replace(base, hbm_bandwidth_gbs=bandwidth / 1e9, memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
                       kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
     profile = _fit_gemm(result.matmul, profile)
-    result.kinds = measure_kinds(repeats, large_rows=512 if fast else 4096)
+    result.kinds = measure_kinds(repeats)
     result.vector_flops = measure_vector(1 << 16, repeats)
-    # Generic kinds keep the cache/memory bandwidth model (their sizes vary widely); ops measured by
-    # name (trex MoE ops, composite eager ops) also keep their own rate.
     profile = replace(profile, op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
-                      op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items() if "." in key},
+                      op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items()},
                       vector_tflops=result.vector_flops / 1e12)
     result.attention = measure_attention(attention_shapes, repeats)
     fp32 = profile.peak_flops("fp32")

@@ -88,6 +88,12 @@ class DeviceProfile:
     op_bandwidth_gbs: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name (calibrated CPUs)
     _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
 
+    def overhead_s(self, op: str, kind: str) -> float:
+        """Fixed cost of launching one op: measured per op or per kind when calibrated."""
+        if op in self.op_overhead_us:
+            return self.op_overhead_us[op] * 1e-6
+        return self.op_overhead_us.get(kind, self.kernel_overhead_us) * 1e-6
+
     def vector_flops(self) -> float:
         return (self.vector_tflops or self.peak_tflops.get("fp32", 1.0)) * 1e12
 
@@ -96,18 +102,15 @@ class DeviceProfile:
         return max(self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops())
 
     def op_time(self, op: str, kind: str, flops: float, bytes_moved: float) -> float:
-        """One memory-bound op: its fixed cost plus its traffic at the rate measured for it (or its
-        kind) when calibrated, else at the memory model's rate; never faster than its arithmetic."""
+        """One memory-bound op: its fixed cost plus the slowest of its traffic at the rate measured
+        for it (when calibrated), its traffic through the cache/memory model, and its arithmetic."""
+        fixed = self.overhead_s(op, kind)
+        memory = self.memory_time(bytes_moved, 1) - self.kernel_overhead_s
+        seconds = max(memory, flops / self.vector_flops())
         rate = self.op_bandwidth_gbs.get(op, self.op_bandwidth_gbs.get(kind))
         if rate:
-            return self.overhead_s(op, kind) + max(bytes_moved / (rate * 1e9), flops / self.vector_flops())
-        return self.elementwise_time(flops, bytes_moved) - self.kernel_overhead_s + self.overhead_s(op, kind)
-
-    def overhead_s(self, op: str, kind: str) -> float:
-        """Fixed cost of launching one op: measured per op or per kind when calibrated."""
-        if op in self.op_overhead_us:
-            return self.op_overhead_us[op] * 1e-6
-        return self.op_overhead_us.get(kind, self.kernel_overhead_us) * 1e-6
+            seconds = max(seconds, bytes_moved / (rate * 1e9))
+        return fixed + seconds
 
     # -- derived quantities, SI units -------------------------------------------------------
     def peak_flops(self, dtype: str = "bf16") -> float:
