@@ -85,10 +85,12 @@ class AnnotationReport:
             mine.update(theirs)
 
 
-def resolve_target(target: str | DeviceProfile | Cluster) -> Cluster:
-    """A cluster for a target name, a device profile (single-tier default cluster), or a cluster."""
+def resolve_target(target: Any) -> Cluster:
+    """A cluster for a target name (or a `trex.Target`), a device profile, or a cluster."""
     if isinstance(target, Cluster):
         return target
+    if not isinstance(target, (str, DeviceProfile)) and isinstance(getattr(target, "name", None), str):
+        target = target.name  # trex.targets.Target
     if isinstance(target, DeviceProfile):
         base = get_cluster("cpu" if target.name == "cpu" else "h100")
         return base.with_device(target)
