@@ -22,9 +22,7 @@ from torch import fx
 from trex.cost_model import collectives
 from trex.cost_model.cluster import Cluster, get_cluster
 from trex.cost_model.devices import DeviceProfile
-from trex.cost_model.op_formulas import (
-    COLLECTIVE_KIND, B, D_qk, D_v, E, H, HEADS, K, L_k, L_q, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name,
-)
+from trex.cost_model.op_formulas import COLLECTIVE_KIND, B, E, H, K, L_k, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
