@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "Pass": "trex.pass_manager",
     "PassContext": "trex.pass_manager",
     "PassResult": "trex.pass_manager",
+    "explain": "trex.cost_model.explain",
     "TARGETS": "trex.targets",
     "Target": "trex.targets",
 }
