@@ -264,21 +264,10 @@ def moe_experts_backward_reference(
     return grad_hidden, grad_weights, grad_gate_up_proj, grad_down_proj
 
 
-@torch.library.custom_op("trex::moe_experts", mutates_args=())
-def moe_experts(
-    hidden: Tensor,
-    top_k_index: Tensor,
-    top_k_weights: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """One MoE layer's routed experts (routing result in). See `moe_experts_reference`."""
-    return moe_experts_reference(
-        hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed
-    )
+# The fused ops ARE the reference functions (schemas inferred from their annotations); the plain
+# functions stay importable, which is what canonicalization traces.
+moe_experts = torch.library.custom_op("trex::moe_experts", mutates_args=())(moe_experts_reference)
+moe_experts_backward = torch.library.custom_op("trex::moe_experts_backward", mutates_args=())(moe_experts_backward_reference)
 
 
 @moe_experts.register_fake
@@ -292,28 +281,6 @@ def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, s
         hidden.new_empty(rows, hidden.size(-1), dtype=w_gate_up.dtype),
         hidden.new_empty(rows, w_gate_up.size(-1), dtype=w_gate_up.dtype),
         hidden.new_empty(rows, w_down.size(-1), dtype=w_down.dtype),
-    )
-
-
-@torch.library.custom_op("trex::moe_experts_backward", mutates_args=())
-def moe_experts_backward(
-    grad_out: Tensor,
-    hidden: Tensor,
-    top_k_weights: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    perm: Tensor,
-    offsets: Tensor,
-    sorted_hidden: Tensor,
-    gate_up_out: Tensor,
-    expert_out: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return moe_experts_backward_reference(
-        grad_out, hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, sorted_hidden, gate_up_out,
-        expert_out, activation, swiglu_limit, weights_transposed,
     )
 
 
