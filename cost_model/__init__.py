@@ -13,6 +13,7 @@ Modules, one concept each:
     flops         FLOP conventions: Megatron per-GEMM count (mfu) and 6N + attention (mfu_6n)
     parallel      ParallelConfig: degrees, batch, precision, recompute, overlaps; parsing; constraints
     layer_cost    time, FLOPs and saved memory of one layer under a plan (the planner's inner loop)
+    host          host side of eager execution: ops a layer issues, host-bound stretches, syncs
     memory        weights, gradients, optimizer states (AdamW, Muon), ZeRO, activations in flight
     pipeline      stage split, 1F1B / interleaved makespan (closed form and event simulation)
     step          estimate_step: the whole step -> StepEstimate (time, throughput, MFU, memory, breakdown)

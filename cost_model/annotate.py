@@ -21,6 +21,7 @@ from torch import fx
 
 from trex.cost_model import collectives
 from trex.cost_model.cluster import Cluster, get_cluster
+from trex.cost_model.cpu_loops import node_loops
 from trex.cost_model.devices import DeviceProfile
 from trex.cost_model.op_formulas import COLLECTIVE_KIND, B, E, H, K, L_k, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name
 
@@ -143,11 +144,31 @@ def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) ->
 
 
 def _measured_name(node: fx.Node, device: DeviceProfile) -> str:
-    """The most specific name the device has a measurement for: the overload, else the op."""
+    """The most specific name the device has a measurement for: the overload called with a Python
+    number (wrapped into a 0-d tensor on every call: `add.Tensor[scalar]`), the overload, else the op."""
     overload = str(node.target)
+    if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in node.args[1:]):
+        scalar = f"{overload}[scalar]"
+        if scalar in device.op_overhead_us:
+            return scalar
     if overload in device.op_overhead_us or overload in device.op_bandwidth_gbs:
         return overload
     return op_name(node.target)
+
+
+# Copies that run as one TensorIterator kernel into an output laid out before it runs; other copies
+# (cat, stack, the scatter-backs of slices) have kernels of their own.
+_ITERATOR_COPIES = frozenset({"aten.clone", "aten._to_copy", "aten.copy", "aten.copy_", "aten.contiguous"})
+
+
+def _loops(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> tuple[int, int]:
+    if not (device.row_overhead_ns or device.loop_call_overhead_ns):
+        return 1, 1
+    if kind == "pointwise":
+        return node_loops(node, output_first=False)
+    if kind == "copy" and name in _ITERATOR_COPIES:
+        return node_loops(node, output_first=True)
+    return 1, 1
 
 
 def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: float, cluster: Cluster,
@@ -191,7 +212,7 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         elif collective == "all_to_all":
             buffer = values.get(sympy.Symbol("bytes_in"), moved)
         return collectives.collective_time(collective, buffer, placement), ""
-    return device.op_time(measured, kind, flops, moved), ""
+    return device.op_time(measured, kind, flops, moved, _loops(node, kind, name, device)), ""
 
 
 def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:

@@ -15,6 +15,11 @@ on a shared machine other processes only ever add time):
   element-wise overloads captured graphs are made of (with the argument kinds they get there) at two
   sizes: the fixed cost per call and the bytes per second (`op_overhead_us`, `op_bandwidth_gbs`),
   which decide small graphs on a CPU (a division or a compare-with-scalar costs several additions).
+* TensorIterator loop overheads: an element-wise op over rows of 2 that cannot coalesce (per row)
+  and one broadcast over a middle dimension (per 2-D loop call), against the same bytes contiguous
+  (`trex.cost_model.cpu_loops` counts the rows and calls of every captured element-wise node).
+* the tensor-with-Python-number forms of add, sub, mul and div (the number is wrapped into a 0-d
+  tensor on every call: twice the fixed cost of the tensor-tensor form on a CPU).
 * exp over a cache-resident buffer: element-wise arithmetic throughput, for ops bound by
   arithmetic rather than memory traffic (softmax, activations) on a CPU.
 * fused attention forward and backward (`scaled_dot_product_attention`): efficiency vs the fp32 peak.
@@ -38,6 +43,7 @@ from typing import Any
 import torch
 
 from trex.cost_model.cluster import Cluster, Tier, cluster_to_dict
+from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
 
 
@@ -51,6 +57,7 @@ class Calibration:
     attention: list[tuple[str, float, float]] = field(default_factory=list)  # direction, flops, seconds
     collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
     kinds: dict[str, tuple[float, float]] = field(default_factory=dict)  # op kind / op -> (seconds per call, bytes per second)
+    loops: tuple[float, float] = (0.0, 0.0)  # ns per TensorIterator row, ns per 2-D loop call
     vector_flops: float = 0.0
     seconds: float = 0.0
 
@@ -181,6 +188,11 @@ def _elementwise_cases(rows: int) -> dict[str, tuple[Any, tuple]]:
         "aten.cat.default": (aten.cat.default, ([x, y], -1)),
         "aten._to_copy.default": (aten._to_copy.default, (x,)),
         "aten.slice_backward.default": (aten.slice_backward.default, (x, [rows, 128], 1, 0, 64, 1)),
+        # a Python number operand is wrapped into a 0-d tensor on every call (see annotate._measured_name)
+        "aten.add.Tensor[scalar]": (aten.add.Tensor, (x, 0.5)),
+        "aten.sub.Tensor[scalar]": (aten.sub.Tensor, (x, 0.5)),
+        "aten.mul.Tensor[scalar]": (aten.mul.Tensor, (x, 0.5)),
+        "aten.div.Tensor[scalar]": (aten.div.Tensor, (x, 3.0)),
         "aten.mean.dim": (aten.mean.dim, (x, [-1], True)),
         "aten.sum.default": (aten.sum.default, (x,)),
         "aten.amax.default": (aten.amax.default, (x, [-1], True)),
@@ -195,9 +207,21 @@ def _call_bytes(op: Any, args: tuple) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
-def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256) -> dict[str, tuple[float, float]]:
+def _loop_seconds(op: Any, args: tuple, key: str, loops: tuple[float, float]) -> float:
+    """Seconds a call spends in TensorIterator loops beyond a contiguous op's single row and call."""
+    if not key.startswith(("aten.add", "aten.sub", "aten.mul", "aten.div", "aten.pow", "aten.neg", "aten.rsqrt", "aten.exp",
+                           "aten.clamp", "aten.silu", "aten.sigmoid", "aten.le", "aten.ge", "aten.where", "aten.masked_fill",
+                           "prims.convert", "pointwise")):
+        return 0.0
+    operands = [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]
+    rows, calls = tensor_iterator_loops(operands)
+    return (max(rows - 1, 0) * loops[0] + max(calls - 1, 0) * loops[1]) * 1e-9
+
+
+def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loops: tuple[float, float] = (0.0, 0.0)) -> dict[str, tuple[float, float]]:
     """Per op kind and per common element-wise overload: (fixed seconds per call, bytes per second)
-    from a call at two sizes."""
+    from a call at two sizes. `loops` = (row, call) overheads in ns (`measure_loop_overheads`): the
+    TensorIterator loop time a broadcast case spends is taken out before the rate is solved for."""
     out = {}
     small = {**_kind_cases(small_rows), **_elementwise_cases(small_rows)}
     # the second size is cache-resident: the measured rate is the op's arithmetic and bookkeeping;
@@ -205,12 +229,31 @@ def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256) -> d
     large = {**_kind_cases(large_rows), **_elementwise_cases(large_rows)}
     for key in small:
         (op, args_small), (_, args_large) = small[key], large[key]
-        t_small = _batched_time(lambda: op(*args_small), 200, repeats)
-        t_large = _batched_time(lambda: op(*args_large), 5, repeats)
+        t_small = _batched_time(lambda: op(*args_small), 200, repeats) - _loop_seconds(op, args_small, key, loops)
+        t_large = _batched_time(lambda: op(*args_large), 5, repeats) - _loop_seconds(op, args_large, key, loops)
         b_small, b_large = _call_bytes(op, args_small), _call_bytes(op, args_large)
         rate = (b_large - b_small) / max(t_large - t_small, 1e-9)
         out[key] = (t_small, rate)
     return out
+
+
+def measure_loop_overheads(repeats: int, rows: int = 4096) -> tuple[float, float]:
+    """(ns per inner row, ns per 2-D loop call) of CPU element-wise kernels, from two layouts with
+    the bytes of a contiguous reference: the first two of four columns (rows of 2 that cannot
+    coalesce: `rows` rows, one 2-D call) and a (rows/2, 2, 2) tensor divided by a (rows/2, 1, 2)
+    broadcast over its middle dimension (2 rows per 2-D call: rows/2 calls)."""
+    aten = torch.ops.aten
+    wide_a, wide_b = torch.rand(rows, 4) + 0.5, torch.rand(rows, 4) + 0.5
+    flat_a, flat_b = torch.rand(2 * rows) + 0.5, torch.rand(2 * rows) + 0.5
+    contiguous = _batched_time(lambda: aten.mul.Tensor(flat_a, flat_b), 20, repeats)
+    strided = _batched_time(lambda: aten.mul.Tensor(wide_a[:, :2], wide_b[:, :2]), 20, repeats)
+    row_rows, _ = tensor_iterator_loops([((rows, 2), (4, 1)), ((rows, 2), (4, 1))])
+    per_row = max(strided - contiguous, 0.0) / max(row_rows - 1, 1)
+    cube, middle = torch.rand(rows // 2, 2, 2) + 0.5, torch.rand(rows // 2, 1, 2) + 0.5
+    broadcast = _batched_time(lambda: aten.div.Tensor(cube, middle), 20, repeats)
+    call_rows, calls = tensor_iterator_loops([((rows // 2, 2, 2), cube.stride()), ((rows // 2, 1, 2), middle.stride())])
+    per_call = max(broadcast - contiguous - (call_rows - 1) * per_row, 0.0) / max(calls - 1, 1)
+    return per_row * 1e9, per_call * 1e9
 
 
 def measure_vector(elements: int, repeats: int) -> float:
@@ -403,11 +446,12 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     profile = replace(base, hbm_bandwidth_gbs=bandwidth / 1e9, memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
                       kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
     profile = _fit_gemm(result.matmul, profile)
-    result.kinds = measure_kinds(repeats)
+    result.loops = measure_loop_overheads(repeats)
+    result.kinds = measure_kinds(repeats, loops=result.loops)
     result.vector_flops = measure_vector(1 << 16, repeats)
     profile = replace(profile, op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
                       op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items()},
-                      vector_tflops=result.vector_flops / 1e12)
+                      vector_tflops=result.vector_flops / 1e12, row_overhead_ns=result.loops[0], loop_call_overhead_ns=result.loops[1])
     result.attention = measure_attention(attention_shapes, repeats)
     fp32 = profile.peak_flops("fp32")
     forward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "forward"]
@@ -479,6 +523,7 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         "attention": [f"{d} {f / 1e6:.1f} MFLOP: {s * 1e6:.1f} us" for d, f, s in result.attention],
         "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
         "op_kinds": [f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()],
+        "element_wise_loops": f"{result.loops[0]:.2f} ns per row, {result.loops[1]:.2f} ns per 2-D loop call",
         "seconds": result.seconds,
     }
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))

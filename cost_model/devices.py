@@ -86,6 +86,9 @@ class DeviceProfile:
     op_overhead_us: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name, replaces kernel_overhead_us
     vector_tflops: float = 0.0  # non-tensor-core element-wise throughput (0: the fp32 peak)
     op_bandwidth_gbs: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name (calibrated CPUs)
+    host_op_us: float = 0.0  # host CPU time to issue one eager framework op (Python, dispatch, autograd, launch); 0: not modelled
+    row_overhead_ns: float = 0.0  # CPU element-wise kernels: per inner 1-D loop beyond the first (trex.cost_model.cpu_loops)
+    loop_call_overhead_ns: float = 0.0  # ... per 2-D loop call beyond the first
     _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
 
     def overhead_s(self, op: str, kind: str) -> float:
@@ -101,10 +104,13 @@ class DeviceProfile:
         """An element-wise kernel: bound by memory traffic or by vector arithmetic, whichever is slower."""
         return max(self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops())
 
-    def op_time(self, op: str, kind: str, flops: float, bytes_moved: float) -> float:
+    def op_time(self, op: str, kind: str, flops: float, bytes_moved: float, loops: tuple[int, int] = (1, 1)) -> float:
         """One memory-bound op: its fixed cost plus the slowest of its traffic at the rate measured
-        for it (when calibrated), its traffic through the cache/memory model, and its arithmetic."""
-        fixed = self.overhead_s(op, kind)
+        for it (when calibrated), its traffic through the cache/memory model, and its arithmetic.
+        `loops` = (rows, 2-D calls) of a CPU element-wise kernel (`trex.cost_model.cpu_loops`) adds
+        their per-loop costs beyond the single row and call a contiguous op pays."""
+        rows, calls = loops
+        fixed = self.overhead_s(op, kind) + (max(rows - 1, 0) * self.row_overhead_ns + max(calls - 1, 0) * self.loop_call_overhead_ns) * 1e-9
         memory = self.memory_time(bytes_moved, 1) - self.kernel_overhead_s
         seconds = max(memory, flops / self.vector_flops())
         rate = self.op_bandwidth_gbs.get(op, self.op_bandwidth_gbs.get(kind))
@@ -245,7 +251,8 @@ def _nvidia(name: str, description: str, *, peak: dict[str, float], memory_gib: 
         memory_efficiency=memory_efficiency,
         kernel_overhead_us=4.0,
         reserved_memory_gib=3.0,
-        sources=sources,
+        sources=sources + (_HOST_OP_SOURCE,),
+        host_op_us=DGX_HOST_OP_US,
     )
     # every half-precision dtype shares the measured ceiling; FP32 keeps the 0.8 default
     same = {dtype: measured["bf16"] for dtype in ("fp16", "tf32") if dtype in peak}
@@ -271,6 +278,13 @@ _HOPPER_ATTENTION = AttentionModel(forward_efficiency=0.70, backward_efficiency=
 
 _NVIDIA_DATASHEET = "NVIDIA A100/H100/H200 datasheets (dense tensor-core peaks, memory, HBM bandwidth)"
 
+# Host time per eager op: TransformerEngine issue #2053 (2025-08) measures the CPU time of one
+# torch.nn.Linear forward (Python module call, dispatcher, autograd recording, cuBLAS launch) at
+# 13.48 us on a DGX H100 (Xeon Platinum 8480C); TE's own Linear costs ~2.7x that on the Grace systems
+# of the same table. Megatron runs on such hosts; the plain-PyTorch figure is taken for every op.
+DGX_HOST_OP_US = 13.5
+_HOST_OP_SOURCE = "host op cost: TransformerEngine issue #2053, torch.nn.Linear forward 13.48 us CPU on DGX H100"
+
 # Ascend: peaks from Huawei's torchtitan-npu plugin peak table (devices.md). Cube units: 16x16x16
 # FP16 MACs per AI core per cycle; the core counts below follow from the peaks at 1.8-1.9 GHz.
 # No public MAMF table exists for Ascend; 0.80 of peak for large cube GEMMs is assumed (Pangu Ultra
@@ -294,7 +308,8 @@ def _ascend(name: str, description: str, *, bf16: float, memory_gib: float, hbm_
         memory_efficiency=0.80,
         kernel_overhead_us=8.0,  # host dispatch on CANN is slower than CUDA launches
         reserved_memory_gib=3.0,
-        sources=_ASCEND_SOURCES,
+        sources=_ASCEND_SOURCES + (_HOST_OP_SOURCE + "; no public torch_npu figure, the DGX figure is a lower bound",),
+        host_op_us=DGX_HOST_OP_US,
     )
 
 
@@ -393,6 +408,9 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "op_overhead_us": (dict, "a table of op kind or op name = fixed microseconds per call"),
     "vector_tflops": ((int, float), "element-wise (non-tensor-core) throughput in TFLOP/s"),
     "op_bandwidth_gbs": (dict, "a table of op kind or op name = measured GB/s of that op"),
+    "host_op_us": ((int, float), "host CPU microseconds to issue one eager framework op (0: host time not modelled)"),
+    "row_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per inner loop row beyond the first"),
+    "loop_call_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per 2-D loop call beyond the first"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
@@ -411,6 +429,12 @@ def _positive(source: str, field_name: str, value: Any, fix: str, *, at_most: fl
         raise _fail(source, field_name, f"must be a positive number (got {value!r})", fix)
     if at_most is not None and value > at_most:
         raise _fail(source, field_name, f"must be at most {at_most} (got {value!r})", fix)
+    return float(value)
+
+
+def _non_negative(source: str, field_name: str, value: Any, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _fail(source, field_name, f"must be a number >= 0 (got {value!r})", fix)
     return float(value)
 
 
@@ -497,6 +521,10 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         vector_tflops=float(data.get("vector_tflops", 0.0)),
         op_bandwidth_gbs={key: _positive(source, f"device.op_bandwidth_gbs.{key}", value, "GB/s")
                           for key, value in data.get("op_bandwidth_gbs", {}).items()},
+        host_op_us=_non_negative(source, "device.host_op_us", data.get("host_op_us", 0.0), _FIELDS["host_op_us"][1]),
+        row_overhead_ns=_non_negative(source, "device.row_overhead_ns", data.get("row_overhead_ns", 0.0), _FIELDS["row_overhead_ns"][1]),
+        loop_call_overhead_ns=_non_negative(source, "device.loop_call_overhead_ns", data.get("loop_call_overhead_ns", 0.0),
+                                            _FIELDS["loop_call_overhead_ns"][1]),
     )
 
 
@@ -537,6 +565,9 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "op_overhead_us": dict(profile.op_overhead_us),
             "vector_tflops": profile.vector_tflops,
             "op_bandwidth_gbs": dict(profile.op_bandwidth_gbs),
+            "host_op_us": profile.host_op_us,
+            "row_overhead_ns": profile.row_overhead_ns,
+            "loop_call_overhead_ns": profile.loop_call_overhead_ns,
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,

@@ -20,6 +20,9 @@ model (DeepSeek-V4 has four), priced once per plan. What each part costs:
   with the attention it feeds.
 * recompute - selective modules re-run their forward inside the backward; full recompute re-runs
   the whole forward, collectives included, and keeps only the layer input.
+* host - the time the host takes to issue the layer's ops (captured op counts x the profile's
+  per-op cost) and whether its forward synchronises with the device; `step` sets them against
+  the device times (`trex.cost_model.host`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,18 @@ class LayerCost:
     transient_bytes: float = 0.0  # extra peak while this layer runs its backward
     flops: float = 0.0  # executed FLOPs, forward + backward + recompute
     ops: list[OpTime] = field(default_factory=list)
+    host_forward_s: float = 0.0  # host time to issue the forward's ops (trex.cost_model.host)
+    host_backward_s: float = 0.0  # ... the backward's, recompute included
+    syncs_host: bool = False  # the forward waits for the device once (dropless MoE token counts)
+
+    @property
+    def device_forward_s(self) -> float:
+        """What the device's stream runs in the forward: compute and the communication it waits for."""
+        return self.forward_s + self.comm_forward_s
+
+    @property
+    def device_backward_s(self) -> float:
+        return self.backward_s + self.recompute_s + self.comm_backward_s
 
     @property
     def compute_s(self) -> float:
@@ -84,6 +99,9 @@ class LayerCost:
         self.transient_bytes = max(self.transient_bytes, other.transient_bytes)
         self.flops += other.flops
         self.ops.extend(other.ops)
+        self.host_forward_s += other.host_forward_s
+        self.host_backward_s += other.host_backward_s
+        self.syncs_host = self.syncs_host or other.syncs_host
 
 
 @dataclass(frozen=True)
@@ -357,7 +375,25 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
         cost.saved_bytes = layer.input_bytes_per_token * ctx.sp_tokens
     else:
         cost.saved_bytes += kept
+    _host(layer, ctx, cost)
     return cost
+
+
+def _host(layer: LayerSpec, ctx: CostContext, cost: LayerCost) -> None:
+    """Host time to issue the layer: its captured op counts (grouped GEMMs once per local expert) plus
+    one op per tensor-parallel collective, at the profile's per-op cost. Recompute re-issues the
+    share of the forward it re-runs (by device time; all of it under full recompute)."""
+    plan, device = ctx.plan, ctx.device
+    cost.syncs_host = layer.moe is not None and plan.moe_host_sync
+    if layer.host_ops is None or device.host_op_us <= 0:
+        return
+    local_experts = layer.moe.num_experts / plan.ep if layer.moe is not None else 0.0
+    collectives_issued = len(layer.tp_collectives) if plan.tp > 1 else 0
+    forward = layer.host_ops.forward_ops(local_experts) + collectives_issued
+    redone = forward * min(1.0, cost.recompute_s / cost.forward_s) if cost.forward_s > 0 else 0.0
+    backward = layer.host_ops.backward_ops(local_experts) + collectives_issued + redone
+    cost.host_forward_s = forward * device.host_op_us * 1e-6
+    cost.host_backward_s = backward * device.host_op_us * 1e-6
 
 
 def head_cost(spec: ModelSpec, ctx: CostContext, predictions: int) -> LayerCost:

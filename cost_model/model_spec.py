@@ -17,11 +17,12 @@ layernorm, moe_act, mlp, moe, shared_experts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from trex.cost_model.host import HostOps, host_ops_for
 from trex.errors import TrexError, UnknownNameError
 
 Parallel = Literal["column", "row", "replicated", "sequence"]
@@ -185,6 +186,7 @@ class LayerSpec:
     extra_params: int = 0  # small weights priced nowhere else (mHC mixers, sinks, position biases)
     input_bytes_per_token: int = 0  # what full recompute keeps: the layer input (bf16)
     muon_matrices: tuple[tuple[int, int, int], ...] = ()  # (count, rows, cols) of 2-D weights for Muon
+    host_ops: HostOps | None = None  # framework ops the host issues per micro-batch (trex.cost_model.host)
 
     def params(self, hidden: int) -> int:
         moe = self.moe.expert_params(hidden) if self.moe else 0
@@ -440,8 +442,8 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
             _dense_mlp(b, hidden=hidden, ffn=ffn, gated=True, sandwich=sandwich_norm)
         matrices = ((1, hidden, heads * head_dim + 2 * kv_heads * head_dim), (1, heads * head_dim, hidden))
         layers.append(b.build("moe" if is_moe else "dense", hidden, muon=matrices))
-    return ModelSpec(name, family, hidden, vocab, tuple(layers), tie_embeddings=bool(_cfg(config, "tie_word_embeddings", default=False, required=False)),
-                     final_norm_params=hidden, source=f"transformers config ({model_type})")
+    return _with_host_ops(ModelSpec(name, family, hidden, vocab, tuple(layers), tie_embeddings=bool(_cfg(config, "tie_word_embeddings", default=False, required=False)),
+                                    final_norm_params=hidden, source=f"transformers config ({model_type})"))
 
 
 def deepseek_v3_spec(config: Any, name: str) -> ModelSpec:
@@ -467,8 +469,8 @@ def deepseek_v3_spec(config: Any, name: str) -> ModelSpec:
 
     layers = tuple(layer(i) for i in range(_cfg(config, "num_hidden_layers")))
     mtp = tuple(_mtp(layer(first_dense, "mtp"), hidden) for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0))
-    return ModelSpec(name, "deepseek-v3", hidden, _cfg(config, "vocab_size"), layers, mtp, final_norm_params=hidden,
-                     source="transformers DeepseekV3Config")
+    return _with_host_ops(ModelSpec(name, "deepseek-v3", hidden, _cfg(config, "vocab_size"), layers, mtp, final_norm_params=hidden,
+                                    source="transformers DeepseekV3Config"))
 
 
 def _mtp(layer: LayerSpec, hidden: int, streams: int = 1) -> LayerSpec:
@@ -563,8 +565,9 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
     layers = tuple(layer(i) for i in range(_cfg(config, "num_hidden_layers")))
     last_learned = max(i for i, t in enumerate(mlp_types) if t == "moe") if "moe" in mlp_types else len(layers) - 1
     mtp = tuple(_mtp(layer(last_learned, "mtp"), hidden, hc) for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0))
-    return ModelSpec(name, "deepseek-v4", hidden, _cfg(config, "vocab_size"), layers, mtp, final_norm_params=hidden + hc * hidden * hc + hc + 1,
-                     optimizer="muon", source="transformers DeepseekV4Config", residual_streams=hc)
+    return _with_host_ops(ModelSpec(name, "deepseek-v4", hidden, _cfg(config, "vocab_size"), layers, mtp,
+                                    final_norm_params=hidden + hc * hidden * hc + hc + 1, optimizer="muon", source="transformers DeepseekV4Config",
+                                    residual_streams=hc))
 
 
 def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048, source: str = "") -> ModelSpec:
@@ -592,8 +595,40 @@ def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int = 51
                            tuple(Saved(s.name, s.bytes_per_token, "" if s.tag == "layernorm" else s.tag, s.tp_sharded, gemm_input=s.gemm_input)
                                  for s in spec_layer.saved),
                            spec_layer.tp_collectives, spec_layer.norm_params + 2 * hidden, 0, spec_layer.input_bytes_per_token)
-    return ModelSpec(name, "gpt", hidden, vocab, tuple(spec_layer for _ in range(layers)), tie_embeddings=True,
-                     position_embedding_params=seq * hidden, final_norm_params=2 * hidden, source=source)
+    return _with_host_ops(ModelSpec(name, "gpt", hidden, vocab, tuple(spec_layer for _ in range(layers)), tie_embeddings=True,
+                                    position_embedding_params=seq * hidden, final_norm_params=2 * hidden, source=source))
+
+
+# ---------------------------------------------------------------------------------------------
+# Host ops: each layer structure was captured once (bench/cost_model/count_host_ops.py). Families
+# map onto the captured structure they share; structures trex cannot capture take the nearest one.
+
+_HOST_FAMILY = {"gpt": "gpt", "llama": "llama", "qwen": "llama", "pangu": "llama", "mixtral": "mixtral", "qwen-moe": "qwen3-moe",
+                "deepseek-v3": "deepseek-v3", "deepseek-v4": "deepseek-v4"}
+
+
+def host_structure(family: str, kind: str) -> str:
+    """The captured structure (a key of data/host_ops.toml) whose op count a layer of `family` and `kind` uses."""
+    base = _HOST_FAMILY.get(family, "llama")  # other Llama-like configs
+    if base == "deepseek-v4":
+        if kind == "mtp":
+            return "deepseek-v4.csa+moe"  # the MTP block wraps a learned-MoE layer; csa is the larger count
+        attention, _, mlp = kind.partition("+")
+        attention = "hca" if attention == "swa" else attention  # no captured SWA-only layer: HCA adds only the compressor
+        return f"deepseek-v4.{attention}+{'hash_moe' if attention == 'hca' and mlp == 'hash_moe' else 'moe'}"
+    if base == "deepseek-v3":
+        return "deepseek-v3.dense" if kind == "dense" else "deepseek-v3.moe"  # MTP: its MoE layer (eh_proj, norms: a few ops more)
+    if kind == "dense":
+        return "gpt.dense" if base == "gpt" else "llama.dense"
+    return f"{base}.moe" if base in ("mixtral", "qwen3-moe") else "qwen3-moe.moe"
+
+
+def _with_host_ops(spec: ModelSpec) -> ModelSpec:
+    def attach(layers: tuple[LayerSpec, ...]) -> tuple[LayerSpec, ...]:
+        counts = {kind: host_ops_for(host_structure(spec.family, kind)) for kind in {layer.kind for layer in layers}}
+        return tuple(replace(layer, host_ops=counts[layer.kind]) if layer.host_ops is None else layer for layer in layers)
+
+    return replace(spec, layers=attach(spec.layers), mtp_layers=attach(spec.mtp_layers))
 
 
 # ---------------------------------------------------------------------------------------------

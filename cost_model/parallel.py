@@ -61,6 +61,11 @@ class ParallelConfig:
     optimizer_state_dtype: Precision = "fp32"  # optimizer moments
     optimizer: str = "auto"  # auto (model's own), adamw, muon
     layers_per_chunk: tuple[int, ...] | None = None  # explicit stage split: layers in each of pp*vpp chunks
+    # A dropless MoE layer copies its token counts to the host in the forward (to size buffers and
+    # grouped GEMMs), draining the launch queue. True for Megatron-Core's alltoall dispatcher
+    # (`cuda_dtoh_stream.synchronize()`) and its DeepEP path (`buffer.dispatch` waits for the GPU's
+    # counts: "the CPU will wait for GPU's signal"); False for capacity-padded or graph-captured MoE.
+    moe_host_sync: bool = True
 
     # -- derived -----------------------------------------------------------------------------
     def with_devices(self, devices: int) -> ParallelConfig:

@@ -4,7 +4,8 @@
 
 A step is: every device runs its pipeline chunks for m micro-batches in the (interleaved) 1F1B
 order - compute, recompute and the communication the layer cannot hide (tensor parallelism,
-expert all-to-alls, context-parallel rings) - then waits for the data-parallel gradient
+expert all-to-alls, context-parallel rings), or longer where the host issuing the ops is the
+slower side (`trex.cost_model.host`: host-bound stretches between synchronisations) - then waits for the data-parallel gradient
 reduction the backward could not hide, steps the optimizer over its shard, and gathers updated
 parameters (hidden behind the next step's first forward when `overlap_param_gather`).
 
@@ -12,7 +13,7 @@ parameters (hidden behind the next step's first forward when `overlap_param_gath
     pipeline = m * max_d t_d + (pp - 1)/vpp * mean_d t_d (+ the p2p latency of the fill and drain)
 
 The breakdown attributes the slowest device's time: compute (incl. recompute), exposed
-communication, the pipeline bubble (pipeline minus m * t_slowest) and the optimizer.
+communication, the time it waits for its host, the pipeline bubble and the optimizer.
 FLOP conventions are in `trex.cost_model.flops`: `mfu` and `model_tflops_per_device` use
 Megatron's per-GEMM count over the BF16 dense peak (also for FP8 runs), `mfu_6n` the 6N + attention count.
 """
@@ -28,6 +29,7 @@ from trex.cost_model import collectives
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.devices import GIB
 from trex.cost_model.flops import megatron_flops_per_token, six_n_flops_per_token
+from trex.cost_model.host import chunk_host_wait
 from trex.cost_model.layer_cost import CostContext, LayerCost, embedding_cost, head_cost, layer_cost
 from trex.cost_model.memory import MemoryEstimate, ParamCounts, activation_memory, optimizer_step_time, static_memory
 from trex.cost_model.model_spec import LayerSpec, ModelSpec
@@ -43,10 +45,11 @@ class Breakdown:
     bubble_s: float
     optimizer_s: float
     dp_sync_s: float  # the data-parallel part of exposed_comm_s
+    host_wait_s: float = 0.0  # the device idle while the host issues ops (host-bound stretches, trex.cost_model.host)
 
     def to_dict(self) -> dict[str, float]:
         return {"compute": self.compute_s, "recompute": self.recompute_s, "exposed_communication": self.exposed_comm_s,
-                "bubble": self.bubble_s, "optimizer": self.optimizer_s, "data_parallel_sync": self.dp_sync_s}
+                "bubble": self.bubble_s, "optimizer": self.optimizer_s, "data_parallel_sync": self.dp_sync_s, "host_wait": self.host_wait_s}
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class ChunkTimes:
     comm_backward_s: float
     recompute_s: float
     saved_bytes: float
+    host_wait_s: float = 0.0  # forward + backward time the device waits for the host (included in forward_s, backward_s)
 
 
 @dataclass(frozen=True)
@@ -241,10 +245,13 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
             saved = sum(p.saved_bytes * n for p, n in parts)
             flops = sum(p.flops * n for p, n in parts)
             peak = max((p.transient_bytes for p, _ in parts), default=0.0)
-            times = ChunkTimes(c, layer_ids, f + cf + exposed_p2p, b + r + cb + exposed_p2p, cf + exposed_p2p, cb + exposed_p2p, r, saved)
+            wait_f, wait_b = chunk_host_wait(parts)
+            times = ChunkTimes(c, layer_ids, f + cf + wait_f + exposed_p2p, b + r + cb + wait_b + exposed_p2p, cf + exposed_p2p, cb + exposed_p2p, r,
+                               saved, wait_f + wait_b)
             signature_cache[key] = (times, params, muon_flops, r, f + b + r, cf + cb + 2 * exposed_p2p, flops, peak)
         times, params, muon_flops, r, compute, comm, flops, peak = signature_cache[key]
-        chunks.append(ChunkTimes(c, layer_ids, times.forward_s, times.backward_s, times.comm_forward_s, times.comm_backward_s, r, times.saved_bytes))
+        chunks.append(ChunkTimes(c, layer_ids, times.forward_s, times.backward_s, times.comm_forward_s, times.comm_backward_s, r, times.saved_bytes,
+                                 times.host_wait_s))
         chunk_params.append(params)
         chunk_muon_flops.append(muon_flops)
         recompute_per_chunk.append(r)
@@ -319,8 +326,9 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     compute = m * sum(compute_per_chunk[c] for c in slow_ids)
     recompute = m * sum(recompute_per_chunk[c] for c in slow_ids)
     comm = m * sum(comm_per_chunk[c] for c in slow_ids)
-    bubble = max(0.0, pipeline - compute - comm)
-    breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync)
+    host_wait = m * sum(chunks[c].host_wait_s for c in slow_ids)
+    bubble = max(0.0, pipeline - compute - comm - host_wait)
+    breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync, host_wait)
     tokens = plan.gbs * plan.seq
     notes = []
     if plan.precision == "fp8":

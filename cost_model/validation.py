@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import re
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -99,11 +99,15 @@ def plan_of_row(row: dict[str, str], setup: dict[str, Any], num_layers: int) -> 
     return ParallelConfig(**values)
 
 
-def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None) -> Comparison:
+def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None, *, host_op_us: float | None = None) -> Comparison:
+    """Estimate one published row. `host_op_us` replaces the device profile's host cost per op (a
+    sensitivity study of the host model, the same value for every row; None: the profile's own)."""
     setup = setup if setup is not None else published_setups().get(row["id"], {})
     spec = get_model_spec(row["model"])
     devices = int(row["devices"])
     cluster = get_cluster(CLUSTER_OF_DEVICE.get(row["device"], row["device"]), devices)
+    if host_op_us is not None:
+        cluster = cluster.with_device(replace(cluster.device, host_op_us=host_op_us))
     plan = plan_of_row(row, setup, spec.num_layers)
     estimate = estimate_step(spec, cluster, plan)
     metric = row["metric"]
@@ -119,6 +123,6 @@ def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None) -> Com
                       setup.get("source", row.get("source", "")))
 
 
-def compare_all(path: str | Path | None = None) -> list[Comparison]:
+def compare_all(path: str | Path | None = None, *, host_op_us: float | None = None) -> list[Comparison]:
     setups = published_setups()
-    return [compare_row(row, setups.get(row["id"], {})) for row in published_runs(path)]
+    return [compare_row(row, setups.get(row["id"], {}), host_op_us=host_op_us) for row in published_runs(path)]

@@ -26,7 +26,7 @@ def estimate():
 
 def test_breakdown_adds_up_to_the_step_time(estimate):
     b = estimate.breakdown
-    assert b.compute_s + b.exposed_comm_s + b.bubble_s + b.optimizer_s == pytest.approx(estimate.step_time_s, rel=1e-6)
+    assert b.compute_s + b.exposed_comm_s + b.host_wait_s + b.bubble_s + b.optimizer_s == pytest.approx(estimate.step_time_s, rel=1e-6)
     assert 0 < b.recompute_s < b.compute_s
 
 
