@@ -143,7 +143,8 @@ def _requiring_grad(value: Any) -> Any:
 
 def _capture_module(module: nn.Module, args: tuple, kwargs: dict, options: CompileOptions) -> CapturedGraph:
     compiler = TrexCompiler(options)
-    compiled = torch.compile(module, backend=compiler, fullgraph=True)
+    # static shapes: a planner prices the shapes it asked for, whatever was captured before
+    compiled = torch.compile(module, backend=compiler, fullgraph=True, dynamic=False)
     try:
         compiled(*args, **kwargs)
     except TrexError:

@@ -73,3 +73,13 @@ def test_bad_model_inputs_are_explained(tmp_path):
 def test_a_model_without_a_layer_stack_is_refused():
     with pytest.raises(CaptureError, match="no decoder stack"):
         decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_capture_does_not_depend_on_what_was_captured_before():
+    """Dynamo would mark dimensions dynamic after a second shape; meta capture keeps shapes static."""
+    first = capture_model("qwen3-235b-a22b", seq=256)
+    capture_model("qwen3-235b-a22b", seq=512)
+    again = capture_model("qwen3-235b-a22b", seq=256)
+    assert [k.node_counts() for k in again.kinds] == [k.node_counts() for k in first.kinds]
+    placeholders = again.kinds[0].graph.joint.graph.find_nodes(op="placeholder")
+    assert all(not isinstance(s, torch.SymInt) for p in placeholders for s in getattr(p.meta.get("val"), "shape", ()))
