@@ -1,0 +1,73 @@
+"""`trex data`: synth, stats, verify and families from the command line, and its user errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trex.cli import main
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli-run")
+    code = main(["data", "synth", "--n", "4", "--out", str(out), "--seed", "2", "--shard-size", "2", "--no-progress", "--no-decontaminate", "--isolation", "process"])
+    assert code == 0
+    return out
+
+
+def test_synth_writes_the_outputs_and_prints_the_statistics(finished, capsys):
+    assert {p.name for p in finished.iterdir()} >= {"manifest.json", "shards", "sft.jsonl", "cpt.jsonl", "stats.json", "stats.md", "decontamination.json"}
+    assert len((finished / "sft.jsonl").read_text().splitlines()) == 4
+    assert json.loads((finished / "decontamination.json").read_text())["benchmarks"] is None  # --no-decontaminate says so
+
+
+def test_stats_prints_a_finished_runs_report_and_an_unfinished_runs_progress(finished, tmp_path, capsys):
+    assert main(["data", "stats", str(finished), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 4
+    code = main(["data", "synth", "--n", "50", "--out", str(tmp_path), "--shard-size", "2", "--max-shards", "1", "--no-progress", "--no-decontaminate", "--isolation", "process"])
+    assert code == 0 and "run again to resume" in capsys.readouterr().out
+    assert main(["data", "stats", str(tmp_path), "--json"]) == 0
+    progress = json.loads(capsys.readouterr().out)
+    assert progress == {"finished": False, "shards": 1, "indices": 2, "results": progress["results"]} and sum(progress["results"].values()) == 2
+
+
+def test_verify_passes_a_genuine_run_and_catches_a_tampered_objective(finished, tmp_path, capsys):
+    assert main(["data", "verify", str(finished), "--isolation", "process"]) == 0
+    assert "checked 4 samples: 0 failed" in capsys.readouterr().out
+    lines = (finished / "sft.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    if record["meta"]["objective"] is None:
+        record["meta"]["status"], record["meta"]["objective"] = "optimal", 1.0
+    else:
+        record["meta"]["objective"] += 1.0
+    (tmp_path / "sft.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["data", "verify", str(tmp_path), "--isolation", "process"]) == 1
+    assert "meta.program reaches" in capsys.readouterr().out
+
+
+def test_families_lists_every_family_with_its_statuses(capsys):
+    assert main(["data", "families"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 12 and any("unbounded" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--no-programmatic"], "leaves no teacher"),
+        (["--families", "transportation,sudoku"], "unknown families ['sudoku']"),
+        (["--bench-dir", "/nonexistent/bench"], "benchmark directory /nonexistent/bench not found"),
+        (["--infeasible-share", "0.6"], "labelled minority"),
+        (["--keep-unanimous", "2"], "keep_unanimous must lie in [0, 1]"),
+    ],
+)
+def test_user_errors_exit_2_with_what_to_do(tmp_path, capsys, arguments, message):
+    assert main(["data", "synth", "--n", "1", "--out", str(tmp_path / "x"), "--no-progress", *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_resuming_with_another_seed_is_refused(finished, capsys):
+    assert main(["data", "synth", "--n", "4", "--out", str(finished), "--seed", "3", "--shard-size", "2", "--no-progress", "--no-decontaminate", "--isolation", "process"]) == 2
+    assert "seed" in capsys.readouterr().err

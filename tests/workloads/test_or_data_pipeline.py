@@ -1,0 +1,208 @@
+"""The whole run: planning, the output records, decontamination and deduplication, and a
+resumable, deterministic run (killed mid-way and finished by another process)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_or_data_support import DATA_DIR, requires_bench, runner  # noqa: F401 - runner is a fixture
+
+from trex.errors import TrexError
+from trex.workloads.or_data.config import SynthConfig
+from trex.workloads.or_data.decontamination import BenchmarkIndex
+from trex.workloads.or_data.families import FAMILIES
+from trex.workloads.or_data.merge import Merger
+from trex.workloads.or_data.pipeline import TASK_SLOTS, plan
+from trex.workloads.or_data.records import validate_sft_record
+from trex.workloads.or_data.reverify import reverify
+from trex.workloads.or_data.shards import ShardStore, open_manifest
+from trex.workloads.or_data.synthesis import synthesize
+
+SMALL = SynthConfig(seed=3, shard_size=4)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished 12-sample run, made in-process with the programmatic teacher only."""
+    out = tmp_path_factory.mktemp("ordata")
+    bench = DATA_DIR if DATA_DIR.is_dir() else None
+    synthesize(SMALL, out, 12, bench_dir=bench, progress=False)
+    return out
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_plans_balance_families_and_task_slots_in_every_block():
+    config = SynthConfig(seed=9)
+    plans = [plan(config, index) for index in range(len(FAMILIES) * len(TASK_SLOTS))]
+    assert set(Counter(p.family for p in plans).values()) == {len(TASK_SLOTS)}
+    slots = Counter((p.category, p.variant) for p in plans if p.status == "optimal")
+    categories = Counter(p.category for p in plans)
+    assert set(categories.values()) == {len(plans) // 4}
+    assert len(slots) == 6
+
+
+def test_status_shares_follow_the_configuration():
+    config = SynthConfig(seed=1, infeasible_share=0.1, unbounded_share=0.05)
+    statuses = Counter(plan(config, index).status for index in range(3000))
+    assert 0.08 < statuses["infeasible"] / 3000 < 0.12
+    assert 0.035 < statuses["unbounded"] / 3000 < 0.065
+    assert all(plan(config, index).variant not in ("repair", "what_if") for index in range(3000) if plan(config, index).status != "optimal")
+
+
+def test_every_output_record_follows_the_schema_and_re_verifies(run_dir, runner):
+    sft = records(run_dir / "sft.jsonl")
+    cpt = records(run_dir / "cpt.jsonl")
+    assert len(sft) == len(cpt) == 12
+    assert all(not validate_sft_record(record) for record in sft)
+    assert all(set(document) == {"text"} and document["text"].startswith("# ") for document in cpt)
+    assert len({record["meta"]["id"] for record in sft}) == 12
+    report = reverify(sft, runner)
+    assert report.ok, report.failures
+
+
+def test_the_statistics_describe_what_was_written(run_dir):
+    stats = json.loads((run_dir / "stats.json").read_text())
+    sft = records(run_dir / "sft.jsonl")
+    assert stats["samples"] == 12 and sum(stats["families"].values()) == 12
+    assert stats["tasks"] == dict(sorted(Counter(r["meta"]["task"] for r in sft).items()))
+    assert stats["verification"]["instances"] >= 12 and 0 < stats["verification"]["pass_share"] <= 1
+    assert stats["tokens"]["sample"]["max"] >= stats["tokens"]["sample"]["p50"] > 0
+    assert "| family | count | share |" in (run_dir / "stats.md").read_text()
+
+
+def test_schema_validation_names_what_is_wrong(run_dir):
+    record = records(run_dir / "sft.jsonl")[0]
+    broken = copy.deepcopy(record)
+    del broken["meta"]["lp"]
+    broken["messages"].reverse()
+    problems = validate_sft_record(broken)
+    assert any("system, user, assistant" in p for p in problems) and any("missing ['lp']" in p for p in problems)
+    inconsistent = copy.deepcopy(record)
+    inconsistent["meta"]["status"] = "infeasible"
+    inconsistent["meta"]["objective"] = 12.0
+    assert any("objective must be set exactly when" in p for p in validate_sft_record(inconsistent))
+
+
+def test_sft_records_load_with_hf_datasets(run_dir):
+    datasets = pytest.importorskip("datasets")
+    loaded = datasets.load_dataset("json", data_files=str(run_dir / "sft.jsonl"), split="train")
+    assert len(loaded) == 12 and loaded[0]["messages"][0]["role"] == "system"
+
+
+def _merge(results, bench: BenchmarkIndex | None, n: int = 100) -> Merger:
+    merger = Merger(n, bench)
+    merger.feed(results)
+    return merger
+
+
+def shard_results(run_dir: Path) -> list[dict]:
+    store = ShardStore(run_dir, SMALL.shard_size)
+    return [result for shard in range(3) for result in store.read(shard)]
+
+
+def test_exact_and_near_duplicates_are_removed_in_favour_of_the_first(run_dir):
+    results = [result for result in shard_results(run_dir) if result["result"] == "emitted"]
+    twin = copy.deepcopy(results[0])
+    near = copy.deepcopy(results[1])
+    prompt = near["sft"]["messages"][1]["content"]
+    near["sft"]["messages"][1]["content"] = prompt.replace(".", ";", 1)
+    near["sft"]["messages"][2]["content"] += "\nA closing remark."
+    near["cpt"]["text"] += "\nA closing remark."
+    merger = _merge([*results, twin, near], None)
+    assert merger.removed == Counter({"exact_duplicate": 1, "near_duplicate": 1})
+    assert len(merger.sft) == len(results)
+
+
+def test_decontamination_removes_a_sample_that_copies_a_benchmark_text(run_dir, tmp_path):
+    results = [result for result in shard_results(run_dir) if result["result"] == "emitted"]
+    stolen = results[2]["sft"]["messages"][1]["content"]
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"en_question": stolen[:600], "en_answer": "1"}) + "\n")
+    merger = _merge(results, BenchmarkIndex.from_dir(tmp_path))
+    assert merger.removed == Counter({"contaminated": 1})
+    report = merger.contamination.to_json()
+    assert report["by_file"] and next(iter(report["by_file"])) == "bench.jsonl"
+    assert report["examples"][0]["id"] == results[2]["sft"]["meta"]["id"]
+
+
+@requires_bench
+def test_generated_text_shares_no_13_gram_with_any_benchmark_file(run_dir):
+    report = json.loads((run_dir / "decontamination.json").read_text())
+    assert report["benchmarks"]["ngram"] == 13
+    indexed = report["benchmarks"]["texts_indexed"]
+    assert {"NL4OPT.json", "OptiBench.json", "orlm_predictions/NL4OPT.executed.jsonl"} <= set(indexed)
+    assert report["checked"] == 24 and report["flagged"] == 0
+
+
+def test_a_run_with_other_settings_is_not_resumed(tmp_path):
+    open_manifest(tmp_path, SynthConfig(seed=1).to_json())
+    assert open_manifest(tmp_path, SynthConfig(seed=1).to_json()) is True
+    with pytest.raises(TrexError, match="seed"):
+        open_manifest(tmp_path, SynthConfig(seed=2).to_json())
+
+
+def test_a_larger_n_extends_a_finished_run_without_changing_its_prefix(tmp_path):
+    first = synthesize(SMALL, tmp_path, 5, progress=False)
+    prefix = (tmp_path / "sft.jsonl").read_text().splitlines()
+    second = synthesize(SMALL, tmp_path, 9, progress=False)
+    extended = (tmp_path / "sft.jsonl").read_text().splitlines()
+    assert extended[:5] == prefix and len(extended) == 9
+    assert second.shards_reused >= first.shards_made - 1
+
+
+def test_shard_files_appear_whole_and_leftovers_of_killed_writers_are_cleaned(tmp_path):
+    store = ShardStore(tmp_path, 2)
+    store.directory.mkdir(parents=True)
+    leftover = store.directory / ".shard-000000.jsonl.123.tmp"
+    leftover.write_text("{partial")
+    store.clean_temporaries()
+    assert not leftover.exists()
+    with pytest.raises(ValueError, match="indices 2..3"):
+        store.write(1, [{"index": 2}])
+    store.write(1, [{"index": 2}, {"index": 3}])
+    assert store.done(1) and not store.done(0)
+
+
+def _synth(out: Path, workers: int, hash_seed: str) -> subprocess.Popen:
+    command = [sys.executable, "-c", "import sys; from trex.cli import main; sys.exit(main(sys.argv[1:]))", "data", "synth", "--n", "16", "--out", str(out), "--seed", "4",
+               "--shard-size", "3", "--workers", str(workers), "--no-progress", "--no-decontaminate", "--json"]
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def test_a_killed_run_resumes_to_the_same_output_as_an_uninterrupted_one(tmp_path):
+    """Run A: two workers, uninterrupted. Run B: one worker, another hash seed, SIGKILLed after
+    its first shard, then started again. Same seed, so the outputs must match byte for byte."""
+    reference = _synth(tmp_path / "a", 2, "1")
+    interrupted = _synth(tmp_path / "b", 1, "2")
+    shards = tmp_path / "b" / "shards"
+    deadline = time.monotonic() + 120
+    while not (shards.is_dir() and list(shards.glob("shard-*.jsonl"))) and time.monotonic() < deadline:
+        assert interrupted.poll() is None, interrupted.communicate()[1]
+        time.sleep(0.05)
+    os.killpg(interrupted.pid, signal.SIGKILL)
+    interrupted.wait()
+    kept = sorted(path.name for path in shards.glob("shard-*.jsonl"))
+    assert kept and not (tmp_path / "b" / "sft.jsonl").exists()
+    resumed = _synth(tmp_path / "b", 1, "3")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["finished"] and summary["shards_reused"] >= len(kept)
+    out_a, err_a = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err_a
+    for name in ("sft.jsonl", "cpt.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    ids = [record["meta"]["index"] for record in records(tmp_path / "b" / "sft.jsonl")]
+    assert len(ids) == len(set(ids)) == 16 and ids == sorted(ids)

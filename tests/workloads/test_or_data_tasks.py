@@ -1,0 +1,163 @@
+"""The four task categories: what each asks, what its reference answer holds, and that repair
+bugs and what-if changes are demonstrated by running them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_or_data_support import runner, verified  # noqa: F401 - runner is a fixture
+
+from trex.workloads.or_data.bugs import BUG_KINDS, MUTATIONS, inject_bug
+from trex.workloads.or_data.outcome import Outcome
+from trex.workloads.or_data.style import StyleTemplate, split_sections
+from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, build_task
+
+STYLE = StyleTemplate()
+
+
+def task_for(problem, category, variant, runner, seed=1):
+    return build_task("t", problem, category, variant, text_rng=random.Random(seed), task_rng=random.Random(seed + 1), runner=runner)
+
+
+@pytest.fixture(scope="module")
+def problem(runner):
+    return verified("facility_location", 21, runner)
+
+
+@pytest.mark.parametrize(("category", "variant"), [(c, v) for c in CATEGORIES for v in VARIANTS[c]])
+def test_every_variant_renders_its_reference_answer_in_the_students_layout(problem, runner, category, variant):
+    task = task_for(problem, category, variant, runner)
+    answer = STYLE.render(task.category, task.variant, task.reference)
+    assert [heading for heading in split_sections(answer) if heading] == STYLE.headings_of(task.category, task.variant, task.truth)
+    assert answer.rstrip().endswith(task.truth.marker_line())
+    assert task.prompt.strip()
+
+
+def test_text_tasks_give_the_statement_and_model_tasks_give_the_model(problem, runner):
+    from_text = task_for(problem, "text_to_code", "code", runner)
+    from_model = task_for(problem, "model_to_code", "translate", runner)
+    assert from_text.statement and from_text.statement in from_text.prompt and "**Sets**" not in from_text.prompt
+    assert problem.math.to_markdown(with_data=True) in from_model.prompt
+    assert (from_text.inputs, from_model.inputs) == (("text",), ("math",))
+
+
+def test_text_to_model_answers_with_the_full_model_and_the_verified_lp_file(problem, runner):
+    task = task_for(problem, "text_to_model", "model", runner)
+    assert task.reference.lp == problem.lp and "**Parameters**" in task.reference.math
+    assert task.outputs == ("math", "lp")
+
+
+def test_repair_ships_a_buggy_program_that_demonstrably_fails(problem, runner):
+    task = task_for(problem, "model_to_code", "repair", runner)
+    assert task.variant == "repair" and task.bug is not None
+    assert task.bug.buggy in task.prompt and task.bug.fixed == problem.program
+    rerun = runner.run(task.bug.buggy)
+    assert rerun.outcome is None or not rerun.outcome.matches(problem.outcome)
+    assert task.reference.program == problem.program and task.reference.diff.startswith("--- buggy.py")
+    assert task.bug.kind in task.reference.diagnosis or task.bug.diagnosis in task.reference.diagnosis
+
+
+def test_what_if_re_solves_and_verifies_the_changed_problem(problem, runner):
+    task = task_for(problem, "solve_analyze", "what_if", runner)
+    assert task.variant == "what_if" and task.what_if is not None
+    assert task.target is not task.problem and "program" in task.target.checks
+    assert task.what_if.question in task.prompt
+    analysis = task.reference.analysis
+    assert problem.outcome.text() in analysis and task.target.outcome.text() in analysis
+    assert task.reference.program == task.target.program != problem.program
+
+
+def test_decision_on_an_infeasible_instance_explains_why_with_the_certificate(runner):
+    problem = verified("transportation", 5, runner, "infeasible")
+    task = task_for(problem, "solve_analyze", "decision", runner)
+    answer = STYLE.render(task.category, task.variant, task.reference)
+    assert "Why there is no solution" in answer and "Optimal objective value: infeasible" in answer
+    assert problem.note.split()[0] in task.reference.explanation
+    assert "`supply`" in task.reference.explanation and "`demand`" in task.reference.explanation
+
+
+def test_variants_that_need_an_optimum_fall_back_on_infeasible_instances(runner):
+    problem = verified("knapsack", 5, runner, "infeasible")
+    assert task_for(problem, "model_to_code", "repair", runner).fallback == "repair->translate"
+    assert task_for(problem, "solve_analyze", "what_if", runner).fallback == "what_if->decision"
+
+
+PROGRAM = '''from pyscipopt import Model, quicksum
+
+# Data
+items = ['a', 'b']
+value = {'a': 3, 'b': 2}
+size = {('w', 'a'): 2, ('w', 'b'): 1}
+cap = {'w': 2}
+
+model = Model("k")
+
+# pick[i]: chosen or not
+pick = {i: model.addVar(vtype="B", name=f"pick[{i}]") for i in items}
+extra = model.addVar(vtype="I", lb=0, ub=1, name="extra")
+
+# capacity: the chosen items fit
+for d in cap:
+    model.addCons(quicksum(size[d, i] * pick[i] for i in items) <= cap[d], name=f"capacity[{d}]")
+
+# link: extra only with a
+model.addCons(extra == pick['a'], name="link")
+
+# Objective: maximize value
+model.setObjective(quicksum(value[i] * pick[i] for i in items) + extra, sense="maximize")
+
+model.hideOutput()
+model.optimize()
+'''
+
+
+@pytest.mark.parametrize("kind", BUG_KINDS)
+def test_each_bug_kind_makes_the_mistake_its_name_says(kind):
+    lines = PROGRAM.rstrip("\n").split("\n")
+    buggy, diagnosis = MUTATIONS[kind](lines, random.Random(0))
+    changed = [line for line in buggy.split("\n") if line not in lines]
+    removed = [line for line in lines if line not in buggy.split("\n")]
+    expected = {
+        "flipped_inequality": lambda: any(" >= cap[d]" in line for line in changed),
+        "loosened_equality": lambda: any("extra <= pick" in line or "extra >= pick" in line for line in changed),
+        "missing_constraint": lambda: any("addCons" in line for line in removed),
+        "objective_sense": lambda: any('sense="minimize"' in line for line in changed),
+        "relaxed_integrality": lambda: any('vtype="C"' in line for line in changed),
+        "swapped_indices": lambda: any("size[i, d]" in line for line in changed),
+        "dropped_objective_term": lambda: any("setObjective" in line and "+ extra" not in line for line in changed) or any("setObjective(extra" in line for line in changed),
+        "missing_optimize": lambda: "model.optimize()" in removed,
+    }[kind]
+    assert expected(), (kind, changed, removed)
+    assert diagnosis.strip()
+
+
+REDUNDANT = '''from pyscipopt import Model, quicksum
+
+# Data
+limit = 100
+
+model = Model("m")
+
+# x: amount
+x = model.addVar(vtype="C", lb=0, ub=4, name="x")
+
+# slack: never binding
+model.addCons(x <= limit, name="slack")
+
+# Objective: maximize x
+model.setObjective(x, sense="maximize")
+
+model.hideOutput()
+model.optimize()
+status = model.getStatus()
+print(f"Optimal objective value: {model.getObjVal():.10g}" if status == "optimal" else f"Optimal objective value: {status}")
+'''
+
+
+def test_a_mutation_that_does_not_change_the_result_is_not_counted_as_a_bug(runner):
+    # dropping a constraint that never binds leaves the optimum at 4: not a bug
+    truth = Outcome("optimal", 4.0)
+    assert inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint",)) is None
+    bug = inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint", "objective_sense"))
+    assert bug is not None and bug.kind == "objective_sense" and "reports `Optimal objective value: 0`" in bug.symptom

@@ -1,0 +1,174 @@
+"""The mathematical model of a problem: sets, parameters (with their values), decision
+variables, objective and constraints, in markdown with LaTeX; and its structural check.
+
+Every variable and constraint declaration names the LP family it expands to (`lp_family`) and
+the index sets it ranges over; `check_structure` expands those quantifiers over the sets' elements
+and compares the counts with the rows and columns of the `LinearModel` the LP file was written
+from. A model whose text says "for every plant" while the LP file has a row per city fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trex.workloads.or_data.linear_model import LinearModel
+from trex.workloads.or_data.phrasing import number, table
+
+Scalar = int | float
+Values = Scalar | Mapping[str, Scalar | str] | Mapping[tuple[str, str], Scalar]
+
+
+@dataclass(frozen=True)
+class SetDef:
+    symbol: str  # LaTeX, e.g. "S"
+    index: str  # the index letter used for it, e.g. "s"
+    description: str
+    elements: tuple[str, ...]
+    display: str = ""  # shown instead of the element list (e.g. "all pairs of S × D")
+
+
+@dataclass(frozen=True)
+class ParamDef:
+    symbol: str  # LaTeX with its indices, e.g. "c_{sd}"
+    description: str
+    values: Values
+    over: tuple[str, ...] = ()  # set symbols; two sets render as a table (rows, columns)
+
+
+@dataclass(frozen=True)
+class VarDef:
+    symbol: str  # LaTeX with indices, e.g. "x_{sd}"
+    description: str
+    domain: str  # LaTeX, e.g. r"\ge 0" or r"\in \{0, 1\}"
+    lp_family: str
+    over: tuple[str, ...] = ()
+    count: int | None = None  # when not every combination of `over` exists
+
+
+@dataclass(frozen=True)
+class ConstraintDef:
+    label: str
+    description: str
+    latex: str
+    lp_family: str
+    over: tuple[str, ...] = ()  # set symbols quantified over ("for all s in S")
+    count: int | None = None  # rows, when a condition restricts the quantifier
+    condition: str = ""  # LaTeX condition shown after the quantifier
+
+
+@dataclass(frozen=True)
+class MathModel:
+    title: str
+    sense: str  # "minimize" | "maximize"
+    objective: str  # LaTeX expression
+    objective_description: str
+    sets: tuple[SetDef, ...]
+    params: tuple[ParamDef, ...]
+    variables: tuple[VarDef, ...]
+    constraints: tuple[ConstraintDef, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def set(self, symbol: str) -> SetDef:
+        for set_def in self.sets:
+            if set_def.symbol == symbol:
+                return set_def
+        raise KeyError(f"model {self.title!r} declares no set {symbol!r}")
+
+    def _quantifier(self, over: Sequence[str], condition: str) -> str:
+        if not over:
+            return f" \\quad \\forall {condition}" if condition else ""
+        parts = ", ".join(f"{self.set(symbol).index} \\in {symbol}" for symbol in over)
+        return f" \\quad \\forall {parts}" + (f",\\ {condition}" if condition else "")
+
+    def expected_count(self, over: Sequence[str], count: int | None) -> int:
+        if count is not None:
+            return count
+        total = 1
+        for symbol in over:
+            total *= len(self.set(symbol).elements)
+        return total
+
+    def to_markdown(self, *, with_data: bool = True) -> str:
+        """The model as markdown: sets, parameters (with values when `with_data`), variables,
+        objective, constraints."""
+        lines = [f"### {self.title}", "", "**Sets**", ""]
+        for set_def in self.sets:
+            elements = set_def.display or "{" + ", ".join(set_def.elements) + "}"
+            lines.append(f"- ${set_def.symbol}$: {set_def.description} = {elements}")
+        lines += ["", "**Parameters**", ""]
+        tables: list[str] = []
+        for param in self.params:
+            lines.append(f"- ${param.symbol}$: {param.description}{self._inline_values(param) if with_data else ''}")
+            if with_data and len(param.over) == 2 and not _sparse(param):
+                tables.append(self._table(param))
+        if tables:
+            lines += ["", *("\n\n".join(tables).split("\n"))]
+        lines += ["", "**Decision variables**", ""]
+        for var in self.variables:
+            quantifier = self._quantifier(var.over, "")
+            lines.append(f"- ${var.symbol} {var.domain}{quantifier}$: {var.description}")
+        verb = "\\min" if self.sense == "minimize" else "\\max"
+        lines += ["", f"**Objective** ({self.objective_description})", "", f"$$ {verb} \\; {self.objective} $$", "", "**Constraints**", ""]
+        for number_, constraint in enumerate(self.constraints, start=1):
+            quantifier = self._quantifier(constraint.over, constraint.condition)
+            lines.append(f"{number_}. {constraint.label} ({constraint.description}): $${constraint.latex}{quantifier}$$")
+        for note in self.notes:
+            lines += ["", note]
+        return "\n".join(lines).strip() + "\n"
+
+    def _inline_values(self, param: ParamDef) -> str:
+        values = param.values
+        if isinstance(values, (int, float)):
+            return f" = {number(values)}"
+        assert isinstance(values, Mapping)
+        if len(param.over) == 1:
+            return ": " + ", ".join(f"{key} {_text(value)}" for key, value in values.items())
+        if _sparse(param):
+            return ": " + ", ".join(f"({', '.join(key)}) {_text(value)}" for key, value in values.items())
+        return " (table below)"
+
+    def _table(self, param: ParamDef) -> str:
+        rows_set, columns_set = (self.set(symbol) for symbol in param.over)
+        values = param.values
+        assert isinstance(values, Mapping)
+        body = [[row, *(values.get((row, column), "–") for column in columns_set.elements)] for row in rows_set.elements]
+        return f"${param.symbol}$:\n\n" + table([f"{rows_set.index} \\ {columns_set.index}", *columns_set.elements], body)
+
+
+def _text(value: object) -> str:
+    return number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def _sparse(param: ParamDef) -> bool:
+    """A two-index parameter defined on few pairs reads better as a list than as a table."""
+    return isinstance(param.values, Mapping) and len(param.over) == 2 and len(param.values) <= 4
+
+
+@dataclass(frozen=True)
+class StructureCheck:
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_structure(math: MathModel, model: LinearModel) -> StructureCheck:
+    """Compare the declared variable and constraint families, expanded over their sets, with
+    the columns and rows of `model` (see the module docstring)."""
+    problems: list[str] = []
+    columns = model.variables_by_family()
+    rows = model.rows_by_family()
+    declared_columns = {var.lp_family: math.expected_count(var.over, var.count) for var in math.variables}
+    declared_rows: dict[str, int] = {}
+    for constraint in math.constraints:
+        declared_rows[constraint.lp_family] = declared_rows.get(constraint.lp_family, 0) + math.expected_count(constraint.over, constraint.count)
+    for kind, declared, actual in (("variable", declared_columns, columns), ("constraint", declared_rows, rows)):
+        for family in sorted(set(declared) | set(actual)):
+            if declared.get(family, 0) != actual.get(family, 0):
+                problems.append(
+                    f"{kind} family {family!r}: the mathematical model declares {declared.get(family, 0)}, "
+                    f"the LP model has {actual.get(family, 0)}"
+                )
+    return StructureCheck(tuple(problems))

@@ -1,0 +1,118 @@
+"""Running pyscipopt programs (ours and teachers') in the sandbox, solving LP files, and reading
+their outcome.
+
+Every program the pipeline emits or judges runs in `trex.workloads.sandbox.Sandbox`, the same
+one the OR evaluator uses. LP files are data, not code: they are read and solved in-process by
+SCIP (size-limited, its reader's complaints silenced). Results are cached by the SHA-256 of the
+program (with its input files) or LP text: both are deterministic (single-threaded SCIP, no clock
+or randomness), so judging a sample whose program the verifier already ran does not run it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trex.workloads.or_data.outcome import Outcome, outcome_from_run
+from trex.workloads.or_data.solve import STATUSES, descriptor_to_devnull, solve_lp_text_scip
+from trex.workloads.sandbox import Limits, Sandbox
+
+# Generated instances solve in well under a second; teachers' programs get the same room.
+DEFAULT_LIMITS = Limits(wall_s=30.0, cpu_s=30.0, memory_bytes=2 << 30)
+_CACHE_SIZE = 512
+MAX_LP_CHARS = 400_000
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """A program's outcome, or why it has none (`failure`: a sandbox failure kind or
+    `no_objective`)."""
+
+    outcome: Outcome | None
+    failure: str | None
+    detail: str
+    stdout: str
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is not None
+
+
+class ProgramRunner:
+    """Runs programs in a sandbox it owns (created on first use) and caches their outcomes.
+    `runs` counts programs actually executed, `hits` the answers served from the cache."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, isolation: str = "auto", hide: tuple[str, ...] = ()):
+        self.limits, self.isolation, self.hide = limits, isolation, hide
+        self._sandbox: Sandbox | None = None
+        self._cache: OrderedDict[str, ProgramRun] = OrderedDict()
+        self.runs = 0
+        self.hits = 0
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(self.limits, isolation=self.isolation, hide=self.hide)
+        return self._sandbox
+
+    def run(self, source: str, files: Mapping[str, str] | None = None) -> ProgramRun:
+        files = dict(files or {})
+        digest = hashlib.sha256("\0".join([source, *(f"{k}\0{v}" for k, v in sorted(files.items()))]).encode()).hexdigest()
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
+            self.hits += 1
+            return cached
+        execution = self.sandbox.run(source, files=files)
+        self.runs += 1
+        if execution.failure is not None:
+            result = ProgramRun(None, execution.failure.value, execution.detail, execution.stdout, execution.wall_s)
+        else:
+            outcome = outcome_from_run(execution.stdout, execution.solves)
+            failure = None if outcome is not None else "no_objective"
+            detail = "" if outcome is not None else "ran, but printed and solved no objective"
+            result = ProgramRun(outcome, failure, detail, execution.stdout, execution.wall_s)
+        self._remember(digest, result)
+        return result
+
+    def solve_lp(self, lp_text: str) -> ProgramRun:
+        """The outcome of an LP file (read and solved by SCIP in this process)."""
+        digest = "lp:" + hashlib.sha256(lp_text.encode()).hexdigest()
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        if len(lp_text) > MAX_LP_CHARS:
+            result = ProgramRun(None, "lp_too_large", f"the LP file has {len(lp_text)} characters, more than {MAX_LP_CHARS}", "")
+        else:
+            try:
+                with descriptor_to_devnull(2):
+                    solved = solve_lp_text_scip(lp_text)
+            except OSError as error:
+                result = ProgramRun(None, "lp_read_error", f"SCIP cannot read the LP file ({error})", "")
+            else:
+                if solved.status in STATUSES:
+                    result = ProgramRun(Outcome(solved.status, solved.objective), None, "", "")
+                else:
+                    result = ProgramRun(None, "lp_not_solved", f"SCIP ends with status {solved.solver_status}", "")
+        self._remember(digest, result)
+        return result
+
+    def _remember(self, digest: str, result: ProgramRun) -> None:
+        self._cache[digest] = result
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+    def __enter__(self) -> ProgramRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,197 @@
+"""Solving a `LinearModel` with SCIP (pyscipopt) in-process, and an LP file with SCIP or HiGHS.
+
+Statuses are normalized to `optimal`, `infeasible`, `unbounded` or `other` (time limit, numerical
+trouble). SCIP sometimes proves only "infeasible or unbounded" (presolve sees an unbounded ray
+before it has a feasible point); `solve_model` then re-solves with a zero objective, which
+settles it: feasible means unbounded.
+
+HiGHS is the second opinion: a different solver with its own LP-file parser, so an LP file both
+read to the same optimum is unlikely to be wrong in a way one reader forgives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from trex.workloads.or_data.linear_model import LinearModel
+
+STATUSES = ("optimal", "infeasible", "unbounded")
+
+# SCIP's defaults prove optimality to a zero gap; the limit only stops pathological instances.
+TIME_LIMIT_S = 20.0
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """A solver's verdict. `values` and `objective` are set when `status == "optimal"`."""
+
+    status: str  # optimal | infeasible | unbounded | other
+    objective: float | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    solver_status: str = ""  # the solver's own word, for reports
+
+
+def solve_model(model: LinearModel, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+    """Solve `model` with SCIP; see the module docstring for the status rules."""
+    result = _scip_solve(model, time_limit_s, with_objective=True)
+    if result.status == "infeasible_or_unbounded":
+        feasibility = _scip_solve(model, time_limit_s, with_objective=False)
+        status = {"optimal": "unbounded", "infeasible": "infeasible"}.get(feasibility.status, "other")
+        return SolveResult(status, solver_status=f"inforunbd; feasibility: {feasibility.solver_status}")
+    return result
+
+
+def _scip_solve(model: LinearModel, time_limit_s: float, *, with_objective: bool) -> SolveResult:
+    from pyscipopt import Model, quicksum
+
+    scip = Model(model.name)
+    scip.hideOutput()
+    scip.setParam("limits/time", time_limit_s)
+    scip.setParam("parallel/maxnthreads", 1)
+    kinds = {"continuous": "C", "integer": "I", "binary": "B"}
+    handles = {
+        variable.name: scip.addVar(name=variable.name, vtype=kinds[variable.kind], lb=variable.lower, ub=variable.upper)
+        for variable in model.variables
+    }
+    for row in model.rows:
+        expression = quicksum(coef * handles[name] for name, coef in row.terms)
+        if row.sense == "<=":
+            scip.addCons(expression <= row.rhs, name=row.name)
+        elif row.sense == ">=":
+            scip.addCons(expression >= row.rhs, name=row.name)
+        else:
+            scip.addCons(expression == row.rhs, name=row.name)
+    objective = quicksum(coef * handles[name] for name, coef in model.objective) if with_objective else 0
+    scip.setObjective(objective, sense=model.sense)
+    scip.optimize()
+    return _scip_result(scip, handles)
+
+
+def _scip_result(scip, handles: dict) -> SolveResult:
+    status = scip.getStatus()
+    if status == "optimal":
+        solution = scip.getBestSol()
+        values = {name: float(scip.getSolVal(solution, handle)) for name, handle in handles.items()}
+        return SolveResult("optimal", float(scip.getObjVal()), values, status)
+    if status in ("infeasible", "unbounded"):
+        return SolveResult(status, solver_status=status)
+    if status == "inforunbd":
+        return SolveResult("infeasible_or_unbounded", solver_status=status)
+    return SolveResult("other", solver_status=status)
+
+
+def solve_lp_text_scip(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+    """Read an LP file with SCIP's reader and solve it (values keyed by the file's names)."""
+    from pyscipopt import Model
+
+    with lp_file(lp_text) as path:
+        scip = Model()
+        scip.hideOutput()
+        scip.setParam("limits/time", time_limit_s)
+        scip.readProblem(path)
+    scip.optimize()
+    handles = {variable.name: variable for variable in scip.getVars()}
+    result = _scip_result(scip, handles)
+    if result.status == "infeasible_or_unbounded":
+        scip.freeTransform()
+        scip.setObjective(0, sense="minimize")
+        scip.optimize()
+        settled = {"optimal": "unbounded", "infeasible": "infeasible"}.get(scip.getStatus(), "other")
+        return SolveResult(settled, solver_status="inforunbd")
+    return result
+
+
+def solve_lp_text_highs(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+    """Read an LP file with HiGHS's reader and solve it: the independent second opinion."""
+    highs = _quiet_highs()
+    highs.setOptionValue("time_limit", time_limit_s)
+    highs.setOptionValue("threads", 1)
+    # HiGHS stops MIPs at a 0.01% gap by default; the comparison needs proven optima, as SCIP's
+    highs.setOptionValue("mip_rel_gap", 0.0)
+    highs.setOptionValue("mip_abs_gap", 0.0)
+    with lp_file(lp_text) as path:
+        read = highs.readModel(path)
+    import highspy
+
+    if read != highspy.HighsStatus.kOk:
+        return SolveResult("other", solver_status=f"HiGHS could not read the LP file ({read})")
+    highs.run()
+    status = highs.getModelStatus()
+    word = highs.modelStatusToString(status)
+    if status == highspy.HighsModelStatus.kOptimal:
+        names = list(highs.getLp().col_names_)
+        values = dict(zip(names, (float(v) for v in highs.getSolution().col_value), strict=True))
+        return SolveResult("optimal", float(highs.getInfo().objective_function_value), values, word)
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return SolveResult("infeasible", solver_status=word)
+    if status == highspy.HighsModelStatus.kUnbounded:
+        return SolveResult("unbounded", solver_status=word)
+    if status == highspy.HighsModelStatus.kUnboundedOrInfeasible:
+        highs.changeObjectiveSense(highspy.ObjSense.kMinimize)
+        lp = highs.getLp()
+        highs.changeColsCost(lp.num_col_, list(range(lp.num_col_)), [0.0] * lp.num_col_)
+        highs.run()
+        settled = highs.getModelStatus()
+        if settled == highspy.HighsModelStatus.kOptimal:
+            return SolveResult("unbounded", solver_status=word)
+        if settled == highspy.HighsModelStatus.kInfeasible:
+            return SolveResult("infeasible", solver_status=word)
+    return SolveResult("other", solver_status=word)
+
+
+_HIGHS_BANNER_SHOWN = False
+
+
+def _quiet_highs():
+    """A HiGHS instance with its output off. HiGHS prints a banner to the process's stdout the
+    first time one is created, which would land in the middle of a progress bar."""
+    global _HIGHS_BANNER_SHOWN
+    import highspy
+
+    if _HIGHS_BANNER_SHOWN:
+        highs = highspy.Highs()
+    else:
+        with _stdout_to_devnull():
+            highs = highspy.Highs()
+        _HIGHS_BANNER_SHOWN = True
+    highs.setOptionValue("output_flag", False)
+    return highs
+
+
+@contextlib.contextmanager
+def _stdout_to_devnull() -> Iterator[None]:
+    with descriptor_to_devnull(1):
+        yield
+
+
+@contextlib.contextmanager
+def descriptor_to_devnull(fd: int) -> Iterator[None]:
+    """Send what C code writes to `fd` (1: stdout, 2: stderr) to /dev/null meanwhile."""
+    import sys
+
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def lp_file(lp_text: str) -> Iterator[str]:
+    """A temporary file holding `lp_text` (solvers read LP files only from paths)."""
+    handle, path = tempfile.mkstemp(suffix=".lp", prefix="trex-or-data-")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(lp_text)
+        yield path
+    finally:
+        os.unlink(path)

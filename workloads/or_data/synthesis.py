@@ -1,0 +1,240 @@
+"""Running a whole synthesis: shards in a process pool, merged in order into the outputs.
+
+    synthesize(config, out_dir, n, workers=K, bench_dir=...)
+
+writes into `out_dir`:
+
+| file | what |
+| --- | --- |
+| manifest.json | the config; a second run with the same config resumes |
+| shards/shard-NNNNNN.jsonl | per-index results, one file per finished shard (the resumable state) |
+| sft.jsonl | the SFT samples (`records`), exactly `n` unless the run was stopped |
+| cpt.jsonl | `{"text": ...}` documents, one per SFT sample, same order |
+| decontamination.json | what the benchmark n-gram check found |
+| stats.json, stats.md | the statistics report (`stats`) |
+
+Shards are scheduled in index order, as many as the expected yield needs, and merged in index
+order as they finish (`merge`); the outputs are written once, at the end, through temporary
+files and renames. A kill loses only unfinished shards; a rerun reuses the finished ones, and
+`n` may grow between runs (more shards are made).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trex.errors import TrexError
+from trex.workloads.or_data.config import SynthConfig
+from trex.workloads.or_data.decontamination import BenchmarkIndex
+from trex.workloads.or_data.merge import Merger
+from trex.workloads.or_data.pipeline import ShardContext, synthesize_shard
+from trex.workloads.or_data.shards import ShardStore, open_manifest
+from trex.workloads.or_data.stats import build_stats, stats_markdown, token_counter
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    out_dir: Path
+    stats: dict[str, Any]
+    shards_made: int  # by this invocation
+    shards_reused: int
+    wall_s: float
+
+
+_worker_context: ShardContext | None = None
+
+
+def _init_worker(config_json: dict, hide: tuple[str, ...]) -> None:
+    global _worker_context
+    config = SynthConfig.from_json(config_json)
+    if any(spec.kind == "transformers" for spec in (*config.teachers, config.reflection) if spec is not None):
+        import torch
+
+        torch.set_num_threads(1)  # a local model must not take every core in every worker
+    _worker_context = ShardContext(config, hide=hide)
+
+
+def _worker_shard(start: int, stop: int) -> list[dict[str, Any]]:
+    assert _worker_context is not None
+    return synthesize_shard(range(start, stop), _worker_context)
+
+
+def synthesize(
+    config: SynthConfig,
+    out_dir: str | os.PathLike,
+    n: int,
+    *,
+    workers: int = 1,
+    bench_dir: str | os.PathLike | None = None,
+    tokenizer_dir: str | None = None,
+    progress: bool = True,
+    teachers: Sequence | None = None,
+    judge=None,
+    max_shards: int | None = None,
+) -> SynthesisResult:
+    """Make (or finish) the run in `out_dir`; see the module docstring.
+
+    `teachers`/`judge` are prebuilt objects for an in-process run (`workers=1`); with more
+    workers each process builds its own from the config. `bench_dir=None` skips
+    decontamination (the stats say so). `max_shards` stops after making that many shards (for
+    benchmarks and tests), leaving a resumable run.
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if (teachers is not None or judge is not None) and workers != 1:
+        raise ValueError("prebuilt teachers or judges run in-process only: use workers=1, or teacher specs in the config")
+    started = time.monotonic()
+    root = Path(out_dir)
+    open_manifest(root, config.identity())
+    store = ShardStore(root, config.shard_size)
+    store.clean_temporaries()
+    benchmarks = BenchmarkIndex.from_dir(bench_dir, config.ngram) if bench_dir is not None else None
+    merger = Merger(n, benchmarks, config.near_duplicate)
+    hide = tuple(str(path) for path in (root, bench_dir) if path is not None)
+    bar = _progress_bar(n, progress)
+    made, reused = 0, 0
+    try:
+        next_shard = 0
+        while not merger.full and store.done(next_shard):  # what earlier runs finished
+            merger.feed(store.read(next_shard))
+            next_shard, reused = next_shard + 1, reused + 1
+        _advance(bar, merger)
+        if not merger.full and (max_shards is None or max_shards > 0):
+            made = _make_shards(config, store, merger, next_shard, workers, teachers, judge, hide, bar, max_shards)
+    finally:
+        if bar is not None:
+            bar.close()
+    if merger.full:
+        stats = _write_outputs(root, merger, tokenizer_dir, benchmarks)
+    else:
+        count, name = token_counter(tokenizer_dir)
+        stats = build_stats(merger, count, name)
+    return SynthesisResult(root, stats, made, reused, time.monotonic() - started)
+
+
+def _make_shards(config, store, merger, first, workers, teachers, judge, hide, bar, max_shards) -> int:
+    """Make shards from `first` on until the merger is full; returns how many were made."""
+    finished: dict[int, list[dict[str, Any]]] = {}
+    next_merge, next_submit, made = first, first, 0
+
+    def yield_rate() -> float:
+        return len(merger.sft) / merger.seen_indices if merger.seen_indices else 1.0
+
+    def wanted() -> bool:
+        if max_shards is not None and next_submit - first >= max_shards:
+            return False
+        in_flight = next_submit - next_merge
+        expected = len(merger.sft) + in_flight * config.shard_size * max(0.2, yield_rate())
+        return expected < merger.n
+
+    def absorb(shard: int, results: list[dict[str, Any]]) -> None:
+        nonlocal next_merge
+        finished[shard] = results
+        while next_merge in finished and not merger.full:
+            merger.feed(finished.pop(next_merge))
+            next_merge += 1
+        _advance(bar, merger)
+
+    if workers == 1:
+        context = ShardContext(config, teachers=teachers, judge=judge, hide=hide)
+        try:
+            while not merger.full and wanted():
+                shard = next_submit
+                next_submit += 1
+                results = store.read(shard) if store.done(shard) else synthesize_shard(store.indices(shard), context)
+                if not store.done(shard):
+                    store.write(shard, results)
+                    made += 1
+                absorb(shard, results)
+        finally:
+            context.close()
+        return made
+
+    spawn = multiprocessing.get_context("spawn")  # no forked copies of solver or torch state
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(config.to_json(), hide))
+    pending: dict[Future, int] = {}
+    try:
+        while not merger.full:
+            while wanted() and len(pending) < 2 * workers:
+                shard = next_submit
+                next_submit += 1
+                if store.done(shard):
+                    absorb(shard, store.read(shard))
+                    continue
+                indices = store.indices(shard)
+                pending[pool.submit(_worker_shard, indices.start, indices.stop)] = shard
+            if not pending:
+                break
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                shard = pending.pop(future)
+                try:
+                    results = future.result()
+                except BrokenProcessPool:
+                    raise TrexError(
+                        f"a worker process died while making shard {shard} (out of memory, or killed); the {made} shards "
+                        "finished by this run are kept: run the same command again to resume"
+                    ) from None
+                store.write(shard, results)
+                made += 1
+                absorb(shard, results)
+    finally:
+        pool.shutdown(wait=not pending, cancel_futures=True)
+    return made
+
+
+def _write_outputs(root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None) -> dict[str, Any]:
+    _write_jsonl(root / "sft.jsonl", merger.sft)
+    _write_jsonl(root / "cpt.jsonl", merger.cpt)
+    report = merger.contamination.to_json()
+    report["benchmarks"] = {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
+    _write_text(root / "decontamination.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    count, name = token_counter(tokenizer_dir)
+    stats = build_stats(merger, count, name)
+    if benchmarks is None:
+        stats["decontamination"]["skipped"] = True
+    _write_text(root / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
+    _write_text(root / "stats.md", stats_markdown(stats))
+    return stats
+
+
+def _write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    _write_text(path, "".join(json.dumps(record, ensure_ascii=False, sort_keys=True) + "\n" for record in records))
+
+
+def _write_text(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="or-data", unit="sample", file=sys.stderr, dynamic_ncols=True)
+
+
+def _advance(bar, merger: Merger) -> None:
+    if bar is None:
+        return
+    bar.n = len(merger.sft)
+    rejected = sum(merger.rejected.values()) + sum(merger.removed.values())
+    bar.set_postfix(indices=merger.seen_indices, rejected=rejected, refresh=False)
+    bar.refresh()

@@ -1,0 +1,117 @@
+"""Verifying one generated instance in all its representations.
+
+`verify_problem` runs these checks, in this order, and stops at the first that fails:
+
+| check | what holds afterwards |
+| --- | --- |
+| structure | the mathematical model's variable and constraint families, expanded over their sets, have the LP model's counts |
+| solve | SCIP (in-process) reaches the status the instance was built to have |
+| solution | optimal: every bound, integrality and row re-evaluated on SCIP's values, the objective recomputed from them and equal to SCIP's |
+| dual / farkas / ray | a certificate checked without the solver: LP duality proves an LP optimum (pure LPs), a Farkas combination proves infeasibility, a feasible point plus an integral improving direction proves unboundedness |
+| lp_scip, lp_highs | the LP file, read back by SCIP and by HiGHS (independent reader), reaches the same outcome |
+| program | the pyscipopt program, run in the sandbox, prints the same outcome |
+
+MIP optima are proven by SCIP (zero gap) and confirmed by HiGHS at zero gap; they carry no
+independent optimality certificate.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from trex.workloads.or_data.certificates import OPTIMALITY_TOL, Certificate, check_solution, find_dual, find_farkas, find_ray
+from trex.workloads.or_data.families.base import Family
+from trex.workloads.or_data.linear_model import LinearModel
+from trex.workloads.or_data.lp_format import write_lp
+from trex.workloads.or_data.math_model import MathModel, check_structure
+from trex.workloads.or_data.outcome import Outcome
+from trex.workloads.or_data.program_runner import ProgramRunner
+from trex.workloads.or_data.solve import SolveResult, solve_lp_text_highs, solve_lp_text_scip, solve_model
+
+CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
+
+
+class VerificationFailed(Exception):
+    """An instance failed a check; `check` names it (one of `CHECKS`)."""
+
+    def __init__(self, check: str, detail: str):
+        super().__init__(f"{check}: {detail}")
+        self.check, self.detail = check, detail
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A generated instance with its verified representations and answer."""
+
+    family: Family
+    data: Any
+    status: str
+    note: str
+    model: LinearModel
+    math: MathModel
+    lp: str
+    program: str
+    outcome: Outcome
+    values: dict[str, float] = field(default_factory=dict)
+    certificate: Certificate | None = None
+    checks: tuple[str, ...] = ()
+
+    def statement(self, rng: random.Random) -> str:
+        return self.family.statement(self.data, rng)
+
+    def decisions(self) -> list[str]:
+        return self.family.decisions(self.data, self.values) if self.status == "optimal" else []
+
+
+def _same(result: SolveResult, truth: Outcome) -> bool:
+    return Outcome(result.status, result.objective).matches(truth)
+
+
+def verify_problem(family: Family, data: Any, status: str, note: str, runner: ProgramRunner) -> Problem:
+    """Run every check of the module docstring; raise `VerificationFailed` at the first failure."""
+    model = family.linear_model(data)
+    math = family.math_model(data)
+    structure = check_structure(math, model)
+    if not structure.ok:
+        raise VerificationFailed("structure", "; ".join(structure.problems))
+
+    result = solve_model(model)
+    if result.status != status:
+        raise VerificationFailed("solve", f"built to be {status}, SCIP says {result.status} ({result.solver_status})")
+
+    values: dict[str, float] = {}
+    if status == "optimal":
+        solution = check_solution(model, result.values)
+        if not solution.feasible:
+            raise VerificationFailed("solution", "; ".join(solution.violations[:3]))
+        assert result.objective is not None
+        if abs(solution.objective - result.objective) > OPTIMALITY_TOL * (1 + abs(result.objective)):
+            raise VerificationFailed("solution", f"objective recomputed from the values is {solution.objective!r}, SCIP reports {result.objective!r}")
+        values = solution.values
+        outcome = Outcome("optimal", solution.objective)
+        certificate = find_dual(model, solution.objective) if not model.is_mip else None
+        if not model.is_mip and certificate is None:
+            raise VerificationFailed("certificate", "no LP dual solution proves the optimum")
+    else:
+        outcome = Outcome(status)
+        certificate = find_farkas(model) if status == "infeasible" else find_ray(model)
+        if certificate is None:
+            what = "Farkas combination proving infeasibility" if status == "infeasible" else "feasible point and improving ray"
+            raise VerificationFailed("certificate", f"no checked {what}")
+
+    lp = write_lp(model)
+    for check, solve_lp in (("lp_scip", solve_lp_text_scip), ("lp_highs", solve_lp_text_highs)):
+        read_back = solve_lp(lp)
+        if not _same(read_back, outcome):
+            raise VerificationFailed(check, f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}")
+
+    program = family.program(data)
+    run = runner.run(program)
+    if run.outcome is None or not run.outcome.matches(outcome):
+        said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"
+        raise VerificationFailed("program", f"the program reports {said}, expected {outcome.text()}; stdout tail: {run.stdout[-300:]!r}")
+
+    checks = ("structure", "solve", "solution" if status == "optimal" else "", certificate.kind if certificate else "", "lp_scip", "lp_highs", "program")
+    return Problem(family, data, status, note, model, math, lp, program, outcome, values, certificate, tuple(c for c in checks if c))
