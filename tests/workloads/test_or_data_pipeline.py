@@ -181,21 +181,48 @@ def _synth(out: Path, workers: int, hash_seed: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_a_killed_run_resumes_to_the_same_output_as_an_uninterrupted_one(tmp_path):
-    """Run A: two workers, uninterrupted. Run B: one worker, another hash seed, SIGKILLed after
-    its first shard, then started again. Same seed, so the outputs must match byte for byte."""
-    reference = _synth(tmp_path / "a", 2, "1")
-    interrupted = _synth(tmp_path / "b", 1, "2")
+    """Run A: one worker, uninterrupted. Run B: two worker processes, another hash seed, its main
+    process SIGKILLed after the first shard (the workers must then end by themselves), then
+    started again. Same seed, so the outputs must match byte for byte."""
+    reference = _synth(tmp_path / "a", 1, "1")
+    interrupted = _synth(tmp_path / "b", 2, "2")
     shards = tmp_path / "b" / "shards"
     deadline = time.monotonic() + 120
     while not (shards.is_dir() and list(shards.glob("shard-*.jsonl"))) and time.monotonic() < deadline:
         assert interrupted.poll() is None, interrupted.communicate()[1]
         time.sleep(0.05)
-    os.killpg(interrupted.pid, signal.SIGKILL)
+    workers = _children(interrupted.pid)
+    os.kill(interrupted.pid, signal.SIGKILL)
     interrupted.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert workers and not any(_alive(pid) for pid in workers), "orphaned workers kept running"
     kept = sorted(path.name for path in shards.glob("shard-*.jsonl"))
     assert kept and not (tmp_path / "b" / "sft.jsonl").exists()
-    resumed = _synth(tmp_path / "b", 1, "3")
+    resumed = _synth(tmp_path / "b", 2, "3")
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     summary = json.loads(out)

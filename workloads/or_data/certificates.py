@@ -12,7 +12,8 @@
   row satisfied and improves the objective; both are checked, the direction in exact rationals.
 
 Solvers are still used to *find* multipliers and directions (`find_*`: small auxiliary LPs);
-only the checks decide. Tolerances are absolute-plus-relative, `FEASIBILITY_TOL * (1 + |rhs|)`.
+only the checks decide. Row tolerances are absolute-plus-relative to the row's scale,
+`FEASIBILITY_TOL * (1 + max(|rhs|, |coef * value| over its terms))`, as solvers measure them.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def check_solution(model: LinearModel, values: Mapping[str, float]) -> SolutionC
         polished[variable.name] = value
     for row in model.rows:
         activity = row.activity(polished)
-        slack = FEASIBILITY_TOL * (1 + abs(row.rhs))
+        # relative to the row's scale, as solvers measure it: a row 20 x - 20 y <= 0 may be off by 2e-5
+        scale = max([abs(row.rhs), *(abs(coef * polished[name]) for name, coef in row.terms)], default=0.0)
+        slack = FEASIBILITY_TOL * (1 + scale)
         broken = (
             (row.sense == "<=" and activity > row.rhs + slack)
             or (row.sense == ">=" and activity < row.rhs - slack)

@@ -4,8 +4,8 @@ A `Judge` reviews a batch of (task, rewritten answer, agreement check) and retur
 per answer. Judges combine with `JudgePanel` (every member must pass).
 
 - `ProgrammaticJudge` re-solves and checks structure: the answer's sections follow the style's
-  layout; the LP file or program re-solves (in the sandbox; LP files also with HiGHS) to the
-  verified outcome; the stated final line matches what was reached; the LP file has the ground
+  layout; the program (run in the sandbox) or LP file (solved by SCIP, and again by HiGHS)
+  reaches the verified outcome; the stated final line matches what was reached; the LP file has the ground
   truth's number of variables and integer variables; programs parse, use pyscipopt, solve, and
   print the objective marker; a repair changes the buggy program; a what-if compares the old and
   new optimum; a decision lists decisions.

@@ -10,6 +10,7 @@ unbounded problem infeasible is wrong here. Objectives compare under the evaluat
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,16 @@ class Outcome:
 
     def to_json(self) -> dict:
         return {"status": self.status, "objective": self.objective}
+
+
+def tidy_objective(value: float) -> float:
+    """The simplest fraction (denominator at most 1000) within 1e-9 (relative) of `value`, else
+    `value`: floating-point residue such as 267.50000000000006 becomes 267.5; any value that
+    differs from a simple fraction by more than rounding error keeps every digit."""
+    simple = Fraction(value).limit_denominator(1000)
+    if abs(float(simple) - value) <= 1e-9 * (abs(value) + 1):
+        return float(simple)
+    return value
 
 
 def format_objective(value: float) -> str:

@@ -9,9 +9,12 @@
         DtaPipeline.run          teachers, agreement, rewrite, judge, selection
         sft_record, cpt_document the output records
 
-Each index yields one `IndexResult`: emitted (with its SFT record and CPT document) or rejected
-(with the stage that rejected it). Everything about a sample is a function of (seed, index), so a
-shard computed twice, by any worker, is the same.
+Each index yields one result, the JSON object its shard file stores: the plan (`index`, `family`,
+`planned_status`, `category`, `variant`, `fallback`), `result` ("emitted" or "rejected"), `stage`
+(the check or step that rejected it: one of `verify.CHECKS`, "error" or "selection"), `detail`,
+`seconds`, the DTA `signal`, and when emitted `sft` (the record) and `cpt` (the document).
+Everything but `seconds` is a function of (seed, index), so a shard computed twice, by any
+worker, is the same.
 """
 
 from __future__ import annotations

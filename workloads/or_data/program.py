@@ -85,9 +85,9 @@ model.optimize()
 
 
 def show(label, var):
-    value = model.getVal(var)
-    if abs(value) > 1e-6:
-        print(f"{{label}} = {{value:.10g}}")
+    level = model.getVal(var)
+    if abs(level) > 1e-6:
+        print(f"{{label}} = {{level:.10g}}")
 
 
 status = model.getStatus()

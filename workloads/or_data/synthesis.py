@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -56,12 +57,26 @@ _worker_context: ShardContext | None = None
 
 def _init_worker(config_json: dict, hide: tuple[str, ...]) -> None:
     global _worker_context
+    _exit_with_parent(os.getppid())
     config = SynthConfig.from_json(config_json)
     if any(spec.kind == "transformers" for spec in (*config.teachers, config.reflection) if spec is not None):
         import torch
 
         torch.set_num_threads(1)  # a local model must not take every core in every worker
     _worker_context = ShardContext(config, hide=hide)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A killed run must not leave its workers behind: pool workers of a parent killed by a
+    signal keep running (and then wait forever for work); this thread ends the worker once it
+    has been re-parented."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _worker_shard(start: int, stop: int) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@
 | --- | --- |
 | structure | the mathematical model's variable and constraint families, expanded over their sets, have the LP model's counts |
 | solve | SCIP (in-process) reaches the status the instance was built to have |
-| solution | optimal: every bound, integrality and row re-evaluated on SCIP's values, the objective recomputed from them and equal to SCIP's |
+| solution | optimal: every bound, integrality and row re-evaluated on SCIP's values (for a MIP, integers rounded and the continuous part re-solved onto an exact vertex, `solve.polish`), the objective recomputed from them and equal to SCIP's |
 | dual / farkas / ray | a certificate checked without the solver: LP duality proves an LP optimum (pure LPs), a Farkas combination proves infeasibility, a feasible point plus an integral improving direction proves unboundedness |
 | lp_scip, lp_highs | the LP file, read back by SCIP and by HiGHS (independent reader), reaches the same outcome |
 | program | the pyscipopt program, run in the sandbox, prints the same outcome |
@@ -26,9 +26,9 @@ from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.lp_format import write_lp
 from trex.workloads.or_data.math_model import MathModel, check_structure
-from trex.workloads.or_data.outcome import Outcome
+from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
-from trex.workloads.or_data.solve import SolveResult, solve_lp_text_highs, solve_lp_text_scip, solve_model
+from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_lp_text_scip, solve_model
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
 
@@ -83,14 +83,19 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
 
     values: dict[str, float] = {}
     if status == "optimal":
-        solution = check_solution(model, result.values)
+        found = result.values
+        if model.is_mip and not all(variable.integral for variable in model.variables):
+            polished = polish(model, found)
+            if polished.status == "optimal":
+                found = polished.values
+        solution = check_solution(model, found)
         if not solution.feasible:
             raise VerificationFailed("solution", "; ".join(solution.violations[:3]))
         assert result.objective is not None
         if abs(solution.objective - result.objective) > OPTIMALITY_TOL * (1 + abs(result.objective)):
             raise VerificationFailed("solution", f"objective recomputed from the values is {solution.objective!r}, SCIP reports {result.objective!r}")
         values = solution.values
-        outcome = Outcome("optimal", solution.objective)
+        outcome = Outcome("optimal", tidy_objective(solution.objective))
         certificate = find_dual(model, solution.objective) if not model.is_mip else None
         if not model.is_mip and certificate is None:
             raise VerificationFailed("certificate", "no LP dual solution proves the optimum")

@@ -104,8 +104,9 @@ class ShiftScheduling(Family):
             p = pick(rng, periods)
             covering = [shift for shift, worked in covers.items() if p in worked]
             limit = {shift: float(max(1, int(need[p] / len(covering) * rng.uniform(0.4, 0.8)))) for shift in covering}
-            data = replace(data, cap={**cap, **limit})
             total = sum(limit.values())
+            need = {**need, p: max(need[p], total + rng.randint(1, 4))}  # small needs: the caps alone would cover them
+            data = replace(data, cap={**cap, **limit}, need=need)
             note = f"{p} needs {number(need[p])} {sc.staff[1]}, but the shifts that work then ({join(covering)}) may hold at most {number(total)} {sc.staff[1]} together"
             return Generated(data, "infeasible", note)
         return Generated(data, "optimal")

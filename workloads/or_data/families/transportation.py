@@ -213,7 +213,7 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
             f"{capitalize(data.company)} ships {sc.commodity} from {len(data.sources)} {sc.source[1]} ({join(data.sources, rng)}) to {len(data.destinations)} {sc.destination[1]} ({join(data.destinations, rng)}).",
             f"{capitalize(data.company)} has to plan next week's deliveries of {sc.commodity}. It owns {len(data.sources)} {sc.source[1]}, namely {join(data.sources, rng)}, and serves the {sc.destination[1]} {join(data.destinations, rng)}.",
             f"The logistics team at {data.company} decides how many {unit} of {sc.commodity} to send from each of its {sc.source[1]} to each {sc.destination[0]} it serves: {join(data.destinations, rng)}. The {sc.source[1]} are {join(data.sources, rng)}.",
-            f"Consider a distribution network run by {data.company}: {sc.commodity} leaves {len(data.sources)} {sc.source[1]} and must reach {len(data.destinations)} {sc.destination[1]}.",
+            f"Consider a distribution network run by {data.company}: {len(data.sources)} {sc.source[1]} ship {sc.commodity} to {len(data.destinations)} {sc.destination[1]}.",
         )))
         statement.add(present(
             rng,
