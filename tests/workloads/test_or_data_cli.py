@@ -71,3 +71,21 @@ def test_user_errors_exit_2_with_what_to_do(tmp_path, capsys, arguments, message
 def test_resuming_with_another_seed_is_refused(finished, capsys):
     assert main(["data", "synth", "--n", "4", "--out", str(finished), "--seed", "3", "--shard-size", "2", "--no-progress", "--no-decontaminate", "--isolation", "process"]) == 2
     assert "seed" in capsys.readouterr().err
+
+
+def test_endpoint_teacher_and_reflection_judge_are_built_from_the_command_line(tmp_path, capsys):
+    from workload_helpers import FakeOpenAIServer
+
+    server = FakeOpenAIServer(respond=lambda prompt: "VERDICT: PASS" if "VERDICT" in prompt else "I would need more time.")
+    try:
+        code = main(["data", "synth", "--n", "2", "--out", str(tmp_path), "--shard-size", "2", "--no-progress", "--no-decontaminate",
+                     "--isolation", "process", "--teacher-openai", server.url, "tiny", "--judge-openai", server.url, "judge", "--json"])
+    finally:
+        server.stop()
+    assert code == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["dta_signals"] == {"contested": 2}  # the endpoint wrote no program; the verified answer is kept
+    prompts = [request["messages"][-1]["content"] for request in server.requests]
+    assert sum("VERDICT" in prompt for prompt in prompts) == 2  # the judge reviewed the two passing answers only
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [teacher["name"] for teacher in manifest["config"]["teachers"]] == ["programmatic", "openai-1"]

@@ -123,3 +123,18 @@ def test_verification_fails_when_the_status_is_not_the_one_built_for(runner):
     with pytest.raises(VerificationFailed) as failure:
         verify_problem(FAMILIES["knapsack"], made.data, "infeasible", "", runner)
     assert failure.value.check == "solve"
+
+
+@pytest.mark.parametrize(("name", "status"), [(name, "optimal") for name in NAMES] + NON_OPTIMAL)
+def test_generators_reach_the_status_they_are_built_for_across_seeds(name, status):
+    from trex.workloads.or_data.solve import solve_model
+
+    family = FAMILIES[name]
+    statuses = [solve_model(family.linear_model(family.generate(stream(seed, 0, f"sweep:{status}"), status).data)).status for seed in range(12)]
+    assert statuses == [status] * 12
+
+
+def test_infeasible_allocation_minimums_exceed_the_budget_after_rounding():
+    # regression (10k run, index 6939): flooring the forced minimums brought them back to the budget
+    made = FAMILIES["resource_allocation"].generate(stream(0, 6939, "data"), "infeasible")
+    assert sum(made.data.minimum.values()) > made.data.budget

@@ -112,6 +112,8 @@ class ResourceAllocation(Family):
             while sum(forced.values()) <= budget:
                 forced = {n: v * 1.2 for n, v in forced.items()}
             forced = {n: float(int(v)) for n, v in forced.items()}
+            first = next(iter(forced))
+            forced[first] += max(0.0, budget - sum(forced.values()) + 1)  # flooring may have closed the gap
             data = replace(data, minimum=forced, maximum={n: v for n, v in data.maximum.items() if n not in forced}, hours=None, effort={})
             note = f"the minimum amounts for {join(list(forced))} add up to {number(sum(forced.values()))} {sc.unit}, more than the budget of {number(budget)}"
             return Generated(data, "infeasible", note)
