@@ -7,6 +7,7 @@ import json
 import pytest
 
 from trex.cli import main
+from trex.errors import TrexError
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,17 @@ def test_endpoint_teacher_and_reflection_judge_are_built_from_the_command_line(t
     assert sum("VERDICT" in prompt for prompt in prompts) == 2  # the judge reviewed the two passing answers only
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert [teacher["name"] for teacher in manifest["config"]["teachers"]] == ["programmatic", "openai-1"]
+
+
+def test_api_keys_come_from_the_environment_and_are_never_stored(tmp_path, monkeypatch, capsys):
+    from trex.workloads.or_data.config import TeacherSpec
+
+    monkeypatch.setenv("TREX_TEST_TEACHER_KEY", "s3cret-key")
+    spec = TeacherSpec("openai", "t", {"base_url": "http://127.0.0.1:9", "model": "m", "api_key_env": "TREX_TEST_TEACHER_KEY"})
+    assert spec.client().api_key == "s3cret-key"  # read when a worker builds the client
+    main(["data", "synth", "--n", "1", "--out", str(tmp_path), "--no-progress", "--no-decontaminate", "--max-shards", "0",
+          "--teacher-openai", "http://127.0.0.1:9", "m", "--api-key-env", "TREX_TEST_TEACHER_KEY"])
+    manifest = (tmp_path / "manifest.json").read_text()
+    assert "TREX_TEST_TEACHER_KEY" in manifest and "s3cret-key" not in manifest
+    with pytest.raises(TrexError, match="api_key_env"):
+        TeacherSpec("openai", "t", {"base_url": "http://x", "model": "m", "api_key": "s3cret-key"})

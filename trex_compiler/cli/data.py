@@ -102,11 +102,9 @@ def _config(args: argparse.Namespace):
 
     families = tuple(name.strip() for name in args.families.split(",")) if args.families else tuple(FAMILIES)
     teachers = [] if args.no_programmatic else [PROGRAMMATIC_TEACHER]
-    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    key_variable = {"api_key_env": args.api_key_env} if args.api_key_env else {}
     for number, (url, model) in enumerate(args.teacher_openai, start=1):
-        options = {"base_url": url, "model": model, "temperature": args.temperature, "max_tokens": args.max_tokens, "seed": args.seed}
-        if api_key:
-            options["api_key"] = api_key
+        options = {"base_url": url, "model": model, "temperature": args.temperature, "max_tokens": args.max_tokens, "seed": args.seed, **key_variable}
         teachers.append(TeacherSpec("openai", f"openai-{number}", options))
     for number, path in enumerate(args.teacher_transformers, start=1):
         options = {"model_path": path, "compile": not args.no_compile, "temperature": args.temperature, "max_new_tokens": args.max_tokens, "seed": args.seed}
@@ -117,7 +115,7 @@ def _config(args: argparse.Namespace):
     if args.judge_openai and args.judge_transformers:
         raise TrexError("give one reflection judge: --judge-openai or --judge-transformers")
     if args.judge_openai:
-        reflection = TeacherSpec("openai", "reflection", {"base_url": args.judge_openai[0], "model": args.judge_openai[1], "max_tokens": 512, **({"api_key": api_key} if api_key else {})})
+        reflection = TeacherSpec("openai", "reflection", {"base_url": args.judge_openai[0], "model": args.judge_openai[1], "max_tokens": 512, **key_variable})
     elif args.judge_transformers:
         reflection = TeacherSpec("transformers", "reflection", {"model_path": args.judge_transformers, "compile": not args.no_compile, "max_new_tokens": 256})
     try:

@@ -22,9 +22,11 @@ TEACHER_KINDS = ("programmatic", "openai", "transformers")
 class TeacherSpec:
     """A teacher (or reflection judge) to build: `kind` with its client `options`.
 
-    openai: base_url, model, and optionally api, temperature, top_p, max_tokens, api_key, timeout_s,
-    max_retries, concurrency, seed. transformers: model_path, and optionally compile, target,
-    backend, max_new_tokens, temperature, batch_size, seed, dtype.
+    openai: base_url, model, and optionally api, temperature, top_p, max_tokens, api_key_env (the
+    environment variable holding the key: specs are stored in the manifest and sent to worker
+    processes, keys never are), timeout_s, max_retries, concurrency, seed. transformers:
+    model_path, and optionally compile, target, backend, max_new_tokens, temperature, batch_size,
+    seed, dtype.
     """
 
     kind: str
@@ -34,14 +36,20 @@ class TeacherSpec:
     def __post_init__(self) -> None:
         if self.kind not in TEACHER_KINDS:
             raise TrexError(f"unknown teacher kind {self.kind!r}; valid: {', '.join(TEACHER_KINDS)}")
+        if "api_key" in self.options:
+            raise TrexError("a teacher spec names the environment variable of its API key (api_key_env), never the key")
 
     def client(self):
         """The OR-evaluator client this spec describes (openai and transformers kinds)."""
         options = dict(self.options)
         if self.kind == "openai":
+            import os
+
             from trex.workloads.or_eval.clients import OpenAIClient
 
-            return OpenAIClient(options.pop("base_url"), options.pop("model"), **options)
+            key_variable = options.pop("api_key_env", None)
+            api_key = os.environ.get(key_variable) if key_variable else None
+            return OpenAIClient(options.pop("base_url"), options.pop("model"), api_key=api_key, **options)
         if self.kind == "transformers":
             from trex.workloads.or_eval.clients.local import TransformersClient
 
@@ -56,8 +64,7 @@ class TeacherSpec:
         return ClientTeacher(self.name, self.client())
 
     def to_json(self) -> dict:
-        options = {key: value for key, value in self.options.items() if key != "api_key"}  # never stored
-        return {"kind": self.kind, "name": self.name, "options": options}
+        return {"kind": self.kind, "name": self.name, "options": dict(self.options)}
 
 
 PROGRAMMATIC_TEACHER = TeacherSpec("programmatic", "programmatic")
