@@ -233,3 +233,17 @@ def test_a_killed_run_resumes_to_the_same_output_as_an_uninterrupted_one(tmp_pat
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     ids = [record["meta"]["index"] for record in records(tmp_path / "b" / "sft.jsonl")]
     assert len(ids) == len(set(ids)) == 16 and ids == sorted(ids)
+
+
+def test_a_config_travels_to_worker_processes_unchanged():
+    from trex.workloads.or_data.config import PROGRAMMATIC_TEACHER, TeacherSpec
+    from trex.workloads.or_data.selection import SelectionPolicy
+
+    config = SynthConfig(
+        seed=5, families=("knapsack", "lot_sizing"), shard_size=7,
+        teachers=(PROGRAMMATIC_TEACHER, TeacherSpec("openai", "openai-1", {"base_url": "http://h:1", "model": "m", "api_key_env": "K"})),
+        reflection=TeacherSpec("transformers", "reflection", {"model_path": "/models/judge"}),
+        policy=SelectionPolicy(keep_unanimous=0.25, prefer=("openai-1",)), isolation="process",
+    )
+    assert SynthConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    assert "isolation" not in config.identity()
