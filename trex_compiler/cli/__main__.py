@@ -1,0 +1,5 @@
+import sys
+
+from trex.cli import main
+
+sys.exit(main())
