@@ -107,28 +107,34 @@ class _Handler(BaseHTTPRequestHandler):
             server.requests.append({"path": self.path, **body})
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        # The request stops counting as in flight *before* its response is
+        # written: once the client has read the response it may start its next
+        # request at once, and counting after the write would race with that
+        # and report one request too many in flight.
         try:
-            action = server.next_action()
-            if isinstance(action, int):
-                headers = {"Retry-After": str(server.retry_after)} if server.retry_after is not None else {}
-                self._send(action, b'{"error": "scripted"}', headers)
-                return
-            if action == "garbage":
-                self._send(200, b"<html>not json</html>")
-                return
-            time.sleep(action if isinstance(action, float) else server.delay)
-            if self.path == "/v1/chat/completions":
-                prompt = body["messages"][-1]["content"]
-                choice = {"message": {"role": "assistant", "content": server.respond(prompt)}}
-            elif self.path == "/v1/completions":
-                choice = {"text": server.respond(body["prompt"])}
-            else:
-                self._send(404, b"{}")
-                return
-            try:
-                self._send(200, json.dumps({"choices": [choice]}).encode())
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up on this request (timeout test)
+            status, payload, headers = self._respond_to(body)
         finally:
             with server.lock:
                 server.in_flight -= 1
+        try:
+            self._send(status, payload, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on this request (timeout test)
+
+    def _respond_to(self, body: dict) -> tuple[int, bytes, dict]:
+        server = self.server
+        action = server.next_action()
+        if isinstance(action, int):
+            headers = {"Retry-After": str(server.retry_after)} if server.retry_after is not None else {}
+            return action, b'{"error": "scripted"}', headers
+        if action == "garbage":
+            return 200, b"<html>not json</html>", {}
+        time.sleep(action if isinstance(action, float) else server.delay)
+        if self.path == "/v1/chat/completions":
+            prompt = body["messages"][-1]["content"]
+            choice = {"message": {"role": "assistant", "content": server.respond(prompt)}}
+        elif self.path == "/v1/completions":
+            choice = {"text": server.respond(body["prompt"])}
+        else:
+            return 404, b"{}", {}
+        return 200, json.dumps({"choices": [choice]}).encode(), {}
