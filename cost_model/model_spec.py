@@ -510,7 +510,7 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
         b.linears.append(Linear(f"{name}.hc_fn", hc * hidden, mix, "sequence", tag="", fp8=False))
         b.pointwise.append(Pointwise(f"{name}.hc_post", (hc * hidden + hidden + hc * hidden) * A, 3))
         b.saved.append(Saved(f"{name}.streams", hc * hidden * A))
-        b.extra_params += hc * hidden * mix + mix + 3
+        b.extra_params += mix + 3  # hc_base and hc_scale; the hc_fn projection is the Linear above
 
     def layer(index: int, kind_override: str | None = None) -> LayerSpec:
         attn_type = layer_types[index]
@@ -683,9 +683,10 @@ def get_model_spec(name_or_path: str | Path) -> ModelSpec:
     key = str(name_or_path)
     if key in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[key]()
-    from trex.models import FULL_SIZE_MODELS, load_config
+    from trex.models import load_config
+    from trex.models import model_names as transformers_names
 
-    if key in FULL_SIZE_MODELS:
+    if key in transformers_names():  # full-size configurations and the tiny test ones
         return spec_from_config(load_config(key), key)
     path = Path(key)
     if path.suffix == ".json" or path.is_dir() or path.exists():

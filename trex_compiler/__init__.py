@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "PassContext": "trex.pass_manager",
     "PassResult": "trex.pass_manager",
     "explain": "trex.cost_model.explain",
+    "Plan": "trex.plan",
+    "plan_parallel": "trex.passes.parallel",
     "TARGETS": "trex.targets",
     "Target": "trex.targets",
 }

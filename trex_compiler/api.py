@@ -14,6 +14,7 @@ import trex.ops  # noqa: F401 - the trex operators must exist before anything is
 from trex.capture import CapturedGraph, CompileOptions, GraphBreak, TrexCompiler
 from trex.errors import CaptureError, TrexError
 from trex.pass_manager import Pass
+from trex.plan import Plan, plan_for_module
 from trex.targets import check_executable
 
 FALLBACKS = (None, "eager")
@@ -31,6 +32,7 @@ class CompileSession:
         self.previous_experts_implementation = previous_experts_implementation
         self.experts_coverage = experts_coverage  # experts module -> None (fused trex op) or why not
         self.first_call_seconds: float | None = None
+        self.plan: Plan | None = None  # the parallel plan compiled for (`compile(..., plan=)`)
 
     @property
     def graphs(self) -> list[CapturedGraph]:
@@ -153,6 +155,7 @@ def compile(
     passes: str | Sequence[str | Pass] | None = None,
     dump_dir: str | Path | None = None,
     fallback: str | None = None,
+    plan: Plan | str | Path | None = None,
 ) -> CompiledModule:
     """Compile `model` for training (forward, `loss.backward()`, optimizer step) and inference.
 
@@ -169,6 +172,9 @@ def compile(
               (or set `TREX_DUMP=dir`). Files trex did not write are never removed.
     fallback: None (default) raises `CaptureError` listing every graph break; "eager" runs the model
               region by region, each region compiled by trex, and warns once with the breaks.
+    plan:     a `trex.plan.Plan` or a plan file (`trex plan --out`); it is checked against the model
+              (layer count, experts and heads divisible by its degrees) and kept as `.trex.plan`. Until
+              distributed execution lands, only plans whose degrees are all 1 run.
     """
     if not isinstance(model, torch.nn.Module):
         raise TrexError(f"trex.compile takes a torch.nn.Module, got {type(model).__name__}")
@@ -176,11 +182,13 @@ def compile(
         raise TrexError(f"unknown fallback {fallback!r}; valid: None (raise on graph breaks) or 'eager'")
     options = CompileOptions.build(target=target, backend=backend, passes=passes, dump_dir=dump_dir)
     check_executable(options.target, _device_types(model))
+    accepted = plan_for_module(plan, model) if plan is not None else None
 
     from trex.integrations.transformers_moe import experts_coverage, use_trex_experts
 
     previous = use_trex_experts(model)
     compiler = TrexCompiler(options)
     session = CompileSession(compiler, previous, experts_coverage(model))
+    session.plan = accepted
     compiled = torch.compile(model, backend=compiler, fullgraph=fallback is None)
     return CompiledModule(model, compiled, session, fallback)

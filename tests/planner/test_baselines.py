@@ -1,0 +1,46 @@
+"""Baseline recipes: public layouts with sources, turned into plans for the run being planned."""
+
+from __future__ import annotations
+
+import pytest
+
+from trex.cost_model import ParallelConfig, estimate_step, get_cluster, get_model_spec
+from trex.cost_model.validation import plan_of_row, published_runs, published_setups
+from trex.errors import TrexError
+from trex.passes.parallel.baselines import baseline_plan, default_recipe, get_recipe, layers_per_chunk_from_layout, recipes
+
+
+def test_every_recipe_names_a_source_and_its_models_exist():
+    for recipe in recipes().values():
+        assert recipe.source and recipe.description
+        for model in recipe.models:
+            spec = get_model_spec(model)
+            devices = 4 * recipe.value("tp", model) * recipe.value("pp", model) * recipe.value("cp", model)
+            plan, adjusted = baseline_plan(recipe, spec, devices, ParallelConfig(seq=4096, gbs=4 * devices))
+            assert adjusted == [] and plan.recompute == recipe.recompute and plan.dp == 4
+
+
+def test_megatron_layouts_with_repeats_expand_to_layers_per_chunk():
+    assert layers_per_chunk_from_layout("Et*4|(tttt|)*14tmL", 16, 61) == (4,) * 15 + (1,)
+    assert layers_per_chunk_from_layout("Et|(tt|)*30mL", 32, 61) == (1,) + (2,) * 30 + (0,)
+    with pytest.raises(TrexError, match="places 60 layers, the model has 61"):
+        layers_per_chunk_from_layout("Et*4|(tttt|)*14mL", 16, 61)
+
+
+def test_the_korthikanti_recipe_is_the_published_configuration():
+    setups = published_setups()
+    for row in published_runs():
+        if row["model"].startswith("gpt-"):
+            spec = get_model_spec(row["model"])
+            published = plan_of_row(row, setups.get(row["id"], {}), spec.num_layers)
+            plan, _ = baseline_plan(default_recipe(spec), spec, int(row["devices"]), published)
+            for field in ("tp", "pp", "vpp", "ep", "cp", "zero", "mbs"):
+                assert getattr(plan, field) == getattr(published, field), (row["id"], field)
+
+
+def test_a_model_without_a_public_layout_gets_the_scaled_stand_in_and_says_what_changed():
+    spec = get_model_spec("pangu-ultra-135b")
+    recipe = get_recipe("stand-in-megatron-dsv3")
+    plan, adjusted = baseline_plan(recipe, spec, 64, ParallelConfig(seq=4096, gbs=64))
+    assert plan.ep == 1 and any("dense model" in a for a in adjusted)
+    assert estimate_step(spec, get_cluster("ascend-910b", 64), plan).step_time_s > 0
