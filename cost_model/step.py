@@ -304,7 +304,13 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
                 gather = 2 * m * gather
             last_backward = sum(chunks[c].backward_s for c in ids)
             first_forward = sum(chunks[c].forward_s for c in ids)
-            window_b = last_backward if plan.overlap_grad_reduce else 0.0
+            if plan.zero >= 2:
+                # Sharded gradients leave no buffer to accumulate micro-batches in: every micro-batch's
+                # backward reduce-scatters its gradients (DeepSpeed ZeRO-2, FSDP), overlapping that backward.
+                grad_sync = m * grad_sync
+                window_b = m * last_backward if plan.overlap_grad_reduce else 0.0
+            else:  # one reduce after the last micro-batch, overlapping its backward
+                window_b = last_backward if plan.overlap_grad_reduce else 0.0
             window_f = (first_forward * (m if plan.zero >= 3 else 1)) if plan.overlap_param_gather else 0.0
             exposed = max(0.0, grad_sync - window_b) + max(0.0, gather - window_f)
             step_opt = optimizer_step_time(params, device, dp=plan.data_parallel * plan.cp, edp=plan.edp, zero=plan.zero, grad_dtype=plan.grad_dtype,

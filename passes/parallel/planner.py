@@ -164,10 +164,6 @@ def plan_parallel(model: str | Path | ModelSpec, cluster: str | Path | Cluster, 
             notes.append(f"search: no plan in the space is more than {stats.optimality_gap:.2%} faster (unproved interleaved splits bound it)")
         if not stats.exhaustive:
             notes.append("search stopped at its time limit: the space was not exhausted")
-        chosen = result.best.plan
-        if chosen.zero >= 2 and chosen.microbatches > 1:
-            notes.append(f"ZeRO-{chosen.zero} with {chosen.microbatches} micro-batches: the cost model charges one gradient reduce-scatter per "
-                         "step, while sharded gradients need one per micro-batch (not priced); compare with --fix zero=0/1")
         best = make_plan(spec, cluster, result.best.plan, result.best.estimate, "trex planner", tuple(notes))
     runners = [RunnerUp(make_plan(spec, cluster, c.plan, c.estimate, "trex planner (runner-up)", (_split_note(c),)), why_slower(c.estimate, result.best.estimate))
                for c in result.runners_up]

@@ -133,3 +133,20 @@ def test_v4_expert_traffic_hides_behind_compute_on_the_unified_bus_but_not_over_
     assert exposed_ub == 0.0
     assert exposed_ib > 0.0
     assert _exposed_expert_traffic("cloudmatrix384", overlap=False)[0] > 0.0
+
+
+@pytest.mark.parametrize("zero, grows", [(1, False), (2, True), (3, True)])
+def test_sharded_gradients_are_reduced_once_per_micro_batch(zero, grows):
+    # Without overlap every gradient reduce is exposed: ZeRO-0/1 accumulate the micro-batches locally and
+    # reduce once per step; ZeRO-2/3 keep only a shard, so each micro-batch's gradients are reduce-scattered.
+    def dp_sync(gbs):
+        plan = _with(zero=zero, gbs=gbs, overlap_grad_reduce=False, overlap_param_gather=False)
+        return estimate_step(DSV3, H100, plan).breakdown.dp_sync_s
+
+    one, four = dp_sync(64 * 8), dp_sync(64 * 32)  # 8 and 32 micro-batches per data-parallel rank
+    if zero == 3:  # its parameter gathers are per micro-batch too: everything scales with the micro-batches
+        assert four == pytest.approx(4 * one, rel=1e-9)
+    elif grows:  # the once-per-step parameter gather (bf16) is small beside the per-micro-batch fp32 gradients
+        assert 3 * one < four < 4 * one
+    else:
+        assert four == pytest.approx(one, rel=1e-9)
