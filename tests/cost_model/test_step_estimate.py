@@ -1,7 +1,5 @@
 """Step estimates: consistent outputs, the right direction for every knob, clear infeasibility."""
 
-import time
-
 import pytest
 
 from trex.cost_model.cluster import get_cluster
@@ -99,14 +97,6 @@ def test_a_plan_that_does_not_fit_reports_the_shortfall_per_component():
 def test_fp8_on_a100_is_infeasible():
     with pytest.raises(InfeasiblePlan, match="fp8 is not supported by a100"):
         estimate_step(get_model_spec("gpt-22b"), get_cluster("a100", 8), ParallelConfig(tp=8, gbs=4, mbs=4, precision="fp8"))
-
-
-def test_one_estimate_takes_about_a_millisecond():
-    estimate_step(DSV3, H100, PLAN)
-    start = time.perf_counter()
-    for _ in range(20):
-        estimate_step(DSV3, H100, PLAN)
-    assert (time.perf_counter() - start) / 20 < 0.01  # budget with headroom for a loaded CI machine; ~1 ms measured
 
 
 def test_deepseek_v4_pro_on_cloudmatrix_is_priced():

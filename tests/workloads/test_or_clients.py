@@ -98,11 +98,8 @@ def test_a_response_that_is_not_a_completion_is_an_error(fake_server):
 def test_requests_run_concurrently_up_to_the_limit(fake_server):
     server = fake_server(delay=0.2)
     client = OpenAIClient(server.url, "tiny", concurrency=4)
-    started = time.monotonic()
     assert len(list(client.generate(requests_for(12)))) == 12
-    elapsed = time.monotonic() - started
-    assert server.max_in_flight == 4
-    assert elapsed < 12 * 0.2 / 2  # sequential would take 2.4 s
+    assert server.max_in_flight == 4  # the speed this buys is measured in bench/, not asserted here
 
 
 def test_unreachable_server_fails_fast_naming_the_url():
