@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from trex.cost_model.cluster import Cluster, Tier, cluster_to_dict
+from trex.cost_model.cluster import UNCALIBRATED_GLOO_LATENCY_US, Cluster, Tier, cluster_to_dict
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
 
@@ -432,9 +432,15 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
         attention=AttentionModel(0.5, 0.4, 64.0), memory_efficiency=1.0, kernel_overhead_us=5.0, reserved_memory_gib=1.0,
         sources=("measured by `trex calibrate` on this machine",), calibrated=True,
     )
-    result = Calibration(profile=base, tier=Tier("gloo-loopback", None, 1.0, 50.0, 1.0, "switch", "placeholder"))
-    result.copy = measure_copy(copy_sizes, repeats)
-    bandwidth = max(nbytes / seconds for nbytes, seconds in result.copy)
+    copies = measure_copy(copy_sizes, repeats)
+    bandwidth = max(nbytes / seconds for nbytes, seconds in copies)
+    # Without the collective measurements (collectives=False) the tier keeps what is known: loopback
+    # traffic cannot beat the memory bandwidth just measured; the latency stays the uncalibrated default.
+    unmeasured = Tier("gloo-loopback", None, bandwidth / 1e9, UNCALIBRATED_GLOO_LATENCY_US, 1.0, "switch",
+                      "not measured (collectives skipped): bandwidth bounded by the measured memory copy bandwidth, "
+                      "latency the uncalibrated default")
+    result = Calibration(profile=base, tier=unmeasured)
+    result.copy = copies
     result.pointwise = measure_pointwise(pointwise_sizes, repeats)
     cache = _cache_bytes()
     in_cache = [p for p in result.pointwise if p[0] <= cache / 2]

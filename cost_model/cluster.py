@@ -165,6 +165,10 @@ _UB_SUPERNODE = Tier("unified-bus", 768, 196.0, 2.0, 0.80, "switch", "CloudMatri
 _ROCE_400_DIE = Tier("roce-400g", None, 25.0, 10.0, 0.85, "switch", "RDMA 400 Gb/s per 910C package across supernodes (25 GB/s per die)")
 
 
+# Latency of a gloo message between local processes before `trex calibrate` has measured it.
+UNCALIBRATED_GLOO_LATENCY_US = 50.0
+
+
 def _builtin_clusters() -> dict[str, Cluster]:
     d = BUILTIN_DEVICES
     clusters = [
@@ -178,7 +182,8 @@ def _builtin_clusters() -> dict[str, Cluster]:
         Cluster("cloudmatrix384", "CloudMatrix384 supernode: 384 Ascend 910C (768 dies) on the Unified Bus; RoCE between supernodes", d["ascend-910c-die"],
                 (_DIE_TO_DIE, _UB_SUPERNODE, _ROCE_400_DIE), 768, unit=16),
         Cluster("cpu", "this machine: CPU processes talking over gloo (loopback)", d["cpu"],
-                (Tier("gloo-loopback", None, 2.0, 50.0, 1.0, "switch", "placeholder; `trex calibrate` measures gloo"),), 1),
+                (Tier("gloo-loopback", None, 2.0, UNCALIBRATED_GLOO_LATENCY_US, 1.0, "switch",
+                      "uncalibrated default, not a measurement; `trex calibrate` measures gloo"),), 1),
     ]
     return {c.name: c for c in clusters}
 

@@ -326,7 +326,8 @@ def _uncalibrated_cpu() -> DeviceProfile:
         memory_efficiency=1.0,
         kernel_overhead_us=10.0,
         reserved_memory_gib=0.5,
-        sources=("placeholder values; `trex calibrate` replaces them with measurements",),
+        sources=("uncalibrated defaults for an unmeasured CPU, not measurements: estimates on `cpu` say so until `trex calibrate` "
+                 "replaces them",),
     )
 
 

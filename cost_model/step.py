@@ -337,6 +337,8 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync, host_wait)
     tokens = plan.gbs * plan.seq
     notes = []
+    if device.name == "cpu" and not device.calibrated:
+        notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
     if plan.precision == "fp8":
         notes.append("FP8 run: MFU is against the dense BF16 peak, the convention of the published FP8 figures")
     return StepEstimate(

@@ -103,6 +103,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     if r is not None:
         out.update(step_time_s=r.step_time_s, mfu=r.mfu, mfu_6n=r.mfu_6n, tokens_per_s_per_device=r.tokens_per_s_per_device,
                    memory_per_device_gib=r.memory_per_device_gib, memory_gib=dict(r.memory_gib), breakdown=dict(r.breakdown), feasible=r.feasible)
+    out["notes"] = list(plan.notes)
     return out
 
 
@@ -120,6 +121,7 @@ def baseline_summary(baseline: Baseline) -> dict[str, Any]:
 
 def make_plan(spec: ModelSpec, cluster: Cluster, config: ParallelConfig, estimate: StepEstimate | None, source: str,
               notes: tuple[str, ...] = ()) -> Plan:
+    notes = tuple(notes) + tuple(n for n in (estimate.notes if estimate else ()) if n not in notes)  # the cost model's own caveats too
     return Plan(ModelShape.of(spec), cluster.name, cluster.devices, cluster.device.name, config, Prediction.of(estimate) if estimate else None,
                 source, notes)
 

@@ -46,6 +46,30 @@ def test_saved_profile_is_what_target_cpu_uses(measured, tmp_path, monkeypatch):
     assert get_device("cpu") == measured.profile
     assert get_cluster("cpu").tiers == (measured.tier,)
 
+    assert "calibrated" not in " ".join(_cpu_estimate().notes)  # measured numbers: no warning
+
+
+def _cpu_estimate():
+    from trex.cost_model.model_spec import get_model_spec
+    from trex.cost_model.parallel import ParallelConfig
+    from trex.cost_model.step import estimate_step
+
+    return estimate_step(get_model_spec("tiny-qwen3-moe"), get_cluster("cpu"), ParallelConfig(seq=32, gbs=2))
+
+
+def test_estimates_on_an_uncalibrated_cpu_say_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREX_CACHE_DIR", str(tmp_path))  # nothing saved there
+    assert not get_device("cpu").calibrated
+    assert any("not calibrated" in note and "trex calibrate" in note for note in _cpu_estimate().notes)
+
+
+def test_skipping_the_collectives_keeps_the_measured_bandwidth_bound():
+    result = calibrate(fast=True, collectives=False, threads=1)
+    assert result.collectives == []
+    copy_bandwidth = max(nbytes / seconds for nbytes, seconds in result.copy)
+    assert result.tier.bandwidth_gbs == pytest.approx(copy_bandwidth / 1e9)
+    assert "not measured" in result.tier.source
+
 
 def test_fit_line_recovers_latency_and_bandwidth():
     intercept, slope = fit_line([(0.0, 5e-6), (1e6, 5e-6 + 1e-4), (4e6, 5e-6 + 4e-4)])

@@ -85,3 +85,11 @@ def test_a_tiny_test_model_name_plans(tmp_path, capsys):
                  "--baseline", "none", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "tiny-qwen3-moe" and out["best"]["tp"] == 1
+
+
+def test_the_cost_models_caveats_reach_the_printed_plan(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TREX_CACHE_DIR", str(tmp_path))  # no calibrated cpu profile saved there
+    assert main(["plan", "--model", "tiny-qwen3-moe", "--cluster", "cpu", "--devices", "1", "--seq", "32", "--gbs", "2",
+                 "--baseline", "none", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["best"]["notes"]
+    assert any("not calibrated" in note for note in notes)
