@@ -227,8 +227,6 @@ def test_generation_through_trex_compile_matches_eager(tiny_moe):
     import trex
     from trex.workloads.or_eval.clients.local import TransformersClient
 
-    if not hasattr(trex, "compile"):
-        pytest.skip("trex.compile is not available in this build")
     model, tokenizer = tiny_moe
     compiled = TransformersClient("tiny", compile=True, model=model, tokenizer=tokenizer, max_new_tokens=6)
     assert isinstance(compiled.forward, trex.CompiledModule)
