@@ -10,6 +10,7 @@ Modules, one concept each:
     cluster       tiers (NVLink, HCCS, Unified Bus, InfiniBand, RoCE) and where a process group lands
     collectives   alpha-beta costs of all_reduce, all_gather, reduce_scatter, all_to_all(v), send/recv
     model_spec    ModelSpec: what a model computes per token (from transformers configs or built-in shapes)
+    config_cache  the full-size models' configurations, stored so that pricing them needs no transformers
     flops         FLOP conventions: Megatron per-GEMM count (mfu) and 6N + attention (mfu_6n)
     parallel      ParallelConfig: degrees, batch, precision, recompute, overlaps; parsing; constraints
     layer_cost    time, FLOPs and saved memory of one layer under a plan (the planner's inner loop)

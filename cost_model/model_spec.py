@@ -683,10 +683,14 @@ def get_model_spec(name_or_path: str | Path) -> ModelSpec:
     key = str(name_or_path)
     if key in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[key]()
+    from trex.cost_model.config_cache import stored_config
     from trex.models import load_config
     from trex.models import model_names as transformers_names
 
-    if key in transformers_names():  # full-size configurations and the tiny test ones
+    stored = stored_config(key)  # full-size configurations without importing transformers (trex.cost_model.config_cache)
+    if stored is not None:
+        return spec_from_config(stored, key)
+    if key in transformers_names():  # the tiny test configurations (and full-size ones missing from the store)
         return spec_from_config(load_config(key), key)
     path = Path(key)
     if path.suffix == ".json" or path.is_dir() or path.exists():

@@ -8,14 +8,35 @@ runs them in; `passes=` replaces it, `TREX_PASSES=-name` disables one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from trex.errors import UnknownNameError
-from trex.pass_manager import Pass
-from trex.passes.canonicalize import CanonicalizeMoe
-from trex.passes.dead_code_elimination import DeadCodeElimination
 
-# Every pass trex ships, by name.
-PASSES: dict[str, type] = {p.name: p for p in (CanonicalizeMoe, DeadCodeElimination)}
+if TYPE_CHECKING:
+    from trex.pass_manager import Pass
+
+# The graph passes import torch; they load on first use, so that `trex.passes.parallel` (the planner,
+# which prices configurations and needs no graph) starts without it.
+_PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination"}
+
+
+def _passes() -> dict[str, type]:
+    """Every pass trex ships, by name."""
+    import importlib
+
+    classes = [getattr(importlib.import_module(module), cls) for cls, module in _PASS_CLASSES.items()]
+    return {c.name: c for c in classes}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PASSES":
+        return _passes()
+    if name in _PASS_CLASSES:
+        import importlib
+
+        return getattr(importlib.import_module(_PASS_CLASSES[name]), name)
+    raise AttributeError(f"module 'trex.passes' has no attribute {name!r}")
+
 
 DEFAULT_PIPELINE: tuple[str, ...] = (
     "canonicalize_moe",  # fused MoE ops -> dispatch / grouped_mm / combine, tagged per layer
@@ -30,11 +51,12 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     if isinstance(passes, str):
         passes = [p.strip() for p in passes.split(",") if p.strip()]
     resolved = []
+    known = _passes()
     for item in passes:
         if isinstance(item, str):
-            if item not in PASSES:
-                raise UnknownNameError("pass", item, PASSES)
-            resolved.append(PASSES[item]())
+            if item not in known:
+                raise UnknownNameError("pass", item, known)
+            resolved.append(known[item]())
         else:
             resolved.append(item)
     return resolved
