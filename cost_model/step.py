@@ -167,6 +167,35 @@ def _muon_flops(layer: LayerSpec, hidden: int, plan: ParallelConfig) -> float:
     return total / plan.data_parallel  # each DP rank orthogonalises its share of the matrices
 
 
+def data_parallel_exposure(plan: ParallelConfig, grad_sync: float, gather: float, forward: float, backward: float) -> tuple[float, float]:
+    """(exposed, total) seconds of one device's data-parallel traffic in a step.
+
+    `grad_sync` is one reduction of the device's gradients, `gather` one all-gather of its parameters,
+    `forward` / `backward` one micro-batch's passes over its chunks (the windows they can hide under).
+    ZeRO-0/1 accumulate the micro-batches and reduce once, under the last backward; the updated
+    parameters are gathered once, under the next step's first forward. Sharded gradients (ZeRO-2/3)
+    leave no buffer to accumulate in: every micro-batch's backward reduce-scatters its own (DeepSpeed
+    ZeRO-2, FSDP). ZeRO-3 keeps no resident copy: every micro-batch gathers the parameters for its
+    forward and again for its backward, each prefetched under the layer before it; the forward's
+    gathers hide under the forwards, the backward's share the backwards with the reduce-scatters
+    (the same links).
+    """
+    m = plan.microbatches
+    if plan.zero < 2:
+        window_b = backward if plan.overlap_grad_reduce else 0.0
+        window_f = forward if plan.overlap_param_gather else 0.0
+        return max(0.0, grad_sync - window_b) + max(0.0, gather - window_f), grad_sync + gather
+    reduce = m * grad_sync
+    window_b = m * backward if plan.overlap_grad_reduce else 0.0
+    if plan.zero == 2:
+        window_f = forward if plan.overlap_param_gather else 0.0
+        return max(0.0, reduce - window_b) + max(0.0, gather - window_f), reduce + gather
+    each = m * gather  # the forwards' gathers, and as many for the backwards
+    if not plan.overlap_param_gather:
+        return 2 * each + max(0.0, reduce - window_b), reduce + 2 * each
+    return max(0.0, each - m * forward) + max(0.0, each + reduce - window_b), reduce + 2 * each
+
+
 def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, check: bool = True, detail: bool = False) -> StepEstimate:
     """Price one training step of `plan` for `spec` on `cluster` (sized to its device count).
 
@@ -300,26 +329,16 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
             else:
                 grad_sync = collectives.all_reduce(dense_grads, dp_place) + collectives.all_reduce(expert_grads, edp_place)
                 gather = 0.0
-            if plan.zero >= 3:  # no resident copy: parameters are gathered for every micro-batch's forward and backward
-                gather = 2 * m * gather
-            last_backward = sum(chunks[c].backward_s for c in ids)
-            first_forward = sum(chunks[c].forward_s for c in ids)
-            if plan.zero >= 2:
-                # Sharded gradients leave no buffer to accumulate micro-batches in: every micro-batch's
-                # backward reduce-scatters its gradients (DeepSpeed ZeRO-2, FSDP), overlapping that backward.
-                grad_sync = m * grad_sync
-                window_b = m * last_backward if plan.overlap_grad_reduce else 0.0
-            else:  # one reduce after the last micro-batch, overlapping its backward
-                window_b = last_backward if plan.overlap_grad_reduce else 0.0
-            window_f = (first_forward * (m if plan.zero >= 3 else 1)) if plan.overlap_param_gather else 0.0
-            exposed = max(0.0, grad_sync - window_b) + max(0.0, gather - window_f)
+            forward = sum(chunks[c].forward_s for c in ids)
+            backward = sum(chunks[c].backward_s for c in ids)
+            exposed, sync_total = data_parallel_exposure(plan, grad_sync, gather, forward, backward)
             step_opt = optimizer_step_time(params, device, dp=plan.data_parallel * plan.cp, edp=plan.edp, zero=plan.zero, grad_dtype=plan.grad_dtype,
                                            state_dtype=plan.optimizer_state_dtype, muon=muon, muon_flops=sum(chunk_muon_flops[c] for c in ids))
             weights, grads, states = static_memory(params, dp=plan.data_parallel * plan.cp, edp=plan.edp, zero=plan.zero, precision=plan.precision,
                                                    grad_dtype=plan.grad_dtype, state_dtype=plan.optimizer_state_dtype, muon=muon)
             acts = activation_memory([chunks[c].saved_bytes for c in ids], flights)
             extra = max(transient, head.transient_bytes if holds_head else 0.0)
-            device_cache[key] = (exposed, step_opt, grad_sync + gather, MemoryEstimate(weights, grads, states, acts, extra, device.usable_memory_bytes))
+            device_cache[key] = (exposed, step_opt, sync_total, MemoryEstimate(weights, grads, states, acts, extra, device.usable_memory_bytes))
         exposed, step_opt, sync_total, estimate = device_cache[key]
         if d == slowest or exposed + step_opt > dp_sync + optimizer:
             dp_sync, optimizer = max(dp_sync, exposed), max(optimizer, step_opt)

@@ -140,3 +140,33 @@ def test_sharded_gradients_are_reduced_once_per_micro_batch(zero, grows):
         assert 3 * one < four < 4 * one
     else:
         assert four == pytest.approx(one, rel=1e-9)
+
+
+def _exposure(zero, *, m=4, prefetch=True, overlap_reduce=True, grad_sync=1.0, gather=0.5, forward=0.6, backward=1.2):
+    from trex.cost_model.step import data_parallel_exposure
+
+    plan = _with(zero=zero, gbs=64 * m, overlap_param_gather=prefetch, overlap_grad_reduce=overlap_reduce).with_devices(1024)
+    assert plan.microbatches == m
+    return data_parallel_exposure(plan, grad_sync, gather, forward, backward)
+
+
+def test_zero1_reduces_once_under_the_last_backward_and_gathers_under_the_next_forward():
+    assert _exposure(1) == pytest.approx((0.0, 1.5))  # 1.0 under 1.2, 0.5 under 0.6
+    assert _exposure(1, forward=0.2, backward=0.7) == pytest.approx((0.3 + 0.3, 1.5))
+    assert _exposure(1, prefetch=False, overlap_reduce=False) == pytest.approx((1.5, 1.5))
+
+
+def test_zero2_reduce_scatters_every_micro_batch_under_the_backwards():
+    # 4 reduce-scatters (4.0 s) under 4 backwards (4.8 s); one gather under the next forward
+    assert _exposure(2) == pytest.approx((0.0, 4.5))
+    assert _exposure(2, backward=0.9) == pytest.approx((0.4, 4.5))
+
+
+def test_zero3_backward_gathers_share_the_backwards_with_the_reduce_scatters():
+    # forwards: 4 gathers (2.0 s) under 2.4 s -> hidden; backwards: 4 gathers + 4 reduce-scatters (6.0 s)
+    # under 4.8 s -> 1.2 s exposed. A backward gather is prefetched under the backward, not left exposed.
+    assert _exposure(3) == pytest.approx((1.2, 8.0))  # total: 4 reduce-scatters + 8 gathers
+    assert _exposure(3, forward=0.4) == pytest.approx((0.4 + 1.2, 8.0))
+    assert _exposure(3, backward=2.0) == pytest.approx((0.0, 8.0))
+    # without prefetching every gather waits in line; the reduce-scatters still overlap the backwards
+    assert _exposure(3, prefetch=False) == pytest.approx((4.0 + 0.0, 8.0))
