@@ -1,6 +1,6 @@
 """Predicted vs published for every row of published_runs.csv (issue 3, item 8).
 
-    python bench/cost_model_validation.py [--csv PATH] [--json] [--host-sensitivity 13.5,27,36]
+    python bench/cost_model_validation.py [--csv PATH] [--json] [--host-sensitivity 13.5,27,36] [--extended]
 
 Each row is estimated as it was run: the CSV's model, devices, degrees, batch, sequence, precision and
 recompute, plus the software facts of `trex/cost_model/data/published_setups.toml` (attention kernel,
@@ -12,6 +12,12 @@ the published order (Q3-A > Q3-B > Q3-C).
 `--host-sensitivity` re-runs every row with each given host cost per op (microseconds, one value for
 every device at a time) and prints the Qwen3 predictions and the error summary for each: a study of
 the host model (`trex.cost_model.host`), not a setting the table above uses.
+
+`--extended` adds the further runs of the same sources in `published_runs_extra.csv` (Qwen3-235B with
+the 1F1B all-to-all overlap, with FSDP, and at 16K-128K tokens) as a second table, outside the summary.
+Both tables give, for models with one kind of decoder layer, the step as layer executions (one layer's
+forward + backward for one micro-batch on the busiest device): how many per step, the predicted time of
+one, the time the published figure implies with the rest of the step as predicted, and their ratio.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import statistics
 import sys
 import time
 
-from trex.cost_model.validation import Comparison, compare_all
+from trex.cost_model.validation import Comparison, compare_all, layer_executions
 
 UNITS = {"step_time_s": "s", "model_tflops_per_device": "TFLOP/s", "mfu": ""}
 QWEN3 = ("Q3-A", "Q3-B", "Q3-C")
@@ -41,11 +47,37 @@ def summary(rows: list[Comparison]) -> dict:
             "qwen3_predicted": qwen, "qwen3_order_kept": len(qwen) == 3 and qwen[0] > qwen[1] > qwen[2]}
 
 
+def _row_dict(r: Comparison) -> dict:
+    executions = layer_executions(r)
+    layers = None if executions is None else {"count": executions.count, "predicted_s": executions.predicted_s,
+                                              "published_s": executions.published_s, "ratio": executions.ratio}
+    return {**r.to_dict(), "layer_executions": layers}
+
+
+def _layers(r: Comparison) -> str:
+    executions = layer_executions(r)
+    if executions is None:
+        return "- | - | - | -"
+    return f"{executions.count} | {executions.predicted_s * 1e3:.2f} ms | {executions.published_s * 1e3:.2f} ms | {executions.ratio:.2f}"
+
+
+def print_table(rows: list[Comparison]) -> None:
+    print("| id | model | devices | plan (as estimated) | metric | published | predicted | error | predicted step | MFU | host wait | memory/device "
+          "| layer executions | predicted each | published each | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        e = r.estimate
+        print(f"| {r.id} | {r.model} | {r.devices} x {r.device} | {r.plan} | {r.metric} | {_fmt(r.metric, r.published)} | "
+              f"{_fmt(r.metric, r.predicted)} | {r.error:+.1%} | {e.step_time_s:.2f} s | {e.mfu:.1%} | {e.breakdown.host_wait_s:.2f} s | "
+              f"{e.memory.total / 2**30:.1f} GiB | {_layers(r)} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="published runs CSV (default: the copy shipped in trex.cost_model.data)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--host-sensitivity", metavar="US,US,...", help="host costs per op (microseconds) to re-run every row with")
+    parser.add_argument("--extended", action="store_true", help="also estimate published_runs_extra.csv (outside the summary)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = compare_all(args.csv)
@@ -56,16 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         for value in (float(v) for v in args.host_sensitivity.split(",")):
             studied = compare_all(args.csv, host_op_us=value)
             studies.append({"host_op_us": value, **summary(studied), "errors": {r.id: r.error for r in studied}})
+    extra = compare_all(extra=True) if args.extended else []
     if args.json:
-        print(json.dumps({"rows": [r.to_dict() for r in rows], **result, "seconds": seconds, "host_sensitivity": studies}, indent=2))
+        print(json.dumps({"rows": [_row_dict(r) for r in rows], **result, "seconds": seconds, "host_sensitivity": studies,
+                          "extra_rows": [_row_dict(r) for r in extra]}, indent=2))
         return 0
-    print("| id | model | devices | plan (as estimated) | metric | published | predicted | error | predicted step | MFU | host wait | memory/device |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        e = r.estimate
-        print(f"| {r.id} | {r.model} | {r.devices} x {r.device} | {r.plan} | {r.metric} | {_fmt(r.metric, r.published)} | "
-              f"{_fmt(r.metric, r.predicted)} | {r.error:+.1%} | {e.step_time_s:.2f} s | {e.mfu:.1%} | {e.breakdown.host_wait_s:.2f} s | "
-              f"{e.memory.total / 2**30:.1f} GiB |")
+    print_table(rows)
     print()
     print(f"mean absolute error {result['mean_abs_error']:.1%} over {len(rows)} rows; worst {result['worst']} {result['worst_error']:+.1%}; "
           f"Qwen3 order Q3-A > Q3-B > Q3-C {'kept' if result['qwen3_order_kept'] else 'NOT kept'} "
@@ -80,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             others = max(abs(e) for i, e in errors.items() if i not in QWEN3)
             print(f"| {study['host_op_us']:g} us | {qwen} | {'yes' if study['qwen3_order_kept'] else 'no'} | {others:.1%} | "
                   f"{study['mean_abs_error']:.1%} | {study['worst']} {study['worst_error']:+.1%} |")
+    if extra:
+        print()
+        print("Further runs of the same sources (published_runs_extra.csv; not part of the summary above):")
+        print()
+        print_table(extra)
     return 0
 
 

@@ -35,6 +35,12 @@ def published_runs(path: str | Path | None = None) -> list[dict[str, str]]:
     return list(csv.DictReader(text.splitlines()))
 
 
+def extra_published_runs() -> list[dict[str, str]]:
+    """Further published runs of the same sources (`data/published_runs_extra.csv`): reported next to the
+    validation table, never part of its mean, worst row or order check."""
+    return published_runs(resources.files("trex.cost_model").joinpath("data", "published_runs_extra.csv"))  # type: ignore[arg-type]
+
+
 def published_setups() -> dict[str, dict[str, Any]]:
     return tomllib.loads(_data("published_setups.toml"))
 
@@ -123,6 +129,47 @@ def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None, *, hos
                       setup.get("source", row.get("source", "")))
 
 
-def compare_all(path: str | Path | None = None, *, host_op_us: float | None = None) -> list[Comparison]:
+def compare_all(path: str | Path | None = None, *, host_op_us: float | None = None, extra: bool = False) -> list[Comparison]:
+    """Every row of the published-runs CSV (`path`, default the shipped copy); `extra=True`: the rows of
+    `extra_published_runs()` instead."""
     setups = published_setups()
-    return [compare_row(row, setups.get(row["id"], {}), host_op_us=host_op_us) for row in published_runs(path)]
+    rows = extra_published_runs() if extra else published_runs(path)
+    return [compare_row(row, setups.get(row["id"], {}), host_op_us=host_op_us) for row in rows]
+
+
+@dataclass(frozen=True)
+class LayerExecutions:
+    """A row's step seen as layer executions (one layer's forward + backward for one micro-batch) on its
+    busiest device: how many per step, and what one costs as predicted and as the published figure implies
+    when everything else in the step (bubble, embedding, head, data-parallel sync, optimizer) is taken as
+    predicted. Separates what scales with the layers from what does not."""
+
+    count: int
+    predicted_s: float
+    published_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.published_s / self.predicted_s
+
+
+def layer_executions(comparison: Comparison) -> LayerExecutions | None:
+    """For models whose decoder layers are all of one kind (GPT, Qwen3, Pangu rows); None otherwise."""
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+    from trex.cost_model.pipeline import device_chunks
+
+    estimate = comparison.estimate
+    spec = get_model_spec(comparison.model)
+    if len(spec.layer_kinds) != 1 or spec.mtp_layers:
+        return None
+    plan = estimate.plan
+    cluster = get_cluster(CLUSTER_OF_DEVICE.get(comparison.device, comparison.device), comparison.devices)
+    cost = layer_cost(spec.layers[0], spec.hidden_size, CostContext.of(plan, cluster))
+    busiest = max(range(plan.pp), key=lambda d: estimate.per_device_s[d])
+    ids = device_chunks(busiest, plan.pp, plan.vpp)
+    count = plan.microbatches * sum(len(estimate.chunks[c].layers) for c in ids)
+    host_wait = plan.microbatches * sum(estimate.chunks[c].host_wait_s for c in ids)  # the device idle behind the host
+    per_layer = cost.device_forward_s + cost.device_backward_s + host_wait / count
+    rest = estimate.step_time_s - count * per_layer
+    published_step = comparison.published if comparison.metric == "step_time_s" else estimate.step_time_s * comparison.predicted / comparison.published
+    return LayerExecutions(count, per_layer, (published_step - rest) / count)
