@@ -89,6 +89,7 @@ class DeviceProfile:
     host_op_us: float = 0.0  # host CPU time to issue one eager framework op (Python, dispatch, autograd, launch); 0: not modelled
     row_overhead_ns: float = 0.0  # CPU element-wise kernels: per inner 1-D loop beyond the first (trex.cost_model.cpu_loops)
     loop_call_overhead_ns: float = 0.0  # ... per 2-D loop call beyond the first
+    comm_units: float = 0.0  # compute units an overlapped communication kernel occupies (0: overlap modelled as free)
     _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
 
     def overhead_s(self, op: str, kind: str) -> float:
@@ -96,6 +97,14 @@ class DeviceProfile:
         if op in self.op_overhead_us:
             return self.op_overhead_us[op] * 1e-6
         return self.op_overhead_us.get(kind, self.kernel_overhead_us) * 1e-6
+
+    def overlap_slowdown_s(self, hidden_s: float) -> float:
+        """What hiding `hidden_s` seconds of communication under compute costs that compute: the
+        communication kernels hold `comm_units` of the `gemm.compute_units` while they run, so the
+        compute beside them runs on the rest (work W next to communication c takes W + c * units/total)."""
+        if hidden_s <= 0 or self.comm_units <= 0:
+            return 0.0
+        return hidden_s * min(1.0, self.comm_units / self.gemm.compute_units)
 
     def vector_flops(self) -> float:
         return (self.vector_tflops or self.peak_tflops.get("fp32", 1.0)) * 1e12
@@ -251,8 +260,9 @@ def _nvidia(name: str, description: str, *, peak: dict[str, float], memory_gib: 
         memory_efficiency=memory_efficiency,
         kernel_overhead_us=4.0,
         reserved_memory_gib=3.0,
-        sources=sources + (_HOST_OP_SOURCE,),
+        sources=sources + (_HOST_OP_SOURCE, _COMM_UNITS_SOURCE),
         host_op_us=DGX_HOST_OP_US,
+        comm_units=NVIDIA_COMM_SMS,
     )
     # every half-precision dtype shares the measured ceiling; FP32 keeps the 0.8 default
     same = {dtype: measured["bf16"] for dtype in ("fp16", "tf32") if dtype in peak}
@@ -283,6 +293,12 @@ _NVIDIA_DATASHEET = "NVIDIA A100/H100/H200 datasheets (dense tensor-core peaks, 
 # 13.48 us on a DGX H100 (Xeon Platinum 8480C); TE's own Linear costs ~2.7x that on the Grace systems
 # of the same table. Megatron runs on such hosts; the plain-PyTorch figure is taken for every op.
 DGX_HOST_OP_US = 13.5
+
+# SMs that EP communication kernels hold while they overlap compute (Megatron-Core's 1F1B all-to-all
+# overlap, DualPipe): Megatron-Core's --moe-deepep-num-sms defaults to 20 ("Tune the SM count allocated
+# to DeepEP communication kernels (default 20)"). Compute hidden beside them runs on the other SMs.
+NVIDIA_COMM_SMS = 20.0
+_COMM_UNITS_SOURCE = "overlapped EP communication holds 20 SMs: Megatron-Core --moe-deepep-num-sms default"
 _HOST_OP_SOURCE = "host op cost: TransformerEngine issue #2053, torch.nn.Linear forward 13.48 us CPU on DGX H100"
 
 # Ascend: peaks from Huawei's torchtitan-npu plugin peak table (devices.md). Cube units: 16x16x16
@@ -412,6 +428,7 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "host_op_us": ((int, float), "host CPU microseconds to issue one eager framework op (0: host time not modelled)"),
     "row_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per inner loop row beyond the first"),
     "loop_call_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per 2-D loop call beyond the first"),
+    "comm_units": ((int, float), "compute units an overlapped communication kernel occupies (0: overlap is free)"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
@@ -526,6 +543,7 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         row_overhead_ns=_non_negative(source, "device.row_overhead_ns", data.get("row_overhead_ns", 0.0), _FIELDS["row_overhead_ns"][1]),
         loop_call_overhead_ns=_non_negative(source, "device.loop_call_overhead_ns", data.get("loop_call_overhead_ns", 0.0),
                                             _FIELDS["loop_call_overhead_ns"][1]),
+        comm_units=_non_negative(source, "device.comm_units", data.get("comm_units", 0.0), _FIELDS["comm_units"][1]),
     )
 
 
@@ -569,6 +587,7 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "host_op_us": profile.host_op_us,
             "row_overhead_ns": profile.row_overhead_ns,
             "loop_call_overhead_ns": profile.loop_call_overhead_ns,
+            "comm_units": profile.comm_units,
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,

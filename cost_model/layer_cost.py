@@ -44,7 +44,7 @@ class OpTime:
     """One priced part of a layer (for traces and explanations)."""
 
     name: str
-    category: str  # gemm | attention | moe_gemm | pointwise | tp_comm | ep_comm | cp_comm
+    category: str  # gemm | attention | moe_gemm | pointwise | tp_comm | ep_comm | cp_comm | overlap (compute slowed by hidden comm)
     forward_s: float
     backward_s: float
     recompute_s: float = 0.0
@@ -301,17 +301,25 @@ def _moe(moe: MoESpec, hidden: int, ctx: CostContext, cost: LayerCost, modules: 
     comm_backward = 2 * a2a + etp_comm + (comm_forward if redo_experts else 0.0)
     cost.comm_total_s += comm_forward + comm_backward
     if plan.ep_comm_overlap:
-        # 1F1B all-to-all overlap / DualPipe: one micro-batch's all-to-all runs under another's compute
+        # 1F1B all-to-all overlap / DualPipe: one micro-batch's all-to-all runs under another's compute,
+        # which meanwhile runs without the SMs the communication kernels hold
         hide = forward + backward
         exposed_f = max(0.0, comm_forward - hide / 2)
         exposed_b = max(0.0, comm_backward - hide / 2)
+        slow_f = device.overlap_slowdown_s(comm_forward - exposed_f)
+        slow_b = device.overlap_slowdown_s(comm_backward - exposed_b)
+        cost.forward_s += slow_f
+        cost.backward_s += slow_b
     else:
         exposed_f, exposed_b = comm_forward, comm_backward
+        slow_f = slow_b = 0.0
     cost.comm_forward_s += exposed_f
     cost.comm_backward_s += exposed_b
     if ctx.detail:
         cost.ops.append(OpTime("experts.grouped_mm", "moe_gemm", forward, backward, redo, flops * (4 if redo_experts else 3)))
         cost.ops.append(OpTime("moe.dispatch+combine", "ep_comm", exposed_f, exposed_b, 0.0))
+        if slow_f or slow_b:
+            cost.ops.append(OpTime("moe.overlap_sm_share", "overlap", slow_f, slow_b, 0.0))
 
 
 def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:

@@ -170,3 +170,29 @@ def test_zero3_backward_gathers_share_the_backwards_with_the_reduce_scatters():
     assert _exposure(3, backward=2.0) == pytest.approx((0.0, 8.0))
     # without prefetching every gather waits in line; the reduce-scatters still overlap the backwards
     assert _exposure(3, prefetch=False) == pytest.approx((4.0 + 0.0, 8.0))
+
+
+def test_hiding_the_all_to_all_costs_the_compute_beside_it_the_sms_it_holds():
+    from dataclasses import replace
+
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+
+    spec = get_model_spec("qwen3-235b-a22b")
+    plan = ParallelConfig(tp=2, pp=8, vpp=4, ep=32, seq=4096, gbs=2048, dispatcher="deepep").with_devices(256)
+    cluster = get_cluster("h100", 256)
+    layer = spec.layers[0]
+
+    def cost(overlap, cl):
+        return layer_cost(layer, spec.hidden_size, CostContext.of(replace(plan, ep_comm_overlap=overlap), cl, detail=True))
+
+    blocking, hidden = cost(False, cluster), cost(True, cluster)
+    assert cluster.device.comm_units == 20  # Megatron-Core's DeepEP SM default
+    moved = blocking.comm_s - hidden.comm_s  # all-to-all time now under another micro-batch's compute
+    assert moved > 0
+    slowed = hidden.compute_s - blocking.compute_s
+    assert slowed == pytest.approx(moved * 20 / 132)
+    (share,) = [op for op in hidden.ops if op.category == "overlap"]
+    assert share.forward_s + share.backward_s == pytest.approx(slowed)
+    # a device whose communication holds no compute units hides it for free
+    free = cluster.with_device(replace(cluster.device, comm_units=0.0))
+    assert cost(True, free).compute_s == pytest.approx(blocking.compute_s)
