@@ -35,6 +35,7 @@ class Recipe:
     pipeline_layout: str | None
     recompute: str
     not_modelled: tuple[str, ...]
+    published_row: str | dict[str, str] | None = None  # the published_runs.csv row(s) this layout ran as
 
     def value(self, field: str, model: str) -> Any:
         v = self.values[field]
@@ -54,7 +55,43 @@ def recipes() -> dict[str, Recipe]:
         if missing:
             raise TrexError(f"baseline_recipes.toml [{name}]: missing {', '.join(missing)}")
         out[name] = Recipe(name, entry["description"], entry["source"], tuple(entry["models"]), {f: entry[f] for f in _LAYOUT_FIELDS},
-                           entry.get("pipeline_layout"), entry["recompute"], tuple(entry.get("not_modelled", ())))
+                           entry.get("pipeline_layout"), entry["recompute"], tuple(entry.get("not_modelled", ())), entry.get("published_row"))
+    return out
+
+
+# Fields of a published setup that are the layout (the recipe's own) or the run's shape, not software.
+_NOT_SOFTWARE = frozenset({*_LAYOUT_FIELDS, "dp", "gbs", "seq", "precision", "recompute", "layers_per_chunk", "source"})
+
+
+def published_software(recipe: Recipe, model: str) -> dict[str, Any]:
+    """The software settings the recipe's published run used (dispatcher, overlaps, attention kernel,
+    gradient dtypes...), read from `trex.cost_model`'s published_setups.toml for its `published_row`."""
+    from dataclasses import fields
+
+    from trex.cost_model.parallel import ParallelConfig
+    from trex.cost_model.validation import published_setups
+
+    row = recipe.published_row.get(model) if isinstance(recipe.published_row, dict) else recipe.published_row
+    if row is None:
+        return {}
+    setups = published_setups()
+    if row not in setups:
+        raise TrexError(f"recipe {recipe.name!r}: published_row {row!r} has no entry in published_setups.toml")
+    known = {f.name for f in fields(ParallelConfig)}
+    return {key: value for key, value in setups[row].items() if key in known and key not in _NOT_SOFTWARE}
+
+
+def software_differences(recipe: Recipe, model: str, config: ParallelConfig) -> list[str]:
+    """Where the baseline is priced with other software than its published run used. A baseline takes the
+    search's software so that both sides are priced alike; this says so, with the setting that prices both
+    as the published run ran."""
+    out = []
+    for key, value in published_software(recipe, model).items():
+        priced = getattr(config, key)
+        if priced != value:
+            shown = str(value).lower() if isinstance(value, bool) else value
+            out.append(f"the published run used {key}={shown}; priced here with the search's {key}={str(priced).lower() if isinstance(priced, bool) else priced} "
+                       f"(--set {key}={shown} prices both that way)")
     return out
 
 

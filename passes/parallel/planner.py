@@ -19,7 +19,7 @@ from trex.cost_model.model_spec import ModelSpec, get_model_spec
 from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
-from trex.passes.parallel.baselines import Recipe, baseline_plan, get_recipe, recipes_for
+from trex.passes.parallel.baselines import Recipe, baseline_plan, get_recipe, recipes_for, software_differences
 from trex.passes.parallel.reasons import shortfall, why_slower, why_too_big
 from trex.passes.parallel.search import Candidate, Progress, SearchResult, search
 from trex.passes.parallel.space import SearchSpace
@@ -43,6 +43,7 @@ class Baseline:
     plan: Plan | None  # None when the recipe's layout is not a valid plan for this run
     violations: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # the model's other recipes, passed over because they do not fit
+    software_differences: list[str] = field(default_factory=list)  # priced with other software than the published run
 
     @property
     def feasible(self) -> bool:
@@ -109,7 +110,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 def baseline_summary(baseline: Baseline) -> dict[str, Any]:
     out: dict[str, Any] = {"recipe": baseline.recipe.name, "description": baseline.recipe.description, "source": baseline.recipe.source,
-                           "adjusted": baseline.adjusted, "skipped": baseline.skipped, "not_modelled": list(baseline.recipe.not_modelled)}
+                           "adjusted": baseline.adjusted, "skipped": baseline.skipped, "not_modelled": list(baseline.recipe.not_modelled),
+                           "software_differences": baseline.software_differences}
     if baseline.plan is not None:
         out.update(plan_summary(baseline.plan))
     else:
@@ -205,10 +207,11 @@ def _baseline(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, name:
         config, adjusted = baseline_plan(recipe, spec, cluster.devices, template)
     except TrexError as error:
         return Baseline(recipe, template, [], None, [str(error)])
+    differences = software_differences(recipe, spec.name, config)
     try:
         estimate = estimate_step(spec, cluster, config)
     except InfeasiblePlan as error:
-        return Baseline(recipe, config, adjusted, None, list(error.violations))
-    notes = tuple(f"adjusted: {a}" for a in adjusted) + tuple(f"not modelled: {n}" for n in recipe.not_modelled)
+        return Baseline(recipe, config, adjusted, None, list(error.violations), software_differences=differences)
+    notes = tuple(f"adjusted: {a}" for a in adjusted) + tuple(f"not modelled: {n}" for n in recipe.not_modelled) + tuple(differences)
     plan = make_plan(spec, cluster, estimate.plan, estimate, f"baseline: {recipe.description}", notes)
-    return Baseline(recipe, config, adjusted, plan, estimate.memory_violations())
+    return Baseline(recipe, config, adjusted, plan, estimate.memory_violations(), software_differences=differences)

@@ -44,3 +44,27 @@ def test_a_model_without_a_public_layout_gets_the_scaled_stand_in_and_says_what_
     plan, adjusted = baseline_plan(recipe, spec, 64, ParallelConfig(seq=4096, gbs=64))
     assert plan.ep == 1 and any("dense model" in a for a in adjusted)
     assert estimate_step(spec, get_cluster("ascend-910b", 64), plan).step_time_s > 0
+
+
+def test_recipes_of_published_runs_report_the_software_their_run_used():
+    from dataclasses import replace
+
+    from trex.cost_model.validation import compare_all
+    from trex.passes.parallel.baselines import published_software, software_differences
+
+    rows = {row["id"] for row in published_runs()}
+    for recipe in recipes().values():
+        linked = recipe.published_row.values() if isinstance(recipe.published_row, dict) else [recipe.published_row] if recipe.published_row else []
+        assert set(linked) <= rows, recipe.name
+    qwen = get_recipe("megatron-moe-modelzoo-qwen3")
+    spec = get_model_spec("qwen3-235b-a22b")
+    assert published_software(qwen, spec.name)["dispatcher"] == "deepep"
+    template = ParallelConfig(seq=4096, gbs=2048)
+    plan, _ = baseline_plan(qwen, spec, 256, template)
+    (difference,) = software_differences(qwen, spec.name, plan)
+    assert "dispatcher=deepep" in difference and "--set dispatcher=deepep" in difference
+    # priced with the published software, the baseline is the validation's estimate of row Q3-A
+    plan, _ = baseline_plan(qwen, spec, 256, replace(template, dispatcher="deepep"))
+    assert software_differences(qwen, spec.name, plan) == []
+    validated = {c.id: c for c in compare_all()}["Q3-A"].estimate
+    assert estimate_step(spec, get_cluster("h100", 256), plan).step_time_s == pytest.approx(validated.step_time_s)

@@ -191,6 +191,8 @@ def _print(result, args: argparse.Namespace) -> None:
             console.print(f"  passed over: {line}")
         for line in base.recipe.not_modelled:
             console.print(f"  not modelled: {line}")
+        for line in base.software_differences:
+            console.print(f"  software: {line}")
         if base.plan is None:
             console.print(f"  [red]not a valid plan for this run:[/red] {'; '.join(base.violations)}")
         if result.speedup is not None:
