@@ -336,5 +336,11 @@ class Layout:
         return tuple(self.layers.kind_counts(start, end) for start, end in ranges)
 
     def excess(self, device: int, ranges: Sequence[tuple[int, int]]) -> float:
-        memory = self.device_memory(device, ranges)
-        return memory.total - memory.capacity
+        """`device_memory(device, ranges).total - capacity`, the same arithmetic in the same order without
+        building the estimate: the stage splitter's local search asks this millions of times."""
+        params, saved = self._holdings(device, ranges)
+        weights, grads, states = self.static_memory(params)
+        acts = 0.0
+        for held, count in zip(saved, self.in_flight[device]):
+            acts += held * count
+        return weights + grads + states + acts + self.layers.transient - self.capacity

@@ -357,6 +357,8 @@ def _improve(costs: _Costs, split: tuple[int, ...], memory: MemoryBudget | None)
                 trial = list(times)
                 trial[(b - 1) % pp] += t_left - chunk_t[b - 1]
                 trial[b % pp] += t_right - chunk_t[b]
+                if current[0] == 0.0 and (max(trial), sum(v * v for v in trial)) >= current[1:]:
+                    continue  # the split fits already: a move that does not improve the times cannot win, whatever its memory
                 spill = excess
                 if memory is not None:
                     bounds = list(starts)
