@@ -38,7 +38,7 @@ def published_runs(path: str | Path | None = None) -> list[dict[str, str]]:
 def extra_published_runs() -> list[dict[str, str]]:
     """Further published runs of the same sources (`data/published_runs_extra.csv`): reported next to the
     validation table, never part of its mean, worst row or order check."""
-    return published_runs(resources.files("trex.cost_model").joinpath("data", "published_runs_extra.csv"))  # type: ignore[arg-type]
+    return list(csv.DictReader(_data("published_runs_extra.csv").splitlines()))
 
 
 def published_setups() -> dict[str, dict[str, Any]]:
