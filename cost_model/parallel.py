@@ -14,6 +14,7 @@ with its numbers.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from trex.errors import TrexError
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 AttentionKernel = Literal["flash", "unfused"]
 Dispatcher = Literal["alltoall", "deepep"]
+Optimizer = Literal["auto", "adamw", "muon"]
 
 
 class InfeasiblePlan(TrexError):
@@ -59,7 +61,7 @@ class ParallelConfig:
     overlap_p2p: bool = True
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
     optimizer_state_dtype: Precision = "fp32"  # optimizer moments
-    optimizer: str = "auto"  # auto (model's own), adamw, muon
+    optimizer: Optimizer = "auto"  # auto (model's own), adamw, muon
     layers_per_chunk: tuple[int, ...] | None = None  # explicit stage split: layers in each of pp*vpp chunks
     # A dropless MoE layer copies its token counts to the host in the forward (to size buffers and
     # grouped GEMMs), draining the launch queue. True for Megatron-Core's alltoall dispatcher
@@ -215,7 +217,25 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
         problems.append(f"unknown recompute module(s) {', '.join(sorted(unknown))}; known: {', '.join(RECOMPUTE_MODULES)}")
     if plan.moe_imbalance < 1.0:
         problems.append(f"moe_imbalance={plan.moe_imbalance} must be >= 1 (it is max/mean load)")
+    for name, allowed in _choices().items():
+        value = getattr(plan, name)
+        if value not in allowed:
+            problems.append(f"{name}={value!r}: use one of {', '.join(allowed)}")
     return problems
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The fields whose values come from a fixed set (their Literal types), with that set: a value
+    outside it would otherwise be priced as some default without a word."""
+    global _CHOICES
+    if _CHOICES is None:
+        hints = typing.get_type_hints(ParallelConfig)
+        _CHOICES = {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(ParallelConfig)
+                    if typing.get_origin(hints[f.name]) is Literal}
+    return _CHOICES
+
+
+_CHOICES: dict[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)

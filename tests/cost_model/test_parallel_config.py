@@ -34,6 +34,11 @@ def test_malformed_plans_are_rejected(text, message):
     (ParallelConfig(tp=2, pp=8, vpp=4, gbs=16 * 12, seq=4096), 256, "12 micro-batches per step to be a multiple of pp=8"),
     (ParallelConfig(tp=2, pp=8, gbs=2048, seq=4096, recompute="selective:attn"), 256, "unknown recompute module"),
     (ParallelConfig(tp=2, pp=16, vpp=8, gbs=2048, seq=4096), 512, "exceed the 94 layers"),
+    # software settings outside their sets are named, never priced as a default
+    (ParallelConfig(tp=2, pp=8, gbs=2048, seq=4096, dispatcher="DeepEP"), 256, "dispatcher='DeepEP': use one of alltoall, deepep"),
+    (ParallelConfig(tp=2, pp=8, gbs=2048, seq=4096, attention_kernel="sdpa"), 256, "attention_kernel='sdpa': use one of flash, unfused"),
+    (ParallelConfig(tp=2, pp=8, gbs=2048, seq=4096, grad_dtype="fp9"), 256, "grad_dtype='fp9': use one of bf16, fp16, fp8, fp32"),
+    (ParallelConfig(tp=2, pp=8, gbs=2048, seq=4096, optimizer="sgd"), 256, "optimizer='sgd': use one of auto, adamw, muon"),
 ])
 def test_violations_name_the_constraint_and_the_numbers(plan, devices, message):
     problems = validate(plan, QWEN, devices)
