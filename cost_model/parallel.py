@@ -141,7 +141,7 @@ class ParallelConfig:
         return cls(**values)
 
 
-_PLAN_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero")
+PLAN_STRING_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero")  # what a plan string ("tp=8,pp=4,...") sets
 
 
 def parse_plan(text: str, **training: Any) -> ParallelConfig:
@@ -151,8 +151,8 @@ def parse_plan(text: str, **training: Any) -> ParallelConfig:
         if "=" not in item:
             raise TrexError(f"plan item {item!r} is not key=value; write e.g. \"tp=8,pp=4,ep=8\"")
         key, raw = (s.strip() for s in item.split("=", 1))
-        if key not in _PLAN_KEYS:
-            raise TrexError(f"unknown plan key {key!r}; valid keys: {', '.join(_PLAN_KEYS)}")
+        if key not in PLAN_STRING_KEYS:
+            raise TrexError(f"unknown plan key {key!r}; valid keys: {', '.join(PLAN_STRING_KEYS)}")
         try:
             number = int(raw)
         except ValueError:
@@ -166,6 +166,11 @@ def parse_plan(text: str, **training: Any) -> ParallelConfig:
 def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
     """Every violated constraint, each with its numbers (empty when the plan is consistent)."""
     problems: list[str] = []
+    sizes = {name: getattr(plan, name) for name in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "mbs", "gbs", "seq")}
+    not_positive = [f"{name}={value} must be a positive integer" for name, value in sizes.items()
+                    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1)]
+    if not_positive:
+        return not_positive  # every count below divides by these
     dp = plan.dp
     if dp is None:
         if devices % (plan.tp * plan.pp * plan.cp):

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from trex.cli import main
 from trex.cost_model.trace import validate_trace
 
@@ -59,6 +61,20 @@ def test_a_plan_over_memory_is_reported_with_its_shortfall(capsys):
 def test_set_rejects_unknown_fields(capsys):
     assert main(["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=8", "--set", "turbo=1"]) == 2
     assert "unknown plan field 'turbo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["tp=4"], 'tp is set with --plan (e.g. --plan "tp=4")'),  # --plan says tp=8: never silently overridden
+    (["seq=4"], "seq is set with --seq"),
+    (["dispatcher=deepep", "dispatcher=alltoall"], "given twice"),
+    (["dispatcher=DeepEP"], "dispatcher='DeepEP': use one of alltoall, deepep"),
+])
+def test_set_never_silently_overrides_or_guesses(capsys, sets, message):
+    argv = ["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=8"]
+    for item in sets:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_calibrate_writes_a_profile_that_estimate_can_use(capsys, tmp_path, monkeypatch):

@@ -69,3 +69,12 @@ def test_plans_round_trip_through_dicts():
     assert ParallelConfig.from_dict(plan.to_dict()) == plan
     with pytest.raises(TrexError, match="unknown plan field"):
         ParallelConfig.from_dict({"tp": 2, "tensor": 4})
+
+
+@pytest.mark.parametrize("plan, message", [
+    (ParallelConfig(tp=0), "tp=0 must be a positive integer"),
+    (ParallelConfig(seq=-5), "seq=-5 must be a positive integer"),
+    (ParallelConfig(gbs=0), "gbs=0 must be a positive integer"),
+])
+def test_sizes_must_be_positive_and_are_checked_before_any_division(plan, message):
+    assert message in validate(plan, QWEN, 256)
