@@ -93,3 +93,16 @@ def test_the_cost_models_caveats_reach_the_printed_plan(tmp_path, monkeypatch, c
                  "--baseline", "none", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["best"]["notes"]
     assert any("not calibrated" in note for note in notes)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["dispatcher=deepep", "dispatcher=alltoall"], "--set dispatcher is given twice"),
+    (["seq=8"], "seq is set with --seq"),
+    (["tp=2"], "software settings may not fix searched fields (tp)"),
+])
+def test_set_never_silently_overrides(capsys, sets, message):
+    argv = list(SMALL)
+    for item in sets:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

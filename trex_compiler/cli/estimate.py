@@ -62,27 +62,39 @@ def _coerce(field: str, raw: str, current: object) -> object:
 def build_plan(args: argparse.Namespace):
     import dataclasses
 
-    from trex.cost_model.parallel import PLAN_STRING_KEYS, ParallelConfig, parse_plan
-    from trex.errors import TrexError
+    from trex.cost_model.parallel import PLAN_STRING_KEYS, parse_plan
 
     plan = parse_plan(args.plan, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision, recompute=args.recompute)
-    fields = {f.name: f for f in dataclasses.fields(ParallelConfig)}
     own_option = {**{key: "--plan" for key in PLAN_STRING_KEYS}, "seq": "--seq", "gbs": "--gbs", "mbs": "--mbs", "precision": "--precision",
                   "recompute": "--recompute"}
+    return dataclasses.replace(plan, **parse_sets(args.set, plan, own_option))
+
+
+def parse_sets(items: list[str], base, own_option: dict[str, str]) -> dict:
+    """`--set FIELD=VALUE` items as ParallelConfig updates, typed like `base`'s fields. A field that
+    has its own option (`own_option`: field -> option) or is given twice with different values is an
+    error: nothing the user wrote is silently overridden."""
+    import dataclasses
+
+    from trex.cost_model.parallel import ParallelConfig
+    from trex.errors import TrexError
+
+    fields = {f.name for f in dataclasses.fields(ParallelConfig)}
     updates: dict[str, object] = {}
-    for item in args.set:
+    for item in items:
         if "=" not in item:
             raise TrexError(f"--set {item!r}: write FIELD=VALUE")
         key, raw = (s.strip() for s in item.split("=", 1))
         if key not in fields:
             raise TrexError(f"--set: unknown plan field {key!r}; fields: {', '.join(sorted(fields))}")
-        if key in own_option:  # one place per setting, so that nothing the user wrote is silently overridden
+        if key in own_option:
             raise TrexError(f"--set {key}=...: {key} is set with {own_option[key]}" + (f' (e.g. --plan "{key}={raw}")' if own_option[key] == "--plan" else ""))
-        value = _coerce(key, raw, getattr(plan, key) if getattr(plan, key) is not None else 0)
+        current = getattr(base, key)
+        value = _coerce(key, raw, current if current is not None else 0)
         if key in updates and updates[key] != value:
             raise TrexError(f"--set {key} is given twice ({updates[key]!r} and {value!r}); keep one")
         updates[key] = value
-    return dataclasses.replace(plan, **updates)
+    return updates
 
 
 def run(args: argparse.Namespace) -> int:

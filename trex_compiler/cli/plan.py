@@ -43,24 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _software(items: list[str]) -> dict:
-    import dataclasses
-
-    from trex.cli.estimate import _coerce
+    from trex.cli.estimate import parse_sets
     from trex.cost_model.parallel import ParallelConfig
-    from trex.errors import TrexError
 
-    defaults = ParallelConfig()
-    fields = {f.name for f in dataclasses.fields(ParallelConfig)}
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise TrexError(f"--set {item!r}: write FIELD=VALUE")
-        key, raw = (s.strip() for s in item.split("=", 1))
-        if key not in fields:
-            raise TrexError(f"--set: unknown plan field {key!r}; fields: {', '.join(sorted(fields))}")
-        current = getattr(defaults, key)
-        out[key] = _coerce(key, raw, current if current is not None else 0)
-    return out
+    return parse_sets(items, ParallelConfig(), {"seq": "--seq", "gbs": "--gbs", "precision": "--precision"})
 
 
 def run(args: argparse.Namespace) -> int:
