@@ -214,6 +214,7 @@ class ModelSpec:
     optimizer: Literal["adamw", "muon"] = "adamw"
     source: str = ""
     residual_streams: int = 1  # DeepSeek-V4 mHC keeps hc_mult residual streams
+    assumptions: tuple[str, ...] = ()  # what the description assumed rather than read (every estimate repeats them)
 
     @property
     def num_layers(self) -> int:
@@ -672,7 +673,9 @@ def spec_from_config(config: Any, name: str | None = None) -> ModelSpec:
         spec = llama_like_spec(config, name, family=_FAMILY_BY_TYPE[model_type])
         return spec
     if all(_cfg(config, f, required=False) for f in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")):
-        return llama_like_spec(config, name, family=model_type or "llama")
+        assumed = (f"model_type {model_type!r} is not a family trex knows ({', '.join(sorted(_FAMILY_BY_TYPE))}); it is priced as a "
+                   "Llama-like decoder (causal grouped-query attention, gated MLP, RMSNorm): check that this is its structure")
+        return replace(llama_like_spec(config, name, family=model_type or "llama"), assumptions=(assumed,))
     raise TrexError(f"the cost model cannot describe model_type {model_type!r}: supported families are "
                     f"{', '.join(sorted(_FAMILY_BY_TYPE))} (and Llama-like configs with hidden_size, num_attention_heads, "
                     "num_hidden_layers, vocab_size, intermediate_size)")

@@ -355,7 +355,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     bubble = max(0.0, pipeline - compute - comm - host_wait)
     breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync, host_wait)
     tokens = plan.gbs * plan.seq
-    notes = []
+    notes = list(spec.assumptions)
     if device.name == "cpu" and not device.calibrated:
         notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
     if plan.precision == "fp8":

@@ -92,3 +92,16 @@ def test_keys_per_query_equals_the_mask_count(seq, window, rate, topk):
         compressed = 0 if not rate else ((i + 1) // rate if topk is None else min(topk, (i + 1) // rate))
         brute += local + compressed
     assert core.keys_per_query(seq) == pytest.approx(brute / seq)
+
+
+def test_an_unknown_family_is_priced_as_llama_like_and_every_estimate_says_so():
+    from trex.cost_model import estimate_step, get_cluster, parse_plan
+
+    config = {"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12, "vocab_size": 30522,
+              "intermediate_size": 3072}
+    spec = spec_from_config(config, "bert-like")
+    (assumed,) = spec.assumptions
+    assert "model_type 'bert' is not a family trex knows" in assumed and "Llama-like decoder" in assumed
+    estimate = estimate_step(spec, get_cluster("h100", 8), parse_plan("tp=1", seq=512, gbs=8))
+    assert assumed in estimate.notes and assumed in estimate.to_dict()["notes"]
+    assert spec_from_config({**config, "model_type": "llama"}, "llama").assumptions == ()
