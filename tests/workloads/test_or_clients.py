@@ -187,14 +187,11 @@ def test_replay_without_any_prediction_field_is_refused(tmp_path):
 def tiny_moe():
     """A random-init two-layer Qwen3-MoE and a character tokenizer, built here (nothing downloaded)."""
     torch = pytest.importorskip("torch")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from workload_helpers import CHARACTER_VOCAB, character_tokenizer
 
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    words = CHARACTER_VOCAB
+    tokenizer = character_tokenizer(words)
     torch.manual_seed(0)
     config = Qwen3MoeConfig(
         vocab_size=len(words), hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_experts=4,

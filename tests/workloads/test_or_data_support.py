@@ -40,14 +40,11 @@ def tiny_lm_dir(tmp_path_factory) -> Path:
     """A random-init two-layer Llama and a character tokenizer saved to a directory (nothing is
     downloaded), loadable by `TransformersClient` like any local model."""
     torch = pytest.importorskip("torch")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from workload_helpers import CHARACTER_VOCAB, character_tokenizer
 
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)] + ["\n"]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    words = CHARACTER_VOCAB + ["\n"]
+    tokenizer = character_tokenizer(words)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

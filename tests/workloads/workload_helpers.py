@@ -1,4 +1,5 @@
-"""Shared by the workload tests: data locations, skip marks, limits, and a fake OpenAI-compatible server.
+"""Shared by the workload tests: data locations, skip marks, limits, a fake OpenAI-compatible server, and
+a character tokenizer for tiny local models.
 
 (A module of its own rather than conftest.py: tests/conftest.py already owns that module name.)"""
 
@@ -138,3 +139,18 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             return 404, b"{}", {}
         return 200, json.dumps({"choices": [choice]}).encode(), {}
+
+
+CHARACTER_VOCAB = ["<pad>", "<s>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)]
+
+
+def character_tokenizer(words: list[str]):
+    """A word-level tokenizer over single characters (ids 0-3: pad, bos, eos, unk), built here: tiny random
+    models need a tokenizer that `TransformersClient` loads like any local one, and nothing is downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
