@@ -637,6 +637,13 @@ def _with_host_ops(spec: ModelSpec) -> ModelSpec:
 
 
 _KORTHIKANTI = "Korthikanti et al. 2022, Table 1 (Megatron GPT shapes; vocab 51200, seq 2048)"
+_LLAMA3 = "Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 (the released config.json), untied"
+
+
+def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
+    config = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
+              "num_hidden_layers": layers, "vocab_size": 128256, "intermediate_size": ffn, "tie_word_embeddings": False}
+    return replace(llama_like_spec(config, name), source=_LLAMA3)
 BUILTIN_SHAPES: dict[str, Any] = {
     "gpt-22b": lambda: gpt_spec("gpt-22b", layers=48, hidden=6144, heads=64, source=_KORTHIKANTI),
     "gpt-175b": lambda: gpt_spec("gpt-175b", layers=96, hidden=12288, heads=96, source=_KORTHIKANTI),
@@ -646,6 +653,8 @@ BUILTIN_SHAPES: dict[str, Any] = {
         {"model_type": "pangu", "hidden_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
          "num_hidden_layers": 94, "vocab_size": 153376, "intermediate_size": 28672, "tie_word_embeddings": False},
         "pangu-ultra-135b", family="pangu", sandwich_norm=True),
+    "llama3-70b": lambda: _llama3("llama3-70b", layers=80, hidden=8192, heads=64, ffn=28672),
+    "llama3.1-405b": lambda: _llama3("llama3.1-405b", layers=126, hidden=16384, heads=128, ffn=53248),
 }
 
 

@@ -18,6 +18,8 @@ from trex.errors import TrexError, UnknownNameError
     ("gpt-175b", 175e9, 175e9),
     ("gpt-1t", 1.0e12, 1.0e12),
     ("pangu-ultra-135b", 135e9, 135e9),
+    ("llama3-70b", 70.6e9, 70.6e9),  # Llama 3 model card: 70.6B
+    ("llama3.1-405b", 405.9e9, 405.9e9),  # 405.9B
 ])
 def test_parameter_counts_match_the_published_sizes(name, total, active):
     spec = get_model_spec(name)
