@@ -16,8 +16,9 @@ model (DeepSeek-V4 has four), priced once per plan. What each part costs:
 * memory-bound kernels - bytes / achievable HBM bandwidth + per-kernel overhead; backward moves
   twice the forward bytes.
 * tensor-parallel collectives (sequence parallel: all-gather + reduce-scatter per region, mirrored
-  in the backward) exposed unless `tp_comm_overlap`; context-parallel ring exchange of K/V overlapped
-  with the attention it feeds.
+  in the backward) exposed unless `tp_comm_overlap`, which hides them under the tensor-parallel GEMMs
+  and runs the forward and row-parallel data-gradient GEMMs as tp sub-GEMMs (ring exchange);
+  context-parallel ring exchange of K/V overlapped with the attention it feeds.
 * recompute - selective modules re-run their forward inside the backward; full recompute re-runs
   the whole forward, collectives included, and keeps only the layer input.
 * host - the time the host takes to issue the layer's ops (captured op counts x the profile's
@@ -66,6 +67,8 @@ class LayerCost:
     host_forward_s: float = 0.0  # host time to issue the forward's ops (trex.cost_model.host)
     host_backward_s: float = 0.0  # ... the backward's, recompute included
     syncs_host: bool = False  # the forward waits for the device once (dropless MoE token counts)
+    tp_gemm_forward_s: float = 0.0  # tensor-parallel GEMMs: the window an overlapped TP collective hides in
+    tp_gemm_backward_s: float = 0.0
 
     @property
     def device_forward_s(self) -> float:
@@ -102,6 +105,8 @@ class LayerCost:
         self.host_forward_s += other.host_forward_s
         self.host_backward_s += other.host_backward_s
         self.syncs_host = self.syncs_host or other.syncs_host
+        self.tp_gemm_forward_s += other.tp_gemm_forward_s
+        self.tp_gemm_backward_s += other.tp_gemm_backward_s
 
 
 @dataclass(frozen=True)
@@ -164,8 +169,20 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
         m = ctx.sp_tokens
     dtype = ctx.gemm_dtype(lin.fp8)
     device = ctx.device
-    forward = device.gemm_time(m, n, k, dtype, groups)
-    backward = device.gemm_time(m, k, n, dtype, groups) + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes)
+    sharded = tp > 1 and lin.parallel in ("column", "row")
+    # TP communication overlap (Transformer Engine userbuffers, ring exchange): the all-gather before a
+    # column-parallel GEMM and the reduce-scatter after a row-parallel one are pipelined with the GEMM,
+    # which runs as tp sub-GEMMs of m/tp rows, one per peer's shard. The same holds for the row-parallel
+    # data gradient (the all-gather of the incoming gradient); the column-parallel data gradient and the
+    # weight gradients overlap whole ("bulk"). Sub-GEMMs of few rows fill the device less.
+    ring = sharded and ctx.plan.tp_comm_overlap and ctx.plan.sequence_parallel
+    chunks = tp if ring else 1
+    forward = chunks * device.gemm_time(m / chunks, n, k, dtype, groups)
+    dgrad_chunks = chunks if lin.parallel == "row" else 1
+    backward = dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups) + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes)
+    if sharded:
+        cost.tp_gemm_forward_s += forward
+        cost.tp_gemm_backward_s += backward
     if dtype == "fp8":  # quantise the input (forward) and the incoming gradient + input transpose (backward)
         forward += device.memory_time(3.0 * m * k * groups, 1)
         backward += device.memory_time(3.0 * m * (n + k) * groups, 2)
@@ -358,9 +375,11 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
     tp_backward = tp_forward + (tp_forward if full else 0.0)
     cost.comm_total_s += tp_forward + tp_backward
     if plan.tp_comm_overlap:
-        gemms = sum(op.forward_s for op in cost.ops if op.category == "gemm") if ctx.detail else cost.forward_s * 0.7
-        tp_forward_exposed = max(0.0, tp_forward - gemms)
-        tp_backward_exposed = max(0.0, tp_backward - 2 * gemms)
+        # hidden under the tensor-parallel GEMMs they feed (forward), and under the backward's data and
+        # weight gradients (the recompute's collectives under its re-run forward GEMMs)
+        window_b = cost.tp_gemm_backward_s + (cost.tp_gemm_forward_s if full else 0.0)
+        tp_forward_exposed = max(0.0, tp_forward - cost.tp_gemm_forward_s)
+        tp_backward_exposed = max(0.0, tp_backward - window_b)
     else:
         tp_forward_exposed, tp_backward_exposed = tp_forward, tp_backward
     cost.comm_forward_s += tp_forward_exposed

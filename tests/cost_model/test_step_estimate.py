@@ -196,3 +196,63 @@ def test_hiding_the_all_to_all_costs_the_compute_beside_it_the_sms_it_holds():
     # a device whose communication holds no compute units hides it for free
     free = cluster.with_device(replace(cluster.device, comm_units=0.0))
     assert cost(True, free).compute_s == pytest.approx(blocking.compute_s)
+
+
+def _llama_layer(tp_comm_overlap, detail=True, **plan_fields):
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+
+    spec = get_model_spec("llama3-70b")
+    plan = ParallelConfig(tp=4, pp=8, vpp=5, seq=8192, gbs=256, precision="bf16", recompute="none",
+                          tp_comm_overlap=tp_comm_overlap, **plan_fields).with_devices(64)
+    ctx = CostContext.of(plan, get_cluster("h100", 64), detail=detail)
+    return spec, ctx, layer_cost(spec.layers[0], spec.hidden_size, ctx)
+
+
+def test_tp_overlap_runs_the_forward_gemms_as_one_sub_gemm_per_peer():
+    spec, ctx, blocking = _llama_layer(False)
+    _, _, ring = _llama_layer(True)
+    device, tokens = ctx.device, ctx.tokens
+    fc1 = next(lin for lin in spec.layers[0].linears if lin.name == "mlp.fc1")
+    fc2 = next(lin for lin in spec.layers[0].linears if lin.name == "mlp.fc2")
+    n1, k2 = fc1.out_features / 4, fc2.in_features / 4
+    by_name = {op.name: op for op in ring.ops}
+    # column-parallel fc1: forward in 4 sub-GEMMs of tokens/4 rows; data gradient whole (bulk overlap)
+    assert by_name["mlp.fc1"].forward_s == pytest.approx(4 * device.gemm_time(tokens / 4, n1, fc1.in_features, "bf16"))
+    wgrad1 = device.gemm_time(fc1.in_features, n1, tokens, "bf16", 1, ctx.wgrad_out_bytes)
+    assert by_name["mlp.fc1"].backward_s == pytest.approx(device.gemm_time(tokens, fc1.in_features, n1, "bf16") + wgrad1)
+    # row-parallel fc2: the data gradient follows the all-gather of the incoming gradient, in 4 pieces too
+    wgrad2 = device.gemm_time(k2, fc2.out_features, tokens, "bf16", 1, ctx.wgrad_out_bytes)
+    assert by_name["mlp.fc2"].backward_s == pytest.approx(4 * device.gemm_time(tokens / 4, k2, fc2.out_features, "bf16") + wgrad2)
+    # smaller GEMMs fill the device less: the GEMMs get slower, the collectives disappear
+    assert ring.forward_s > blocking.forward_s
+    assert blocking.comm_s > 0 and ring.comm_s == pytest.approx(0.0)
+
+
+def test_tp_overlap_window_is_the_same_with_and_without_the_per_op_detail():
+    # the step estimate prices layers without per-op detail; `explain` with it: both must hide the same
+    _, _, detailed = _llama_layer(True, detail=True)
+    _, _, plain = _llama_layer(True, detail=False)
+    assert detailed.tp_gemm_forward_s > 0
+    assert plain.tp_gemm_forward_s == pytest.approx(detailed.tp_gemm_forward_s)
+    assert (plain.comm_forward_s, plain.comm_backward_s) == pytest.approx((detailed.comm_forward_s, detailed.comm_backward_s))
+    gemms = sum(op.forward_s for op in detailed.ops if op.category == "gemm")
+    assert detailed.tp_gemm_forward_s == pytest.approx(gemms)  # every GEMM of a Llama layer is tensor-parallel
+
+
+def test_tp_overlap_shows_what_its_window_cannot_hide():
+    from dataclasses import replace
+
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+
+    spec = get_model_spec("llama3-70b")
+    cluster = get_cluster("h100", 64)
+    slow = replace(cluster, tiers=(replace(cluster.tiers[0], bandwidth_gbs=5.0),) + tuple(cluster.tiers[1:]))
+    plan = ParallelConfig(tp=4, pp=8, vpp=5, seq=8192, gbs=256, recompute="none").with_devices(64)
+
+    def cost(overlap):
+        return layer_cost(spec.layers[0], spec.hidden_size, CostContext.of(replace(plan, tp_comm_overlap=overlap), slow))
+
+    blocking, ring = cost(False), cost(True)
+    assert blocking.comm_forward_s > ring.tp_gemm_forward_s > 0  # 5 GB/s: the collectives outlast the GEMMs
+    assert ring.comm_forward_s == pytest.approx(blocking.comm_forward_s - ring.tp_gemm_forward_s)
+    assert ring.comm_backward_s == pytest.approx(blocking.comm_backward_s - ring.tp_gemm_backward_s)
