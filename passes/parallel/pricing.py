@@ -198,6 +198,7 @@ class Layout:
         self.edp = c.tp * c.cp * self.dp // (c.ep * c.etp)
         self.microbatches = template.gbs // (c.mbs * self.dp)
         self.chunks = pp * vpp
+        self._chunk_bytes: dict[tuple[int, int, int], float] = {}  # (chunk, start, end) -> its share of a device's memory
         self.capacity = layers.cluster.device.usable_memory_bytes
         self.muon = (template.optimizer if template.optimizer != "auto" else layers.spec.optimizer) == "muon"
         self.overlap_p2p = template.overlap_p2p
@@ -336,11 +337,26 @@ class Layout:
         return tuple(self.layers.kind_counts(start, end) for start, end in ranges)
 
     def excess(self, device: int, ranges: Sequence[tuple[int, int]]) -> float:
-        """`device_memory(device, ranges).total - capacity`, the same arithmetic in the same order without
-        building the estimate: the stage splitter's local search asks this millions of times."""
-        params, saved = self._holdings(device, ranges)
-        weights, grads, states = self.static_memory(params)
-        acts = 0.0
-        for held, count in zip(saved, self.in_flight[device]):
-            acts += held * count
-        return weights + grads + states + acts + self.layers.transient - self.capacity
+        """`device_memory(device, ranges).total - capacity`: the stage splitter's local search asks this
+        millions of times, for ranges that differ from the last ask in one chunk. Without Muon the
+        static memory is linear in the parameters, so it is a sum of per-chunk shares, each computed
+        once (equal to the estimate up to rounding); with Muon (whose optimizer-state share mixes the
+        device's parameters) it is the estimate's arithmetic without building the estimate."""
+        if self.muon:
+            params, saved = self._holdings(device, ranges)
+            weights, grads, states = self.static_memory(params)
+            acts = 0.0
+            for held, count in zip(saved, self.in_flight[device]):
+                acts += held * count
+            return weights + grads + states + acts + self.layers.transient - self.capacity
+        total = self.layers.transient - self.capacity
+        shares, pp = self._chunk_bytes, self.pp
+        for j, (start, end) in enumerate(ranges):
+            chunk = device + j * pp
+            key = (chunk, start, end)
+            share = shares.get(key)
+            if share is None:
+                facts = self.layers.chunk(start, end, chunk == 0, chunk == self.chunks - 1, pp)
+                share = shares[key] = sum(self.static_memory(facts.params)) + facts.saved * self.in_flight[device][j]
+            total += share
+        return total

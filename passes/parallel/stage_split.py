@@ -130,6 +130,7 @@ class _Costs:
         self.prefix = [0.0]
         for t in problem.layer_times:
             self.prefix.append(self.prefix[-1] + t)
+        self._exact: dict[tuple[int, int, int], float] = {}  # the local search asks the same chunks again and again
 
     def additive(self, start: int, end: int, chunk: int) -> float:
         return self.prefix[end] - self.prefix[start] + self.problem.extra(chunk)
@@ -137,7 +138,11 @@ class _Costs:
     def exact(self, start: int, end: int, chunk: int) -> float:
         if self.problem.chunk_time is None:
             return self.additive(start, end, chunk)
-        return self.problem.chunk_time(start, end, chunk)
+        key = (start, end, chunk)
+        value = self._exact.get(key)
+        if value is None:
+            value = self._exact[key] = self.problem.chunk_time(start, end, chunk)
+        return value
 
     def device_times(self, layers_per_chunk: Sequence[int]) -> tuple[float, ...]:
         times = [0.0] * self.problem.pp
@@ -277,13 +282,16 @@ def _balanced_cut(costs: _Costs) -> tuple[int, ...]:
     chunks, n_layers = problem.chunks, problem.num_layers
     total = prefix[-1] + problem.first_extra + problem.last_extra
     bounds = [0]
+    need = [0] * (chunks + 1)  # middle chunks from c on need a layer each
+    for c in range(chunks - 1, -1, -1):
+        need[c] = need[c + 1] + problem.min_layers(c)
     for c in range(1, chunks):
         target = c * total / chunks - problem.first_extra
         e = bisect.bisect_left(prefix, target)
         if e > 0 and (e > n_layers or abs(prefix[e - 1] - target) <= abs(prefix[e] - target)):
             e -= 1
         lo = bounds[-1] + problem.min_layers(c - 1)
-        hi = n_layers - sum(problem.min_layers(x) for x in range(c, chunks))
+        hi = n_layers - need[c]
         bounds.append(min(max(e, lo), hi))
     bounds.append(n_layers)
     return tuple(bounds[i + 1] - bounds[i] for i in range(chunks))
@@ -318,6 +326,7 @@ def _improve(costs: _Costs, split: tuple[int, ...], memory: MemoryBudget | None)
     spread) - a split that does not fit is first walked towards one that does."""
     problem = costs.problem
     pp, chunks = problem.pp, problem.chunks
+    mins = [problem.min_layers(c) for c in range(chunks)]
     sizes = list(split)
     starts = [0]
     for n in sizes:
@@ -350,7 +359,7 @@ def _improve(costs: _Costs, split: tuple[int, ...], memory: MemoryBudget | None)
         for b in range(1, chunks):
             for step in (1, -1):
                 left, right = sizes[b - 1] + step, sizes[b] - step
-                if left < problem.min_layers(b - 1) or right < problem.min_layers(b):
+                if left < mins[b - 1] or right < mins[b]:
                     continue
                 cut = starts[b] + step
                 t_left, t_right = costs.exact(starts[b - 1], cut, b - 1), costs.exact(cut, starts[b + 1], b)
@@ -364,8 +373,10 @@ def _improve(costs: _Costs, split: tuple[int, ...], memory: MemoryBudget | None)
                     bounds = list(starts)
                     bounds[b] = cut
                     spill = list(excess)
-                    for d in {(b - 1) % pp, b % pp}:
-                        spill[d] = over(d, bounds)
+                    grows, shrinks = ((b - 1) % pp, b % pp) if step > 0 else (b % pp, (b - 1) % pp)
+                    spill[grows] = over(grows, bounds)
+                    if shrinks != grows and excess[shrinks] > 0.0:  # a device that fits still fits with a layer less
+                        spill[shrinks] = over(shrinks, bounds)
                 trial_score = score(trial, spill)
                 if trial_score >= current:
                     continue
