@@ -51,6 +51,11 @@ class OpTime:
     recompute_s: float = 0.0
     flops: float = 0.0  # executed, forward + backward (+ recompute)
 
+    def to_dict(self) -> dict[str, float | str]:
+        executed = self.forward_s + self.backward_s + self.recompute_s
+        return {"name": self.name, "category": self.category, "forward_s": self.forward_s, "backward_s": self.backward_s,
+                "recompute_s": self.recompute_s, "flops": self.flops, "tflops": self.flops / executed / 1e12 if self.flops and executed else None}
+
 
 @dataclass
 class LayerCost:
@@ -90,6 +95,14 @@ class LayerCost:
     @property
     def total_s(self) -> float:
         return self.compute_s + self.comm_s
+
+    def to_dict(self) -> dict[str, object]:
+        """Times of one micro-batch on one device; `ops` only when priced with detail."""
+        return {"forward_s": self.forward_s, "backward_s": self.backward_s, "recompute_s": self.recompute_s,
+                "exposed_comm_forward_s": self.comm_forward_s, "exposed_comm_backward_s": self.comm_backward_s,
+                "comm_before_overlap_s": self.comm_total_s, "flops": self.flops, "saved_bytes": self.saved_bytes,
+                "host_forward_s": self.host_forward_s, "host_backward_s": self.host_backward_s, "syncs_host": self.syncs_host,
+                "ops": [op.to_dict() for op in self.ops]}
 
     def add(self, other: LayerCost) -> None:
         self.forward_s += other.forward_s
@@ -249,7 +262,7 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
     if ctx.detail:
         cost.ops.append(OpTime(core.name, "attention", forward, backward, redo, forward_flops * (2 if recompute else 1) + backward_flops))
         if comm:
-            cost.ops.append(OpTime(f"{core.name}.cp_ring", "cp_comm", exposed_f, exposed_b, 0.0))
+            cost.ops.append(OpTime(f"{core.name}.cp_ring", "cp_comm", exposed_f, exposed_b + (exposed_f if recompute else 0.0), 0.0))
 
 
 def _expected_nodes_hit(nodes: int, top_k: int, moe: MoESpec, ep: int) -> float:
@@ -404,6 +417,14 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
         cost.saved_bytes += kept
     _host(layer, ctx, cost)
     return cost
+
+
+def layer_breakdown(spec: ModelSpec, plan: ParallelConfig, cluster: Cluster) -> dict[str, LayerCost]:
+    """Every layer kind of `spec` priced op by op, for one micro-batch on one device: what the step
+    estimate sums (`trex estimate --layers` prints it). The ops' forward (backward) times add up to
+    the layer's forward (backward) compute plus the communication it leaves exposed."""
+    ctx = CostContext.of(plan, cluster, detail=True)
+    return {kind: layer_cost(layer, spec.hidden_size, ctx) for kind, layer in spec.layer_kinds.items()}
 
 
 def _host(layer: LayerSpec, ctx: CostContext, cost: LayerCost) -> None:

@@ -29,6 +29,27 @@ def test_estimate_prints_a_table_and_writes_a_trace(capsys, tmp_path):
     assert validate_trace(json.loads(trace.read_text())) == []
 
 
+def test_layers_show_every_layer_kind_op_by_op(capsys):
+    argv = ["estimate", "--model", "deepseek-v3", "--cluster", "h100", "--devices", "1024", "--plan", "tp=2,pp=8,vpp=4,ep=64,zero=1",
+            "--seq", "4096", "--gbs", "8192", "--precision", "fp8", "--recompute", "selective:mla_up_proj+mlp", "--layers"]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    layers = data["layers"]
+    assert {kind: layer["count"] for kind, layer in layers.items()} == {"dense": 3, "moe": 58, "mtp": 1}
+    moe = layers["moe"]
+    names = {op["name"] for op in moe["ops"]}
+    assert {"experts.grouped_mm", "moe.dispatch+combine", "attention"} <= names
+    # the ops add up to the layer: compute plus the communication it leaves exposed
+    assert sum(op["forward_s"] for op in moe["ops"]) == pytest.approx(moe["forward_s"] + moe["exposed_comm_forward_s"])
+    assert sum(op["backward_s"] for op in moe["ops"]) == pytest.approx(moe["backward_s"] + moe["exposed_comm_backward_s"])
+    assert sum(op["recompute_s"] for op in moe["ops"]) == pytest.approx(moe["recompute_s"])
+    experts = next(op for op in moe["ops"] if op["name"] == "experts.grouped_mm")
+    assert 0 < experts["tflops"] < 1979  # below the H100's dense FP8 peak
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "layer moe (x58 in the model)" in out and "experts.grouped_mm" in out and "exposed communication" in out
+
+
 def test_an_inconsistent_plan_is_data_under_json(capsys):
     code = main(["estimate", "--model", "deepseek-v3", "--cluster", "h100", "--devices", "1024", "--plan", "tp=2,pp=8,ep=7,dp=32", "--json"])
     assert code == 1

@@ -32,6 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused")
     parser.add_argument("--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)")
     parser.add_argument("--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)")
+    parser.add_argument("--layers", action="store_true",
+                        help="also show each layer kind op by op (GEMMs, attention, pointwise, exposed communication) for one micro-batch")
     parser.set_defaults(run=run)
 
 
@@ -118,11 +120,57 @@ def run(args: argparse.Namespace) -> int:
         from trex.cost_model.trace import write_trace
 
         write_trace(estimate, args.trace)
+    layers = None
+    if args.layers:
+        from trex.cost_model.layer_cost import layer_breakdown
+
+        layers = layer_breakdown(spec, estimate.plan, cluster)
     if args.json:
-        print(json.dumps(estimate.to_dict(), indent=2))
+        data = estimate.to_dict()
+        if layers is not None:
+            counts = _kind_counts(spec)
+            data["layers"] = {kind: {"count": counts.get(kind, 0), **cost.to_dict()} for kind, cost in layers.items()}
+        print(json.dumps(data, indent=2))
         return 0 if estimate.feasible else 1
     _print_human(estimate, spec, args.trace)
+    if layers is not None:
+        _print_layers(layers, spec)
     return 0 if estimate.feasible else 1
+
+
+def _kind_counts(spec) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for layer in (*spec.layers, *spec.mtp_layers):
+        counts[layer.kind] = counts.get(layer.kind, 0) + 1
+    return counts
+
+
+def _print_layers(layers, spec) -> None:
+    """One table per layer kind: each priced op of one micro-batch on one device."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    counts = _kind_counts(spec)
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.3f}" if seconds else "-"
+
+    for kind, cost in layers.items():
+        table = Table(title=f"layer {kind} (x{counts.get(kind, 0)} in the model): one micro-batch on one device", show_header=True)
+        table.add_column("op", no_wrap=True, min_width=26)
+        table.add_column("kind", no_wrap=True)
+        for column in ("fwd ms", "bwd ms", "redo ms", "TFLOP/s"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for op in cost.ops:
+            rate = op.to_dict()["tflops"]
+            table.add_row(op.name, op.category, ms(op.forward_s), ms(op.backward_s), ms(op.recompute_s), f"{rate:.0f}" if rate else "")
+        rate = cost.flops / cost.compute_s / 1e12 if cost.compute_s else 0.0
+        table.add_row("total", "", ms(cost.device_forward_s), ms(cost.backward_s + cost.comm_backward_s), ms(cost.recompute_s),
+                      f"{rate:.0f}" if rate else "", style="bold")
+        console.print(table)
+        console.print(f"  exposed communication {ms(cost.comm_s)} ms of {ms(cost.comm_total_s)} ms; host issues it in "
+                      f"{ms(cost.host_forward_s)} + {ms(cost.host_backward_s)} ms" + ("; its forward waits for the device once" if cost.syncs_host else ""))
 
 
 def _print_human(estimate, spec, trace_path: str | None) -> None:
