@@ -186,6 +186,8 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
         problems.append(f"tp={plan.tp} does not divide the {min(heads)} attention heads")
     if plan.sequence_parallel and plan.tp > 1 and (plan.seq // plan.cp) % plan.tp:
         problems.append(f"sequence parallelism needs tp={plan.tp} to divide seq/cp = {plan.seq // plan.cp}")
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
+        problems.append("tp_comm_overlap overlaps the sequence-parallel all-gathers and reduce-scatters: it needs sequence_parallel=true")
     if plan.seq % (2 * plan.cp if plan.cp > 1 else 1):
         problems.append(f"cp={plan.cp} needs seq={plan.seq} divisible by 2*cp (load-balanced causal split)")
     chunks = plan.pp * plan.vpp

@@ -256,3 +256,10 @@ def test_tp_overlap_shows_what_its_window_cannot_hide():
     assert blocking.comm_forward_s > ring.tp_gemm_forward_s > 0  # 5 GB/s: the collectives outlast the GEMMs
     assert ring.comm_forward_s == pytest.approx(blocking.comm_forward_s - ring.tp_gemm_forward_s)
     assert ring.comm_backward_s == pytest.approx(blocking.comm_backward_s - ring.tp_gemm_backward_s)
+
+
+def test_tp_overlap_without_sequence_parallelism_is_named():
+    # Megatron/TE overlap the sequence-parallel collectives; without sequence parallelism there is none to overlap
+    plan = ParallelConfig(tp=8, seq=2048, gbs=4, mbs=4, sequence_parallel=False, tp_comm_overlap=True)
+    with pytest.raises(InfeasiblePlan, match="tp_comm_overlap .* needs sequence_parallel=true"):
+        estimate_step(get_model_spec("gpt-22b"), get_cluster("a100", 8), plan)
