@@ -360,6 +360,8 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
     if plan.precision == "fp8":
         notes.append("FP8 run: MFU is against the dense BF16 peak, the convention of the published FP8 figures")
+        notes.append("FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is too fast, "
+                     "the cost around the FP8 GEMMs being under-priced (bench/cost_model/RESULTS.md, section 1.4)")
     return StepEstimate(
         model=spec.name, cluster=cluster.name, device=device.name, devices=cluster.devices, plan=plan, step_time_s=step,
         tokens_per_step=tokens, flops_per_token=megatron_flops_per_token(spec, plan.seq), flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
