@@ -86,6 +86,7 @@ class StepEstimate:
     p2p_s: float
     per_device_s: tuple[float, ...]
     violations: tuple[str, ...] = ()
+    memory_by_device: tuple[float, ...] = ()  # bytes each pipeline device holds at its peak
     seconds_to_estimate: float = 0.0
     notes: tuple[str, ...] = field(default=())
 
@@ -130,7 +131,21 @@ class StepEstimate:
             "memory_per_device_gib": memory["total"], "memory_gib": memory,
             "breakdown": self.breakdown.to_dict(), "microbatches": self.plan.microbatches,
             "seconds_to_estimate": self.seconds_to_estimate, "notes": list(self.notes),
+            "pipeline": self.stages(),
         }
+
+    def stages(self) -> list[dict[str, Any]]:
+        """Per pipeline device: its chunks (decoder layers each), time per micro-batch and peak memory."""
+        pp, vpp = self.plan.pp, self.plan.vpp
+        out = []
+        for d in range(pp):
+            ids = [d + j * pp for j in range(vpp)]
+            out.append({"device": d, "chunks": ids, "layers_per_chunk": [len(self.chunks[c].layers) for c in ids],
+                        "holds_embedding": 0 in ids, "holds_head": len(self.chunks) - 1 in ids,
+                        "time_per_microbatch_s": self.per_device_s[d],
+                        "host_wait_per_microbatch_s": sum(self.chunks[c].host_wait_s for c in ids),
+                        "memory_gib": self.memory_by_device[d] / GIB if self.memory_by_device else None})
+        return out
 
     def memory_violations(self) -> list[str]:
         if self.memory.fits:
@@ -306,6 +321,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     dp_sync_total = 0.0
     optimizer = 0.0
     memory_worst: MemoryEstimate | None = None
+    memory_by_device: list[float] = []
     dp_place = cluster.strided_placement(*layout.groups["dp"]) if plan.cp == 1 else cluster.strided_placement(plan.cp * plan.data_parallel, plan.tp)
     edp_place = cluster.strided_placement(*layout.groups["edp"])
     grad_bytes = 4.0 if plan.grad_dtype == "fp32" else 2.0
@@ -343,6 +359,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         if d == slowest or exposed + step_opt > dp_sync + optimizer:
             dp_sync, optimizer = max(dp_sync, exposed), max(optimizer, step_opt)
         dp_sync_total = max(dp_sync_total, sync_total)
+        memory_by_device.append(estimate.total)
         if memory_worst is None or estimate.total > memory_worst.total:
             memory_worst = estimate
     assert memory_worst is not None
@@ -367,7 +384,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         tokens_per_step=tokens, flops_per_token=megatron_flops_per_token(spec, plan.seq), flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
         executed_flops_per_step=executed_flops, peak_flops=device.peak_flops("bf16"), breakdown=breakdown, memory=memory_worst,
         chunks=tuple(chunks), p2p_s=p2p, per_device_s=tuple(per_device), violations=(), seconds_to_estimate=time.perf_counter() - started,
-        notes=tuple(notes),
+        notes=tuple(notes), memory_by_device=tuple(memory_by_device),
     )
 
 

@@ -48,6 +48,7 @@ def test_layers_show_every_layer_kind_op_by_op(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "layer moe (x58 in the model)" in out and "experts.grouped_mm" in out and "exposed communication" in out
+    assert "pipeline: 8 devices x 4 chunks" in out and "+E" in out and "+H" in out
 
 
 def test_an_inconsistent_plan_is_data_under_json(capsys):

@@ -267,3 +267,12 @@ def test_tp_overlap_without_sequence_parallelism_is_named():
     plan = ParallelConfig(tp=8, seq=2048, gbs=4, mbs=4, sequence_parallel=False, tp_comm_overlap=True)
     with pytest.raises(InfeasiblePlan, match="tp_comm_overlap .* needs sequence_parallel=true"):
         estimate_step(get_model_spec("gpt-22b"), get_cluster("a100", 8), plan)
+
+
+def test_pipeline_stages_account_for_every_layer_and_the_worst_device(estimate):
+    stages = estimate.to_dict()["pipeline"]
+    assert [s["device"] for s in stages] == list(range(estimate.plan.pp))
+    assert sum(sum(s["layers_per_chunk"]) for s in stages) == DSV3.num_layers
+    assert [s["holds_embedding"] for s in stages].count(True) == 1 and stages[-1]["holds_head"]
+    assert max(s["memory_gib"] for s in stages) == pytest.approx(estimate.to_dict()["memory_per_device_gib"])
+    assert tuple(s["time_per_microbatch_s"] for s in stages) == estimate.per_device_s

@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)")
     parser.add_argument("--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)")
     parser.add_argument("--layers", action="store_true",
-                        help="also show each layer kind op by op (GEMMs, attention, pointwise, exposed communication) for one micro-batch")
+                        help="also show where the time goes: each pipeline device's chunks, time and memory, and each layer kind op by op "
+                        "(GEMMs, attention, pointwise, exposed communication) for one micro-batch")
     parser.set_defaults(run=run)
 
 
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         return 0 if estimate.feasible else 1
     _print_human(estimate, spec, args.trace)
     if layers is not None:
+        _print_stages(estimate)
         _print_layers(layers, spec)
     return 0 if estimate.feasible else 1
 
@@ -143,6 +145,30 @@ def _kind_counts(spec) -> dict[str, int]:
     for layer in (*spec.layers, *spec.mtp_layers):
         counts[layer.kind] = counts.get(layer.kind, 0) + 1
     return counts
+
+
+def _print_stages(estimate) -> None:
+    """One row per pipeline device: the layers of its chunks, its time per micro-batch, its memory."""
+    from rich.console import Console
+    from rich.table import Table
+
+    stages = estimate.stages()
+    slowest = max(stage["time_per_microbatch_s"] for stage in stages)
+    table = Table(title=f"pipeline: {estimate.plan.pp} devices x {estimate.plan.vpp} chunks, {estimate.plan.microbatches} micro-batches",
+                  show_header=True)
+    table.add_column("device", justify="right")
+    table.add_column("layers per chunk", overflow="fold")
+    table.add_column("ms / micro-batch", justify="right")
+    table.add_column("host wait ms", justify="right")
+    table.add_column("memory GiB", justify="right")
+    for stage in stages:
+        extras = ("E " if stage["holds_embedding"] else "") + ("H" if stage["holds_head"] else "")
+        time_ms = stage["time_per_microbatch_s"] * 1e3
+        table.add_row(str(stage["device"]), " ".join(map(str, stage["layers_per_chunk"])) + (f"  +{extras.strip()}" if extras else ""),
+                      f"{time_ms:.2f}" + (" *" if stage["time_per_microbatch_s"] == slowest else ""),
+                      f"{stage['host_wait_per_microbatch_s'] * 1e3:.2f}", f"{stage['memory_gib']:.1f}")
+    Console(file=sys.stdout).print(table)
+    print("  * the slowest device sets the pipeline's pace; E / H: holds the embedding / the output head")
 
 
 def _print_layers(layers, spec) -> None:
