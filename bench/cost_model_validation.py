@@ -13,6 +13,9 @@ the published order (Q3-A > Q3-B > Q3-C).
 every device at a time) and prints the Qwen3 predictions and the error summary for each: a study of
 the host model (`trex.cost_model.host`), not a setting the table above uses.
 
+`--explain ID` prints one row (of either table) as it was priced: its setup, the step estimate, the
+pipeline's devices and each layer kind op by op (`trex estimate --layers`).
+
 `--extended` adds the further runs of the same sources in `published_runs_extra.csv` (Qwen3-235B with
 the 1F1B all-to-all overlap, with FSDP, and at 16K-128K tokens) as a second table, outside the summary.
 Both tables give, for models with one kind of decoder layer, the step as layer executions (one layer's
@@ -78,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--host-sensitivity", metavar="US,US,...", help="host costs per op (microseconds) to re-run every row with")
     parser.add_argument("--extended", action="store_true", help="also estimate published_runs_extra.csv (outside the summary)")
+    parser.add_argument("--explain", metavar="ID", help="print one row as priced: setup, estimate, pipeline devices, layers op by op")
     args = parser.parse_args(argv)
+    if args.explain:
+        return explain_row(args.explain, args.csv)
     started = time.perf_counter()
     rows = compare_all(args.csv)
     seconds = time.perf_counter() - started
@@ -113,6 +119,35 @@ def main(argv: list[str] | None = None) -> int:
         print("Further runs of the same sources (published_runs_extra.csv; not part of the summary above):")
         print()
         print_table(extra)
+    return 0
+
+
+def explain_row(row_id: str, csv_path: str | None = None) -> int:
+    """One published row as the model priced it, down to the ops of each layer kind."""
+    from trex.cli.estimate import print_estimate, print_layers, print_stages
+    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.layer_cost import layer_breakdown
+    from trex.cost_model.model_spec import get_model_spec
+    from trex.cost_model.validation import CLUSTER_OF_DEVICE, published_setups
+
+    rows = {r.id: r for r in (*compare_all(csv_path), *compare_all(extra=True))}
+    if row_id not in rows:
+        print(f"no published row {row_id!r}; rows: {', '.join(rows)}", file=sys.stderr)
+        return 2
+    r = rows[row_id]
+    setup = {k: v for k, v in published_setups().get(row_id, {}).items() if k != "source"}
+    print(f"{r.id}: published {_fmt(r.metric, r.published)}, predicted {_fmt(r.metric, r.predicted)} ({r.error:+.1%})")
+    print(f"  source: {r.source}")
+    print(f"  setup beyond the CSV columns: {', '.join(f'{k}={v}' for k, v in setup.items()) or 'none'}")
+    executions = layer_executions(r)
+    if executions is not None:
+        print(f"  per layer execution: predicted {executions.predicted_s * 1e3:.2f} ms, published {executions.published_s * 1e3:.2f} ms "
+              f"(x{executions.ratio:.2f}), {executions.count} per step on the busiest device")
+    spec = get_model_spec(r.model)
+    cluster = get_cluster(CLUSTER_OF_DEVICE.get(r.device, r.device), r.devices)
+    print_estimate(r.estimate, spec)
+    print_stages(r.estimate)
+    print_layers(layer_breakdown(spec, r.estimate.plan, cluster), spec)
     return 0
 
 

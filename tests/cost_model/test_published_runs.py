@@ -113,3 +113,19 @@ def test_layer_executions_split_the_step_into_layers_and_the_rest(rows):
     assert rest > 0
     assert executions.count * executions.published_s + rest == pytest.approx(k22.published)
     assert executions.ratio > 1.0  # K22B is predicted fast (-8 %)
+
+
+def test_explain_prints_one_row_as_priced_down_to_its_ops(capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "cost_model_validation.py"
+    main = runpy.run_path(str(script))["main"]
+    assert main(["--explain", "Q3-C"]) == 0
+    out = capsys.readouterr().out
+    assert "Q3-C: published 167 TFLOP/s" in out and "dispatcher=deepep" in out and "per layer execution" in out
+    assert "pipeline: 8 devices x 4 chunks" in out and "layer moe (x94 in the model)" in out and "experts.grouped_mm" in out
+    assert main(["--explain", "L70-NB2604"]) == 0  # further rows too
+    assert "tp_comm_overlap=True" in capsys.readouterr().out
+    assert main(["--explain", "Q3-Z"]) == 2
+    assert "no published row 'Q3-Z'" in capsys.readouterr().err

@@ -133,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
             data["layers"] = {kind: {"count": counts.get(kind, 0), **cost.to_dict()} for kind, cost in layers.items()}
         print(json.dumps(data, indent=2))
         return 0 if estimate.feasible else 1
-    _print_human(estimate, spec, args.trace)
+    print_estimate(estimate, spec, args.trace)
     if layers is not None:
-        _print_stages(estimate)
-        _print_layers(layers, spec)
+        print_stages(estimate)
+        print_layers(layers, spec)
     return 0 if estimate.feasible else 1
 
 
@@ -147,7 +147,7 @@ def _kind_counts(spec) -> dict[str, int]:
     return counts
 
 
-def _print_stages(estimate) -> None:
+def print_stages(estimate) -> None:
     """One row per pipeline device: the layers of its chunks, its time per micro-batch, its memory."""
     from rich.console import Console
     from rich.table import Table
@@ -171,7 +171,7 @@ def _print_stages(estimate) -> None:
     print("  * the slowest device sets the pipeline's pace; E / H: holds the embedding / the output head")
 
 
-def _print_layers(layers, spec) -> None:
+def print_layers(layers, spec) -> None:
     """One table per layer kind: each priced op of one micro-batch on one device."""
     from rich.console import Console
     from rich.table import Table
@@ -199,7 +199,8 @@ def _print_layers(layers, spec) -> None:
                       f"{ms(cost.host_forward_s)} + {ms(cost.host_backward_s)} ms" + ("; its forward waits for the device once" if cost.syncs_host else ""))
 
 
-def _print_human(estimate, spec, trace_path: str | None) -> None:
+def print_estimate(estimate, spec, trace_path: str | None = None) -> None:
+    """The step estimate as a table, with its infeasibilities and notes."""
     from rich.console import Console
     from rich.table import Table
 
