@@ -166,7 +166,7 @@ def print_stages(estimate) -> None:
         time_ms = stage["time_per_microbatch_s"] * 1e3
         table.add_row(str(stage["device"]), " ".join(map(str, stage["layers_per_chunk"])) + (f"  +{extras.strip()}" if extras else ""),
                       f"{time_ms:.2f}" + (" *" if stage["time_per_microbatch_s"] == slowest else ""),
-                      f"{stage['host_wait_per_microbatch_s'] * 1e3:.2f}", f"{stage['memory_gib']:.1f}")
+                      f"{stage['host_wait_per_microbatch_s'] * 1e3:.2f}", "-" if stage["memory_gib"] is None else f"{stage['memory_gib']:.1f}")
     Console(file=sys.stdout).print(table)
     print("  * the slowest device sets the pipeline's pace; E / H: holds the embedding / the output head")
 
