@@ -23,6 +23,7 @@ from trex.errors import TrexError, UnknownNameError
 
 STAND_IN = "stand-in-megatron-dsv3"
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs")
+_PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class Recipe:
     pipeline_layout: str | None
     recompute: str
     not_modelled: tuple[str, ...]
-    published_row: str | dict[str, str] | None = None  # the published_runs.csv row(s) this layout ran as
+    published_row: str | dict[str, str] | None = None  # the row(s) of published_runs.csv or published_runs_extra.csv this layout ran as
+    precision: str | None = None  # the precision the recipe is written for (None: any); preferred when planning that precision
 
     def value(self, field: str, model: str) -> Any:
         v = self.values[field]
@@ -54,8 +56,12 @@ def recipes() -> dict[str, Recipe]:
         missing = [f for f in (*_LAYOUT_FIELDS, "recompute", "source", "description", "models") if f not in entry]
         if missing:
             raise TrexError(f"baseline_recipes.toml [{name}]: missing {', '.join(missing)}")
+        precision = entry.get("precision")
+        if precision is not None and precision not in _PRECISIONS:
+            raise TrexError(f"baseline_recipes.toml [{name}]: precision {precision!r} is not one of {', '.join(_PRECISIONS)}")
         out[name] = Recipe(name, entry["description"], entry["source"], tuple(entry["models"]), {f: entry[f] for f in _LAYOUT_FIELDS},
-                           entry.get("pipeline_layout"), entry["recompute"], tuple(entry.get("not_modelled", ())), entry.get("published_row"))
+                           entry.get("pipeline_layout"), entry["recompute"], tuple(entry.get("not_modelled", ())), entry.get("published_row"),
+                           precision)
     return out
 
 
@@ -99,9 +105,12 @@ def recipe_names() -> list[str]:
     return sorted(recipes())
 
 
-def recipes_for(spec: ModelSpec) -> list[Recipe]:
-    """The public recipes written for this model (file order), or the documented stand-in when there is none."""
+def recipes_for(spec: ModelSpec, precision: str | None = None) -> list[Recipe]:
+    """The public recipes written for this model (file order; those written for `precision` first), or the
+    documented stand-in when there is none."""
     own = [recipe for recipe in recipes().values() if spec.name in recipe.models]
+    if precision is not None:
+        own.sort(key=lambda recipe: recipe.precision not in (None, precision))  # stable: file order within each group
     return own or [recipes()[STAND_IN]]
 
 

@@ -195,9 +195,10 @@ def _empty_space(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, sp
 
 
 def _baseline(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, name: str) -> Baseline:
-    """`name` "auto": the first of the model's public recipes that fits this run (else the first)."""
+    """`name` "auto": the first of the model's public recipes that fits this run (else the first), those
+    written for the run's precision first."""
     if name == "auto":
-        tried = [_baseline(spec, cluster, template, recipe.name) for recipe in recipes_for(spec)]
+        tried = [_baseline(spec, cluster, template, recipe.name) for recipe in recipes_for(spec, template.precision)]
         chosen = next((b for b in tried if b.feasible), tried[0])
         skipped = [f"{b.recipe.name} does not fit this run ({'; '.join(b.violations) or 'invalid'})" for b in tried if b is not chosen and not b.feasible]
         chosen.skipped.extend(skipped)

@@ -52,7 +52,9 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
     from trex.cost_model.validation import compare_all
     from trex.passes.parallel.baselines import published_software, software_differences
 
-    rows = {row["id"] for row in published_runs()}
+    from trex.cost_model.validation import extra_published_runs
+
+    rows = {row["id"] for row in (*published_runs(), *extra_published_runs())}
     for recipe in recipes().values():
         linked = recipe.published_row.values() if isinstance(recipe.published_row, dict) else [recipe.published_row] if recipe.published_row else []
         assert set(linked) <= rows, recipe.name
@@ -68,3 +70,17 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
     assert software_differences(qwen, spec.name, plan) == []
     validated = {c.id: c for c in compare_all()}["Q3-A"].estimate
     assert estimate_step(spec, get_cluster("h100", 256), plan).step_time_s == pytest.approx(validated.step_time_s)
+    # a recipe may name a further published row: the Llama 3 70B FP8 recipe ran with TP overlap and BF16 gradients
+    llama = get_recipe("megatron-bridge-llama3-70b-h100-fp8")
+    assert published_software(llama, "llama3-70b") == {"overlap_p2p": True, "tp_comm_overlap": True, "grad_dtype": "bf16"}
+
+
+def test_the_recipe_written_for_the_planned_precision_is_tried_first():
+    from trex.passes.parallel.baselines import recipes_for
+
+    spec = get_model_spec("llama3-70b")
+    assert [r.name for r in recipes_for(spec, "bf16")][0] == "megatron-bridge-llama3-70b-h100-bf16"
+    assert [r.name for r in recipes_for(spec, "fp8")][0] == "megatron-bridge-llama3-70b-h100-fp8"
+    assert [r.name for r in recipes_for(spec)] == ["megatron-bridge-llama3-70b-h100-bf16", "megatron-bridge-llama3-70b-h100-fp8"]
+    # models with one recipe keep it whatever the precision
+    assert [r.name for r in recipes_for(get_model_spec("deepseek-v3"), "fp8")] == ["megatron-bridge-dsv3-h100"]
