@@ -110,7 +110,8 @@ def recipes_for(spec: ModelSpec, precision: str | None = None) -> list[Recipe]:
     documented stand-in when there is none."""
     own = [recipe for recipe in recipes().values() if spec.name in recipe.models]
     if precision is not None:
-        own.sort(key=lambda recipe: recipe.precision not in (None, precision))  # stable: file order within each group
+        # written for this precision, then for any, then for another; file order within each (the sort is stable)
+        own.sort(key=lambda recipe: 0 if recipe.precision == precision else 1 if recipe.precision is None else 2)
     return own or [recipes()[STAND_IN]]
 
 

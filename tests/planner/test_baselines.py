@@ -84,3 +84,6 @@ def test_the_recipe_written_for_the_planned_precision_is_tried_first():
     assert [r.name for r in recipes_for(spec)] == ["megatron-bridge-llama3-70b-h100-bf16", "megatron-bridge-llama3-70b-h100-fp8"]
     # models with one recipe keep it whatever the precision
     assert [r.name for r in recipes_for(get_model_spec("deepseek-v3"), "fp8")] == ["megatron-bridge-dsv3-h100"]
+    qwen = get_model_spec("qwen3-235b-a22b")
+    assert [r.name for r in recipes_for(qwen, "fp8")] == ["megatron-bridge-qwen3-235b-h100-fp8", "megatron-moe-modelzoo-qwen3"]
+    assert [r.name for r in recipes_for(qwen, "bf16")] == ["megatron-moe-modelzoo-qwen3", "megatron-bridge-qwen3-235b-h100-fp8"]
