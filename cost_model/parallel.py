@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -144,15 +145,24 @@ class ParallelConfig:
 PLAN_STRING_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero")  # what a plan string ("tp=8,pp=4,...") sets
 
 
+def key_values(text: str, keys: Sequence[str], *, what: str, example: str) -> list[tuple[str, str]]:
+    """Split `"k=v,k=v"` into (key, raw value) pairs, refusing an item without '=' and a key not in `keys`;
+    errors name `what` is being parsed and show `example`."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if "=" not in item:
+            raise TrexError(f"{what} item {item!r} is not key=value; write e.g. \"{example}\"")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if key not in keys:
+            raise TrexError(f"{what}: unknown key {key!r}; valid keys: {', '.join(keys)}")
+        pairs.append((key, raw))
+    return pairs
+
+
 def parse_plan(text: str, **training: Any) -> ParallelConfig:
     """Parse `"tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1"`; omitted degrees default to 1 (dp: derived)."""
     values: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        if "=" not in item:
-            raise TrexError(f"plan item {item!r} is not key=value; write e.g. \"tp=8,pp=4,ep=8\"")
-        key, raw = (s.strip() for s in item.split("=", 1))
-        if key not in PLAN_STRING_KEYS:
-            raise TrexError(f"unknown plan key {key!r}; valid keys: {', '.join(PLAN_STRING_KEYS)}")
+    for key, raw in key_values(text, PLAN_STRING_KEYS, what="plan", example="tp=8,pp=4,ep=8"):
         try:
             number = int(raw)
         except ValueError:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
-from trex.cost_model.parallel import ParallelConfig
+from trex.cost_model.parallel import ParallelConfig, key_values
 from trex.errors import TrexError
 from trex.passes.parallel.pricing import LayerChoice
 from trex.passes.parallel.topology import placement_problems
@@ -69,12 +69,7 @@ class SearchSpace:
     def parse(cls, text: str) -> SearchSpace:
         """"tp=1,ep=32/64,recompute=full": fix dimensions to one value or to '/'-separated values."""
         values: dict[str, tuple] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            if "=" not in item:
-                raise TrexError(f"--fix item {item!r} is not key=value; write e.g. \"tp=1,ep=32/64,recompute=full\"")
-            key, raw = (s.strip() for s in item.split("=", 1))
-            if key not in _DIMENSIONS:
-                raise TrexError(f"--fix: unknown dimension {key!r}; dimensions: {', '.join(_DIMENSIONS)}")
+        for key, raw in key_values(text, _DIMENSIONS, what="--fix", example="tp=1,ep=32/64,recompute=full"):
             options = [v.strip() for v in raw.split("/") if v.strip()]
             if not options:
                 raise TrexError(f"--fix {key}=: give at least one value")

@@ -15,7 +15,7 @@ def test_plan_string_parses_every_degree_and_derives_dp():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("tp=8,xp=2", "unknown plan key 'xp'"),
+    ("tp=8,xp=2", "plan: unknown key 'xp'"),
     ("tp=eight", "not an integer"),
     ("tp=0", "must be a positive integer"),
     ("tp 8", "not key=value"),

@@ -53,7 +53,7 @@ def test_fixing_dimensions_narrows_the_space():
     assert choices and {(c.tp, c.ep) for c in choices} <= {(1, 32), (1, 64)}
 
 
-@pytest.mark.parametrize("text, message", [("tp", "not key=value"), ("tq=2", "unknown dimension 'tq'"), ("tp=two", "must be integers"),
+@pytest.mark.parametrize("text, message", [("tp", "not key=value"), ("tq=2", "--fix: unknown key 'tq'"), ("tp=two", "must be integers"),
                                            ("zero=-1", ">= 0"), ("pp=0", "positive")])
 def test_bad_fix_strings_say_what_is_wrong(text, message):
     with pytest.raises(TrexError, match=message):
