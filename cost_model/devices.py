@@ -44,6 +44,10 @@ class GemmModel:
     tile_n: int = 128
     k_fill: float = 128.0  # per-tile prologue/epilogue, in elements of K
     launch_us: Mapping[str, float] = field(default_factory=dict)  # per-dtype fixed cost (default: the device's kernel overhead)
+    # Main-loop time factor of an FP8 GEMM run with split accumulation (partial sums promoted to FP32
+    # outside the tensor cores, cuBLASLt FAST_ACCUM off) over one accumulating in the tensor cores.
+    # Per-tensor-scaled recipes run their data- and weight-gradient GEMMs so; 1.0: not modelled.
+    split_accumulation: float = 1.0
 
     def ceiling(self, dtype: str) -> float:
         if dtype not in self.efficiency:
@@ -154,31 +158,34 @@ class DeviceProfile:
         return dtype in self.peak_tflops
 
     # -- the three performance models ---------------------------------------------------------
-    def gemm_time(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1, out_bytes: float = 2.0) -> float:
+    def gemm_time(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1, out_bytes: float = 2.0,
+                  split_accumulation: bool = False) -> float:
         """Seconds for `groups` GEMMs of [m,k] @ [k,n] each (a grouped GEMM when groups > 1).
 
         Each output tile runs a main loop over k (+ `k_fill` of pipeline fill) at the per-unit
         share of the dtype's ceiling, then an epilogue that writes `out_bytes` per output element
         (8 when a weight gradient accumulates into an FP32 main-gradient buffer: read + write) at
-        the per-unit share of HBM bandwidth. Time is monotone non-decreasing in m, n, k.
+        the per-unit share of HBM bandwidth. `split_accumulation` (FP8 only) stretches the main
+        loop by `gemm.split_accumulation`. Time is monotone non-decreasing in m, n, k.
         """
         if m <= 0 or n <= 0 or k <= 0:
             return 0.0
-        key = (m, n, k, dtype, groups, out_bytes)
+        split = split_accumulation and dtype == "fp8"
+        key = (m, n, k, dtype, groups, out_bytes, split)
         cached = self._gemm_cache.get(key)
         if cached is not None:
             return cached
-        seconds = self._gemm_time(m, n, k, dtype, groups, out_bytes)
+        seconds = self._gemm_time(m, n, k, dtype, groups, out_bytes, split)
         if len(self._gemm_cache) < 100_000:
             self._gemm_cache[key] = seconds
         return seconds
 
-    def _gemm_time(self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float) -> float:
+    def _gemm_time(self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float, split: bool = False) -> float:
         g = self.gemm
         tiles = groups * math.ceil(m / g.tile_m) * math.ceil(n / g.tile_n)
         units = g.compute_units
         waves = math.ceil(tiles / units)
-        per_unit_flops = self.peak_flops(dtype) * g.ceiling(dtype) / units
+        per_unit_flops = self.peak_flops(dtype) * g.ceiling(dtype) / units / (g.split_accumulation if split else 1.0)
         busy = min(tiles, units)
         per_unit_bandwidth = self.hbm_bytes_per_s * self.memory_efficiency / busy
         tile = 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) / per_unit_flops + g.tile_m * g.tile_n * out_bytes / per_unit_bandwidth
@@ -248,14 +255,15 @@ def _with_ceilings(profile: DeviceProfile, measured: dict[str, tuple[float, tupl
 
 def _nvidia(name: str, description: str, *, peak: dict[str, float], memory_gib: float, hbm_gbs: float, sms: int,
             measured: dict[str, tuple[float, tuple[int, int, int]]], attention: AttentionModel, memory_efficiency: float,
-            sources: tuple[str, ...]) -> DeviceProfile:
+            sources: tuple[str, ...], split_accumulation: float = 1.0) -> DeviceProfile:
     base = DeviceProfile(
         name=name,
         description=description,
         peak_tflops=peak,
         memory_gib=memory_gib,
         hbm_bandwidth_gbs=hbm_gbs,
-        gemm=GemmModel(compute_units=sms, efficiency={dtype: 0.8 for dtype in peak}, tile_m=128, tile_n=256, k_fill=64.0),
+        gemm=GemmModel(compute_units=sms, efficiency={dtype: 0.8 for dtype in peak}, tile_m=128, tile_n=256, k_fill=64.0,
+                       split_accumulation=split_accumulation),
         attention=attention,
         memory_efficiency=memory_efficiency,
         kernel_overhead_us=4.0,
@@ -279,6 +287,15 @@ MAMF: dict[str, tuple[float, tuple[int, int, int]]] = {
 # (78% of 1979); framework kernels (Transformer Engine's blockwise recipe) sit lower: 70% of the
 # FP8 peak at the H100 MAMF shape is taken as their large-shape throughput.
 HOPPER_FP8_MEASURED = (0.70, MAMF["h100"][1])
+# Split accumulation on Hopper: FP8 WGMMA accumulates in reduced precision, so a GEMM that must be
+# accurate promotes its partial sums into FP32 registers every few MMAs (CUTLASS issue #2246: "fp32
+# accum offloading to CUDA core every 4 mma iter"), cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0.
+# Turning it off (fast accumulation) is measured 1.1-1.2x faster (pytorch/ao issue #2377); the midpoint
+# is used. Transformer Engine's per-tensor recipes (DelayedScaling, Float8CurrentScaling) run fprop fast
+# and dgrad/wgrad split (`fp8_gemm_dgrad/wgrad = MMParams(use_split_accumulator=True)`); blockwise
+# scaling rescales every 128-wide K block in FP32 in all three, which the 70% ceiling above already is.
+HOPPER_FP8_SPLIT_ACCUMULATION = 1.15
+_SPLIT_ACCUMULATION_SOURCE = "FP8 split vs fast accumulation 1.1-1.2x: pytorch/ao issue #2377; TE recipe MMParams"
 
 # FlashAttention-2 (Dao 2023, Fig. 4-6): A100 fwd up to ~70% of peak, fwd+bwd ~60-65% at head dim
 # 128 and long sequences. FlashAttention-3 (Shah et al. 2024): H100 BF16 forward 600-740 TFLOP/s
@@ -355,12 +372,16 @@ def _builtin_profiles() -> dict[str, DeviceProfile]:
                 sms=108, measured={"bf16": MAMF["a100"]}, attention=_A100_ATTENTION,
                 memory_efficiency=0.85, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-2, Dao 2023")),
         _nvidia("h100", "NVIDIA H100 SXM 80GB", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132, measured=hopper_gemm,
-                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-3, Shah et al. 2024")),
+                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-3, Shah et al. 2024",
+                                                                              _SPLIT_ACCUMULATION_SOURCE),
+                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
         _nvidia("h800", "NVIDIA H800 SXM 80GB (H100 compute, reduced NVLink)", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132,
                 measured=hopper_gemm, attention=_HOPPER_ATTENTION, memory_efficiency=0.88,
-                sources=(_NVIDIA_DATASHEET, "DeepSeek-V3 technical report Sec. 3.2.2", _MAMF_SOURCE)),
+                sources=(_NVIDIA_DATASHEET, "DeepSeek-V3 technical report Sec. 3.2.2", _MAMF_SOURCE, _SPLIT_ACCUMULATION_SOURCE),
+                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
         _nvidia("h200", "NVIDIA H200 SXM 141GB", peak=h100_peak, memory_gib=141, hbm_gbs=4800, sms=132, measured=hopper_gemm,
-                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE)),
+                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, _SPLIT_ACCUMULATION_SOURCE),
+                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
         _ascend("ascend-910b1", "Huawei Ascend 910B1 (64 GB)", bf16=373.88, memory_gib=64, hbm_gbs=1600, cores=24),
         _ascend("ascend-910b2", "Huawei Ascend 910B2 (64 GB)", bf16=353.89, memory_gib=64, hbm_gbs=1600, cores=24),
         _ascend("ascend-910b3", "Huawei Ascend 910B3 (64 GB)", bf16=294.91, memory_gib=64, hbm_gbs=1600, cores=20),
@@ -433,7 +454,8 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
                 "tile_m": "output tile rows", "tile_n": "output tile columns", "k_fill": "per-tile pipeline fill in elements of K",
-                "launch_us": "table of dtype = fixed microseconds per GEMM call"}
+                "launch_us": "table of dtype = fixed microseconds per GEMM call",
+                "split_accumulation": "FP8 main-loop time factor with split (FP32-promoted) accumulation, >= 1 (1: not modelled)"}
 _ATTENTION_FIELDS = {"forward_efficiency": "fraction of BF16 peak (0-1]", "backward_efficiency": "fraction of BF16 peak (0-1]",
                      "half_keys": "keys per query at half efficiency"}
 
@@ -506,7 +528,11 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         k_fill=float(gemm_table.get("k_fill", 128.0)),
         launch_us={dtype: _positive(source, f"device.gemm.launch_us.{dtype}", value, _GEMM_FIELDS["launch_us"])
                    for dtype, value in gemm_table.get("launch_us", {}).items()},
+        split_accumulation=_positive(source, "device.gemm.split_accumulation", gemm_table.get("split_accumulation", 1.0),
+                                     _GEMM_FIELDS["split_accumulation"]),
     )
+    if gemm.split_accumulation < 1.0:
+        raise _fail(source, "device.gemm.split_accumulation", f"must be >= 1 (got {gemm.split_accumulation})", _GEMM_FIELDS["split_accumulation"])
     if gemm.k_fill < 0:
         raise _fail(source, "device.gemm.k_fill", f"must be >= 0 (got {gemm.k_fill})", _GEMM_FIELDS["k_fill"])
     attention_table = data.get("attention", {"forward_efficiency": 0.6, "backward_efficiency": 0.45})
@@ -591,7 +617,8 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,
-                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency), "launch_us": dict(profile.gemm.launch_us)},
+                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency), "launch_us": dict(profile.gemm.launch_us),
+                     "split_accumulation": profile.gemm.split_accumulation},
             "attention": {"forward_efficiency": profile.attention.forward_efficiency,
                           "backward_efficiency": profile.attention.backward_efficiency, "half_keys": profile.attention.half_keys},
         }

@@ -160,6 +160,29 @@ class CostContext:
     def activation_dtype(self) -> str:
         return "fp32" if self.plan.precision == "fp32" else "bf16"
 
+    @property
+    def fp8_split_backward(self) -> bool:
+        """Per-tensor FP8 recipes run the data- and weight-gradient GEMMs with split accumulation."""
+        return self.plan.precision == "fp8" and self.plan.fp8_recipe in ("delayed", "tensorwise")
+
+    @property
+    def fp8_amax_pass(self) -> bool:
+        """Current scaling (tensorwise) reads a tensor once for its amax before the cast reads it again
+        (Transformer Engine docs, FP8 delayed scaling: "FP8 Current Scaling requires two tensor reads per
+        quantization"); delayed scaling takes the scale from the amax history, blockwise computes each
+        block's scale inside the cast kernel."""
+        return self.plan.precision == "fp8" and self.plan.fp8_recipe == "tensorwise"
+
+    def fp8_quantize_time(self, elements: float, sequence_parallel_input: bool) -> float:
+        """Cast `elements` BF16 values to FP8 (read 2 + write 1 bytes each; + 2 for a current-scaling amax
+        pass). A current-scaling quantizer of a sequence-parallel tensor all-reduces its amax over the TP
+        group first (TE sets `with_amax_reduction` for those), a latency-bound collective on the way."""
+        amax = self.fp8_amax_pass
+        seconds = self.device.memory_time((5.0 if amax else 3.0) * elements, 2 if amax else 1)
+        if amax and sequence_parallel_input and self.plan.tp > 1 and self.plan.sequence_parallel:
+            seconds += collectives.all_reduce(4.0, self.tp)
+        return seconds
+
     def gemm_dtype(self, linear_fp8: bool) -> str:
         if self.plan.precision == "fp8":
             return "fp8" if linear_fp8 else "bf16"
@@ -192,13 +215,15 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
     chunks = tp if ring else 1
     forward = chunks * device.gemm_time(m / chunks, n, k, dtype, groups)
     dgrad_chunks = chunks if lin.parallel == "row" else 1
-    backward = dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups) + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes)
+    split = ctx.fp8_split_backward
+    backward = (dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups, split_accumulation=split)
+                + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes, split_accumulation=split))
     if sharded:
         cost.tp_gemm_forward_s += forward
         cost.tp_gemm_backward_s += backward
     if dtype == "fp8":  # quantise the input (forward) and the incoming gradient + input transpose (backward)
-        forward += device.memory_time(3.0 * m * k * groups, 1)
-        backward += device.memory_time(3.0 * m * (n + k) * groups, 2)
+        forward += ctx.fp8_quantize_time(m * k * groups, sharded and lin.parallel == "column")
+        backward += ctx.fp8_quantize_time(m * n * groups, sharded and lin.parallel == "row") + device.memory_time(3.0 * m * k * groups, 1)
     flops = 2.0 * m * n * k * groups
     redo = forward if recompute else 0.0
     cost.forward_s += forward
@@ -308,11 +333,13 @@ def _moe(moe: MoESpec, hidden: int, ctx: CostContext, cost: LayerCost, modules: 
     forward = backward = 0.0
     flops = 0.0
     for n, k in ((moe.fc1_out / plan.etp, hidden), (hidden, moe.expert_ffn / plan.etp)):
+        split = ctx.fp8_split_backward
         f = device.gemm_time(per_expert, n, k, dtype, local_experts)
-        b = device.gemm_time(per_expert, k, n, dtype, local_experts) + device.gemm_time(k, n, per_expert, dtype, local_experts, ctx.wgrad_out_bytes)
+        b = (device.gemm_time(per_expert, k, n, dtype, local_experts, split_accumulation=split)
+             + device.gemm_time(k, n, per_expert, dtype, local_experts, ctx.wgrad_out_bytes, split_accumulation=split))
         if dtype == "fp8":
-            f += device.memory_time(3.0 * rows * k, 1)
-            b += device.memory_time(3.0 * rows * (n + k), 2)
+            f += ctx.fp8_quantize_time(rows * k, False)
+            b += ctx.fp8_quantize_time(rows * n, False) + device.memory_time(3.0 * rows * k, 1)
         forward += f
         backward += b
         flops += 2.0 * rows * n * k

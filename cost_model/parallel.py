@@ -26,6 +26,10 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 AttentionKernel = Literal["flash", "unfused"]
 Dispatcher = Literal["alltoall", "deepep"]
 Optimizer = Literal["auto", "adamw", "muon"]
+# Megatron's `--fp8-recipe` (Transformer Engine recipes): per-tensor scales from an amax history
+# (delayed) or from the tensor itself (tensorwise = TE's Float8CurrentScaling), or per-block scales
+# (blockwise: 1x128 activations, 128x128 weights, as DeepSeek-V3 trained). Only read when precision=fp8.
+Fp8Recipe = Literal["delayed", "tensorwise", "blockwise"]
 
 
 class InfeasiblePlan(TrexError):
@@ -50,6 +54,7 @@ class ParallelConfig:
     gbs: int = 64
     mbs: int = 1
     precision: Precision = "bf16"
+    fp8_recipe: Fp8Recipe = "delayed"  # Megatron's default; see Fp8Recipe
     recompute: str = "selective"  # none | selective | full | selective:<module>+<module>
     sequence_parallel: bool = True
     attention_kernel: AttentionKernel = "flash"

@@ -377,8 +377,9 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
     if plan.precision == "fp8":
         notes.append("FP8 run: MFU is against the dense BF16 peak, the convention of the published FP8 figures")
-        notes.append("FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is too fast, "
-                     "the cost around the FP8 GEMMs being under-priced (bench/cost_model/RESULTS.md, section 1.4)")
+        notes.append(f"FP8 recipe {plan.fp8_recipe}: {FP8_RECIPE_PRICING[plan.fp8_recipe]} (set another with --set fp8_recipe=...)")
+        notes.append("FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is 9-17 % too fast, "
+                     "more than for BF16 runs (bench/cost_model/RESULTS.md, section 1.4)")
     return StepEstimate(
         model=spec.name, cluster=cluster.name, device=device.name, devices=cluster.devices, plan=plan, step_time_s=step,
         tokens_per_step=tokens, flops_per_token=megatron_flops_per_token(spec, plan.seq), flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
@@ -386,6 +387,14 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         chunks=tuple(chunks), p2p_s=p2p, per_device_s=tuple(per_device), violations=(), seconds_to_estimate=time.perf_counter() - started,
         notes=tuple(notes), memory_by_device=tuple(memory_by_device),
     )
+
+
+FP8_RECIPE_PRICING = {
+    "delayed": "per-tensor scales from the amax history; data- and weight-gradient GEMMs with split accumulation",
+    "tensorwise": "per-tensor current scaling, an amax pass before each cast (all-reduced over TP for sequence-parallel "
+                  "inputs); data- and weight-gradient GEMMs with split accumulation",
+    "blockwise": "1x128 / 128x128 block scales computed in the cast; every GEMM at the blockwise FP8 ceiling",
+}
 
 
 def gib(nbytes: float) -> float:

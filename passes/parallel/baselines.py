@@ -93,6 +93,8 @@ def software_differences(recipe: Recipe, model: str, config: ParallelConfig) -> 
     as the published run ran."""
     out = []
     for key, value in published_software(recipe, model).items():
+        if key == "fp8_recipe" and config.precision != "fp8":
+            continue  # how FP8 is scaled does not matter to a plan that does not run FP8
         priced = getattr(config, key)
         if priced != value:
             shown = str(value).lower() if isinstance(value, bool) else value

@@ -57,6 +57,16 @@ def test_accumulating_into_fp32_main_grads_slows_a_weight_gradient():
     assert H100.gemm_time(7168, 4096, 2048, out_bytes=8.0) > H100.gemm_time(7168, 4096, 2048, out_bytes=2.0)
 
 
+def test_split_accumulation_stretches_only_the_fp8_main_loop():
+    # Hopper FP8 GEMMs that promote partial sums to FP32 (per-tensor recipes' dgrad/wgrad) run 1.15x the
+    # main loop of a fast-accumulating one; a large GEMM is main-loop bound, so it takes ~1.15x as long
+    assert H100.gemm.split_accumulation == pytest.approx(1.15)
+    fast, split = H100.gemm_time(8192, 8192, 8192, "fp8"), H100.gemm_time(8192, 8192, 8192, "fp8", split_accumulation=True)
+    assert split / fast == pytest.approx(1.15, rel=0.02)
+    assert H100.gemm_time(8192, 8192, 8192, "bf16", split_accumulation=True) == H100.gemm_time(8192, 8192, 8192, "bf16")
+    assert BUILTIN_DEVICES["a100"].gemm.split_accumulation == 1.0  # no FP8 there
+
+
 def test_memory_bound_time_is_latency_plus_bandwidth():
     one_gb = 1e9
     expected = H100.kernel_overhead_s + one_gb / (H100.hbm_bandwidth_gbs * 1e9 * H100.memory_efficiency)
@@ -95,6 +105,7 @@ def _h100_table() -> dict:
         (lambda d: d["device"]["gemm"].__setitem__("compute_units", 0), "'device.gemm.compute_units' must be a positive integer"),
         (lambda d: d["device"]["gemm"]["efficiency"].pop("fp8"), "'device.gemm.efficiency' lacks fp8"),
         (lambda d: d["device"].__setitem__("name", 7), "'device.name' has type int"),
+        (lambda d: d["device"]["gemm"].__setitem__("split_accumulation", 0.9), "'device.gemm.split_accumulation' must be >= 1"),
     ],
 )
 def test_bad_profiles_name_the_field_and_the_fix(tmp_path, edit, message):

@@ -90,14 +90,25 @@ def test_long_context_rows_of_the_qwen3_layout_stay_within_16_percent():
         assert abs(extra[i].error) < 0.16, (i, extra[i].error)
 
 
-def test_q3a_layout_on_the_megatron_bridge_releases_stays_within_6_percent():
+def test_q3a_layout_on_the_megatron_bridge_releases_stays_within_7_percent():
     # Q3-A's layout in FP8 with the alltoall dispatcher and the EP all-to-all overlap, as NVIDIA's
     # Megatron-Bridge recipes ran it from NeMo 25.11 to 26.04 (published 233-253 TFLOP/s; one setup)
     extra = {c.id: c for c in compare_all(extra=True)}
     ids = [i for i in extra if i.startswith("Q3-NB")]
     assert len(ids) == 5
     for i in ids:
-        assert abs(extra[i].error) < 0.06, (i, extra[i].error)
+        assert abs(extra[i].error) < 0.07, (i, extra[i].error)
+        assert extra[i].estimate.plan.fp8_recipe == "tensorwise"
+
+
+def test_dense_fp8_rows_are_priced_fast_by_at_most_18_percent():
+    # Llama 3 70B / 3.1 405B in FP8 current scaling (RESULTS.md section 1.4): still optimistic, as every FP8
+    # estimate says, by less than before the recipe's split accumulation and amax passes were priced (+20..+29 %)
+    extra = {c.id: c for c in compare_all(extra=True)}
+    ids = [i for i in extra if i.startswith(("L70-NB", "L405-NB"))]
+    assert len(ids) == 6
+    for i in ids:
+        assert 0 < extra[i].error < 0.18, (i, extra[i].error)
 
 
 def test_layer_executions_split_the_step_into_layers_and_the_rest(rows):

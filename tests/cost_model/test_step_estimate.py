@@ -50,6 +50,30 @@ def test_fp8_is_faster_than_bf16(estimate):
     assert not any("priced optimistically" in note for note in bf16.notes)
 
 
+def test_fp8_recipes_are_priced_by_what_their_kernels_do():
+    from trex.cost_model.layer_cost import CostContext, layer_cost
+
+    llama = get_model_spec("llama3-70b")
+    cluster = get_cluster("h100", 64)
+    plan = ParallelConfig(tp=4, pp=8, vpp=5, dp=2, seq=8192, gbs=128, precision="fp8", recompute="none")
+    layer = llama.layers[0]
+
+    def cost(recipe):
+        return layer_cost(layer, llama.hidden_size, CostContext.of(ParallelConfig(**{**plan.to_dict(), "fp8_recipe": recipe}), cluster))
+
+    delayed, current, block = cost("delayed"), cost("tensorwise"), cost("blockwise")
+    # per-tensor recipes run the gradient GEMMs with split accumulation; blockwise is at its own ceiling in every pass
+    assert delayed.forward_s == pytest.approx(block.forward_s)
+    assert delayed.backward_s > 1.08 * block.backward_s
+    # current scaling reads each tensor once more for its amax and all-reduces it over TP
+    assert current.forward_s > delayed.forward_s and current.backward_s > delayed.backward_s
+    assert current.backward_s < 1.1 * delayed.backward_s  # memory passes, small next to the GEMMs
+    step = estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "tensorwise"}))
+    assert any(note.startswith("FP8 recipe tensorwise: per-tensor current scaling") for note in step.notes)
+    with pytest.raises(InfeasiblePlan, match="fp8_recipe='mxfp4': use one of delayed, tensorwise, blockwise"):
+        estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "mxfp4"}))
+
+
 def test_full_recompute_costs_time_and_saves_memory(estimate):
     full = estimate_step(DSV3, H100, _with(recompute="full"))
     assert full.step_time_s > estimate.step_time_s and full.memory.activations < estimate.memory.activations

@@ -72,7 +72,13 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
     assert estimate_step(spec, get_cluster("h100", 256), plan).step_time_s == pytest.approx(validated.step_time_s)
     # a recipe may name a further published row: the Llama 3 70B FP8 recipe ran with TP overlap and BF16 gradients
     llama = get_recipe("megatron-bridge-llama3-70b-h100-fp8")
-    assert published_software(llama, "llama3-70b") == {"overlap_p2p": True, "tp_comm_overlap": True, "grad_dtype": "bf16"}
+    assert published_software(llama, "llama3-70b") == {"fp8_recipe": "tensorwise", "overlap_p2p": True, "tp_comm_overlap": True, "grad_dtype": "bf16"}
+    # how FP8 is scaled is named only for plans that run FP8
+    llama_spec = get_model_spec("llama3-70b")
+    for precision, named in (("bf16", False), ("fp8", True)):
+        plan, _ = baseline_plan(llama, llama_spec, 64, ParallelConfig(seq=8192, gbs=128, precision=precision))
+        differences = software_differences(llama, "llama3-70b", plan)
+        assert any("fp8_recipe=tensorwise" in d and "--set fp8_recipe=tensorwise" in d for d in differences) == named, differences
 
 
 def test_the_recipe_written_for_the_planned_precision_is_tried_first():

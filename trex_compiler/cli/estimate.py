@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
     parser.add_argument("--recompute", default="selective", help="none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused")
+                        help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused "
+                        "--set fp8_recipe=tensorwise (delayed, tensorwise, blockwise)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)")
     parser.add_argument("--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)")
     parser.add_argument("--layers", action="store_true",

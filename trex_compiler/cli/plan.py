@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--fix", default="", metavar="DIMS",
                         help='narrow (or widen) the search, e.g. "tp=1,ep=32/64,recompute=full"; dimensions: tp pp vpp ep etp cp zero mbs recompute')
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a software setting the plans are priced with, e.g. --set dispatcher=deepep --set tp_comm_overlap=true")
+                        help="a software setting the plans are priced with, e.g. --set dispatcher=deepep --set tp_comm_overlap=true "
+                        "--set fp8_recipe=tensorwise")
     parser.add_argument("--baseline", default="auto", help="public recipe to compare with (default: the model's own, else a documented stand-in); 'none' to skip")
     parser.add_argument("--list-baselines", action="store_true", help="list the baseline recipes with their sources and exit")
     parser.add_argument("--workers", type=int, default=1, help="search processes (default 1; the result does not depend on it)")
