@@ -22,6 +22,7 @@ from torch import fx
 from trex.cost_model import collectives
 from trex.cost_model.cluster import Cluster, get_cluster
 from trex.cost_model.cpu_loops import node_loops
+from trex.cost_model.cpu_rows import reduction_outputs, scalar_softmax_elements
 from trex.cost_model.devices import DeviceProfile
 from trex.cost_model.op_formulas import COLLECTIVE_KIND, B, E, H, K, L_k, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name
 
@@ -212,7 +213,19 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         elif collective == "all_to_all":
             buffer = values.get(sympy.Symbol("bytes_in"), moved)
         return collectives.collective_time(collective, buffer, placement), ""
-    return device.op_time(measured, kind, flops, moved, _loops(node, kind, name, device)), ""
+    seconds = device.op_time(measured, kind, flops, moved, _loops(node, kind, name, device))
+    return seconds + _row_seconds(node, kind, name, device), ""
+
+
+def _row_seconds(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> float:
+    """What a CPU softmax or reduction pays per row beyond its bytes (`trex.cost_model.cpu_rows`)."""
+    if kind == "softmax" and device.scalar_softmax_ns:
+        elements, direction = scalar_softmax_elements(node, name, device.vector_lanes)
+        return elements * device.scalar_softmax_ns.get(direction, 0.0) * 1e-9
+    if kind == "reduction" and device.reduce_output_ns:
+        outputs, layout = reduction_outputs(node, name)
+        return max(outputs - 1.0, 0.0) * device.reduce_output_ns.get(layout, 0.0) * 1e-9
+    return 0.0
 
 
 def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:

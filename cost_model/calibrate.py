@@ -18,6 +18,9 @@ on a shared machine other processes only ever add time):
 * TensorIterator loop overheads: an element-wise op over rows of 2 that cannot coalesce (per row)
   and one broadcast over a middle dimension (per 2-D loop call), against the same bytes contiguous
   (`trex.cost_model.cpu_loops` counts the rows and calls of every captured element-wise node).
+* row-wise kernels (`trex.cost_model.cpu_rows`): softmax forward and backward over rows of 2 to 64
+  (the SIMD width, below which the scalar fallback runs, and its per-element cost) and sums over
+  rows of 2, contiguous and across a middle dimension (the cost per output).
 * the tensor-with-Python-number forms of add, sub, mul and div (the number is wrapped into a 0-d
   tensor on every call: twice the fixed cost of the tensor-tensor form on a CPU).
 * exp over a cache-resident buffer: element-wise arithmetic throughput, for ops bound by
@@ -34,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -58,6 +62,7 @@ class Calibration:
     collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
     kinds: dict[str, tuple[float, float]] = field(default_factory=dict)  # op kind / op -> (seconds per call, bytes per second)
     loops: tuple[float, float] = (0.0, 0.0)  # ns per TensorIterator row, ns per 2-D loop call
+    rows: RowCosts | None = None  # softmax / reduction row costs
     vector_flops: float = 0.0
     seconds: float = 0.0
 
@@ -218,10 +223,17 @@ def _loop_seconds(op: Any, args: tuple, key: str, loops: tuple[float, float]) ->
     return (max(rows - 1, 0) * loops[0] + max(calls - 1, 0) * loops[1]) * 1e-9
 
 
-def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loops: tuple[float, float] = (0.0, 0.0)) -> dict[str, tuple[float, float]]:
+# calibration cases that reduce each of their rows x 64 inputs' rows to one output (see _kind_cases,
+# _elementwise_cases): they pay the per-output reduction cost on top of their bytes
+_ROW_REDUCTION_CASES = frozenset({"reduction", "aten.mean.dim", "aten.amax.default", "aten.max.dim"})
+
+
+def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loops: tuple[float, float] = (0.0, 0.0),
+                  reduce_output_ns: float = 0.0) -> dict[str, tuple[float, float]]:
     """Per op kind and per common element-wise overload: (fixed seconds per call, bytes per second)
     from a call at two sizes. `loops` = (row, call) overheads in ns (`measure_loop_overheads`): the
-    TensorIterator loop time a broadcast case spends is taken out before the rate is solved for."""
+    TensorIterator loop time a broadcast case spends is taken out before the rate is solved for, as
+    is a row reduction's per-output time (`reduce_output_ns`, `measure_row_costs`)."""
     out = {}
     small = {**_kind_cases(small_rows), **_elementwise_cases(small_rows)}
     # the second size is cache-resident: the measured rate is the op's arithmetic and bookkeeping;
@@ -229,8 +241,9 @@ def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loop
     large = {**_kind_cases(large_rows), **_elementwise_cases(large_rows)}
     for key in small:
         (op, args_small), (_, args_large) = small[key], large[key]
-        t_small = _batched_time(lambda: op(*args_small), 200, repeats) - _loop_seconds(op, args_small, key, loops)
-        t_large = _batched_time(lambda: op(*args_large), 5, repeats) - _loop_seconds(op, args_large, key, loops)
+        per_output = reduce_output_ns * 1e-9 if key in _ROW_REDUCTION_CASES else 0.0
+        t_small = _batched_time(lambda: op(*args_small), 200, repeats) - _loop_seconds(op, args_small, key, loops) - (small_rows - 1) * per_output
+        t_large = _batched_time(lambda: op(*args_large), 5, repeats) - _loop_seconds(op, args_large, key, loops) - (large_rows - 1) * per_output
         b_small, b_large = _call_bytes(op, args_small), _call_bytes(op, args_large)
         rate = (b_large - b_small) / max(t_large - t_small, 1e-9)
         out[key] = (t_small, rate)
@@ -254,6 +267,48 @@ def measure_loop_overheads(repeats: int, rows: int = 4096) -> tuple[float, float
     call_rows, calls = tensor_iterator_loops([((rows // 2, 2, 2), cube.stride()), ((rows // 2, 1, 2), middle.stride())])
     per_call = max(broadcast - contiguous - (call_rows - 1) * per_row, 0.0) / max(calls - 1, 1)
     return per_row * 1e9, per_call * 1e9
+
+
+@dataclass
+class RowCosts:
+    """CPU row-wise kernel costs (`trex.cost_model.cpu_rows`)."""
+
+    vector_lanes: int = 0
+    scalar_softmax_ns: dict[str, float] = field(default_factory=dict)
+    reduce_output_ns: dict[str, float] = field(default_factory=dict)
+
+
+def measure_row_costs(repeats: int, elements: int = 1 << 14) -> RowCosts:
+    """Softmax over rows of 2..64 and sums over short rows, all over `elements` fp32 values.
+
+    The vector width is the shortest row whose softmax costs under a quarter per element of a row
+    of 2 (the scalar fallback ends there); the scalar cost is the median per-element excess of the
+    shorter rows over rows of 64. A reduction's per-output cost is the excess of summing rows of 2
+    (contiguous: over the last dimension; strided: over the middle of (n, 2, 2)) over summing rows
+    of 64, per extra output."""
+    aten = torch.ops.aten
+    lengths = (2, 4, 8, 16, 32, 64)
+    per_element: dict[str, dict[int, float]] = {"forward": {}, "backward": {}}
+    for length in lengths:
+        x, grad = torch.rand(elements // length, length), torch.rand(elements // length, length)
+        out = aten._softmax(x, -1, False)
+        per_element["forward"][length] = _batched_time(lambda: aten._softmax(x, -1, False), 20, repeats) / elements
+        per_element["backward"][length] = _batched_time(lambda: aten._softmax_backward_data(grad, out, -1, torch.float32), 20, repeats) / elements
+    forward = per_element["forward"]
+    lanes = next((length for length in lengths[1:] if forward[length] < 0.25 * forward[2]), 0)
+    costs = RowCosts(vector_lanes=lanes)
+    if lanes:
+        for direction, times in per_element.items():
+            short = sorted(times[length] for length in lengths if length < lanes)
+            costs.scalar_softmax_ns[direction] = max(statistics.median(short) - times[64], 0.0) * 1e9
+    rows = torch.rand(elements // 64, 64)
+    baseline = _batched_time(lambda: aten.sum.dim_IntList(rows, [-1], True), 20, repeats)
+    pairs, cube = torch.rand(elements // 2, 2), torch.rand(elements // 4, 2, 2)
+    extra = elements // 2 - elements // 64
+    contiguous = _batched_time(lambda: aten.sum.dim_IntList(pairs, [-1], True), 20, repeats)
+    strided = _batched_time(lambda: aten.sum.dim_IntList(cube, [1], True), 20, repeats)
+    costs.reduce_output_ns = {"contiguous": max(contiguous - baseline, 0.0) / extra * 1e9, "strided": max(strided - baseline, 0.0) / extra * 1e9}
+    return costs
 
 
 def measure_vector(elements: int, repeats: int) -> float:
@@ -453,11 +508,14 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
                       kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
     profile = _fit_gemm(result.matmul, profile)
     result.loops = measure_loop_overheads(repeats)
-    result.kinds = measure_kinds(repeats, loops=result.loops)
+    result.rows = measure_row_costs(repeats)
+    result.kinds = measure_kinds(repeats, loops=result.loops, reduce_output_ns=result.rows.reduce_output_ns.get("contiguous", 0.0))
     result.vector_flops = measure_vector(1 << 16, repeats)
     profile = replace(profile, op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
                       op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items()},
-                      vector_tflops=result.vector_flops / 1e12, row_overhead_ns=result.loops[0], loop_call_overhead_ns=result.loops[1])
+                      vector_tflops=result.vector_flops / 1e12, row_overhead_ns=result.loops[0], loop_call_overhead_ns=result.loops[1],
+                      vector_lanes=result.rows.vector_lanes, scalar_softmax_ns=result.rows.scalar_softmax_ns,
+                      reduce_output_ns=result.rows.reduce_output_ns)
     result.attention = measure_attention(attention_shapes, repeats)
     fp32 = profile.peak_flops("fp32")
     forward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "forward"]
@@ -530,6 +588,9 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
         "op_kinds": [f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()],
         "element_wise_loops": f"{result.loops[0]:.2f} ns per row, {result.loops[1]:.2f} ns per 2-D loop call",
+        "row_kernels": (f"{result.rows.vector_lanes} fp32 lanes; scalar softmax "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.scalar_softmax_ns.items()) + " ns per element; reduction "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.reduce_output_ns.items()) + " ns per output") if result.rows else "not measured",
         "seconds": result.seconds,
     }
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))

@@ -93,6 +93,12 @@ class DeviceProfile:
     host_op_us: float = 0.0  # host CPU time to issue one eager framework op (Python, dispatch, autograd, launch); 0: not modelled
     row_overhead_ns: float = 0.0  # CPU element-wise kernels: per inner 1-D loop beyond the first (trex.cost_model.cpu_loops)
     loop_call_overhead_ns: float = 0.0  # ... per 2-D loop call beyond the first
+    # CPU row-wise kernels (trex.cost_model.cpu_rows): fp32 lanes per SIMD vector (0: not modelled),
+    # ns per element of a softmax whose rows are shorter than a vector ({"forward", "backward"}), and
+    # ns per output of a reduction ({"contiguous", "strided"})
+    vector_lanes: int = 0
+    scalar_softmax_ns: Mapping[str, float] = field(default_factory=dict)
+    reduce_output_ns: Mapping[str, float] = field(default_factory=dict)
     comm_units: float = 0.0  # compute units an overlapped communication kernel occupies (0: overlap modelled as free)
     _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
 
@@ -450,6 +456,9 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "row_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per inner loop row beyond the first"),
     "loop_call_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per 2-D loop call beyond the first"),
     "comm_units": ((int, float), "compute units an overlapped communication kernel occupies (0: overlap is free)"),
+    "vector_lanes": (int, "CPU: fp32 lanes per SIMD vector; softmax rows shorter than this run scalar (0: not modelled)"),
+    "scalar_softmax_ns": (dict, "CPU: a table forward/backward = ns per element of a softmax on the scalar path"),
+    "reduce_output_ns": (dict, "CPU: a table contiguous/strided = ns per output of a reduction"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
 _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
@@ -570,7 +579,16 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         loop_call_overhead_ns=_non_negative(source, "device.loop_call_overhead_ns", data.get("loop_call_overhead_ns", 0.0),
                                             _FIELDS["loop_call_overhead_ns"][1]),
         comm_units=_non_negative(source, "device.comm_units", data.get("comm_units", 0.0), _FIELDS["comm_units"][1]),
+        vector_lanes=int(_non_negative(source, "device.vector_lanes", data.get("vector_lanes", 0), _FIELDS["vector_lanes"][1])),
+        scalar_softmax_ns=_row_table(source, "scalar_softmax_ns", data, ("forward", "backward")),
+        reduce_output_ns=_row_table(source, "reduce_output_ns", data, ("contiguous", "strided")),
     )
+
+
+def _row_table(source: str, name: str, data: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, float]:
+    table = data.get(name, {})
+    _check_known(source, f"device.{name}.", table, {key: None for key in keys})
+    return {key: _non_negative(source, f"device.{name}.{key}", value, _FIELDS[name][1]) for key, value in table.items()}
 
 
 def read_profile_file(path: str | Path) -> dict[str, Any]:
@@ -614,6 +632,9 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "row_overhead_ns": profile.row_overhead_ns,
             "loop_call_overhead_ns": profile.loop_call_overhead_ns,
             "comm_units": profile.comm_units,
+            "vector_lanes": profile.vector_lanes,
+            "scalar_softmax_ns": dict(profile.scalar_softmax_ns),
+            "reduce_output_ns": dict(profile.reduce_output_ns),
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
             "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,

@@ -30,6 +30,15 @@ def test_the_fitted_gemm_model_reproduces_the_measured_matmuls(measured):
         assert abs(math.log(predicted / seconds)) < math.log(4.0), (dtype, m, n, k, predicted, seconds)
 
 
+def test_row_kernel_costs_are_measured(measured):
+    rows = measured.rows
+    assert rows.vector_lanes in (0, 4, 8, 16, 32, 64)  # where the softmax's scalar fallback ends, if it does
+    if rows.vector_lanes:
+        assert rows.scalar_softmax_ns["forward"] > 0 and measured.profile.vector_lanes == rows.vector_lanes
+    assert set(rows.reduce_output_ns) == {"contiguous", "strided"}
+    assert measured.profile.reduce_output_ns == rows.reduce_output_ns
+
+
 def test_measured_quantities_are_physical(measured):
     profile, tier = measured.profile, measured.tier
     assert 1e9 < profile.peak_flops("fp32") < 1e13  # one core: GFLOP/s to a few TFLOP/s
