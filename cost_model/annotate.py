@@ -180,8 +180,10 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
     measured = _measured_name(node, device)
     if kind in ("view", "sync"):
         return 0.0, ""
-    if kind == "gemm" and name in device.op_bandwidth_gbs:  # this implementation was measured: never faster than that
-        return max(_gemm_time(node, name, values, device), device.op_time(name, kind, flops, moved)), ""
+    if kind == "gemm" and name in device.op_overhead_us:
+        # this implementation's fixed cost per call was measured (a CPU grouped GEMM loops over its groups):
+        # that plus the arithmetic. Its bytes-per-second from the calibration is not a GEMM's bound.
+        return _gemm_time(node, name, values, device) + device.overhead_s(name, kind), ""
     if kind == "gemm":
         return _gemm_time(node, name, values, device), ""
     if kind == "attention":

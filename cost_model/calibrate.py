@@ -34,6 +34,7 @@ on a shared machine other processes only ever add time):
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import socket
@@ -417,23 +418,29 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return intercept, slope
 
 
+# Output tiles a CPU GEMM may be quantised to: BLAS micro-kernels block registers in a few rows by one
+# or two vectors (e.g. AVX-512 fp32 kernels of 14-32 x 16-32), cache blocking in larger panels. The
+# matmul ladder's small and skinny shapes decide which fits this machine's library.
+_CPU_TILES = ((64, 64), (32, 32), (16, 16), (8, 16), (8, 8))
+
+
 def _fit_gemm(matmul: list[tuple[str, int, int, int, float]], base: DeviceProfile) -> DeviceProfile:
-    """Per dtype: the asymptotic peak and the fixed launch cost, with one `k_fill` shared by all,
-    minimising the squared log-time error over the measured shapes (a grid search)."""
+    """Per dtype: the asymptotic peak and the fixed launch cost, with one output tile and one `k_fill`
+    shared by all, minimising the squared log-time error over the measured shapes (a grid search)."""
     dtypes = sorted({d for d, *_ in matmul})
     best_rate = {d: max(2.0 * m * n * k / s for dd, m, n, k, s in matmul if dd == d) for d in dtypes}
     fastest = {d: min(s for dd, *_, s in matmul if dd == d) for d in dtypes}
     multipliers = [1.0 + 0.05 * i for i in range(41)]  # peak between 1x and 3x the best measured rate
     launches = (0.05, 0.25, 0.5, 0.75, 0.9)  # fixed cost as a fraction of the fastest call
     best_fit, best_error = base, math.inf
-    for k_fill in (0.0, 8.0, 16.0, 32.0, 64.0, 128.0):
+    for (tile_m, tile_n), k_fill in itertools.product(_CPU_TILES, (0.0, 8.0, 16.0, 32.0, 64.0, 128.0)):
         peaks, launch, error = {}, {}, 0.0
         for d in dtypes:
             points = [(m, n, k, s) for dd, m, n, k, s in matmul if dd == d]
             choice, choice_error = (best_rate[d], fastest[d] * 0.5), math.inf
             for factor in multipliers:
                 for share in launches:
-                    gemm = replace(base.gemm, k_fill=k_fill, efficiency={d: 1.0}, launch_us={d: fastest[d] * share * 1e6})
+                    gemm = replace(base.gemm, tile_m=tile_m, tile_n=tile_n, k_fill=k_fill, efficiency={d: 1.0}, launch_us={d: fastest[d] * share * 1e6})
                     candidate = replace(base, peak_tflops={d: best_rate[d] * factor / 1e12}, gemm=gemm)
                     e = sum((math.log(candidate.gemm_time(m, n, k, d, out_bytes=4.0 if d == "fp32" else 2.0)) - math.log(s)) ** 2
                             for m, n, k, s in points)
@@ -442,7 +449,7 @@ def _fit_gemm(matmul: list[tuple[str, int, int, int, float]], base: DeviceProfil
             peaks[d], launch[d] = choice[0] / 1e12, choice[1] * 1e6
             error += choice_error
         if error < best_error:
-            gemm = replace(base.gemm, k_fill=k_fill, efficiency={d: 1.0 for d in dtypes}, launch_us=launch)
+            gemm = replace(base.gemm, tile_m=tile_m, tile_n=tile_n, k_fill=k_fill, efficiency={d: 1.0 for d in dtypes}, launch_us=launch)
             best_fit, best_error = replace(base, peak_tflops=peaks, gemm=gemm), error
     return best_fit
 
@@ -468,14 +475,15 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     threads = torch.get_num_threads()
     repeats = 3 if fast else 7
     if fast:
-        shapes = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 64, 256)]
+        shapes = [(64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 64, 256), (4, 64, 64), (512, 8, 64)]
         copy_sizes = [1 << 20, 1 << 22]
         pointwise_sizes = [1, 1 << 10, 1 << 12, 1 << 14, 1 << 20, 1 << 21]
         attention_shapes = [(1, 2, 64, 32)]
         collective_sizes = [256, 1 << 16]
     else:
         shapes = ([(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)] + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
-                  + [(512, 64, 64), (512, 128, 64), (512, 64, 256), (2048, 64, 64), (128, 512, 64), (64, 64, 2048)])  # skinny, short-K
+                  + [(512, 64, 64), (512, 128, 64), (512, 64, 256), (2048, 64, 64), (128, 512, 64), (64, 64, 2048)]  # skinny, short-K
+                  + [(2, 64, 64), (4, 256, 64), (8, 512, 128), (512, 4, 64), (24, 24, 256), (40, 40, 128)])  # fewer rows/columns than a tile
         copy_sizes = [1 << 22, 1 << 24, 1 << 26]
         pointwise_sizes = [1, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
         attention_shapes = [(1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)]

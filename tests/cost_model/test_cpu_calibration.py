@@ -80,6 +80,29 @@ def test_skipping_the_collectives_keeps_the_measured_bandwidth_bound():
     assert "not measured" in result.tier.source
 
 
+def test_the_gemm_fit_recovers_the_output_tile_of_synthetic_measurements(measured):
+    # matmuls timed by a model with 16x16 tiles: the small and skinny shapes, which a 64x64 tile would
+    # pad to a full tile, single out that tile
+    import dataclasses
+
+    from trex.cost_model.calibrate import _fit_gemm
+
+    truth = measured.profile
+    truth = dataclasses.replace(truth, gemm=dataclasses.replace(truth.gemm, tile_m=16, tile_n=16, k_fill=16.0))
+    shapes = [(64, 64, 64), (256, 256, 256), (1024, 1024, 256), (2, 64, 64), (4, 256, 64), (512, 4, 64), (24, 24, 256)]
+    matmul = [("fp32", m, n, k, truth.gemm_time(m, n, k, "fp32", out_bytes=4.0)) for m, n, k in shapes]
+    fitted = _fit_gemm(matmul, truth)
+    assert (fitted.gemm.tile_m, fitted.gemm.tile_n) == (16, 16)
+    for _, m, n, k, seconds in matmul:
+        assert fitted.gemm_time(m, n, k, "fp32", out_bytes=4.0) == pytest.approx(seconds, rel=0.15)
+
+
+def test_the_calibrated_tile_is_one_the_fit_offers(measured):
+    from trex.cost_model.calibrate import _CPU_TILES
+
+    assert (measured.profile.gemm.tile_m, measured.profile.gemm.tile_n) in _CPU_TILES
+
+
 def test_fit_line_recovers_latency_and_bandwidth():
     intercept, slope = fit_line([(0.0, 5e-6), (1e6, 5e-6 + 1e-4), (4e6, 5e-6 + 4e-4)])
     assert intercept == pytest.approx(5e-6) and slope == pytest.approx(1e-10)

@@ -86,3 +86,17 @@ def test_row_cost_tables_round_trip_and_are_validated():
     data["device"]["scalar_softmax_ns"]["sideways"] = 1.0
     with pytest.raises(TrexError, match="'device.scalar_softmax_ns.sideways' is not a profile field; valid fields here: backward, forward"):
         device_profile_from_dict(data)
+
+
+def test_a_measured_grouped_gemm_costs_its_arithmetic_plus_its_measured_call_overhead():
+    # the CPU grouped GEMM loops over its groups: calibration measures that fixed cost per call; the bytes
+    # rate of the same calibration is not a bound for a GEMM (it would price 1024 rows at several times the mm)
+    import trex.ops  # noqa: F401
+
+    plain = get_device("cpu")
+    profile = dataclasses.replace(plain, op_overhead_us={**plain.op_overhead_us, "trex.grouped_mm": 25.0},
+                                  op_bandwidth_gbs={**plain.op_bandwidth_gbs, "trex.grouped_mm": 0.5})
+    graph = _graph(lambda x, w, o: torch.ops.trex.grouped_mm(x, w, o), torch.rand(1024, 64), torch.rand(8, 64, 64),
+                   torch.arange(128, 1025, 128, dtype=torch.int32))
+    seconds = _time(graph, profile)
+    assert seconds == pytest.approx(profile.gemm_time(128, 64, 64, "fp32", 8) + 25e-6)
