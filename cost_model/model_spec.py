@@ -303,7 +303,7 @@ class _Block:
 
 
 def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, qk_norm: bool, layer_norm: str = "input_layernorm",
-                   window: int | None = None, dropout: bool = False, sandwich: bool = False) -> None:
+                   window: int | None = None, dropout: bool = False, sandwich: bool = False, sinks: bool = False) -> None:
     b.tp.append(TPCollective("all_gather", hidden * A, "attention input"))
     b.norm(layer_norm, hidden)
     q, kv = heads * head_dim, kv_heads * head_dim
@@ -313,9 +313,11 @@ def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_di
         b.norm_params += 2 * head_dim
     b.pointwise.append(Pointwise("rope", 2 * (q + kv) * A, 1))
     b.saved.append(Saved("q_k_v", (q + 2 * kv) * A))
-    b.attention.append(AttentionCore("attention", heads, kv_heads, head_dim, head_dim, window=window, dropout=dropout))
+    b.attention.append(AttentionCore("attention", heads, kv_heads, head_dim, head_dim, window=window, dropout=dropout, sinks=sinks))
+    if sinks:
+        b.extra_params += heads  # one learned sink logit per head
     b.saved.append(Saved("attention_output", q * A, gemm_input=True))
-    b.linears.append(Linear("o_proj", q, hidden, "row"))
+    b.linears.append(Linear("o_proj", q, hidden, "row", bias=qkv_bias))
     b.tp.append(TPCollective("reduce_scatter", hidden * A, "attention output"))
     if sandwich:
         b.norm("post_attention_norm", hidden, tag="", save_output=False)
@@ -408,7 +410,8 @@ def _cfg(config: Any, *names: str, default: Any = None, required: bool = True) -
 
 
 def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_norm: bool = False) -> ModelSpec:
-    """Llama, Mistral, Qwen2/3 and their MoE variants (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+    """Llama, Mistral, Qwen2/3 and their MoE variants (Mixtral, Qwen2-MoE, Qwen3-MoE), and gpt-oss (attention
+    sinks; sliding-window and full attention alternating as its `layer_types` say)."""
     hidden = _cfg(config, "hidden_size")
     heads = _cfg(config, "num_attention_heads")
     kv_heads = _cfg(config, "num_key_value_heads", default=heads)
@@ -421,6 +424,8 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
     window = _cfg(config, "sliding_window", required=False)
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not _cfg(config, "use_sliding_window", default=False, required=False):
         window = None  # Qwen configs carry a sliding_window that is off unless use_sliding_window
+    layer_types = _cfg(config, "layer_types", required=False)  # per layer "sliding_attention" | "full_attention", when given
+    sinks = model_type == "gpt_oss"
     num_experts = _cfg(config, "num_local_experts", "num_experts", "n_routed_experts", required=False) or 0
     top_k = _cfg(config, "num_experts_per_tok", required=False) or 0
     moe = None
@@ -433,8 +438,9 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
     layers = []
     for index in range(layers_n):
         b = _Block()
+        layer_window = window if not layer_types or layer_types[index] == "sliding_attention" else None
         _gqa_attention(b, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                       window=window, sandwich=sandwich_norm)
+                       window=layer_window, sandwich=sandwich_norm, sinks=sinks)
         is_moe = moe is not None and index not in dense_only and (index + 1) % sparse_step == 0
         if is_moe:
             assert moe is not None
@@ -442,7 +448,10 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
         else:
             _dense_mlp(b, hidden=hidden, ffn=ffn, gated=True, sandwich=sandwich_norm)
         matrices = ((1, hidden, heads * head_dim + 2 * kv_heads * head_dim), (1, heads * head_dim, hidden))
-        layers.append(b.build("moe" if is_moe else "dense", hidden, muon=matrices))
+        kind = "moe" if is_moe else "dense"
+        if layer_types and len(set(layer_types)) > 1:
+            kind += "+swa" if layer_window else "+full"  # priced apart: their attention differs
+        layers.append(b.build(kind, hidden, muon=matrices))
     return _with_host_ops(ModelSpec(name, family, hidden, vocab, tuple(layers), tie_embeddings=bool(_cfg(config, "tie_word_embeddings", default=False, required=False)),
                                     final_norm_params=hidden, source=f"transformers config ({model_type})"))
 
@@ -640,6 +649,10 @@ _KORTHIKANTI = "Korthikanti et al. 2022, Table 1 (Megatron GPT shapes; vocab 512
 _LLAMA3 = "Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 (the released config.json), untied"
 
 
+_GPT_OSS = ("gpt-oss model card (OpenAI 2025, arXiv 2508.10925) and transformers' GptOssConfig defaults: 36 layers of hidden 2880, 64 query / "
+            "8 KV heads of 64 with sinks, sliding window 128 on alternate layers, 128 experts of 2880 top-4, vocab 201088, untied")
+
+
 def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
     config = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
               "num_hidden_layers": layers, "vocab_size": 128256, "intermediate_size": ffn, "tie_word_embeddings": False}
@@ -655,6 +668,11 @@ BUILTIN_SHAPES: dict[str, Any] = {
         "pangu-ultra-135b", family="pangu", sandwich_norm=True),
     "llama3-70b": lambda: _llama3("llama3-70b", layers=80, hidden=8192, heads=64, ffn=28672),
     "llama3.1-405b": lambda: _llama3("llama3.1-405b", layers=126, hidden=16384, heads=128, ffn=53248),
+    "gpt-oss-120b": lambda: replace(llama_like_spec(
+        {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+         "num_hidden_layers": 36, "vocab_size": 201088, "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
+         "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
+         "tie_word_embeddings": False}, "gpt-oss-120b", family="gpt-oss"), source=_GPT_OSS),
 }
 
 
@@ -667,6 +685,7 @@ def model_names() -> list[str]:
 _FAMILY_BY_TYPE = {
     "llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "mixtral": "mixtral", "qwen2_moe": "qwen-moe",
     "qwen3_moe": "qwen-moe", "deepseek_v2": "deepseek-v3", "deepseek_v3": "deepseek-v3", "deepseek_v4": "deepseek-v4",
+    "gpt_oss": "gpt-oss",
 }
 
 

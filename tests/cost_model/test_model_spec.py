@@ -56,6 +56,23 @@ def test_a_transformers_config_json_is_accepted(tmp_path):
     assert spec.family == "llama" and spec.layers[0].moe is None
 
 
+def test_gpt_oss_alternates_sliding_and_full_attention_with_sinks():
+    # gpt-oss model card: 116.83B parameters, 5.13B active per token (without the input embedding)
+    spec = get_model_spec("gpt-oss-120b")
+    assert spec.total_params == pytest.approx(116.83e9, rel=0.005)
+    assert spec.active_params - spec.vocab_size * spec.hidden_size == pytest.approx(5.13e9, rel=0.01)
+    assert [layer.kind for layer in spec.layers[:4]] == ["moe+swa", "moe+full", "moe+swa", "moe+full"]
+    swa, full = spec.layer_kinds["moe+swa"].attention[0], spec.layer_kinds["moe+full"].attention[0]
+    assert (swa.window, full.window, swa.sinks, full.sinks) == (128, None, True, True)
+    assert swa.keys_per_query(4096) < 128 < full.keys_per_query(4096)
+    moe = spec.layers[0].moe
+    assert (moe.num_experts, moe.top_k, moe.expert_ffn) == (128, 4, 2880)
+    # the same structure from transformers' own config class, whose defaults are the 120B model
+    from transformers import GptOssConfig
+
+    assert spec_from_config(GptOssConfig(), "gpt-oss").total_params == pytest.approx(spec.total_params, rel=1e-6)
+
+
 def test_mixtral_config_builds_a_moe_spec():
     from transformers import MixtralConfig
 

@@ -74,6 +74,22 @@ def test_fp8_recipes_are_priced_by_what_their_kernels_do():
         estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "mxfp4"}))
 
 
+def test_estimates_whose_experts_get_few_rows_say_they_are_optimistic():
+    # Qwen3-235B at 4K tokens: EP8 gives each of 16 local experts 1024 rows (tp2) or 512 (tp4) per micro-batch, the regime
+    # where published runs took ~2x the priced time; EP32 gives 4096, priced within ~20 %
+    qwen = get_model_spec("qwen3-235b-a22b")
+    cluster = get_cluster("h100", 256)
+
+    def notes(**degrees):
+        return [n for n in estimate_step(qwen, cluster, ParallelConfig(**degrees, seq=4096, gbs=2048)).notes if "rows per micro-batch" in n]
+
+    (note,) = notes(tp=4, pp=8, vpp=4, ep=8)
+    assert "each local expert gets 512 rows" in note and "optimistic" in note
+    assert notes(tp=2, pp=8, vpp=4, ep=32) == []
+    dense = estimate_step(get_model_spec("llama3-70b"), get_cluster("h100", 64), ParallelConfig(tp=4, pp=8, seq=8192, gbs=128))
+    assert not any("rows per micro-batch" in n for n in dense.notes)
+
+
 def test_full_recompute_costs_time_and_saves_memory(estimate):
     full = estimate_step(DSV3, H100, _with(recompute="full"))
     assert full.step_time_s > estimate.step_time_s and full.memory.activations < estimate.memory.activations

@@ -186,6 +186,11 @@ def _print(result, args: argparse.Namespace) -> None:
             console.print(f"  best plan: {result.speedup:.2f}x the baseline's throughput "
                           f"({base.plan.prediction.step_time_s:.3f} -> {result.best.prediction.step_time_s:.3f} s/step, "
                           f"MFU {base.plan.prediction.mfu:.1%} -> {result.best.prediction.mfu:.1%})")
+            from trex.cost_model.step import is_small_expert_note
+
+            if any(is_small_expert_note(n) for n in result.best.notes) and not any(is_small_expert_note(n) for n in base.plan.notes):
+                console.print("  [yellow]caution:[/yellow] the best plan's experts get few rows per micro-batch, a regime priced ~2x "
+                              "optimistically against published runs (its note); the baseline is outside it, so this gain is overstated")
     if args.out and result.best is not None:
         console.print(f"plan written to {args.out} (use it with trex.compile(model, plan=...); compare plans with trex plan --diff)")
 
