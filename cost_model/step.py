@@ -375,7 +375,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     notes = list(spec.assumptions)
     if device.name == "cpu" and not device.calibrated:
         notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
-    small_experts = _small_expert_work_note(spec, ctx)
+    small_experts = _small_expert_work_note(spec, plan)
     if small_experts:
         notes.append(small_experts)
     if plan.precision == "fp8":
@@ -400,13 +400,14 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
 SMALL_EXPERT_ROWS = 2048
 
 
-def rows_per_local_expert(spec: ModelSpec, ctx: CostContext) -> float | None:
-    """Rows one local expert's GEMMs get per micro-batch (balanced routing), for the first MoE layer."""
+def rows_per_local_expert(spec: ModelSpec, plan: ParallelConfig) -> float | None:
+    """Rows one local expert's GEMMs get per micro-batch (balanced routing), for the first learned-router
+    MoE layer: the tokens of a device's sequence shard x top-k x etp, over its num_experts / ep experts."""
     moe = next((layer.moe for layer in spec.layers if layer.moe is not None and layer.moe.router == "learned"), None)
     if moe is None:
         return None
-    local = moe.num_experts / ctx.plan.ep
-    return ctx.sp_tokens * moe.top_k * ctx.plan.etp / local
+    tokens = plan.mbs * plan.seq / plan.cp / (plan.tp if plan.sequence_parallel else 1)
+    return tokens * moe.top_k * plan.etp * plan.ep / moe.num_experts
 
 
 _SMALL_EXPERT_MARKER = "rows per micro-batch: published H100 MoE runs"
@@ -417,14 +418,14 @@ def is_small_expert_note(note: str) -> bool:
     return _SMALL_EXPERT_MARKER in note
 
 
-def _small_expert_work_note(spec: ModelSpec, ctx: CostContext) -> str:
-    rows = rows_per_local_expert(spec, ctx)
+def _small_expert_work_note(spec: ModelSpec, plan: ParallelConfig) -> str:
+    rows = rows_per_local_expert(spec, plan)
     if rows is None or rows >= SMALL_EXPERT_ROWS:
         return ""
     return (f"each local expert gets {rows:.0f} {_SMALL_EXPERT_MARKER} with at most 1024 rows per expert "
             f"(Qwen3-235B EP8, GPT-OSS 120B EP8) took 1.8-2.2x the time this model prices, for a cause it does not model "
             "(bench/cost_model/RESULTS.md, section 1.5): treat this estimate as optimistic; more tokens per micro-batch or a larger ep "
-            "give each expert more rows")
+            f"give each expert more rows (trex plan --fix min_expert_rows={SMALL_EXPERT_ROWS} searches outside this regime)")
 
 
 FP8_RECIPE_PRICING = {

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
 from trex.cost_model.parallel import ParallelConfig, key_values
+from trex.cost_model.step import rows_per_local_expert
 from trex.errors import TrexError
 from trex.passes.parallel.pricing import LayerChoice
 from trex.passes.parallel.topology import placement_problems
@@ -64,12 +65,21 @@ class SearchSpace:
     zero: tuple[int, ...] = (1, 0, 2, 3)
     mbs: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] | None = None
+    # fewest rows a local expert's GEMMs may get per micro-batch (trex.cost_model.step.rows_per_local_expert);
+    # None: any. The cost model prices layouts below 2048 rows optimistically (step.SMALL_EXPERT_ROWS).
+    min_expert_rows: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> SearchSpace:
-        """"tp=1,ep=32/64,recompute=full": fix dimensions to one value or to '/'-separated values."""
-        values: dict[str, tuple] = {}
-        for key, raw in key_values(text, _DIMENSIONS, what="--fix", example="tp=1,ep=32/64,recompute=full"):
+        """"tp=1,ep=32/64,recompute=full": fix dimensions to one value or to '/'-separated values;
+        "min_expert_rows=2048" keeps only layouts whose experts get at least that many rows."""
+        values: dict[str, tuple | int] = {}
+        for key, raw in key_values(text, (*_DIMENSIONS, "min_expert_rows"), what="--fix", example="tp=1,ep=32/64,recompute=full"):
+            if key == "min_expert_rows":
+                if not raw.isdigit():
+                    raise TrexError(f"--fix min_expert_rows={raw}: give one non-negative integer, e.g. min_expert_rows=2048")
+                values[key] = int(raw)
+                continue
             options = [v.strip() for v in raw.split("/") if v.strip()]
             if not options:
                 raise TrexError(f"--fix {key}=: give at least one value")
@@ -91,6 +101,8 @@ class SearchSpace:
             value = getattr(self, name)
             if value is not None and value != getattr(SearchSpace(), name):
                 parts.append(f"{name}={'/'.join(str(v) for v in value)}")
+        if self.min_expert_rows is not None:
+            parts.append(f"min_expert_rows={self.min_expert_rows}")
         return ",".join(parts) or "(all valid values)"
 
 
@@ -183,6 +195,9 @@ def layer_choices(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, s
                     if placement_problems(cluster, tp, ep, etp):
                         continue
                     for mbs in _pick(space.mbs, sorted(set(space.mbs))):
+                        if space.min_expert_rows and experts and (rows_per_local_expert(spec, dataclasses.replace(
+                                template, tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs)) or 0) < space.min_expert_rows:
+                            continue
                         choice = LayerChoice(tp, cp, ep, etp, mbs, "none")
                         if any(True for _ in pipeline_options(spec, cluster, template, space, choice)):
                             yield choice

@@ -116,5 +116,6 @@ def test_a_gain_that_rests_on_small_expert_gemms_is_flagged(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "each local expert gets 512 rows per micro-batch" in out
     assert "caution: the best plan's experts get few rows per micro-batch" in out and "this gain is overstated" in out
+    assert "--fix min_expert_rows=2048 plans outside that regime" in out
     assert main([*qwen, "--fix", "tp=2,pp=8,vpp=4,ep=32,cp=1,zero=1,mbs=1,recompute=none"]) == 0
     assert "caution: the best plan's experts" not in " ".join(capsys.readouterr().out.split())

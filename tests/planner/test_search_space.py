@@ -53,8 +53,27 @@ def test_fixing_dimensions_narrows_the_space():
     assert choices and {(c.tp, c.ep) for c in choices} <= {(1, 32), (1, 64)}
 
 
+def test_min_expert_rows_keeps_only_layouts_whose_experts_get_that_many_rows():
+    from trex.cost_model.step import rows_per_local_expert
+
+    space = SearchSpace.parse("min_expert_rows=2048")
+    assert space.min_expert_rows == 2048 and space.describe() == "min_expert_rows=2048"
+    spec, cluster = get_model_spec("qwen3-235b-a22b"), get_cluster("h100", 256)
+    template = ParallelConfig(seq=4096, gbs=2048)
+    every = list(layer_choices(spec, cluster, template, SearchSpace()))
+    kept = list(layer_choices(spec, cluster, template, space))
+
+    def rows(c):
+        return rows_per_local_expert(spec, dataclasses.replace(template, tp=c.tp, cp=c.cp, ep=c.ep, etp=c.etp, mbs=c.mbs))
+
+    assert kept and set(kept) == {c for c in every if rows(c) >= 2048} and len(kept) < len(every)
+    # a dense model has no experts to starve: the filter keeps everything
+    dense, dense_cluster = get_model_spec("gpt-22b"), get_cluster("a100", 16)
+    assert list(layer_choices(dense, dense_cluster, template, space)) == list(layer_choices(dense, dense_cluster, template, SearchSpace()))
+
+
 @pytest.mark.parametrize("text, message", [("tp", "not key=value"), ("tq=2", "--fix: unknown key 'tq'"), ("tp=two", "must be integers"),
-                                           ("zero=-1", ">= 0"), ("pp=0", "positive")])
+                                           ("zero=-1", ">= 0"), ("pp=0", "positive"), ("min_expert_rows=2k", "one non-negative integer")])
 def test_bad_fix_strings_say_what_is_wrong(text, message):
     with pytest.raises(TrexError, match=message):
         SearchSpace.parse(text)

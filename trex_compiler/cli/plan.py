@@ -29,7 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
     parser.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to show, each the best of a different layout (default 3)")
     parser.add_argument("--fix", default="", metavar="DIMS",
-                        help='narrow (or widen) the search, e.g. "tp=1,ep=32/64,recompute=full"; dimensions: tp pp vpp ep etp cp zero mbs recompute')
+                        help='narrow (or widen) the search, e.g. "tp=1,ep=32/64,recompute=full"; dimensions: tp pp vpp ep etp cp zero mbs recompute; '
+                        '"min_expert_rows=2048" keeps only layouts whose experts get at least that many rows per micro-batch')
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a software setting the plans are priced with, e.g. --set dispatcher=deepep --set tp_comm_overlap=true "
                         "--set fp8_recipe=tensorwise")
@@ -189,8 +190,11 @@ def _print(result, args: argparse.Namespace) -> None:
             from trex.cost_model.step import is_small_expert_note
 
             if any(is_small_expert_note(n) for n in result.best.notes) and not any(is_small_expert_note(n) for n in base.plan.notes):
+                from trex.cost_model.step import SMALL_EXPERT_ROWS
+
                 console.print("  [yellow]caution:[/yellow] the best plan's experts get few rows per micro-batch, a regime priced ~2x "
-                              "optimistically against published runs (its note); the baseline is outside it, so this gain is overstated")
+                              "optimistically against published runs (its note); the baseline is outside it, so this gain is overstated; "
+                              f"--fix min_expert_rows={SMALL_EXPERT_ROWS} plans outside that regime")
     if args.out and result.best is not None:
         console.print(f"plan written to {args.out} (use it with trex.compile(model, plan=...); compare plans with trex plan --diff)")
 
