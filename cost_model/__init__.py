@@ -18,9 +18,12 @@ Modules, one concept each:
     memory        weights, gradients, optimizer states (AdamW, Muon), ZeRO, activations in flight
     pipeline      stage split, 1F1B / interleaved makespan (closed form and event simulation)
     step          estimate_step: the whole step -> StepEstimate (time, throughput, MFU, memory, breakdown)
+    caveats       the regimes validation found priced optimistically (FP8, few rows per expert), stated on estimates
     trace         Chrome-trace timeline of an estimated step (Perfetto)
     op_formulas   per-op FLOPs and bytes as sympy expressions
     annotate      writes node.meta["cost"] on captured fx graphs
+    cpu_loops     CPU TensorIterator loop counts of element-wise ops (what a broken layout costs)
+    cpu_rows      CPU row-wise kernels: scalar softmax over short rows, reductions' per-output cost
     explain       trex.explain: per-op cost table of a model's training step
     calibrate     microbenchmarks of this machine -> the `cpu` profile
     op_timing     measured vs predicted per-node times on this machine

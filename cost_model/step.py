@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trex.cost_model import collectives
+from trex.cost_model.caveats import estimate_caveats
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.devices import GIB
 from trex.cost_model.flops import megatron_flops_per_token, six_n_flops_per_token
@@ -375,14 +376,7 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     notes = list(spec.assumptions)
     if device.name == "cpu" and not device.calibrated:
         notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
-    small_experts = _small_expert_work_note(spec, plan)
-    if small_experts:
-        notes.append(small_experts)
-    if plan.precision == "fp8":
-        notes.append("FP8 run: MFU is against the dense BF16 peak, the convention of the published FP8 figures")
-        notes.append(f"FP8 recipe {plan.fp8_recipe}: {FP8_RECIPE_PRICING[plan.fp8_recipe]} (set another with --set fp8_recipe=...)")
-        notes.append("FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is 9-17 % too fast, "
-                     "more than for BF16 runs (bench/cost_model/RESULTS.md, section 1.4)")
+    notes += estimate_caveats(spec, plan)
     return StepEstimate(
         model=spec.name, cluster=cluster.name, device=device.name, devices=cluster.devices, plan=plan, step_time_s=step,
         tokens_per_step=tokens, flops_per_token=megatron_flops_per_token(spec, plan.seq), flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
@@ -390,50 +384,6 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         chunks=tuple(chunks), p2p_s=p2p, per_device_s=tuple(per_device), violations=(), seconds_to_estimate=time.perf_counter() - started,
         notes=tuple(notes), memory_by_device=tuple(memory_by_device),
     )
-
-
-# Published MoE runs whose experts get few rows each per micro-batch ran ~2x slower than priced: Qwen3-235B
-# EP8 (Q3-B, Q3-C: 1024 and 512 rows per expert) and GPT-OSS 120B EP8 (1024 rows; NVIDIA's Megatron-Bridge
-# 26.02-26.04) took 1.8-2.2x the predicted time, while 2048-4096 rows per expert (the same Qwen3 layout at
-# 16K tokens, Qwen3 EP32, DeepSeek-V3 EP64) are priced within -7 .. +21 % (bench/cost_model/RESULTS.md
-# section 1.5). The cause is not modelled; estimates in that regime say so.
-SMALL_EXPERT_ROWS = 2048
-
-
-def rows_per_local_expert(spec: ModelSpec, plan: ParallelConfig) -> float | None:
-    """Rows one local expert's GEMMs get per micro-batch (balanced routing), for the first learned-router
-    MoE layer: the tokens of a device's sequence shard x top-k x etp, over its num_experts / ep experts."""
-    moe = next((layer.moe for layer in spec.layers if layer.moe is not None and layer.moe.router == "learned"), None)
-    if moe is None:
-        return None
-    tokens = plan.mbs * plan.seq / plan.cp / (plan.tp if plan.sequence_parallel else 1)
-    return tokens * moe.top_k * plan.etp * plan.ep / moe.num_experts
-
-
-_SMALL_EXPERT_MARKER = "rows per micro-batch: published H100 MoE runs"
-
-
-def is_small_expert_note(note: str) -> bool:
-    """Whether `note` is the caution `estimate_step` attaches to plans whose experts get few rows."""
-    return _SMALL_EXPERT_MARKER in note
-
-
-def _small_expert_work_note(spec: ModelSpec, plan: ParallelConfig) -> str:
-    rows = rows_per_local_expert(spec, plan)
-    if rows is None or rows >= SMALL_EXPERT_ROWS:
-        return ""
-    return (f"each local expert gets {rows:.0f} {_SMALL_EXPERT_MARKER} with at most 1024 rows per expert "
-            f"(Qwen3-235B EP8, GPT-OSS 120B EP8) took 1.8-2.2x the time this model prices, for a cause it does not model "
-            "(bench/cost_model/RESULTS.md, section 1.5): treat this estimate as optimistic; more tokens per micro-batch or a larger ep "
-            f"give each expert more rows (trex plan --fix min_expert_rows={SMALL_EXPERT_ROWS} searches outside this regime)")
-
-
-FP8_RECIPE_PRICING = {
-    "delayed": "per-tensor scales from the amax history; data- and weight-gradient GEMMs with split accumulation",
-    "tensorwise": "per-tensor current scaling, an amax pass before each cast (all-reduced over TP for sequence-parallel "
-                  "inputs); data- and weight-gradient GEMMs with split accumulation",
-    "blockwise": "1x128 / 128x128 block scales computed in the cast; every GEMM at the blockwise FP8 ceiling",
-}
 
 
 def gib(nbytes: float) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
 from trex.cost_model.parallel import ParallelConfig, key_values
-from trex.cost_model.step import rows_per_local_expert
+from trex.cost_model.caveats import rows_per_local_expert
 from trex.errors import TrexError
 from trex.passes.parallel.pricing import LayerChoice
 from trex.passes.parallel.topology import placement_problems
@@ -65,8 +65,8 @@ class SearchSpace:
     zero: tuple[int, ...] = (1, 0, 2, 3)
     mbs: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] | None = None
-    # fewest rows a local expert's GEMMs may get per micro-batch (trex.cost_model.step.rows_per_local_expert);
-    # None: any. The cost model prices layouts below 2048 rows optimistically (step.SMALL_EXPERT_ROWS).
+    # fewest rows a local expert's GEMMs may get per micro-batch (trex.cost_model.caveats.rows_per_local_expert);
+    # None: any. The cost model prices layouts below 2048 rows optimistically (caveats.SMALL_EXPERT_ROWS).
     min_expert_rows: int | None = None
 
     @classmethod

@@ -54,7 +54,7 @@ def test_fixing_dimensions_narrows_the_space():
 
 
 def test_min_expert_rows_keeps_only_layouts_whose_experts_get_that_many_rows():
-    from trex.cost_model.step import rows_per_local_expert
+    from trex.cost_model.caveats import rows_per_local_expert
 
     space = SearchSpace.parse("min_expert_rows=2048")
     assert space.min_expert_rows == 2048 and space.describe() == "min_expert_rows=2048"

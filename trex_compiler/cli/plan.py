@@ -187,10 +187,10 @@ def _print(result, args: argparse.Namespace) -> None:
             console.print(f"  best plan: {result.speedup:.2f}x the baseline's throughput "
                           f"({base.plan.prediction.step_time_s:.3f} -> {result.best.prediction.step_time_s:.3f} s/step, "
                           f"MFU {base.plan.prediction.mfu:.1%} -> {result.best.prediction.mfu:.1%})")
-            from trex.cost_model.step import is_small_expert_note
+            from trex.cost_model.caveats import is_small_expert_note
 
             if any(is_small_expert_note(n) for n in result.best.notes) and not any(is_small_expert_note(n) for n in base.plan.notes):
-                from trex.cost_model.step import SMALL_EXPERT_ROWS
+                from trex.cost_model.caveats import SMALL_EXPERT_ROWS
 
                 console.print("  [yellow]caution:[/yellow] the best plan's experts get few rows per micro-batch, a regime priced ~2x "
                               "optimistically against published runs (its note); the baseline is outside it, so this gain is overstated; "
