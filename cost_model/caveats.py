@@ -49,19 +49,17 @@ def rows_per_local_expert(spec: ModelSpec, plan: ParallelConfig) -> float | None
     return tokens * moe.top_k * plan.etp * plan.ep / moe.num_experts
 
 
-_SMALL_EXPERT_MARKER = "rows per micro-batch: published H100 MoE runs"
-
-
-def is_small_expert_note(note: str) -> bool:
-    """Whether `note` is the caution `estimate_step` attaches to plans whose experts get few rows."""
-    return _SMALL_EXPERT_MARKER in note
+def in_small_expert_regime(spec: ModelSpec, plan: ParallelConfig) -> bool:
+    """Whether `plan`'s experts get fewer than SMALL_EXPERT_ROWS rows per micro-batch (False for dense models)."""
+    rows = rows_per_local_expert(spec, plan)
+    return rows is not None and rows < SMALL_EXPERT_ROWS
 
 
 def _small_expert_work_note(spec: ModelSpec, plan: ParallelConfig) -> str:
-    rows = rows_per_local_expert(spec, plan)
-    if rows is None or rows >= SMALL_EXPERT_ROWS:
+    if not in_small_expert_regime(spec, plan):
         return ""
-    return (f"each local expert gets {rows:.0f} {_SMALL_EXPERT_MARKER} with at most 1024 rows per expert "
+    rows = rows_per_local_expert(spec, plan)
+    return (f"each local expert gets {rows:.0f} rows per micro-batch: published H100 MoE runs with at most 1024 rows per expert "
             f"(Qwen3-235B EP8, GPT-OSS 120B EP8) took 1.8-2.2x the time this model prices, for a cause it does not model "
             "(bench/cost_model/RESULTS.md, section 1.5): treat this estimate as optimistic; more tokens per micro-batch or a larger ep "
             f"give each expert more rows (trex plan --fix min_expert_rows={SMALL_EXPERT_ROWS} searches outside this regime)")

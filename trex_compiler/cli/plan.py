@@ -187,11 +187,9 @@ def _print(result, args: argparse.Namespace) -> None:
             console.print(f"  best plan: {result.speedup:.2f}x the baseline's throughput "
                           f"({base.plan.prediction.step_time_s:.3f} -> {result.best.prediction.step_time_s:.3f} s/step, "
                           f"MFU {base.plan.prediction.mfu:.1%} -> {result.best.prediction.mfu:.1%})")
-            from trex.cost_model.caveats import is_small_expert_note
+            from trex.cost_model.caveats import SMALL_EXPERT_ROWS, in_small_expert_regime
 
-            if any(is_small_expert_note(n) for n in result.best.notes) and not any(is_small_expert_note(n) for n in base.plan.notes):
-                from trex.cost_model.caveats import SMALL_EXPERT_ROWS
-
+            if in_small_expert_regime(spec, result.best.parallel) and not in_small_expert_regime(spec, base.plan.parallel):
                 console.print("  [yellow]caution:[/yellow] the best plan's experts get few rows per micro-batch, a regime priced ~2x "
                               "optimistically against published runs (its note); the baseline is outside it, so this gain is overstated; "
                               f"--fix min_expert_rows={SMALL_EXPERT_ROWS} plans outside that regime")
