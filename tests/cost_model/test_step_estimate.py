@@ -70,6 +70,12 @@ def test_fp8_recipes_are_priced_by_what_their_kernels_do():
     assert current.backward_s < 1.1 * delayed.backward_s  # memory passes, small next to the GEMMs
     step = estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "tensorwise"}))
     assert any(note.startswith("FP8 recipe tensorwise: per-tensor current scaling") for note in step.notes)
+    import typing
+
+    from trex.cost_model.caveats import FP8_RECIPE_PRICING
+    from trex.cost_model.parallel import Fp8Recipe
+
+    assert set(FP8_RECIPE_PRICING) == set(typing.get_args(Fp8Recipe))  # every recipe the plan accepts says how it is priced
     with pytest.raises(InfeasiblePlan, match="fp8_recipe='mxfp4': use one of delayed, tensorwise, blockwise"):
         estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "mxfp4"}))
 
