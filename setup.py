@@ -15,6 +15,7 @@ FOLDER_TO_PACKAGE = {
     "backends": "trex.backends",
     "runtime": "trex.runtime",
     "cost_model": "trex.cost_model",
+    "planner": "trex.planner",
     "workloads": "trex.workloads",
 }
 

@@ -125,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
 def explain_row(row_id: str, csv_path: str | None = None) -> int:
     """One published row as the model priced it, down to the ops of each layer kind."""
     from trex.cli.estimate import print_estimate, print_layers, print_stages
-    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.catalog import cluster_for_device, get_cluster
     from trex.cost_model.layer_cost import layer_breakdown
     from trex.cost_model.model_spec import get_model_spec
-    from trex.cost_model.validation import CLUSTER_OF_DEVICE, published_setups
+    from trex.cost_model.validation import published_setups
 
     rows = {r.id: r for r in (*compare_all(csv_path), *compare_all(extra=True))}
     if row_id not in rows:
@@ -144,7 +144,7 @@ def explain_row(row_id: str, csv_path: str | None = None) -> int:
         print(f"  per layer execution: predicted {executions.predicted_s * 1e3:.2f} ms, published {executions.published_s * 1e3:.2f} ms "
               f"(x{executions.ratio:.2f}), {executions.count} per step on the busiest device")
     spec = get_model_spec(r.model)
-    cluster = get_cluster(CLUSTER_OF_DEVICE.get(r.device, r.device), r.devices)
+    cluster = get_cluster(cluster_for_device(r.device), r.devices)
     print_estimate(r.estimate, spec)
     print_stages(r.estimate)
     print_layers(layer_breakdown(spec, r.estimate.plan, cluster), spec)

@@ -7,7 +7,8 @@
 
 Modules, one concept each:
     devices       device profiles (peaks, memory, tile-wave GEMM / attention / bandwidth models), files
-    cluster       tiers (NVLink, HCCS, Unified Bus, InfiniBand, RoCE) and where a process group lands
+    cluster       tiers and clusters: where a process group lands; cluster files
+    catalog       the built-in hardware: tiers (NVLink, HCCS, Unified Bus, InfiniBand, RoCE), clusters, targets
     collectives   alpha-beta costs of all_reduce, all_gather, reduce_scatter, all_to_all(v), send/recv
     model_spec    ModelSpec: what a model computes per token (from transformers configs or built-in shapes)
     config_cache  the full-size models' configurations, stored so that pricing them needs no transformers
@@ -24,7 +25,6 @@ Modules, one concept each:
     annotate      writes node.meta["cost"] on captured fx graphs
     cpu_loops     CPU TensorIterator loop counts of element-wise ops (what a broken layout costs)
     cpu_rows      CPU row-wise kernels: scalar softmax over short rows, reductions' per-output cost
-    explain       trex.explain: per-op cost table of a model's training step
     calibrate     microbenchmarks of this machine -> the `cpu` profile
     op_timing     measured vs predicted per-node times on this machine
     validation    predicted vs published training runs
@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trex.cost_model.cluster import Cluster, Tier, cluster_names, get_cluster
+from trex.cost_model.catalog import cluster_names, get_cluster, resolve_target, target_names
+from trex.cost_model.cluster import Cluster, Tier
 from trex.cost_model.collectives import all_gather, all_reduce, all_to_all, all_to_all_v, reduce_scatter, send_recv
 from trex.cost_model.devices import DeviceProfile, device_names, get_device, load_device_profile
 from trex.cost_model.flops import megatron_flops_per_token, six_n_flops_per_token
@@ -43,12 +44,11 @@ from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig, parse_plan,
 from trex.cost_model.step import StepEstimate, estimate_step
 
 # These import torch / sympy / transformers, so they load on first use. The graph-side functions
-# share their module's name (annotate, explain, calibrate): import them from the module, e.g.
+# share their module's name (annotate, calibrate): import them from the module, e.g.
 # `from trex.cost_model.annotate import annotate`, as an attribute of this package would be the module.
 _LAZY = {
     "NodeCost": ("trex.cost_model.annotate", "NodeCost"),
     "AnnotationReport": ("trex.cost_model.annotate", "AnnotationReport"),
-    "Explanation": ("trex.cost_model.explain", "Explanation"),
     "write_trace": ("trex.cost_model.trace", "write_trace"),
     "compare_all": ("trex.cost_model.validation", "compare_all"),
 }
@@ -64,8 +64,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "AnnotationReport", "Cluster", "DeviceProfile", "Explanation", "InfeasiblePlan", "ModelSpec", "NodeCost", "ParallelConfig", "StepEstimate",
+    "AnnotationReport", "Cluster", "DeviceProfile", "InfeasiblePlan", "ModelSpec", "NodeCost", "ParallelConfig", "StepEstimate",
     "Tier", "all_gather", "all_reduce", "all_to_all", "all_to_all_v", "cluster_names", "compare_all", "device_names", "estimate_step",
     "get_cluster", "get_device", "get_model_spec", "load_device_profile", "megatron_flops_per_token", "parse_plan", "reduce_scatter",
-    "send_recv", "six_n_flops_per_token", "spec_from_config", "validate", "write_trace",
+    "resolve_target", "send_recv", "six_n_flops_per_token", "spec_from_config", "target_names", "validate", "write_trace",
 ]

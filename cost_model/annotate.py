@@ -20,7 +20,8 @@ import torch
 from torch import fx
 
 from trex.cost_model import collectives
-from trex.cost_model.cluster import Cluster, get_cluster
+from trex.cost_model.catalog import get_cluster
+from trex.cost_model.cluster import Cluster
 from trex.cost_model.cpu_loops import node_loops
 from trex.cost_model.cpu_rows import reduction_outputs, scalar_softmax_elements
 from trex.cost_model.devices import DeviceProfile
@@ -85,7 +86,7 @@ class AnnotationReport:
             mine.update(theirs)
 
 
-def resolve_target(target: Any) -> Cluster:
+def cluster_of(target: Any) -> Cluster:
     """A cluster for a target name (or a `trex.Target`), a device profile, or a cluster."""
     if isinstance(target, Cluster):
         return target
@@ -263,7 +264,7 @@ def annotate(graph: fx.GraphModule | fx.Graph, target: str | DeviceProfile | Clu
     groups: process-group name -> global ranks, for collectives whose group is not initialised in
     this process (the default: ranks 0..group_size-1 of the target cluster).
     """
-    cluster = resolve_target(target)
+    cluster = cluster_of(target)
     fx_graph = graph.graph if isinstance(graph, fx.GraphModule) else graph
     report = AnnotationReport(target=f"{cluster.name}:{cluster.device.name}")
     for node in fx_graph.nodes:

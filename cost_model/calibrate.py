@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from trex.cost_model.cluster import UNCALIBRATED_GLOO_LATENCY_US, Cluster, Tier, cluster_to_dict
+from trex.cost_model.catalog import UNCALIBRATED_GLOO_LATENCY_US
+from trex.cost_model.cluster import Cluster, Tier, cluster_to_dict
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
 

@@ -645,61 +645,33 @@ def _with_host_ops(spec: ModelSpec) -> ModelSpec:
 # Named models
 
 
-_KORTHIKANTI = "Korthikanti et al. 2022, Table 1 (Megatron GPT shapes; vocab 51200, seq 2048)"
-_LLAMA3 = "Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 (the released config.json), untied"
-
-
-_GPT_OSS = ("gpt-oss model card (OpenAI 2025, arXiv 2508.10925) and transformers' GptOssConfig defaults: 36 layers of hidden 2880, 64 query / "
-            "8 KV heads of 64 with sinks, sliding window 128 on alternate layers, 128 experts of 2880 top-4, vocab 201088, untied")
-
-
-def _llama3(name: str, *, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    config = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
-              "num_hidden_layers": layers, "vocab_size": 128256, "intermediate_size": ffn, "tie_word_embeddings": False}
-    return replace(llama_like_spec(config, name), source=_LLAMA3)
-BUILTIN_SHAPES: dict[str, Any] = {
-    "gpt-22b": lambda: gpt_spec("gpt-22b", layers=48, hidden=6144, heads=64, source=_KORTHIKANTI),
-    "gpt-175b": lambda: gpt_spec("gpt-175b", layers=96, hidden=12288, heads=96, source=_KORTHIKANTI),
-    "gpt-530b": lambda: gpt_spec("gpt-530b", layers=105, hidden=20480, heads=128, source=_KORTHIKANTI),
-    "gpt-1t": lambda: gpt_spec("gpt-1t", layers=128, hidden=25600, heads=160, source=_KORTHIKANTI),
-    "pangu-ultra-135b": lambda: llama_like_spec(
-        {"model_type": "pangu", "hidden_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
-         "num_hidden_layers": 94, "vocab_size": 153376, "intermediate_size": 28672, "tie_word_embeddings": False},
-        "pangu-ultra-135b", family="pangu", sandwich_norm=True),
-    "llama3-70b": lambda: _llama3("llama3-70b", layers=80, hidden=8192, heads=64, ffn=28672),
-    "llama3.1-405b": lambda: _llama3("llama3.1-405b", layers=126, hidden=16384, heads=128, ffn=53248),
-    "gpt-oss-120b": lambda: replace(llama_like_spec(
-        {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
-         "num_hidden_layers": 36, "vocab_size": 201088, "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
-         "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
-         "tie_word_embeddings": False}, "gpt-oss-120b", family="gpt-oss"), source=_GPT_OSS),
-}
-
-
-def model_names() -> list[str]:
-    from trex.models import model_names as transformers_names
-
-    return sorted({*BUILTIN_SHAPES, *transformers_names()})
-
-
 _FAMILY_BY_TYPE = {
     "llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "mixtral": "mixtral", "qwen2_moe": "qwen-moe",
     "qwen3_moe": "qwen-moe", "deepseek_v2": "deepseek-v3", "deepseek_v3": "deepseek-v3", "deepseek_v4": "deepseek-v4",
-    "gpt_oss": "gpt-oss",
+    "gpt_oss": "gpt-oss", "pangu": "pangu",
 }
 
 
-def spec_from_config(config: Any, name: str | None = None) -> ModelSpec:
-    """A ModelSpec from a transformers config (object or dict with `model_type`)."""
+def spec_from_config(config: Any, name: str | None = None, *, source: str | None = None) -> ModelSpec:
+    """A ModelSpec from a transformers config (object or dict with `model_type`); `source` names where
+    the numbers come from, when the caller knows better than the config."""
+    spec = _spec_from_config(config, name)
+    return replace(spec, source=source) if source else spec
+
+
+def _spec_from_config(config: Any, name: str | None) -> ModelSpec:
     model_type = _cfg(config, "model_type", default="", required=False)
     name = name or str(_cfg(config, "_name_or_path", default="", required=False) or model_type or "model")
+    if model_type == "gpt":  # Megatron GPT (no transformers class: the cost model's own config dict)
+        return gpt_spec(name, layers=_cfg(config, "num_hidden_layers"), hidden=_cfg(config, "hidden_size"), heads=_cfg(config, "num_attention_heads"),
+                        vocab=_cfg(config, "vocab_size", default=51200), seq=_cfg(config, "max_position_embeddings", default=2048))
     if model_type in ("deepseek_v2", "deepseek_v3"):
         return deepseek_v3_spec(config, name)
     if model_type == "deepseek_v4":
         return deepseek_v4_spec(config, name)
     if model_type in _FAMILY_BY_TYPE:
-        spec = llama_like_spec(config, name, family=_FAMILY_BY_TYPE[model_type])
-        return spec
+        sandwich = bool(_cfg(config, "sandwich_norm", default=False, required=False))  # Pangu Ultra's depth-scaled sandwich norm
+        return llama_like_spec(config, name, family=_FAMILY_BY_TYPE[model_type], sandwich_norm=sandwich)
     if all(_cfg(config, f, required=False) for f in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")):
         assumed = (f"model_type {model_type!r} is not a family trex knows ({', '.join(sorted(_FAMILY_BY_TYPE))}); it is priced as a "
                    "Llama-like decoder (causal grouped-query attention, gated MLP, RMSNorm): check that this is its structure")
@@ -709,19 +681,27 @@ def spec_from_config(config: Any, name: str | None = None) -> ModelSpec:
                     "num_hidden_layers, vocab_size, intermediate_size)")
 
 
-def get_model_spec(name_or_path: str | Path) -> ModelSpec:
-    """A built-in shape, a `trex.models` name, or a path to a transformers config.json."""
-    key = str(name_or_path)
-    if key in BUILTIN_SHAPES:
-        return BUILTIN_SHAPES[key]()
-    from trex.cost_model.config_cache import stored_config
-    from trex.models import load_config
-    from trex.models import model_names as transformers_names
+def model_names() -> list[str]:
+    """Every built-in model name (the one catalog, `trex.models`)."""
+    from trex.models import model_names as catalog_names
 
+    return catalog_names()
+
+
+def get_model_spec(name_or_path: str | Path) -> ModelSpec:
+    """A `trex.models` name (full-size, tiny, or priced-only), or a path to a transformers config.json."""
+    key = str(name_or_path)
+    from trex.cost_model.config_cache import stored_config
+    from trex.models import MODELS, load_config
+    from trex.models import model_names as catalog_names
+
+    entry = MODELS.get(key)
+    if entry is not None and entry.config is not None:  # described by its config dict alone (no transformers class)
+        return spec_from_config(dict(entry.config), key, source=entry.source)
     stored = stored_config(key)  # full-size configurations without importing transformers (trex.cost_model.config_cache)
     if stored is not None:
         return spec_from_config(stored, key)
-    if key in transformers_names():  # the tiny test configurations (and full-size ones missing from the store)
+    if key in catalog_names():  # the tiny test configurations (and full-size ones missing from the store)
         return spec_from_config(load_config(key), key)
     path = Path(key)
     if path.suffix == ".json" or path.is_dir() or path.exists():

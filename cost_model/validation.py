@@ -17,13 +17,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import cluster_for_device, get_cluster
 from trex.cost_model.model_spec import get_model_spec
 from trex.cost_model.parallel import ParallelConfig
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
-
-CLUSTER_OF_DEVICE = {"a100": "a100", "h100": "h100", "h800": "h800", "h200": "h200", "ascend-910b": "ascend-910b"}
 
 
 def _data(name: str) -> str:
@@ -111,7 +109,7 @@ def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None, *, hos
     setup = setup if setup is not None else published_setups().get(row["id"], {})
     spec = get_model_spec(row["model"])
     devices = int(row["devices"])
-    cluster = get_cluster(CLUSTER_OF_DEVICE.get(row["device"], row["device"]), devices)
+    cluster = get_cluster(cluster_for_device(row["device"]), devices)
     if host_op_us is not None:
         cluster = cluster.with_device(replace(cluster.device, host_op_us=host_op_us))
     plan = plan_of_row(row, setup, spec.num_layers)
@@ -163,7 +161,7 @@ def layer_executions(comparison: Comparison) -> LayerExecutions | None:
     if len(spec.layer_kinds) != 1 or spec.mtp_layers:
         return None
     plan = estimate.plan
-    cluster = get_cluster(CLUSTER_OF_DEVICE.get(comparison.device, comparison.device), comparison.devices)
+    cluster = get_cluster(cluster_for_device(comparison.device), comparison.devices)
     cost = layer_cost(spec.layers[0], spec.hidden_size, CostContext.of(plan, cluster))
     busiest = max(range(plan.pp), key=lambda d: estimate.per_device_s[d])
     ids = device_chunks(busiest, plan.pp, plan.vpp)

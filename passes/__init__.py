@@ -15,8 +15,8 @@ from trex.errors import UnknownNameError
 if TYPE_CHECKING:
     from trex.pass_manager import Pass
 
-# The graph passes import torch; they load on first use, so that `trex.passes.parallel` (the planner,
-# which prices configurations and needs no graph) starts without it.
+# The graph passes import torch; they load on first use, so `import trex.passes` (and the CLI's
+# `--help`) stays fast.
 _PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination"}
 
 

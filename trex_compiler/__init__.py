@@ -37,9 +37,9 @@ _EXPORTS: dict[str, str] = {
     "Pass": "trex.pass_manager",
     "PassContext": "trex.pass_manager",
     "PassResult": "trex.pass_manager",
-    "explain": "trex.cost_model.explain",
+    "explain": "trex.explain",
     "Plan": "trex.plan",
-    "plan_parallel": "trex.passes.parallel",
+    "plan_parallel": "trex.planner",
     "TARGETS": "trex.targets",
     "Target": "trex.targets",
 }

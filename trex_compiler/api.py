@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 import trex.ops  # noqa: F401 - the trex operators must exist before anything is captured
-from trex.capture import CapturedGraph, CompileOptions, GraphBreak, TrexCompiler
+from trex.capture import CapturedGraph, GraphBreak
+from trex.driver import CompileOptions, TrexCompiler
 from trex.errors import CaptureError, TrexError
 from trex.pass_manager import Pass
-from trex.plan import Plan, plan_for_module
+from trex.plan import Plan, load_plan
 from trex.targets import check_executable
 
 FALLBACKS = (None, "eager")
@@ -192,3 +193,33 @@ def compile(
     session.plan = accepted
     compiled = torch.compile(model, backend=compiler, fullgraph=fallback is None)
     return CompiledModule(model, compiled, session, fallback)
+
+
+def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
+    """Check a plan against a model about to be compiled; return it when this process can run it.
+
+    The model's structure comes from its transformers config (or, without one, its decoder stack).
+    A plan for more than one process is valid but cannot run in one process: trex.compile executes
+    in one process until the distributed runtime lands.
+    """
+    plan = load_plan(plan)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "model_type", None):
+        from trex.cost_model.model_spec import spec_from_config
+
+        problems = plan.check(spec=spec_from_config(config, plan.model.name))
+    else:
+        from trex.meta_capture import decoder_layers
+
+        try:
+            layers = len(decoder_layers(model)[1])
+        except TrexError:
+            layers = None
+        problems = plan.check(num_layers=layers)
+    if problems:
+        raise TrexError(f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems))
+    if plan.world_size > 1:
+        p = plan.parallel
+        raise TrexError(f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); distributed execution is not "
+                        "implemented yet, so trex.compile runs only plans whose degrees are all 1 (plan with `trex plan --devices 1`)")
+    return plan

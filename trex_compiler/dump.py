@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,56 +162,3 @@ class DumpWriter:
     def write_module(self, gm: fx.GraphModule, ctx: PassContext, name: str, header_lines: list[str]) -> Path:
         directory = self.graph_dir(ctx).relative_to(self.root)
         return self.write_text(directory / f"{name}.py", graph_source(gm, header_lines))
-
-
-def pass_locator(pass_: Any) -> dict[str, str]:
-    """Where a pass can be found again: its name, and for passes trex does not ship, its class."""
-    import inspect
-
-    from trex.passes import PASSES
-
-    entry = {"name": pass_.name}
-    if PASSES.get(pass_.name) is not type(pass_):
-        cls = type(pass_)
-        try:
-            source = inspect.getsourcefile(cls) or ""
-        except TypeError:  # defined interactively
-            source = ""
-        entry.update(module=cls.__module__, qualname=cls.__qualname__, file=source)
-    return entry
-
-
-def write_reproducer(gm: fx.GraphModule, pipeline: list[Any], ctx: PassContext, directory: str | Path | None) -> Path:
-    """Write a failing pass's input graph and the pipeline from that pass on; return the folder."""
-    base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="trex-repro-"))
-    first = pipeline[0].name
-    folder = base / f"repro_graph_{ctx.graph_id}_{ctx.phase}_{first}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "graph.py").write_text(graph_source(gm, [f"trex reproducer: input of pass {first!r} on graph {ctx.graph_id} ({ctx.phase})"]))
-    (folder / "pipeline.txt").write_text(",".join(p.name for p in pipeline) + "\n")
-    (folder / "pipeline.json").write_text(json.dumps([pass_locator(p) for p in pipeline], indent=1) + "\n")
-    (folder / "repro.py").write_text(
-        '"""Re-run the failing pipeline on the saved graph: python repro.py"""\n'
-        "from pathlib import Path\n\n"
-        "from trex.pass_manager import reproduce\n\n"
-        f"reproduce(Path(__file__).parent, target={ctx.target!r}, phase={ctx.phase!r})\n"
-    )
-    return folder
-
-
-def load_dumped_graph(path: str | Path) -> tuple[fx.GraphModule, list[Any]]:
-    """Load a dumped `.py` graph back as an fx GraphModule with FakeTensor metadata, plus its inputs."""
-    import importlib.util
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"trex_dump_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    gm = fx.symbolic_trace(module.build())
-    inputs = module.example_inputs()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    FakeTensorProp(gm, mode).propagate(*inputs)
-    return gm, inputs

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from trex.capture import CapturedGraph, CompileOptions, TrexCompiler
+from trex.capture import CapturedGraph
+from trex.driver import CompileOptions, TrexCompiler
 from trex.errors import CaptureError, TrexError
 
 

@@ -1,15 +1,25 @@
-"""Named model configurations: full-size ones for planning, tiny ones for tests and the demo.
+"""The model catalog: every built-in model name trex knows, in one table (`MODELS`).
 
-Full-size configurations are transformers configs (never weights): `DeepseekV4Config()` defaults are
-DeepSeek-V4-Flash; the others state their source next to the numbers. Tiny configurations keep every
-structural feature of their family (V4's hash-MoE layers, CSA/HCA attention and mHC streams; V3's dense
-first layers and MLA) at sizes that train in milliseconds on a CPU. Nothing here downloads anything.
+Every command and module that takes a model name reads this catalog: the cost model
+(`get_model_spec`), its config cache, the CLI and the tests. Three kinds of entry:
+
+* full-size transformers models (`FULL_SIZE_MODELS`): a transformers config, never weights.
+  `DeepseekV4Config()` defaults are DeepSeek-V4-Flash; the others state their source next to the
+  numbers. They can be priced, planned and captured on the meta device.
+* priced-only models (`PRICED_ONLY_MODELS`): published shapes the cost model is validated on (Megatron
+  GPT, Llama 3, Pangu Ultra, gpt-oss) held as a config dict, with no transformers class behind them
+  here; they can be estimated and planned, not captured.
+* tiny models (`tiny-<family>`): every structural feature of their family (V4's hash-MoE layers,
+  CSA/HCA attention and mHC streams; V3's dense first layers and MLA) at sizes that train in
+  milliseconds on a CPU.
+
+Nothing here downloads anything, and importing this module imports neither torch nor transformers.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +36,12 @@ class NamedModel:
     name: str
     description: str
     source: str
-    make_config: Callable[[], PretrainedConfig]
+    make_config: Callable[[], PretrainedConfig] | None = None  # a transformers config: can be captured
+    config: Mapping[str, object] | None = None  # a config dict only the cost model reads (priced-only)
+
+    @property
+    def capturable(self) -> bool:
+        return self.make_config is not None
 
 
 def _deepseek_v4_flash() -> PretrainedConfig:
@@ -94,11 +109,55 @@ FULL_SIZE_MODELS: dict[str, NamedModel] = {
 }
 
 
+_KORTHIKANTI = "Korthikanti et al. 2022, Table 1 (Megatron GPT shapes; vocab 51200, seq 2048)"
+_LLAMA3 = ("Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 "
+           "(the released config.json), untied")
+_GPT_OSS = ("gpt-oss model card (OpenAI 2025, arXiv 2508.10925) and transformers' GptOssConfig defaults: 36 layers of hidden 2880, "
+            "64 query / 8 KV heads of 64 with sinks, sliding window 128 on alternate layers, 128 experts of 2880 top-4, vocab 201088, untied")
+_PANGU = "Pangu Ultra report (Atlas 800T A2 training): 94 layers, hidden 12288, 96 query / 8 KV heads of 128, FFN 28672, sandwich norm"
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> NamedModel:
+    config = {"model_type": "gpt", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+              "vocab_size": 51200, "max_position_embeddings": 2048}
+    return NamedModel(name, f"Megatron GPT {name[4:].upper()} ({layers} layers, hidden {hidden})", _KORTHIKANTI, config=config)
+
+
+def _llama3(name: str, description: str, *, layers: int, hidden: int, heads: int, ffn: int) -> NamedModel:
+    config = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
+              "num_hidden_layers": layers, "vocab_size": 128256, "intermediate_size": ffn, "tie_word_embeddings": False}
+    return NamedModel(name, description, _LLAMA3, config=config)
+
+
+PRICED_ONLY_MODELS: dict[str, NamedModel] = {
+    m.name: m
+    for m in (
+        _gpt("gpt-22b", 48, 6144, 64),
+        _gpt("gpt-175b", 96, 12288, 96),
+        _gpt("gpt-530b", 105, 20480, 128),
+        _gpt("gpt-1t", 128, 25600, 160),
+        NamedModel("pangu-ultra-135b", "Pangu Ultra 135B (dense)", _PANGU, config={
+            "model_type": "pangu", "hidden_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": 94, "vocab_size": 153376, "intermediate_size": 28672, "tie_word_embeddings": False, "sandwich_norm": True}),
+        _llama3("llama3-70b", "Llama 3 70B (dense)", layers=80, hidden=8192, heads=64, ffn=28672),
+        _llama3("llama3.1-405b", "Llama 3.1 405B (dense)", layers=126, hidden=16384, heads=128, ffn=53248),
+        NamedModel("gpt-oss-120b", "gpt-oss 120B, 116.8B total / 5.13B active", _GPT_OSS, config={
+            "model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+            "num_hidden_layers": 36, "vocab_size": 201088, "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
+            "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
+            "tie_word_embeddings": False}),
+    )
+}
+
+# The one catalog: every built-in name but the tiny ones (`tiny-<family>`, built by `tiny_config`).
+MODELS: dict[str, NamedModel] = {**FULL_SIZE_MODELS, **PRICED_ONLY_MODELS}
+
 TINY_PREFIX = "tiny-"
 
 
-def model_names(*, include_tiny: bool = True) -> list[str]:
-    names = sorted(FULL_SIZE_MODELS)
+def model_names(*, include_tiny: bool = True, capturable_only: bool = False) -> list[str]:
+    """Every built-in model name, optionally only those that can be captured (transformers ones)."""
+    names = sorted(n for n, m in MODELS.items() if m.capturable or not capturable_only)
     return names + [TINY_PREFIX + f for f in TINY_FAMILIES] if include_tiny else names
 
 
@@ -108,6 +167,10 @@ def load_config(name_or_path: str | Path) -> PretrainedConfig:
     key = str(name_or_path)
     if key in FULL_SIZE_MODELS:
         return FULL_SIZE_MODELS[key].make_config()
+    if key in PRICED_ONLY_MODELS:
+        raise TrexError(f"{key!r} is a priced-only model: the cost model knows its shapes (`trex estimate`, `trex plan` take it), but trex has "
+                        f"no transformers class for it, so it cannot be built or captured; models that can: "
+                        f"{', '.join(model_names(capturable_only=True))}")
     if key.startswith(TINY_PREFIX) and key[len(TINY_PREFIX):] in TINY_FAMILIES:
         return tiny_config(key[len(TINY_PREFIX):])
     path = Path(key)

@@ -12,12 +12,10 @@ reproducer (the pass's input graph + the pipeline) on disk.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -30,6 +28,10 @@ from trex.graph_copy import copy_graph_module
 
 if TYPE_CHECKING:
     from trex.dump import DumpWriter
+
+# Writes a failing pass's input graph and the remaining pipeline somewhere; returns the folder
+# (`trex.repro.write_reproducer`, bound to a directory by the compile driver).
+Reproducer = Callable[[fx.GraphModule, list["Pass"], "PassContext"], Path]
 
 
 @dataclass
@@ -232,7 +234,7 @@ class PassManager:
         disabled: Iterable[str] = (),
         fuel: int | None = None,
         dump: DumpWriter | None = None,
-        repro_dir: str | Path | None = None,
+        reproducer: Reproducer | None = None,
     ):
         for p in pipeline:
             if not isinstance(p, Pass):
@@ -246,7 +248,7 @@ class PassManager:
             raise UnknownNameError("pass", sorted(unknown)[0], [p.name for p in self.pipeline], hint="set by TREX_PASSES or passes=")
         self.fuel = fuel
         self.dump = dump
-        self.repro_dir = repro_dir
+        self.reproducer = reproducer
 
     @property
     def pipeline_string(self) -> str:
@@ -290,11 +292,8 @@ class PassManager:
         return report
 
     def _pass_failed(self, pass_: Pass, report: PipelineReport, graph_before: fx.GraphModule, ctx: PassContext, error: Exception) -> PassError:
-        from trex.dump import write_reproducer
-
         before = [r.name for r in report.records if r.ran]
         remaining = self.pipeline[self.pipeline.index(pass_):]
-        where = write_reproducer(graph_before, remaining, ctx, self.repro_dir)
         detail = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = traceback.extract_tb(error.__traceback__)
         if frames:
@@ -302,39 +301,15 @@ class PassManager:
         return PassError(
             f"pass {pass_.name!r} failed on graph {ctx.graph_id} ({ctx.phase}): {detail}\n"
             f"  passes that ran before it: {', '.join(before) or '(none)'}\n"
-            f"  reproducer: python {where / 'repro.py'}  (input graph {where / 'graph.py'}, pipeline {pipeline_string(remaining)})\n"
+            + self._reproducer_line(graph_before, remaining, ctx) +
             f"  to run without it: TREX_PASSES=-{pass_.name}"
         )
 
-
-def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") -> PipelineReport:
-    """Re-run a reproducer written by a failing pipeline (see `PassManager._pass_failed`)."""
-    from trex.dump import load_dumped_graph
-    from trex.passes import resolve_pipeline
-
-    folder = Path(folder)
-    gm, _ = load_dumped_graph(folder / "graph.py")
-    entries = json.loads((folder / "pipeline.json").read_text())
-    pipeline = [resolve_pipeline([e["name"]])[0] if "qualname" not in e else _load_pass_class(e)() for e in entries]
-    manager = PassManager(pipeline, repro_dir=folder / "again")
-    return manager.run(gm, PassContext(target=target, phase=phase))
-
-
-def _load_pass_class(entry: dict[str, str]) -> type:
-    """A user's pass class, by module (or, if that is not importable, by source file)."""
-    import importlib
-    import importlib.util
-
-    try:
-        module = importlib.import_module(entry["module"])
-    except ImportError:
-        if not entry.get("file"):
-            raise TrexError(f"cannot import pass {entry['name']!r} from module {entry['module']!r}") from None
-        spec = importlib.util.spec_from_file_location(entry["module"], entry["file"])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[entry["module"]] = module
-        spec.loader.exec_module(module)
-    target: Any = module
-    for part in entry["qualname"].split("."):
-        target = getattr(target, part)
-    return target
+    def _reproducer_line(self, graph_before: fx.GraphModule, remaining: list[Pass], ctx: PassContext) -> str:
+        if self.reproducer is None:
+            return ""
+        try:
+            where = self.reproducer(graph_before, remaining, ctx)
+        except Exception as error:  # noqa: BLE001 - a reproducer that cannot be written must not hide the pass's own error
+            return f"  reproducer: could not be written ({type(error).__name__}: {error})\n"
+        return f"  reproducer: python {where / 'repro.py'}  (input graph {where / 'graph.py'}, pipeline {pipeline_string(remaining)})\n"

@@ -1,6 +1,6 @@
 """`Plan`: the result of parallel planning, one serializable object.
 
-    plan = Plan.load("plan.json")            # or trex.passes.parallel.plan_parallel(...).best
+    plan = Plan.load("plan.json")            # or trex.planner.plan_parallel(...).best
     print(plan)                              # degrees, stage split, predicted step time, MFU, memory
     plan.save("plan.json"); Plan.from_json(plan.to_json()) == plan
     for change in plan.diff(other): print(change)
@@ -153,6 +153,15 @@ class Plan:
                 problems.append("the stage split has a negative layer count")
         return problems
 
+    def check(self, *, spec: ModelSpec | None = None, num_layers: int | None = None) -> list[str]:
+        """Why this plan cannot run a model (empty when it can), from what the caller knows of it:
+        its `ModelSpec` (everything is checked), or only its decoder-layer count."""
+        if spec is not None:
+            return self.check_model(spec)
+        if num_layers != self.model.num_layers:
+            return [f"the plan was made for {self.model.num_layers} decoder layers, the model has {num_layers}"]
+        return []
+
     def check_model(self, spec: ModelSpec) -> list[str]:
         """Why this plan cannot run `spec` (empty when it can): shape mismatches, then every
         constraint of the cost model (`trex.cost_model.validate`) on this plan and model."""
@@ -294,35 +303,3 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def load_plan(plan: Plan | str | Path) -> Plan:
     return plan if isinstance(plan, Plan) else Plan.load(plan)
-
-
-def plan_for_module(plan: Plan | str | Path, model: Any) -> Plan:
-    """Check a plan against a model about to be compiled; return it when this process can run it.
-
-    The model's structure comes from its transformers config (or, without one, its decoder stack).
-    A plan for more than one process is valid but cannot run yet: trex.compile executes in one
-    process until the distributed runtime lands.
-    """
-    plan = load_plan(plan)
-    config = getattr(model, "config", None)
-    problems: list[str]
-    if config is not None and getattr(config, "model_type", None):
-        from trex.cost_model.model_spec import spec_from_config
-
-        spec = spec_from_config(config, plan.model.name)
-        problems = plan.check_model(spec)
-    else:
-        from trex.meta_capture import decoder_layers
-
-        try:
-            layers = len(decoder_layers(model)[1])
-        except TrexError:
-            layers = None
-        problems = [] if layers == plan.model.num_layers else [f"the plan was made for {plan.model.num_layers} decoder layers, the model has {layers}"]
-    if problems:
-        raise TrexError(f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems))
-    if plan.world_size > 1:
-        p = plan.parallel
-        raise TrexError(f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); distributed execution is not "
-                        "implemented yet, so trex.compile runs only plans whose degrees are all 1 (plan with `trex plan --devices 1`)")
-    return plan

@@ -1,13 +1,17 @@
 """Targets: the hardware a compiled program is planned for and, where present, runs on.
 
-A target names a device profile and a cluster topology (priced by `trex.cost_model`). Planning for
-any target needs no such hardware; executing needs a device of the target's kind in this process.
+A target is a built-in machine of the cost model's hardware catalog (`trex.cost_model.catalog`):
+`Target.resolve()` gives its `(DeviceProfile, Cluster)`. Planning for any target needs no such
+hardware; executing needs a device of the target's kind in this process.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trex.cost_model.catalog import CATALOG, resolve_target
+from trex.cost_model.cluster import Cluster
+from trex.cost_model.devices import DeviceProfile
 from trex.errors import TrexError, UnknownNameError
 
 
@@ -17,20 +21,12 @@ class Target:
     device_type: str  # the torch device type programs for this target execute on
     description: str
 
+    def resolve(self) -> tuple[DeviceProfile, Cluster]:
+        """This target's device profile and cluster (for `cpu`, as `trex calibrate` measured it)."""
+        return resolve_target(self.name)
 
-TARGETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        Target("cpu", "cpu", "this machine's CPU (calibrated by `trex calibrate`)"),
-        Target("a100", "cuda", "NVIDIA A100 SXM 80GB, 8 per node, NVLink3 + InfiniBand"),
-        Target("h100", "cuda", "NVIDIA H100 SXM, 8 per node, NVLink4 + InfiniBand NDR"),
-        Target("h800", "cuda", "NVIDIA H800 SXM (reduced NVLink), 8 per node + InfiniBand"),
-        Target("h200", "cuda", "NVIDIA H200 SXM 141GB, 8 per node, NVLink4 + InfiniBand"),
-        Target("ascend-910b", "npu", "Huawei Atlas 800T A2: 8 Ascend 910B per node, HCCS + RoCE"),
-        Target("ascend-910c", "npu", "Huawei Ascend 910C (2 dies per package)"),
-        Target("cloudmatrix384", "npu", "Huawei CloudMatrix384 supernode: 384 Ascend 910C on the Unified Bus"),
-    )
-}
+
+TARGETS: dict[str, Target] = {name: Target(name, entry.device_type, entry.description) for name, entry in CATALOG.items()}
 
 
 def get_target(name: str) -> Target:

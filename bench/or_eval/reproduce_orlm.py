@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trex.workloads.or_eval import Rule, build_report, evaluate
 from trex.workloads.or_eval.benchmarks import default_data_dir
-from trex.workloads.or_eval.clients import ReplayClient
+from trex.workloads.or_eval.replay_client import ReplayClient
 from trex.workloads.sandbox import Limits, Sandbox
 
 PUBLISHED = {  # ../shared/reference/or_benchmarks.md, pass@1 in percent

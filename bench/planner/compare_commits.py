@@ -36,8 +36,8 @@ if finder is None:
 for name in list(finder.MAPPING):
     finder.MAPPING[name] = finder.MAPPING[name].replace(here, root, 1)
 from trex.cost_model import get_cluster, get_model_spec
-from trex.passes.parallel import plan_parallel
-import trex.passes.parallel as loaded
+from trex.planner import plan_parallel
+import trex.planner as loaded
 assert loaded.__file__.startswith(root), (loaded.__file__, root)
 spec, cluster = get_model_spec(model), get_cluster(cluster_name, int(devices))
 started = time.perf_counter()

@@ -18,9 +18,10 @@ import time
 
 from trex.cost_model import estimate_step, get_cluster, get_model_spec
 from trex.cost_model.parallel import ParallelConfig
-from trex.cost_model.validation import CLUSTER_OF_DEVICE, plan_of_row, published_runs, published_setups
-from trex.passes.parallel import SearchSpace, plan_parallel
-from trex.passes.parallel.reasons import why_slower
+from trex.cost_model.catalog import cluster_for_device
+from trex.cost_model.validation import plan_of_row, published_runs, published_setups
+from trex.planner import SearchSpace, plan_parallel
+from trex.planner.reasons import why_slower
 
 SEARCHED = {"tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "recompute", "layers_per_chunk", "seq", "gbs", "precision"}
 
@@ -28,7 +29,7 @@ SEARCHED = {"tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "recomput
 def compare(row: dict[str, str], setups: dict) -> dict:
     spec = get_model_spec(row["model"])
     devices = int(row["devices"])
-    cluster = get_cluster(CLUSTER_OF_DEVICE.get(row["device"], row["device"]), devices)
+    cluster = get_cluster(cluster_for_device(row["device"]), devices)
     published = plan_of_row(row, setups.get(row["id"], {}), spec.num_layers)
     as_run = estimate_step(spec, cluster, published)
     software = {f.name: getattr(published, f.name) for f in dataclasses.fields(ParallelConfig) if f.name not in SEARCHED}

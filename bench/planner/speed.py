@@ -2,7 +2,7 @@
 
     python bench/planner/speed.py [--repeat 3] [--workers 1]
 
-Times the search (trex.passes.parallel.plan_parallel, model and cluster already loaded) and the
+Times the search (trex.planner.plan_parallel, model and cluster already loaded) and the
 whole `trex plan` command in a fresh process (Python start, `import trex`, building the model
 spec, search, baseline, printing), and reports the search space and what the bounds cut.
 """
@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from trex.cost_model import get_cluster, get_model_spec
-    from trex.passes.parallel import plan_parallel
+    from trex.planner import plan_parallel
 
     rows = []
     for model, cluster_name, devices, seq, gbs in CASES if args.all else CASES[:1]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import trex
-from trex.dump import load_dumped_graph
+from trex.repro import load_dumped_graph
 from trex.pass_manager import PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
 from trex.passes import DEFAULT_PIPELINE, resolve_pipeline
 

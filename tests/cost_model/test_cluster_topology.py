@@ -2,7 +2,8 @@
 
 import pytest
 
-from trex.cost_model.cluster import BUILTIN_CLUSTERS, cluster_from_dict, cluster_to_dict, get_cluster
+from trex.cost_model.catalog import BUILTIN_CLUSTERS, get_cluster
+from trex.cost_model.cluster import cluster_from_dict, cluster_to_dict
 from trex.errors import TrexError, UnknownNameError
 
 

@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trex.cost_model import collectives
-from trex.cost_model.cluster import Cluster, Level, Placement, Tier, get_cluster
+from trex.cost_model.catalog import get_cluster
+from trex.cost_model.cluster import Cluster, Level, Placement, Tier
 
 NVLINK = Tier("nvlink", 8, 450.0, 3.0, 0.8, "switch")
 IB = Tier("ib", None, 50.0, 6.0, 0.8, "switch")

@@ -42,7 +42,7 @@ def test_stored_config_is_a_copy() -> None:
 def test_estimate_and_planner_import_neither_transformers_nor_torch() -> None:
     code = ("import sys, json\n"
             "from trex.cost_model import get_model_spec, get_cluster, parse_plan, estimate_step\n"
-            "import trex.passes.parallel\n"
+            "import trex.planner\n"
             "e = estimate_step(get_model_spec('qwen3-235b-a22b'), get_cluster('h100', 256),\n"
             "                  parse_plan('tp=2,pp=8,vpp=4,ep=32', seq=4096, gbs=2048))\n"
             "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n")

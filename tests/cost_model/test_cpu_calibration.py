@@ -5,7 +5,7 @@ import math
 import pytest
 
 from trex.cost_model.calibrate import calibrate, fit_line, save_calibration
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.devices import get_device, load_device_profile
 from trex.cost_model.op_timing import ranks, spearman
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trex.cost_model.annotate import annotate
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import get_device
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trex.cost_model.annotate import annotate
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.cpu_rows import reduction_outputs, scalar_softmax_elements
 from trex.cost_model.devices import device_profile_from_dict, device_profile_to_dict, get_device
 from trex.errors import TrexError

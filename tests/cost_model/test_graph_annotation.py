@@ -8,9 +8,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from trex.cost_model import collectives
 from trex.cost_model.annotate import annotate
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.devices import BUILTIN_DEVICES
-from trex.cost_model.explain import explain
+from trex.explain import explain
 from trex.cost_model.model_spec import spec_from_config
 
 

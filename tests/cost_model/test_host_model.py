@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.devices import device_profile_from_dict, device_profile_to_dict, get_device
 from trex.cost_model.host import HostOps, chunk_host_wait, count_host_ops, host_ops_for
 from trex.cost_model.layer_cost import CostContext, LayerCost, layer_cost

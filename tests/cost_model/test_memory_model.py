@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.layer_cost import CostContext, layer_cost
 from trex.cost_model.memory import ParamCounts, static_memory
 from trex.cost_model.model_spec import get_model_spec

@@ -2,7 +2,7 @@
 
 import pytest
 
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.model_spec import get_model_spec
 from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig
 from trex.cost_model.step import estimate_step

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trex.cost_model.cluster import get_cluster
+from trex.cost_model.catalog import get_cluster
 from trex.cost_model.model_spec import get_model_spec
 from trex.cost_model.parallel import ParallelConfig
 from trex.cost_model.step import estimate_step

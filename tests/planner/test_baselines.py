@@ -7,7 +7,7 @@ import pytest
 from trex.cost_model import ParallelConfig, estimate_step, get_cluster, get_model_spec
 from trex.cost_model.validation import plan_of_row, published_runs, published_setups
 from trex.errors import TrexError
-from trex.passes.parallel.baselines import baseline_plan, default_recipe, get_recipe, layers_per_chunk_from_layout, recipes
+from trex.planner.baselines import baseline_plan, default_recipe, get_recipe, layers_per_chunk_from_layout, recipes
 
 
 def test_every_recipe_names_a_source_and_its_models_exist():
@@ -50,7 +50,7 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
     from dataclasses import replace
 
     from trex.cost_model.validation import compare_all
-    from trex.passes.parallel.baselines import published_software, software_differences
+    from trex.planner.baselines import published_software, software_differences
 
     from trex.cost_model.validation import extra_published_runs
 
@@ -82,7 +82,7 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
 
 
 def test_the_recipe_written_for_the_planned_precision_is_tried_first():
-    from trex.passes.parallel.baselines import recipes_for
+    from trex.planner.baselines import recipes_for
 
     spec = get_model_spec("llama3-70b")
     assert [r.name for r in recipes_for(spec, "bf16")][0] == "megatron-bridge-llama3-70b-h100-bf16"

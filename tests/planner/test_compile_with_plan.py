@@ -9,7 +9,7 @@ import trex
 from trex.cost_model.model_spec import spec_from_config
 from trex.errors import TrexError
 from trex.models import build_model, tiny_config
-from trex.passes.parallel import plan_parallel
+from trex.planner import plan_parallel
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,7 @@ def test_a_plan_for_another_model_is_rejected_with_the_reason():
 
 def test_plan_and_the_planner_are_exported_from_trex():
     import trex
-    from trex.passes.parallel import plan_parallel
+    from trex.planner import plan_parallel
     from trex.plan import Plan as PlanType
 
     assert trex.Plan is PlanType and trex.plan_parallel is plan_parallel

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from trex.cost_model import ParallelConfig, estimate_step, get_cluster, get_model_spec, validate
 from trex.cost_model.pipeline import in_flight
-from trex.passes.parallel.pricing import LayerChoice, Layout, PricedLayers
-from trex.passes.parallel.search import pipeline_time
-from trex.passes.parallel.stage_split import chunk_ranges, even_split
+from trex.planner.pricing import LayerChoice, Layout, PricedLayers
+from trex.planner.search import pipeline_time
+from trex.planner.stage_split import chunk_ranges, even_split
 
 CASES = {
     "deepseek-v4-pro": ("cloudmatrix384", 1024, 4096, 1024),

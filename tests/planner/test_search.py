@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from trex.cost_model import ParallelConfig, estimate_step, get_cluster, get_model_spec, validate
 from trex.cost_model.model_spec import spec_from_config
 from trex.models import tiny_config
-from trex.passes.parallel import SearchSpace, plan_parallel, search
-from trex.passes.parallel.pricing import LayerChoice, Layout, PricedLayers
-from trex.passes.parallel.search import solve_split
-from trex.passes.parallel.space import layer_choices, pipeline_options, recompute_options, zero_options
-from trex.passes.parallel.stage_split import even_split
-from trex.passes.parallel.topology import placement_problems
+from trex.planner import SearchSpace, plan_parallel, search
+from trex.planner.pricing import LayerChoice, Layout, PricedLayers
+from trex.planner.search import solve_split
+from trex.planner.space import layer_choices, pipeline_options, recompute_options, zero_options
+from trex.planner.stage_split import even_split
+from trex.planner.topology import placement_problems
 
 
 def exhaustive_best(spec, cluster, template, space) -> float:

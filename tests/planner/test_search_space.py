@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from trex.cost_model import ParallelConfig, get_cluster, get_model_spec, validate
 from trex.errors import TrexError
-from trex.passes.parallel.space import SearchSpace, layer_choices, pipeline_options, recompute_options, zero_options
-from trex.passes.parallel.topology import placement_problems
+from trex.planner.space import SearchSpace, layer_choices, pipeline_options, recompute_options, zero_options
+from trex.planner.topology import placement_problems
 
 MODELS = ["gpt-22b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v4-flash"]
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trex.passes.parallel.stage_split import SplitProblem, StageSplit, chunk_ranges, counts_feasible, device_times, split_stages
+from trex.planner.stage_split import SplitProblem, StageSplit, chunk_ranges, counts_feasible, device_times, split_stages
 
 
 def compositions(total: int, mins: Sequence[int]) -> Iterator[tuple[int, ...]]:

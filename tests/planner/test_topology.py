@@ -1,7 +1,7 @@
 """Tensor- and expert-parallel groups sit inside the fastest tier that holds them."""
 
 from trex.cost_model import get_cluster
-from trex.passes.parallel.topology import group_placement, holding_tier, placement_problems
+from trex.planner.topology import group_placement, holding_tier, placement_problems
 
 
 def test_an_expert_group_that_would_span_two_cloudmatrix_supernodes_is_rejected():

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from trex.workloads.or_eval import Item, Objective
-from trex.workloads.or_eval.clients import GenerationRequest, OpenAIClient, ReplayClient
+from trex.workloads.or_eval.replay_client import ReplayClient
+from trex.workloads.llm_clients import GenerationRequest, OpenAIClient
 from trex.workloads.or_eval.errors import ClientError, DataFormatError
 
 
@@ -213,7 +214,7 @@ def reference_tokens(model, tokenizer, prompt: str, new_tokens: int) -> list[int
 
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_greedy_decoding_matches_transformers_generate(tiny_moe, use_cache):
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     model, tokenizer = tiny_moe
     client = TransformersClient("tiny", compile=False, model=model, tokenizer=tokenizer, max_new_tokens=10, use_cache=use_cache)
@@ -222,7 +223,7 @@ def test_greedy_decoding_matches_transformers_generate(tiny_moe, use_cache):
 
 def test_generation_through_trex_compile_matches_eager(tiny_moe):
     import trex
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     model, tokenizer = tiny_moe
     compiled = TransformersClient("tiny", compile=True, model=model, tokenizer=tokenizer, max_new_tokens=6)
@@ -232,7 +233,7 @@ def test_generation_through_trex_compile_matches_eager(tiny_moe):
 
 
 def test_sampling_is_reproducible_from_the_seed(tiny_moe):
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     model, tokenizer = tiny_moe
 
@@ -245,7 +246,7 @@ def test_sampling_is_reproducible_from_the_seed(tiny_moe):
 
 
 def test_a_missing_model_directory_is_a_client_error(tmp_path):
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     with pytest.raises(ClientError, match="is not a directory"):
         TransformersClient(tmp_path / "nope")

@@ -20,7 +20,7 @@ from trex.workloads.or_data.selection import SelectionPolicy, select, signal_of
 from trex.workloads.or_data.style import StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import build_task
 from trex.workloads.or_data.teachers import PROGRAMMATIC, Candidate, ClientTeacher, ProgrammaticTeacher, teacher_prompt
-from trex.workloads.or_eval.clients import OpenAIClient
+from trex.workloads.llm_clients import OpenAIClient
 
 STYLE = StyleTemplate()
 
@@ -120,7 +120,7 @@ def test_a_failing_endpoint_yields_error_candidates_and_the_verified_answer_surv
 
 
 def _tiny_teacher_decision(tasks, runner, tiny_lm_dir, *, compile: bool):
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     client = TransformersClient(tiny_lm_dir, compile=compile, max_new_tokens=4 if compile else 12)
     assert client.identity()["compile"] is compile

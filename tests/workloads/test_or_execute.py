@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trex.workloads.or_eval import Item, NoSolution, Objective, Quantities, Rule, is_correct
-from trex.workloads.or_eval.clients import Completion
+from trex.workloads.llm_clients import Completion
 from trex.workloads.or_eval.execute import MISSING_PREDICTION, NO_ANSWER, NO_OBJECTIVE, NO_PROGRAM, evaluate_completion
 from trex.workloads.or_eval.prompts import FORMS, build_prompt
 

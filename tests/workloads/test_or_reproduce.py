@@ -16,7 +16,7 @@ from workload_helpers import ORLM_DIR, requires_data
 
 from trex.workloads.or_eval import NoSolution, Objective, Rule, build_report, evaluate
 from trex.workloads.or_eval.benchmarks import benchmark_from_records
-from trex.workloads.or_eval.clients import ReplayClient
+from trex.workloads.or_eval.replay_client import ReplayClient
 from trex.workloads.or_eval.scoring import values_match
 from trex.workloads.sandbox import Limits, Sandbox
 

@@ -13,7 +13,8 @@ import pytest
 from workload_helpers import FAST_LIMITS
 
 from trex.workloads.or_eval import Rule, build_report, evaluate
-from trex.workloads.or_eval.clients import OpenAIClient, ReplayClient
+from trex.workloads.or_eval.replay_client import ReplayClient
+from trex.workloads.llm_clients import OpenAIClient
 from trex.workloads.or_eval.errors import ClientError, RunStateError
 from trex.workloads.sandbox import Sandbox
 

@@ -102,7 +102,7 @@ def parse_sets(items: list[str], base, own_option: dict[str, str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import get_model_spec
     from trex.cost_model.parallel import InfeasiblePlan
     from trex.cost_model.step import estimate_step

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise TrexError(f"--top {args.top}: give 0 or more runners-up")
 
-    from trex.cost_model.cluster import get_cluster
-    from trex.passes.parallel import SearchSpace, plan_parallel
+    from trex.cost_model.catalog import get_cluster
+    from trex.planner import SearchSpace, plan_parallel
 
     cluster = get_cluster(args.cluster, args.devices, device=args.device)
     space = SearchSpace.parse(args.fix)
@@ -121,7 +121,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _list_baselines(args: argparse.Namespace) -> int:
-    from trex.passes.parallel.baselines import recipes
+    from trex.planner.baselines import recipes
 
     table = {name: {"description": r.description, "source": r.source, "models": list(r.models)} for name, r in recipes().items()}
     if args.json:

@@ -45,13 +45,13 @@ class TeacherSpec:
         if self.kind == "openai":
             import os
 
-            from trex.workloads.or_eval.clients import OpenAIClient
+            from trex.workloads.llm_clients import OpenAIClient
 
             key_variable = options.pop("api_key_env", None)
             api_key = os.environ.get(key_variable) if key_variable else None
             return OpenAIClient(options.pop("base_url"), options.pop("model"), api_key=api_key, **options)
         if self.kind == "transformers":
-            from trex.workloads.or_eval.clients.local import TransformersClient
+            from trex.workloads.llm_clients.local import TransformersClient
 
             return TransformersClient(options.pop("model_path"), **options)
         raise TrexError(f"a {self.kind} teacher has no client")

@@ -28,7 +28,7 @@ from trex.workloads.or_data.solve import lp_file, solve_lp_text_highs
 from trex.workloads.or_data.style import AnswerParts, StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import Task
 from trex.workloads.or_data.teachers import ask
-from trex.workloads.or_eval.clients.base import Client
+from trex.workloads.llm_clients.base import Client
 
 MAX_LP_CHARS = 400_000
 

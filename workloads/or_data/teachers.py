@@ -5,7 +5,7 @@ A `Teacher` answers a batch of tasks with one `Candidate` each. Three kinds:
 - `ProgrammaticTeacher` writes from the ground truth (the verified model, program and LP file)
   straight into the student's style. It needs nothing but the solver, so the whole pipeline runs
   offline with it alone.
-- `ClientTeacher` wraps any client of the OR evaluator (`trex.workloads.or_eval.clients`): an
+- `ClientTeacher` wraps any client of the OR evaluator (`trex.workloads.llm_clients`): an
   OpenAI-compatible endpoint (`OpenAIClient`, e.g. a vLLM server) or a local transformers model
   (`TransformersClient`, whose forward passes go through `trex.compile`). Its free-form answers
   are rewritten into the student's style in Phase II (`rewrite`).
@@ -23,7 +23,7 @@ from trex.workloads.or_data.style import AnswerParts, StyleTemplate
 from trex.workloads.or_data.tasks import Task
 from trex.workloads.or_eval.answers import NoSolution, Objective
 from trex.workloads.or_eval.benchmarks import Item
-from trex.workloads.or_eval.clients.base import Client, GenerationRequest
+from trex.workloads.llm_clients.base import Client, GenerationRequest
 from trex.workloads.or_eval.errors import ClientError
 
 PROGRAMMATIC = "programmatic"

@@ -1,7 +1,7 @@
 """OR evaluator: zero-shot pass@k of a model on OR modeling benchmarks, its code run in a sandbox.
 
     from trex.workloads.or_eval import Rule, build_report, evaluate, load_benchmark
-    from trex.workloads.or_eval.clients import OpenAIClient
+    from trex.workloads.llm_clients import OpenAIClient
     from trex.workloads.sandbox import Sandbox
 
     benchmark = load_benchmark("nl4opt")                         # or any JSON/JSONL path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trex.errors import TrexError
+from trex.workloads.llm_clients.errors import ClientError as _ClientError
 
 
 class OrEvalError(TrexError):
@@ -26,8 +27,8 @@ class UnknownBenchmarkError(OrEvalError):
     """A benchmark name that is neither a known benchmark nor an existing file."""
 
 
-class ClientError(OrEvalError):
-    """A model client failed (server unreachable, retries exhausted, bad response)."""
+# A model client failed (server unreachable, retries exhausted, bad response): the shared clients' error.
+ClientError = _ClientError
 
 
 class RunStateError(OrEvalError):

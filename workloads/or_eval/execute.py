@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from trex.workloads.or_eval.answers import Prediction, Quantities
 from trex.workloads.or_eval.benchmarks import Item
-from trex.workloads.or_eval.clients.base import Completion
+from trex.workloads.llm_clients.base import Completion
 from trex.workloads.or_eval.extraction import (
     extract_code,
     extract_final_answer,

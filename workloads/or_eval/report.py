@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trex.workloads.or_eval.benchmarks import Item
-from trex.workloads.or_eval.clients.base import sample_key
+from trex.workloads.llm_clients.base import sample_key
 from trex.workloads.or_eval.runner import RunResult
 from trex.workloads.or_eval.scoring import Rule, is_correct, pass_at_k
 

@@ -18,7 +18,7 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trex.workloads.or_eval.clients.base import Completion
+from trex.workloads.llm_clients.base import Completion
 from trex.workloads.or_eval.errors import DataFormatError, RunStateError
 from trex.workloads.or_eval.execute import SampleResult
 from trex.workloads.or_eval.jsonio import JsonlLog

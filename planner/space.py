@@ -30,8 +30,8 @@ from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
 from trex.cost_model.parallel import ParallelConfig, key_values
 from trex.cost_model.caveats import rows_per_local_expert
 from trex.errors import TrexError
-from trex.passes.parallel.pricing import LayerChoice
-from trex.passes.parallel.topology import placement_problems
+from trex.planner.pricing import LayerChoice
+from trex.planner.topology import placement_problems
 
 # Recompute policies tried by default (Megatron's --recompute-modules names), cheapest memory saving
 # first. Policies that drop nothing a model has collapse into one (see `recompute_options`).

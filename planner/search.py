@@ -42,9 +42,9 @@ from trex.cost_model.parallel import ParallelConfig
 from trex.cost_model.pipeline import closed_form_makespan
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
-from trex.passes.parallel.pricing import LayerChoice, Layout, PricedLayers
-from trex.passes.parallel.space import PipelineOption, SearchSpace, layer_choices, pipeline_options, recompute_options, zero_options
-from trex.passes.parallel.stage_split import SplitProblem, StageSplit, chunk_ranges, device_times, even_split, split_stages
+from trex.planner.pricing import LayerChoice, Layout, PricedLayers
+from trex.planner.space import PipelineOption, SearchSpace, layer_choices, pipeline_options, recompute_options, zero_options
+from trex.planner.stage_split import SplitProblem, StageSplit, chunk_ranges, device_times, even_split, split_stages
 
 SEARCH_NODE_BUDGET = 0  # while searching, interleaved splits get incumbents and proofs; the winner gets a branch and bound
 POLISH_NODE_BUDGET = 2_000

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import fx, nn
 
-from trex.cost_model.annotate import AnnotationReport, annotate, resolve_target
+from trex.cost_model.annotate import AnnotationReport, annotate, cluster_of
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.devices import DeviceProfile
 
@@ -90,7 +90,7 @@ def capture_joint_graphs(model: nn.Module, example_inputs: Sequence[Any] | Mappi
 def explain(model: nn.Module | fx.GraphModule, example_inputs: Sequence[Any] | Mapping[str, Any] = (), target: str | DeviceProfile | Cluster = "cpu", *,
             groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None, print_table: bool = True, passes: Any = None) -> Explanation:
     """Capture (unless given a graph), price every op for `target`, print the per-op table and totals."""
-    cluster = resolve_target(target)
+    cluster = cluster_of(target)
     graphs = [model] if isinstance(model, fx.GraphModule) else capture_joint_graphs(model, example_inputs, passes=passes)
     explanation = Explanation(target=f"{cluster.name} ({cluster.device.name})", graphs=graphs)
     combined = AnnotationReport(target=explanation.target)

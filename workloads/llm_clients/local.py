@@ -21,8 +21,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trex.workloads.or_eval.clients.base import Completion, GenerationRequest
-from trex.workloads.or_eval.errors import ClientError
+from trex.workloads.llm_clients.base import Completion, GenerationRequest
+from trex.workloads.llm_clients.errors import ClientError
 
 
 class TransformersClient:

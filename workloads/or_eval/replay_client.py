@@ -29,7 +29,7 @@ from trex.workloads.or_eval.benchmarks import (
     benchmark_from_records,
     file_sha256,
 )
-from trex.workloads.or_eval.clients.base import Completion, GenerationRequest
+from trex.workloads.llm_clients.base import Completion, GenerationRequest
 from trex.workloads.or_eval.errors import DataFormatError
 from trex.workloads.or_eval.jsonio import read_records
 

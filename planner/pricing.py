@@ -326,7 +326,7 @@ class Layout:
             room += len(mandatory) + (math.floor(left / cheapest) if cheapest > 0 else layers.spec.num_layers)
         return room >= layers.spec.num_layers
 
-    # -- trex.passes.parallel.stage_split.MemoryBudget ------------------------------------------
+    # -- trex.planner.stage_split.MemoryBudget ------------------------------------------
     def fits(self, device: int, ranges: Sequence[tuple[int, int]]) -> bool:
         return self.device_memory(device, ranges).fits
 

@@ -50,7 +50,7 @@ class Recipe:
 
 @cache
 def recipes() -> dict[str, Recipe]:
-    data = tomllib.loads(resources.files("trex.passes.parallel").joinpath("data", "baseline_recipes.toml").read_text())
+    data = tomllib.loads(resources.files("trex.planner").joinpath("data", "baseline_recipes.toml").read_text())
     out = {}
     for name, entry in data.items():
         missing = [f for f in (*_LAYOUT_FIELDS, "recompute", "source", "description", "models") if f not in entry]
@@ -162,7 +162,7 @@ def baseline_plan(recipe: Recipe, spec: ModelSpec, devices: int, template: Paral
 
 def _fit_stand_in(values: dict[str, Any], spec: ModelSpec, devices: int, adjusted: list[str]) -> dict[str, Any]:
     """Scale the stand-in layout to a model it was not written for, saying what changed."""
-    from trex.passes.parallel.space import model_facts
+    from trex.planner.space import model_facts
 
     heads, experts, _ = model_facts(spec)
     out = dict(values)

@@ -19,8 +19,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-from trex.workloads.or_eval.clients.base import Completion, GenerationRequest
-from trex.workloads.or_eval.errors import ClientError
+from trex.workloads.llm_clients.base import Completion, GenerationRequest
+from trex.workloads.llm_clients.errors import ClientError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 APIS = ("chat", "completions")

@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trex.cost_model.cluster import Cluster, get_cluster
+from trex.cost_model.catalog import get_cluster
+from trex.cost_model.cluster import Cluster
 from trex.cost_model.model_spec import ModelSpec, get_model_spec
 from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
-from trex.passes.parallel.baselines import Recipe, baseline_plan, get_recipe, recipes_for, software_differences
-from trex.passes.parallel.reasons import shortfall, why_slower, why_too_big
-from trex.passes.parallel.search import Candidate, Progress, SearchResult, search
-from trex.passes.parallel.space import SearchSpace
+from trex.planner.baselines import Recipe, baseline_plan, get_recipe, recipes_for, software_differences
+from trex.planner.reasons import shortfall, why_slower, why_too_big
+from trex.planner.search import Candidate, Progress, SearchResult, search
+from trex.planner.space import SearchSpace
 from trex.plan import ModelShape, Plan, Prediction
 
 SUMMARY_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "recompute")
@@ -185,7 +186,7 @@ def plan_parallel(model: str | Path | ModelSpec, cluster: str | Path | Cluster, 
 
 
 def _empty_space(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace) -> str:
-    from trex.passes.parallel.space import model_facts
+    from trex.planner.space import model_facts
 
     heads, experts, _ = model_facts(spec)
     return (f"no parallel layout of {spec.name} meets the divisibility rules on {cluster.devices} devices with seq {template.seq} and global "

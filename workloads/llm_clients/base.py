@@ -1,4 +1,7 @@
-"""The interface every model client implements, and the request/completion records it exchanges."""
+"""The interface every model client implements, and the request/completion records it exchanges.
+
+A request is about one `item` - anything with an `id` (an OR benchmark question, a data-pipeline
+task) - so the clients serve every workload without knowing their records."""
 
 from __future__ import annotations
 
@@ -6,14 +9,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from trex.workloads.or_eval.benchmarks import Item
+
+class Identified(Protocol):
+    id: str
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
     """Sample number `sample` for `item`, prompted with `prompt`."""
 
-    item: Item
+    item: Identified
     sample: int
     prompt: str
 

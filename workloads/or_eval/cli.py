@@ -87,7 +87,7 @@ def _ks(text: str) -> tuple[int, ...]:
 
 def _client(args: argparse.Namespace, fields):
     if args.client == "replay":
-        from trex.workloads.or_eval.clients import ReplayClient
+        from trex.workloads.or_eval.replay_client import ReplayClient
 
         if not args.predictions:
             raise TrexError("--client replay needs --predictions FILE")
@@ -95,7 +95,7 @@ def _client(args: argparse.Namespace, fields):
     if not args.model:
         raise TrexError(f"--client {args.client} needs --model")
     if args.client == "openai":
-        from trex.workloads.or_eval.clients import OpenAIClient
+        from trex.workloads.llm_clients import OpenAIClient
 
         if not args.base_url:
             raise TrexError("--client openai needs --base-url URL")
@@ -113,7 +113,7 @@ def _client(args: argparse.Namespace, fields):
             system_prompt=args.system_prompt,
             seed=args.seed,
         )
-    from trex.workloads.or_eval.clients.local import TransformersClient
+    from trex.workloads.llm_clients.local import TransformersClient
 
     return TransformersClient(
         args.model,
