@@ -7,6 +7,8 @@ submodules (without creating cycles) that the backend lowers; the eager glue run
 
 from __future__ import annotations
 
+import warnings
+
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,11 +68,16 @@ class LoweredSubgraph(torch.nn.Module):
         return self.compiled(*args)
 
 
-def _safe_supports(backend: Backend, node: fx.Node, notes: list[str]) -> bool:
+class BackendSupportsWarning(UserWarning):
+    """A backend's supports() raised (its contract says it never does); trex treated it as False."""
+
+
+def _safe_supports(backend: Backend, node: fx.Node, notes: list[str], raised: dict[str, list[str]]) -> bool:
     try:
         return bool(backend.supports(node))
     except Exception as error:  # noqa: BLE001 - the contract says never raise; trex tolerates it
         notes.append(f"backend {backend.name!r}: supports({node.name}) raised {type(error).__name__}: {error}; treated as False")
+        raised.setdefault(backend.name, []).append(f"{node.name}: {type(error).__name__}: {error}")
         return False
 
 
@@ -79,10 +86,15 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     notes: list[str] = []
     eager = next((b for b in backends if b.name == EagerBackend.name), EagerBackend())
     assignment = {}
+    raised: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes)), eager)
+        assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes, raised)), eager)
+    for name, failures in raised.items():
+        warnings.warn(f"backend {name!r}: supports() raised on {len(failures)} node(s) (first: {failures[0]}); trex treated them as "
+                      "unsupported, so other backends run them. A backend's supports() must return False, never raise.",
+                      BackendSupportsWarning, stacklevel=2)
     return assignment, notes
 
 

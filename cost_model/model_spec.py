@@ -705,5 +705,11 @@ def get_model_spec(name_or_path: str | Path) -> ModelSpec:
         return spec_from_config(load_config(key), key)
     path = Path(key)
     if path.suffix == ".json" or path.is_dir() or path.exists():
-        return spec_from_config(load_config(path), path.stem if path.suffix else path.name)
+        from trex.models import PRICED_ONLY_TYPES, read_config_dict
+
+        label = path.stem if path.suffix else path.name
+        data = read_config_dict(path)
+        if data["model_type"] in PRICED_ONLY_TYPES:  # no transformers class: the dict is the whole description
+            return spec_from_config(data, label)
+        return spec_from_config(load_config(path), label)
     raise UnknownNameError("model", key, model_names(), hint="or pass a path to a transformers config.json")

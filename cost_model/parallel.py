@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -153,15 +153,37 @@ PLAN_STRING_KEYS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero")  # what 
 def key_values(text: str, keys: Sequence[str], *, what: str, example: str) -> list[tuple[str, str]]:
     """Split `"k=v,k=v"` into (key, raw value) pairs, refusing an item without '=' and a key not in `keys`;
     errors name `what` is being parsed and show `example`."""
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         if "=" not in item:
             raise TrexError(f"{what} item {item!r} is not key=value; write e.g. \"{example}\"")
         key, raw = (s.strip() for s in item.split("=", 1))
         if key not in keys:
             raise TrexError(f"{what}: unknown key {key!r}; valid keys: {', '.join(keys)}")
+        earlier = [r for k, r in pairs if k == key]
+        if earlier:
+            raise TrexError(f"{what} {text!r} names {key} twice ({key}={earlier[0]} and {key}={raw}); keep one")
         pairs.append((key, raw))
     return pairs
+
+
+def settings_without_effect(config: ParallelConfig, given: Iterable[str]) -> list[str]:
+    """A note for each field the user set (`given`) that changes nothing under this configuration,
+    so a setting is never silently ignored (e.g. an FP8 recipe when training in bf16)."""
+    given = set(given)
+    notes = []
+    if "fp8_recipe" in given and config.precision != "fp8":
+        notes.append(f"fp8_recipe={config.fp8_recipe} has no effect at precision {config.precision}: it prices FP8 GEMMs only "
+                     "(use --precision fp8)")
+    if "tp_comm_overlap" in given and config.tp_comm_overlap and config.tp == 1:
+        notes.append("tp_comm_overlap has no effect with tp=1: there is no tensor-parallel communication to overlap")
+    if "ep_comm_overlap" in given and config.ep_comm_overlap and config.ep == 1:
+        notes.append("ep_comm_overlap has no effect with ep=1: there is no expert-parallel all-to-all to overlap")
+    if "dispatcher" in given and config.ep == 1:
+        notes.append(f"dispatcher={config.dispatcher} has no effect with ep=1: tokens never leave the device")
+    if "overlap_param_gather" in given and config.zero < 1:
+        notes.append("overlap_param_gather has no effect with zero=0: parameters are replicated, never gathered")
+    return notes
 
 
 def parse_plan(text: str, **training: Any) -> ParallelConfig:

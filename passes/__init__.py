@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trex.errors import UnknownNameError
+from trex.errors import TrexError, UnknownNameError
 
 if TYPE_CHECKING:
     from trex.pass_manager import Pass
@@ -45,11 +45,24 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
 
 
 def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
-    """Pass objects for a pipeline given as None (the default), "a,b", or a list of names/passes."""
+    """Pass objects for a pipeline given as None (the default), "a,b", or a list of names/passes.
+
+    A string whose every entry starts with '-' ("-a,-b") is the default pipeline without those
+    passes (the same form as TREX_PASSES); mixing '-name' with plain names is an error."""
     if passes is None:
         passes = DEFAULT_PIPELINE
     if isinstance(passes, str):
-        passes = [p.strip() for p in passes.split(",") if p.strip()]
+        entries = [p.strip() for p in passes.split(",") if p.strip()]
+        removed = [e[1:] for e in entries if e.startswith("-")]
+        if removed and len(removed) != len(entries):
+            raise TrexError(f"passes={passes!r} mixes '-name' (remove from the default pipeline) with plain names (the whole pipeline); "
+                            "use one form")
+        if removed:
+            unknown = [name for name in removed if name not in DEFAULT_PIPELINE]
+            if unknown:
+                raise UnknownNameError("pass", unknown[0], DEFAULT_PIPELINE, hint="passes='-name' removes a pass of the default pipeline")
+            entries = [name for name in DEFAULT_PIPELINE if name not in removed]
+        passes = entries
     resolved = []
     known = _passes()
     for item in passes:

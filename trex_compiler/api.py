@@ -157,6 +157,7 @@ def compile(
     dump_dir: str | Path | None = None,
     fallback: str | None = None,
     plan: Plan | str | Path | None = None,
+    progress: Any = None,
 ) -> CompiledModule:
     """Compile `model` for training (forward, `loss.backward()`, optimizer step) and inference.
 
@@ -176,12 +177,14 @@ def compile(
     plan:     a `trex.plan.Plan` or a plan file (`trex plan --out`); it is checked against the model
               (layer count, experts and heads divisible by its degrees) and kept as `.trex.plan`. Until
               distributed execution lands, only plans whose degrees are all 1 run.
+    progress: a callable given one line per compile stage (trace, passes, lowering) as it finishes,
+              e.g. `progress=print`; the CLI prints them to stderr.
     """
     if not isinstance(model, torch.nn.Module):
         raise TrexError(f"trex.compile takes a torch.nn.Module, got {type(model).__name__}")
     if fallback not in FALLBACKS:
         raise TrexError(f"unknown fallback {fallback!r}; valid: None (raise on graph breaks) or 'eager'")
-    options = CompileOptions.build(target=target, backend=backend, passes=passes, dump_dir=dump_dir)
+    options = CompileOptions.build(target=target, backend=backend, passes=passes, dump_dir=dump_dir, progress=progress)
     check_executable(options.target, _device_types(model))
     accepted = plan_for_module(plan, model) if plan is not None else None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,11 @@ class CompileOptions:
     disabled: set[str] = field(default_factory=set)
     fuel: int | None = None
     dump_dir: Path | None = None
+    progress: Callable[[str], None] | None = None  # one line per compile stage (the CLI prints them)
 
     @classmethod
-    def build(cls, *, target: str = "cpu", backend: Any = "eager", passes: Any = None, dump_dir: str | Path | None = None, environ: dict[str, str] | None = None) -> CompileOptions:
+    def build(cls, *, target: str = "cpu", backend: Any = "eager", passes: Any = None, dump_dir: str | Path | None = None,
+              environ: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> CompileOptions:
         import os
 
         from trex.passes import resolve_pipeline
@@ -51,6 +54,10 @@ class CompileOptions:
         if not any(b.name == EagerBackend.name for b in backends):
             backends.append(EagerBackend())
         dump = dump_dir if dump_dir is not None else environ.get("TREX_DUMP") or None
+        if dump:
+            from trex.outputs import output_dir
+
+            output_dir(dump, "dump_dir" if dump_dir is not None else "TREX_DUMP")
         return cls(
             target=get_target(target),
             backends=backends,
@@ -58,6 +65,7 @@ class CompileOptions:
             disabled=disabled_from_env(environ),
             fuel=fuel_from_env(environ),
             dump_dir=Path(dump) if dump else None,
+            progress=progress,
         )
 
 
@@ -99,15 +107,22 @@ class TrexCompiler:
         )
         return compile_with_aot(gm, example_inputs)
 
+    def _say(self, graph: CapturedGraph, what: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress(f"graph {graph.graph_id}: {what} ({time.perf_counter() - graph.started_at:.1f} s)")
+
     def _context(self, graph: CapturedGraph) -> PassContext:
         return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
         start = time.perf_counter()
         graph.seconds["aot_trace"] = start - graph.started_at
+        self._say(graph, f"AOTAutograd traced the {'joint forward+backward' if graph.phase == 'joint' else 'forward'} graph, "
+                         f"{len(gm.graph.nodes)} nodes; running passes")
         graph.report = self.pass_manager().run(gm, self._context(graph))
         graph.seconds["passes"] = time.perf_counter() - start
         graph.joint = gm
+        self._say(graph, f"passes done ({', '.join(r.name for r in graph.report.records if r.ran) or 'none ran'})")
         if self.dump is not None:
             self.dump.write_text(self.dump.graph_dir(self._context(graph)).relative_to(self.dump.root) / "summary.txt", graph.report.summary() + "\n")
 
@@ -134,6 +149,7 @@ class TrexCompiler:
         lowering = lower_graph(gm, self.options.backends)
         graph.lowerings[which] = lowering
         graph.seconds[f"lower_{which}"] = time.perf_counter() - start
+        self._say(graph, f"{which} graph lowered")
         if self.dump is not None:
             ctx = self._context(graph)
             self.dump.write_text(self.dump.graph_dir(ctx).relative_to(self.dump.root) / f"lowering_{which}.txt", lowering.describe() + "\n")

@@ -118,6 +118,7 @@ class DumpWriter:
         self.root.mkdir(parents=True, exist_ok=True)
         self._written: set[str] = set()
         self.foreign_files = self._remove_previous_dump()
+        self._foreign = set(self.foreign_files)
 
     def _remove_previous_dump(self) -> list[str]:
         """Delete the files a previous trex run listed in the manifest; return the foreign ones."""
@@ -136,6 +137,11 @@ class DumpWriter:
         return self.root / f"graph_{ctx.graph_id}_{ctx.phase}"
 
     def write_text(self, relative: str | Path, text: str) -> Path:
+        if str(Path(relative)) in self._foreign:
+            from trex.outputs import OutputPathError
+
+            raise OutputPathError(f"dump directory {self.root}: {relative} is there and trex did not write it; trex never overwrites "
+                                  "files it did not write: move it away or choose another dump directory (dump_dir= / TREX_DUMP / --dump)")
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

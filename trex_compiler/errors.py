@@ -6,6 +6,15 @@ import difflib
 from collections.abc import Iterable
 
 
+def plural(noun: str) -> str:
+    """English plural of the last word of `noun` ("pass" -> "passes", "model family" -> "model families")."""
+    if noun.endswith(("s", "x", "z", "ch", "sh")):
+        return noun + "es"
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return noun[:-1] + "ies"
+    return noun + "s"
+
+
 class TrexError(Exception):
     """Base class of every error trex raises on purpose."""
 
@@ -16,7 +25,7 @@ class UnknownNameError(TrexError, KeyError):
     def __init__(self, kind: str, name: str, valid: Iterable[str], hint: str = ""):
         self.kind, self.name, self.valid = kind, name, sorted(valid)
         close = difflib.get_close_matches(name, self.valid, n=1)
-        message = f"unknown {kind} {name!r}; valid {kind}s: {', '.join(self.valid) or '(none registered)'}"
+        message = f"unknown {kind} {name!r}; valid {plural(kind)}: {', '.join(self.valid) or '(none registered)'}"
         if close:
             message += f" (did you mean {close[0]!r}?)"
         if hint:

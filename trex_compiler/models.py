@@ -181,22 +181,75 @@ def load_config(name_or_path: str | Path) -> PretrainedConfig:
     raise UnknownNameError("model", key, model_names(), hint="or pass a path to a transformers config.json")
 
 
-def _config_from_file(path: Path) -> PretrainedConfig:
-    from transformers import AutoConfig
+# The transformers families trex's MoE capture is tested on (tiny models, grads equal to eager); other
+# transformers MoE families whose experts use transformers' experts interface are captured the same way.
+TESTED_FAMILIES = {"deepseek_v4": "DeepSeek-V4", "deepseek_v3": "DeepSeek-V3", "qwen3_moe": "Qwen3-MoE"}
+# Families the cost model describes from their config fields alone, with no transformers class (priced-only).
+PRICED_ONLY_TYPES = ("gpt", "pangu")
+EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+               "intermediate_size", "moe_intermediate_size", *EXPERT_COUNT_FIELDS, "num_experts_per_tok")
 
+
+def check_config_dict(data: object, source: str) -> dict:
+    """The problems a user can act on in a config.json's contents, raised before transformers sees it."""
+    if not isinstance(data, dict):
+        raise TrexError(f"{source}: a config.json holds one JSON object ({{\"model_type\": ..., \"hidden_size\": ...}}), "
+                        f"this holds a JSON {type(data).__name__}")
+    model_type = data.get("model_type")
+    if not model_type or not isinstance(model_type, str):
+        raise TrexError(f"{source}: field 'model_type' is missing; a transformers config.json names its model_type "
+                        f"(e.g. {', '.join(repr(t) for t in TESTED_FAMILIES)})")
+    for field in SIZE_FIELDS:
+        if field not in data or data[field] is None:
+            continue
+        value = data[field]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TrexError(f"{source}: field {field!r} is {value!r}; it is a size and must be a positive integer")
+        if value <= 0:
+            raise TrexError(f"{source}: field {field!r} is {value}; it is a size and must be a positive integer")
+    return data
+
+
+def is_moe_config(config: object) -> bool:
+    """True when the config declares routed experts (any of the families' expert-count fields > 0)."""
+    get = config.get if isinstance(config, dict) else (lambda name, default=None: getattr(config, name, default))
+    return any(isinstance(get(f, None), int) and get(f, None) > 0 for f in EXPERT_COUNT_FIELDS)
+
+
+def read_config_dict(path: str | Path) -> dict:
+    """A config.json (or its folder) as a checked dict, without importing transformers."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
     if not path.exists():
         raise TrexError(f"model config {path} does not exist; pass a transformers config.json or one of: {', '.join(model_names())}")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise TrexError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
-    model_type = data.get("model_type")
-    if not model_type:
-        raise TrexError(f"{path}: field 'model_type' is missing; a transformers config.json names its model_type (e.g. 'deepseek_v3')")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TrexError(f"{path}: cannot be read as a config.json ({error})") from None
+    return check_config_dict(data, str(path))
+
+
+def _config_from_file(path: Path) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    data = read_config_dict(path)
+    model_type = data["model_type"]
+    if model_type in PRICED_ONLY_TYPES:
+        raise TrexError(f"{path}: model_type {model_type!r} is priced by the cost model (`trex estimate`/`trex plan --model {path}`), but "
+                        "transformers has no class for it, so it cannot be built or captured")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise TrexError(f"{path}: model_type {model_type!r} is not a transformers model type; trex captures transformers MoE models "
+                        f"(tested: {', '.join(TESTED_FAMILIES)}; other MoE families through transformers' experts interface)")
     try:
         return AutoConfig.for_model(**data)
-    except ValueError as error:
-        raise TrexError(f"{path}: transformers cannot build a config for model_type {model_type!r}: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise TrexError(f"{path}: transformers cannot build a {model_type} config from it: {str(error).splitlines()[0][:300]}") from None
 
 
 # ---------------------------------------------------------------------------------------------

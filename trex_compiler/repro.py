@@ -20,6 +20,7 @@ import inspect
 import json
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def pass_locator(pass_: Any, folder: Path) -> dict[str, str]:
     imports = _top_level_imports(source_file)
     path = folder / USER_PASSES_FILE
     existing = path.read_text() if path.exists() else "# the user's passes of this reproducer, with their file's imports\n" + "\n".join(imports) + "\n"
-    path.write_text(existing + "\n\n" + inspect.cleandoc(source) + "\n")
+    path.write_text(existing + "\n\n" + textwrap.dedent(source) + "\n")
     entry.update(module=USER_PASSES_FILE, qualname=cls.__name__)
     return entry
 

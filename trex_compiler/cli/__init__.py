@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trex",
         description="trex: a compiler for full-parameter post-training of large MoE LLMs.",
     )
+    from trex import __version__
+
+    parser.add_argument("--version", action="version", version=f"trex {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"trex.cli.{name}").add_parser(subparsers)

@@ -30,6 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise TrexError(f"--threads must be at least 1 (got {args.threads})")
+    from trex.cost_model.devices import calibrated_cpu_path
+    from trex.outputs import output_file
+
+    output_file(args.out or calibrated_cpu_path(), "--out" if args.out else "the calibration cache ($TREX_CACHE_DIR)")
     console = Console(file=sys.stdout)
     console.print("measuring this machine" + (" (fast mode)" if args.fast else "") + " ...")
     result = calibrate(fast=args.fast, collectives=not args.no_collectives, threads=args.threads)

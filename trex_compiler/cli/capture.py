@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", metavar="MODEL", help="built-in name (see --list), tiny-<family>, or a path to a transformers config.json")
+    parser.add_argument("model", metavar="MODEL", nargs="?", help="built-in name (see --list), tiny-<family>, or a path to a transformers config.json")
     parser.add_argument("--meta", action="store_true", help="build on the meta device and capture one graph per distinct layer kind")
     parser.add_argument("--dump", metavar="DIR", type=Path, help="write every graph after every pass, and the decisions, here")
     parser.add_argument("--seq", type=int, default=4096, help="sequence length of the captured step (default 4096 with --meta, 16 otherwise)")
@@ -34,20 +34,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="parameter dtype (default bfloat16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--list", action="store_true", help="list the built-in model names and exit")
+    parser.add_argument("--fallback", choices=("eager",), help="without --meta: run a model with graph breaks region by region instead of failing")
+    parser.add_argument("--allow-dense", action="store_true", help="capture a model without mixture-of-experts layers anyway")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from trex.models import model_names
+    from trex.models import MODELS, TINY_PREFIX, model_names
 
     if args.list:
-        print("\n".join(model_names()))
+        for name in model_names():
+            entry = MODELS.get(name)
+            kind = "tiny, random init" if name.startswith(TINY_PREFIX) else ("capture with --meta" if entry.capturable else "priced only")
+            print(f"{name:20} {kind}")
         return 0
+    if args.model is None:
+        raise TrexError("name a MODEL to capture (a built-in name, tiny-<family> or a config.json); `trex capture --list` lists the names")
     if args.seq <= 0 or args.batch <= 0:
         raise TrexError(f"--seq and --batch must be positive (got --seq {args.seq}, --batch {args.batch})")
+    if args.dump is not None:
+        from trex.outputs import output_dir
+
+        output_dir(args.dump, "--dump")
+    from trex.cli.progress import progress_printer
+
+    args.say = progress_printer("capture", args.quiet or args.json)
+    _check_moe(args)
     if args.meta:
         return _run_meta(args)
     return _run_materialized(args)
+
+
+def _check_moe(args: argparse.Namespace) -> None:
+    """trex captures MoE models; a dense one is refused unless asked for (--allow-dense)."""
+    from trex.models import MODELS, TINY_PREFIX, is_moe_config, load_config, read_config_dict
+
+    name = str(args.model)
+    if name.startswith(TINY_PREFIX) or name in MODELS:
+        load_config(name)  # a priced-only name says so here
+        return
+    data = read_config_dict(name)
+    load_config(name)  # unknown or priced-only model types are refused with the families that work
+    if not is_moe_config(data) and not args.allow_dense:
+        raise TrexError(f"{name}: model_type {data['model_type']!r} has no mixture-of-experts layers (none of n_routed_experts, num_experts, "
+                        "num_local_experts is set); trex's capture is built for MoE models. Pass --allow-dense to capture it anyway")
 
 
 def _run_meta(args: argparse.Namespace) -> int:
@@ -55,6 +86,7 @@ def _run_meta(args: argparse.Namespace) -> int:
 
     from trex.meta_capture import ENDS, capture_model
 
+    args.say(f"capturing {args.model} on the meta device, one graph per distinct layer kind")
     capture = capture_model(args.model, batch=args.batch, seq=args.seq, dtype=getattr(torch, args.dtype), dump_dir=args.dump)
     if args.json:
         print(json.dumps(_meta_json(capture), indent=2))
@@ -110,7 +142,7 @@ def _run_materialized(args: argparse.Namespace) -> int:
 
     import trex
     from trex.meta_capture import parameter_counts
-    from trex.models import build_model, load_config
+    from trex.models import TESTED_FAMILIES, build_model, load_config
 
     config = load_config(args.model)
     meta_model = build_model(config, device="meta")
@@ -123,10 +155,16 @@ def _run_materialized(args: argparse.Namespace) -> int:
             f"this machine has {memory / 2**30:.0f} GiB; capture it on the meta device with `trex capture {args.model} --meta`"
         )
     seq = args.seq if args.seq != 4096 else 16
+    args.say(f"building {args.model} with random weights ({_billions(total)} parameters)")
     model = build_model(config, dtype=getattr(torch, args.dtype))
-    compiled = trex.compile(model, dump_dir=args.dump)
+    compiled = trex.compile(model, dump_dir=args.dump, fallback=args.fallback, progress=args.say)
     input_ids = torch.randint(0, config.vocab_size, (args.batch, seq))
-    loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+    args.say("one training step: Dynamo capture, AOTAutograd joint trace, passes, lowering")
+    try:
+        loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+    except trex.CaptureError as error:
+        raise TrexError(f"{error}\ntrex captures whole the MoE families it is tested on ({', '.join(TESTED_FAMILIES)}); "
+                        f"run this model region by region with `trex capture {args.model} --fallback eager`") from None
     loss.backward()
     session = compiled.trex
     if args.json:

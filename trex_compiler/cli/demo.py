@@ -28,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
     parser.add_argument("--dump", metavar="DIR", type=Path, default=Path("trex_dump") / "demo", help="dump directory (default ./trex_dump/demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr while the model is built and compiled")
     parser.set_defaults(run=run)
 
 
@@ -35,19 +36,26 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import trex
+    from trex.cli.progress import progress_printer
     from trex.models import TINY_FAMILIES, build_model, tiny_config
+    from trex.outputs import output_dir
 
-    if args.steps <= 0:
-        raise TrexError(f"--steps must be positive, got {args.steps}")
+    for option in ("steps", "batch", "seq"):
+        if getattr(args, option) <= 0:
+            raise TrexError(f"--{option} must be positive, got {getattr(args, option)}")
     if args.family not in TINY_FAMILIES:
         raise trex.UnknownNameError("model family", args.family, TINY_FAMILIES)
+    output_dir(args.dump, "--dump")
+    say = progress_printer("demo", args.quiet)
+    say(f"building a tiny random-init {args.family}")
     config = tiny_config(args.family)
     model = build_model(config, seed=args.seed)
     total = sum(p.numel() for p in model.parameters())
     print(f"trex demo: tiny {args.family} ({config.num_hidden_layers} layers, {getattr(config, 'n_routed_experts', getattr(config, 'num_experts', '?'))} experts, top-{config.num_experts_per_tok}, {total / 1e6:.2f}M parameters), CPU")
 
     start = time.perf_counter()
-    compiled = trex.compile(model, dump_dir=args.dump)
+    compiled = trex.compile(model, dump_dir=args.dump, progress=say)
+    say("first step: Dynamo capture, AOTAutograd joint trace, passes, partition and lowering (~10-20 s on 2 cores)")
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(args.seed)
     input_ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator)

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from trex.cli.training_options import add_training_arguments, check_sizes
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -18,16 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Price one training step of PLAN for MODEL on CLUSTER with the analytical cost model. "
         "MFU uses Megatron's per-GEMM model-FLOP count over the dense BF16 peak; mfu_6n uses 6*N_active + attention.",
     )
-    parser.add_argument("--model", required=True, help="built-in model (e.g. deepseek-v3, gpt-175b) or a transformers config.json")
-    parser.add_argument("--cluster", required=True, help="named cluster (a100, h100, h800, h200, ascend-910b, ascend-910c, cloudmatrix384, cpu) or a TOML/JSON cluster file")
-    parser.add_argument("--devices", type=int, required=True, help="number of devices (accelerators, or dies on Ascend 910C)")
-    parser.add_argument("--device", help="override the cluster's device profile (a built-in name or a TOML/JSON profile)")
+    add_training_arguments(parser, required=True)
     parser.add_argument("--plan", default="", help='parallel degrees, e.g. "tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1" (dp derived when omitted)')
-    parser.add_argument("--seq", type=int, default=2048, help="sequence length")
-    parser.add_argument("--gbs", type=int, default=64, help="global batch size in sequences")
-    parser.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences")
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
-    parser.add_argument("--recompute", default="selective", help="none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)")
+    parser.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences (default 1)")
+    parser.add_argument("--recompute", default="selective", help="(default selective) none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused "
                         "--set fp8_recipe=tensorwise (delayed, tensorwise, blockwise)")
@@ -104,18 +100,27 @@ def parse_sets(items: list[str], base, own_option: dict[str, str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import get_model_spec
-    from trex.cost_model.parallel import InfeasiblePlan
+    from trex.cost_model.parallel import InfeasiblePlan, settings_without_effect
     from trex.cost_model.step import estimate_step
 
+    check_sizes(args)
+    if args.trace:
+        from trex.outputs import output_file
+
+        output_file(args.trace, "--trace")
     spec = get_model_spec(args.model)
     cluster = get_cluster(args.cluster, args.devices, device=args.device)
     plan = build_plan(args)
+    given = [item.split("=", 1)[0].strip() for item in args.set]
+    notes = settings_without_effect(plan, given)
+    for note in notes:
+        print(f"trex estimate: note: {note}", file=sys.stderr)
     try:
         estimate = estimate_step(spec, cluster, plan)
     except InfeasiblePlan as error:
         if args.json:
             print(json.dumps({"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "plan": plan.to_dict(),
-                              "feasible": False, "violations": error.violations}, indent=2))
+                              "feasible": False, "violations": error.violations, "settings_without_effect": notes}, indent=2))
             return 1
         raise
     if args.trace:
@@ -129,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         layers = layer_breakdown(spec, estimate.plan, cluster)
     if args.json:
         data = estimate.to_dict()
+        data["settings_without_effect"] = notes
         if layers is not None:
             counts = _kind_counts(spec)
             data["layers"] = {kind: {"count": counts.get(kind, 0), **cost.to_dict()} for kind, cost in layers.items()}

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from trex.cli.training_options import add_training_arguments, check_sizes
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -20,13 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "micro-batch, recompute policy and the pipeline stage split, priced by the analytical cost model; print the best plan, "
         "runners-up with why they lose, and a public baseline recipe priced the same way.",
     )
-    parser.add_argument("--model", help="built-in model (e.g. deepseek-v4-pro, deepseek-v3, gpt-175b) or a transformers config.json")
-    parser.add_argument("--cluster", help="named cluster (a100, h100, h800, h200, ascend-910b, ascend-910c, cloudmatrix384, cpu) or a TOML/JSON cluster file")
-    parser.add_argument("--devices", type=int, help="number of devices (accelerators, or dies on Ascend 910C)")
-    parser.add_argument("--device", help="override the cluster's device profile (a built-in name or a TOML/JSON profile)")
-    parser.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
-    parser.add_argument("--gbs", type=int, default=1024, help="global batch size in sequences (default 1024)")
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8", "fp32"))
+    add_training_arguments(parser, required=False)  # optional: --diff and --list-baselines need none of them
     parser.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to show, each the best of a different layout (default 3)")
     parser.add_argument("--fix", default="", metavar="DIMS",
                         help='narrow (or widen) the search, e.g. "tp=1,ep=32/64,recompute=full"; dimensions: tp pp vpp ep etp cp zero mbs recompute; '
@@ -63,14 +59,25 @@ def run(args: argparse.Namespace) -> int:
         raise TrexError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (or use --diff A.json B.json / --list-baselines)")
     if args.top < 0:
         raise TrexError(f"--top {args.top}: give 0 or more runners-up")
+    check_sizes(args)
+    if args.out:
+        from trex.outputs import output_file
+
+        output_file(args.out, "--out")
 
     from trex.cost_model.catalog import get_cluster
     from trex.planner import SearchSpace, plan_parallel
 
+    from trex.cost_model.parallel import ParallelConfig, settings_without_effect
+
     cluster = get_cluster(args.cluster, args.devices, device=args.device)
     space = SearchSpace.parse(args.fix)
+    software = _software(args.set)
+    # The search chooses the degrees, so only settings the precision makes moot are known to be moot here.
+    for note in settings_without_effect(ParallelConfig(precision=args.precision, **software), {"fp8_recipe"} & set(software)):
+        print(f"trex plan: note: {note}", file=sys.stderr)
     with _progress_bar() as progress:
-        result = plan_parallel(args.model, cluster, seq=args.seq, gbs=args.gbs, precision=args.precision, software=_software(args.set), space=space,
+        result = plan_parallel(args.model, cluster, seq=args.seq, gbs=args.gbs, precision=args.precision, software=software, space=space,
                                top=args.top, baseline=None if args.baseline == "none" else args.baseline, progress=progress,
                                workers=args.workers, time_limit_s=args.time_limit)
     if args.out and result.best is not None:

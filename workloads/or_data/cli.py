@@ -100,7 +100,9 @@ def _config(args: argparse.Namespace):
     from trex.workloads.or_data.families import FAMILIES
     from trex.workloads.or_data.selection import SelectionPolicy
 
-    families = tuple(name.strip() for name in args.families.split(",")) if args.families else tuple(FAMILIES)
+    families = tuple(name.strip() for name in args.families.split(",") if name.strip()) if args.families is not None else tuple(FAMILIES)
+    if not families:
+        raise TrexError(f"--families {args.families!r} selects no family; name some (see `trex data families`) or leave it out for all")
     teachers = [] if args.no_programmatic else [PROGRAMMATIC_TEACHER]
     key_variable = {"api_key_env": args.api_key_env} if args.api_key_env else {}
     for number, (url, model) in enumerate(args.teacher_openai, start=1):
@@ -145,6 +147,16 @@ def run_synth(args: argparse.Namespace) -> int:
         raise TrexError(f"--n must be at least 1, got {args.n}")
     if args.workers < 1:
         raise TrexError(f"--workers must be at least 1, got {args.workers}")
+    for option in ("infeasible_share", "unbounded_share"):
+        value = getattr(args, option)
+        if not 0.0 <= value <= 1.0:
+            raise TrexError(f"--{option.replace('_', '-')} {value}: a share lies between 0 and 1")
+    if args.infeasible_share + args.unbounded_share > 1.0:
+        raise TrexError(f"--infeasible-share {args.infeasible_share} + --unbounded-share {args.unbounded_share} exceed 1: "
+                        "no room is left for instances with an optimum")
+    from trex.outputs import output_dir
+
+    output_dir(args.out, "--out")
     config = _config(args)
     result = synthesize(
         config, args.out, args.n, workers=args.workers, bench_dir=_bench_dir(args), tokenizer_dir=args.tokenizer,
@@ -196,6 +208,8 @@ def run_verify(args: argparse.Namespace) -> int:
     from trex.workloads.or_data.program_runner import ProgramRunner
     from trex.workloads.or_data.reverify import reverify
 
+    if args.limit is not None and args.limit < 1:
+        raise TrexError(f"--limit {args.limit}: checks nothing; give a positive number of samples (or leave --limit out for all)")
     path = Path(args.dir) / "sft.jsonl"
     if not path.is_file():
         raise TrexError(f"{path} does not exist; finish the run first (`trex data synth` again resumes it)")
@@ -208,6 +222,8 @@ def run_verify(args: argparse.Namespace) -> int:
                 records.append(json.loads(line))
             except ValueError:
                 raise TrexError(f"{path}:{number} is not valid JSON") from None
+    if not records:
+        raise TrexError(f"{path} holds no samples: nothing to verify")
     with ProgramRunner(isolation=args.isolation, hide=(str(Path(args.dir).resolve()),)) as runner:
         report = reverify(records, runner)
     if args.json:

@@ -138,6 +138,14 @@ def run(args: argparse.Namespace) -> int:
     if args.form is not None and args.form not in FORMS:
         raise TrexError(f"unknown --form {args.form!r}; valid: {', '.join(FORMS)}")
     ks = _ks(args.k)
+    if args.limit is not None and args.limit < 1:
+        raise TrexError(f"--limit {args.limit}: evaluates nothing; give a positive number of items (or leave --limit out for all)")
+    if args.samples is not None and args.samples < 1:
+        raise TrexError(f"--samples {args.samples}: give at least 1 sample per item")
+    if args.out:
+        from trex.outputs import output_dir
+
+        output_dir(args.out, "--out")
     fields = FieldNames(question=args.question_field, answer=args.answer_field, id=args.id_field, category=args.category_field)
     client = _client(args, fields)
     form = args.form or ("orlm" if getattr(client, "output_field", None) == "en_math_model_coptpy_code" else "pyscipopt")
@@ -154,6 +162,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise TrexError(f"--client {args.client} needs --bench NAME_OR_PATH")
     samples = args.samples or (client.samples_per_item() if args.client == "replay" else 1)
+    if not benchmark.items:
+        raise TrexError(f"benchmark {benchmark.name} ({benchmark.path}) has no items: nothing to evaluate")
+    too_large = [k for k in ks if k > samples]
+    if too_large:
+        raise TrexError(f"--k {args.k}: pass@{too_large[0]} needs at least {too_large[0]} samples per item, and this run has {samples} "
+                        f"(raise --samples to {max(too_large)}, or drop k > {samples})")
 
     limits = Limits(
         wall_s=args.timeout,
@@ -184,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
         report = build_report(result, Rule(args.rule), ks=ks, isolation=sandbox.isolation, notes=notes)
     client.close()
     if args.out:
-        write_report(args.out, report)
+        written = write_report(args.out, report)
+        if written.name != "report.json":
+            print(f"trex eval: {args.out}/report.json holds a report of other settings and is kept; this one is {written}", file=sys.stderr)
     if args.json:
         json.dump(report.to_json(), sys.stdout)
         sys.stdout.write("\n")

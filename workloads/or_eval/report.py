@@ -179,7 +179,34 @@ def _group(name: str, items: tuple[Item, ...] | list[Item], per_item: dict[str, 
     )
 
 
-def write_report(out_dir: str | os.PathLike, report: Report) -> None:
+# What makes two reports of one output directory the same report (re-running with them rewrites it).
+REPORT_SETTINGS = ("benchmark_sha256", "rule", "form", "samples_per_item", "items_total", "pass_at")
+
+
+def _settings(data: dict) -> dict:
+    return {key: (sorted(data[key]) if key == "pass_at" else data.get(key)) for key in REPORT_SETTINGS}
+
+
+def _slug(report: Report) -> str:
+    ks = "-".join(sorted(report.pass_at, key=int))
+    return f"{report.rule}.{report.form}.items{report.items_total}.samples{report.samples_per_item}.k{ks}"
+
+
+def write_report(out_dir: str | os.PathLike, report: Report) -> Path:
+    """Write `report.json` and `report.md`; return the JSON's path.
+
+    A report of other settings already there (another rule, item limit, k, form or benchmark) is
+    never overwritten: this one is written alongside as `report.<settings>.json/.md`."""
     directory = Path(out_dir)
-    (directory / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
-    (directory / "report.md").write_text(report.to_markdown(), encoding="utf-8")
+    name = "report"
+    existing = directory / "report.json"
+    if existing.exists():
+        try:
+            previous = json.loads(existing.read_text(encoding="utf-8"))
+        except ValueError:
+            previous = None
+        if not isinstance(previous, dict) or _settings(previous) != _settings(report.to_json()):
+            name = f"report.{_slug(report)}"
+    (directory / f"{name}.json").write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    (directory / f"{name}.md").write_text(report.to_markdown(), encoding="utf-8")
+    return directory / f"{name}.json"
