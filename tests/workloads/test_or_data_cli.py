@@ -59,7 +59,9 @@ def test_families_lists_every_family_with_its_statuses(capsys):
     [
         (["--no-programmatic"], "leaves no teacher"),
         (["--families", "transportation,sudoku"], "unknown families ['sudoku']"),
-        (["--bench-dir", "/nonexistent/bench"], "benchmark directory /nonexistent/bench not found"),
+        (["--bench-dir", "/nonexistent/bench"], "--bench-dir /nonexistent/bench: no such directory"),
+        (["--families", ","], "selects no family"),
+        (["--infeasible-share", "0.7", "--unbounded-share", "0.5"], "exceed 1"),
         (["--infeasible-share", "0.6"], "labelled minority"),
         (["--keep-unanimous", "2"], "keep_unanimous must lie in [0, 1]"),
     ],
@@ -104,3 +106,33 @@ def test_api_keys_come_from_the_environment_and_are_never_stored(tmp_path, monke
     assert "TREX_TEST_TEACHER_KEY" in manifest and "s3cret-key" not in manifest
     with pytest.raises(TrexError, match="api_key_env"):
         TeacherSpec("openai", "t", {"base_url": "http://x", "model": "m", "api_key": "s3cret-key"})
+
+
+def test_decontamination_works_from_any_directory_with_the_shipped_index(tmp_path, capsys, monkeypatch):
+    """No --bench-dir and no benchmark files nearby: the index shipped with trex is used."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TREX_OR_BENCH_DIR", raising=False)
+    code = main(["data", "synth", "--n", "2", "--out", "run", "--seed", "5", "--shard-size", "2", "--no-progress", "--isolation", "process"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "run" / "decontamination.json").read_text())
+    assert report["benchmarks"] is not None and "NL4OPT.json" in json.dumps(report["benchmarks"])
+
+
+def test_verify_with_a_limit_that_checks_nothing_is_an_error(finished, capsys):
+    assert main(["data", "verify", str(finished), "--limit", "0"]) == 2
+    assert "checks nothing" in capsys.readouterr().err
+
+
+def test_the_shipped_index_matches_the_benchmark_files():
+    """The packaged index is the index of the benchmark files (rebuild it when they change)."""
+    from pathlib import Path
+
+    from trex.workloads.or_data.decontamination import BenchmarkIndex, packaged_index
+
+    shipped = BenchmarkIndex.from_dir(packaged_index())
+    bench = Path(__file__).resolve().parents[3] / "shared" / "data" / "or_bench"
+    assert bench.is_dir(), f"the OR benchmark files belong at {bench} (../shared beside the checkout)"
+    nl4opt = BenchmarkIndex(n=shipped.n, root=str(bench))
+    nl4opt.add_file(bench / "NL4OPT.json")
+    assert set(nl4opt.grams) <= set(shipped.grams)
+    assert sorted(shipped.files) == sorted(p.name for p in bench.glob("*.json"))

@@ -4,8 +4,9 @@ documents, with DTA-style teacher selection.
     trex data synth --n 10000 --out runs/ordata --seed 0 --workers 2
 
     from trex.workloads.or_data.config import SynthConfig
+    from trex.workloads.or_data.decontamination import packaged_index
     from trex.workloads.or_data.synthesis import synthesize
-    result = synthesize(SynthConfig(seed=0), "runs/ordata", 10_000, workers=2, bench_dir="../shared/data/or_bench")
+    result = synthesize(SynthConfig(seed=0), "runs/ordata", 10_000, workers=2, bench_dir=packaged_index())
 
 Modules, in the order data flows (task categories with examples: `TASKS.md` next to this file):
 

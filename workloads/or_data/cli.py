@@ -19,7 +19,6 @@ from pathlib import Path
 
 from trex.errors import TrexError
 
-DEFAULT_BENCH_DIR = "../shared/data/or_bench"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--max-shards", type=int, metavar="N", help="stop after making N shards (resumable)")
 
     clean = synth.add_argument_group("decontamination and deduplication")
-    clean.add_argument("--bench-dir", default=None, metavar="DIR", help=f"benchmark files to decontaminate against (default: $TREX_OR_BENCH_DIR or {DEFAULT_BENCH_DIR})")
+    clean.add_argument("--bench-dir", default=None, metavar="DIR",
+                       help="benchmark files to decontaminate against (default: $TREX_OR_BENCH_DIR, else the index of the five OR benchmarks "
+                       "shipped with trex, the same from any directory)")
     clean.add_argument("--no-decontaminate", action="store_true", help="skip the benchmark n-gram check (the stats say so)")
     clean.add_argument("--ngram", type=int, default=13, help="decontamination n-gram length in words (default: 13)")
     clean.add_argument("--near-duplicate", type=float, default=0.8, help="estimated Jaccard similarity of prompts counted as near duplicates (default: 0.8)")
@@ -89,9 +90,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _bench_dir(args: argparse.Namespace) -> str | None:
     if args.no_decontaminate:
         return None
-    directory = args.bench_dir or os.environ.get("TREX_OR_BENCH_DIR") or DEFAULT_BENCH_DIR
+    directory = args.bench_dir or os.environ.get("TREX_OR_BENCH_DIR")
+    if directory is None:
+        from trex.workloads.or_data.decontamination import DEFAULT_NGRAM, packaged_index
+
+        if args.ngram != DEFAULT_NGRAM:
+            raise TrexError(f"--ngram {args.ngram}: the benchmark index shipped with trex holds {DEFAULT_NGRAM}-grams; for another n pass the "
+                            "benchmark files themselves with --bench-dir DIR")
+        return str(packaged_index())
+    option = "--bench-dir" if args.bench_dir else "$TREX_OR_BENCH_DIR"
     if not Path(directory).is_dir():
-        raise TrexError(f"benchmark directory {directory} not found; pass --bench-dir DIR (the OR benchmark files) or --no-decontaminate")
+        raise TrexError(f"{option} {directory}: no such directory; pass the OR benchmark files' directory, leave it out to use the index "
+                        "shipped with trex, or --no-decontaminate")
     return directory
 
 

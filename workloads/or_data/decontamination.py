@@ -9,6 +9,11 @@ coincidence (boilerplate such as "how many units of each product should be produ
 
 Words are lowercase alphanumeric runs, so punctuation, case and spacing do not hide an overlap.
 N-grams are stored as 8-byte BLAKE2b digests (deterministic across processes).
+
+The package ships the index of the five benchmark files' questions (`data/benchmark_13grams.npz`:
+digests and where each first occurs, no benchmark text), so decontamination works from any
+directory and without the benchmark files; `--bench-dir` indexes files of your own instead.
+Rebuild it after the benchmarks change: `python -m trex.workloads.or_data.decontamination DIR`.
 """
 
 from __future__ import annotations
@@ -67,7 +72,10 @@ class BenchmarkIndex:
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike, n: int = DEFAULT_NGRAM) -> BenchmarkIndex:
+        """The index of every benchmark file under `directory` (or a saved index file, `.npz`)."""
         root = Path(directory)
+        if root.is_file() and root.suffix == ".npz":
+            return cls.load(root, n)
         if not root.is_dir():
             from trex.errors import TrexError
 
@@ -104,6 +112,41 @@ class BenchmarkIndex:
                 if len(found) >= limit:
                     break
         return found
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index (digests and their first sources; no text) as a compressed numpy archive."""
+        import numpy as np
+
+        sources = sorted(set(self.grams.values()), key=lambda s: (s.file, s.line, s.field))
+        number = {source: i for i, source in enumerate(sources)}
+        ordered = sorted(self.grams.items(), key=lambda item: (number[item[1]], item[0]))
+        digests = np.array([d for d, _ in ordered], dtype=np.uint64)
+        counts = np.bincount(np.array([number[s] for _, s in ordered], dtype=np.int64), minlength=len(sources))
+        table = json.dumps({"n": self.n, "files": self.files, "sources": [[s.file, s.line, s.field] for s in sources]})
+        path = Path(path)
+        np.savez_compressed(path, digests=digests, counts=counts, table=np.frombuffer(table.encode(), dtype=np.uint8))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, n: int = DEFAULT_NGRAM) -> BenchmarkIndex:
+        import numpy as np
+
+        from trex.errors import TrexError
+
+        with np.load(path) as archive:
+            table = json.loads(archive["table"].tobytes().decode())
+            digests, counts = archive["digests"].tolist(), archive["counts"].tolist()
+        if table["n"] != n:
+            raise TrexError(f"the benchmark index {path} holds {table['n']}-grams, and {n}-grams were asked for; index the benchmark files "
+                            f"themselves for another n (--bench-dir DIR)")
+        index = cls(n=n, root=str(path), files=dict(table["files"]))
+        position = 0
+        for (file, line, name), count in zip(table["sources"], counts):
+            source = Source(file, line, name)
+            for digest in digests[position:position + count]:
+                index.grams[digest] = source
+            position += count
+        return index
 
     def fingerprint(self) -> str:
         """Identifies the index (files, sizes, n) for the run manifest."""
@@ -152,3 +195,22 @@ class ContaminationReport:
             "top_ngrams": dict(self.ngrams.most_common(20)),
             "examples": self.examples,
         }
+
+
+def packaged_index() -> Path:
+    """The benchmark index shipped with trex (see the module docstring)."""
+    return Path(__file__).parent / "data" / f"benchmark_{DEFAULT_NGRAM}grams.npz"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m trex.workloads.or_data.decontamination BENCHMARK_DIR  (writes the packaged index)")
+    source_dir = Path(sys.argv[1])
+    files = sorted(p for p in source_dir.glob("*.json"))  # the benchmark files themselves (not prediction files)
+    built = BenchmarkIndex(n=DEFAULT_NGRAM, root=str(source_dir))
+    for file in files:
+        built.add_file(file)
+    packaged_index().parent.mkdir(exist_ok=True)
+    print(f"{built.save(packaged_index())}: {len(built.grams)} {DEFAULT_NGRAM}-grams of {len(files)} files")
