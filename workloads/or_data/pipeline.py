@@ -35,6 +35,7 @@ from trex.workloads.or_data.seeds import balanced, stream
 from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, Task, build_task
 from trex.workloads.or_data.verify import VerificationFailed, verify_problem
+from trex.workloads.sandbox.interruption import RunIncomplete
 
 # Task slots: every block of eight consecutive indices has each slot once, so the categories get a
 # quarter each and the two variants of a category an eighth each.
@@ -119,6 +120,8 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         except VerificationFailed as failure:
             results[index] = _rejected(plan_, failure.check, failure.detail, started)
             continue
+        except RunIncomplete:
+            raise  # interrupted, or the sandbox failed: no verdict on this index, the shard is redone
         except Exception as error:  # noqa: BLE001 - a generator bug must not end the run; it is counted and reported
             results[index] = _rejected(plan_, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}", started)
             continue

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from trex.workloads.or_data.outcome import Outcome, outcome_from_run
 from trex.workloads.or_data.solve import STATUSES, descriptor_to_devnull, solve_lp_text_scip
-from trex.workloads.sandbox import Limits, Sandbox
+from trex.workloads.sandbox import FailureKind, Limits, Sandbox
+from trex.workloads.sandbox.interruption import SandboxFailed
 
 # Generated instances solve in well under a second; teachers' programs get the same room.
 DEFAULT_LIMITS = Limits(wall_s=30.0, cpu_s=30.0, memory_bytes=2 << 30)
@@ -66,8 +67,11 @@ class ProgramRunner:
             self._cache.move_to_end(digest)
             self.hits += 1
             return cached
-        execution = self.sandbox.run(source, files=files)
+        execution = self.sandbox.run(source, files=files)  # an interrupted run raises RunInterrupted
         self.runs += 1
+        if execution.failure is FailureKind.SANDBOX_ERROR:
+            # not the program's outcome: recording it would reject a sample for the sandbox's fault
+            raise SandboxFailed(f"the sandbox could not run a program: {execution.detail}")
         if execution.failure is not None:
             result = ProgramRun(None, execution.failure.value, execution.detail, execution.stdout, execution.wall_s)
         else:
@@ -105,6 +109,11 @@ class ProgramRunner:
         self._cache[digest] = result
         if len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
+
+    def abort(self) -> None:
+        """Stop the program in flight (Ctrl-C); its run raises `RunInterrupted`."""
+        if self._sandbox is not None:
+            self._sandbox.abort()
 
     def close(self) -> None:
         if self._sandbox is not None:

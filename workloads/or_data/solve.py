@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from trex.workloads.or_data.linear_model import LinearModel
+from trex.workloads.sandbox.interruption import scip_without_ctrl_c
 
 STATUSES = ("optimal", "infeasible", "unbounded")
 
@@ -67,6 +68,7 @@ def _scip_solve(model: LinearModel, time_limit_s: float, *, with_objective: bool
 
     scip = Model(model.name)
     scip.hideOutput()
+    scip_without_ctrl_c(scip)
     scip.setParam("limits/time", time_limit_s)
     scip.setParam("parallel/maxnthreads", 1)
     kinds = {"continuous": "C", "integer": "I", "binary": "B"}
@@ -108,6 +110,7 @@ def solve_lp_text_scip(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> S
     with lp_file(lp_text) as path:
         scip = Model()
         scip.hideOutput()
+        scip_without_ctrl_c(scip)
         scip.setParam("limits/time", time_limit_s)
         scip.readProblem(path)
     scip.optimize()

@@ -41,6 +41,7 @@ from trex.workloads.or_data.merge import Merger
 from trex.workloads.or_data.pipeline import ShardContext, synthesize_shard
 from trex.workloads.or_data.shards import ShardStore, open_manifest
 from trex.workloads.or_data.stats import build_stats, stats_markdown, token_counter
+from trex.workloads.sandbox.interruption import leave_terminal_session
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ _worker_context: ShardContext | None = None
 
 def _init_worker(config_json: dict, hide: tuple[str, ...]) -> None:
     global _worker_context
+    # the terminal's Ctrl-C goes to the coordinating process only: it stops the workers itself and
+    # keeps only the shards they finished (an interrupted solve must never become a rejection)
+    leave_terminal_session()
     _exit_with_parent(os.getppid())
     config = SynthConfig.from_json(config_json)
     if any(spec.kind == "transformers" for spec in (*config.teachers, config.reflection) if spec is not None):
@@ -205,9 +209,22 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
                 store.write(shard, results)
                 made += 1
                 absorb(shard, results)
+    except BaseException:
+        _stop_workers(pool)  # Ctrl-C: shards in flight are dropped (not written), redone on resume
+        raise
     finally:
         pool.shutdown(wait=not pending, cancel_futures=True)
     return made
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's worker processes now (their sandboxed programs die with them), rather than
+    waiting for the shards in flight, whose results would be thrown away anyway."""
+    for process in list(getattr(pool, "_processes", {}).values()):  # Python 3.14 has terminate_workers()
+        try:
+            process.kill()
+        except (OSError, ValueError):
+            pass
 
 
 def _write_outputs(root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None) -> dict[str, Any]:

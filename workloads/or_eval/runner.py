@@ -21,7 +21,7 @@ from trex.workloads.or_eval.errors import ClientError
 from trex.workloads.or_eval.execute import SampleResult, evaluate_completion
 from trex.workloads.or_eval.prompts import FORMS, build_prompt
 from trex.workloads.or_eval.store import RunStore
-from trex.workloads.sandbox import Sandbox
+from trex.workloads.sandbox import RunInterrupted, Sandbox
 
 
 @dataclass
@@ -116,7 +116,10 @@ def evaluate(
 
     def run_one(item: Item, sample: int, completion: Completion) -> None:
         throughput.started()
-        result = evaluate_completion(item, sample, completion, form, sandbox)
+        try:
+            result = evaluate_completion(item, sample, completion, form, sandbox)
+        except RunInterrupted:
+            return  # stopped by the interrupt: no result, the next invocation runs it again
         store.add_result(result)
         throughput.finished(result.executed)
         bar.update(1)
@@ -125,24 +128,30 @@ def evaluate(
         item, sample = by_key[completion.key]
         futures.append(pool.submit(run_one, item, sample, completion))
 
-    drop_queued = True
     try:
-        for key in stored:
-            submit(store.generations[key])
-        for completion in client.generate(to_generate):
-            if completion.key not in by_key:
-                raise RuntimeError(f"client returned an unrequested key {completion.key!r}")
-            if client.persist_generations:
-                store.add_generation(completion)
-            submit(completion)
-        drop_queued = False
+        try:
+            for key in stored:
+                submit(store.generations[key])
+            for completion in client.generate(to_generate):
+                if completion.key not in by_key:
+                    raise RuntimeError(f"client returned an unrequested key {completion.key!r}")
+                if client.persist_generations:
+                    store.add_generation(completion)
+                submit(completion)
+        except ClientError:
+            pool.shutdown(wait=True)  # the model is gone, but the answers it gave still run and are kept
+            raise
+        pool.shutdown(wait=True)
     except ClientError:
-        drop_queued = False  # the model is gone, but the answers it gave still run and are kept
+        raise
+    except BaseException:
+        # Ctrl-C (or a bug), while generating or while waiting for the programs: programs in
+        # flight are stopped and record nothing (`RunInterrupted`), queued ones are dropped; the
+        # next invocation executes both again, reusing stored generations.
+        sandbox.abort()
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
-        # On Ctrl-C (or a bug) queued programs are dropped; running ones finish and are stored,
-        # and stored generations run on the next invocation, so a re-run resumes after them.
-        pool.shutdown(wait=True, cancel_futures=drop_queued)
         bar.close()
         store.close()
     for future in futures:

@@ -6,8 +6,11 @@
     OUT/report.json, .md    written at the end of each invocation
 
 Re-running with the same OUT skips finished samples and executes stored generations without
-asking the model again; a killed run loses at most the samples in flight. A run directory holding
-another benchmark version, form, sample count or client is refused rather than mixed.
+asking the model again; a killed run loses at most the samples in flight. Only complete records
+count as finished: an interrupted program is never written (`RunInterrupted`), and a record whose
+failure is the sandbox's own (`sandbox_error`: not the program's outcome) is executed again. A run
+directory holding another benchmark version, form, sample count or client is refused rather than
+mixed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from trex.workloads.or_eval.jsonio import JsonlLog
 MANIFEST_VERSION = 1
 # manifest entries that must agree for results to be resumed
 _MUST_MATCH = ("benchmark_sha256", "form", "samples", "client")
+# failures that are no outcome of the program: such a record is incomplete and runs again on resume
+INCOMPLETE_FAILURES = frozenset({"sandbox_error"})
 
 
 class RunStore:
@@ -71,7 +76,8 @@ class RunStore:
                 result = SampleResult.from_json(record)
             except (KeyError, TypeError, ValueError) as error:
                 raise DataFormatError(str(self._results_log.path), number, f"not a sample result ({error!r})") from None
-            self.results[result.key] = result
+            if result.failure not in INCOMPLETE_FAILURES:
+                self.results[result.key] = result
         generations = self.out_dir / "generations.jsonl"
         if not generations.exists():
             return

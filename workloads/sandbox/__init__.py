@@ -21,11 +21,24 @@ evaluator's files masked, a uid of its own, no network at all) is the security b
 (any user: limits plus an audit-hook guard) contains mistakes and naive hostile code only. Both
 levels run the same guard, so forbidden actions fail the same way and are reported as a
 `FailureKind` (`file_denied`, `network_denied`, `process_limit`, `signal_denied`, ...).
+
+A run the caller stops (`Sandbox.abort()`, e.g. on Ctrl-C) raises `RunInterrupted`: it is not an
+outcome of the program and must not be recorded (`trex.workloads.sandbox.interruption`).
 """
 
 from trex.workloads.sandbox.execution import Execution, FailureKind, SolveRecord
+from trex.workloads.sandbox.interruption import RunInterrupted
 from trex.workloads.sandbox.isolation import ISOLATION_LEVELS
 from trex.workloads.sandbox.limits import Limits, SandboxConfigError
 from trex.workloads.sandbox.sandbox import Sandbox
 
-__all__ = ["ISOLATION_LEVELS", "Execution", "FailureKind", "Limits", "Sandbox", "SandboxConfigError", "SolveRecord"]
+__all__ = [
+    "ISOLATION_LEVELS",
+    "Execution",
+    "FailureKind",
+    "Limits",
+    "RunInterrupted",
+    "Sandbox",
+    "SandboxConfigError",
+    "SolveRecord",
+]

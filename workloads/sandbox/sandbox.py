@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
+from trex.workloads.sandbox.interruption import RunInterrupted
 from trex.workloads.sandbox.isolation import ISOLATION_LEVELS, UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
 from trex.workloads.sandbox.limits import Limits, SandboxConfigError
 from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, VISIBLE_ROOTS, PathPolicy
@@ -66,6 +67,8 @@ class Sandbox:
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._aborted = False
+        self._in_flight: set[int] = set()  # process groups of the runs under way
         self._base = tempfile.mkdtemp(prefix="trex-sandbox-")
         try:
             os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
@@ -84,7 +87,19 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def abort(self) -> None:
+        """Stop every program in flight; their runs (and any run started later) raise
+        `RunInterrupted` instead of returning a result. For Ctrl-C: what was stopped is no
+        outcome of the program and must be executed again by a resumed run."""
+        with self._lock:
+            self._aborted = True
+            in_flight = list(self._in_flight)
+        for pgid in in_flight:
+            _kill_group(pgid)
+
     def close(self) -> None:
+        if self._in_flight:
+            self.abort()  # never pull the directories from under running programs
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -134,6 +149,8 @@ class Sandbox:
         """Run `source` as `program.py` in a fresh work directory that also holds `files`."""
         if self._closed:
             raise SandboxConfigError("this Sandbox is closed")
+        if self._aborted:
+            raise RunInterrupted("the sandbox was stopped (interrupted) before this program started")
         limits = limits or self.limits
         run_dir = os.path.join(self._base, f"run-{next(self._counter)}")
         os.mkdir(run_dir, 0o711)
@@ -201,15 +218,30 @@ class Sandbox:
         finally:
             os.close(events_fd)
             os.close(status_write)
-        timed_out = not _wait(process, limits.wall_s)
-        if timed_out:
-            _kill_group(process.pid)
-            process.wait()
-        wall = time.monotonic() - started
-        _kill_group(process.pid)  # stragglers a program left in its process group
-        if self.isolation == "process":
-            _kill_marked(token)  # and those that left the group with setsid()
+        with self._lock:
+            self._in_flight.add(process.pid)
+            aborted = self._aborted
         with os.fdopen(status_read, "rb") as status_file:
+            try:
+                if aborted:
+                    _kill_group(process.pid)
+                timed_out = not _wait(process, limits.wall_s)
+                if timed_out:
+                    _kill_group(process.pid)
+                    process.wait()
+            finally:
+                if process.returncode is None:  # a KeyboardInterrupt in this thread while waiting
+                    _kill_group(process.pid)
+                    process.wait()
+                with self._lock:
+                    self._in_flight.discard(process.pid)
+                    aborted = self._aborted
+                _kill_group(process.pid)  # stragglers a program left in its process group
+                if self.isolation == "process":
+                    _kill_marked(token)  # and those that left the group with setsid()
+            wall = time.monotonic() - started
+            if aborted:
+                raise RunInterrupted("the program was stopped by an interrupt before it ended; it is not a result")
             status_lines = status_file.read().decode(errors="replace").splitlines()
         status = _merge_status(status_lines)
 
