@@ -56,25 +56,28 @@ def _top_level_imports(source_file: str) -> list[str]:
 
 
 def pass_locator(pass_: Any, folder: Path) -> dict[str, str]:
-    """Where a pass can be found again; writes the class into `folder/user_passes.py` when needed."""
+    """Where a pass can be found again. A user's pass class is also copied into
+    `folder/user_passes.py` (with its file's imports): replaying tries the class's module first
+    and falls back to that copy, so a pass from a script (`__main__`) or from a module only
+    importable where it was defined (a test file) still replays, and no script is re-run."""
     entry = {"name": pass_.name}
     if _is_shipped(pass_):
         return entry
     cls = type(pass_)
     entry.update(module=cls.__module__, qualname=cls.__qualname__)
-    if _module_importable(cls.__module__) and "<locals>" not in cls.__qualname__:
-        return entry
     try:
         source = inspect.getsource(cls)
         source_file = inspect.getsourcefile(cls) or ""
     except (OSError, TypeError):
+        if _module_importable(cls.__module__) and "<locals>" not in cls.__qualname__:
+            return entry
         raise TrexError(f"pass {pass_.name!r} ({cls.__qualname__}) was defined where its source cannot be read (an interactive "
                         "session?); define it in a file to get a reproducer") from None
-    imports = _top_level_imports(source_file)
     path = folder / USER_PASSES_FILE
-    existing = path.read_text() if path.exists() else "# the user's passes of this reproducer, with their file's imports\n" + "\n".join(imports) + "\n"
+    header = "# the user's passes of this reproducer, with their file's imports\n" + "\n".join(_top_level_imports(source_file)) + "\n"
+    existing = path.read_text() if path.exists() else header
     path.write_text(existing + "\n\n" + textwrap.dedent(source) + "\n")
-    entry.update(module=USER_PASSES_FILE, qualname=cls.__name__)
+    entry.update(copy=USER_PASSES_FILE, copy_name=cls.__name__)
     return entry
 
 
@@ -114,21 +117,23 @@ def load_dumped_graph(path: str | Path) -> tuple[fx.GraphModule, list[Any]]:
 
 
 def _load_pass_class(entry: dict[str, str], folder: Path) -> type:
-    """A user's pass class: from `user_passes.py` beside the reproducer, or by module name."""
-    if entry["module"] == USER_PASSES_FILE:
-        spec = importlib.util.spec_from_file_location("trex_repro_user_passes", folder / USER_PASSES_FILE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
+    """A user's pass class: from its module when that imports here (never `__main__`), else from
+    the copy in `user_passes.py` beside the reproducer."""
+    if entry["module"] != "__main__" and "<locals>" not in entry["qualname"]:
         try:
-            module = importlib.import_module(entry["module"])
-        except ImportError as error:
-            raise TrexError(f"cannot import pass {entry['name']!r} from module {entry['module']!r}: {error}") from None
-    target: Any = module
-    for part in entry["qualname"].split("."):
-        target = getattr(target, part)
-    return target
+            target: Any = importlib.import_module(entry["module"])
+            for part in entry["qualname"].split("."):
+                target = getattr(target, part)
+            return target
+        except (ImportError, AttributeError):
+            pass
+    if "copy" not in entry:
+        raise TrexError(f"cannot import pass {entry['name']!r} from module {entry['module']!r}, and the reproducer holds no copy of it")
+    spec = importlib.util.spec_from_file_location("trex_repro_user_passes", folder / entry["copy"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, entry["copy_name"])
 
 
 def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") -> PipelineReport:

@@ -74,8 +74,8 @@ def _check_moe(args: argparse.Namespace) -> None:
     if name.startswith(TINY_PREFIX) or name in MODELS:
         load_config(name)  # a priced-only name says so here
         return
+    load_config(name)  # unknown names, unknown or priced-only model types are refused with what works
     data = read_config_dict(name)
-    load_config(name)  # unknown or priced-only model types are refused with the families that work
     if not is_moe_config(data) and not args.allow_dense:
         raise TrexError(f"{name}: model_type {data['model_type']!r} has no mixture-of-experts layers (none of n_routed_experts, num_experts, "
                         "num_local_experts is set); trex's capture is built for MoE models. Pass --allow-dense to capture it anyway")
