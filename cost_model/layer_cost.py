@@ -37,7 +37,6 @@ from trex.cost_model.devices import DTYPE_BYTES, DeviceProfile
 from trex.cost_model.model_spec import AttentionCore, LayerSpec, Linear, ModelSpec, MoESpec
 from trex.cost_model.parallel import ParallelConfig, RankLayout
 
-FLASH_BLOCK = 128  # query/key block of fused attention kernels: diagonal blocks are computed whole
 
 
 @dataclass(frozen=True)
@@ -280,7 +279,8 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
     if unfused:
         keys = core.key_length(seq)
     else:
-        keys = core.keys_per_query(seq) + (FLASH_BLOCK / 2 if dense_causal else 0.0)
+        # a causal square: whole blocks on the diagonal (`AttentionModel.causal_keys`, as annotate counts it)
+        keys = device.attention.causal_keys(seq) if dense_causal else core.keys_per_query(seq)
     dims = core.qk_head_dim + core.v_head_dim
     forward_flops = 2.0 * tokens * heads * keys * dims
     # Fused kernels recompute the scores in the backward (FlashAttention-2, Dao 2023: dV, dP, dS, dQ, dK

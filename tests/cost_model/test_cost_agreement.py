@@ -116,3 +116,24 @@ def test_unfused_attention_computes_the_whole_square_whatever_the_mask():
     indexer = LayerCost()
     _attention(scores_only, CostContext.of(plan, get_cluster("h100")), indexer, recompute=False)
     assert indexer.flops == pytest.approx(2.0 * 1024 * 8 * (1024 // 4) * 64) and indexer.backward_s == 0
+
+
+def test_fused_causal_attention_counts_the_same_blocks_on_both_sides():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.layer_cost import CostContext, LayerCost, _attention
+    from trex.cost_model.model_spec import AttentionCore
+
+    seq = 640  # five 128-key blocks: the diagonal ones are computed whole
+    shape = (1, 4, seq, 32)
+    gm = make_fx(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                 tracing_mode="fake")(*(torch.randn(shape, dtype=torch.bfloat16) for _ in range(3)))
+    annotate(gm, "h100")
+    (graph,) = [n.meta["cost"] for n in gm.graph.nodes if "cost" in n.meta and n.meta["cost"].kind == "attention"]
+    spec = LayerCost()
+    ctx = CostContext.of(comparison_plan(seq, 1, "flash"), get_cluster("h100"))
+    _attention(AttentionCore("attention", 4, 4, 32, 32), ctx, spec, recompute=False)
+    assert spec.flops == pytest.approx(graph.flops * 3.5)  # forward + the fused backward's 2.5x
+    assert graph.flops == pytest.approx(2 * 4 * seq * (seq + 128) / 2 * 64)  # (L + block) / 2 keys per query
