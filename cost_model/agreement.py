@@ -23,7 +23,11 @@ What is compared (`Agreement.disagreements`, each within `tolerance`, 2% by defa
   `Linear.splits` separate ones; their extra input reads and partial input gradients are added to the
   spec side here (as transformers runs them), so each side counts the GEMMs the graph holds.
   Fused attention is priced by FLOPs on the spec side, so its bytes are compared only for unfused
-  attention (the eager graph's batched GEMMs).
+  attention (the eager graph's batched GEMMs). Under a causal mask both sides count the keys a fused
+  kernel computes, whole blocks on the diagonal (`AttentionModel.causal_keys`).
+* Known difference: DeepSeek-V4's lightning-indexer scorer, which transformers runs per token in FP32
+  with the compressed keys broadcast over the queries, where the spec prices a BF16 score GEMM over the
+  heads: its attention bytes differ (FLOPs agree); the test names it.
 * Not compared: memory-bound bytes. The spec prices each `Pointwise` as one fused kernel's HBM traffic,
   the graph prices every aten op it holds (a norm is several); both totals are reported
   (`memory_bytes`), their ratio is what fusion could save, not an error.
