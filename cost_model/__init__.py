@@ -23,6 +23,7 @@ Modules, one concept each:
     trace         Chrome-trace timeline of an estimated step (Perfetto)
     op_formulas   per-op FLOPs and bytes as sympy expressions
     annotate      writes node.meta["cost"] on captured fx graphs
+    agreement     graph-side (annotate) vs spec-side (layer_cost) cost of one layer, class by class: one truth
     cpu_loops     CPU TensorIterator loop counts of element-wise ops (what a broken layout costs)
     cpu_rows      CPU row-wise kernels: scalar softmax over short rows, reductions' per-output cost
     calibrate     microbenchmarks of this machine -> the `cpu` profile

@@ -25,7 +25,8 @@ from trex.cost_model.cluster import Cluster
 from trex.cost_model.cpu_loops import node_loops
 from trex.cost_model.cpu_rows import reduction_outputs, scalar_softmax_elements
 from trex.cost_model.devices import DeviceProfile
-from trex.cost_model.op_formulas import COLLECTIVE_KIND, B, E, H, K, L_k, M, N, OpFormula, S, causal, formula_for, node_outputs, op_name
+from trex.cost_model.op_formulas import (COLLECTIVE_KIND, B, E, H, K, L_k, L_q, M, N, OpFormula, S, causal, formula_for,
+                                         node_outputs, op_name)
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -245,6 +246,10 @@ def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence
         return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note=f"cannot read shapes: {type(error).__name__}")
     if values is None:
         return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note="shapes unavailable (no FakeTensor meta)")
+    if formula.kind == "attention" and values.get(causal, 1.0) < 1.0:
+        # a causal square: the keys the target's fused kernel computes, whole blocks on the diagonal (as
+        # `layer_cost` prices it), not the triangle alone
+        values[causal] = cluster.device.attention.causal_keys(values[L_q]) / values[L_k]
     ordered = [float(values.get(symbol, 0.0)) for symbol in formula.symbols]
     flops, moved = (float(x) for x in formula.evaluate(*ordered))
     seconds, problem = _time(node, formula, values, flops, moved, cluster, groups, world_size)

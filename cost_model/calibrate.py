@@ -493,7 +493,8 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
         name="cpu", description=f"{_cpu_name()}, {threads} threads (calibrated {time.strftime('%Y-%m-%d')})",
         peak_tflops={"fp32": 0.1}, memory_gib=_memory_gib(), hbm_bandwidth_gbs=10.0,
         gemm=GemmModel(compute_units=threads, efficiency={"fp32": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
-        attention=AttentionModel(0.5, 0.4, 64.0), memory_efficiency=1.0, kernel_overhead_us=5.0, reserved_memory_gib=1.0,
+        attention=AttentionModel(0.5, 0.4, 64.0, block=0.0),
+        memory_efficiency=1.0, kernel_overhead_us=5.0, reserved_memory_gib=1.0,
         sources=("measured by `trex calibrate` on this machine",), calibrated=True,
     )
     copies = measure_copy(copy_sizes, repeats)
@@ -533,7 +534,8 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     # attention_time charges the BF16 peak; express the measured fp32 efficiencies against it
     scale = fp32 / profile.peak_flops("bf16") if profile.supports("bf16") else 1.0
     profile = replace(profile, attention=AttentionModel(min(1.0, max(forward) * scale * (1 + half_keys / 256)),
-                                                       min(1.0, max(backward) * scale * (1 + half_keys / 256)), half_keys))
+                                                       min(1.0, max(backward) * scale * (1 + half_keys / 256)),
+                                                       half_keys, block=0.0))  # measured against the triangle's FLOPs
     result.profile = profile
     if collectives:
         result.collectives = measure_collectives(collective_sizes, repeats)

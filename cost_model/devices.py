@@ -62,11 +62,30 @@ class AttentionModel:
     forward_efficiency: float
     backward_efficiency: float
     half_keys: float = 256.0  # keys per query at which efficiency is half its ceiling
+    # Query/key block of the fused kernels (FlashAttention-2/3 tile 128 x 128): under a causal mask, a block
+    # above the diagonal is skipped and one on it is computed whole, masked inside. 0: the exact triangle
+    # (the CPU profiles, whose efficiencies `trex calibrate` measures against the triangle's FLOPs).
+    block: float = 128.0
 
     def efficiency(self, keys_per_query: float, backward: bool) -> float:
         ceiling = self.backward_efficiency if backward else self.forward_efficiency
         keys = max(keys_per_query, 1.0)
         return ceiling * keys / (keys + self.half_keys)
+
+    def causal_keys(self, queries: float) -> float:
+        """Keys per query (mean) a fused causal kernel computes on a square of `queries` x `queries`.
+
+        Query block i of `block` rows computes the key blocks 0..i whole: (L + block) / 2 keys per query
+        when `block` divides L, all L keys when L <= block; with no block, the triangle's (L + 1) / 2.
+        Graph-side (`annotate`) and spec-side (`layer_cost`) pricing both count causal attention this way."""
+        if queries <= 0:
+            return 0.0
+        if self.block <= 0:
+            return (queries + 1) / 2
+        full, rest = divmod(queries, self.block)
+        # full query blocks i = 0..full-1 see (i + 1) * block keys; the partial last one sees all of them
+        computed = self.block * self.block * full * (full + 1) / 2 + rest * queries
+        return computed / queries
 
 
 @dataclass(frozen=True)
@@ -361,7 +380,7 @@ def _uncalibrated_cpu() -> DeviceProfile:
         memory_gib=8.0,
         hbm_bandwidth_gbs=10.0,
         gemm=GemmModel(compute_units=cores, efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
-        attention=AttentionModel(forward_efficiency=0.5, backward_efficiency=0.4, half_keys=64.0),
+        attention=AttentionModel(forward_efficiency=0.5, backward_efficiency=0.4, half_keys=64.0, block=0.0),
         memory_efficiency=1.0,
         kernel_overhead_us=10.0,
         reserved_memory_gib=0.5,
@@ -466,7 +485,16 @@ _GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "tabl
                 "launch_us": "table of dtype = fixed microseconds per GEMM call",
                 "split_accumulation": "FP8 main-loop time factor with split (FP32-promoted) accumulation, >= 1 (1: not modelled)"}
 _ATTENTION_FIELDS = {"forward_efficiency": "fraction of BF16 peak (0-1]", "backward_efficiency": "fraction of BF16 peak (0-1]",
-                     "half_keys": "keys per query at half efficiency"}
+                     "half_keys": "keys per query at half efficiency",
+                     "block": "query/key block of the fused causal kernel (0: the exact triangle; "
+                              "default 128, 0 for cpu)"}
+
+
+def _block(source: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise _fail(source, "device.attention.block", f"must be a number >= 0 (got {value!r})",
+                    _ATTENTION_FIELDS["block"])
+    return float(value)
 
 
 def _fail(source: str, field_name: str, problem: str, fix: str) -> TrexError:
@@ -550,6 +578,7 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         forward_efficiency=_positive(source, "device.attention.forward_efficiency", attention_table.get("forward_efficiency", 0.6), "(0, 1]", at_most=1.0),
         backward_efficiency=_positive(source, "device.attention.backward_efficiency", attention_table.get("backward_efficiency", 0.45), "(0, 1]", at_most=1.0),
         half_keys=_positive(source, "device.attention.half_keys", attention_table.get("half_keys", 256.0), _ATTENTION_FIELDS["half_keys"]),
+        block=_block(source, attention_table.get("block", 0.0 if data["name"] == "cpu" else 128.0)),
     )
     sources = data.get("sources", [])
     if not all(isinstance(s, str) for s in sources):
@@ -641,7 +670,8 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
                      "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency), "launch_us": dict(profile.gemm.launch_us),
                      "split_accumulation": profile.gemm.split_accumulation},
             "attention": {"forward_efficiency": profile.attention.forward_efficiency,
-                          "backward_efficiency": profile.attention.backward_efficiency, "half_keys": profile.attention.half_keys},
+                          "backward_efficiency": profile.attention.backward_efficiency,
+                          "half_keys": profile.attention.half_keys, "block": profile.attention.block},
         }
     }
 

@@ -37,7 +37,6 @@ from trex.cost_model.devices import DTYPE_BYTES, DeviceProfile
 from trex.cost_model.model_spec import AttentionCore, LayerSpec, Linear, ModelSpec, MoESpec
 from trex.cost_model.parallel import ParallelConfig, RankLayout
 
-FLASH_BLOCK = 128  # query/key block of fused attention kernels: diagonal blocks are computed whole
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,17 @@ class OpTime:
     backward_s: float
     recompute_s: float = 0.0
     flops: float = 0.0  # executed, forward + backward (+ recompute)
+    # GEMM operand bytes (A and B read, C written once, at the GEMM's dtype) of the GEMMs this op runs,
+    # forward + backward (+ recompute); memory-bound kernels: the bytes they move. 0 where the op is priced
+    # by FLOPs alone (fused attention) or moves nothing on this device. `trex.cost_model.agreement` checks
+    # these against the annotated graph.
+    bytes: float = 0.0
 
     def to_dict(self) -> dict[str, float | str]:
         executed = self.forward_s + self.backward_s + self.recompute_s
         return {"name": self.name, "category": self.category, "forward_s": self.forward_s, "backward_s": self.backward_s,
-                "recompute_s": self.recompute_s, "flops": self.flops, "tflops": self.flops / executed / 1e12 if self.flops and executed else None}
+                "recompute_s": self.recompute_s, "flops": self.flops, "bytes": self.bytes,
+                "tflops": self.flops / executed / 1e12 if self.flops and executed else None}
 
 
 @dataclass
@@ -183,10 +188,21 @@ class CostContext:
             seconds += collectives.all_reduce(4.0, self.tp)
         return seconds
 
-    def gemm_dtype(self, linear_fp8: bool) -> str:
+    def gemm_dtype(self, linear_fp8: bool, fixed: str = "") -> str:
+        if fixed:  # the layer computes this GEMM in its own dtype (Linear.dtype)
+            return fixed
         if self.plan.precision == "fp8":
             return "fp8" if linear_fp8 else "bf16"
         return self.plan.precision
+
+
+def gemm_operand_bytes(m: float, n: float, k: float, dtype: str, groups: float = 1) -> float:
+    """Bytes a [m,k] @ [k,n] GEMM (`groups` of them) reads and writes: A and B once, C once, at `dtype`.
+
+    The tile model's traffic (`DeviceProfile.gemm_time`) differs only for weight gradients that
+    accumulate into an FP32 main-gradient buffer (read + write of C); the operand count is what a
+    captured graph, which returns fresh gradients, can be checked against."""
+    return groups * (m * k + k * n + m * n) * DTYPE_BYTES[dtype]
 
 
 def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> None:
@@ -203,7 +219,7 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
         k /= tp
     elif lin.parallel == "sequence":
         m = ctx.sp_tokens
-    dtype = ctx.gemm_dtype(lin.fp8)
+    dtype = ctx.gemm_dtype(lin.fp8, lin.dtype)
     device = ctx.device
     sharded = tp > 1 and lin.parallel in ("column", "row")
     # TP communication overlap (Transformer Engine userbuffers, ring exchange): the all-gather before a
@@ -216,22 +232,34 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
     forward = chunks * device.gemm_time(m / chunks, n, k, dtype, groups)
     dgrad_chunks = chunks if lin.parallel == "row" else 1
     split = ctx.fp8_split_backward
-    backward = (dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups, split_accumulation=split)
-                + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes, split_accumulation=split))
+    backward = 0.0
+    if lin.backward:  # data gradient, weight gradient
+        backward = (dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups, split_accumulation=split)
+                    + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes, split_accumulation=split))
     if sharded:
         cost.tp_gemm_forward_s += forward
         cost.tp_gemm_backward_s += backward
     if dtype == "fp8":  # quantise the input (forward) and the incoming gradient + input transpose (backward)
         forward += ctx.fp8_quantize_time(m * k * groups, sharded and lin.parallel == "column")
-        backward += ctx.fp8_quantize_time(m * n * groups, sharded and lin.parallel == "row") + device.memory_time(3.0 * m * k * groups, 1)
+        if lin.backward:
+            backward += (ctx.fp8_quantize_time(m * n * groups, sharded and lin.parallel == "row")
+                         + device.memory_time(3.0 * m * k * groups, 1))
     flops = 2.0 * m * n * k * groups
+    recompute = recompute and lin.backward  # nothing of a forward-only GEMM is kept for a backward
+    runs = (3 if lin.backward else 1) + (1 if recompute else 0)  # forward, data and weight gradients, recompute
     redo = forward if recompute else 0.0
     cost.forward_s += forward
     cost.backward_s += backward
     cost.recompute_s += redo
-    cost.flops += flops * (3 + (1 if recompute else 0))
+    cost.flops += flops * runs
     if ctx.detail:
-        cost.ops.append(OpTime(lin.name, "gemm", forward, backward, redo, flops * (3 + (1 if recompute else 0))))
+        # forward [m,k]@[k,n], data gradient [m,n]@[n,k] and weight gradient [k,m]@[m,n]: the same three
+        # matrices each time (the ring's sub-GEMMs read the weight once per chunk)
+        nbytes = chunks * (1 + (1 if recompute else 0)) * gemm_operand_bytes(m / chunks, n, k, dtype, groups)
+        if lin.backward:  # data gradient (ring sub-GEMMs when row-parallel) and weight gradient (whole)
+            nbytes += (dgrad_chunks * gemm_operand_bytes(m / dgrad_chunks, n, k, dtype, groups)
+                       + gemm_operand_bytes(m, n, k, dtype, groups))
+        cost.ops.append(OpTime(lin.name, "gemm", forward, backward, redo, flops * runs, nbytes))
 
 
 def _heads_on_device(core: AttentionCore, tp: int) -> float:
@@ -244,28 +272,42 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
     tokens = ctx.tokens  # queries on this device (CP shard)
     seq = plan.seq
     dense_causal = core.causal and core.window is None and not core.compress_rate
-    unfused = plan.attention_kernel == "unfused" and dense_causal
+    # Unfused attention (batched GEMMs, then a masked softmax) computes every score of the square and
+    # applies the mask afterwards, whatever the mask is: a sliding window or compressed entries save
+    # nothing without a kernel that skips masked blocks (transformers' eager attention is this path).
+    unfused = plan.attention_kernel == "unfused"
     if unfused:
-        keys = float(seq)  # the whole square is computed, the mask applied afterwards
+        keys = core.key_length(seq)
     else:
-        keys = core.keys_per_query(seq) + (FLASH_BLOCK / 2 if dense_causal else 0.0)
+        # a causal square: whole blocks on the diagonal (`AttentionModel.causal_keys`, as annotate counts it)
+        keys = device.attention.causal_keys(seq) if dense_causal else core.keys_per_query(seq)
     dims = core.qk_head_dim + core.v_head_dim
     forward_flops = 2.0 * tokens * heads * keys * dims
-    backward_flops = forward_flops * (2.5 if core.v_head_dim else 2.0)
+    # Fused kernels recompute the scores in the backward (FlashAttention-2, Dao 2023: dV, dP, dS, dQ, dK
+    # plus S again: 5 GEMMs vs the forward's 2); unfused attention keeps P and runs the 2 x 2 gradient GEMMs
+    # of QK^T and PV only (dQ, dK; dP, dV). A score-only core (v_head_dim 0) has 1 forward GEMM, 2 backward.
+    backward_flops = forward_flops * (2.5 if core.v_head_dim and not unfused else 2.0) if core.backward else 0.0
+    recompute = recompute and core.backward
+    runs = (3 if core.backward else 1) + (1 if recompute else 0)  # forward, the backward's two GEMM pairs, recompute
+    operand_bytes = 0.0
     if unfused:
         batch = max(1, round(plan.mbs * heads))
         rows = tokens / plan.mbs
         forward = device.gemm_time(rows, keys, core.qk_head_dim, "bf16", batch) + device.gemm_time(rows, core.v_head_dim, keys, "bf16", batch)
-        backward = 2 * forward
+        backward = 2 * forward if core.backward else 0.0
+        # QK^T and PV forward; each backward GEMM pair (dQ, dK; dP, dV) reads and writes the same matrices again
+        scores = gemm_operand_bytes(rows, keys, core.qk_head_dim, "bf16", batch)
+        values = gemm_operand_bytes(rows, core.v_head_dim, keys, "bf16", batch) if core.v_head_dim else 0.0
+        operand_bytes = runs * (scores + values)
         elements = plan.mbs * heads * rows * keys
         per_element = 9.0 if core.dropout else 4.0  # scale-mask-softmax r/w (+ dropout r/w and its mask)
         forward += device.memory_time(per_element * elements, 2 if core.dropout else 1)
-        backward += device.memory_time(2 * per_element * elements, 2 if core.dropout else 1)
-        stored = (5.0 if core.dropout else 2.0) * elements
+        backward += device.memory_time(2 * per_element * elements, 2 if core.dropout else 1) if core.backward else 0.0
+        stored = (5.0 if core.dropout else 2.0) * elements if core.backward else 0.0
     else:
         forward = device.attention_time(forward_flops, keys, backward=False)
         backward = device.attention_time(backward_flops, keys, backward=True)
-        stored = 4.0 * heads * tokens  # log-sum-exp per query and head (fp32)
+        stored = 4.0 * heads * tokens if core.backward else 0.0  # log-sum-exp per query and head (fp32)
     redo = forward if recompute else 0.0
     cost.forward_s += forward
     cost.backward_s += backward
@@ -285,7 +327,8 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
         cost.comm_total_s += 3 * ring_f
         comm = exposed_f + exposed_b
     if ctx.detail:
-        cost.ops.append(OpTime(core.name, "attention", forward, backward, redo, forward_flops * (2 if recompute else 1) + backward_flops))
+        executed = forward_flops * (2 if recompute else 1) + backward_flops
+        cost.ops.append(OpTime(core.name, "attention", forward, backward, redo, executed, operand_bytes))
         if comm:
             cost.ops.append(OpTime(f"{core.name}.cp_ring", "cp_comm", exposed_f, exposed_b + (exposed_f if recompute else 0.0), 0.0))
 
@@ -332,7 +375,9 @@ def _moe(moe: MoESpec, hidden: int, ctx: CostContext, cost: LayerCost, modules: 
     redo_experts = full or "moe" in modules
     forward = backward = 0.0
     flops = 0.0
+    operand_bytes = 0.0
     for n, k in ((moe.fc1_out / plan.etp, hidden), (hidden, moe.expert_ffn / plan.etp)):
+        operand_bytes += gemm_operand_bytes(per_expert, n, k, dtype, local_experts) * (4 if redo_experts else 3)
         split = ctx.fp8_split_backward
         f = device.gemm_time(per_expert, n, k, dtype, local_experts)
         b = (device.gemm_time(per_expert, k, n, dtype, local_experts, split_accumulation=split)
@@ -373,7 +418,8 @@ def _moe(moe: MoESpec, hidden: int, ctx: CostContext, cost: LayerCost, modules: 
     cost.comm_forward_s += exposed_f
     cost.comm_backward_s += exposed_b
     if ctx.detail:
-        cost.ops.append(OpTime("experts.grouped_mm", "moe_gemm", forward, backward, redo, flops * (4 if redo_experts else 3)))
+        executed = flops * (4 if redo_experts else 3)
+        cost.ops.append(OpTime("experts.grouped_mm", "moe_gemm", forward, backward, redo, executed, operand_bytes))
         cost.ops.append(OpTime("moe.dispatch+combine", "ep_comm", exposed_f, exposed_b, 0.0))
         if slow_f or slow_b:
             cost.ops.append(OpTime("moe.overlap_sm_share", "overlap", slow_f, slow_b, 0.0))
@@ -400,7 +446,8 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
         cost.backward_s += backward
         cost.recompute_s += redo
         if ctx.detail:
-            cost.ops.append(OpTime(p.name, "pointwise", forward, backward, redo))
+            moved = nbytes * (3 + (1 if redo else 0))  # forward, backward (twice the forward), recompute
+            cost.ops.append(OpTime(p.name, "pointwise", forward, backward, redo, bytes=moved))
     if layer.moe is not None:
         _moe(layer.moe, hidden, ctx, cost, modules, full)
     # tensor-parallel collectives (sequence parallel: AG/RS; without: an all-reduce per region)

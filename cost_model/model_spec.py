@@ -48,6 +48,12 @@ class Linear:
     tag: str = ""  # recompute module this GEMM belongs to
     model_flops: bool = True  # counted by Megatron's model-FLOP formula (routers are not)
     fp8: bool = True  # runs in FP8 under an FP8 recipe (heads, routers and gates stay BF16)
+    backward: bool = True  # False: no gradient reaches it (its output only picks indices): forward only
+    # The transformers implementation runs this GEMM as `splits` projections of the same input (q/k/v,
+    # gate/up), which read that input, and write partial input gradients, once each; the spec prices the
+    # fused GEMM Megatron runs (`trex.cost_model.agreement` adds the difference when it compares bytes).
+    splits: int = 1
+    dtype: str = ""  # the reference computes it in this dtype whatever the plan's precision ("fp32": routers, mHC)
 
     @property
     def params(self) -> int:
@@ -78,6 +84,7 @@ class AttentionCore:
     compress_topk: int | None = None
     dropout: bool = False
     sinks: bool = False
+    backward: bool = True  # False: no gradient reaches it (a score-only core whose scores only pick indices)
 
     def keys_per_query(self, seq: int) -> float:
         """Average keys attended per query over positions 0..seq-1 (exact for the masks above)."""
@@ -90,6 +97,16 @@ class AttentionCore:
             keys = float(seq)
         if self.compress_rate:
             keys += _compressed_keys(seq, self.compress_rate, self.compress_topk)
+        return keys
+
+    def key_length(self, seq: int) -> float:
+        """Keys in a query's row of the score matrix before any mask: the sequence (none for a core
+        over compressed entries only, `window == 0`) plus one compressed entry per `compress_rate`
+        tokens. What unfused attention computes for every query (transformers' eager attention
+        concatenates the compressed entries to the window's keys and masks the square)."""
+        keys = 0.0 if self.window == 0 else float(seq)
+        if self.compress_rate:
+            keys += seq // self.compress_rate
         return keys
 
     def megatron_keys(self, seq: int) -> float:
@@ -307,7 +324,7 @@ def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_di
     b.tp.append(TPCollective("all_gather", hidden * A, "attention input"))
     b.norm(layer_norm, hidden)
     q, kv = heads * head_dim, kv_heads * head_dim
-    b.linears.append(Linear("qkv_proj", hidden, q + 2 * kv, "column", bias=qkv_bias))
+    b.linears.append(Linear("qkv_proj", hidden, q + 2 * kv, "column", bias=qkv_bias, splits=3))
     if qk_norm:
         b.pointwise.append(Pointwise("qk_norm", 2 * (q + kv) * A, 2, tag="layernorm"))
         b.norm_params += 2 * head_dim
@@ -329,7 +346,7 @@ def _dense_mlp(b: _Block, *, hidden: int, ffn: int, gated: bool, bias: bool = Fa
     b.tp.append(TPCollective("all_gather", hidden * A, "mlp input"))
     b.norm(norm_name, hidden)
     fc1 = ffn * (2 if gated else 1)
-    b.linears.append(Linear("mlp.fc1", hidden, fc1, "column", bias=bias, tag="mlp"))
+    b.linears.append(Linear("mlp.fc1", hidden, fc1, "column", bias=bias, tag="mlp", splits=2 if gated else 1))
     b.saved.append(Saved("mlp.fc1_output", fc1 * A, "mlp"))
     b.pointwise.append(Pointwise("mlp.activation", (fc1 + ffn) * A, 1, tag="mlp"))
     b.saved.append(Saved("mlp.activation_output", ffn * A, "mlp", gemm_input=True))
@@ -342,10 +359,12 @@ def _dense_mlp(b: _Block, *, hidden: int, ffn: int, gated: bool, bias: bool = Fa
     b.pointwise.append(Pointwise("residual_add", (3 * hidden + (hidden if dropout else 0)) * A))
 
 
-def _moe_block(b: _Block, *, hidden: int, moe: MoESpec, shared_gate: bool = False, norm_name: str = "post_attention_layernorm") -> None:
+def _moe_block(b: _Block, *, hidden: int, moe: MoESpec, shared_gate: bool = False,
+               norm_name: str = "post_attention_layernorm", router_dtype: str = "") -> None:
     b.norm(norm_name, hidden)
     b.moe = moe
-    b.linears.append(Linear("router", hidden, moe.num_experts, "sequence", tag="moe", model_flops=False, fp8=False))
+    b.linears.append(Linear("router", hidden, moe.num_experts, "sequence", tag="moe", model_flops=False, fp8=False,
+                            dtype=router_dtype))
     b.pointwise.append(Pointwise("router.topk_softmax", moe.num_experts * 4 * 3 + moe.top_k * 12, 3, tag="moe"))
     k = moe.top_k
     # dispatch permutation (gather rows), expert activations, un-permute + weighted sum
@@ -358,7 +377,9 @@ def _moe_block(b: _Block, *, hidden: int, moe: MoESpec, shared_gate: bool = Fals
     b.pointwise.append(Pointwise("moe.unpermute", (k + 1) * hidden * A, 2, tag="moe"))
     if moe.shared_ffn:
         b.tp.append(TPCollective("all_gather", hidden * A, "shared expert input"))
-        b.linears.append(Linear("shared_expert.fc1", hidden, 2 * moe.shared_ffn if moe.gated else moe.shared_ffn, "column", tag="shared_experts"))
+        fc1 = 2 * moe.shared_ffn if moe.gated else moe.shared_ffn
+        b.linears.append(Linear("shared_expert.fc1", hidden, fc1, "column", tag="shared_experts",
+                                splits=2 if moe.gated else 1))
         b.saved.append(Saved("shared_expert.fc1_output", (2 if moe.gated else 1) * moe.shared_ffn * A, "shared_experts"))
         b.pointwise.append(Pointwise("shared_expert.activation", 3 * moe.shared_ffn * A, 1, tag="shared_experts"))
         b.saved.append(Saved("shared_expert.activation_output", moe.shared_ffn * A, "shared_experts", gemm_input=True))
@@ -474,7 +495,9 @@ def deepseek_v3_spec(config: Any, name: str) -> ModelSpec:
         if dense:
             _dense_mlp(b, hidden=hidden, ffn=_cfg(config, "intermediate_size"), gated=True)
         else:
-            _moe_block(b, hidden=hidden, moe=moe)
+            # an fp32 router GEMM: transformers' DeepseekV3TopKRouter, and Megatron-Bridge's DeepSeek provider
+            # (moe_router_dtype = "fp32")
+            _moe_block(b, hidden=hidden, moe=moe, router_dtype="fp32")
         return b.build(kind or ("dense" if dense else "moe"), hidden)
 
     layers = tuple(layer(i) for i in range(_cfg(config, "num_hidden_layers")))
@@ -517,7 +540,8 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
         # mHC: RMS-normalise the hc*h streams, project to (2+hc)*hc mixing weights, Sinkhorn, collapse
         # the streams into the block input; afterwards expand the block output and mix the residual.
         b.pointwise.append(Pointwise(f"{name}.hc_pre", (2 * hc * hidden + hidden) * A, 4))
-        b.linears.append(Linear(f"{name}.hc_fn", hc * hidden, mix, "sequence", tag="", fp8=False))
+        # fp32, as transformers' DeepseekV4HyperConnection computes it
+        b.linears.append(Linear(f"{name}.hc_fn", hc * hidden, mix, "sequence", tag="", fp8=False, dtype="fp32"))
         b.pointwise.append(Pointwise(f"{name}.hc_post", (hc * hidden + hidden + hc * hidden) * A, 3))
         b.saved.append(Saved(f"{name}.streams", hc * hidden * A))
         b.extra_params += mix + 3  # hc_base and hc_scale; the hc_fn projection is the Linear above
@@ -548,11 +572,17 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
             core = AttentionCore("attention", heads, 1, head_dim, head_dim, window=window, compress_rate=rate,
                                  compress_topk=index_topk if csa else None, sinks=True)
             if csa:
-                b.linears.append(Linear("indexer.kv_proj", hidden, 2 * index_dim, "replicated"))
-                b.linears.append(Linear("indexer.gate_proj", hidden, 2 * index_dim, "replicated"))
-                b.linears.append(Linear("indexer.q_b_proj", q_lora, index_heads * index_dim, "column"))
-                b.linears.append(Linear("indexer.weights_proj", hidden, index_heads, "replicated", fp8=False))
-                b.attention.append(AttentionCore("indexer", index_heads, 1, index_dim, 0, compress_rate=rate, window=0))
+                # The lightning indexer's scores only choose the top-k compressed entries (transformers'
+                # DeepseekV4Indexer returns indices), so the language-model loss sends it no gradient: it
+                # runs forward only (a separately trained indexer, as DeepSeek-V3.2 warms it up with a KL
+                # loss on detached inputs, is not what the captured model computes).
+                b.linears.append(Linear("indexer.kv_proj", hidden, 2 * index_dim, "replicated", backward=False))
+                b.linears.append(Linear("indexer.gate_proj", hidden, 2 * index_dim, "replicated", backward=False))
+                b.linears.append(Linear("indexer.q_b_proj", q_lora, index_heads * index_dim, "column", backward=False))
+                b.linears.append(Linear("indexer.weights_proj", hidden, index_heads, "replicated", fp8=False,
+                                        backward=False))
+                b.attention.append(AttentionCore("indexer", index_heads, 1, index_dim, 0, compress_rate=rate, window=0,
+                                                 backward=False))
                 b.pointwise.append(Pointwise("indexer.topk", 4 * index_topk * 3, 2, tp_sharded=False))
                 b.extra_params += rate * 2 * index_dim + index_dim
         b.attention.append(core)

@@ -1,6 +1,8 @@
 """Per-node annotation: hand-counted FLOPs, collectives over the cluster, and real captured graphs
 in which every op is priced."""
 
+import dataclasses
+
 import pytest
 import sympy
 import torch
@@ -43,7 +45,13 @@ def test_batched_gemm_and_causal_attention_hand_counts():
     (bmm,) = _costs(gm, "aten.bmm")
     assert bmm.flops == 2 * 8 * 64 * 64 * 32
     (attention,) = [c for c in (n.meta.get("cost") for n in gm.graph.nodes) if c and c.kind == "attention"]
-    # QK^T and PV over the causal half (with the diagonal): 2 * B*H * L * (L+1)/2 * (Dqk + Dv)
+    # a fused kernel's 128 x 128 blocks: 64 queries are one diagonal block, computed whole (masked inside)
+    assert attention.flops == pytest.approx(2 * 2 * 4 * 64 * 64 * (32 + 32))
+    # without blocks (CPU profiles): QK^T and PV over the causal half with the diagonal,
+    # 2 * B*H * L * (L+1)/2 * (Dqk + Dv)
+    a100 = BUILTIN_DEVICES["a100"]
+    annotate(gm, dataclasses.replace(a100, attention=dataclasses.replace(a100.attention, block=0)))
+    (attention,) = [c for c in (n.meta.get("cost") for n in gm.graph.nodes) if c and c.kind == "attention"]
     assert attention.flops == pytest.approx(2 * 2 * 4 * 64 * (64 + 1) / 2 * (32 + 32))
 
 
