@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from torch import fx
 
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
-from trex.backends.ascend.report import AscendGraphReport, price_graph
+from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
 from trex.backends.backend import Backend
 from trex.graph_copy import copy_graph_module
 
@@ -70,6 +70,11 @@ class AscendBackend(Backend):
         self._current = state
         return state
 
+    def summary_lines(self, subgraphs: Sequence[Any]) -> list[str]:
+        """The share of predicted time that went to torch_npu fused ops (see `report.describe`)."""
+        reports = list({id(r): r for s in subgraphs if (r := getattr(s.compiled, "report", None)) is not None}.values())
+        return describe(reports)
+
     def supports(self, node: fx.Node) -> bool:
         try:
             return node in self._state(node.graph).claimed
@@ -83,9 +88,7 @@ class AscendBackend(Backend):
         for match in matches:
             anchor = match.nodes[-1]
             with gm.graph.inserting_after(anchor):
-                replacements = match.emit(emitter)
-            for old, new in replacements.items():
-                old.replace_all_uses_with(new, propagate_meta=False)
+                emitter.replace(match.emit(emitter))
         fused_nodes = {n.name for m in matches for n in m.nodes}
         _topological_sort(gm.graph)
         gm.graph.eliminate_dead_code()

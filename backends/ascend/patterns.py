@@ -70,10 +70,25 @@ class Emitter:
         self.emulate = emulate
         self.check = check
         self.emitted: list[str] = []
+        self.replaced: dict[fx.Node, fx.Node] = {}  # region node -> the value now standing for it
+
+    def resolve(self, value: Any) -> Any:
+        """Region nodes an earlier rewrite replaced, swapped for their replacements."""
+        def one(node: fx.Node) -> fx.Node:
+            while node in self.replaced:
+                node = self.replaced[node]
+            return node
+
+        return torch.utils._pytree.tree_map_only(fx.Node, one, value)
+
+    def replace(self, replacements: dict[fx.Node, fx.Node]) -> None:
+        for old, new in replacements.items():
+            old.replace_all_uses_with(new, propagate_meta=False)
+            self.replaced[old] = new
 
     def npu(self, op_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
             allowed: dict[str, Sequence[Any]] | None = None) -> fx.Node:
-        kwargs = dict(kwargs or {})
+        args, kwargs = self.resolve((tuple(args), dict(kwargs or {})))
         self.check(op_name, args, kwargs, allowed=allowed)
         node = self._call(emulation.op(op_name, emulate=self.emulate), tuple(args), kwargs)
         node.meta["trex_npu_op"] = op_name
@@ -81,6 +96,7 @@ class Emitter:
         return node
 
     def _call(self, target: Any, args: tuple, kwargs: dict) -> fx.Node:
+        args, kwargs = self.resolve((tuple(args), dict(kwargs)))
         node = self.graph.call_function(target, args, kwargs)
         node.meta["val"] = _fake_value(target, args, kwargs)
         return node
