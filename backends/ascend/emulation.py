@@ -408,7 +408,10 @@ def _group_ends(group_list: Tensor, group_list_type: int | None) -> Tensor:
 def _grouped_rows_matmul(x: Tensor, weight: Tensor, ends: Tensor) -> Tensor:
     """out[rows of group e] = x[rows of e] @ weight[e] (float32 accumulation, x's dtype out)."""
     if x.dtype in (torch.float32, torch.bfloat16) and x.dtype == weight.dtype:
-        return torch._grouped_mm(x, weight, offs=ends.to(torch.int32))
+        try:
+            return torch._grouped_mm(x, weight, offs=ends.to(torch.int32))
+        except RuntimeError:  # its stride rules (16-byte multiples); the loop below has none
+            pass
     out = x.new_zeros(x.size(0), weight.size(-1))
     start = 0
     for expert, end in enumerate(ends.tolist()):
@@ -462,7 +465,14 @@ def npu_grouped_matmul_add(self: Tensor, x: Tensor, weight: Tensor, group_list: 
     if not transpose_x or transpose_weight or group_type != 2:
         raise AscendSchemaError("npu_grouped_matmul_add: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2")
     ends = _group_ends(group_list, group_list_type)
-    product = torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
+    try:
+        product = torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
+    except RuntimeError:  # _grouped_mm's stride rules (16-byte multiples): per group instead
+        product = torch.zeros_like(self)
+        start = 0
+        for group, end in enumerate(ends.tolist()):
+            product[group] = x[start:end].float().t() @ weight[start:end].float()
+            start = end
     return self + product
 
 
