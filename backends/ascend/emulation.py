@@ -181,6 +181,64 @@ def _swiglu_backward(ctx, grad):
 torch.library.register_autograd(f"{NAMESPACE}::npu_swiglu", _swiglu_backward, setup_context=_swiglu_setup, lib=_library)
 
 
+def _clipped_swiglu_formula(x: Tensor, dim: int, alpha: float, limit: float, bias: float, interleaved: bool) -> Tensor:
+    xf = x.float()
+    if interleaved:
+        moved = xf.movedim(dim, -1)
+        a, b = moved[..., ::2].movedim(-1, dim), moved[..., 1::2].movedim(-1, dim)
+    else:
+        a, b = xf.chunk(2, dim=dim)
+    a = a.clamp(max=limit)
+    b = b.clamp(min=-limit, max=limit)
+    return a * torch.sigmoid(alpha * a) * (b + bias)
+
+
+@_implement("npu_clipped_swiglu")
+def npu_clipped_swiglu(x: Tensor, *, group_index: Tensor | None = None, dim: int = -1, alpha: float = 1.702, limit: float = 7.0,
+                       bias: float = 1.0, interleaved: bool = True) -> Tensor:
+    """A = clamp(A, max=limit), B = clamp(B, -limit, limit); A * sigmoid(alpha * A) * (B + bias)."""
+    if group_index is not None:
+        raise AscendSchemaError("npu_clipped_swiglu: the CPU emulation covers group_index=None")
+    return _clipped_swiglu_formula(x, dim, alpha, limit, bias, interleaved).to(x.dtype)
+
+
+@_fake("npu_clipped_swiglu")
+def _(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+    shape = list(x.shape)
+    shape[dim] //= 2
+    return x.new_empty(shape)
+
+
+class _ClippedSwiGluFunction(torch.autograd.Function):
+    """Autograd of npu_clipped_swiglu (registered on the Autograd key: torch.library.register_autograd
+    refuses ops with keyword-only Tensor arguments, and torch_npu's schema has one)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, alpha, limit, bias, interleaved):
+        ctx.save_for_backward(x)
+        ctx.options = (dim, alpha, limit, bias, interleaved)
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.npu_emul.npu_clipped_swiglu(x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved)
+
+    @staticmethod
+    def backward(ctx, grad):
+        """torch_npu has no backward op for npu_clipped_swiglu: the gradient of the formula above."""
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_()
+            (grad_x,) = torch.autograd.grad(_clipped_swiglu_formula(leaf, *ctx.options), leaf, grad.float())
+        return grad_x.to(x.dtype), None, None, None, None, None
+
+
+def _clipped_swiglu_autograd(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+    if group_index is not None:
+        raise AscendSchemaError("npu_clipped_swiglu: the CPU emulation covers group_index=None")
+    return _ClippedSwiGluFunction.apply(x, dim, alpha, limit, bias, interleaved)
+
+
+_library.impl("npu_clipped_swiglu", _clipped_swiglu_autograd, "Autograd")
+
+
 # ---------------------------------------------------------------------------------------------
 # Rotary embedding: out = r1 * x + r2 * rotate(x); "half" rotates (x1, x2) -> (-x2, x1).
 

@@ -11,6 +11,7 @@ the graph computes, only how.
 Regions (forward and backward of training graphs after `passes.canonicalize.moe`):
   rms_norm           pow/mean/add/rsqrt/mul(/cast)/mul(weight)       -> npu_rms_norm
   swiglu             split in halves, silu(first) * second           -> npu_swiglu
+  clipped_swiglu     silu(clamp(x1, max=L)) * clamp(x2, -L, L)       -> npu_clipped_swiglu (alpha=1, bias=0, halves)
   swiglu_backward    cat(silu_backward(g*up, gate), g*silu(gate))    -> npu_swiglu_backward
   rotary             x*cos + cat(-x2, x1)*sin  (4-D, "half")         -> npu_rotary_mul
   gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
@@ -249,6 +250,51 @@ class SwiGlu(Pattern):
                 return {node: e.npu("npu_swiglu", (x,), {"dim": -1})}
 
             return Match(self.name, self.op, [split, gate, up, silu, node], emit)
+        return None
+
+
+def _clamp_bounds(node: Any) -> tuple[Any, Any, Any] | None:
+    """(input, min, max) of an aten clamp (clamp / clamp_max / clamp_min), else None."""
+    if _is(node, aten.clamp.default):
+        low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+        high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        return node.args[0], low, high
+    if _is(node, aten.clamp_max.default):
+        return node.args[0], None, node.args[1]
+    if _is(node, aten.clamp_min.default):
+        return node.args[0], node.args[1], None
+    return None
+
+
+class ClippedSwiGlu(Pattern):
+    """silu(clamp(x1, max=L)) * clamp(x2, -L, L) (DeepSeek-V4's swiglu_limit) with x split in halves."""
+
+    name, op = "clipped_swiglu", "npu_clipped_swiglu"
+    anchors = (aten.mul.Tensor,)
+
+    def match(self, node):
+        for silu, clamped_up in (node.args, node.args[::-1]):
+            if not _is(silu, aten.silu.default):
+                continue
+            gate_bounds, up_bounds = _clamp_bounds(silu.args[0]), _clamp_bounds(clamped_up)
+            if gate_bounds is None or up_bounds is None:
+                continue
+            gate, gate_low, limit = gate_bounds
+            up, up_low, up_high = up_bounds
+            if gate_low is not None or not isinstance(limit, (int, float)) or up_low != -limit or up_high != limit:
+                continue
+            halves = _halves(gate)
+            if halves is None or halves[2] is not gate or halves[3] is not up:
+                continue
+            x, split, _, _ = halves
+            if _dtype(x) != _dtype(node):
+                continue
+
+            def emit(e: Emitter, x=x, limit=float(limit)):
+                out = e.npu("npu_clipped_swiglu", (x,), {"dim": -1, "alpha": 1.0, "limit": limit, "bias": 0.0, "interleaved": False})
+                return {node: out}
+
+            return Match(self.name, self.op, [split, gate, up, silu.args[0], clamped_up, silu, node], emit)
         return None
 
 
@@ -492,7 +538,7 @@ class MoeDispatchBackward(Pattern):
 
 PATTERNS: tuple[Pattern, ...] = (
     MoeDispatch(), GroupedMm(), GroupedMmWeightGrad(), MoeCombine(), MoeCombineBackward(), MoeDispatchBackward(),
-    RmsNorm(), SwiGlu(), SwiGluBackward(), Rotary(), GatingTopK(),
+    RmsNorm(), ClippedSwiGlu(), SwiGlu(), SwiGluBackward(), Rotary(), GatingTopK(),
 )
 
 

@@ -34,6 +34,7 @@ EMITTED_OPS: tuple[str, ...] = (
     "npu_rms_norm_backward",
     "npu_swiglu",
     "npu_swiglu_backward",
+    "npu_clipped_swiglu",
     "npu_rotary_mul",
     "npu_rotary_mul_backward",
     "npu_moe_gating_top_k_softmax",

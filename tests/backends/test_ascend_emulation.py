@@ -108,3 +108,13 @@ def test_grouped_matmul_emulation_handles_widths_torch_grouped_mm_rejects():
     for expert, end in enumerate(offsets.tolist()):
         torch.testing.assert_close(out[start:end], sorted_hidden[start:end] @ weight[expert])
         start = end
+
+
+def test_clipped_swiglu_with_alpha_1_bias_0_is_deepseek_v4_clamped_swiglu():
+    x = torch.randn(3, 8, requires_grad=True)
+    out = npu.npu_clipped_swiglu(x, dim=-1, alpha=1.0, limit=0.5, bias=0.0, interleaved=False)
+    gate, up = x.chunk(2, -1)
+    ref = F.silu(gate.clamp(max=0.5)) * up.clamp(-0.5, 0.5)
+    torch.testing.assert_close(out, ref)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(ref, x, grad)[0])

@@ -21,7 +21,7 @@ MOE_OPS = {"npu_moe_token_permute", "npu_moe_compute_expert_tokens", "npu_groupe
 EXTRA_OPS = {
     "qwen3-moe": {"npu_swiglu", "npu_swiglu_backward", "npu_rotary_mul", "npu_moe_gating_top_k_softmax", "npu_rms_norm"},
     "deepseek-v3": {"npu_swiglu", "npu_swiglu_backward", "npu_rms_norm"},
-    "deepseek-v4": set(),
+    "deepseek-v4": {"npu_clipped_swiglu"},
 }
 
 
