@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from trex.backends.lowering import Lowering, LoweredSubgraph
+from trex.backends.lowering import LoweredSubgraph, Lowering
 
 
 def lowered_subgraphs(lowerings: Iterable[Lowering]) -> list[LoweredSubgraph]:

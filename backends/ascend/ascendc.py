@@ -78,15 +78,21 @@ def _binary(tensor_tensor: str, tensor_scalar: str | None, numpy_fn, scalar_map=
 
 def _compare(mode: str, numpy_fn):
     def emit(dst, tensors, scalars):
-        return [f"CompareScalar(maskBuf, {tensors[0]}, (float){scalars[0]!r}, CMPMODE::{mode}, len);",
-                f"Select({dst}, maskBuf, oneBuf, zeroBuf, SELMODE::VSEL_TENSOR_TENSOR_MODE, len);"]
+        return [
+            f"CompareScalar(maskBuf, {tensors[0]}, (float){scalars[0]!r}, CMPMODE::{mode}, len);",
+            f"Select({dst}, maskBuf, oneBuf, zeroBuf, SELMODE::VSEL_TENSOR_TENSOR_MODE, len);",
+        ]
 
     return ElementwiseOp(lambda a, s: numpy_fn(a, s).astype(np.float32), emit)
 
 
 def _sigmoid_lines(dst, src):
-    return [f"Muls({dst}, {src}, -1.0f, len);", f"Exp({dst}, {dst}, len);", f"Adds({dst}, {dst}, 1.0f, len);",
-            f"Reciprocal({dst}, {dst}, len);"]
+    return [
+        f"Muls({dst}, {src}, -1.0f, len);",
+        f"Exp({dst}, {dst}, len);",
+        f"Adds({dst}, {dst}, 1.0f, len);",
+        f"Reciprocal({dst}, {dst}, len);",
+    ]
 
 
 def _clamp_emit(dst, tensors, scalars):
@@ -107,10 +113,15 @@ def _clamp_numpy(a, low, high):
 
 def _silu_backward_emit(dst, tensors, scalars):
     grad, x = tensors
-    return [*_sigmoid_lines("tmpA", x),                                   # s = sigmoid(x)
-            "Duplicate(tmpB, 1.0f, len);", "Sub(tmpB, tmpB, tmpA, len);",   # 1 - s
-            f"Mul(tmpB, tmpB, {x}, len);", "Adds(tmpB, tmpB, 1.0f, len);",  # 1 + x (1 - s)
-            "Mul(tmpB, tmpB, tmpA, len);", f"Mul({dst}, tmpB, {grad}, len);"]
+    return [
+        *_sigmoid_lines("tmpA", x),  # s = sigmoid(x)
+        "Duplicate(tmpB, 1.0f, len);",
+        "Sub(tmpB, tmpB, tmpA, len);",  # 1 - s
+        f"Mul(tmpB, tmpB, {x}, len);",
+        "Adds(tmpB, tmpB, 1.0f, len);",  # 1 + x (1 - s)
+        "Mul(tmpB, tmpB, tmpA, len);",
+        f"Mul({dst}, tmpB, {grad}, len);",
+    ]
 
 
 def _silu_backward_numpy(grad, x):
@@ -124,10 +135,14 @@ ELEMENTWISE: dict[Any, ElementwiseOp] = {
     aten.mul.Tensor: _binary("Mul", "Muls", lambda a, b: (a * b).astype(np.float32)),
     aten.div.Tensor: _binary("Div", "Muls", lambda a, b: (a / b).astype(np.float32), scalar_map=lambda s: 1.0 / s),
     aten.neg.default: ElementwiseOp(lambda a: -a, lambda d, t, s: [f"Muls({d}, {t[0]}, -1.0f, len);"]),
-    aten.exp.default: ElementwiseOp(lambda a: np.exp(a).astype(np.float32), lambda d, t, s: [f"Exp({d}, {t[0]}, len);"]),
+    aten.exp.default: ElementwiseOp(
+        lambda a: np.exp(a).astype(np.float32), lambda d, t, s: [f"Exp({d}, {t[0]}, len);"]
+    ),
     aten.sigmoid.default: ElementwiseOp(_sigmoid, lambda d, t, s: _sigmoid_lines(d, t[0])),
-    aten.silu.default: ElementwiseOp(lambda a: (a * _sigmoid(a)).astype(np.float32),
-                                     lambda d, t, s: [*_sigmoid_lines("tmpA", t[0]), f"Mul({d}, {t[0]}, tmpA, len);"]),
+    aten.silu.default: ElementwiseOp(
+        lambda a: (a * _sigmoid(a)).astype(np.float32),
+        lambda d, t, s: [*_sigmoid_lines("tmpA", t[0]), f"Mul({d}, {t[0]}, tmpA, len);"],
+    ),
     aten.silu_backward.default: ElementwiseOp(_silu_backward_numpy, _silu_backward_emit),
     aten.clamp.default: ElementwiseOp(_clamp_numpy, _clamp_emit),
     aten.le.Scalar: _compare("LE", lambda a, s: a <= s),
@@ -181,7 +196,9 @@ class FusionGroup:
         return torch.float32 if dtype == torch.bool else dtype
 
 
-def find_fusion_groups(gm: fx.GraphModule, *, skip: set[fx.Node] | None = None, min_nodes: int = 3) -> list[FusionGroup]:
+def find_fusion_groups(
+    gm: fx.GraphModule, *, skip: set[fx.Node] | None = None, min_nodes: int = 3
+) -> list[FusionGroup]:
     """Connected groups of elementwise nodes (same element count) outside `skip`, in graph order."""
     skip = skip or set()
     candidates = [n for n in gm.graph.nodes if n not in skip and _elementwise(n)]
@@ -235,7 +252,9 @@ class Tiling:
 
 def plan_tiling(group: FusionGroup, profile: VectorCoreProfile, temps: int) -> Tiling:
     io_bytes = sum(group.dtype_of(n).itemsize for n in (*group.inputs, *group.outputs))
-    per_element = BUFFER_NUM * io_bytes + 4 * (len(group.inputs) + len(group.outputs)) + 4 * temps + 1  # queues, fp32 views, temps, mask
+    per_element = (
+        BUFFER_NUM * io_bytes + 4 * (len(group.inputs) + len(group.outputs)) + 4 * temps + 1
+    )  # queues, fp32 views, temps, mask
     align = ALIGN_BYTES // 2  # elements in 32 bytes of the narrowest (2-byte) type: aligned for every type here
     budget = profile.ub_bytes - 3 * ALIGN_BYTES * 8  # the 0/1 constants and the mask's alignment
     tile = max(align, (budget // per_element) // align * align)
@@ -293,7 +312,8 @@ def _render(group: FusionGroup, tiling: Tiling, names: dict[fx.Node, str], temps
     lines = [
         f"// trex: AscendC kernel for fusion group {group.name} ({len(group.nodes)} elementwise aten nodes:",
         f"//   {', '.join(n.name for n in group.nodes)})",
-        f"// Tiling: {tiling.total} elements over {tiling.cores} vector cores, {tiling.block} per core, tiles of {tiling.tile} "
+        f"// Tiling: {tiling.total} elements over {tiling.cores} vector cores, {tiling.block} per core, "
+        f"tiles of {tiling.tile} "
         f"({BUFFER_NUM} buffers per queue; {tiling.ub_bytes_used} UB bytes per tile).",
         '#include "kernel_operator.h"',
         "using namespace AscendC;",
@@ -308,62 +328,105 @@ def _render(group: FusionGroup, tiling: Tiling, names: dict[fx.Node, str], temps
         "        length = (start + BLOCK <= TOTAL) ? BLOCK : TOTAL - start;",
     ]
     for i, node in enumerate(ins):
-        lines += [f"        in{i}Gm.SetGlobalBuffer((__gm__ {c(node)} *)in{i} + start, length);",
-                  f"        pipe.InitBuffer(inQ{i}, BUFFER_NUM, TILE * sizeof({c(node)}));",
-                  f"        pipe.InitBuffer(f{i}Buf, TILE * sizeof(float));"]
+        lines += [
+            f"        in{i}Gm.SetGlobalBuffer((__gm__ {c(node)} *)in{i} + start, length);",
+            f"        pipe.InitBuffer(inQ{i}, BUFFER_NUM, TILE * sizeof({c(node)}));",
+            f"        pipe.InitBuffer(f{i}Buf, TILE * sizeof(float));",
+        ]
     for i, node in enumerate(outs):
-        lines += [f"        out{i}Gm.SetGlobalBuffer((__gm__ {c(node)} *)out{i} + start, length);",
-                  f"        pipe.InitBuffer(outQ{i}, BUFFER_NUM, TILE * sizeof({c(node)}));",
-                  f"        pipe.InitBuffer(g{i}Buf, TILE * sizeof(float));"]
-    lines += [f"        pipe.InitBuffer(tBuf, TILE * sizeof(float) * {temps + 2});",
-              "        pipe.InitBuffer(mBuf, TILE * sizeof(uint8_t));",
-              "        pipe.InitBuffer(cBuf, TILE * sizeof(float) * 2);",
-              "    }",
-              "    __aicore__ inline void Process() {",
-              "        for (uint32_t offset = 0; offset < length; offset += TILE) {",
-              "            uint32_t len = (length - offset < TILE) ? length - offset : TILE;  // the tail tile",
-              "            CopyIn(offset, len);", "            Compute(len);", "            CopyOut(offset, len);",
-              "        }", "    }", "", "private:",
-              "    __aicore__ inline void CopyIn(uint32_t offset, uint32_t len) {",
-              "        DataCopyExtParams params{1, (uint32_t)(len * sizeof(float)), 0, 0, 0};"]
+        lines += [
+            f"        out{i}Gm.SetGlobalBuffer((__gm__ {c(node)} *)out{i} + start, length);",
+            f"        pipe.InitBuffer(outQ{i}, BUFFER_NUM, TILE * sizeof({c(node)}));",
+            f"        pipe.InitBuffer(g{i}Buf, TILE * sizeof(float));",
+        ]
+    lines += [
+        f"        pipe.InitBuffer(tBuf, TILE * sizeof(float) * {temps + 2});",
+        "        pipe.InitBuffer(mBuf, TILE * sizeof(uint8_t));",
+        "        pipe.InitBuffer(cBuf, TILE * sizeof(float) * 2);",
+        "    }",
+        "    __aicore__ inline void Process() {",
+        "        for (uint32_t offset = 0; offset < length; offset += TILE) {",
+        "            uint32_t len = (length - offset < TILE) ? length - offset : TILE;  // the tail tile",
+        "            CopyIn(offset, len);",
+        "            Compute(len);",
+        "            CopyOut(offset, len);",
+        "        }",
+        "    }",
+        "",
+        "private:",
+        "    __aicore__ inline void CopyIn(uint32_t offset, uint32_t len) {",
+        "        DataCopyExtParams params{1, (uint32_t)(len * sizeof(float)), 0, 0, 0};",
+    ]
     for i, node in enumerate(ins):
-        lines += [f"        LocalTensor<{c(node)}> a{i} = inQ{i}.AllocTensor<{c(node)}>();",
-                  f"        DataCopyPad(a{i}, in{i}Gm[offset], {{1, (uint32_t)(len * sizeof({c(node)})), 0, 0, 0}}, {{false, 0, 0, 0}});",
-                  f"        inQ{i}.EnQue(a{i});"]
-    lines += ["    }", "    __aicore__ inline void Compute(uint32_t len) {",
-              "        LocalTensor<float> tmp = tBuf.Get<float>();",
-              "        LocalTensor<float> tmpA = tmp, tmpB = tmp[TILE];",
-              *[f"        LocalTensor<float> t{k} = tmp[TILE * {k + 2}];" for k in range(temps)],
-              "        LocalTensor<uint8_t> maskBuf = mBuf.Get<uint8_t>();",
-              "        LocalTensor<float> oneBuf = cBuf.Get<float>(), zeroBuf = oneBuf[TILE];",
-              "        Duplicate(oneBuf, 1.0f, len);", "        Duplicate(zeroBuf, 0.0f, len);"]
+        lines += [
+            f"        LocalTensor<{c(node)}> a{i} = inQ{i}.AllocTensor<{c(node)}>();",
+            f"        DataCopyPad(a{i}, in{i}Gm[offset], {{1, (uint32_t)(len * sizeof({c(node)})), 0, 0, 0}}, "
+            "{false, 0, 0, 0});",
+            f"        inQ{i}.EnQue(a{i});",
+        ]
+    lines += [
+        "    }",
+        "    __aicore__ inline void Compute(uint32_t len) {",
+        "        LocalTensor<float> tmp = tBuf.Get<float>();",
+        "        LocalTensor<float> tmpA = tmp, tmpB = tmp[TILE];",
+        *[f"        LocalTensor<float> t{k} = tmp[TILE * {k + 2}];" for k in range(temps)],
+        "        LocalTensor<uint8_t> maskBuf = mBuf.Get<uint8_t>();",
+        "        LocalTensor<float> oneBuf = cBuf.Get<float>(), zeroBuf = oneBuf[TILE];",
+        "        Duplicate(oneBuf, 1.0f, len);",
+        "        Duplicate(zeroBuf, 0.0f, len);",
+    ]
     for i, node in enumerate(ins):
-        lines += [f"        LocalTensor<{c(node)}> a{i} = inQ{i}.DeQue<{c(node)}>();", f"        LocalTensor<float> x{i} = f{i}Buf.Get<float>();"]
-        lines.append(f"        Adds(x{i}, a{i}, 0.0f, len);" if c(node) == "float" else f"        Cast(x{i}, a{i}, RoundMode::CAST_NONE, len);")
+        lines += [
+            f"        LocalTensor<{c(node)}> a{i} = inQ{i}.DeQue<{c(node)}>();",
+            f"        LocalTensor<float> x{i} = f{i}Buf.Get<float>();",
+        ]
+        lines.append(
+            f"        Adds(x{i}, a{i}, 0.0f, len);"
+            if c(node) == "float"
+            else f"        Cast(x{i}, a{i}, RoundMode::CAST_NONE, len);"
+        )
     for i, _ in enumerate(outs):
         lines.append(f"        LocalTensor<float> y{i} = g{i}Buf.Get<float>();")
     lines += ["        " + line for line in body]
     for i, node in enumerate(outs):
-        lines += [f"        LocalTensor<{c(node)}> b{i} = outQ{i}.AllocTensor<{c(node)}>();",
-                  f"        Adds(b{i}, y{i}, 0.0f, len);" if c(node) == "float" else f"        Cast(b{i}, y{i}, RoundMode::CAST_RINT, len);",
-                  f"        outQ{i}.EnQue(b{i});"]
+        lines += [
+            f"        LocalTensor<{c(node)}> b{i} = outQ{i}.AllocTensor<{c(node)}>();",
+            f"        Adds(b{i}, y{i}, 0.0f, len);"
+            if c(node) == "float"
+            else f"        Cast(b{i}, y{i}, RoundMode::CAST_RINT, len);",
+            f"        outQ{i}.EnQue(b{i});",
+        ]
     lines += [f"        inQ{i}.FreeTensor(a{i});" for i in range(len(ins))]
     lines += ["    }", "    __aicore__ inline void CopyOut(uint32_t offset, uint32_t len) {"]
     for i, node in enumerate(outs):
-        lines += [f"        LocalTensor<{c(node)}> b{i} = outQ{i}.DeQue<{c(node)}>();",
-                  f"        DataCopyPad(out{i}Gm[offset], b{i}, {{1, (uint32_t)(len * sizeof({c(node)})), 0, 0, 0}});",
-                  f"        outQ{i}.FreeTensor(b{i});"]
+        lines += [
+            f"        LocalTensor<{c(node)}> b{i} = outQ{i}.DeQue<{c(node)}>();",
+            f"        DataCopyPad(out{i}Gm[offset], b{i}, {{1, (uint32_t)(len * sizeof({c(node)})), 0, 0, 0}});",
+            f"        outQ{i}.FreeTensor(b{i});",
+        ]
     lines += ["    }", "", "    TPipe pipe;"]
     lines += [f"    TQue<QuePosition::VECIN, BUFFER_NUM> inQ{i};" for i in range(len(ins))]
     lines += [f"    TQue<QuePosition::VECOUT, BUFFER_NUM> outQ{i};" for i in range(len(outs))]
-    lines += [f"    TBuf<QuePosition::VECCALC> {', '.join([f'f{i}Buf' for i in range(len(ins))] + [f'g{i}Buf' for i in range(len(outs))] + ['tBuf', 'mBuf', 'cBuf'])};"]
+    lines += [
+        "    TBuf<QuePosition::VECCALC> "
+        + ", ".join(
+            [f"f{i}Buf" for i in range(len(ins))] + [f"g{i}Buf" for i in range(len(outs))] + ["tBuf", "mBuf", "cBuf"]
+        )
+        + ";"
+    ]
     lines += [f"    GlobalTensor<{c(n)}> in{i}Gm;" for i, n in enumerate(ins)]
     lines += [f"    GlobalTensor<{c(n)}> out{i}Gm;" for i, n in enumerate(outs)]
-    lines += ["    uint32_t length;", "};", "",
-              f"extern \"C\" __global__ __aicore__ void {group.name}({params}) {{",
-              f"    Kernel_{group.name} op;",
-              f"    op.Init({', '.join([f'in{i}' for i in range(len(ins))] + [f'out{i}' for i in range(len(outs))])});",
-              "    op.Process();", "}", ""]
+    lines += [
+        "    uint32_t length;",
+        "};",
+        "",
+        f'extern "C" __global__ __aicore__ void {group.name}({params}) {{',
+        f"    Kernel_{group.name} op;",
+        f"    op.Init({', '.join([f'in{i}' for i in range(len(ins))] + [f'out{i}' for i in range(len(outs))])});",
+        "    op.Process();",
+        "}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -384,7 +447,7 @@ class TilingModel:
         for core in range(tiling.cores):
             for offset, length in tiling.tiles_of(core):
                 assert 0 < length <= tiling.tile
-                values = {kernel.values[n]: flat[i][offset:offset + length] for i, n in enumerate(group.inputs)}
+                values = {kernel.values[n]: flat[i][offset : offset + length] for i, n in enumerate(group.inputs)}
                 for node, dst, operands, scalars in kernel.program:
                     args = [values[o] for o in operands]
                     if node.target is aten.clamp.default:
@@ -392,13 +455,20 @@ class TilingModel:
                     elif node.target in (aten.le.Scalar, aten.ge.Scalar, aten.lt.Scalar, aten.gt.Scalar):
                         values[dst] = ELEMENTWISE[node.target].numpy(args[0], scalars[0])
                     else:
-                        ordered = [values[kernel.values[a]] if isinstance(a, fx.Node) else a for a in node.args if a is not None]
+                        ordered = [
+                            values[kernel.values[a]] if isinstance(a, fx.Node) else a
+                            for a in node.args
+                            if a is not None
+                        ]
                         values[dst] = np.asarray(ELEMENTWISE[node.target].numpy(*ordered), dtype=np.float32)
                 for i, node in enumerate(group.outputs):
-                    outputs[i][offset:offset + length] = values[kernel.values[node]]
-                written[offset:offset + length] += 1
+                    outputs[i][offset : offset + length] = values[kernel.values[node]]
+                written[offset : offset + length] += 1
         if not (written == 1).all():
-            raise AssertionError(f"{group.name}: the tiling covers {int((written == 0).sum())} elements never and {int((written > 1).sum())} twice")
+            raise AssertionError(
+                f"{group.name}: the tiling covers {int((written == 0).sum())} elements never "
+                f"and {int((written > 1).sum())} twice"
+            )
         shapes = [n.meta["val"].shape for n in group.outputs]
         return [o.reshape(tuple(s)) for o, s in zip(outputs, shapes)]
 
@@ -423,8 +493,10 @@ def cann_compiler() -> tuple[list[str] | None, str]:
         candidates += [str(p) for p in (Path(home) / "compiler" / "ccec_compiler" / "bin" / "bisheng",) if p.exists()]
     found = next((c for c in candidates if c), None)
     if found is None:
-        return None, ("compilation skipped: the CANN toolkit is not installed here (ASCEND_HOME_PATH/ASCEND_TOOLKIT_HOME unset, "
-                      "no bisheng or ccec on PATH); install CANN (Ascend-cann-toolkit) to compile")
+        return None, (
+            "compilation skipped: the CANN toolkit is not installed here (ASCEND_HOME_PATH/ASCEND_TOOLKIT_HOME unset, "
+            "no bisheng or ccec on PATH); install CANN (Ascend-cann-toolkit) to compile"
+        )
     return [found], ""
 
 
@@ -444,10 +516,24 @@ def compile_kernel(kernel: Kernel, directory: Path, soc: str = "Ascend910B1") ->
         return CompileResult(False, why)
     home = os.environ.get("ASCEND_HOME_PATH", "")
     output = directory / f"{kernel.group.name}.o"
-    result = subprocess.run([*command, "-c", "-O2", "-std=c++17", "--cce-aicore-arch=dav-c220-vec", "--cce-aicore-only",
-                             f"-I{home}/compiler/tikcpp/tikcfw", f"-I{home}/compiler/tikcpp/tikcfw/impl",
-                             f"-I{home}/compiler/tikcpp/tikcfw/interface", str(source), "-o", str(output)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            *command,
+            "-c",
+            "-O2",
+            "-std=c++17",
+            "--cce-aicore-arch=dav-c220-vec",
+            "--cce-aicore-only",
+            f"-I{home}/compiler/tikcpp/tikcfw",
+            f"-I{home}/compiler/tikcpp/tikcfw/impl",
+            f"-I{home}/compiler/tikcpp/tikcfw/interface",
+            str(source),
+            "-o",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         return CompileResult(False, f"{command[0]} failed for {soc}: {result.stderr[-2000:]}")
     return CompileResult(True, f"compiled with {command[0]}", output)

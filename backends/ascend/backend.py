@@ -28,7 +28,9 @@ DEFAULT_TARGET = "ascend-910c"
 class AscendLoweredModule:
     """A partition lowered for Ascend: the rewritten graph, the torch_npu ops it calls, its report."""
 
-    def __init__(self, module: fx.GraphModule, emitted_ops: list[str], matches: list[Match], report: AscendGraphReport | None):
+    def __init__(
+        self, module: fx.GraphModule, emitted_ops: list[str], matches: list[Match], report: AscendGraphReport | None
+    ):
         self.module = module
         self.emitted_ops = emitted_ops  # torch_npu op names, one entry per emitted call
         self.patterns = [m.pattern for m in matches]
@@ -46,11 +48,19 @@ class _GraphState:
 
 class AscendBackend(Backend):
     name: ClassVar[str] = "ascend"
-    description: ClassVar[str] = ("torch_npu fused ops (RMSNorm, SwiGLU, RoPE, MoE gating/permute/unpermute, grouped GEMMs), "
-                                  "checked against torch_npu's schemas; CPU emulation without an NPU")
+    description: ClassVar[str] = (
+        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, MoE gating/permute/unpermute, grouped GEMMs), "
+        "checked against torch_npu's schemas; CPU emulation without an NPU"
+    )
 
-    def __init__(self, target: str = DEFAULT_TARGET, patterns: Sequence[Pattern] = PATTERNS, *, emulate: bool | None = None,
-                 check: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        patterns: Sequence[Pattern] = PATTERNS,
+        *,
+        emulate: bool | None = None,
+        check: Callable[..., Any] | None = None,
+    ):
         self.target = target
         self.patterns = tuple(patterns)
         self.emulate = emulate

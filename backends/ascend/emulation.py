@@ -134,7 +134,9 @@ def _rms_norm_backward(ctx, grad_y, _grad_rstd):
     return dx, dgamma, None
 
 
-torch.library.register_autograd(f"{NAMESPACE}::npu_rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup, lib=_library)
+torch.library.register_autograd(
+    f"{NAMESPACE}::npu_rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup, lib=_library
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,8 +196,16 @@ def _clipped_swiglu_formula(x: Tensor, dim: int, alpha: float, limit: float, bia
 
 
 @_implement("npu_clipped_swiglu")
-def npu_clipped_swiglu(x: Tensor, *, group_index: Tensor | None = None, dim: int = -1, alpha: float = 1.702, limit: float = 7.0,
-                       bias: float = 1.0, interleaved: bool = True) -> Tensor:
+def npu_clipped_swiglu(
+    x: Tensor,
+    *,
+    group_index: Tensor | None = None,
+    dim: int = -1,
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    bias: float = 1.0,
+    interleaved: bool = True,
+) -> Tensor:
     """A = clamp(A, max=limit), B = clamp(B, -limit, limit); A * sigmoid(alpha * A) * (B + bias)."""
     if group_index is not None:
         raise AscendSchemaError("npu_clipped_swiglu: the CPU emulation covers group_index=None")
@@ -218,7 +228,9 @@ class _ClippedSwiGluFunction(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.options = (dim, alpha, limit, bias, interleaved)
         with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.npu_emul.npu_clipped_swiglu(x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved)
+            return torch.ops.npu_emul.npu_clipped_swiglu(
+                x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
+            )
 
     @staticmethod
     def backward(ctx, grad):
@@ -250,7 +262,9 @@ def _rotate(x: Tensor, mode: str) -> Tensor:
     if mode == "interleave":
         x1, x2 = x[..., ::2], x[..., 1::2]
         return torch.stack([-x2, x1], dim=-1).flatten(-2)
-    raise AscendSchemaError(f"npu_rotary_mul: argument 'rotary_mode' is {mode!r}; torch_npu supports 'half' and 'interleave'")
+    raise AscendSchemaError(
+        f"npu_rotary_mul: argument 'rotary_mode' is {mode!r}; torch_npu supports 'half' and 'interleave'"
+    )
 
 
 def _rotate_transposed(g: Tensor, mode: str) -> Tensor:
@@ -263,7 +277,9 @@ def _rotate_transposed(g: Tensor, mode: str) -> Tensor:
 
 
 @_implement("npu_rotary_mul")
-def npu_rotary_mul(self: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half", rotate: Tensor | None = None) -> Tensor:
+def npu_rotary_mul(
+    self: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half", rotate: Tensor | None = None
+) -> Tensor:
     rotated = self @ rotate if rotate is not None else _rotate(self, rotary_mode)
     return r1 * self + r2 * rotated
 
@@ -274,7 +290,9 @@ def _(self, r1, r2, rotary_mode="half", rotate=None):
 
 
 @_implement("npu_rotary_mul_backward")
-def npu_rotary_mul_backward(grad: Tensor, self: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> tuple[Tensor, Tensor, Tensor]:
+def npu_rotary_mul_backward(
+    grad: Tensor, self: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half"
+) -> tuple[Tensor, Tensor, Tensor]:
     dx = grad * r1 + _rotate_transposed(grad * r2, rotary_mode)
     dr1 = _reduce_to(grad * self, r1.shape)
     dr2 = _reduce_to(grad * _rotate(self, rotary_mode), r2.shape)
@@ -289,7 +307,9 @@ def _(grad, self, r1, r2, rotary_mode="half"):
 def _rotary_setup(ctx, inputs, output):
     self, r1, r2, mode, rotate = inputs
     if rotate is not None:
-        raise AscendSchemaError("npu_rotary_mul: argument 'rotate' has no backward in torch_npu; pass rotary_mode instead")
+        raise AscendSchemaError(
+            "npu_rotary_mul: argument 'rotate' has no backward in torch_npu; pass rotary_mode instead"
+        )
     ctx.save_for_backward(self, r1, r2)
     ctx.mode = mode
 
@@ -300,7 +320,9 @@ def _rotary_backward(ctx, grad):
     return dx, dr1, dr2, None, None
 
 
-torch.library.register_autograd(f"{NAMESPACE}::npu_rotary_mul", _rotary_backward, setup_context=_rotary_setup, lib=_library)
+torch.library.register_autograd(
+    f"{NAMESPACE}::npu_rotary_mul", _rotary_backward, setup_context=_rotary_setup, lib=_library
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +330,9 @@ torch.library.register_autograd(f"{NAMESPACE}::npu_rotary_mul", _rotary_backward
 
 
 @_implement("npu_moe_gating_top_k_softmax")
-def npu_moe_gating_top_k_softmax(x: Tensor, finished: Tensor | None = None, k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+def npu_moe_gating_top_k_softmax(
+    x: Tensor, finished: Tensor | None = None, k: int = 1
+) -> tuple[Tensor, Tensor, Tensor]:
     probs = torch.softmax(x.float(), dim=-1)
     values, indices = torch.topk(probs, k, dim=-1)
     indices = indices.to(torch.int32)
@@ -336,9 +360,13 @@ def _kept_rows(total: int, num_out_tokens: int | None) -> int:
 
 
 @_implement("npu_moe_token_permute")
-def npu_moe_token_permute(tokens: Tensor, indices: Tensor, num_out_tokens: int | None = None, padded_mode: bool = False) -> tuple[Tensor, Tensor]:
+def npu_moe_token_permute(
+    tokens: Tensor, indices: Tensor, num_out_tokens: int | None = None, padded_mode: bool = False
+) -> tuple[Tensor, Tensor]:
     if padded_mode:
-        raise AscendSchemaError("npu_moe_token_permute: argument 'padded_mode' must be False (torch_npu supports only False)")
+        raise AscendSchemaError(
+            "npu_moe_token_permute: argument 'padded_mode' must be False (torch_npu supports only False)"
+        )
     top_k = indices.size(1) if indices.dim() == 2 else 1
     sorted_indices = torch.argsort(indices.reshape(-1), stable=True)
     rows = _kept_rows(sorted_indices.numel(), num_out_tokens)
@@ -352,11 +380,19 @@ def _(tokens, indices, num_out_tokens=None, padded_mode=False):
 
 
 @_implement("npu_moe_token_permute_grad_v2")
-def npu_moe_token_permute_grad_v2(grad_permuted_tokens: Tensor, sorted_indices: Tensor, tokens_size_0: int, tokens_dtype: torch.dtype,
-                                  num_topK: int, padded_mode: bool = False) -> Tensor:  # noqa: N803 - torch_npu's argument name
+def npu_moe_token_permute_grad_v2(
+    grad_permuted_tokens: Tensor,
+    sorted_indices: Tensor,
+    tokens_size_0: int,
+    tokens_dtype: torch.dtype,
+    num_topK: int,
+    padded_mode: bool = False,
+) -> Tensor:  # noqa: N803 - torch_npu's argument name
     rows = grad_permuted_tokens.size(0)
     token_of_row = sorted_indices[:rows].long() // num_topK
-    grad = torch.zeros(tokens_size_0, grad_permuted_tokens.size(-1), dtype=torch.float32, device=grad_permuted_tokens.device)
+    grad = torch.zeros(
+        tokens_size_0, grad_permuted_tokens.size(-1), dtype=torch.float32, device=grad_permuted_tokens.device
+    )
     return grad.index_add_(0, token_of_row, grad_permuted_tokens.float()).to(tokens_dtype)
 
 
@@ -374,10 +410,17 @@ def _permute_setup(ctx, inputs, output):
 def _permute_backward(ctx, grad_permuted, _grad_sorted):
     (sorted_indices,) = ctx.saved_tensors
     rows, dtype, top_k = ctx.tokens
-    return torch.ops.npu_emul.npu_moe_token_permute_grad_v2(grad_permuted, sorted_indices, rows, dtype, top_k), None, None, None
+    return (
+        torch.ops.npu_emul.npu_moe_token_permute_grad_v2(grad_permuted, sorted_indices, rows, dtype, top_k),
+        None,
+        None,
+        None,
+    )
 
 
-torch.library.register_autograd(f"{NAMESPACE}::npu_moe_token_permute", _permute_backward, setup_context=_permute_setup, lib=_library)
+torch.library.register_autograd(
+    f"{NAMESPACE}::npu_moe_token_permute", _permute_backward, setup_context=_permute_setup, lib=_library
+)
 
 
 def _unpermute_rows(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Tensor | None) -> tuple[int, int]:
@@ -386,10 +429,17 @@ def _unpermute_rows(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Tens
 
 
 @_implement("npu_moe_token_unpermute")
-def npu_moe_token_unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Tensor | None = None, padded_mode: bool = False,
-                            restore_shape: list[int] | None = None) -> Tensor:
+def npu_moe_token_unpermute(
+    permuted_tokens: Tensor,
+    sorted_indices: Tensor,
+    probs: Tensor | None = None,
+    padded_mode: bool = False,
+    restore_shape: list[int] | None = None,
+) -> Tensor:
     if padded_mode:
-        raise AscendSchemaError("npu_moe_token_unpermute: argument 'padded_mode' must be False (torch_npu supports only False)")
+        raise AscendSchemaError(
+            "npu_moe_token_unpermute: argument 'padded_mode' must be False (torch_npu supports only False)"
+        )
     num_tokens, top_k = _unpermute_rows(permuted_tokens, sorted_indices, probs)
     rows = permuted_tokens.float().new_zeros(sorted_indices.numel(), permuted_tokens.size(-1))
     rows[sorted_indices.long()[: permuted_tokens.size(0)]] = permuted_tokens.float()
@@ -406,8 +456,14 @@ def _(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_sh
 
 
 @_implement("npu_moe_token_unpermute_grad")
-def npu_moe_token_unpermute_grad(permuted_tokens: Tensor, grad_unpermuted_tokens: Tensor, sorted_indices: Tensor, probs: Tensor | None = None,
-                                 padded_mode: bool = False, restore_shape: list[int] | None = None) -> tuple[Tensor, Tensor]:
+def npu_moe_token_unpermute_grad(
+    permuted_tokens: Tensor,
+    grad_unpermuted_tokens: Tensor,
+    sorted_indices: Tensor,
+    probs: Tensor | None = None,
+    padded_mode: bool = False,
+    restore_shape: list[int] | None = None,
+) -> tuple[Tensor, Tensor]:
     num_tokens, top_k = _unpermute_rows(permuted_tokens, sorted_indices, probs)
     order = sorted_indices.long()[: permuted_tokens.size(0)]
     grad_rows = grad_unpermuted_tokens.float().index_select(0, order // top_k)  # d(weighted row) of every permuted row
@@ -422,7 +478,9 @@ def npu_moe_token_unpermute_grad(permuted_tokens: Tensor, grad_unpermuted_tokens
 
 @_fake("npu_moe_token_unpermute_grad")
 def _(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
-    return torch.empty_like(permuted_tokens), torch.empty_like(probs) if probs is not None else permuted_tokens.new_empty(0)
+    return torch.empty_like(permuted_tokens), torch.empty_like(
+        probs
+    ) if probs is not None else permuted_tokens.new_empty(0)
 
 
 def _unpermute_setup(ctx, inputs, output):
@@ -432,17 +490,23 @@ def _unpermute_setup(ctx, inputs, output):
 
 def _unpermute_backward(ctx, grad):
     permuted_tokens, sorted_indices, probs = ctx.saved_tensors
-    grad_permuted, grad_probs = torch.ops.npu_emul.npu_moe_token_unpermute_grad(permuted_tokens, grad, sorted_indices, probs)
+    grad_permuted, grad_probs = torch.ops.npu_emul.npu_moe_token_unpermute_grad(
+        permuted_tokens, grad, sorted_indices, probs
+    )
     return grad_permuted, None, grad_probs if probs is not None else None, None, None
 
 
-torch.library.register_autograd(f"{NAMESPACE}::npu_moe_token_unpermute", _unpermute_backward, setup_context=_unpermute_setup, lib=_library)
+torch.library.register_autograd(
+    f"{NAMESPACE}::npu_moe_token_unpermute", _unpermute_backward, setup_context=_unpermute_setup, lib=_library
+)
 
 
 @_implement("npu_moe_compute_expert_tokens")
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: Tensor, num_expert: int) -> Tensor:
     """For every expert, the end (exclusive) of its rows in the sorted order: a cumulative count."""
-    experts = torch.arange(num_expert, dtype=sorted_expert_for_source_row.dtype, device=sorted_expert_for_source_row.device)
+    experts = torch.arange(
+        num_expert, dtype=sorted_expert_for_source_row.dtype, device=sorted_expert_for_source_row.device
+    )
     return torch.searchsorted(sorted_expert_for_source_row, experts, right=True).to(sorted_expert_for_source_row.dtype)
 
 
@@ -454,8 +518,16 @@ def _(sorted_expert_for_source_row, num_expert):
 # ---------------------------------------------------------------------------------------------
 # Grouped GEMMs.
 
-_QUANT_ARGUMENTS = ("scale", "offset", "antiquant_scale", "antiquant_offset", "per_token_scale", "activation_input",
-                    "activation_quant_scale", "activation_quant_offset")
+_QUANT_ARGUMENTS = (
+    "scale",
+    "offset",
+    "antiquant_scale",
+    "antiquant_offset",
+    "per_token_scale",
+    "activation_input",
+    "activation_quant_scale",
+    "activation_quant_offset",
+)
 
 
 def _group_ends(group_list: Tensor, group_list_type: int | None) -> Tensor:
@@ -480,18 +552,52 @@ def _grouped_rows_matmul(x: Tensor, weight: Tensor, ends: Tensor) -> Tensor:
 
 
 @_implement("npu_grouped_matmul")
-def npu_grouped_matmul(x: list[Tensor], weight: list[Tensor], *, bias=None, scale=None, offset=None, antiquant_scale=None,
-                       antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None, activation_quant_scale=None,
-                       activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0, act_type=0, tuning_config=None,
-                       output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None) -> list[Tensor]:
-    given = dict(scale=scale, offset=offset, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, per_token_scale=per_token_scale,
-                 activation_input=activation_input, activation_quant_scale=activation_quant_scale, activation_quant_offset=activation_quant_offset)
+def npu_grouped_matmul(
+    x: list[Tensor],
+    weight: list[Tensor],
+    *,
+    bias=None,
+    scale=None,
+    offset=None,
+    antiquant_scale=None,
+    antiquant_offset=None,
+    per_token_scale=None,
+    group_list=None,
+    activation_input=None,
+    activation_quant_scale=None,
+    activation_quant_offset=None,
+    split_item=0,
+    group_type=None,
+    group_list_type=0,
+    act_type=0,
+    tuning_config=None,
+    output_dtype=None,
+    x_dtype=None,
+    weight_dtype=None,
+    scale_dtype=None,
+    per_token_scale_dtype=None,
+) -> list[Tensor]:
+    given = dict(
+        scale=scale,
+        offset=offset,
+        antiquant_scale=antiquant_scale,
+        antiquant_offset=antiquant_offset,
+        per_token_scale=per_token_scale,
+        activation_input=activation_input,
+        activation_quant_scale=activation_quant_scale,
+        activation_quant_offset=activation_quant_offset,
+    )
     quantized = [name for name in _QUANT_ARGUMENTS if given[name] is not None]
     if quantized or act_type:
-        raise AscendSchemaError(f"npu_grouped_matmul: the CPU emulation covers the unquantized, unactivated form; got {quantized or ['act_type']}")
+        raise AscendSchemaError(
+            "npu_grouped_matmul: the CPU emulation covers the unquantized, unactivated form; "
+            f"got {quantized or ['act_type']}"
+        )
     if group_type == 0 and len(x) == 1 and len(weight) == 1 and weight[0].dim() == 3:
         if group_list is None:
-            raise AscendSchemaError("npu_grouped_matmul: argument 'group_list' is required with group_type=0 and a 3-D weight")
+            raise AscendSchemaError(
+                "npu_grouped_matmul: argument 'group_list' is required with group_type=0 and a 3-D weight"
+            )
         out = _grouped_rows_matmul(x[0], weight[0], _group_ends(group_list, group_list_type))
         if bias is not None:
             ends = _group_ends(group_list, group_list_type)
@@ -503,25 +609,60 @@ def npu_grouped_matmul(x: list[Tensor], weight: list[Tensor], *, bias=None, scal
         if bias is not None:
             outs = [o + b for o, b in zip(outs, bias)]
         return outs
-    raise AscendSchemaError(f"npu_grouped_matmul: the CPU emulation covers group_type=0 (one x, one 3-D weight) and group_type=-1; "
-                            f"got group_type={group_type} with {len(x)} x and {len(weight)} weight tensors")
+    raise AscendSchemaError(
+        f"npu_grouped_matmul: the CPU emulation covers group_type=0 (one x, one 3-D weight) and group_type=-1; "
+        f"got group_type={group_type} with {len(x)} x and {len(weight)} weight tensors"
+    )
 
 
 @_fake("npu_grouped_matmul")
-def _(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None, antiquant_offset=None, per_token_scale=None, group_list=None,
-      activation_input=None, activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=None, group_list_type=0,
-      act_type=0, tuning_config=None, output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None):
+def _(
+    x,
+    weight,
+    *,
+    bias=None,
+    scale=None,
+    offset=None,
+    antiquant_scale=None,
+    antiquant_offset=None,
+    per_token_scale=None,
+    group_list=None,
+    activation_input=None,
+    activation_quant_scale=None,
+    activation_quant_offset=None,
+    split_item=0,
+    group_type=None,
+    group_list_type=0,
+    act_type=0,
+    tuning_config=None,
+    output_dtype=None,
+    x_dtype=None,
+    weight_dtype=None,
+    scale_dtype=None,
+    per_token_scale_dtype=None,
+):
     if group_type == 0 and len(x) == 1:
         return [x[0].new_empty(x[0].size(0), weight[0].size(-1))]
     return [xi.new_empty(*xi.shape[:-1], wi.size(-1)) for xi, wi in zip(x, weight)]
 
 
 @_implement("npu_grouped_matmul_add")
-def npu_grouped_matmul_add(self: Tensor, x: Tensor, weight: Tensor, group_list: Tensor, *, transpose_x: bool = True,
-                           transpose_weight: bool = False, group_type: int = 2, group_list_type: int | None = 0) -> Tensor:
+def npu_grouped_matmul_add(
+    self: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    group_list: Tensor,
+    *,
+    transpose_x: bool = True,
+    transpose_weight: bool = False,
+    group_type: int = 2,
+    group_list_type: int | None = 0,
+) -> Tensor:
     """self[e] + x[rows of e]^T @ weight[rows of e] (groups along K, the rows), float32 out."""
     if not transpose_x or transpose_weight or group_type != 2:
-        raise AscendSchemaError("npu_grouped_matmul_add: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2")
+        raise AscendSchemaError(
+            "npu_grouped_matmul_add: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2"
+        )
     ends = _group_ends(group_list, group_list_type)
     try:
         product = torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))

@@ -15,7 +15,7 @@ Regions (forward and backward of training graphs after `passes.canonicalize.moe`
   swiglu_backward    cat(silu_backward(g*up, gate), g*silu(gate))    -> npu_swiglu_backward
   rotary             x*cos + cat(-x2, x1)*sin  (4-D, "half")         -> npu_rotary_mul
   gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
-  moe_dispatch       trex.moe_dispatch                               -> npu_moe_token_permute + npu_moe_compute_expert_tokens
+  moe_dispatch       trex.moe_dispatch                    -> npu_moe_token_permute + npu_moe_compute_expert_tokens
   grouped_mm         trex.grouped_mm                                 -> npu_grouped_matmul (group_type=0)
   grouped_mm_wgrad   trex.grouped_mm_weight_grad                     -> npu_grouped_matmul_add (group_type=2)
   moe_combine        trex.moe_combine                                -> npu_moe_token_unpermute
@@ -75,6 +75,7 @@ class Emitter:
 
     def resolve(self, value: Any) -> Any:
         """Region nodes an earlier rewrite replaced, swapped for their replacements."""
+
         def one(node: fx.Node) -> fx.Node:
             while node in self.replaced:
                 node = self.replaced[node]
@@ -87,8 +88,14 @@ class Emitter:
             old.replace_all_uses_with(new, propagate_meta=False)
             self.replaced[old] = new
 
-    def npu(self, op_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
-            allowed: dict[str, Sequence[Any]] | None = None) -> fx.Node:
+    def npu(
+        self,
+        op_name: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        allowed: dict[str, Sequence[Any]] | None = None,
+    ) -> fx.Node:
         args, kwargs = self.resolve((tuple(args), dict(kwargs or {})))
         self.check(op_name, args, kwargs, allowed=allowed)
         node = self._call(emulation.op(op_name, emulate=self.emulate), tuple(args), kwargs)
@@ -165,7 +172,12 @@ class RmsNorm(Pattern):
                 continue
             x, upcast, rsqrt, eps, region = found
             w, xv = _val(weight), _val(x)
-            if not (isinstance(w, torch.Tensor) and w.dim() == 1 and w.size(0) == xv.size(-1) and w.dtype == xv.dtype == _dtype(node)):
+            if not (
+                isinstance(w, torch.Tensor)
+                and w.dim() == 1
+                and w.size(0) == xv.size(-1)
+                and w.dtype == xv.dtype == _dtype(node)
+            ):
                 continue
             if list(_val(node).shape) != list(xv.shape):
                 continue
@@ -193,8 +205,14 @@ class RmsNorm(Pattern):
             dims = mean.args[1]
             keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
             power = mean.args[0]
-            if not (keepdim and len(dims) == 1 and _last_dim(power, dims[0]) and _is(power, aten.pow.Tensor_Scalar)
-                    and power.args[0] is x32 and power.args[1] == 2):
+            if not (
+                keepdim
+                and len(dims) == 1
+                and _last_dim(power, dims[0])
+                and _is(power, aten.pow.Tensor_Scalar)
+                and power.args[0] is x32
+                and power.args[1] == 2
+            ):
                 continue
             upcast, x = None, x32
             if _is(x32, aten._to_copy.default) and set(x32.kwargs) <= {"dtype"} and _dtype(x32) == torch.float32:
@@ -221,7 +239,9 @@ def _halves(node: Any) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
     if size is None or size % 2 or not _last_dim(x, dim):
         return None
     sizes = split.args[1]
-    if (isinstance(sizes, int) and sizes != size // 2) or (isinstance(sizes, (list, tuple)) and list(sizes) != [size // 2] * 2):
+    if (isinstance(sizes, int) and sizes != size // 2) or (
+        isinstance(sizes, (list, tuple)) and list(sizes) != [size // 2] * 2
+    ):
         return None
     items = _getitems(split)
     if set(items) - {0, 1} or len(items) != 2:
@@ -291,7 +311,11 @@ class ClippedSwiGlu(Pattern):
                 continue
 
             def emit(e: Emitter, x=x, limit=float(limit)):
-                out = e.npu("npu_clipped_swiglu", (x,), {"dim": -1, "alpha": 1.0, "limit": limit, "bias": 0.0, "interleaved": False})
+                out = e.npu(
+                    "npu_clipped_swiglu",
+                    (x,),
+                    {"dim": -1, "alpha": 1.0, "limit": limit, "bias": 0.0, "interleaved": False},
+                )
                 return {node: out}
 
             return Match(self.name, self.op, [split, gate, up, silu.args[0], clamped_up, silu, node], emit)
@@ -310,7 +334,11 @@ class SwiGluBackward(Pattern):
         if len(parts) != 2 or not _last_dim(node, dim):
             return None
         grad_gate, grad_up = parts
-        if not (_is(grad_gate, aten.silu_backward.default) and _is(grad_gate.args[0], aten.mul.Tensor) and _is(grad_up, aten.mul.Tensor)):
+        if not (
+            _is(grad_gate, aten.silu_backward.default)
+            and _is(grad_gate.args[0], aten.mul.Tensor)
+            and _is(grad_up, aten.mul.Tensor)
+        ):
             return None
         halves = _halves(grad_gate.args[1])
         if halves is None:
@@ -355,7 +383,8 @@ class Rotary(Pattern):
                 values = [_val(v) for v in (x, cos, sin, node)]
                 if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
                     continue
-                if list(values[3].shape) != list(values[0].shape) or not (values[0].dtype == values[3].dtype):
+                same = list(values[3].shape) == list(values[0].shape) and values[0].dtype == values[3].dtype
+                if not same:
                     continue
 
                 def emit(e: Emitter, x=x, cos=cos, sin=sin):
@@ -396,7 +425,9 @@ class GatingTopK(Pattern):
         k = node.args[1]
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
         largest = node.args[3] if len(node.args) > 3 else node.kwargs.get("largest", True)
-        if not (_is(probs, aten._softmax.default) and largest and _last_dim(probs, dim) and _last_dim(probs, probs.args[1])):
+        if not (
+            _is(probs, aten._softmax.default) and largest and _last_dim(probs, dim) and _last_dim(probs, probs.args[1])
+        ):
             return None
         logits = probs.args[0]
         if probs.args[2] or _dtype(logits) != _dtype(probs) or _val(logits).dim() not in (2, 3):
@@ -429,11 +460,19 @@ class MoeDispatch(Pattern):
 
         def emit(e: Emitter):
             index64 = e.cast(index, torch.int64, _dtype(index))
-            permuted = e.npu("npu_moe_token_permute", (hidden, index64), {"num_out_tokens": None, "padded_mode": False},
-                             allowed={"padded_mode": [False]})
+            permuted = e.npu(
+                "npu_moe_token_permute",
+                (hidden, index64),
+                {"num_out_tokens": None, "padded_mode": False},
+                allowed={"padded_mode": [False]},
+            )
             sorted_indices = e.item(permuted, 1)
-            sorted_experts = e.aten(aten.index_select.default, e.aten(aten.view.default, index, [-1]), 0, sorted_indices)
-            ends = e.npu("npu_moe_compute_expert_tokens", (e.cast(sorted_experts, torch.int32, _dtype(index)), int(num_experts)))
+            sorted_experts = e.aten(
+                aten.index_select.default, e.aten(aten.view.default, index, [-1]), 0, sorted_indices
+            )
+            ends = e.npu(
+                "npu_moe_compute_expert_tokens", (e.cast(sorted_experts, torch.int32, _dtype(index)), int(num_experts))
+            )
             replaced = {}
             if 0 in items:
                 replaced[items[0]] = e.item(permuted, 0)
@@ -455,9 +494,12 @@ class GroupedMm(Pattern):
 
         def emit(e: Emitter):
             group_list = e.cast(offsets, torch.int64, _dtype(offsets))
-            out = e.npu("npu_grouped_matmul", ([x], [weight]),
-                        {"group_list": group_list, "split_item": 3, "group_type": 0, "group_list_type": 0},
-                        allowed={"group_type": [0], "split_item": [2, 3]})
+            out = e.npu(
+                "npu_grouped_matmul",
+                ([x], [weight]),
+                {"group_list": group_list, "split_item": 3, "group_type": 0, "group_list_type": 0},
+                allowed={"group_type": [0], "split_item": [2, 3]},
+            )
             return {node: e.item(out, 0)}
 
         return Match(self.name, self.op, [node], emit)
@@ -474,9 +516,12 @@ class GroupedMmWeightGrad(Pattern):
         def emit(e: Emitter):
             zeros = e.aten(aten.zeros.default, list(out.shape), dtype=torch.float32, device=out.device)
             group_list = e.cast(offsets, torch.int64, _dtype(offsets))
-            summed = e.npu("npu_grouped_matmul_add", (zeros, a, b, group_list),
-                           {"transpose_x": True, "transpose_weight": False, "group_type": 2, "group_list_type": 0},
-                           allowed={"transpose_x": [True], "transpose_weight": [False], "group_type": [2]})
+            summed = e.npu(
+                "npu_grouped_matmul_add",
+                (zeros, a, b, group_list),
+                {"transpose_x": True, "transpose_weight": False, "group_type": 2, "group_list_type": 0},
+                allowed={"transpose_x": [True], "transpose_weight": [False], "group_type": [2]},
+            )
             return {node: e.cast(summed, out.dtype, torch.float32)}
 
         return Match(self.name, self.op, [node], emit)
@@ -490,8 +535,12 @@ class MoeCombine(Pattern):
         expert_out, perm, weights = node.args
 
         def emit(e: Emitter):
-            out = e.npu("npu_moe_token_unpermute", (expert_out, perm), {"probs": weights, "padded_mode": False, "restore_shape": None},
-                        allowed={"padded_mode": [False]})
+            out = e.npu(
+                "npu_moe_token_unpermute",
+                (expert_out, perm),
+                {"probs": weights, "padded_mode": False, "restore_shape": None},
+                allowed={"padded_mode": [False]},
+            )
             return {node: e.cast(out, _dtype(node), _dtype(expert_out))}
 
         return Match(self.name, self.op, [node], emit)
@@ -506,8 +555,12 @@ class MoeCombineBackward(Pattern):
         items = _getitems(node)
 
         def emit(e: Emitter):
-            grads = e.npu("npu_moe_token_unpermute_grad", (expert_out, grad_out, perm),
-                          {"probs": weights, "padded_mode": False, "restore_shape": None}, allowed={"padded_mode": [False]})
+            grads = e.npu(
+                "npu_moe_token_unpermute_grad",
+                (expert_out, grad_out, perm),
+                {"probs": weights, "padded_mode": False, "restore_shape": None},
+                allowed={"padded_mode": [False]},
+            )
             replaced = {}
             if 0 in items:
                 replaced[items[0]] = e.cast(e.item(grads, 0), _dtype(items[0]), _dtype(expert_out))
@@ -529,16 +582,30 @@ class MoeDispatchBackward(Pattern):
             return None
 
         def emit(e: Emitter):
-            out = e.npu("npu_moe_token_permute_grad_v2", (grad_sorted, perm, int(num_tokens), _dtype(node), rows // int(num_tokens)),
-                        {"padded_mode": False}, allowed={"padded_mode": [False]})
+            out = e.npu(
+                "npu_moe_token_permute_grad_v2",
+                (grad_sorted, perm, int(num_tokens), _dtype(node), rows // int(num_tokens)),
+                {"padded_mode": False},
+                allowed={"padded_mode": [False]},
+            )
             return {node: out}
 
         return Match(self.name, self.op, [node], emit)
 
 
 PATTERNS: tuple[Pattern, ...] = (
-    MoeDispatch(), GroupedMm(), GroupedMmWeightGrad(), MoeCombine(), MoeCombineBackward(), MoeDispatchBackward(),
-    RmsNorm(), ClippedSwiGlu(), SwiGlu(), SwiGluBackward(), Rotary(), GatingTopK(),
+    MoeDispatch(),
+    GroupedMm(),
+    GroupedMmWeightGrad(),
+    MoeCombine(),
+    MoeCombineBackward(),
+    MoeDispatchBackward(),
+    RmsNorm(),
+    ClippedSwiGlu(),
+    SwiGlu(),
+    SwiGluBackward(),
+    Rotary(),
+    GatingTopK(),
 )
 
 

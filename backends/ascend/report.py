@@ -85,7 +85,10 @@ def describe(reports: list[AscendGraphReport]) -> list[str]:
     moe_total = sum(r.moe_total_s for r in reports)
     moe_fused = sum(r.moe_fused_s for r in reports)
     target = reports[0].target
-    line = f"ascend: torch_npu fused ops take {100 * fused / total:.1f}% of the predicted time on {target} ({fused * 1e6:.1f} of {total * 1e6:.1f} us)"
+    line = (
+        f"ascend: torch_npu fused ops take {100 * fused / total:.1f}% of the predicted time on {target} "
+        f"({fused * 1e6:.1f} of {total * 1e6:.1f} us)"
+    )
     if moe_total:
         line += f"; MoE layers: {100 * moe_fused / moe_total:.1f}% ({moe_fused * 1e6:.1f} of {moe_total * 1e6:.1f} us)"
     ops = Counter()

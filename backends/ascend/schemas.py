@@ -68,7 +68,9 @@ def schema_lines(yaml_text: str) -> dict[str, str]:
         if "(" not in schema:  # e.g. `func: clone` (an aten op listed by name only)
             continue
         if name in found and found[name] != schema:
-            raise AscendSchemaError(f"torch_npu's yaml declares {name} twice with different schemas:\n  {found[name]}\n  {schema}")
+            raise AscendSchemaError(
+                f"torch_npu's yaml declares {name} twice with different schemas:\n  {found[name]}\n  {schema}"
+            )
         found.setdefault(name, schema)
     return found
 
@@ -92,18 +94,24 @@ def read_data_file(path: Path = DATA_FILE) -> tuple[dict[str, str], dict[str, st
 def shipped_schemas() -> dict[str, torch._C.FunctionSchema]:
     """The parsed schemas of the emitted ops, from the data file extracted from torch_npu's wheel."""
     if not DATA_FILE.is_file():
-        raise AscendSchemaError(f"{DATA_FILE} is missing; regenerate it with `python -m trex.backends.ascend.extract_schemas WHEEL`")
+        raise AscendSchemaError(
+            f"{DATA_FILE} is missing; regenerate it with `python -m trex.backends.ascend.extract_schemas WHEEL`"
+        )
     _, texts = read_data_file()
     missing = [op for op in EMITTED_OPS if op not in texts]
     if missing:
-        raise AscendSchemaError(f"{DATA_FILE.name} lacks the schema of {', '.join(missing)}; regenerate it with extract_schemas")
+        raise AscendSchemaError(
+            f"{DATA_FILE.name} lacks the schema of {', '.join(missing)}; regenerate it with extract_schemas"
+        )
     return {name: torch._C.parse_schema(text) for name, text in texts.items()}
 
 
 def schema_of(op: str) -> torch._C.FunctionSchema:
     schemas = shipped_schemas()
     if op not in schemas:
-        raise AscendSchemaError(f"{op} is not an operator of torch_npu {TORCH_NPU_VERSION} (known here: {', '.join(sorted(schemas))})")
+        raise AscendSchemaError(
+            f"{op} is not an operator of torch_npu {TORCH_NPU_VERSION} (known here: {', '.join(sorted(schemas))})"
+        )
     return schemas[op]
 
 
@@ -146,7 +154,11 @@ def _type_problem(type_: Any, value: Any) -> str | None:
     if kind == "StringType":
         return None if isinstance(concrete, str) else f"expected str, got {type(concrete).__name__} {concrete!r}"
     if kind == "ScalarTypeType" or str(type_) == "ScalarType":
-        return None if isinstance(concrete, torch.dtype) else f"expected a dtype (ScalarType), got {type(concrete).__name__}"
+        return (
+            None
+            if isinstance(concrete, torch.dtype)
+            else f"expected a dtype (ScalarType), got {type(concrete).__name__}"
+        )
     return None if concrete is not None else f"expected {type_}, got None"
 
 
@@ -158,8 +170,13 @@ class BoundCall:
     arguments: Mapping[str, Any]
 
 
-def check_call(op: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-               allowed: Mapping[str, Sequence[Any]] | None = None) -> BoundCall:
+def check_call(
+    op: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    allowed: Mapping[str, Sequence[Any]] | None = None,
+) -> BoundCall:
     """Bind a call to torch_npu's schema of `op`, or raise `AscendSchemaError` naming op and argument.
 
     `allowed` restricts argument values further (values the op's documentation says it supports,
@@ -173,12 +190,16 @@ def check_call(op: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | No
     bound: dict[str, Any] = {}
     for argument, value in zip(arguments, args):
         if argument.kwarg_only:
-            raise AscendSchemaError(f"{op}: argument {argument.name!r} is keyword-only in torch_npu's schema but was passed by position")
+            raise AscendSchemaError(
+                f"{op}: argument {argument.name!r} is keyword-only in torch_npu's schema but was passed by position"
+            )
         bound[argument.name] = value
     names = {a.name for a in arguments}
     for name, value in kwargs.items():
         if name not in names:
-            raise AscendSchemaError(f"{op}: no argument named {name!r} in torch_npu's schema ({', '.join(a.name for a in arguments)})")
+            raise AscendSchemaError(
+                f"{op}: no argument named {name!r} in torch_npu's schema ({', '.join(a.name for a in arguments)})"
+            )
         if name in bound:
             raise AscendSchemaError(f"{op}: argument {name!r} given by position and by keyword")
         bound[name] = value
@@ -194,5 +215,7 @@ def check_call(op: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | No
             raise AscendSchemaError(f"{op}: argument {argument.name!r} ({declared}): {problem}")
     for name, values in (allowed or {}).items():
         if bound.get(name) not in values:
-            raise AscendSchemaError(f"{op}: argument {name!r}={bound.get(name)!r}; torch_npu supports only {list(values)} here")
+            raise AscendSchemaError(
+                f"{op}: argument {name!r}={bound.get(name)!r}; torch_npu supports only {list(values)} here"
+            )
     return BoundCall(op, bound)

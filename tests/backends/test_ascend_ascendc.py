@@ -63,12 +63,15 @@ def _group_inputs(gm, args, group):
 SMALL = VectorCoreProfile("test-small-ub", vector_cores=3, ub_bytes=4096)
 
 
-@pytest.mark.parametrize(("dtype", "profile"), [
-    pytest.param(torch.bfloat16, SMALL, id="bf16-small-ub"),
-    pytest.param(torch.float32, SMALL, id="fp32-small-ub", marks=pytest.mark.slow),
-    pytest.param(torch.float32, VECTOR_CORES["ascend-910c"], id="fp32-910c", marks=pytest.mark.slow),
-    pytest.param(torch.bfloat16, VECTOR_CORES["ascend-910c"], id="bf16-910c", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    ("dtype", "profile"),
+    [
+        pytest.param(torch.bfloat16, SMALL, id="bf16-small-ub"),
+        pytest.param(torch.float32, SMALL, id="fp32-small-ub", marks=pytest.mark.slow),
+        pytest.param(torch.float32, VECTOR_CORES["ascend-910c"], id="fp32-910c", marks=pytest.mark.slow),
+        pytest.param(torch.bfloat16, VECTOR_CORES["ascend-910c"], id="bf16-910c", marks=pytest.mark.slow),
+    ],
+)
 def test_numpy_tiling_model_equals_eager_on_three_v4_groups(dtype, profile, tmp_path):
     kernels = 0
     for name, function, args in _cases(dtype):
@@ -79,13 +82,17 @@ def test_numpy_tiling_model_equals_eager_on_three_v4_groups(dtype, profile, tmp_
         tiling = kernel.tiling
         assert tiling.ub_bytes_used <= profile.ub_bytes and tiling.tile % 16 == 0
         if profile is SMALL:
-            assert tiling.block > tiling.tile and tiling.total % tiling.tile, f"{name}: expected several tiles and a tail"
+            assert tiling.block > tiling.tile and tiling.total % tiling.tile, (
+                f"{name}: expected several tiles and a tail"
+            )
         inputs = _group_inputs(gm, args, groups[0])
         expected = run_eager(groups[0], inputs)
         got = TilingModel(kernel).run_numpy([i.float().numpy() for i in inputs])
         for a, b in zip(got, expected):
             if dtype == torch.bfloat16:  # the kernel computes in fp32 and rounds the output once
-                np.testing.assert_allclose(torch.from_numpy(a).to(dtype).float().numpy(), b.float().numpy(), rtol=2e-2, atol=2e-2)
+                np.testing.assert_allclose(
+                    torch.from_numpy(a).to(dtype).float().numpy(), b.float().numpy(), rtol=2e-2, atol=2e-2
+                )
             else:
                 np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-5)
         source = kernel.source

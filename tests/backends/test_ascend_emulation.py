@@ -50,10 +50,14 @@ def test_grouped_matmul_and_grouped_matmul_add_equal_trex_grouped_mm():
     hidden, index, _ = _routing()
     sorted_hidden, _, offsets = trex_ops.moe_dispatch(hidden, index, 4)
     weight = torch.randn(4, 8, 12)
-    (out,) = npu.npu_grouped_matmul([sorted_hidden], [weight], group_list=offsets.long(), split_item=3, group_type=0, group_list_type=0)
+    (out,) = npu.npu_grouped_matmul(
+        [sorted_hidden], [weight], group_list=offsets.long(), split_item=3, group_type=0, group_list_type=0
+    )
     torch.testing.assert_close(out, trex_ops.grouped_mm(sorted_hidden, weight, offsets))
     counts = torch.diff(offsets.long(), prepend=torch.zeros(1, dtype=torch.long))
-    (by_count,) = npu.npu_grouped_matmul([sorted_hidden], [weight], group_list=counts, split_item=3, group_type=0, group_list_type=1)
+    (by_count,) = npu.npu_grouped_matmul(
+        [sorted_hidden], [weight], group_list=counts, split_item=3, group_type=0, group_list_type=1
+    )
     torch.testing.assert_close(by_count, out)
     b = torch.randn(sorted_hidden.size(0), 12)
     summed = npu.npu_grouped_matmul_add(torch.zeros(4, 8, 12), sorted_hidden, b, offsets.long())
@@ -103,7 +107,9 @@ def test_grouped_matmul_emulation_handles_widths_torch_grouped_mm_rejects():
     hidden, index, _ = _routing()
     sorted_hidden, _, offsets = trex_ops.moe_dispatch(hidden, index, 4)
     weight = torch.randn(4, 8, 5)  # 5 fp32 columns: not a 16-byte stride
-    (out,) = npu.npu_grouped_matmul([sorted_hidden], [weight], group_list=offsets.long(), split_item=3, group_type=0, group_list_type=0)
+    (out,) = npu.npu_grouped_matmul(
+        [sorted_hidden], [weight], group_list=offsets.long(), split_item=3, group_type=0, group_list_type=0
+    )
     start = 0
     for expert, end in enumerate(offsets.tolist()):
         torch.testing.assert_close(out[start:end], sorted_hidden[start:end] @ weight[expert])

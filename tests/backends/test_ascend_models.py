@@ -14,12 +14,28 @@ from trex.models import build_model, tiny_config
 
 # fp32: the emulations compute what eager computes, in another order. bf16: as tests/compiler/test_compile_models.py
 # (the fused RMSNorm and token ops round once where eager rounds at each step).
-TOLERANCE = {torch.float32: dict(loss=(1e-5, 1e-6), grad=(1e-4, 1e-5)), torch.bfloat16: dict(loss=(1e-2, 1e-2), grad=(5e-2, 2e-2))}
+TOLERANCE = {
+    torch.float32: dict(loss=(1e-5, 1e-6), grad=(1e-4, 1e-5)),
+    torch.bfloat16: dict(loss=(1e-2, 1e-2), grad=(5e-2, 2e-2)),
+}
 # ops every family must get (its MoE layers), and the extra ones its attention/MLP shapes allow
-MOE_OPS = {"npu_moe_token_permute", "npu_moe_compute_expert_tokens", "npu_grouped_matmul", "npu_grouped_matmul_add",
-           "npu_moe_token_unpermute", "npu_moe_token_unpermute_grad", "npu_moe_token_permute_grad_v2"}
+MOE_OPS = {
+    "npu_moe_token_permute",
+    "npu_moe_compute_expert_tokens",
+    "npu_grouped_matmul",
+    "npu_grouped_matmul_add",
+    "npu_moe_token_unpermute",
+    "npu_moe_token_unpermute_grad",
+    "npu_moe_token_permute_grad_v2",
+}
 EXTRA_OPS = {
-    "qwen3-moe": {"npu_swiglu", "npu_swiglu_backward", "npu_rotary_mul", "npu_moe_gating_top_k_softmax", "npu_rms_norm"},
+    "qwen3-moe": {
+        "npu_swiglu",
+        "npu_swiglu_backward",
+        "npu_rotary_mul",
+        "npu_moe_gating_top_k_softmax",
+        "npu_rms_norm",
+    },
     "deepseek-v3": {"npu_swiglu", "npu_swiglu_backward", "npu_rms_norm"},
     "deepseek-v4": {"npu_clipped_swiglu"},
 }

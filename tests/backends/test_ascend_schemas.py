@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import trex
-from trex.backends.ascend import AscendBackend, AscendSchemaError, check_call
-from trex.backends.ascend import emulation
+from trex.backends.ascend import AscendBackend, AscendSchemaError, check_call, emulation
 from trex.backends.ascend.extract_schemas import render, wheel_schemas
 from trex.backends.ascend.patterns import Match, Pattern, RmsNorm
 from trex.backends.ascend.schemas import DATA_FILE, EMITTED_OPS, YAML_IN_WHEEL, read_data_file, shipped_schemas
@@ -36,7 +35,9 @@ def _check_against(wheel: Path) -> None:
     for op in EMITTED_OPS:
         assert checked_in[op] == shipped[op], f"{op}: the checked-in schema differs from {wheel.name}'s"
     if header.get("wheel") == wheel.name:
-        assert render(wheel) == DATA_FILE.read_text(), "data/torch_npu_schemas.txt is not what extract_schemas writes for this wheel"
+        assert render(wheel) == DATA_FILE.read_text(), (
+            "data/torch_npu_schemas.txt is not what extract_schemas writes for this wheel"
+        )
 
 
 def test_checked_in_schemas_parse_and_cover_every_emitted_op():
@@ -50,7 +51,10 @@ def test_checked_in_schemas_parse_and_cover_every_emitted_op():
 def test_checked_in_schemas_equal_the_wheels():
     wheel = _local_wheel()
     if wheel is None:
-        pytest.skip(f"no torch_npu 2.13.0 wheel here (set TREX_TORCH_NPU_WHEEL or put it in {WHEEL_CACHE}; the slow test downloads it)")
+        pytest.skip(
+            f"no torch_npu 2.13.0 wheel here (set TREX_TORCH_NPU_WHEEL or put it in {WHEEL_CACHE}; "
+            "the slow test downloads it)"
+        )
     _check_against(wheel)
 
 
@@ -59,8 +63,11 @@ def test_checked_in_schemas_equal_the_downloaded_wheels(tmp_path):
     """Downloads torch_npu 2.13.0 (no deps, ~44 MB; it is not imported) and re-checks the data file."""
     WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
     if _local_wheel() is None:
-        result = subprocess.run([sys.executable, "-m", "pip", "download", "torch_npu==2.13.0", "--no-deps", "-d", str(WHEEL_CACHE)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "torch_npu==2.13.0", "--no-deps", "-d", str(WHEEL_CACHE)],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             pytest.skip(f"pip could not download torch_npu 2.13.0: {result.stderr[-300:]}")
     wheel = _local_wheel()
@@ -73,8 +80,9 @@ def test_emulated_ops_are_registered_with_the_shipped_schemas():
     for name in emulation.EMULATED:
         registered = getattr(torch.ops.npu_emul, name).default._schema
         shipped = shipped_schemas()[name]
-        assert [(a.name, str(a.real_type), a.kwarg_only, str(a.default_value)) for a in registered.arguments] == \
-            [(a.name, str(a.real_type), a.kwarg_only, str(a.default_value)) for a in shipped.arguments], name
+        assert [(a.name, str(a.real_type), a.kwarg_only, str(a.default_value)) for a in registered.arguments] == [
+            (a.name, str(a.real_type), a.kwarg_only, str(a.default_value)) for a in shipped.arguments
+        ], name
         assert [str(r.real_type) for r in registered.returns] == [str(r.real_type) for r in shipped.returns], name
 
 
@@ -87,7 +95,12 @@ def test_emulated_ops_are_registered_with_the_shipped_schemas():
         ("npu_swiglu", (torch.ones(2, 4),), {"dim": 1.5}, "'dim'"),
         ("npu_grouped_matmul", ([torch.ones(2, 4)], [torch.ones(1, 4, 4)], None), {}, "keyword-only"),
         ("npu_grouped_matmul", (torch.ones(2, 4), [torch.ones(1, 4, 4)]), {}, "'x'"),
-        ("npu_moe_token_permute", (torch.ones(2, 4), torch.ones(2, 2, dtype=torch.long)), {"padded_mode": True}, "'padded_mode'"),
+        (
+            "npu_moe_token_permute",
+            (torch.ones(2, 4), torch.ones(2, 2, dtype=torch.long)),
+            {"padded_mode": True},
+            "'padded_mode'",
+        ),
         ("npu_no_such_op", (), {}, "npu_no_such_op"),
     ],
 )
