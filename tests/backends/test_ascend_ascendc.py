@@ -31,8 +31,9 @@ def _v4_clamped_swiglu(gate_up):
     return _gated_activation(gate_up, "silu", V4_LIMIT)
 
 
-def _v4_gate_residual(hidden, gate_logits, update):
-    """The residual update of V4's hyper-connections: hidden + sigmoid(gate) * update (elementwise)."""
+def _sigmoid_gated_residual(hidden, gate_logits, update):
+    """A generic gated residual, hidden + sigmoid(gate) * update (not taken from V4: the slow test below
+    takes its groups from the compiled V4 graph itself)."""
     return hidden + torch.sigmoid(gate_logits) * update
 
 
@@ -43,7 +44,7 @@ def _cases(dtype):
     return [
         ("clamped_swiglu_backward", _v4_clamped_swiglu_backward, (grad.to(dtype), gate_up.to(dtype))),
         ("clamped_swiglu", _v4_clamped_swiglu, (gate_up.to(dtype),)),
-        ("gated_residual", _v4_gate_residual, (h.to(dtype), gl.to(dtype), u.to(dtype))),
+        ("gated_residual", _sigmoid_gated_residual, (h.to(dtype), gl.to(dtype), u.to(dtype))),
     ]
 
 
@@ -112,3 +113,35 @@ def test_the_clamped_swiglu_backward_kernel_uses_vector_instructions():
     for instruction in ("Mins(", "Maxs(", "Exp(", "CompareScalar(", "Select(", "Cast(", "DataCopyPad("):
         assert instruction in kernel.source
     assert "bfloat16_t" in kernel.source
+
+
+@pytest.mark.slow
+def test_groups_of_the_compiled_v4_graph_get_kernels_whose_tiling_model_equals_eager():
+    """Compiles tiny DeepSeek-V4 with backend=["ascend"] (minutes on 2 cores) and emits a kernel for every
+    distinct elementwise group left to eager in its forward and backward graphs."""
+    import trex
+    from trex.models import build_model, tiny_config
+
+    config = tiny_config("deepseek-v4")
+    compiled = trex.compile(build_model(config, seed=1), backend=["ascend"])
+    input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss.backward()
+    kinds = {}
+    for lowering in compiled.trex.graphs[0].lowerings.values():
+        for group in find_fusion_groups(lowering.module):
+            kinds.setdefault(tuple(str(n.target) for n in group.nodes), group)
+    assert len(kinds) >= 3, f"only {len(kinds)} kinds of elementwise groups in the V4 graph"
+    generator = torch.Generator().manual_seed(0)
+    for group in kinds.values():
+        inputs = []
+        for node in group.inputs:
+            value = node.meta["val"]
+            if value.dtype == torch.bool:
+                inputs.append(torch.rand(value.shape, generator=generator) > 0.5)
+            else:
+                inputs.append((torch.randn(value.shape, generator=generator) * 4).to(value.dtype))
+        kernel = emit_kernel(group, SMALL)
+        expected = run_eager(group, inputs)
+        got = TilingModel(kernel).run_numpy([i.float().numpy() for i in inputs])
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b.float().numpy(), rtol=1e-5, atol=1e-5, err_msg=group.name)
