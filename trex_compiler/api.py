@@ -54,11 +54,24 @@ class CompileSession:
     def summary(self) -> str:
         lines = [f"trex: {len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s); target {self.options.target.name}; backends {', '.join(b.name for b in self.options.backends)}"]
         lines += [f"  {g.summary()}" for g in self.graphs]
+        from trex.backends.reports import backend_summary_lines
+
+        lines += [f"  {line}" for line in backend_summary_lines(self.options.backends, self._lowerings())]
         if self.first_call_seconds is not None:
             lines.append(f"  first call (capture + compile + run): {self.first_call_seconds:.2f} s")
         if self.dump_dir is not None:
             lines.append(f"  dumps: {self.dump_dir}")
         return "\n".join(lines)
+
+
+    def _lowerings(self) -> list:
+        return [lowering for g in self.graphs for lowering in g.lowerings.values()]
+
+    def lowered_ops(self) -> dict[str, list[str]]:
+        """Backend name -> the names of the ops it emitted (e.g. {"ascend": ["npu_rms_norm", ...]})."""
+        from trex.backends.reports import emitted_ops
+
+        return emitted_ops(self._lowerings())
 
 
 class CompiledModule(torch.nn.Module):

@@ -101,7 +101,7 @@ def test_register_backend_makes_it_available_by_name(small_moe):
 
 def test_unknown_backend_and_target_names_list_the_valid_ones(small_moe):
     model, _ = small_moe
-    with pytest.raises(trex.UnknownNameError, match="valid backends: eager"):
+    with pytest.raises(trex.UnknownNameError, match=r"valid backends: (\w+, )*eager"):
         trex.compile(model, backend="tritn")
     with pytest.raises(trex.UnknownNameError, match="ascend-910b") as error:
         trex.compile(model, target="h1000")

@@ -1,0 +1,119 @@
+"""`AscendBackend` ("ascend"): lowers MoE training graphs to torch_npu's fused operators.
+
+supports(node) says yes for the nodes of the regions `patterns.find_matches` recognises in the
+node's graph (matched once per graph, with every node priced on the Ascend target by
+`trex.cost_model.annotate`); lower(gm) re-matches the regions inside the partition it is given,
+emits the fused calls (each checked against torch_npu's schema), and returns the rewritten graph.
+Without torch_npu and an NPU the fused calls are the CPU emulations (`emulation.py`), so a graph
+lowered for Ascend runs here and is compared with eager.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import fx
+
+from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
+from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
+from trex.backends.backend import Backend
+from trex.graph_copy import copy_graph_module
+
+DEFAULT_TARGET = "ascend-910c"
+
+
+class AscendLoweredModule:
+    """A partition lowered for Ascend: the rewritten graph, the torch_npu ops it calls, its report."""
+
+    def __init__(
+        self, module: fx.GraphModule, emitted_ops: list[str], matches: list[Match], report: AscendGraphReport | None
+    ):
+        self.module = module
+        self.emitted_ops = emitted_ops  # torch_npu op names, one entry per emitted call
+        self.patterns = [m.pattern for m in matches]
+        self.report = report
+
+    def __call__(self, *args: Any) -> Any:
+        return self.module(*args)
+
+
+@dataclass
+class _GraphState:
+    claimed: set[fx.Node] = field(default_factory=set)
+    report: AscendGraphReport | None = None
+
+
+class AscendBackend(Backend):
+    name: ClassVar[str] = "ascend"
+    description: ClassVar[str] = (
+        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, MoE gating/permute/unpermute, grouped GEMMs), "
+        "checked against torch_npu's schemas; CPU emulation without an NPU"
+    )
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        patterns: Sequence[Pattern] = PATTERNS,
+        *,
+        emulate: bool | None = None,
+        check: Callable[..., Any] | None = None,
+    ):
+        self.target = target
+        self.patterns = tuple(patterns)
+        self.emulate = emulate
+        self.check = check
+        self._graphs: weakref.WeakKeyDictionary[fx.Graph, _GraphState] = weakref.WeakKeyDictionary()
+        self._current: _GraphState | None = None
+        self.reports: list[AscendGraphReport] = []
+
+    def _state(self, graph: fx.Graph) -> _GraphState:
+        state = self._graphs.get(graph)
+        if state is None:
+            matches = find_matches(graph, self.patterns)
+            state = _GraphState({n for m in matches for n in m.nodes})
+            state.report = price_graph(graph, self.target, matches)
+            self.reports.append(state.report)
+            self._graphs[graph] = state
+        self._current = state
+        return state
+
+    def summary_lines(self, subgraphs: Sequence[Any]) -> list[str]:
+        """The share of predicted time that went to torch_npu fused ops (see `report.describe`)."""
+        reports = list({id(r): r for s in subgraphs if (r := getattr(s.compiled, "report", None)) is not None}.values())
+        return describe(reports)
+
+    def supports(self, node: fx.Node) -> bool:
+        try:
+            return node in self._state(node.graph).claimed
+        except Exception:  # noqa: BLE001 - supports() never raises; an unmatched graph is simply not ours
+            return False
+
+    def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        gm = copy_graph_module(gm)
+        matches = find_matches(gm.graph, self.patterns)
+        emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
+        for match in matches:
+            anchor = match.nodes[-1]
+            with gm.graph.inserting_after(anchor):
+                emitter.replace(match.emit(emitter))
+        fused_nodes = {n.name for m in matches for n in m.nodes}
+        _topological_sort(gm.graph)
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+        remaining = {n.name for n in gm.graph.nodes}
+        report = self._current.report if self._current is not None else None
+        if report is not None:
+            report.record_fused(fused_nodes - remaining, emitter.emitted)
+        return AscendLoweredModule(gm, emitter.emitted, matches, report)
+
+
+def _topological_sort(graph: fx.Graph) -> None:
+    """Reorder nodes so every node follows its inputs, keeping the order otherwise (emitted calls sit
+    after the region's anchor, which may come after uses of the region's intermediate results)."""
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    stable_topological_sort(graph)

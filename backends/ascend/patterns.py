@@ -1,0 +1,632 @@
+"""Pattern matching of canonicalized aten regions onto torch_npu fused operators.
+
+Each pattern names the torch_npu operator (and so the schema) it targets, recognises its region
+from an anchor node (the region's last node), and emits the fused call through `Emitter`, which
+checks every call against torch_npu's shipped schema before it enters the graph. A rewrite replaces
+the uses of the region's results with the fused op's outputs (cast back to the dtype each use had),
+then dead-code elimination removes the region's nodes nobody else needs; nodes that other parts of
+the graph still use (a value saved for the backward, say) stay, so the rewrite never changes what
+the graph computes, only how.
+
+Regions (forward and backward of training graphs after `passes.canonicalize.moe`):
+  rms_norm           pow/mean/add/rsqrt/mul(/cast)/mul(weight)       -> npu_rms_norm
+  swiglu             split in halves, silu(first) * second           -> npu_swiglu
+  clipped_swiglu     silu(clamp(x1, max=L)) * clamp(x2, -L, L)       -> npu_clipped_swiglu (alpha=1, bias=0, halves)
+  swiglu_backward    cat(silu_backward(g*up, gate), g*silu(gate))    -> npu_swiglu_backward
+  rotary             x*cos + cat(-x2, x1)*sin  (4-D, "half")         -> npu_rotary_mul
+  gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
+  moe_dispatch       trex.moe_dispatch                    -> npu_moe_token_permute + npu_moe_compute_expert_tokens
+  grouped_mm         trex.grouped_mm                                 -> npu_grouped_matmul (group_type=0)
+  grouped_mm_wgrad   trex.grouped_mm_weight_grad                     -> npu_grouped_matmul_add (group_type=2)
+  moe_combine        trex.moe_combine                                -> npu_moe_token_unpermute
+  moe_combine_bwd    trex.moe_combine_backward                       -> npu_moe_token_unpermute_grad
+  moe_dispatch_bwd   trex.moe_dispatch_backward                      -> npu_moe_token_permute_grad_v2
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+import trex.ops.moe  # noqa: F401 - the trex MoE ops the patterns anchor on
+from trex.backends.ascend import emulation
+from trex.backends.ascend.schemas import check_call
+
+aten = torch.ops.aten
+trex_ops = torch.ops.trex
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _is(node: Any, *targets: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _dtype(node: Any) -> torch.dtype | None:
+    value = _val(node)
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _last_dim(node: fx.Node, dim: Any) -> bool:
+    value = _val(node)
+    return isinstance(value, torch.Tensor) and isinstance(dim, int) and dim in (-1, value.dim() - 1)
+
+
+def _getitems(node: fx.Node) -> dict[int, fx.Node]:
+    return {user.args[1]: user for user in node.users if _is(user, operator.getitem)}
+
+
+class Emitter:
+    """Inserts schema-checked torch_npu calls (and aten glue) into a graph; records what it emitted."""
+
+    def __init__(self, graph: fx.Graph, *, emulate: bool | None = None, check: Callable[..., Any] = check_call):
+        self.graph = graph
+        self.emulate = emulate
+        self.check = check
+        self.emitted: list[str] = []
+        self.replaced: dict[fx.Node, fx.Node] = {}  # region node -> the value now standing for it
+
+    def resolve(self, value: Any) -> Any:
+        """Region nodes an earlier rewrite replaced, swapped for their replacements."""
+
+        def one(node: fx.Node) -> fx.Node:
+            while node in self.replaced:
+                node = self.replaced[node]
+            return node
+
+        return torch.utils._pytree.tree_map_only(fx.Node, one, value)
+
+    def replace(self, replacements: dict[fx.Node, fx.Node]) -> None:
+        for old, new in replacements.items():
+            old.replace_all_uses_with(new, propagate_meta=False)
+            self.replaced[old] = new
+
+    def npu(
+        self,
+        op_name: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        allowed: dict[str, Sequence[Any]] | None = None,
+    ) -> fx.Node:
+        args, kwargs = self.resolve((tuple(args), dict(kwargs or {})))
+        self.check(op_name, args, kwargs, allowed=allowed)
+        node = self._call(emulation.op(op_name, emulate=self.emulate), tuple(args), kwargs)
+        node.meta["trex_npu_op"] = op_name
+        self.emitted.append(op_name)
+        return node
+
+    def _call(self, target: Any, args: tuple, kwargs: dict) -> fx.Node:
+        args, kwargs = self.resolve((tuple(args), dict(kwargs)))
+        node = self.graph.call_function(target, args, kwargs)
+        node.meta["val"] = _fake_value(target, args, kwargs)
+        return node
+
+    def aten(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        return self._call(target, args, kwargs)
+
+    def item(self, node: fx.Node, index: int) -> fx.Node:
+        return self._call(operator.getitem, (node, index), {})
+
+    def cast(self, node: fx.Node, dtype: torch.dtype | None, like: torch.dtype | None = None) -> fx.Node:
+        """`node` converted to `dtype` (no node when `like`, the value's known dtype, already is it)."""
+        if dtype is None or like == dtype:
+            return node
+        return self._call(aten._to_copy.default, (node,), {"dtype": dtype})
+
+
+def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
+    """The FakeTensor value of a new node, computed in the fake mode of its inputs' values."""
+    from torch._guards import detect_fake_mode
+
+    values = torch.utils._pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (args, kwargs))
+    if target is operator.getitem:
+        return values[0][0][values[0][1]]
+    fake_mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
+    if fake_mode is None:
+        return None
+    with fake_mode:
+        return target(*values[0], **values[1])
+
+
+@dataclass
+class Match:
+    """A region recognised by a pattern: its nodes and how to emit the fused replacement."""
+
+    pattern: str
+    op: str  # the torch_npu operator (schema) the region is lowered to
+    nodes: list[fx.Node]
+    emit: Callable[[Emitter], dict[fx.Node, fx.Node]]  # region node -> value replacing its uses
+    extra_ops: list[str] = field(default_factory=list)
+
+
+class Pattern:
+    name: str
+    op: str
+    anchors: tuple[Any, ...]
+
+    def match(self, node: fx.Node) -> Match | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class RmsNorm(Pattern):
+    """weight * (x * rsqrt(mean(x^2, -1, keepdim) + eps)) [with x upcast to fp32 and the product cast back]."""
+
+    name, op = "rms_norm", "npu_rms_norm"
+    anchors = (aten.mul.Tensor,)
+
+    def match(self, node):
+        for weight, normed in (node.args, node.args[::-1]):
+            found = self._normalized(normed)
+            if found is None or not isinstance(weight, fx.Node):
+                continue
+            x, upcast, rsqrt, eps, region = found
+            w, xv = _val(weight), _val(x)
+            if not (
+                isinstance(w, torch.Tensor)
+                and w.dim() == 1
+                and w.size(0) == xv.size(-1)
+                and w.dtype == xv.dtype == _dtype(node)
+            ):
+                continue
+            if list(_val(node).shape) != list(xv.shape):
+                continue
+
+            def emit(e: Emitter, x=x, weight=weight, eps=eps, rsqrt=rsqrt):
+                fused = e.npu("npu_rms_norm", (x, weight), {"epsilon": float(eps)})
+                return {node: e.item(fused, 0), rsqrt: e.item(fused, 1)}
+
+            return Match(self.name, self.op, [*region, node], emit)
+        return None
+
+    def _normalized(self, normed):
+        cast = None
+        if _is(normed, aten._to_copy.default) and set(normed.kwargs) <= {"dtype"}:
+            cast, normed = normed, normed.args[0]
+        if not _is(normed, aten.mul.Tensor):
+            return None
+        for x32, rsqrt in (normed.args, normed.args[::-1]):
+            if not _is(rsqrt, aten.rsqrt.default) or not _is(rsqrt.args[0], aten.add.Tensor):
+                continue
+            add = rsqrt.args[0]
+            mean, eps = add.args
+            if not (_is(mean, aten.mean.dim) and isinstance(eps, (int, float))):
+                continue
+            dims = mean.args[1]
+            keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+            power = mean.args[0]
+            if not (
+                keepdim
+                and len(dims) == 1
+                and _last_dim(power, dims[0])
+                and _is(power, aten.pow.Tensor_Scalar)
+                and power.args[0] is x32
+                and power.args[1] == 2
+            ):
+                continue
+            upcast, x = None, x32
+            if _is(x32, aten._to_copy.default) and set(x32.kwargs) <= {"dtype"} and _dtype(x32) == torch.float32:
+                upcast, x = x32, x32.args[0]
+            if _dtype(x32) != torch.float32:
+                continue
+            if cast is not None and _dtype(cast) != _dtype(x):
+                continue
+            region = [n for n in (upcast, power, mean, add, rsqrt, normed, cast) if n is not None]
+            return x, upcast, rsqrt, eps, region
+        return None
+
+
+def _halves(node: Any) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | None:
+    """(x, split, first, second) when `node` is first/second half of x split in two along the last dim."""
+    if not _is(node, operator.getitem):
+        return None
+    split = node.args[0]
+    if not _is(split, aten.split.Tensor, aten.split_with_sizes.default):
+        return None
+    x = split.args[0]
+    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+    size = _val(x).size(-1) if isinstance(_val(x), torch.Tensor) else None
+    if size is None or size % 2 or not _last_dim(x, dim):
+        return None
+    sizes = split.args[1]
+    if (isinstance(sizes, int) and sizes != size // 2) or (
+        isinstance(sizes, (list, tuple)) and list(sizes) != [size // 2] * 2
+    ):
+        return None
+    items = _getitems(split)
+    if set(items) - {0, 1} or len(items) != 2:
+        return None
+    return x, split, items[0], items[1]
+
+
+class SwiGlu(Pattern):
+    """silu(x[..., :n]) * x[..., n:] with x split in halves along the last dim."""
+
+    name, op = "swiglu", "npu_swiglu"
+    anchors = (aten.mul.Tensor,)
+
+    def match(self, node):
+        for silu, up in (node.args, node.args[::-1]):
+            if not _is(silu, aten.silu.default):
+                continue
+            halves = _halves(silu.args[0])
+            if halves is None or halves[3] is not up or silu.args[0] is not halves[2]:
+                continue
+            x, split, gate, _ = halves
+            if _dtype(x) != _dtype(node):
+                continue
+
+            def emit(e: Emitter, x=x):
+                return {node: e.npu("npu_swiglu", (x,), {"dim": -1})}
+
+            return Match(self.name, self.op, [split, gate, up, silu, node], emit)
+        return None
+
+
+def _clamp_bounds(node: Any) -> tuple[Any, Any, Any] | None:
+    """(input, min, max) of an aten clamp (clamp / clamp_max / clamp_min), else None."""
+    if _is(node, aten.clamp.default):
+        low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+        high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        return node.args[0], low, high
+    if _is(node, aten.clamp_max.default):
+        return node.args[0], None, node.args[1]
+    if _is(node, aten.clamp_min.default):
+        return node.args[0], node.args[1], None
+    return None
+
+
+class ClippedSwiGlu(Pattern):
+    """silu(clamp(x1, max=L)) * clamp(x2, -L, L) (DeepSeek-V4's swiglu_limit) with x split in halves."""
+
+    name, op = "clipped_swiglu", "npu_clipped_swiglu"
+    anchors = (aten.mul.Tensor,)
+
+    def match(self, node):
+        for silu, clamped_up in (node.args, node.args[::-1]):
+            if not _is(silu, aten.silu.default):
+                continue
+            gate_bounds, up_bounds = _clamp_bounds(silu.args[0]), _clamp_bounds(clamped_up)
+            if gate_bounds is None or up_bounds is None:
+                continue
+            gate, gate_low, limit = gate_bounds
+            up, up_low, up_high = up_bounds
+            if gate_low is not None or not isinstance(limit, (int, float)) or up_low != -limit or up_high != limit:
+                continue
+            halves = _halves(gate)
+            if halves is None or halves[2] is not gate or halves[3] is not up:
+                continue
+            x, split, _, _ = halves
+            if _dtype(x) != _dtype(node):
+                continue
+
+            def emit(e: Emitter, x=x, limit=float(limit)):
+                out = e.npu(
+                    "npu_clipped_swiglu",
+                    (x,),
+                    {"dim": -1, "alpha": 1.0, "limit": limit, "bias": 0.0, "interleaved": False},
+                )
+                return {node: out}
+
+            return Match(self.name, self.op, [split, gate, up, silu.args[0], clamped_up, silu, node], emit)
+        return None
+
+
+class SwiGluBackward(Pattern):
+    """cat([silu_backward(g * up, gate), g * silu(gate)], -1): the gradient of SwiGLU w.r.t. its input."""
+
+    name, op = "swiglu_backward", "npu_swiglu_backward"
+    anchors = (aten.cat.default,)
+
+    def match(self, node):
+        parts = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if len(parts) != 2 or not _last_dim(node, dim):
+            return None
+        grad_gate, grad_up = parts
+        if not (
+            _is(grad_gate, aten.silu_backward.default)
+            and _is(grad_gate.args[0], aten.mul.Tensor)
+            and _is(grad_up, aten.mul.Tensor)
+        ):
+            return None
+        halves = _halves(grad_gate.args[1])
+        if halves is None:
+            return None
+        x, split, gate, up = halves
+        g_up = grad_gate.args[0]
+        if up not in g_up.args:
+            return None
+        grad = g_up.args[1] if g_up.args[0] is up else g_up.args[0]
+        silu = next((a for a in grad_up.args if _is(a, aten.silu.default) and a.args[0] is gate), None)
+        if silu is None or grad not in grad_up.args or _dtype(node) != _dtype(x):
+            return None
+
+        def emit(e: Emitter, x=x, grad=grad):
+            return {node: e.npu("npu_swiglu_backward", (grad, x), {"dim": -1})}
+
+        return Match(self.name, self.op, [split, gate, up, g_up, grad_gate, silu, grad_up, node], emit)
+
+
+class Rotary(Pattern):
+    """x * cos + cat([-x2, x1], -1) * sin (rotate-half RoPE) on 4-D tensors."""
+
+    name, op = "rotary", "npu_rotary_mul"
+    anchors = (aten.add.Tensor,)
+
+    def match(self, node):
+        if len(node.args) != 2 or node.kwargs:
+            return None
+        for straight, rotated in (node.args, node.args[::-1]):
+            if not (_is(straight, aten.mul.Tensor) and _is(rotated, aten.mul.Tensor)):
+                continue
+            for rot_cat, sin in (rotated.args, rotated.args[::-1]):
+                if not _is(rot_cat, aten.cat.default):
+                    continue
+                found = self._rotate_half(rot_cat)
+                if found is None:
+                    continue
+                x, region = found
+                if x not in straight.args:
+                    continue
+                cos = straight.args[1] if straight.args[0] is x else straight.args[0]
+                values = [_val(v) for v in (x, cos, sin, node)]
+                if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
+                    continue
+                same = list(values[3].shape) == list(values[0].shape) and values[0].dtype == values[3].dtype
+                if not same:
+                    continue
+
+                def emit(e: Emitter, x=x, cos=cos, sin=sin):
+                    out = e.npu("npu_rotary_mul", (x, cos, sin), {"rotary_mode": "half"})
+                    return {node: e.cast(out, _dtype(node), _dtype(x))}
+
+                return Match(self.name, self.op, [*region, straight, rotated, node], emit)
+        return None
+
+    def _rotate_half(self, cat):
+        parts = cat.args[0]
+        dim = cat.args[1] if len(cat.args) > 1 else 0
+        if len(parts) != 2 or not _last_dim(cat, dim) or not _is(parts[0], aten.neg.default):
+            return None
+        second, first = parts[0].args[0], parts[1]
+        if not (_is(second, aten.slice.Tensor) and _is(first, aten.slice.Tensor) and second.args[0] is first.args[0]):
+            return None
+        x = first.args[0]
+        size = _val(x).size(-1)
+        bounds = lambda s: (s.args[2] if len(s.args) > 2 else None, s.args[3] if len(s.args) > 3 else None)  # noqa: E731
+        if not (_last_dim(x, first.args[1]) and _last_dim(x, second.args[1])):
+            return None
+        start1, end1 = bounds(first)
+        start2, end2 = bounds(second)
+        if not ((start1 in (0, None)) and end1 == size // 2 and start2 == size // 2 and (end2 is None or end2 >= size)):
+            return None
+        return x, [first, second, parts[0], cat]
+
+
+class GatingTopK(Pattern):
+    """topk(softmax(logits, -1), k, -1): MoE gating; the softmax stays where its output is needed elsewhere."""
+
+    name, op = "gating_topk", "npu_moe_gating_top_k_softmax"
+    anchors = (aten.topk.default,)
+
+    def match(self, node):
+        probs = node.args[0]
+        k = node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
+        largest = node.args[3] if len(node.args) > 3 else node.kwargs.get("largest", True)
+        if not (
+            _is(probs, aten._softmax.default) and largest and _last_dim(probs, dim) and _last_dim(probs, probs.args[1])
+        ):
+            return None
+        logits = probs.args[0]
+        if probs.args[2] or _dtype(logits) != _dtype(probs) or _val(logits).dim() not in (2, 3):
+            return None
+        items = _getitems(node)
+
+        def emit(e: Emitter, logits=logits, k=k):
+            fused = e.npu("npu_moe_gating_top_k_softmax", (logits,), {"finished": None, "k": int(k)})
+            replaced = {}
+            if 0 in items:
+                replaced[items[0]] = e.item(fused, 0)
+            if 1 in items:
+                replaced[items[1]] = e.cast(e.item(fused, 1), _dtype(items[1]), torch.int32)
+            return replaced
+
+        return Match(self.name, self.op, [probs, node, *items.values()], emit)
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE primitives (trex.ops.moe): one torch_npu op each (plus index glue).
+
+
+class MoeDispatch(Pattern):
+    name, op = "moe_dispatch", "npu_moe_token_permute"
+    anchors = (trex_ops.moe_dispatch.default,)
+
+    def match(self, node):
+        hidden, index, num_experts = node.args
+        items = _getitems(node)
+
+        def emit(e: Emitter):
+            index64 = e.cast(index, torch.int64, _dtype(index))
+            permuted = e.npu(
+                "npu_moe_token_permute",
+                (hidden, index64),
+                {"num_out_tokens": None, "padded_mode": False},
+                allowed={"padded_mode": [False]},
+            )
+            sorted_indices = e.item(permuted, 1)
+            sorted_experts = e.aten(
+                aten.index_select.default, e.aten(aten.view.default, index, [-1]), 0, sorted_indices
+            )
+            ends = e.npu(
+                "npu_moe_compute_expert_tokens", (e.cast(sorted_experts, torch.int32, _dtype(index)), int(num_experts))
+            )
+            replaced = {}
+            if 0 in items:
+                replaced[items[0]] = e.item(permuted, 0)
+            if 1 in items:
+                replaced[items[1]] = e.cast(sorted_indices, _dtype(items[1]), torch.int32)
+            if 2 in items:
+                replaced[items[2]] = e.cast(ends, _dtype(items[2]), torch.int32)
+            return replaced
+
+        return Match(self.name, self.op, [node, *items.values()], emit, ["npu_moe_compute_expert_tokens"])
+
+
+class GroupedMm(Pattern):
+    name, op = "grouped_mm", "npu_grouped_matmul"
+    anchors = (trex_ops.grouped_mm.default,)
+
+    def match(self, node):
+        x, weight, offsets = node.args
+
+        def emit(e: Emitter):
+            group_list = e.cast(offsets, torch.int64, _dtype(offsets))
+            out = e.npu(
+                "npu_grouped_matmul",
+                ([x], [weight]),
+                {"group_list": group_list, "split_item": 3, "group_type": 0, "group_list_type": 0},
+                allowed={"group_type": [0], "split_item": [2, 3]},
+            )
+            return {node: e.item(out, 0)}
+
+        return Match(self.name, self.op, [node], emit)
+
+
+class GroupedMmWeightGrad(Pattern):
+    name, op = "grouped_mm_wgrad", "npu_grouped_matmul_add"
+    anchors = (trex_ops.grouped_mm_weight_grad.default,)
+
+    def match(self, node):
+        a, b, offsets = node.args
+        out = _val(node)
+
+        def emit(e: Emitter):
+            zeros = e.aten(aten.zeros.default, list(out.shape), dtype=torch.float32, device=out.device)
+            group_list = e.cast(offsets, torch.int64, _dtype(offsets))
+            summed = e.npu(
+                "npu_grouped_matmul_add",
+                (zeros, a, b, group_list),
+                {"transpose_x": True, "transpose_weight": False, "group_type": 2, "group_list_type": 0},
+                allowed={"transpose_x": [True], "transpose_weight": [False], "group_type": [2]},
+            )
+            return {node: e.cast(summed, out.dtype, torch.float32)}
+
+        return Match(self.name, self.op, [node], emit)
+
+
+class MoeCombine(Pattern):
+    name, op = "moe_combine", "npu_moe_token_unpermute"
+    anchors = (trex_ops.moe_combine.default,)
+
+    def match(self, node):
+        expert_out, perm, weights = node.args
+
+        def emit(e: Emitter):
+            out = e.npu(
+                "npu_moe_token_unpermute",
+                (expert_out, perm),
+                {"probs": weights, "padded_mode": False, "restore_shape": None},
+                allowed={"padded_mode": [False]},
+            )
+            return {node: e.cast(out, _dtype(node), _dtype(expert_out))}
+
+        return Match(self.name, self.op, [node], emit)
+
+
+class MoeCombineBackward(Pattern):
+    name, op = "moe_combine_bwd", "npu_moe_token_unpermute_grad"
+    anchors = (trex_ops.moe_combine_backward.default,)
+
+    def match(self, node):
+        grad_out, expert_out, perm, weights = node.args
+        items = _getitems(node)
+
+        def emit(e: Emitter):
+            grads = e.npu(
+                "npu_moe_token_unpermute_grad",
+                (expert_out, grad_out, perm),
+                {"probs": weights, "padded_mode": False, "restore_shape": None},
+                allowed={"padded_mode": [False]},
+            )
+            replaced = {}
+            if 0 in items:
+                replaced[items[0]] = e.cast(e.item(grads, 0), _dtype(items[0]), _dtype(expert_out))
+            if 1 in items:
+                replaced[items[1]] = e.cast(e.item(grads, 1), _dtype(items[1]), _dtype(weights))
+            return replaced
+
+        return Match(self.name, self.op, [node, *items.values()], emit)
+
+
+class MoeDispatchBackward(Pattern):
+    name, op = "moe_dispatch_bwd", "npu_moe_token_permute_grad_v2"
+    anchors = (trex_ops.moe_dispatch_backward.default,)
+
+    def match(self, node):
+        grad_sorted, perm, num_tokens = node.args
+        rows = _val(perm).numel()
+        if rows % num_tokens:
+            return None
+
+        def emit(e: Emitter):
+            out = e.npu(
+                "npu_moe_token_permute_grad_v2",
+                (grad_sorted, perm, int(num_tokens), _dtype(node), rows // int(num_tokens)),
+                {"padded_mode": False},
+                allowed={"padded_mode": [False]},
+            )
+            return {node: out}
+
+        return Match(self.name, self.op, [node], emit)
+
+
+PATTERNS: tuple[Pattern, ...] = (
+    MoeDispatch(),
+    GroupedMm(),
+    GroupedMmWeightGrad(),
+    MoeCombine(),
+    MoeCombineBackward(),
+    MoeDispatchBackward(),
+    RmsNorm(),
+    ClippedSwiGlu(),
+    SwiGlu(),
+    SwiGluBackward(),
+    Rotary(),
+    GatingTopK(),
+)
+
+
+def find_matches(graph: fx.Graph, patterns: Sequence[Pattern] = PATTERNS) -> list[Match]:
+    """Non-overlapping matches, scanning anchors in graph order (a node belongs to one region at most)."""
+    by_anchor: dict[Any, list[Pattern]] = {}
+    for pattern in patterns:
+        for anchor in pattern.anchors:
+            by_anchor.setdefault(anchor, []).append(pattern)
+    taken: set[fx.Node] = set()
+    matches: list[Match] = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node in taken:
+            continue
+        for pattern in by_anchor.get(node.target, ()):
+            try:
+                match = pattern.match(node)
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+                match = None  # an unexpected argument layout is simply not this pattern
+            if match is not None and not (set(match.nodes) & taken):
+                matches.append(match)
+                taken.update(match.nodes)
+                break
+    return matches

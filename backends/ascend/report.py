@@ -1,0 +1,98 @@
+"""How much of a graph's predicted time on the Ascend target went to torch_npu fused operators.
+
+Every node of the graph the backend sees is priced on the target (`trex.cost_model.annotate`, the
+cost stored as `node.meta["ascend_cost"]` so the pipeline's own `meta["cost"]` stays as it was).
+After lowering, a region node counts as fused when the rewrite removed it (its work is done by the
+fused op); region nodes still needed elsewhere stay in the graph and count as not fused. MoE-layer
+nodes (tagged `meta["trex_moe"]` by canonicalization) are also summed on their own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from torch import fx
+
+COST_KEY = "ascend_cost"
+
+
+@dataclass
+class AscendGraphReport:
+    target: str
+    phase: str = ""
+    total_s: float = 0.0
+    moe_total_s: float = 0.0
+    fused_s: float = 0.0
+    moe_fused_s: float = 0.0
+    unpriced: int = 0
+    node_seconds: dict[str, float] = field(default_factory=dict)  # node name -> predicted seconds
+    moe_nodes: set[str] = field(default_factory=set)
+    fused_nodes: set[str] = field(default_factory=set)
+    emitted: Counter = field(default_factory=Counter)
+
+    def record_fused(self, nodes: set[str], emitted: list[str]) -> None:
+        new = nodes - self.fused_nodes
+        self.fused_nodes |= new
+        self.fused_s += sum(self.node_seconds.get(n, 0.0) for n in new)
+        self.moe_fused_s += sum(self.node_seconds.get(n, 0.0) for n in new if n in self.moe_nodes)
+        self.emitted.update(emitted)
+
+    @property
+    def share(self) -> float:
+        return self.fused_s / self.total_s if self.total_s else 0.0
+
+    @property
+    def moe_share(self) -> float:
+        return self.moe_fused_s / self.moe_total_s if self.moe_total_s else 0.0
+
+
+def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
+    """Price every call node of `graph` on `target` (kept apart from the pipeline's own costs)."""
+    from trex.cost_model.annotate import annotate
+
+    saved = {n: n.meta["cost"] for n in graph.nodes if "cost" in n.meta}
+    try:
+        annotate(graph, target)
+        report = AscendGraphReport(target=target)
+        for node in graph.nodes:
+            cost = node.meta.get("cost")
+            if node.op != "call_function" or cost is None:
+                continue
+            node.meta[COST_KEY] = cost
+            if not cost.priced:
+                report.unpriced += 1
+            report.node_seconds[node.name] = cost.time_s
+            report.total_s += cost.time_s
+            if node.meta.get("trex_moe") is not None:
+                report.moe_nodes.add(node.name)
+                report.moe_total_s += cost.time_s
+    finally:
+        for node in graph.nodes:
+            node.meta.pop("cost", None)
+            if node in saved:
+                node.meta["cost"] = saved[node]
+    return report
+
+
+def describe(reports: list[AscendGraphReport]) -> list[str]:
+    """Summary lines: the fused share of predicted time, overall and for the MoE layers."""
+    reports = [r for r in reports if r.total_s > 0]
+    if not reports:
+        return []
+    total = sum(r.total_s for r in reports)
+    fused = sum(r.fused_s for r in reports)
+    moe_total = sum(r.moe_total_s for r in reports)
+    moe_fused = sum(r.moe_fused_s for r in reports)
+    target = reports[0].target
+    line = (
+        f"ascend: torch_npu fused ops take {100 * fused / total:.1f}% of the predicted time on {target} "
+        f"({fused * 1e6:.1f} of {total * 1e6:.1f} us)"
+    )
+    if moe_total:
+        line += f"; MoE layers: {100 * moe_fused / moe_total:.1f}% ({moe_fused * 1e6:.1f} of {moe_total * 1e6:.1f} us)"
+    ops = Counter()
+    for r in reports:
+        ops.update(r.emitted)
+    lines = [line, "ascend: emitted " + ", ".join(f"{name} x{count}" for name, count in sorted(ops.items()))]
+    return lines
