@@ -182,8 +182,9 @@ def test_programs_run_outside_the_evaluators_session_and_miss_its_ctrl_c():
     assert session != os.getsid(0) and group != os.getpgid(0)
 
 
-def test_an_aborted_run_raises_instead_of_returning_a_result():
-    with Sandbox(FAST_LIMITS, isolation="process") as sandbox:
+@pytest.mark.parametrize("warm", [True, False])
+def test_an_aborted_run_raises_instead_of_returning_a_result(warm):
+    with Sandbox(FAST_LIMITS, isolation="process", warm=warm) as sandbox:
         outcome: list = []
 
         def run() -> None:
@@ -195,7 +196,7 @@ def test_an_aborted_run_raises_instead_of_returning_a_result():
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.monotonic() + 30
-        while not sandbox._in_flight and time.monotonic() < deadline:
+        while not (sandbox._in_flight or (sandbox._pool is not None and sandbox._pool._busy)) and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.3)
         started = time.monotonic()
