@@ -41,7 +41,8 @@ def synth(isolation: str, n: int, workers: int, seed: int) -> tuple[float, float
 
     out = Path(tempfile.mkdtemp(prefix=f"or-data-{isolation}-"))
     started, cpu_before = time.monotonic(), cpu_seconds()
-    result = synthesize(SynthConfig(seed=seed, isolation=isolation), out, n, workers=workers, bench_dir=None, progress=False)
+    config = SynthConfig(seed=seed, isolation=isolation)
+    result = synthesize(config, out, n, workers=workers, bench_dir=None, progress=False)
     wall = time.monotonic() - started
     samples = result.stats["samples"]
     return samples / wall, (cpu_seconds() - cpu_before) / samples, out
@@ -93,9 +94,11 @@ def main() -> int:
 
     warm_rate, warm_cpu, warm_out = synth(args.isolation, args.n, args.workers, args.seed)
     cold_rate, cold_cpu, cold_out = synth(args.cold, args.n, args.workers, args.seed)
-    identical = all((warm_out / name).read_bytes() == (cold_out / name).read_bytes() for name in ("sft.jsonl", "cpt.jsonl"))
+    names = ("sft.jsonl", "cpt.jsonl")
+    identical = all((warm_out / name).read_bytes() == (cold_out / name).read_bytes() for name in names)
     print()
-    print("| samples | workers | warm samples/s | cold samples/s | warm / cold | CPU ms/sample warm | cold | outputs identical |")
+    print("| samples | workers | warm samples/s | cold samples/s | warm / cold | CPU ms/sample warm | cold | "
+          "outputs identical |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {args.n} | {args.workers} | {warm_rate:.2f} | {cold_rate:.2f} | {warm_rate / cold_rate:.1f}x | "
           f"{1000 * warm_cpu:.0f} | {1000 * cold_cpu:.0f} | {identical} |")
@@ -110,7 +113,8 @@ def main() -> int:
         plain.append(baseline)
         ratios.append(rate / baseline)
     print()
-    print(f"| programs | isolation | sandboxed programs/s (min/median/max) | plain python programs/s | sandboxed / plain | ran ok |")
+    print("| programs | isolation | sandboxed programs/s (min/median/max) | plain python programs/s | "
+          "sandboxed / plain | ran ok |")
     print("| --- | --- | --- | --- | --- | --- |")
     print(f"| {len(programs)} | {isolation} | {spread(sandboxed)} | {spread(plain)} | {spread(ratios)} | {ok} |")
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")

@@ -15,6 +15,7 @@ import os
 import sys
 
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+CONNECT = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\n"
 RAISE_ERRNO = "if result != 0:\n    code = ctypes.get_errno()\n    raise OSError(code, os.strerror(code))\n"
 
 # name -> (program, guard on?, expected failure kinds)
@@ -27,12 +28,13 @@ HOSTILE: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "write_outside_kernel": ("open({outside!r}, 'w').write('pwned')\n", False, ("file_denied", "runtime_error")),
     "read_secret": ("print(open({secret!r}).read())\n", True, ("file_denied",)),
     "read_secret_kernel": ("print(open({secret!r}).read())\n", False, ("file_denied", "runtime_error")),
-    "network_connect": ("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\n", True, ("network_denied",)),
-    "network_kernel": ("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\n", False, ("syscall_denied",)),
+    "network_connect": (CONNECT, True, ("network_denied",)),
+    "network_kernel": (CONNECT, False, ("syscall_denied",)),
     "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", True, ("signal_denied",)),
     "kill_parent_kernel": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')\n", False,
                            ("syscall_denied",)),
-    "ptrace_kernel": (LIBC + "result = libc.ptrace(16, os.getppid(), 0, 0)\n" + RAISE_ERRNO, False, ("syscall_denied",)),
+    "ptrace_kernel": (LIBC + "result = libc.ptrace(16, os.getppid(), 0, 0)\n" + RAISE_ERRNO, False,
+                      ("syscall_denied",)),
     "mount_kernel": (LIBC + "result = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n" + RAISE_ERRNO, False,
                      ("syscall_denied",)),
     "unshare_kernel": (LIBC + "result = libc.unshare(0x10000000)\n" + RAISE_ERRNO, False, ("syscall_denied",)),

@@ -19,7 +19,7 @@ import pytest
 from hostile_suite import HOSTILE, PROCESS_UNCONTAINED
 from workload_helpers import FAST_LIMITS, ISOLATIONS, requires_bwrap
 
-from trex.workloads.sandbox import FailureKind, Limits, Sandbox
+from trex.workloads.sandbox import FailureKind, Sandbox
 from trex.workloads.sandbox.cleanup import BASE_PREFIX, remove_abandoned_directories
 
 HERE = Path(__file__).resolve().parent
@@ -58,7 +58,8 @@ def test_seccomp_denials_are_reported_with_the_system_calls_name(sandboxes, isol
 
 
 def test_unix_sockets_stay_allowed(sandboxes):
-    execution = sandboxes("process", guard=False).run("import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))\n")
+    program = "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))\n"
+    execution = sandboxes("process", guard=False).run(program)
     assert execution.ok and execution.stdout.strip() == "b'x'", execution.detail
 
 
@@ -82,7 +83,8 @@ def test_a_warm_worker_gives_every_program_a_fresh_state(isolation):
         """
     )
     mark = uuid.uuid4().hex
-    with Sandbox(FAST_LIMITS, isolation=isolation, guard=False, seccomp=False, workers=1, env={"TREX_TEST_MARK": mark}) as sandbox:
+    options = {"guard": False, "seccomp": False, "workers": 1, "env": {"TREX_TEST_MARK": mark}}
+    with Sandbox(FAST_LIMITS, isolation=isolation, **options) as sandbox:
         first = sandbox.run(leave_traces)
         assert first.ok, first.detail + first.stderr
         second = sandbox.run(look_for_them)
@@ -124,7 +126,10 @@ def test_bad_programs_fail_each_in_its_own_way_and_the_run_goes_on(sandboxes, is
 
 @requires_bwrap
 def test_a_work_directory_filled_file_by_file_stops_at_its_size_cap(sandboxes):
-    program = "chunk = b'\\0' * (4 << 20)\nfor i in range(256):\n    open(f'part{i}.bin', 'wb').write(chunk)\nprint('wrote 1 GiB')\n"
+    program = (
+        "chunk = b'\\0' * (4 << 20)\nfor i in range(256):\n    open(f'part{i}.bin', 'wb').write(chunk)\n"
+        "print('wrote 1 GiB')\n"
+    )
     execution = sandboxes("bwrap").run(program)
     assert execution.failure is FailureKind.OUTPUT_LIMIT, execution.detail
     assert "full" in execution.detail and "wrote 1 GiB" not in execution.stdout
@@ -156,7 +161,9 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_next_start_removes_i
         sandbox.run({program!r})
         """
     )
-    process = subprocess.Popen([sys.executable, "-c", evaluator], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", evaluator], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     base = process.stdout.readline().strip()
     deadline = time.monotonic() + 60
     while not _processes_named(name) and time.monotonic() < deadline:
@@ -226,19 +233,23 @@ def _as_unprivileged_user(command: list[str]) -> list[str]:
             ancestor = "/" + "/".join(parts[:depth])
             if not os.stat(ancestor).st_mode & 0o001:
                 made = {"/", ancestor}
-                argv += ["--perms", "0755", "--tmpfs", ancestor, *_traversable_parents(path, made), "--ro-bind", path, path]
+                argv += ["--perms", "0755", "--tmpfs", ancestor, *_traversable_parents(path, made)]
+                argv += ["--ro-bind", path, path]
                 break
-    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+               "--bounding-set=-all"]
     return [*argv, "--setenv", "HOME", "/tmp", "--", *setpriv, *command]
 
 
+@pytest.mark.slow  # about a minute: every hostile program, two levels, a fresh interpreter as that user
 @pytest.mark.skipif(os.geteuid() != 0, reason="already unprivileged: the suite as the current user covers it")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop to an unprivileged uid")
 @requires_bwrap
 def test_the_hostile_suite_is_contained_as_an_unprivileged_user():
     secret = _secret_dir(NOBODY)
     try:
-        command = _as_unprivileged_user([sys.executable, str(HERE / "hostile_suite.py"), secret, "bwrap", "namespaces", "process"])
+        suite = [sys.executable, str(HERE / "hostile_suite.py"), secret, "bwrap", "namespaces", "process"]
+        command = _as_unprivileged_user(suite)
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -131,7 +131,9 @@ def synthesize(
             next_shard, reused = next_shard + 1, reused + 1
         _advance(bar, merger)
         if not merger.full and (max_shards is None or max_shards > 0):
-            made, reused_later = _make_shards(config, store, merger, next_shard, workers, teachers, judge, hide, bar, max_shards)
+            made, reused_later = _make_shards(
+                config, store, merger, next_shard, workers, teachers, judge, hide, bar, max_shards
+            )
             reused += reused_later
     finally:
         if bar is not None:

@@ -29,7 +29,8 @@ import threading
 from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, VISIBLE_ROOTS, is_within
 
 # What a worker running as root keeps: switching uids, handing the work directory over, and
-# cleaning up afterwards (files, and processes a program left behind under its uid). A program loses all of them with its setresuid.
+# cleaning up afterwards (files, and processes a program left behind under its uid). A program
+# loses all of them with its setresuid.
 ROOT_WORKER_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL")
 WORK_ROOT = "/tmp/programs"  # inside the container: where the programs' work directories are made
 _probe_lock = threading.Lock()

@@ -51,9 +51,11 @@ class Sandbox:
             execution.last_solve     # SolveRecord(api="pyscipopt", status="optimal", objective=...)
 
     `hide` adds paths the program must not read to the evaluator's own installation, which is
-    always hidden. `isolation` is "auto", "os" or "process" (see `trex.workloads.sandbox.isolation`).
-    `run` is thread-safe: an evaluator runs many programs at once from a thread pool; each run
-    is its own process tree, so threads only wait.
+    always hidden. `isolation` is "auto", "bwrap", "namespaces" ("os") or "process" (see
+    `trex.workloads.sandbox.isolation`). Under bwrap and process, `workers` warm workers (default:
+    one per core) run the programs (`warm=False` starts a fresh interpreter per program instead);
+    `seccomp=False` leaves the seccomp filter out. `run` is thread-safe: an evaluator runs many
+    programs at once from a thread pool; each run is its own process, so threads only wait.
     """
 
     def __init__(
@@ -361,7 +363,8 @@ class Sandbox:
             "guard": self.guard,
             "allow_fork": self.allow_fork,
         }
-        command = [self.interpreter.executable, "-I", "-B", os.path.join(self._runtime, "worker.py"), json.dumps(config)]
+        worker_py = os.path.join(self._runtime, "worker.py")
+        command = [self.interpreter.executable, "-I", "-B", worker_py, json.dumps(config)]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
         if bwrap:
@@ -403,7 +406,8 @@ class Sandbox:
             for io_dir in io_dirs:
                 _remove_tree(io_dir)
         if answer.worker_died is not None:
-            return Execution(failure=FailureKind.KILLED, detail=f"{answer.worker_died}: the program took its worker down",
+            detail = f"{answer.worker_died}: the program took its worker down"
+            return Execution(failure=FailureKind.KILLED, detail=detail,
                              exit_code=None, signal=None, stdout=stdout_text, stderr=stderr_text,
                              solves=solves_from(events), isolation=self.isolation)
         raw = RawOutcome(

@@ -122,7 +122,8 @@ class WarmWorker:
         if answer is None:
             alive = self.process.poll() is None
             self.kill()
-            return WorkerAnswer({}, worker_died="the worker stopped answering" if alive else "the worker died during the run")
+            reason = "the worker stopped answering" if alive else "the worker died during the run"
+            return WorkerAnswer({}, worker_died=reason)
         return WorkerAnswer(answer)
 
     @property

@@ -29,7 +29,6 @@ import base64
 import importlib
 import json
 import os
-import resource
 import select
 import shutil
 import signal
