@@ -82,7 +82,8 @@ def main() -> None:
             sandbox.wait_ready()  # worker start-up (interpreter + solver imports, once per worker) is not per-program time
             run = evaluate(benchmark, client, sandbox, form="orlm", workers=args.workers, progress=False)
             isolation = sandbox.isolation
-        sandbox_cpu = (cpu_seconds() - cpu_before) / len(benchmark)  # worker start-up included
+            worker_cpu = sandbox.worker_cpu_s
+        sandbox_cpu = (cpu_seconds() - cpu_before + worker_cpu) / len(benchmark)  # worker start-up included
         scores = {rule: 100 * build_report(run, rule).pass_at_1 for rule in Rule}
         failures = build_report(run, Rule.STRICT).failures
         baseline = None

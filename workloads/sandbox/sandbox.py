@@ -131,6 +131,12 @@ class Sandbox:
             self._pool.wait_ready()
 
     @property
+    def worker_cpu_s(self) -> float:
+        """CPU seconds the warm workers have used, their start-up and programs included (0 without
+        them): a bwrap container's CPU time does not reach this process's RUSAGE_CHILDREN."""
+        return 0.0 if self._pool is None else self._pool.cpu_s
+
+    @property
     def warm(self) -> bool:
         """True when programs run in warm workers (`bwrap` and `process` isolation)."""
         return self._pool is not None

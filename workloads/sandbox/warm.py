@@ -126,6 +126,16 @@ class WarmWorker:
             return WorkerAnswer({}, worker_died=reason)
         return WorkerAnswer(answer)
 
+    def stop(self) -> None:
+        """End an idle worker: its request channel closes, it exits (so its CPU time is accounted
+        to its parent like any reaped child's); killed if it does not within a few seconds."""
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -164,6 +174,8 @@ class WarmPool:
         self._startup_error: BaseException | None = None
         self.size = size
         self.info: dict = {}
+        self.worker_cpu_s: dict[int, float] = {}  # slot -> CPU seconds its current worker has used
+        self._retired_cpu_s = 0.0  # of workers replaced since
         threads = [threading.Thread(target=self._start_into_pool, args=(slot,), daemon=True) for slot in range(size)]
         for thread in threads:
             thread.start()
@@ -211,14 +223,22 @@ class WarmPool:
                     closed = self._closed
             if closed:
                 raise RunInterrupted("the program was stopped by an interrupt before it ended; it is not a result")
+            if "worker_cpu_s" in answer.status:
+                self.worker_cpu_s[slot] = float(answer.status["worker_cpu_s"])
             if answer.worker_died is None and answer.status.get("id") != request["id"]:
                 answer = WorkerAnswer({}, worker_died=f"the worker answered for run {answer.status.get('id')!r}")
             if answer.worker_died is not None:
                 worker.kill()
                 worker = None
+                self._retired_cpu_s += self.worker_cpu_s.pop(slot, 0.0)
             return answer
         finally:
             self._idle.put((slot, worker))
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds the workers reported so far (start-up, programs, clean-up), as of their last answer."""
+        return self._retired_cpu_s + sum(self.worker_cpu_s.values())
 
     def abort(self) -> None:
         """Kill every worker in flight (their programs die with them); later runs are refused."""
@@ -239,4 +259,4 @@ class WarmPool:
             except queue.Empty:
                 break
             if worker is not None:
-                worker.kill()
+                worker.stop()

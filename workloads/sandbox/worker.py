@@ -29,6 +29,7 @@ import base64
 import importlib
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -122,6 +123,9 @@ class Worker:
         if setup_error:
             answer["setup_error"] = setup_error
         _remove_tree(work_dir)
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        # everything this worker has used so far, start-up and its programs included
+        answer["worker_cpu_s"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
         return answer
 
     def _child(self, request: dict, work_dir: str, io_dir: str, opened: list[int], uid: int | None) -> None:
