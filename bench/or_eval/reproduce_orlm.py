@@ -7,7 +7,8 @@ sandbox (coptpy, as ORLM did), scores the results under the lenient, MAMO and st
 and prints a markdown table with the published numbers next to ours and the sandbox's
 throughput in programs per second. With --baseline it also runs the same programs as plain
 `python program.py` subprocesses (no sandbox, no limits) with the same number of workers, so
-the sandbox's overhead can be read off directly.
+the sandbox's overhead can be read off directly. CPU ms/program (this process and all it
+started, worker start-up included) is the figure a loaded, shared machine distorts least.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import importlib.metadata
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -34,8 +36,16 @@ PUBLISHED = {  # ../shared/reference/or_benchmarks.md, pass@1 in percent
 }
 
 
-def baseline_programs_per_s(programs: list[str], workers: int) -> float:
-    """Plain subprocesses, as ORLM's eval/execute.py runs them: the floor the sandbox adds to."""
+def cpu_seconds() -> float:
+    """CPU time of this process and of every descendant it has reaped (workers, programs, bwrap)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def baseline_programs_per_s(programs: list[str], workers: int) -> tuple[float, float]:
+    """Plain subprocesses, as ORLM's eval/execute.py runs them: the floor the sandbox adds to.
+    Returns programs per second and CPU seconds per program."""
+    cpu_before = cpu_seconds()
 
     def run(source: str) -> None:
         with tempfile.TemporaryDirectory() as work:
@@ -47,14 +57,14 @@ def baseline_programs_per_s(programs: list[str], workers: int) -> float:
     start = time.monotonic()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(run, programs))
-    return len(programs) / (time.monotonic() - start)
+    return len(programs) / (time.monotonic() - start), (cpu_seconds() - cpu_before) / len(programs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--predictions-dir", default=str(default_data_dir() / "orlm_predictions"))
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--isolation", default="auto", choices=("auto", "os", "process"))
+    parser.add_argument("--isolation", default="auto", choices=("auto", "bwrap", "namespaces", "process", "os"))
     parser.add_argument("--baseline", action="store_true", help="also time plain subprocesses without the sandbox")
     args = parser.parse_args()
 
@@ -67,25 +77,31 @@ def main() -> None:
     for name, published in PUBLISHED.items():
         client = ReplayClient(os.path.join(args.predictions_dir, name))
         benchmark = client.as_benchmark()
-        with Sandbox(Limits(wall_s=300, cpu_s=300), isolation=args.isolation, hide=[args.predictions_dir]) as sandbox:
+        cpu_before = cpu_seconds()
+        with Sandbox(Limits(wall_s=300, cpu_s=300), isolation=args.isolation, hide=[args.predictions_dir], workers=args.workers) as sandbox:
+            sandbox.wait_ready()  # worker start-up (interpreter + solver imports, once per worker) is not per-program time
             run = evaluate(benchmark, client, sandbox, form="orlm", workers=args.workers, progress=False)
             isolation = sandbox.isolation
+            worker_cpu = sandbox.worker_cpu_s
+        sandbox_cpu = (cpu_seconds() - cpu_before + worker_cpu) / len(benchmark)  # worker start-up included
         scores = {rule: 100 * build_report(run, rule).pass_at_1 for rule in Rule}
         failures = build_report(run, Rule.STRICT).failures
         baseline = None
         if args.baseline:
             baseline = baseline_programs_per_s([record.record["to_run_script"] for record in client.records], args.workers)
-        rows.append((name, len(benchmark), published, scores, run, isolation, failures, baseline))
+        rows.append((name, len(benchmark), published, scores, run, isolation, failures, baseline, sandbox_cpu))
 
     print()
-    print("| set | programs | lenient (published) | mamo 1e-4 (published) | strict 1e-6 (published) | failures | programs/s | wall s | isolation |" + (" plain subprocess programs/s |" if args.baseline else ""))
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if args.baseline else ""))
-    for name, size, published, scores, run, isolation, failures, baseline in rows:
+    print("| set | programs | lenient (published) | mamo 1e-4 (published) | strict 1e-6 (published) | failures | programs/s | wall s | isolation |" + " CPU ms/program |" + (" plain subprocess programs/s | sandbox / plain | plain CPU ms/program |" if args.baseline else ""))
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if args.baseline else ""))
+    for name, size, published, scores, run, isolation, failures, baseline, sandbox_cpu in rows:
         cells = [f"{scores[rule]:.1f}% ({published[rule]:.1f}%)" for rule in (Rule.LENIENT, Rule.MAMO, Rule.STRICT)]
         failure_text = ", ".join(f"{kind} {count}" for kind, count in failures.items()) or "none"
-        line = f"| {name.split('.executed')[0]} | {size} | {' | '.join(cells)} | {failure_text} | {run.programs_per_s:.2f} | {run.execution_wall_s:.1f} | {isolation} |"
+        line = (f"| {name.split('.executed')[0]} | {size} | {' | '.join(cells)} | {failure_text} | {run.programs_per_s:.2f} | "
+                f"{run.execution_wall_s:.1f} | {isolation} | {1000 * sandbox_cpu:.0f} |")
         if args.baseline:
-            line += f" {baseline:.2f} |"
+            rate, plain_cpu = baseline
+            line += f" {rate:.2f} | {run.programs_per_s / rate:.1f}x | {1000 * plain_cpu:.0f} |"
         print(line)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 

@@ -53,12 +53,14 @@ def predictions(tmp_path_factory) -> Path:
         for number in range(ITEMS):
             bound = number + 1
             answer = 2 * bound + 1
-            file.write(json.dumps({"question": f"item {number}", "answer": answer, "program": PROGRAM.format(bound=bound)}) + "\n")
+            record = {"question": f"item {number}", "answer": answer, "program": PROGRAM.format(bound=bound)}
+            file.write(json.dumps(record) + "\n")
     return path
 
 
 def _eval_command(predictions: Path, out: Path) -> list[str]:
-    return _trex("eval", "--client", "replay", "--predictions", str(predictions), "--form", "pyscipopt", "--out", str(out),
+    return _trex("eval", "--client", "replay", "--predictions", str(predictions), "--form", "pyscipopt",
+                 "--out", str(out),
                  "--workers", "2", "--isolation", "process", "--json", "--no-progress")
 
 
@@ -126,7 +128,8 @@ def test_eval_interrupted_at_other_points_matches_the_clean_run(predictions, cle
 
 
 def _synth_command(out: Path, workers: int) -> list[str]:
-    return _trex("data", "synth", "--n", "12", "--out", str(out), "--seed", "3", "--shard-size", "3", "--workers", str(workers),
+    return _trex("data", "synth", "--n", "12", "--out", str(out), "--seed", "3", "--shard-size", "3",
+                 "--workers", str(workers),
                  "--no-progress", "--no-decontaminate", "--isolation", "process", "--json")
 
 
@@ -152,7 +155,8 @@ def _shards_done(out: Path) -> int:
     return len(list((out / "shards").glob("shard-*.jsonl"))) if (out / "shards").is_dir() else 0
 
 
-@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
 def test_synth_interrupted_then_resumed_writes_the_clean_runs_output(clean_synth, tmp_path, workers):
     _interrupt_when(_synth_command(tmp_path, workers), lambda: _shards_done(tmp_path) >= 1)
     subprocess.run(_synth_command(tmp_path, workers), check=True, stdout=subprocess.DEVNULL, timeout=600)
@@ -182,8 +186,9 @@ def test_programs_run_outside_the_evaluators_session_and_miss_its_ctrl_c():
     assert session != os.getsid(0) and group != os.getpgid(0)
 
 
-def test_an_aborted_run_raises_instead_of_returning_a_result():
-    with Sandbox(FAST_LIMITS, isolation="process") as sandbox:
+@pytest.mark.parametrize("warm", [True, False])
+def test_an_aborted_run_raises_instead_of_returning_a_result(warm):
+    with Sandbox(FAST_LIMITS, isolation="process", warm=warm) as sandbox:
         outcome: list = []
 
         def run() -> None:
@@ -195,7 +200,10 @@ def test_an_aborted_run_raises_instead_of_returning_a_result():
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.monotonic() + 30
-        while not sandbox._in_flight and time.monotonic() < deadline:
+        def running() -> bool:
+            return bool(sandbox._in_flight or (sandbox._pool is not None and sandbox._pool._busy))
+
+        while not running() and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.3)
         started = time.monotonic()

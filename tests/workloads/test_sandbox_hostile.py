@@ -101,7 +101,7 @@ class TestHostilePrograms:
         sandbox = sandboxes(isolation)
         execution = sandbox.run("while True:\n    pass\n")
         assert execution.failure is FailureKind.CPU_LIMIT, execution.detail
-        assert execution.wall_s < FAST_LIMITS.cpu_s + 3
+        assert execution.wall_s < FAST_LIMITS.wall_s  # the CPU limit stopped it, not the wall clock (no timing: shared cores)
         assert_still_works(sandbox)
 
     def test_fork_storm_is_refused_and_leaves_no_process(self, isolation):
@@ -192,11 +192,11 @@ class TestKernelAlone:
 
     @pytest.fixture
     def bare(self, sandboxes):
-        return sandboxes("os", guard=False)
+        return sandboxes("namespaces", guard=False, seccomp=False)
 
     @pytest.fixture
     def marked(self):
-        sandbox, mark = marked_sandbox("os", guard=False)
+        sandbox, mark = marked_sandbox("namespaces", guard=False, seccomp=False)
         with sandbox:
             yield sandbox, mark
 

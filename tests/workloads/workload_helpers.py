@@ -37,10 +37,26 @@ def _os_isolation_reason() -> str | None:
 
 
 OS_UNAVAILABLE = _os_isolation_reason()
-requires_os_isolation = pytest.mark.skipif(OS_UNAVAILABLE is not None, reason=f"os isolation unavailable: {OS_UNAVAILABLE}")
+requires_os_isolation = pytest.mark.skipif(OS_UNAVAILABLE is not None, reason=f"namespaces isolation unavailable: {OS_UNAVAILABLE}")
 requires_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"benchmark data not found at {DATA_DIR}")
 
-ISOLATIONS = [pytest.param("os", marks=requires_os_isolation), "process"]
+
+def _bwrap_reason() -> str | None:
+    import sys
+
+    from trex.workloads.sandbox.bwrap import bwrap_unavailable
+
+    return bwrap_unavailable(sys.executable)
+
+
+BWRAP_UNAVAILABLE = _bwrap_reason()
+requires_bwrap = pytest.mark.skipif(BWRAP_UNAVAILABLE is not None, reason=f"bwrap isolation unavailable: {BWRAP_UNAVAILABLE}")
+
+ISOLATIONS = [
+    pytest.param("bwrap", marks=requires_bwrap),
+    pytest.param("namespaces", marks=requires_os_isolation),
+    "process",
+]
 
 
 class FakeOpenAIServer(ThreadingHTTPServer):

@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--families", metavar="A,B", help="problem families to use (default: all; see `trex data families`)")
     run.add_argument("--infeasible-share", type=float, default=0.06, help="share of infeasible instances (default: 0.06)")
     run.add_argument("--unbounded-share", type=float, default=0.03, help="share of unbounded instances (default: 0.03)")
-    run.add_argument("--isolation", choices=("auto", "os", "process"), default="auto", help="sandbox isolation for programs")
+    run.add_argument("--isolation", choices=("auto", "bwrap", "namespaces", "process", "os"), default="auto", help="sandbox isolation for programs")
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--max-shards", type=int, metavar="N", help="stop after making N shards (resumable)")
 
@@ -79,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     verify = commands.add_parser("verify", help="re-verify the samples of a run from its files")
     verify.add_argument("dir", metavar="DIR")
     verify.add_argument("--limit", type=int, metavar="N", help="check the first N samples only")
-    verify.add_argument("--isolation", choices=("auto", "os", "process"), default="auto")
+    verify.add_argument("--isolation", choices=("auto", "bwrap", "namespaces", "process", "os"), default="auto")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(run=run_verify)
 

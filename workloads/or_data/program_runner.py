@@ -56,7 +56,8 @@ class ProgramRunner:
     @property
     def sandbox(self) -> Sandbox:
         if self._sandbox is None:
-            self._sandbox = Sandbox(self.limits, isolation=self.isolation, hide=self.hide)
+            # one program at a time per runner (each synthesis worker process has its own): one warm worker
+            self._sandbox = Sandbox(self.limits, isolation=self.isolation, hide=self.hide, workers=1)
         return self._sandbox
 
     def run(self, source: str, files: Mapping[str, str] | None = None) -> ProgramRun:

@@ -131,7 +131,10 @@ def synthesize(
             next_shard, reused = next_shard + 1, reused + 1
         _advance(bar, merger)
         if not merger.full and (max_shards is None or max_shards > 0):
-            made = _make_shards(config, store, merger, next_shard, workers, teachers, judge, hide, bar, max_shards)
+            made, reused_later = _make_shards(
+                config, store, merger, next_shard, workers, teachers, judge, hide, bar, max_shards
+            )
+            reused += reused_later
     finally:
         if bar is not None:
             bar.close()
@@ -144,9 +147,10 @@ def synthesize(
 
 
 def _make_shards(config, store, merger, first, workers, teachers, judge, hide, bar, max_shards) -> int:
-    """Make shards from `first` on until the merger is full; returns how many were made."""
+    """Make shards from `first` on until the merger is full; returns how many were made and how
+    many finished ones were read back (an interrupted run may have finished shards after a gap)."""
     finished: dict[int, list[dict[str, Any]]] = {}
-    next_merge, next_submit, made = first, first, 0
+    next_merge, next_submit, made, reused = first, first, 0, 0
 
     def yield_rate() -> float:
         return len(merger.sft) / merger.seen_indices if merger.seen_indices else 1.0
@@ -172,14 +176,17 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
             while not merger.full and wanted():
                 shard = next_submit
                 next_submit += 1
-                results = store.read(shard) if store.done(shard) else synthesize_shard(store.indices(shard), context)
-                if not store.done(shard):
+                if store.done(shard):
+                    results = store.read(shard)
+                    reused += 1
+                else:
+                    results = synthesize_shard(store.indices(shard), context)
                     store.write(shard, results)
                     made += 1
                 absorb(shard, results)
         finally:
             context.close()
-        return made
+        return made, reused
 
     spawn = multiprocessing.get_context("spawn")  # no forked copies of solver or torch state
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(config.to_json(), hide))
@@ -191,6 +198,7 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
                 next_submit += 1
                 if store.done(shard):
                     absorb(shard, store.read(shard))
+                    reused += 1
                     continue
                 indices = store.indices(shard)
                 pending[pool.submit(_worker_shard, indices.start, indices.stop)] = shard
@@ -214,7 +222,7 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
         raise
     finally:
         pool.shutdown(wait=not pending, cancel_futures=True)
-    return made
+    return made, reused
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

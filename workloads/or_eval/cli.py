@@ -15,6 +15,7 @@ import sys
 from trex.errors import TrexError
 
 CLIENTS = ("replay", "openai", "transformers")
+ISOLATION_CHOICES = ("auto", "bwrap", "namespaces", "process", "os")
 RULES = ("strict", "mamo", "lenient")
 
 
@@ -68,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     running.add_argument("--timeout", type=float, default=60.0, metavar="S", help="wall-clock seconds per program (default: 60)")
     running.add_argument("--cpu-limit", type=float, metavar="S", help="CPU seconds per program (default: the --timeout)")
     running.add_argument("--memory-mb", type=int, default=4096, help="address space per program in MiB (default: 4096)")
-    running.add_argument("--isolation", choices=("auto", "os", "process"), default="auto", help="sandbox isolation (default: os when running as root, else process)")
+    running.add_argument("--isolation", choices=ISOLATION_CHOICES, default="auto", help="sandbox isolation: bwrap (warm workers in bubblewrap + seccomp), namespaces (root; fresh interpreter per program; 'os' is an alias), process (limits + audit hook only); auto picks the first that works here")
     running.add_argument("--out", metavar="DIR", help="store results here as they finish; re-running resumes")
     running.add_argument("--json", action="store_true", help="print the report as one JSON object")
     running.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -181,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         hidden.append(os.path.dirname(os.path.abspath(args.predictions)))
     if args.out:
         hidden.append(args.out)
-    with Sandbox(limits, isolation=args.isolation, hide=hidden) as sandbox:
+    with Sandbox(limits, isolation=args.isolation, hide=hidden, workers=args.workers) as sandbox:
         if sandbox.isolation == "process":
             notes.append("sandbox isolation 'process': limits and an audit-hook guard only, not a boundary against deliberately hostile code")
         result = evaluate(

@@ -12,15 +12,22 @@
 Used by the OR evaluator (`trex.workloads.or_eval`) and meant for data-synthesis pipelines that
 verify generated solver code the same way.
 
-Each run gets a fresh interpreter, a fresh work directory (its cwd, HOME and TMPDIR), resource
-limits (`Limits`: CPU time, wall time, address space, file size, processes, open files), the
-installed solvers (pyscipopt; coptpy, gurobipy, pulp, highspy, pyomo where installed) and solver
-recorders that report each solve's status and objective. Two isolation levels
-(`trex.workloads.sandbox.isolation`): `os` (root on Linux: namespaces, read-only mounts with the
-evaluator's files masked, a uid of its own, no network at all) is the security boundary; `process`
-(any user: limits plus an audit-hook guard) contains mistakes and naive hostile code only. Both
-levels run the same guard, so forbidden actions fail the same way and are reported as a
-`FailureKind` (`file_denied`, `network_denied`, `process_limit`, `signal_denied`, ...).
+Each run gets a fresh process, a fresh work directory (its cwd, HOME and TMPDIR), resource
+limits (`Limits`: CPU time, wall time, address space, file size, work-directory size, processes,
+open files), the installed solvers (pyscipopt; coptpy, gurobipy, pulp, highspy, pyomo where
+installed), solver recorders that report each solve's status and objective, a seccomp filter
+(`seccomp_filter`: network, ptrace, mount, namespaces, kexec, bpf, keyrings, process-tree
+escapes; a denial is reported as `syscall_denied` with the call's name) and the audit-hook guard.
+Isolation levels (`trex.workloads.sandbox.isolation`, `isolation=` "auto" picks the first that
+works): `bwrap` (bubblewrap containers, any user where it runs; a uid per program as root),
+`namespaces` (root; the hand-made launcher, the fallback) and `process` (limits, seccomp and the
+guard only: it contains mistakes and naive hostile code, not code written to escape an audit
+hook). Under `bwrap` and `process` programs run in warm workers (`worker.py`, `warm.py`): the
+solver libraries are imported once per worker and each program is a fresh forked child, so a run
+costs milliseconds instead of an interpreter start. Forbidden actions fail the same way at every
+level and are reported as a `FailureKind` (`file_denied`, `network_denied`, `process_limit`,
+`signal_denied`, `syscall_denied`, ...). A killed evaluator leaves no process behind, and the
+next `Sandbox` removes the directory it left (`cleanup`).
 
 A run the caller stops (`Sandbox.abort()`, e.g. on Ctrl-C) raises `RunInterrupted`: it is not an
 outcome of the program and must not be recorded (`trex.workloads.sandbox.interruption`).

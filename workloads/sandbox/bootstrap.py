@@ -3,8 +3,9 @@
     python -I -B bootstrap.py CONFIG_JSON
 
 In order: open the events channel (an inherited file descriptor), install the solver recorders,
-read and compile the program, install the guard, then run the program as `__main__` with
-`sys.argv == ["program.py"]`. An uncaught exception is printed like Python would and reported as
+read and compile the program, load the seccomp filter (when asked), install the guard, then run
+the program as `__main__` with `sys.argv == ["program.py"]`. The warm worker (`worker.py`)
+runs programs through the same `run_program`. An uncaught exception is printed like Python would and reported as
 an `exception` event (type, errno, message) so the evaluator can tell a MemoryError from a
 failed fork from an ordinary bug without parsing tracebacks.
 
@@ -19,6 +20,8 @@ import sys
 
 
 def _load_sibling(name: str):
+    if f"_trex_sandbox_{name}" in sys.modules:  # loaded already (the warm worker loads them before forking)
+        return sys.modules[f"_trex_sandbox_{name}"]
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
@@ -63,11 +66,20 @@ def _exception_event(error: BaseException) -> dict:
 def main() -> int:
     config = json.loads(sys.argv[1])
     events = _Events(config["events_fd"])
-    if config["record_solvers"]:
-        _load_sibling("recorders").install(events.emit)
-
     with open(config["program"], encoding="utf-8", errors="replace") as program:
         source = program.read()
+    confine = None
+    if config.get("seccomp"):
+        seccomp_filter = _load_sibling("seccomp_filter")
+        confine = seccomp_filter.build((os.getppid(),)).load
+    return run_program(source, events, config, confine=confine)
+
+
+def run_program(source: str, events: _Events, config: dict, *, confine=None) -> int:
+    """Record solves, compile, confine (seccomp, when given), guard, then run `source` as
+    `__main__`. Returns the exit status; a `SystemExit` of the program propagates."""
+    if config["record_solvers"]:
+        _load_sibling("recorders").install(events.emit)
     try:
         code = compile(source, "program.py", "exec")
     except (SyntaxError, ValueError) as error:
@@ -77,6 +89,10 @@ def main() -> int:
         traceback.print_exception(error, limit=0)
         return 1
 
+    if confine is not None:
+        import traceback  # noqa: F401 - loaded before the filter, like everything the failure path needs
+
+        confine()
     if config["guard"]:
         policy = _load_sibling("policy").PathPolicy.from_json(config["policy"])
         import ctypes  # noqa: F401 - imported before the guard: ctypes resolves its own libpython

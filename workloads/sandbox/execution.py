@@ -8,6 +8,8 @@ import signal
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from trex.workloads.sandbox.seccomp_filter import denied_call
+
 
 class FailureKind(str, Enum):
     """Why a program did not produce a usable result. The value is the name reports use."""
@@ -22,6 +24,7 @@ class FailureKind(str, Enum):
     NETWORK_DENIED = "network_denied"
     FILE_DENIED = "file_denied"  # read or write outside the allowed paths
     SIGNAL_DENIED = "signal_denied"  # signalling a process outside the sandbox
+    SYSCALL_DENIED = "syscall_denied"  # refused by the seccomp filter (the detail names the call)
     FORBIDDEN = "forbidden"  # another forbidden call (e.g. loading libc with ctypes)
     KILLED = "killed"  # terminated by a signal not explained by a limit
     SANDBOX_ERROR = "sandbox_error"  # the sandbox itself failed; not the program's fault
@@ -155,6 +158,11 @@ def classify(raw: RawOutcome) -> tuple[FailureKind | None, str]:
 def _classify_exception(event: dict, raw: RawOutcome) -> tuple[FailureKind, str]:
     kind, message, code = event.get("type", ""), event.get("message", ""), event.get("errno")
     text = f"{kind}: {message}"
+    call = denied_call(code)
+    if call is not None:
+        return FailureKind.SYSCALL_DENIED, f"the seccomp filter denied {call}() ({kind})"
+    if code == errno_codes.ENOSPC:
+        return FailureKind.OUTPUT_LIMIT, f"the work directory is full ({text})"
     if kind == "MemoryError":
         return FailureKind.MEMORY_LIMIT, f"MemoryError under the {raw.limits_memory_bytes >> 20} MiB address-space limit"
     if code == errno_codes.EAGAIN and kind in ("BlockingIOError", "OSError"):

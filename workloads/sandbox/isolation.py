@@ -1,8 +1,11 @@
 """Which isolation the machine allows, and which paths the sandboxed interpreter needs or must not see.
 
-Two levels:
+Three levels:
 
-- `os`: needs root (CAP_SYS_ADMIN) on Linux. The program runs in fresh pid, network, mount,
+- `bwrap` (any user where bubblewrap runs; the default): warm workers in bubblewrap containers
+  (`trex.workloads.sandbox.bwrap`), a uid per program when running as root, the seccomp filter.
+- `namespaces` (called `os` before; the fallback where bwrap cannot run): needs root
+  (CAP_SYS_ADMIN) on Linux. One fresh interpreter per program, in fresh pid, network, mount,
   IPC and UTS namespaces under a uid of its own (1_500_000_000 + the launcher's pid). It sees
   the system directories (`VISIBLE_ROOTS`: /usr, /lib*, /bin, /sbin, /etc, /proc, /sys, /dev),
   the interpreter with its packages, and its work directory; every other top-level directory is
@@ -16,7 +19,8 @@ Two levels:
   environment, its own work directory, and the audit-hook guard. It contains mistakes and naive
   hostile code; it is not a boundary against code written to escape an audit hook.
 
-`auto` picks `os` when the probe succeeds and `process` otherwise.
+`auto` picks `bwrap` when its probe succeeds, else `namespaces` when that probe succeeds, else
+`process`. Every level loads the seccomp filter (`seccomp_filter`) where libseccomp is present.
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ from pathlib import Path
 
 from trex.workloads.sandbox.limits import SandboxConfigError
 
-ISOLATION_LEVELS = ("auto", "os", "process")
+ISOLATION_LEVELS = ("auto", "bwrap", "namespaces", "process")
+ISOLATION_ALIASES = {"os": "namespaces"}
 UID_BASE = 1_500_000_000
+WARM_UID_BASE = 1_600_000_000
+
+
+def warm_uid_base(slot: int) -> int:
+    """First uid of a warm worker's programs (each gets `base + run % 10_000`): distinct per
+    evaluator process and worker slot, and apart from the cold launcher's `UID_BASE + pid`."""
+    return WARM_UID_BASE + (os.getpid() % 20_000) * 100_000 + slot * 10_000
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
@@ -89,19 +101,37 @@ def evaluator_paths() -> tuple[str, ...]:
     return tuple(sorted(paths))
 
 
-def resolve_isolation(requested: str, launcher: str, python: InterpreterPaths, work_base: str) -> str:
-    """The isolation level to use; raises when `os` is requested and unavailable."""
-    if requested not in ISOLATION_LEVELS:
+def canonical_isolation(requested: str) -> str:
+    """`requested` with aliases resolved ("os" is the old name of "namespaces"); raises if unknown."""
+    level = ISOLATION_ALIASES.get(requested, requested)
+    if level not in ISOLATION_LEVELS:
         raise SandboxConfigError(f"unknown isolation {requested!r}; valid: {', '.join(ISOLATION_LEVELS)}")
+    return level
+
+
+def resolve_isolation(requested: str, launcher: str, python: InterpreterPaths, work_base: str) -> str:
+    """The isolation level to use; raises when a level is requested by name and unavailable."""
+    from trex.workloads.sandbox.bwrap import bwrap_unavailable
+
+    requested = canonical_isolation(requested)
     if requested == "process":
         return "process"
+    if requested in ("auto", "bwrap"):
+        reason = bwrap_unavailable(python.executable)
+        if reason is None:
+            return "bwrap"
+        if requested == "bwrap":
+            raise SandboxConfigError(
+                f"bwrap isolation is unavailable: {reason}. Use isolation='namespaces' (root) or 'process' "
+                "(not a boundary against deliberately hostile code)"
+            )
     reason = os_isolation_unavailable(launcher, python, work_base)
     if reason is None:
-        return "os"
-    if requested == "os":
+        return "namespaces"
+    if requested == "namespaces":
         raise SandboxConfigError(
-            f"os isolation is unavailable: {reason}. Run the evaluator as root on Linux, "
-            "or use isolation='process' (not a boundary against deliberately hostile code)"
+            f"namespaces isolation is unavailable: {reason}. Run the evaluator as root on Linux, "
+            "or use isolation='bwrap' or 'process' (not a boundary against deliberately hostile code)"
         )
     return "process"
 

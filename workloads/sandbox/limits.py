@@ -21,7 +21,9 @@ class Limits:
     (RLIMIT_AS: allocations beyond it fail with MemoryError), `file_size_bytes` caps every file
     the program writes, its stdout and stderr included (RLIMIT_FSIZE), and `max_processes`
     counts processes and threads (RLIMIT_NPROC, under `os` isolation where the program has a uid
-    of its own; solvers start threads, so leave headroom).
+    of its own; solvers start threads, so leave headroom). `work_dir_bytes` caps the work
+    directory as a whole under `bwrap` (a size-limited tmpfs, shared by a worker's runs one at a
+    time): writing past it fails with ENOSPC, reported as `output_limit`.
     """
 
     wall_s: float = 60.0
@@ -31,6 +33,8 @@ class Limits:
     # solvers start a thread per core (COPT, Gurobi), and RLIMIT_NPROC counts threads
     max_processes: int = field(default_factory=lambda: max(64, 2 * (os.cpu_count() or 1) + 16))
     max_open_files: int = 256
+    # all files of a work directory together (warm workers under bwrap: the size of their /tmp)
+    work_dir_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -17,14 +18,26 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
+from trex.workloads.sandbox import seccomp_filter
+from trex.workloads.sandbox.cleanup import BASE_PREFIX, mark_owner, remove_abandoned_directories
 from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
 from trex.workloads.sandbox.interruption import RunInterrupted
-from trex.workloads.sandbox.isolation import ISOLATION_LEVELS, UID_BASE, InterpreterPaths, evaluator_paths, resolve_isolation
+from trex.workloads.sandbox.isolation import (
+    UID_BASE,
+    InterpreterPaths,
+    canonical_isolation,
+    evaluator_paths,
+    resolve_isolation,
+    warm_uid_base,
+)
 from trex.workloads.sandbox.limits import Limits, SandboxConfigError
 from trex.workloads.sandbox.policy import SYSTEM_READ_DENY, SYSTEM_READ_ROOTS, VISIBLE_ROOTS, PathPolicy
+from trex.workloads.sandbox.warm import WarmPool, WarmWorker
 
 # Files copied into the runtime directory: the code that runs inside the sandbox's process tree.
-_RUNTIME_FILES = ("launcher.py", "linux.py", "policy.py", "bootstrap.py", "guard.py", "recorders.py")
+_RUNTIME_FILES = (
+    "launcher.py", "linux.py", "policy.py", "bootstrap.py", "guard.py", "recorders.py", "seccomp_filter.py", "worker.py",
+)
 # At most this much of stdout and of stderr is kept (the end of it: objectives are printed last).
 MAX_KEPT_OUTPUT = 1 << 20
 
@@ -38,9 +51,11 @@ class Sandbox:
             execution.last_solve     # SolveRecord(api="pyscipopt", status="optimal", objective=...)
 
     `hide` adds paths the program must not read to the evaluator's own installation, which is
-    always hidden. `isolation` is "auto", "os" or "process" (see `trex.workloads.sandbox.isolation`).
-    `run` is thread-safe: an evaluator runs many programs at once from a thread pool; each run
-    is its own process tree, so threads only wait.
+    always hidden. `isolation` is "auto", "bwrap", "namespaces" ("os") or "process" (see
+    `trex.workloads.sandbox.isolation`). Under bwrap and process, `workers` warm workers (default:
+    one per core) run the programs (`warm=False` starts a fresh interpreter per program instead);
+    `seccomp=False` leaves the seccomp filter out. `run` is thread-safe: an evaluator runs many
+    programs at once from a thread pool; each run is its own process, so threads only wait.
     """
 
     def __init__(
@@ -54,14 +69,20 @@ class Sandbox:
         record_solvers: bool = True,
         allow_fork: bool = False,
         env: Mapping[str, str] | None = None,
+        warm: bool = True,
+        workers: int | None = None,
+        seccomp: bool = True,
     ):
         self.limits = limits or Limits()
         self.guard = guard
         self.record_solvers = record_solvers
         self.allow_fork = allow_fork
         self.extra_env = dict(env or {})
-        if isolation not in ISOLATION_LEVELS:
-            raise SandboxConfigError(f"unknown isolation {isolation!r}; valid: {', '.join(ISOLATION_LEVELS)}")
+        self.seccomp = seccomp
+        canonical_isolation(isolation)
+        if workers is not None and workers < 1:
+            raise SandboxConfigError(f"workers must be at least 1, got {workers}")
+        remove_abandoned_directories()
         self.interpreter = InterpreterPaths.of(python or _default_python())
         self.hidden = tuple(sorted({os.path.realpath(p) for p in [*evaluator_paths(), *map(os.fspath, hide)]}))
         self._counter = itertools.count()
@@ -69,12 +90,17 @@ class Sandbox:
         self._closed = False
         self._aborted = False
         self._in_flight: set[int] = set()  # process groups of the runs under way
-        self._base = tempfile.mkdtemp(prefix="trex-sandbox-")
+        self._pool: WarmPool | None = None
+        self._base = tempfile.mkdtemp(prefix=BASE_PREFIX)
         try:
             os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
+            mark_owner(self._base)
             self._runtime = os.path.join(self._base, "runtime")
             self._install_runtime()
             self.isolation = resolve_isolation(isolation, self._launcher, self.interpreter, self._base)
+            self.seccomp_note = seccomp_filter.available() if seccomp else "the seccomp filter is off"
+            if warm and self.isolation in ("bwrap", "process"):
+                self._pool = WarmPool(workers or os.cpu_count() or 1, self._start_worker)
         except BaseException:
             self.close()
             raise
@@ -96,10 +122,30 @@ class Sandbox:
             in_flight = list(self._in_flight)
         for pgid in in_flight:
             _kill_group(pgid)
+        if self._pool is not None:
+            self._pool.abort()
+
+    def wait_ready(self) -> None:
+        """Block until the warm workers have started (a no-op without them); raises what failed."""
+        if self._pool is not None:
+            self._pool.wait_ready()
+
+    @property
+    def worker_cpu_s(self) -> float:
+        """CPU seconds the warm workers have used, their start-up and programs included (0 without
+        them): a bwrap container's CPU time does not reach this process's RUSAGE_CHILDREN."""
+        return 0.0 if self._pool is None else self._pool.cpu_s
+
+    @property
+    def warm(self) -> bool:
+        """True when programs run in warm workers (`bwrap` and `process` isolation)."""
+        return self._pool is not None
 
     def close(self) -> None:
         if self._in_flight:
             self.abort()  # never pull the directories from under running programs
+        if getattr(self, "_pool", None) is not None:
+            self._pool.close()
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -152,6 +198,8 @@ class Sandbox:
         if self._aborted:
             raise RunInterrupted("the sandbox was stopped (interrupted) before this program started")
         limits = limits or self.limits
+        if self._pool is not None:
+            return self._run_warm(next(self._counter), source, files or {}, limits)
         run_dir = os.path.join(self._base, f"run-{next(self._counter)}")
         os.mkdir(run_dir, 0o711)
         try:
@@ -179,6 +227,7 @@ class Sandbox:
         status_read, status_write = os.pipe()
         bootstrap_config = {
             "events_fd": events_fd,
+            "seccomp": self.seccomp and self.seccomp_note is None,
             "program": program,
             "record_solvers": self.record_solvers,
             "guard": self.guard,
@@ -187,7 +236,7 @@ class Sandbox:
         }
         argv = [self.interpreter.executable, "-I", "-B", os.path.join(self._runtime, "bootstrap.py"), json.dumps(bootstrap_config)]
         launcher_config = {
-            "mode": self.isolation,
+            "mode": "os" if self.isolation == "namespaces" else "process",
             "status_fd": status_write,
             "parent_pid": os.getpid(),
             "argv": argv,
@@ -276,7 +325,124 @@ class Sandbox:
             cpu_s=raw.cpu_s,
             max_rss_bytes=int(status.get("max_rss_bytes", 0)),
             isolation=self.isolation,
-            warnings=tuple(status.get("warnings", ())),
+            warnings=(*status.get("warnings", ()), *self._seccomp_warning()),
+        )
+
+    def _seccomp_warning(self) -> tuple[str, ...]:
+        return () if self.seccomp_note is None else (f"no seccomp filter: {self.seccomp_note}",)
+
+    # -- warm workers --------------------------------------------------------------------------
+
+    def _worker_policy(self) -> dict:
+        """The guard's rules for a worker's programs; the work directory is added per run."""
+        policy = PathPolicy(
+            read_allow=(*SYSTEM_READ_ROOTS, *self.interpreter.needed, self._runtime),
+            read_deny=(*SYSTEM_READ_DENY, *self.hidden),
+            write_roots=(),
+            exec_roots=self.interpreter.site_packages,
+        )
+        return policy.to_json()
+
+    def _start_worker(self, slot: int) -> WarmWorker:
+        worker_dir = os.path.join(self._base, f"worker-{slot}")
+        io_root = os.path.join(worker_dir, "io")
+        os.makedirs(io_root, mode=0o711, exist_ok=True)
+        os.chmod(worker_dir, 0o711)
+        os.chmod(io_root, 0o711)
+        bwrap = self.isolation == "bwrap"
+        if bwrap:
+            from trex.workloads.sandbox.bwrap import WORK_ROOT
+
+            work_root = WORK_ROOT
+        else:
+            work_root = os.path.join(worker_dir, "work")
+            os.makedirs(work_root, mode=0o711, exist_ok=True)
+        switch_uid = bwrap and os.geteuid() == 0
+        config = {
+            "seccomp": self.seccomp,
+            "uid_base": warm_uid_base(slot) if switch_uid else None,
+            "pid_namespace": bwrap,
+            "work_root": work_root,
+            "io_root": io_root,
+            "policy": self._worker_policy(),
+            "record_solvers": self.record_solvers,
+            "guard": self.guard,
+            "allow_fork": self.allow_fork,
+        }
+        worker_py = os.path.join(self._runtime, "worker.py")
+        command = [self.interpreter.executable, "-I", "-B", worker_py, json.dumps(config)]
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+        if bwrap:
+            from trex.workloads.sandbox.bwrap import bwrap_binary, worker_argv
+
+            argv = worker_argv(bwrap_binary(), needed=self.interpreter.needed, runtime=self._runtime, io_dir=io_root,
+                               hidden=self.hidden, work_bytes=self.limits.work_dir_bytes, env=env, command=command)
+        else:
+            argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *command]
+        return WarmWorker(argv, io_root, os.path.join(worker_dir, "worker.log"))
+
+    def _run_warm(self, run_id: int, source: str, files: Mapping[str, str | bytes], limits: Limits) -> Execution:
+        for name in files:
+            _check_input_name(name)
+        token = secrets.token_hex(8)
+        request = {
+            "id": run_id,
+            "source": source,
+            "files": {name: content if isinstance(content, str) else {"base64": base64.b64encode(content).decode()}
+                      for name, content in files.items()},
+            "limits": limits.to_json(),
+            "env": self._environment("", token),
+        }
+        io_dirs: list[str] = []
+
+        def prepare(worker: WarmWorker) -> None:
+            io_dir = os.path.join(worker.io_dir, f"run-{run_id}")
+            os.mkdir(io_dir, 0o700)
+            io_dirs.append(io_dir)
+
+        try:
+            answer = self._pool.run(request, limits.wall_s, prepare)
+            io_dir = io_dirs[0]
+            status = answer.status
+            stdout_text = _read_tail(os.path.join(io_dir, "stdout"))
+            stderr_text = _read_tail(os.path.join(io_dir, "stderr"))
+            events = parse_events(_read_tail(os.path.join(io_dir, "events.jsonl")))
+        finally:
+            for io_dir in io_dirs:
+                _remove_tree(io_dir)
+        if answer.worker_died is not None:
+            detail = f"{answer.worker_died}: the program took its worker down"
+            return Execution(failure=FailureKind.KILLED, detail=detail,
+                             exit_code=None, signal=None, stdout=stdout_text, stderr=stderr_text,
+                             solves=solves_from(events), isolation=self.isolation)
+        raw = RawOutcome(
+            timed_out=bool(status.get("timed_out")),
+            exit_code=status.get("exit"),
+            signal=status.get("signal"),
+            cpu_s=float(status.get("cpu_s", 0.0)),
+            stderr=stderr_text,
+            events=events,
+            setup_error=status.get("setup_error"),
+            limits_cpu_s=limits.cpu_s,
+            limits_memory_bytes=limits.memory_bytes,
+        )
+        failure, detail = classify(raw)
+        return Execution(
+            failure=failure,
+            detail=detail,
+            exit_code=raw.exit_code,
+            signal=raw.signal,
+            stdout=stdout_text,
+            stderr=stderr_text,
+            solves=solves_from(events),
+            violations=tuple(str(e.get("detail", "")) for e in events if e["event"] == "violation"),
+            wall_s=float(status.get("wall_s", 0.0)),
+            cpu_s=raw.cpu_s,
+            max_rss_bytes=int(status.get("max_rss_bytes", 0)),
+            isolation=self.isolation,
+            warnings=self._seccomp_warning() + (() if self._pool.info.get("seccomp") or not self.seccomp
+                                                else (f"no seccomp filter: {self._pool.info.get('seccomp_error')}",)),
         )
 
     def _environment(self, work_dir: str, token: str) -> dict[str, str]:
@@ -310,10 +476,15 @@ def _invisible_roots() -> list[str]:
     return [os.path.join("/", entry) for entry in sorted(os.listdir("/")) if os.path.join("/", entry) not in VISIBLE_ROOTS]
 
 
-def _write_input(work_dir: str, name: str, content: str | bytes) -> None:
+def _check_input_name(name: str) -> PurePosixPath:
     relative = PurePosixPath(name)
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-        raise SandboxConfigError(f"input file name {name!r} must be a relative path inside the work directory")
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts or relative.name == "program.py":
+        raise SandboxConfigError(f"input file name {name!r} must be a relative path inside the work directory, not program.py")
+    return relative
+
+
+def _write_input(work_dir: str, name: str, content: str | bytes) -> None:
+    relative = _check_input_name(name)
     target = Path(work_dir, *relative.parts)
     target.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, str):
