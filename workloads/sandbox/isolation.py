@@ -30,9 +30,9 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
+from trex.workloads.sandbox.interpreter import InterpreterPaths, minimal_roots  # noqa: F401 - re-exported
 from trex.workloads.sandbox.limits import SandboxConfigError
 
 ISOLATION_LEVELS = ("auto", "bwrap", "namespaces", "process")
@@ -48,40 +48,6 @@ def warm_uid_base(slot: int) -> int:
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
-
-
-@dataclass(frozen=True)
-class InterpreterPaths:
-    """Paths the sandboxed interpreter reads: its binary, prefixes and import path."""
-
-    executable: str  # as given (a virtualenv's bin/python must keep its path to find pyvenv.cfg)
-    needed: tuple[str, ...]  # normalized, minimal: none lies inside another
-    site_packages: tuple[str, ...]
-
-    @classmethod
-    def of(cls, python: str) -> InterpreterPaths:
-        script = (
-            "import json, sys, sysconfig; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
-            "sys.base_exec_prefix, sys.path, sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']]))"
-        )
-        try:
-            out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=60, check=True)
-        except (OSError, subprocess.SubprocessError) as error:
-            raise SandboxConfigError(f"cannot start the sandbox interpreter {python}: {error}") from error
-        *prefixes, path, purelib, platlib = json.loads(out.stdout)
-        candidates = [python, os.path.dirname(python), os.path.realpath(python), *prefixes, *path]
-        site = tuple(dict.fromkeys(os.path.realpath(p) for p in (purelib, platlib) if os.path.isdir(p)))
-        return cls(executable=python, needed=minimal_roots(candidates), site_packages=site)
-
-
-def minimal_roots(paths: list[str]) -> tuple[str, ...]:
-    """Existing paths, normalized, without the ones that lie inside another."""
-    normalized = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)}, key=len)
-    roots: list[str] = []
-    for path in normalized:
-        if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots):
-            roots.append(path)
-    return tuple(sorted(roots))
 
 
 def evaluator_paths() -> tuple[str, ...]:
