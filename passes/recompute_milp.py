@@ -1,0 +1,136 @@
+"""The recompute choice as a mixed-integer program, solved with SCIP (pyscipopt).
+
+Why a MILP and not a min-cut: with a memory budget the problem is a budgeted cut (minimise
+recompute time subject to saved bytes <= B), which is NP-hard in general (it contains knapsack:
+independent values each either saved for its bytes or recomputed for its time). A single min-cut
+(what `min_cut_rematerialization_partition` solves) minimises one weighted sum, so sweeping its
+weights only reaches the points on the convex hull of the trade-off; the MILP reaches every budget
+exactly, and SCIP's LP relaxation of these flow-like constraints is tight enough that layer-sized
+instances solve in well under a second. Checkmate (Jain et al., MLSys 2020) poses rematerialisation
+as an ILP too; this is its single-recompute special case over the forward/backward partition.
+
+Variables, per kind (the representative block; objective and bytes weighted by the kind's count):
+  r_v = 1: tag forward value v MUST_RECOMPUTE (only for recomputable values)
+  s_v = 1: v is saved (only for tensors)
+  z_g = 1: storage group g is held from forward to backward
+  e_x = 1: external value x (read from outside the block) is saved
+Constraints:
+  s_v + r_v >= 1            v is read by the backward
+  s_u + r_u >= r_v          u is read by v (an external u: e_u >= r_v)
+  z_g >= s_v                v lives in storage g
+  sum count * bytes * (z, e) <= budget
+Objective: sum count * seconds_v * r_v, plus a tie-break of saved bytes small enough never to trade
+against recompute time (between equal-time answers it picks the smaller one).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from trex.passes.recompute_problem import Kind, RecomputeProblem
+
+
+@dataclass
+class KindChoice:
+    recompute: set[int] = field(default_factory=set)  # positions tagged MUST_RECOMPUTE
+    saved: set[int] = field(default_factory=set)  # positions saved (tensors)
+    saved_external: set[int] = field(default_factory=set)  # indices into Block.external
+    saved_bytes: int = 0  # per block
+    recompute_seconds: float = 0.0  # per block
+
+
+@dataclass
+class Solution:
+    status: str  # "optimal", "time_limit" (best feasible answer found in time), "infeasible"
+    choices: list[KindChoice]
+    seconds: float
+    objective_seconds: float  # total recompute time, all blocks
+    saved_bytes: int  # total modelled saved bytes, all blocks
+    gap: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.status in ("optimal", "time_limit")
+
+
+def solve(problem: RecomputeProblem, budget_bytes: float, *, time_limit_s: float = 10.0, minimize_bytes: bool = False) -> Solution:
+    """The least-recompute choice within `budget_bytes` (or, with `minimize_bytes`, the least bytes)."""
+    from pyscipopt import Model, quicksum
+
+    started = time.perf_counter()
+    model = Model("trex-recompute")
+    model.hideOutput()
+    model.setParam("limits/time", max(0.05, time_limit_s))
+    model.setParam("limits/gap", 0.0)
+    total_bytes = max(1, problem.save_everything_bytes)
+    positive = [v.seconds for k in problem.kinds for v in k.representative.values if v.seconds > 0]
+    smallest = min(positive) if positive else 1.0
+    tie_break = 1e-3 * smallest * 1e6 / total_bytes  # objective in microseconds
+
+    variables = []
+    time_terms, byte_terms = [], []
+    for number, kind in enumerate(problem.kinds):
+        r, s, z, e = _kind_variables(model, kind, number)
+        variables.append((r, s, z, e))
+        _kind_constraints(model, kind, r, s, z, e)
+        block = kind.representative
+        time_terms += [kind.count * block.values[p].seconds * 1e6 * var for p, var in r.items()]
+        sizes = {v.storage: v.storage_bytes for v in block.values}
+        byte_terms += [kind.count * sizes[g] * var for g, var in z.items() if sizes[g]]
+        byte_terms += [kind.count * block.external[x].storage_bytes * var for x, var in e.items() if block.external[x].storage_bytes]
+    saved = quicksum(byte_terms) if byte_terms else 0
+    if minimize_bytes:
+        model.setObjective(saved + 1e-9 * quicksum(time_terms) if time_terms else saved, "minimize")
+    else:
+        if byte_terms:
+            model.addCons(saved <= budget_bytes, name="memory_budget")
+        model.setObjective(quicksum(time_terms) + tie_break * saved if time_terms else saved, "minimize")
+    model.optimize()
+    status = model.getStatus()
+    seconds = time.perf_counter() - started
+    if model.getNSols() == 0:
+        return Solution("infeasible" if status == "infeasible" else f"no answer ({status})", [], seconds, 0.0, 0)
+    best = model.getBestSol()
+    choices = [_read_choice(model, best, kind, *vars_) for kind, vars_ in zip(problem.kinds, variables)]
+    total_seconds = sum(k.count * c.recompute_seconds for k, c in zip(problem.kinds, choices))
+    total_bytes_saved = sum(k.count * c.saved_bytes for k, c in zip(problem.kinds, choices))
+    label = "optimal" if status == "optimal" else "time_limit"
+    return Solution(label, choices, seconds, total_seconds, total_bytes_saved, gap=float(model.getGap()))
+
+
+def _kind_variables(model, kind: Kind, number: int):
+    block = kind.representative
+    r = {v.position: model.addVar(f"r{number}_{v.position}", vtype="B") for v in block.values if v.recomputable}
+    s = {v.position: model.addVar(f"s{number}_{v.position}", vtype="B") for v in block.values if v.is_tensor}
+    z = {g: model.addVar(f"z{number}_{g}", vtype="B") for g in {v.storage for v in block.values if v.is_tensor}}
+    e = {x: model.addVar(f"e{number}_{x}", vtype="B") for x in range(len(block.external))}
+    return r, s, z, e
+
+
+def _kind_constraints(model, kind: Kind, r: dict, s: dict, z: dict, e: dict) -> None:
+    block = kind.representative
+    for v in block.values:
+        available = [d[v.position] for d in (s, r) if v.position in d]
+        if v.backward_reads:
+            model.addCons(sum(available) >= 1) if available else None
+        if v.position in r:
+            for u in v.inputs:
+                model.addCons(sum(d[u] for d in (s, r) if u in d) >= r[v.position])
+            for x in v.external_inputs:
+                model.addCons(e[x] >= r[v.position])
+        if v.position in s:
+            model.addCons(z[v.storage] >= s[v.position])
+
+
+def _read_choice(model, solution, kind: Kind, r: dict, s: dict, z: dict, e: dict) -> KindChoice:
+    block = kind.representative
+    choice = KindChoice()
+    choice.recompute = {p for p, var in r.items() if model.getSolVal(solution, var) > 0.5}
+    choice.saved = {p for p, var in s.items() if model.getSolVal(solution, var) > 0.5}
+    choice.saved_external = {x for x, var in e.items() if model.getSolVal(solution, var) > 0.5}
+    sizes = {v.storage: v.storage_bytes for v in block.values}
+    held = {g for g, var in z.items() if model.getSolVal(solution, var) > 0.5}
+    choice.saved_bytes = sum(sizes[g] for g in held) + sum(block.external[x].storage_bytes for x in choice.saved_external)
+    choice.recompute_seconds = sum(block.values[p].seconds for p in choice.recompute)
+    return choice
