@@ -24,15 +24,15 @@ from typing import Any, ClassVar
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from trex.errors import TrexError
+from trex.errors import SettingError
 from trex.pass_manager import Decision, PassContext, PassResult
-from trex.passes.recompute_milp import Solution, solve
-from trex.passes.recompute_problem import Block, RecomputeProblem, build_problem
+from trex.passes.recompute_milp import DEFAULT_TIME_LIMIT_S, Solution, solve
+from trex.passes.recompute_problem import RecomputeProblem, build_problem
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-class RecomputeBudgetError(TrexError):
+class RecomputeBudgetError(SettingError):
     """The memory budget is malformed, or below the least saved memory any recompute choice reaches."""
 
 
@@ -93,7 +93,7 @@ class Recompute:
 
     name: ClassVar[str] = "recompute"
 
-    def __init__(self, memory_budget: float | int | str | MemoryBudget | None = None, *, time_limit_s: float = 10.0):
+    def __init__(self, memory_budget: float | int | str | MemoryBudget | None = None, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S):
         self.memory_budget = MemoryBudget.parse(memory_budget) if memory_budget is not None else None
         self.time_limit_s = time_limit_s
 
@@ -120,7 +120,7 @@ def problem_for(gm: fx.GraphModule, target: Any = "cpu") -> RecomputeProblem:
     return build_problem(gm, resolve_target(target).device)
 
 
-def choose(problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: float = 10.0) -> tuple[Solution, float]:
+def choose(problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> tuple[Solution, float]:
     """The least-recompute choice within `budget`; RecomputeBudgetError naming the minimum if none fits."""
     full = problem.save_everything_bytes
     budget_bytes = budget.bytes_for(full)
@@ -131,9 +131,10 @@ def choose(problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: flo
     if not least.feasible:
         raise RecomputeBudgetError(f"the recompute solver found no answer within {time_limit_s:g} s ({solution.status}); "
                                    "raise Recompute(time_limit_s=...) or the memory budget")
-    if least.saved_bytes <= budget_bytes:  # the first solve ran out of time before finding one
-        raise RecomputeBudgetError(f"the recompute solver found no answer within {time_limit_s:g} s for a budget of "
-                                   f"{format_bytes(budget_bytes)}; raise Recompute(time_limit_s=...) or the budget")
+    if least.saved_bytes <= budget_bytes:  # the budgeted solve ran out of time before its first answer
+        least.status = "time_limit"
+        least.seconds += solution.seconds
+        return least, budget_bytes
     fraction = least.saved_bytes / full if full else 1.0
     raise RecomputeBudgetError(
         f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: {format_bytes(least.saved_bytes)} "
@@ -159,24 +160,11 @@ def apply_choice(gm: fx.GraphModule, problem: RecomputeProblem, solution: Soluti
     return overridden
 
 
-def needed_recomputes(block: Block, recompute: set[int]) -> set[int]:
-    """Tagged values the backward really recomputes: read by the backward or by another such value."""
-    needed: set[int] = set()
-    stack = [p for p in recompute if block.values[p].backward_reads]
-    while stack:
-        p = stack.pop()
-        if p in needed:
-            continue
-        needed.add(p)
-        stack += [u for u in block.values[p].inputs if u in recompute]
-    return needed
-
-
 def describe(problem: RecomputeProblem, solution: Solution, budget: MemoryBudget, budget_bytes: float, overridden: int) -> list[Decision]:
     full = problem.save_everything_bytes
     head = (f"saved {format_bytes(solution.saved_bytes)} of a {format_bytes(budget_bytes)} budget ({budget}); save-everything "
             f"{format_bytes(full)}; recompute {solution.objective_seconds * 1e3:.3f} ms per step; "
-            f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s")
+            f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s ({solution.status}, gap {solution.gap:.2%})")
     decisions = [Decision("solve", "memory budget", head, {
         "status": solution.status, "budget_bytes": int(budget_bytes), "save_everything_bytes": full, "saved_bytes": solution.saved_bytes,
         "recompute_seconds": solution.objective_seconds, "solve_seconds": solution.seconds, "kinds": len(problem.kinds),
@@ -193,7 +181,7 @@ def describe(problem: RecomputeProblem, solution: Solution, budget: MemoryBudget
         decisions.append(Decision("layer_kind", kind.name, f"{kind.count} block(s) share this structure; one decision tiled over them", {
             "blocks": [b.name for b in kind.blocks], "values": len(block.values), "saved_bytes_per_block": choice.saved_bytes,
             "recompute_seconds_per_block": choice.recompute_seconds}))
-        for position in sorted(needed_recomputes(block, choice.recompute)):
+        for position in sorted(choice.recompute):
             v = block.values[position]
             decisions.append(Decision("recompute", v.node.name, f"{where}: recomputed in the backward for {v.seconds * 1e6:.2f} us "
                                       f"instead of keeping {format_bytes(v.storage_bytes)}", _value_data(kind, position, v)))
