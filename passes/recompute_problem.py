@@ -16,8 +16,9 @@ numbers) or impure. This module reads that problem off the graph:
   problem grows with the number of distinct layers, not with depth.
 
 A block's values read by a later block are not recomputed (the next layer relies on them
-existing), and a value a block reads from outside is charged to that block when saved: the
-decomposition is conservative, it may count a boundary tensor twice but never undercounts.
+existing). A value a block reads from outside is charged to that block when saved, unless its own
+block must keep it anyway (not recomputable and read by the backward): the decomposition is
+conservative, it may count a boundary tensor twice but never undercounts.
 """
 
 from __future__ import annotations
@@ -251,7 +252,21 @@ def build_problem(joint: fx.GraphModule, device) -> RecomputeProblem:
             if any(user in where and where[user][0] is not block for user in v.node.users) and v.recomputable:
                 v.recomputable, v.why_not_recomputable = False, "read by another layer's forward"
         _renumber_storages(block)
+    _free_externals_saved_by_their_own_block(blocks.values(), where)
     return RecomputeProblem(_kinds(list(blocks.values())), forward)
+
+
+def _free_externals_saved_by_their_own_block(blocks, where: dict) -> None:
+    """An external value its own block must keep (not recomputable, read by the backward) is saved
+    there already: reading it from another block costs nothing more. Without this, every layer
+    boundary (layer i's output is layer i+1's input) would be charged twice."""
+    for block in blocks:
+        for x in block.external:
+            if x.node in where:
+                owner, position = where[x.node]
+                v = owner.values[position]
+                if v.is_tensor and v.backward_reads and not v.recomputable:
+                    x.storage_bytes = 0
 
 
 def _carries_data(node: fx.Node) -> bool:
