@@ -35,7 +35,7 @@ from trex.passes.recompute_problem import Kind, RecomputeProblem
 # a knapsack-like budget row costs more root cutting rounds than the rest of the solve.
 RELATIVE_GAP = 1e-3
 # Past this, the best feasible answer found is used and the decisions say so (with its gap).
-DEFAULT_TIME_LIMIT_S = 2.0
+DEFAULT_TIME_LIMIT_S = 10.0
 
 
 @dataclass
@@ -96,6 +96,7 @@ def solve(problem: RecomputeProblem, budget_bytes: float, *, time_limit_s: float
         if byte_terms:
             model.addCons(saved <= budget_bytes, name="memory_budget")
         model.setObjective(quicksum(time_terms) + tie_break * saved if time_terms else saved, "minimize")
+    _add_recompute_everything_start(model, problem, variables, None if minimize_bytes else budget_bytes)
     model.setParam("limits/time", max(0.05, time_limit_s - (time.perf_counter() - started)))
     model.optimize()
     status = model.getStatus()
@@ -136,6 +137,33 @@ def _kind_constraints(model, kind: Kind, r: dict, z: dict, e: dict) -> None:
                 model.addCons(quicksum(_available(block, u, r, z)) >= r[v.position])
             for x in v.external_inputs:
                 model.addCons(e[x] >= r[v.position])
+
+
+def _add_recompute_everything_start(model, problem: RecomputeProblem, variables: list, budget_bytes: float | None) -> None:
+    """Hand SCIP a feasible answer to improve on: recompute every recomputable value the backward
+    needs, keep the rest. Its bytes are near the minimum, so it fits every budget but the tightest,
+    and SCIP's primal heuristics need not find a first answer under the knapsack row by themselves."""
+    solution = model.createSol()
+    total = 0
+    for kind, (r, z, e) in zip(problem.kinds, variables):
+        block = kind.representative
+        needed = _needed(block, set(r))
+        kept_groups: dict[int, int] = {}
+        externals: set[int] = set()
+        for v in block.values:
+            if v.position in r:
+                model.setSolVal(solution, r[v.position], 1.0 if v.position in needed else 0.0)
+            if v.position in needed and v.position not in r and v.is_tensor:
+                kept_groups[v.storage] = v.storage_bytes
+            if v.position in needed and v.position in r:
+                externals.update(v.external_inputs)
+        for g, var in z.items():
+            model.setSolVal(solution, var, 1.0 if g in kept_groups else 0.0)
+        for x, var in e.items():
+            model.setSolVal(solution, var, 1.0 if x in externals else 0.0)
+        total += kind.count * (sum(kept_groups.values()) + sum(block.external[x].storage_bytes for x in externals))
+    if budget_bytes is None or total <= budget_bytes:
+        model.addSol(solution, free=True)
 
 
 def _read_choice(model, solution, kind: Kind, r: dict, z: dict, e: dict) -> KindChoice:

@@ -159,8 +159,19 @@ def _constant_args(node: fx.Node) -> tuple:
 
 
 def _is_random(node: fx.Node) -> bool:
+    """Seeded-random ops, except those called with a zero dropout probability (SDPA with
+    dropout_p=0 carries the tag but draws nothing)."""
     tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
+    if torch.Tag.nondeterministic_seeded not in tags:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return True
+    values = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    values.update(zip((a.name for a in schema.arguments), node.args))
+    values.update(node.kwargs)
+    probability = values.get("dropout_p")
+    return not (isinstance(probability, (int, float)) and probability == 0)
 
 
 def _why_not_recomputable(node: fx.Node) -> str:
@@ -223,7 +234,8 @@ def build_problem(joint: fx.GraphModule, device) -> RecomputeProblem:
         value = node.meta.get("val")
         if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float)):
             continue  # sizes: the partitioner saves them separately, for free
-        block = blocks.setdefault(layer_of(node), Block(layer_of(node)))
+        name = layer_of(node) if node.meta.get("nn_module_stack") else _inherited_layer(node, where)
+        block = blocks.setdefault(name, Block(name))
         where[node] = (block, len(block.values))
         block.values.append(_value(node, len(block.values), forward, output, fw_outputs, device))
 
@@ -267,6 +279,14 @@ def _free_externals_saved_by_their_own_block(blocks, where: dict) -> None:
                 v = owner.values[position]
                 if v.is_tensor and v.backward_reads and not v.recomputable:
                     x.storage_bytes = 0
+
+
+def _inherited_layer(node: fx.Node, where: dict) -> str:
+    """A node traced without a module stack (a decomposition's helper op) belongs with what it reads."""
+    for arg in node.all_input_nodes:
+        if arg in where:
+            return where[arg][0].name
+    return OUTSIDE_LAYERS
 
 
 def _carries_data(node: fx.Node) -> bool:

@@ -280,18 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--meta", default="", help="full-size models to meta-capture, e.g. deepseek-v4-flash")
     parser.add_argument("--target", default="cpu", help="cost-model target for recompute time (cpu for tiny, h100 for full size)")
     parser.add_argument("--out", default="bench/recompute/results")
+    parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="activation_memory_budget values to compare at")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
+    budgets = tuple(float(b) for b in args.budgets.split(","))
     points: list[Point] = []
     for family in [f for f in args.families.split(",") if f]:
         print(f"capturing tiny {family}", flush=True)
-        points += run_model(f"tiny {family}", capture_tiny(family), args.target)
+        points += run_model(f"tiny {family}", capture_tiny(family), args.target, budgets)
     for name in [m for m in args.meta.split(",") if m]:
         print(f"meta-capturing {name}", flush=True)
         for kind, count, rec in capture_meta(name):
-            points += run_model(f"{name} [{kind}] x{count}", rec, args.target)
+            points += run_model(f"{name} [{kind}] x{count}", rec, args.target, budgets)
     (out / "points.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
     print(table(points))
     print(ratios(points))

@@ -173,11 +173,11 @@ def _train_step(model, input_ids):
     return loss
 
 
-def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_size: int = 32):
+def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_size: int = 32, dump_dir=None):
     config = tiny_config(family, num_layers=num_layers, hidden_size=hidden_size, num_experts=4)
     model = build_model(config, dtype=torch.float32, seed=1)
     reference = copy.deepcopy(model)
-    compiled = trex.compile(model, memory_budget=fraction)
+    compiled = trex.compile(model, memory_budget=fraction, dump_dir=dump_dir)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with SavedActivations([*model.parameters(), *model.buffers(), input_ids]) as saved:
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
@@ -195,8 +195,15 @@ def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_s
     return compiled, decisions, kinds, saved
 
 
-def test_tiny_qwen3_moe_trains_like_eager_within_budget_and_tiles_its_layers():
-    compiled, decisions, kinds, _ = _check_family("qwen3-moe", 0.4)
+def test_tiny_qwen3_moe_trains_like_eager_within_budget_and_tiles_its_layers(tmp_path):
+    import json
+
+    compiled, decisions, kinds, _ = _check_family("qwen3-moe", 0.4, dump_dir=tmp_path)
+    (dumped,) = tmp_path.glob("graph_0_joint/*_recompute.decisions.jsonl")
+    entries = [json.loads(line) for line in dumped.read_text().splitlines()]
+    for action in ("recompute", "save"):
+        listed = [e for e in entries if e["action"] == action]
+        assert listed and all("bytes" in e["data"] and "recompute_seconds" in e["data"] for e in listed), action
     assert any(len(k.data["blocks"]) == 2 for k in kinds), [k.subject for k in kinds]
     joint = compiled.trex.graphs[0].joint
     tagged = {n.name for n in joint.graph.nodes if n.meta.get("recompute") == CheckpointPolicy.MUST_RECOMPUTE}
@@ -219,3 +226,23 @@ def test_compile_refuses_a_malformed_budget_before_capturing():
     model = build_model(tiny_config("qwen3-moe", num_layers=1, hidden_size=32, num_experts=2), dtype=torch.float32)
     with pytest.raises(RecomputeBudgetError, match="not an amount of memory"):
         trex.compile(model, memory_budget="plenty")
+
+
+def test_a_plans_recompute_policy_becomes_the_fraction_of_saved_bytes_it_keeps():
+    import dataclasses
+
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.passes.parallel import plan_parallel
+    from trex.passes.recompute_policy import budget_for_plan
+
+    config = tiny_config("deepseek-v3")
+    plan = plan_parallel(spec_from_config(config, "tiny-deepseek-v3"), "cpu", 1, seq=32, gbs=2, baseline=None).best
+    model = build_model(config, dtype=torch.float32)
+
+    def with_policy(policy):
+        return dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel, recompute=policy))
+
+    assert budget_for_plan(with_policy("none"), model) is None
+    full = budget_for_plan(with_policy("full"), model)
+    selective = budget_for_plan(with_policy("selective:core_attn"), model)
+    assert 0 < full < selective < 1.0
