@@ -193,7 +193,8 @@ def describe(problem: RecomputeProblem, solution: Solution, budget: MemoryBudget
         for index in sorted(choice.saved_external):
             x = block.external[index]
             decisions.append(Decision("save", x.node.name, f"{where}: kept, an input of a recompute chain read from outside the layer "
-                                      f"({format_bytes(x.storage_bytes)})", {"bytes": x.storage_bytes, "kind": kind.name}))
+                                      f"({format_bytes(x.storage_bytes)})", {"bytes": x.storage_bytes, "recompute_seconds": None, "external": True,
+                                                                           "kind": kind.name}))
     return decisions
 
 

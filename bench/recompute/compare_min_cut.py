@@ -103,6 +103,15 @@ def capture_meta(name: str) -> list[tuple[str, int, Recorded]]:
     return [(kind.name, kind.count, r) for kind, r in zip(capture.kinds, recorded)]
 
 
+def partitioning(rec: Recorded):
+    """The tracing context AOTAutograd partitions in (its fake mode), so RNG functionalization of
+    recomputed seeded ops (SDPA) can build its fake RNG state outside a compile."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    values = [n.meta.get("val") for n in rec.joint.graph.find_nodes(op="placeholder")]
+    return tracing(TracingContext(detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])))
+
+
 def measure(joint: torch.fx.GraphModule, forward, backward, num_fwd_outputs: int) -> tuple[int, float, float]:
     """(saved bytes, recompute seconds, recompute FLOPs) of one partition of `joint` (annotated)."""
     output = next(iter(forward.graph.find_nodes(op="output")))
@@ -130,7 +139,7 @@ def measure(joint: torch.fx.GraphModule, forward, backward, num_fwd_outputs: int
 def torch_point(model: str, rec: Recorded, budget: float) -> Point:
     joint = copy_graph_module(rec.joint)
     start = time.perf_counter()
-    with functorch_config.patch(activation_memory_budget=budget):
+    with functorch_config.patch(activation_memory_budget=budget), partitioning(rec):
         forward, backward = min_cut_rematerialization_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
     seconds = time.perf_counter() - start
     return Point(model, "torch-min-cut", budget, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), seconds)
@@ -149,7 +158,8 @@ def trex_point(model: str, rec: Recorded, budget: float | MemoryBudget, method: 
     from trex.passes.recompute import apply_choice
 
     apply_choice(joint, problem, solution)
-    forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
+    with partitioning(rec):
+        forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
     seconds = time.perf_counter() - start
     note = f"{solution.status}, solve {solution.seconds:.2f} s"
     return Point(model, method, parsed.fraction, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), seconds, note)
@@ -187,7 +197,8 @@ def policy_point(model: str, rec: Recorded, policy: str) -> Point | None:
         if node.name in names:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
     start = time.perf_counter()
-    forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
+    with partitioning(rec):
+        forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
     return Point(model, f"megatron:{policy}", None, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), time.perf_counter() - start)
 
 
