@@ -29,7 +29,18 @@ from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.recompute_milp import DEFAULT_TIME_LIMIT_S, Solution, solve
 from trex.passes.recompute_problem import RecomputeProblem, build_problem
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 class RecomputeBudgetError(SettingError):
@@ -48,11 +59,15 @@ class MemoryBudget:
         if isinstance(value, MemoryBudget):
             return value
         if isinstance(value, bool):
-            raise RecomputeBudgetError(f"memory_budget={value!r}: give a fraction in (0, 1] (e.g. 0.4) or an amount ('3GiB', '512MB', bytes)")
+            raise RecomputeBudgetError(
+                f"memory_budget={value!r}: give a fraction in (0, 1] (e.g. 0.4) or an amount ('3GiB', '512MB', bytes)"
+            )
         if isinstance(value, float) or (isinstance(value, int) and value <= 1):
             if not 0.0 < float(value) <= 1.0:
-                raise RecomputeBudgetError(f"memory_budget={value!r}: a fraction of the save-everything activation memory must be in (0, 1]; "
-                                           "for an amount write it with a unit ('3GiB')")
+                raise RecomputeBudgetError(
+                    f"memory_budget={value!r}: a fraction of the save-everything activation memory must be in (0, 1]; "
+                    "for an amount write it with a unit ('3GiB')"
+                )
             return cls(fraction=float(value))
         if isinstance(value, int):
             return cls(bytes=value)
@@ -60,19 +75,27 @@ class MemoryBudget:
             match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", value)
             unit = match.group(2).lower() if match else None
             if match is None or unit not in _UNITS:
-                raise RecomputeBudgetError(f"memory_budget={value!r} is not an amount of memory; write e.g. '3GiB', '512MiB', '2GB' "
-                                           f"(units: {', '.join(u for u in _UNITS if u)}) or a fraction like 0.4")
+                raise RecomputeBudgetError(
+                    f"memory_budget={value!r} is not an amount of memory; write e.g. '3GiB', '512MiB', '2GB' "
+                    f"(units: {', '.join(u for u in _UNITS if u)}) or a fraction like 0.4"
+                )
             amount = int(float(match.group(1)) * _UNITS[unit])
             if amount <= 0:
                 raise RecomputeBudgetError(f"memory_budget={value!r} must be positive")
             return cls(bytes=amount)
-        raise RecomputeBudgetError(f"memory_budget={value!r}: give a fraction in (0, 1] or an amount like '3GiB', not a {type(value).__name__}")
+        raise RecomputeBudgetError(
+            f"memory_budget={value!r}: give a fraction in (0, 1] or an amount like '3GiB', not a {type(value).__name__}"
+        )
 
     def bytes_for(self, save_everything: int) -> float:
         return self.fraction * save_everything if self.fraction is not None else float(self.bytes)
 
     def __str__(self) -> str:
-        return f"{self.fraction:g} of the save-everything activation memory" if self.fraction is not None else format_bytes(self.bytes)
+        return (
+            f"{self.fraction:g} of the save-everything activation memory"
+            if self.fraction is not None
+            else format_bytes(self.bytes)
+        )
 
 
 def format_bytes(n: float) -> str:
@@ -93,7 +116,12 @@ class Recompute:
 
     name: ClassVar[str] = "recompute"
 
-    def __init__(self, memory_budget: float | int | str | MemoryBudget | None = None, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S):
+    def __init__(
+        self,
+        memory_budget: float | int | str | MemoryBudget | None = None,
+        *,
+        time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    ):
         self.memory_budget = MemoryBudget.parse(memory_budget) if memory_budget is not None else None
         self.time_limit_s = time_limit_s
 
@@ -102,7 +130,10 @@ class Recompute:
         if budget is None and ctx.options.get("memory_budget") is not None:
             budget = MemoryBudget.parse(ctx.options["memory_budget"])
         if budget is None:
-            return PassResult(False, [Decision("skip", "graph", "no memory budget given (trex.compile(..., memory_budget=0.4 or '3GiB'))")])
+            return PassResult(
+                False,
+                [Decision("skip", "graph", "no memory budget given (trex.compile(..., memory_budget=0.4 or '3GiB'))")],
+            )
         if ctx.phase != "joint":
             return PassResult(False, [Decision("skip", "graph", f"a {ctx.phase} graph saves nothing for a backward")])
         problem = problem_for(gm, ctx.target)
@@ -120,7 +151,9 @@ def problem_for(gm: fx.GraphModule, target: Any = "cpu") -> RecomputeProblem:
     return build_problem(gm, resolve_target(target).device)
 
 
-def choose(problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> tuple[Solution, float]:
+def choose(
+    problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S
+) -> tuple[Solution, float]:
     """The least-recompute choice within `budget`; RecomputeBudgetError naming the minimum if none fits."""
     full = problem.save_everything_bytes
     budget_bytes = budget.bytes_for(full)
@@ -129,18 +162,21 @@ def choose(problem: RecomputeProblem, budget: MemoryBudget, *, time_limit_s: flo
         return solution, budget_bytes
     least = solve(problem, budget_bytes, time_limit_s=time_limit_s, minimize_bytes=True)
     if not least.feasible:
-        raise RecomputeBudgetError(f"the recompute solver found no answer within {time_limit_s:g} s ({solution.status}); "
-                                   "raise Recompute(time_limit_s=...) or the memory budget")
+        raise RecomputeBudgetError(
+            f"the recompute solver found no answer within {time_limit_s:g} s ({solution.status}); "
+            "raise Recompute(time_limit_s=...) or the memory budget"
+        )
     if least.saved_bytes <= budget_bytes:  # the budgeted solve ran out of time before its first answer
         least.status = "time_limit"
         least.seconds += solution.seconds
         return least, budget_bytes
     fraction = least.saved_bytes / full if full else 1.0
     raise RecomputeBudgetError(
-        f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: {format_bytes(least.saved_bytes)} "
-        f"({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the save-everything {format_bytes(full)}). Values that cannot "
-        "be recomputed (random ops, values other layers read) and the inputs of every recompute chain must be kept; "
-        f"use memory_budget >= {fraction:.3f} (or >= {least.saved_bytes} bytes)")
+        f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: "
+        f"{format_bytes(least.saved_bytes)} ({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the save-everything "
+        f"{format_bytes(full)}). Values that cannot be recomputed (random ops, values other layers read) and the inputs of every recompute chain must be kept; "
+        f"use memory_budget >= {fraction:.3f} (or >= {least.saved_bytes} bytes)"
+    )
 
 
 def apply_choice(gm: fx.GraphModule, problem: RecomputeProblem, solution: Solution) -> int:
@@ -160,50 +196,124 @@ def apply_choice(gm: fx.GraphModule, problem: RecomputeProblem, solution: Soluti
     return overridden
 
 
-def describe(problem: RecomputeProblem, solution: Solution, budget: MemoryBudget, budget_bytes: float, overridden: int) -> list[Decision]:
+def describe(
+    problem: RecomputeProblem, solution: Solution, budget: MemoryBudget, budget_bytes: float, overridden: int
+) -> list[Decision]:
     full = problem.save_everything_bytes
-    head = (f"saved {format_bytes(solution.saved_bytes)} of a {format_bytes(budget_bytes)} budget ({budget}); save-everything "
-            f"{format_bytes(full)}; recompute {solution.objective_seconds * 1e3:.3f} ms per step; "
-            f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s ({solution.status}, gap {solution.gap:.2%})")
-    decisions = [Decision("solve", "memory budget", head, {
-        "status": solution.status, "budget_bytes": int(budget_bytes), "save_everything_bytes": full, "saved_bytes": solution.saved_bytes,
-        "recompute_seconds": solution.objective_seconds, "solve_seconds": solution.seconds, "kinds": len(problem.kinds),
-        "blocks": sum(k.count for k in problem.kinds)})]
+    head = (
+        f"saved {format_bytes(solution.saved_bytes)} of a {format_bytes(budget_bytes)} budget ({budget}); "
+        f"save-everything {format_bytes(full)}; recompute {solution.objective_seconds * 1e3:.3f} ms per step; "
+        f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s "
+        f"({solution.status}, gap {solution.gap:.2%})"
+    )
+    decisions = [
+        Decision(
+            "solve",
+            "memory budget",
+            head,
+            {
+                "status": solution.status,
+                "budget_bytes": int(budget_bytes),
+                "save_everything_bytes": full,
+                "saved_bytes": solution.saved_bytes,
+                "recompute_seconds": solution.objective_seconds,
+                "solve_seconds": solution.seconds,
+                "kinds": len(problem.kinds),
+                "blocks": sum(k.count for k in problem.kinds),
+            },
+        )
+    ]
     if solution.status == "time_limit":
-        decisions.append(Decision("fallback", "memory budget", f"SCIP stopped at its time limit; the best feasible answer found is used "
-                                  f"(optimality gap {solution.gap:.2%})", {"gap": solution.gap}))
+        decisions.append(
+            Decision(
+                "fallback",
+                "memory budget",
+                f"SCIP stopped at its time limit; the best feasible answer found is used "
+                f"(optimality gap {solution.gap:.2%})",
+                {"gap": solution.gap},
+            )
+        )
     if overridden:
-        decisions.append(Decision("override", "recompute tags", f"{overridden} forward nodes carried recompute tags (torch.utils.checkpoint); "
-                                  "the budgeted choice replaces them", {"nodes": overridden}))
+        decisions.append(
+            Decision(
+                "override",
+                "recompute tags",
+                f"{overridden} forward nodes carried recompute tags (torch.utils.checkpoint); "
+                "the budgeted choice replaces them",
+                {"nodes": overridden},
+            )
+        )
     for kind, choice in zip(problem.kinds, solution.choices):
         block = kind.representative
         where = f"{kind.name} (x{kind.count})"
-        decisions.append(Decision("layer_kind", kind.name, f"{kind.count} block(s) share this structure; one decision tiled over them", {
-            "blocks": [b.name for b in kind.blocks], "values": len(block.values), "saved_bytes_per_block": choice.saved_bytes,
-            "recompute_seconds_per_block": choice.recompute_seconds}))
+        decisions.append(
+            Decision(
+                "layer_kind",
+                kind.name,
+                f"{kind.count} block(s) share this structure; one decision tiled over them",
+                {
+                    "blocks": [b.name for b in kind.blocks],
+                    "values": len(block.values),
+                    "saved_bytes_per_block": choice.saved_bytes,
+                    "recompute_seconds_per_block": choice.recompute_seconds,
+                },
+            )
+        )
         for position in sorted(choice.recompute):
             v = block.values[position]
-            decisions.append(Decision("recompute", v.node.name, f"{where}: recomputed in the backward for {v.seconds * 1e6:.2f} us "
-                                      f"instead of keeping {format_bytes(v.storage_bytes)}", _value_data(kind, position, v)))
+            decisions.append(
+                Decision(
+                    "recompute",
+                    v.node.name,
+                    f"{where}: recomputed in the backward for {v.seconds * 1e6:.2f} us "
+                    f"instead of keeping {format_bytes(v.storage_bytes)}",
+                    _value_data(kind, position, v),
+                )
+            )
         for position in sorted(choice.saved):
             v = block.values[position]
-            reason = "random: never recomputed" if "random" in v.why_not_recomputable else (v.why_not_recomputable or "cheaper to keep than to recompute")
-            decisions.append(Decision("save", v.node.name, f"{where}: kept ({format_bytes(v.storage_bytes)}; recompute would cost "
-                                      f"{v.seconds * 1e6:.2f} us): {reason}", _value_data(kind, position, v)))
+            reason = (
+                "random: never recomputed"
+                if "random" in v.why_not_recomputable
+                else (v.why_not_recomputable or "cheaper to keep than to recompute")
+            )
+            decisions.append(
+                Decision(
+                    "save",
+                    v.node.name,
+                    f"{where}: kept ({format_bytes(v.storage_bytes)}; recompute would cost "
+                    f"{v.seconds * 1e6:.2f} us): {reason}",
+                    _value_data(kind, position, v),
+                )
+            )
         for index in sorted(choice.saved_external):
             x = block.external[index]
-            decisions.append(Decision("save", x.node.name, f"{where}: kept, an input of a recompute chain read from outside the layer "
-                                      f"({format_bytes(x.storage_bytes)})", {"bytes": x.storage_bytes, "recompute_seconds": None, "external": True,
-                                                                           "kind": kind.name}))
+            decisions.append(
+                Decision(
+                    "save",
+                    x.node.name,
+                    f"{where}: kept, an input of a recompute chain read from outside the layer "
+                    f"({format_bytes(x.storage_bytes)})",
+                    {"bytes": x.storage_bytes, "recompute_seconds": None, "external": True, "kind": kind.name},
+                )
+            )
     return decisions
 
 
 def _value_data(kind, position: int, v) -> dict[str, Any]:
-    return {"bytes": v.storage_bytes, "recompute_seconds": v.seconds, "priced": v.priced, "op": str(v.node.target), "kind": kind.name,
-            "nodes": [b.values[position].node.name for b in kind.blocks]}
+    return {
+        "bytes": v.storage_bytes,
+        "recompute_seconds": v.seconds,
+        "priced": v.priced,
+        "op": str(v.node.target),
+        "kind": kind.name,
+        "nodes": [b.values[position].node.name for b in kind.blocks],
+    }
 
 
-def pipeline_with_budget(passes: str | Sequence[Any] | None, memory_budget: float | int | str | MemoryBudget) -> list[Any]:
+def pipeline_with_budget(
+    passes: str | Sequence[Any] | None, memory_budget: float | int | str | MemoryBudget
+) -> list[Any]:
     """`passes` (None: the default pipeline) with a `Recompute(memory_budget)` in place of or after the rest."""
     from trex.passes import DEFAULT_PIPELINE
 

@@ -61,8 +61,14 @@ class Solution:
         return self.status in ("optimal", "time_limit")
 
 
-def solve(problem: RecomputeProblem, budget_bytes: float, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, minimize_bytes: bool = False,
-          scip_params: dict | None = None) -> Solution:
+def solve(
+    problem: RecomputeProblem,
+    budget_bytes: float,
+    *,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    minimize_bytes: bool = False,
+    scip_params: dict | None = None,
+) -> Solution:
     """The least-recompute choice within `budget_bytes` (or, with `minimize_bytes`, the least bytes)."""
     from pyscipopt import Model
 
@@ -88,7 +94,11 @@ def solve(problem: RecomputeProblem, budget_bytes: float, *, time_limit_s: float
         time_terms += [kind.count * block.values[p].seconds * 1e6 * var for p, var in r.items()]
         sizes = {v.storage: v.storage_bytes for v in block.values}
         byte_terms += [kind.count * sizes[g] * var for g, var in z.items() if sizes[g]]
-        byte_terms += [kind.count * block.external[x].storage_bytes * var for x, var in e.items() if block.external[x].storage_bytes]
+        byte_terms += [
+            kind.count * block.external[x].storage_bytes * var
+            for x, var in e.items()
+            if block.external[x].storage_bytes
+        ]
     saved = quicksum(byte_terms) if byte_terms else 0
     if minimize_bytes:
         model.setObjective(saved + 1e-9 * quicksum(time_terms) if time_terms else saved, "minimize")
@@ -139,7 +149,9 @@ def _kind_constraints(model, kind: Kind, r: dict, z: dict, e: dict) -> None:
                 model.addCons(e[x] >= r[v.position])
 
 
-def _add_recompute_everything_start(model, problem: RecomputeProblem, variables: list, budget_bytes: float | None) -> None:
+def _add_recompute_everything_start(
+    model, problem: RecomputeProblem, variables: list, budget_bytes: float | None
+) -> None:
     """Hand SCIP a feasible answer to improve on: recompute every recomputable value the backward
     needs, keep the rest. Its bytes are near the minimum, so it fits every budget but the tightest,
     and SCIP's primal heuristics need not find a first answer under the knapsack row by themselves."""
@@ -172,11 +184,15 @@ def _read_choice(model, solution, kind: Kind, r: dict, z: dict, e: dict) -> Kind
     choice.recompute = {p for p, var in r.items() if model.getSolVal(solution, var) > 0.5}
     held = {g for g, var in z.items() if model.getSolVal(solution, var) > 0.5}
     needed = _needed(block, choice.recompute)
-    choice.saved = {v.position for v in block.values if v.position in needed and v.position not in choice.recompute and v.is_tensor}
+    choice.saved = {
+        v.position for v in block.values if v.position in needed and v.position not in choice.recompute and v.is_tensor
+    }
     choice.saved_external = {x for x, var in e.items() if model.getSolVal(solution, var) > 0.5}
     sizes = {v.storage: v.storage_bytes for v in block.values}
     held &= {block.values[p].storage for p in choice.saved}
-    choice.saved_bytes = sum(sizes[g] for g in held) + sum(block.external[x].storage_bytes for x in choice.saved_external)
+    choice.saved_bytes = sum(sizes[g] for g in held) + sum(
+        block.external[x].storage_bytes for x in choice.saved_external
+    )
     choice.recompute &= needed
     choice.recompute_seconds = sum(block.values[p].seconds for p in choice.recompute)
     return choice

@@ -74,8 +74,19 @@ class Block:
         """Equal for blocks the same decision fits, position by position."""
         parts: list[Any] = [tuple((e.storage_bytes, e.is_input, _shape_of(e.node)) for e in self.external)]
         for v in self.values:
-            parts.append((str(v.node.target), _shape_of(v.node), v.storage, v.storage_bytes, v.recomputable, v.backward_reads,
-                          tuple(v.inputs), tuple(v.external_inputs), _constant_args(v.node)))
+            parts.append(
+                (
+                    str(v.node.target),
+                    _shape_of(v.node),
+                    v.storage,
+                    v.storage_bytes,
+                    v.recomputable,
+                    v.backward_reads,
+                    tuple(v.inputs),
+                    tuple(v.external_inputs),
+                    _constant_args(v.node),
+                )
+            )
         return tuple(parts)
 
 
@@ -222,8 +233,11 @@ def build_problem(joint: fx.GraphModule, device) -> RecomputeProblem:
     forward = forward_node_names(joint)
     output = next(iter(joint.graph.find_nodes(op="output")))
     fw_outputs = _forward_outputs(joint, forward)
-    input_storages = {_storage_key(n.meta.get("val")) for n in joint.graph.nodes
-                      if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
+    input_storages = {
+        _storage_key(n.meta.get("val"))
+        for n in joint.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+    }
     input_storages.discard(None)
 
     blocks: OrderedDict[str, Block] = OrderedDict()
@@ -307,13 +321,28 @@ def _forward_outputs(joint: fx.GraphModule, forward: set[str]) -> set[fx.Node]:
     return {n for n in leaves if n.name in forward}
 
 
-def _value(node: fx.Node, position: int, forward: set[str], output: fx.Node, fw_outputs: set[fx.Node], device) -> ForwardValue:
+def _value(
+    node: fx.Node, position: int, forward: set[str], output: fx.Node, fw_outputs: set[fx.Node], device
+) -> ForwardValue:
     value = node.meta.get("val")
     is_tensor = isinstance(value, torch.Tensor)
     why = _why_not_recomputable(node)
-    backward_reads = any(u.name not in forward and u.op != "output" for u in node.users) or (output in node.users and node not in fw_outputs)
+    backward_reads = any(u.name not in forward and u.op != "output" for u in node.users) or (
+        output in node.users and node not in fw_outputs
+    )
     seconds, priced = _seconds(node, device)
-    return ForwardValue(node, position, 0, _storage_bytes(value) if is_tensor else 0, seconds, priced, is_tensor, not why, why, backward_reads)
+    return ForwardValue(
+        node,
+        position,
+        0,
+        _storage_bytes(value) if is_tensor else 0,
+        seconds,
+        priced,
+        is_tensor,
+        not why,
+        why,
+        backward_reads,
+    )
 
 
 def _renumber_storages(block: Block) -> None:
@@ -330,6 +359,10 @@ def _kinds(blocks: list[Block]) -> list[Kind]:
     kinds = []
     for members in by_signature.values():
         names = [b.name for b in members]
-        label = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1} alike: {', '.join(n.rsplit('.', 1)[-1] for n in names[1:])})"
+        label = (
+            names[0]
+            if len(names) == 1
+            else f"{names[0]} (+{len(names) - 1} alike: {', '.join(n.rsplit('.', 1)[-1] for n in names[1:])})"
+        )
         kinds.append(Kind(label, members))
     return kinds

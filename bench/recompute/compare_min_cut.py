@@ -39,7 +39,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 import trex
 import trex.capture as capture_module
 from trex.graph_copy import copy_graph_module
-from trex.passes.recompute import MemoryBudget, Recompute, RecomputeBudgetError, choose, problem_for
+from trex.passes.recompute import MemoryBudget, RecomputeBudgetError, choose, problem_for
 from trex.passes.recompute_problem import forward_node_names, layer_of
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -115,8 +115,11 @@ def partitioning(rec: Recorded):
 def measure(joint: torch.fx.GraphModule, forward, backward, num_fwd_outputs: int) -> tuple[int, float, float]:
     """(saved bytes, recompute seconds, recompute FLOPs) of one partition of `joint` (annotated)."""
     output = next(iter(forward.graph.find_nodes(op="output")))
-    held = {StorageWeakRef(n.meta["val"].untyped_storage()) for n in forward.graph.find_nodes(op="placeholder")
-            if isinstance(n.meta.get("val"), torch.Tensor)}
+    held = {
+        StorageWeakRef(n.meta["val"].untyped_storage())
+        for n in forward.graph.find_nodes(op="placeholder")
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    }
     storages: dict = {}
     for node in output.args[0][num_fwd_outputs:]:
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
@@ -140,7 +143,9 @@ def torch_point(model: str, rec: Recorded, budget: float) -> Point:
     joint = copy_graph_module(rec.joint)
     start = time.perf_counter()
     with functorch_config.patch(activation_memory_budget=budget), partitioning(rec):
-        forward, backward = min_cut_rematerialization_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
+        forward, backward = min_cut_rematerialization_partition(
+            joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs
+        )
     seconds = time.perf_counter() - start
     return Point(model, "torch-min-cut", budget, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), seconds)
 
@@ -154,15 +159,28 @@ def trex_point(model: str, rec: Recorded, budget: float | MemoryBudget, method: 
         solution, _ = choose(problem, parsed)
     except RecomputeBudgetError as error:
         minimum = str(error).split("use memory_budget >= ")[-1].rstrip(")")
-        return Point(model, method, parsed.fraction, -1, float("nan"), float("nan"), time.perf_counter() - start, f"infeasible: min {minimum}")
+        return Point(
+            model,
+            method,
+            parsed.fraction,
+            -1,
+            float("nan"),
+            float("nan"),
+            time.perf_counter() - start,
+            f"infeasible: min {minimum}",
+        )
     from trex.passes.recompute import apply_choice
 
     apply_choice(joint, problem, solution)
     with partitioning(rec):
-        forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
+        forward, backward = default_partition(
+            joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs
+        )
     seconds = time.perf_counter() - start
     note = f"{solution.status}, solve {solution.seconds:.2f} s"
-    return Point(model, method, parsed.fraction, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), seconds, note)
+    return Point(
+        model, method, parsed.fraction, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), seconds, note
+    )
 
 
 def policy_nodes(joint: torch.fx.GraphModule, policy: str) -> list[torch.fx.Node]:
@@ -198,24 +216,39 @@ def policy_point(model: str, rec: Recorded, policy: str) -> Point | None:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
     start = time.perf_counter()
     with partitioning(rec):
-        forward, backward = default_partition(joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
-    return Point(model, f"megatron:{policy}", None, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), time.perf_counter() - start)
+        forward, backward = default_partition(
+            joint, rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs
+        )
+    return Point(
+        model,
+        f"megatron:{policy}",
+        None,
+        *measure(rec.joint, forward, backward, rec.num_fwd_outputs),
+        time.perf_counter() - start,
+    )
 
 
 def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[Point]:
     problem_for(rec.joint, target)  # annotate once: every copy carries the costs
     points = []
-    forward, backward = default_partition(copy_graph_module(rec.joint), rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs)
-    points.append(Point(model, "save-everything", 1.0, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), 0.0))
+    forward, backward = default_partition(
+        copy_graph_module(rec.joint), rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs
+    )
+    points.append(
+        Point(model, "save-everything", 1.0, *measure(rec.joint, forward, backward, rec.num_fwd_outputs), 0.0)
+    )
     for budget in budgets:
         t = torch_point(model, rec, budget)
         points.append(t)
         points.append(trex_point(model, rec, budget, "trex", target))
         points.append(trex_point(model, rec, MemoryBudget(bytes=max(1, t.saved_bytes)), "trex@torch-bytes", target))
         points[-1].budget = budget
-        print(f"  {model} b={budget}: torch {t.saved_bytes} B / {t.recompute_seconds * 1e3:.3f} ms; trex {points[-2].saved_bytes} B / "
-              f"{points[-2].recompute_seconds * 1e3:.3f} ms; trex@torch {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms",
-              flush=True)
+        print(
+            f"  {model} b={budget}: torch {t.saved_bytes} B / {t.recompute_seconds * 1e3:.3f} ms; "
+            f"trex {points[-2].saved_bytes} B / {points[-2].recompute_seconds * 1e3:.3f} ms; "
+            f"trex@torch {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms",
+            flush=True,
+        )
     for policy in ("core_attn", "moe_act", "mla_up_proj", "layernorm", "core_attn+moe_act"):
         point = policy_point(model, rec, policy)
         if point is not None:
@@ -224,19 +257,33 @@ def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[P
 
 
 def table(points: list[Point]) -> str:
-    lines = ["| model | budget | torch saved (KiB) | torch recompute (ms) | trex saved (KiB) | trex recompute (ms) | "
-             "trex@torch-bytes saved (KiB) | trex@torch-bytes recompute (ms) | torch / trex@torch recompute |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| model | budget | torch saved (KiB) | torch recompute (ms) | trex saved (KiB) | trex recompute (ms) | "
+        "trex@torch-bytes saved (KiB) | trex@torch-bytes recompute (ms) | torch / trex@torch recompute |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     by = {(p.model, p.method, p.budget): p for p in points}
     for model in dict.fromkeys(p.model for p in points):
         for budget in BUDGETS:
             t, x, e = (by.get((model, m, budget)) for m in ("torch-min-cut", "trex", "trex@torch-bytes"))
             if t is None:
                 continue
-            ratio = t.recompute_seconds / e.recompute_seconds if e and e.recompute_seconds > 0 else float("inf") if t.recompute_seconds > 0 else 1.0
-            trex_cells = (f"{x.saved_bytes / 1024:.1f} | {x.recompute_seconds * 1e3:.3f}" if x.saved_bytes >= 0 else f"- | {x.note}")
-            lines.append(f"| {model} | {budget} | {t.saved_bytes / 1024:.1f} | {t.recompute_seconds * 1e3:.3f} | {trex_cells} | "
-                         f"{e.saved_bytes / 1024:.1f} | {e.recompute_seconds * 1e3:.3f} | {ratio:.2f}x |")
+            ratio = (
+                t.recompute_seconds / e.recompute_seconds
+                if e and e.recompute_seconds > 0
+                else float("inf")
+                if t.recompute_seconds > 0
+                else 1.0
+            )
+            trex_cells = (
+                f"{x.saved_bytes / 1024:.1f} | {x.recompute_seconds * 1e3:.3f}"
+                if x.saved_bytes >= 0
+                else f"- | {x.note}"
+            )
+            lines.append(
+                f"| {model} | {budget} | {t.saved_bytes / 1024:.1f} | {t.recompute_seconds * 1e3:.3f} | {trex_cells} | "
+                f"{e.saved_bytes / 1024:.1f} | {e.recompute_seconds * 1e3:.3f} | {ratio:.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -251,10 +298,14 @@ def ratios(points: list[Point]) -> str:
             memory.append(e.saved_bytes / t.saved_bytes)
             if t.recompute_seconds > 0:
                 compute.append(e.recompute_seconds / t.recompute_seconds)
+
     def summary(xs):
         return f"min {min(xs):.3f} / median {statistics.median(xs):.3f} / max {max(xs):.3f}" if xs else "n/a"
-    return (f"trex@torch-bytes saved / torch saved: {summary(memory)}\n"
-            f"trex@torch-bytes recompute / torch recompute (where torch recomputes): {summary(compute)}")
+
+    return (
+        f"trex@torch-bytes saved / torch saved: {summary(memory)}\n"
+        f"trex@torch-bytes recompute / torch recompute (where torch recomputes): {summary(compute)}"
+    )
 
 
 def plot(points: list[Point], path: Path) -> str:
@@ -275,7 +326,12 @@ def plot(points: list[Point], path: Path) -> str:
                 axis.plot(*zip(*front), style, label=method, alpha=0.8)
         for p in mine:
             if p.method.startswith("megatron:") or p.method == "save-everything":
-                axis.plot(p.saved_bytes / 2**20, p.recompute_seconds * 1e3, "kx" if p.method == "save-everything" else "d", label=p.method)
+                axis.plot(
+                    p.saved_bytes / 2**20,
+                    p.recompute_seconds * 1e3,
+                    "kx" if p.method == "save-everything" else "d",
+                    label=p.method,
+                )
         axis.set_title(model)
         axis.set_xlabel("saved activations (MiB)")
         axis.set_ylabel("recompute time (ms, cost model)")
@@ -289,9 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="deepseek-v4,deepseek-v3,qwen3-moe")
     parser.add_argument("--meta", default="", help="full-size models to meta-capture, e.g. deepseek-v4-flash")
-    parser.add_argument("--target", default="cpu", help="cost-model target for recompute time (cpu for tiny, h100 for full size)")
+    parser.add_argument(
+        "--target", default="cpu", help="cost-model target for recompute time (cpu for tiny, h100 for full size)"
+    )
     parser.add_argument("--out", default="bench/recompute/results")
-    parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="activation_memory_budget values to compare at")
+    parser.add_argument(
+        "--budgets", default=",".join(map(str, BUDGETS)), help="activation_memory_budget values to compare at"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -310,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     print(ratios(points))
     for p in points:
         if p.method.startswith("megatron:") or p.method == "save-everything":
-            print(f"  {p.model} {p.method}: saved {p.saved_bytes / 1024:.1f} KiB, recompute {p.recompute_seconds * 1e3:.3f} ms")
+            print(
+                f"  {p.model} {p.method}: saved {p.saved_bytes / 1024:.1f} KiB, "
+                f"recompute {p.recompute_seconds * 1e3:.3f} ms"
+            )
     print(plot(points, out / "pareto.png"))
     return 0
 

@@ -112,7 +112,9 @@ def test_random_joint_graphs_keep_loss_and_gradients_within_budget(program, frac
             torch.testing.assert_close(got, want, **FP32)
     record = records[0]
     (solve,) = _decision(record, "solve")
-    assert saved.bytes <= solve.data["budget_bytes"] * 1.05, f"{saved.bytes} saved for a budget of {solve.data['budget_bytes']}\n{program}"
+    assert saved.bytes <= solve.data["budget_bytes"] * 1.05, (
+        f"{saved.bytes} saved for a budget of {solve.data['budget_bytes']}\n{program}"
+    )
 
 
 def test_a_budget_below_the_minimum_is_refused_naming_it_and_the_minimum_works():
@@ -122,7 +124,9 @@ def test_a_budget_below_the_minimum_is_refused_naming_it_and_the_minimum_works()
 
     torch.manual_seed(0)
     inputs = [torch.randn(32, 16), torch.randn(16, 16) * 0.3, torch.randn(16, 16) * 0.3]
-    with pytest.raises(RecomputeBudgetError, match=r"below the minimum feasible: .* use memory_budget >= ([0-9.]+)") as refused:
+    with pytest.raises(
+        RecomputeBudgetError, match=r"below the minimum feasible: .* use memory_budget >= ([0-9.]+)"
+    ) as refused:
         _compiled_with_budget(layer, 0.01, [])(*[i.clone().requires_grad_(True) for i in inputs])
     minimum = float(re.search(r"use memory_budget >= ([0-9.]+)", str(refused.value)).group(1))
     assert 0.01 < minimum < 1.0
@@ -155,7 +159,11 @@ def test_a_tight_budget_moves_forward_ops_into_the_backward_and_says_which():
     def mlp(x, w1, w2):
         return torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2)
 
-    inputs = [torch.randn(64, 32, requires_grad=True), torch.randn(32, 128, requires_grad=True), torch.randn(128, 32, requires_grad=True)]
+    inputs = [
+        torch.randn(64, 32, requires_grad=True),
+        torch.randn(32, 128, requires_grad=True),
+        torch.randn(128, 32, requires_grad=True),
+    ]
     records: list = []
     _compiled_with_budget(mlp, 0.3, records)(*inputs).sum().backward()
     record, (forward, backward), _ = records
@@ -190,7 +198,9 @@ def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_s
             torch.testing.assert_close(p.grad, q.grad, **FP32, msg=lambda m, n=name: f"grad of {n}: {m}")
     decisions = [d for _, d in compiled.trex.graphs[0].report.decisions]
     (solve,) = [d for d in decisions if d.action == "solve"]
-    assert saved.bytes <= solve.data["budget_bytes"] * 1.05, f"measured {saved.bytes} B saved, budget {solve.data['budget_bytes']} B"
+    assert saved.bytes <= solve.data["budget_bytes"] * 1.05, (
+        f"measured {saved.bytes} B saved, budget {solve.data['budget_bytes']} B"
+    )
     kinds = [d for d in decisions if d.action == "layer_kind"]
     return compiled, decisions, kinds, saved
 
