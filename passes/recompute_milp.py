@@ -92,6 +92,9 @@ def solve(
         _kind_constraints(model, kind, r, z, e)
         block = kind.representative
         time_terms += [kind.count * block.values[p].seconds * 1e6 * var for p, var in r.items()]
+        byte_terms += [
+            kind.count * block.values[p].replay_bytes * var for p, var in r.items() if block.values[p].replay_bytes
+        ]
         sizes = {v.storage: v.storage_bytes for v in block.values}
         byte_terms += [kind.count * sizes[g] * var for g, var in z.items() if sizes[g]]
         byte_terms += [
@@ -173,7 +176,10 @@ def _add_recompute_everything_start(
             model.setSolVal(solution, var, 1.0 if g in kept_groups else 0.0)
         for x, var in e.items():
             model.setSolVal(solution, var, 1.0 if x in externals else 0.0)
-        total += kind.count * (sum(kept_groups.values()) + sum(block.external[x].storage_bytes for x in externals))
+        replay = sum(block.values[p].replay_bytes for p in needed if p in r)
+        total += kind.count * (
+            sum(kept_groups.values()) + sum(block.external[x].storage_bytes for x in externals) + replay
+        )
     if budget_bytes is None or total <= budget_bytes:
         model.addSol(solution, free=True)
 
@@ -194,6 +200,7 @@ def _read_choice(model, solution, kind: Kind, r: dict, z: dict, e: dict) -> Kind
         block.external[x].storage_bytes for x in choice.saved_external
     )
     choice.recompute &= needed
+    choice.saved_bytes += sum(block.values[p].replay_bytes for p in choice.recompute)
     choice.recompute_seconds = sum(block.values[p].seconds for p in choice.recompute)
     return choice
 

@@ -51,6 +51,7 @@ class ForwardValue:
     recomputable: bool
     why_not_recomputable: str
     backward_reads: bool  # a backward node (or a gradient output) reads it directly
+    replay_bytes: int = 0  # saved when recomputed: the RNG state a seeded op replays (the partitioner saves it)
     inputs: list[int] = field(default_factory=list)  # positions (in this block) of the values it reads
     external_inputs: list[int] = field(default_factory=list)  # indices into Block.external
 
@@ -76,6 +77,7 @@ class Block:
         for v in self.values:
             parts.append(
                 (
+                    v.replay_bytes,
                     str(v.node.target),
                     _shape_of(v.node),
                     v.storage,
@@ -331,6 +333,11 @@ def _value(
         output in node.users and node not in fw_outputs
     )
     seconds, priced = _seconds(node, device)
+    replay = (
+        _rng_state_bytes(node)
+        if not why and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+        else 0
+    )
     return ForwardValue(
         node,
         position,
@@ -342,7 +349,21 @@ def _value(
         not why,
         why,
         backward_reads,
+        replay,
     )
+
+
+def _rng_state_bytes(node: fx.Node) -> int:
+    """Bytes of the RNG state `functionalize_rng_ops` saves to replay a recomputed seeded op (the CPU
+    generator's whole state; a philox seed and offset elsewhere)."""
+    values = [v for v in (node.meta.get("val"),) if isinstance(v, torch.Tensor)]
+    values += (
+        [v for v in (node.meta.get("val") or ()) if isinstance(v, torch.Tensor)]
+        if isinstance(node.meta.get("val"), tuple)
+        else []
+    )
+    device = values[0].device.type if values else "cpu"
+    return int(torch.get_rng_state().numel()) if device in ("cpu", "meta") else 16
 
 
 def _renumber_storages(block: Block) -> None:
