@@ -49,10 +49,15 @@ class RecomputeBudgetError(SettingError):
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """A budget for saved activations: a fraction of the save-everything bytes, or bytes."""
+    """A budget for saved activations: a fraction of the save-everything bytes, or bytes.
+
+    `at_least_minimum`: a budget below the reachable minimum becomes the minimum (with a decision
+    saying so) instead of an error; used for budgets trex derived itself (a plan's recompute policy).
+    """
 
     fraction: float | None = None
     bytes: int | None = None
+    at_least_minimum: bool = False
 
     @classmethod
     def parse(cls, value: float | int | str | MemoryBudget) -> MemoryBudget:
@@ -170,11 +175,16 @@ def choose(
         least.status = "time_limit"
         least.seconds += solution.seconds
         return least, budget_bytes
+    if budget.at_least_minimum:
+        least.status = "raised_to_minimum"
+        least.seconds += solution.seconds
+        return least, budget_bytes
     fraction = least.saved_bytes / full if full else 1.0
     raise RecomputeBudgetError(
         f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: "
-        f"{format_bytes(least.saved_bytes)} ({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the save-everything "
-        f"{format_bytes(full)}). Values that cannot be recomputed (random ops, values other layers read) and the inputs of every recompute chain must be kept; "
+        f"{format_bytes(least.saved_bytes)} ({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the "
+        f"save-everything {format_bytes(full)}). Values that cannot be recomputed (random ops, values other layers "
+        "read) and the inputs of every recompute chain must be kept; "
         f"use memory_budget >= {fraction:.3f} (or >= {least.saved_bytes} bytes)"
     )
 
@@ -223,6 +233,16 @@ def describe(
             },
         )
     ]
+    if solution.status == "raised_to_minimum":
+        decisions.append(
+            Decision(
+                "fallback",
+                "memory budget",
+                f"the derived budget {budget} is below the reachable minimum; the least-memory answer "
+                f"({format_bytes(solution.saved_bytes)}) is used",
+                {"minimum_bytes": solution.saved_bytes},
+            )
+        )
     if solution.status == "time_limit":
         decisions.append(
             Decision(

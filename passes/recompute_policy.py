@@ -13,8 +13,11 @@ import dataclasses
 from typing import Any
 
 
-def budget_for_plan(plan: Any, model: Any) -> float | None:
-    """The fraction of save-everything bytes `plan`'s recompute policy keeps; None for "none" or no config."""
+def budget_for_plan(plan: Any, model: Any):
+    """The fraction of save-everything bytes `plan`'s recompute policy keeps (a `MemoryBudget` that
+    rises to the reachable minimum rather than failing); None for "none" or a model without config."""
+    from trex.passes.recompute import MemoryBudget
+
     parallel = plan.parallel
     if parallel.recompute_mode == "none":
         return None
@@ -34,4 +37,4 @@ def budget_for_plan(plan: Any, model: Any) -> float | None:
     if full <= 0:
         return None
     fraction = sum(counts.get(kind, 0) * cost.saved_bytes for kind, cost in kept.items()) / full
-    return min(1.0, max(fraction, 1e-3))
+    return MemoryBudget(fraction=min(1.0, max(fraction, 1e-3)), at_least_minimum=True)

@@ -41,10 +41,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  budget {budget}: infeasible ({str(error).split('use ')[-1]})", flush=True)
                 continue
             seconds.append(solution.seconds)
-            print(f"  budget {budget}: {solution.status} (gap {solution.gap:.2%}) in {solution.seconds:.2f} s; saved "
-                  f"{solution.saved_bytes / 2**30:.2f} GiB, recompute {solution.objective_seconds * 1e3:.2f} ms", flush=True)
+            print(
+                f"  budget {budget}: {solution.status} (gap {solution.gap:.2%}) in {solution.seconds:.2f} s; "
+                f"saved {solution.saved_bytes / 2**30:.2f} GiB, recompute {solution.objective_seconds * 1e3:.2f} ms",
+                flush=True,
+            )
     if seconds:
-        print(f"solve seconds: min {min(seconds):.2f} / median {statistics.median(seconds):.2f} / max {max(seconds):.2f}")
+        low, middle, high = min(seconds), statistics.median(seconds), max(seconds)
+        print(f"solve seconds: min {low:.2f} / median {middle:.2f} / max {high:.2f}")
     return 0
 
 

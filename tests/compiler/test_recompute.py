@@ -255,4 +255,16 @@ def test_a_plans_recompute_policy_becomes_the_fraction_of_saved_bytes_it_keeps()
     assert budget_for_plan(with_policy("none"), model) is None
     full = budget_for_plan(with_policy("full"), model)
     selective = budget_for_plan(with_policy("selective:core_attn"), model)
-    assert 0 < full < selective < 1.0
+    assert 0 < full.fraction < selective.fraction < 1.0
+    assert full.at_least_minimum, "a derived budget below the minimum must not fail the compile"
+
+
+def test_a_derived_budget_below_the_minimum_uses_the_minimum_and_says_so():
+    def layer(x, w):
+        return torch.nn.functional.dropout(torch.exp(x @ w), p=0.3, training=True).sum(-1)
+
+    inputs = [torch.randn(64, 32, requires_grad=True), torch.randn(32, 32, requires_grad=True)]
+    records: list = []
+    _compiled_with_budget(layer, MemoryBudget(fraction=0.01, at_least_minimum=True), records)(*inputs).sum().backward()
+    fallback = _decision(records[0], "fallback")
+    assert fallback and "below the reachable minimum" in fallback[0].reason
