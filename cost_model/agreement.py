@@ -48,7 +48,8 @@ from typing import Any
 from torch import fx
 
 from trex.cost_model.annotate import NodeCost
-from trex.cost_model.cluster import Cluster, get_cluster
+from trex.cost_model.catalog import get_cluster
+from trex.cost_model.cluster import Cluster
 from trex.cost_model.devices import DTYPE_BYTES
 from trex.cost_model.layer_cost import CostContext, layer_cost
 from trex.cost_model.model_spec import LayerSpec

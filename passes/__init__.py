@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 # The graph passes import torch; they load on first use, so `import trex.passes` (and the CLI's
 # `--help`) stays fast.
-_PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination"}
+_PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination",
+                 "Recompute": "trex.passes.recompute"}
 
 
 def _passes() -> dict[str, type]:
@@ -75,4 +76,4 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     return resolved
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "DeadCodeElimination", "resolve_pipeline"]
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "DeadCodeElimination", "Recompute", "resolve_pipeline"]

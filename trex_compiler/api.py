@@ -171,6 +171,7 @@ def compile(
     fallback: str | None = None,
     plan: Plan | str | Path | None = None,
     progress: Any = None,
+    memory_budget: float | int | str | None = None,
 ) -> CompiledModule:
     """Compile `model` for training (forward, `loss.backward()`, optimizer step) and inference.
 
@@ -189,7 +190,10 @@ def compile(
               region by region, each region compiled by trex, and warns once with the breaks.
     plan:     a `trex.plan.Plan` or a plan file (`trex plan --out`); it is checked against the model
               (layer count, experts and heads divisible by its degrees) and kept as `.trex.plan`. Until
-              distributed execution lands, only plans whose degrees are all 1 run.
+              distributed execution lands, only plans whose degrees are all 1 run. Its recompute policy
+              becomes a memory budget when `memory_budget` is not given (`trex.passes.recompute`).
+    memory_budget: saved-activation budget for the backward: a fraction of the save-everything bytes
+              (0.4) or an amount ("3GiB"); the `recompute` pass picks what to recompute within it.
     progress: a callable given one line per compile stage (trace, passes, lowering) as it finishes,
               e.g. `progress=print`; the CLI prints them to stderr.
     """
@@ -197,9 +201,17 @@ def compile(
         raise TrexError(f"trex.compile takes a torch.nn.Module, got {type(model).__name__}")
     if fallback not in FALLBACKS:
         raise TrexError(f"unknown fallback {fallback!r}; valid: None (raise on graph breaks) or 'eager'")
+    accepted = plan_for_module(plan, model) if plan is not None else None
+    if memory_budget is None and accepted is not None:
+        from trex.passes.recompute_policy import budget_for_plan
+
+        memory_budget = budget_for_plan(accepted, model)
+    if memory_budget is not None:
+        from trex.passes.recompute import pipeline_with_budget
+
+        passes = pipeline_with_budget(passes, memory_budget)
     options = CompileOptions.build(target=target, backend=backend, passes=passes, dump_dir=dump_dir, progress=progress)
     check_executable(options.target, _device_types(model))
-    accepted = plan_for_module(plan, model) if plan is not None else None
 
     from trex.integrations.transformers_moe import experts_coverage, use_trex_experts
 

@@ -46,3 +46,9 @@ class PassError(TrexError):
 
 class BackendError(TrexError):
     """A backend was misdeclared or failed to lower what it claimed to support."""
+
+
+class SettingError(TrexError):
+    """What the user asked for (a memory budget, a limit) cannot be met on this graph. Raised from
+    inside a pass but about the request, so the pass manager lets it through as it is rather than
+    reporting a pass failure with a reproducer."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import fx
 
-from trex.errors import PassError, TrexError
+from trex.errors import PassError, SettingError, TrexError
 from trex.graph_copy import copy_graph_module
 
 if TYPE_CHECKING:
@@ -280,6 +280,8 @@ class PassManager:
                     check_graph(gm, pass_.name, outputs_before)
                 else:  # unchanged: the structural lint is enough
                     gm.graph.lint()
+            except SettingError:
+                raise
             except Exception as error:  # noqa: BLE001 - any failure inside a pass is reported the same way
                 raise self._pass_failed(pass_, report, snapshot, ctx, error) from error
             record.ran = True

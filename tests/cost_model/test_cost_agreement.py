@@ -99,7 +99,7 @@ def test_full_size_qwen3_235b_layer_agrees():
 
 
 def test_unfused_attention_computes_the_whole_square_whatever_the_mask():
-    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.catalog import get_cluster
     from trex.cost_model.layer_cost import CostContext, LayerCost, _attention
     from trex.cost_model.model_spec import AttentionCore
 
@@ -122,7 +122,7 @@ def test_fused_causal_attention_counts_the_same_blocks_on_both_sides():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.catalog import get_cluster
     from trex.cost_model.layer_cost import CostContext, LayerCost, _attention
     from trex.cost_model.model_spec import AttentionCore
 
