@@ -203,7 +203,7 @@ def compile(
         raise TrexError(f"unknown fallback {fallback!r}; valid: None (raise on graph breaks) or 'eager'")
     accepted = plan_for_module(plan, model) if plan is not None else None
     if memory_budget is None and accepted is not None:
-        from trex.passes.recompute_policy import budget_for_plan
+        from trex.passes.recompute.policy import budget_for_plan
 
         memory_budget = budget_for_plan(accepted, model)
     if memory_budget is not None:

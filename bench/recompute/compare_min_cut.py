@@ -40,7 +40,7 @@ import trex
 import trex.capture as capture_module
 from trex.graph_copy import copy_graph_module
 from trex.passes.recompute import MemoryBudget, RecomputeBudgetError, choose, problem_for
-from trex.passes.recompute_problem import forward_node_names, layer_of
+from trex.passes.recompute.problem import forward_node_names, layer_of
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from pyscipopt import quicksum
 
-from trex.passes.recompute_problem import Kind, RecomputeProblem
+from trex.passes.recompute.problem import Kind, RecomputeProblem
 
 # SCIP stops once its answer is proven within this fraction of the optimum: closing the last 0.1% on
 # a knapsack-like budget row costs more root cutting rounds than the rest of the solve.

@@ -6,8 +6,8 @@ from the cost model) and tags them `node.meta["recompute"] = CheckpointPolicy.MU
 torch's `default_partition`, which trex's capture already runs, then saves everything else the
 backward reads and recomputes the tagged values in the backward (the same mechanism as
 `torch.utils.checkpoint`'s selective policies). The choice is exact per layer kind: a MILP solved
-with SCIP (`trex.passes.recompute_milp`), once per distinct decoder-layer structure and tiled over
-the layers of that kind (`trex.passes.recompute_problem`). Random ops are never recomputed.
+with SCIP (`trex.passes.recompute.milp`), once per distinct decoder-layer structure and tiled over
+the layers of that kind (`trex.passes.recompute.problem`). Random ops are never recomputed.
 
 The budget is a fraction of the save-everything activation bytes (`memory_budget=0.4`) or an
 amount (`"3GiB"`, `"512MB"`, or a number of bytes). A budget below what any choice can reach is an
@@ -26,8 +26,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from trex.errors import SettingError
 from trex.pass_manager import Decision, PassContext, PassResult
-from trex.passes.recompute_milp import DEFAULT_TIME_LIMIT_S, Solution, solve
-from trex.passes.recompute_problem import RecomputeProblem, build_problem
+from trex.passes.recompute.milp import DEFAULT_TIME_LIMIT_S, Solution, solve
+from trex.passes.recompute.problem import RecomputeProblem, build_problem
 
 _UNITS = {
     "": 1,
