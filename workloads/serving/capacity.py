@@ -7,8 +7,8 @@ once, costing one prefill. So per instance
 
     requests/s = B / (O * d(B) + B * p)       TPOT = d(B) + B * p / O       TTFT ~ d(B) + prefill(P99 prompt)
 
-where d(B) uses the mean context P + O/2 of a sequence over its life, and p packs prompts into
-steps of `max_batched_tokens`. B is capped by the KV cache (B sequences of mean context must fit),
+where d(B) uses the time-averaged context of a sequence in the batch (`WorkloadStats.context_in_flight`), and p packs prompts into
+steps of `max_batched_tokens`. B is capped by the KV cache (B sequences of that context must fit),
 by `max_num_seqs`, and by the SLOs; the largest B that passes gives the instance's throughput.
 """
 
@@ -51,7 +51,7 @@ def _at_batch(latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits,
     per_step = max(1, int(limits.max_batched_tokens // max(stats.mean_prompt, 1)))
     a0, a1, a2 = latency.prefill
     prefill_per_request = a0 / per_step + a1 * stats.mean_prompt + a2 * stats.mean_prompt_sq
-    decode = latency.decode_s(batch, int(batch * (stats.mean_prompt + stats.mean_output / 2)))
+    decode = latency.decode_s(batch, int(batch * stats.context_in_flight))
     cycle = stats.mean_output * decode + batch * prefill_per_request
     requests_s = batch / cycle
     tpot = decode + batch * prefill_per_request / max(stats.mean_output, 1.0)
@@ -62,7 +62,7 @@ def _at_batch(latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits,
 def estimate_capacity(latency: LatencyModel, kv: KVLayout, kv_capacity_bytes: float, limits: EngineLimits,
                       stats: WorkloadStats, slo: SLO) -> CapacityEstimate:
     """The largest batch meeting memory and SLOs, and its throughput; batch 0 when even one sequence fails."""
-    mean_context = int(stats.mean_prompt + stats.mean_output / 2)
+    mean_context = int(stats.context_in_flight)
     kv_batch = int(kv_capacity_bytes // max(kv.bytes_for(mean_context), 1.0))
     cap = min(limits.max_num_seqs, kv_batch)
     limit = "max_num_seqs" if limits.max_num_seqs <= kv_batch else "kv_cache"

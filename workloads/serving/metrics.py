@@ -51,7 +51,8 @@ class ServingReport:
     unfinished: int
     failed: int
     duration_s: float
-    throughput_tok_s: float  # output tokens of completed requests per second
+    throughput_tok_s: float  # output tokens of completed requests per second of the run (vLLM's benchmark_serving)
+    steady_throughput_tok_s: float  # output tokens generated while requests were arriving, per second of that span (nan: unknown)
     request_throughput_req_s: float
     goodput_req_s: float
     slo_attainment: float
@@ -74,7 +75,10 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def summarise(records: list[RequestRecord], slo: SLO, busy_s: dict[str, float], start_s: float = 0.0) -> ServingReport:
+def summarise(records: list[RequestRecord], slo: SLO, busy_s: dict[str, float], start_s: float = 0.0,
+              steady_tok_s: float = float("nan")) -> ServingReport:
+    """The report of a run; `steady_tok_s` comes from whoever counted tokens as they were generated
+    (the simulator), since a long request's tail otherwise stretches a short run's duration."""
     completed = [r for r in records if r.status == "completed"]
     end = max((r.finish_s for r in completed if r.finish_s is not None), default=start_s)
     duration = max(end - start_s, 1e-9)
@@ -96,6 +100,7 @@ def summarise(records: list[RequestRecord], slo: SLO, busy_s: dict[str, float], 
         failed=sum(r.status == "failed" for r in records),
         duration_s=duration,
         throughput_tok_s=sum(r.output_tokens for r in completed) / duration,
+        steady_throughput_tok_s=steady_tok_s,
         request_throughput_req_s=len(completed) / duration,
         goodput_req_s=good / duration,
         slo_attainment=good / len(records) if records else 0.0,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from trex.errors import UnknownNameError
 from trex.workloads.serving.deployment import InstanceSpec
 from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.workload import WorkloadStats
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ class InstanceLoad:
         self.assigned += 1
 
 
-def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: float) -> float:
+def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: float, mean_context: float) -> float:
     """Requests/s an instance sustains at its largest batch (KV-cache and max_num_seqs bound, no SLO)."""
-    context = int(mean_prompt + mean_output / 2)
+    context = int(mean_context)
     batch = max(1, min(spec.limits.max_num_seqs, int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(context), 1.0))))
     per_step = max(1, int(spec.limits.max_batched_tokens // max(mean_prompt, 1)))
     a0, a1, a2 = spec.latency.prefill
@@ -79,9 +80,10 @@ def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: flo
 class Scheduler(ABC):
     name: str = ""
 
-    def __init__(self, seed: int = 0, mean_prompt: float = 256.0, mean_output: float = 256.0):
+    def __init__(self, seed: int = 0, mean_prompt: float = 256.0, mean_output: float = 256.0, mean_context: float | None = None):
         self.rng = random_module.Random(seed)
         self.mean_prompt, self.mean_output = mean_prompt, mean_output
+        self.mean_context = mean_context or mean_prompt + mean_output / 2  # time-averaged context in the batch
 
     def choose(self, request: RequestInfo, loads: Sequence[InstanceLoad]) -> int:
         """Index of the instance for `request` among the healthy ones; ServingError when none is healthy."""
@@ -152,7 +154,7 @@ class WeightedRoundRobin(Scheduler):
 
     def _choose(self, request, loads, healthy):
         work = request.prompt_tokens + request.expected_output_tokens
-        capacities = {i: capacity_requests_s(loads[i].spec, self.mean_prompt, self.mean_output) for i in healthy}
+        capacities = {i: capacity_requests_s(loads[i].spec, self.mean_prompt, self.mean_output, self.mean_context) for i in healthy}
         floor = min(self.virtual.get(loads[i].spec.name, 0.0) for i in healthy)
         index = min(healthy, key=lambda i: (self.virtual.get(loads[i].spec.name, floor) + work / capacities[i], i))
         self.virtual[loads[index].spec.name] = self.virtual.get(loads[index].spec.name, floor) + work / capacities[index]
@@ -164,37 +166,40 @@ class TrexScheduler(Scheduler):
 
     name = "trex"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._kv_batch: dict[str, int] = {}
+    def context_in_flight(self, load: InstanceLoad) -> int:
+        """Tokens a sequence there will hold on average: the workload's mean, or more when the live
+        batch holds longer sequences (long requests stay in the batch longer, so they dominate it)."""
+        context = self.mean_context
+        if load.running:
+            context = max(context, load.running_context_tokens / load.running)
+        return int(context)
 
-    def kv_batch(self, spec: InstanceSpec) -> int:
-        """Sequences of mean context the instance's KV cache holds (capped by max_num_seqs)."""
-        if spec.name not in self._kv_batch:
-            context = int(self.mean_prompt + self.mean_output / 2)
-            fits = int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(context), 1.0))
-            self._kv_batch[spec.name] = max(1, min(spec.limits.max_num_seqs, fits))
-        return self._kv_batch[spec.name]
+    def kv_batch(self, spec: InstanceSpec, context: int) -> int:
+        """Sequences of `context` tokens the instance's KV cache holds (capped by max_num_seqs)."""
+        fits = int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(context), 1.0))
+        return max(1, min(spec.limits.max_num_seqs, fits))
+
+    def _prefill_per_request_s(self, spec: InstanceSpec, prompt: float, prompt_sq: float) -> float:
+        a0, a1, a2 = spec.latency.prefill
+        per_step = max(1, int(spec.limits.max_batched_tokens // max(prompt, 1)))
+        return a0 / per_step + a1 * prompt + a2 * prompt_sq
 
     def expected_completion_s(self, request: RequestInfo, load: InstanceLoad) -> float:
-        spec, latency = load.spec, load.spec.latency
-        budget = spec.limits.max_batched_tokens
-        prompt_tokens = load.waiting_prompt_tokens + request.prompt_tokens
-        steps = math.ceil(prompt_tokens / budget)
-        a0, a1, a2 = latency.prefill
-        prefill = steps * a0 + a1 * prompt_tokens + a2 * (load.waiting_pairs + request.prompt_tokens**2)
-        slots = self.kv_batch(spec)
-        batch = load.running + load.waiting + 1
-        context = int(self.mean_prompt + self.mean_output / 2)
-        if batch > slots:  # the KV cache (or max_num_seqs) is full: wait for earlier requests to finish
-            step = latency.decode_s(slots, slots * context)
-            per_finish = self.mean_output * step / slots  # a full batch finishes one sequence per O*d/B seconds
-            wait = (batch - slots) * per_finish
-            batch = slots
-        else:
-            wait = 0.0
-        decode = request.expected_output_tokens * latency.decode_s(batch, batch * context)
-        return wait + prefill + decode
+        """Continuous batching as processor sharing: with B sequences in the batch each finishes in one
+        cycle, O * d(B) + B * prefill (every slot turns over once while it decodes). Requests beyond
+        the KV cache's slots wait for the full batch to free one, at the instance's peak rate."""
+        spec = load.spec
+        context = self.context_in_flight(load)
+        slots = self.kv_batch(spec, context)
+        ahead = load.in_flight + 1
+        batch = min(ahead, slots)
+        others = self._prefill_per_request_s(spec, self.mean_prompt, self.mean_prompt**2)
+        own = spec.latency.prefill_s(request.prompt_tokens, request.prompt_tokens**2)
+        cycle = request.expected_output_tokens * spec.latency.decode_s(batch, batch * context) + (batch - 1) * others + own
+        if ahead <= slots:
+            return cycle
+        full_cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * others
+        return cycle + (ahead - slots) * full_cycle / slots
 
     def _choose(self, request, loads, healthy):
         return min(healthy, key=lambda i: (self.expected_completion_s(request, loads[i]), i))
@@ -204,7 +209,10 @@ SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (RoundRobin, 
                                                                    PowerOfTwo, WeightedRoundRobin, TrexScheduler)}
 
 
-def make_scheduler(name: str, seed: int = 0, mean_prompt: float = 256.0, mean_output: float = 256.0) -> Scheduler:
+def make_scheduler(name: str, seed: int = 0, stats: WorkloadStats | None = None) -> Scheduler:
+    """A scheduler by CLI name; `stats` tells the capacity-aware ones the workload's mean lengths."""
     if name not in SCHEDULERS:
         raise UnknownNameError("scheduler", name, SCHEDULERS)
-    return SCHEDULERS[name](seed, mean_prompt, mean_output)
+    if stats is None:
+        return SCHEDULERS[name](seed)
+    return SCHEDULERS[name](seed, stats.mean_prompt, stats.mean_output, stats.context_in_flight)

@@ -98,6 +98,8 @@ class Simulation:
         self.events: list = []
         self.order = 0
         self.records: dict[int, RequestRecord] = {}
+        self.last_arrival = 0.0
+        self.tokens_while_arriving = 0  # output tokens generated up to the last arrival
 
     def _push(self, time: float, kind: str, payload) -> None:
         self.order += 1
@@ -187,6 +189,8 @@ class Simulation:
     def _finish_step(self, now: float, inst: _Instance) -> None:
         _, sequences = inst.step
         kv = inst.spec.kv
+        if now <= self.last_arrival:
+            self.tokens_while_arriving += len(sequences)
         for seq in sequences:
             seq.generated += 1
             inst.context += 1
@@ -208,7 +212,8 @@ class Simulation:
             raise ServingError("no requests to simulate")
         for request in requests:
             self._push(request.arrival_s, "arrive", request)
-        deadline = max(r.arrival_s for r in requests) + self.drain_s
+        self.last_arrival = max(r.arrival_s for r in requests)
+        deadline = self.last_arrival + self.drain_s
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
             if now > deadline:
@@ -226,7 +231,9 @@ class Simulation:
         records = [self.records[r.id] for r in requests]
         busy = {inst.spec.name: inst.busy_s for inst in self.instances}
         start = min(r.arrival_s for r in requests)
-        report = summarise(records, self.slo, busy, start)
+        span = self.last_arrival - start
+        steady = self.tokens_while_arriving / span if span > 0 else float("nan")
+        report = summarise(records, self.slo, busy, start, steady)
         return SimulationResult(report, records, self.scheduler.name, [i.spec.name for i in self.instances])
 
 

@@ -49,6 +49,13 @@ class WorkloadStats:
     p99_prompt: int
     max_context: int
     rate: float  # requests per second over the trace (0: unknown)
+    # Mean tokens a sequence in the decode batch holds, averaged over time: long outputs stay in the
+    # batch longer, so this is sum(O * (P + O/2)) / sum(O), above the per-request P + O/2.
+    mean_context_in_flight: float = 0.0
+
+    @property
+    def context_in_flight(self) -> float:
+        return self.mean_context_in_flight or self.mean_prompt + self.mean_output / 2
 
     def describe(self) -> str:
         rate = f", {self.rate:.2f} req/s" if self.rate else ""
@@ -63,8 +70,9 @@ def workload_stats(requests: list[Request]) -> WorkloadStats:
     outputs = np.array([r.output_tokens for r in requests], dtype=float)
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     rate = (len(requests) - 1) / span if span > 0 else 0.0
+    in_flight = float((outputs * (prompts + outputs / 2)).sum() / outputs.sum())
     return WorkloadStats(len(requests), float(prompts.mean()), float(outputs.mean()), float((prompts**2).mean()),
-                         int(np.percentile(prompts, 99)), int(max(r.total_tokens for r in requests)), rate)
+                         int(np.percentile(prompts, 99)), int(max(r.total_tokens for r in requests)), rate, in_flight)
 
 
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
