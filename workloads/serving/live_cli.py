@@ -24,6 +24,8 @@ def add_live_commands(commands: argparse._SubParsersAction) -> None:
     profile = commands.add_parser("profile", help="measure a local CPU instance's step latencies and fit them (held-out check)")
     _add_worker_model(profile)
     profile.add_argument("--fast", action="store_true", help="a small grid (seconds; for tests)")
+    profile.add_argument("--clock", default="auto", choices=("auto", "wall", "cpu"),
+                         help="wall clock, or the thread's CPU time (immune to a shared machine's load; needs --threads 1); auto: cpu with --threads 1")
     profile.add_argument("--out", metavar="JSON", help="write samples + fitted model (usable as a router worker profile)")
     profile.add_argument("--json", action="store_true", help="print the result as JSON")
     profile.set_defaults(run=run_profile)
@@ -66,9 +68,9 @@ def run_profile(args: argparse.Namespace) -> int:
     from trex.workloads.serving.latency_fit import save_samples
     from trex.workloads.serving.profiling import FAST_GRID, ProfileGrid, profile_instance
 
-    result = profile_instance(_config(args), args.threads, FAST_GRID if args.fast else ProfileGrid())
+    result = profile_instance(_config(args), args.threads, FAST_GRID if args.fast else ProfileGrid(), clock=args.clock)
     check = result.check
-    summary = {"model": result.config.describe(), "threads": result.threads, "latency_model": result.model.to_dict(),
+    summary = {"model": result.config.describe(), "threads": result.threads, "clock": result.clock, "latency_model": result.model.to_dict(),
                "fit_samples": len(result.fit_samples), "held_out_samples": check.samples,
                "held_out_mean_error": check.mean_error, "held_out_max_error": check.max_error,
                "held_out": [{**asdict(s), "predicted": result.model.predict(s)} for s in result.held_out]}
@@ -79,7 +81,7 @@ def run_profile(args: argparse.Namespace) -> int:
         return 0
     a0, a1, a2 = result.model.prefill
     b0, b1, b2 = result.model.decode
-    print(f"{result.config.describe()}, threads {result.threads or 'default'}")
+    print(f"{result.config.describe()}, threads {result.threads or 'default'}, {result.clock} clock")
     print(f"prefill = {a0 * 1e3:.3f} ms + {a1 * 1e6:.3f} us/token + {a2 * 1e9:.4f} ns/token^2")
     print(f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token")
     print(check.describe())

@@ -80,7 +80,7 @@ def max_tokens_of(payload: dict) -> int:
 
 
 class TinyEngine:
-    """Greedy generation with a KV cache; `step_times` records (kind, seconds) of each forward."""
+    """Greedy generation with a KV cache, one request at a time."""
 
     def __init__(self, config: WorkerModelConfig, threads: int | None = None):
         import torch
@@ -97,7 +97,7 @@ class TinyEngine:
         out: list[int] = []
         with torch.inference_mode():
             result = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
-            past = result.past_key_values
+            past = result.cache
             token = int(result.logits[0, -1].argmax())
             for i in range(max_tokens):
                 out.append(token)
@@ -105,8 +105,8 @@ class TinyEngine:
                     on_token(token)
                 if i + 1 == max_tokens:
                     break
-                result = self.model(input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True)
-                past = result.past_key_values
+                result = self.model(input_ids=torch.tensor([[token]]), cache=past, use_cache=True)
+                past = result.cache
                 token = int(result.logits[0, -1].argmax())
         return out
 
