@@ -183,6 +183,7 @@ class Router:
             self.stats.failed += 1
             await write_json(writer, 400, error_payload(str(error), "invalid_request_error", 400))
             return
+        self.scheduler.observe(info)
         self.stats.in_flight += 1
         start = time.perf_counter()
         try:

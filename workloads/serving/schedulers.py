@@ -67,10 +67,19 @@ class InstanceLoad:
         self.assigned += 1
 
 
+def kv_slots(spec: InstanceSpec, context: float) -> int:
+    """Sequences of `context` tokens the instance's KV cache holds, capped by max_num_seqs (an
+    unknown cache - a remote worker's - is capped by max_num_seqs only)."""
+    if math.isinf(spec.kv_capacity_bytes):
+        return spec.limits.max_num_seqs
+    fits = int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(int(context)), 1.0))
+    return max(1, min(spec.limits.max_num_seqs, fits))
+
+
 def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: float, mean_context: float) -> float:
     """Requests/s an instance sustains at its largest batch (KV-cache and max_num_seqs bound, no SLO)."""
     context = int(mean_context)
-    batch = max(1, min(spec.limits.max_num_seqs, int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(context), 1.0))))
+    batch = kv_slots(spec, context)
     per_step = max(1, int(spec.limits.max_batched_tokens // max(mean_prompt, 1)))
     a0, a1, a2 = spec.latency.prefill
     prefill = a0 / per_step + a1 * mean_prompt + a2 * mean_prompt**2
@@ -84,6 +93,14 @@ class Scheduler(ABC):
         self.rng = random_module.Random(seed)
         self.mean_prompt, self.mean_output = mean_prompt, mean_output
         self.mean_context = mean_context or mean_prompt + mean_output / 2  # time-averaged context in the batch
+
+    def observe(self, request: RequestInfo) -> None:
+        """Learn the mean lengths from live traffic (the router has no workload statistics up front)."""
+        self._seen = getattr(self, "_seen", 0) + 1
+        weight = 1.0 / self._seen
+        self.mean_prompt += weight * (request.prompt_tokens - self.mean_prompt)
+        self.mean_output += weight * (request.expected_output_tokens - self.mean_output)
+        self.mean_context = self.mean_prompt + self.mean_output / 2
 
     def choose(self, request: RequestInfo, loads: Sequence[InstanceLoad]) -> int:
         """Index of the instance for `request` among the healthy ones; ServingError when none is healthy."""
@@ -174,11 +191,6 @@ class TrexScheduler(Scheduler):
             context = max(context, load.running_context_tokens / load.running)
         return int(context)
 
-    def kv_batch(self, spec: InstanceSpec, context: int) -> int:
-        """Sequences of `context` tokens the instance's KV cache holds (capped by max_num_seqs)."""
-        fits = int(spec.kv_capacity_bytes // max(spec.kv.bytes_for(context), 1.0))
-        return max(1, min(spec.limits.max_num_seqs, fits))
-
     def _prefill_per_request_s(self, spec: InstanceSpec, prompt: float, prompt_sq: float) -> float:
         a0, a1, a2 = spec.latency.prefill
         per_step = max(1, int(spec.limits.max_batched_tokens // max(prompt, 1)))
@@ -186,16 +198,21 @@ class TrexScheduler(Scheduler):
 
     def expected_completion_s(self, request: RequestInfo, load: InstanceLoad) -> float:
         """Continuous batching as processor sharing: with B sequences in the batch each finishes in one
-        cycle, O * d(B) + B * prefill (every slot turns over once while it decodes). Requests beyond
-        the KV cache's slots wait for the full batch to free one, at the instance's peak rate."""
+        cycle, O * d(B) plus the prefills run meanwhile - the prompts already waiting (as they are), and
+        one per running slot that frees up and refills - plus its own. Requests beyond the KV cache's
+        slots wait for the full batch to free one, at the instance's peak rate."""
         spec = load.spec
         context = self.context_in_flight(load)
-        slots = self.kv_batch(spec, context)
+        slots = kv_slots(spec, context)
         ahead = load.in_flight + 1
         batch = min(ahead, slots)
         others = self._prefill_per_request_s(spec, self.mean_prompt, self.mean_prompt**2)
         own = spec.latency.prefill_s(request.prompt_tokens, request.prompt_tokens**2)
-        cycle = request.expected_output_tokens * spec.latency.decode_s(batch, batch * context) + (batch - 1) * others + own
+        a0, a1, a2 = spec.latency.prefill
+        queued = (math.ceil(load.waiting_prompt_tokens / spec.limits.max_batched_tokens) * a0 + a1 * load.waiting_prompt_tokens
+                  + a2 * load.waiting_pairs)  # the prompts already waiting, as they are
+        turnover = max(batch - 1 - load.waiting, 0) * others  # running slots that free up and refill while it decodes
+        cycle = request.expected_output_tokens * spec.latency.decode_s(batch, batch * context) + queued + turnover + own
         if ahead <= slots:
             return cycle
         full_cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * others
