@@ -49,6 +49,7 @@ class KVLayout:
     kind: str  # "gqa", "mla-latent", "v4-compressed"
     dtype: str
     _merged: tuple[KVTerm, ...] = field(default=(), init=False, repr=False, compare=False)
+    _linear: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # layers with the same window and compression rate add up: price each (window, rate) class once
@@ -58,8 +59,12 @@ class KVLayout:
             entry[0] += term.per_token
             entry[1] += term.per_compressed
         object.__setattr__(self, "_merged", tuple(KVTerm(v[0], w, v[1], r) for (w, r), v in merged.items()))
+        plain = all(w is None and r is None for w, r in merged)  # every layer keeps every token: bytes are linear
+        object.__setattr__(self, "_linear", sum(v[0] for v in merged.values()) if plain else None)
 
     def bytes_for(self, context: int) -> float:
+        if self._linear is not None:
+            return self._linear * context
         return sum(term.bytes_for(context) for term in self._merged)
 
     def to_dict(self) -> dict:

@@ -68,7 +68,7 @@ class _Instance:
         load.running = len(self.running)
         load.running_context_tokens = sum(s.context for s in self.running)
         load.remaining_output_tokens = sum(max(s.expected_output - s.generated, 1) for s in (*self.waiting, *self.running))
-        load.kv_used_bytes = sum(self.spec.kv.bytes_for(s.context) for s in self.running)
+        load.kv_used_bytes = self.kv_next  # what the running sequences hold once their next token lands
         self.stale = False
 
 
