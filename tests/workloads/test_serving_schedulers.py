@@ -8,6 +8,7 @@ import pytest
 from serving_helpers import instance
 
 from trex.errors import UnknownNameError
+from trex.workloads.serving.capacity import SLO
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.schedulers import SCHEDULERS, InstanceLoad, RequestInfo, make_scheduler
 
@@ -65,11 +66,22 @@ def test_trex_prefers_the_faster_instance_until_its_queue_costs_more():
 
 
 def test_trex_avoids_an_instance_whose_kv_cache_is_full():
-    state = [InstanceLoad(instance("small-kv", 2.0, kv_tokens=2_000)), InstanceLoad(instance("big-kv", 1.0))]
+    state = [InstanceLoad(instance("small-kv", 2.0, kv_tokens=20_000)), InstanceLoad(instance("big-kv", 1.0))]
     scheduler = make_scheduler("trex")
-    assert scheduler.choose(REQUEST, state) == 0  # faster, and empty
-    state[0].running, state[0].running_context_tokens = 10, 10 * 400
-    assert scheduler.choose(REQUEST, state) == 1  # its cache holds ~5 sequences of this length: the request would wait
+    state[1].running, state[1].running_context_tokens = 20, 20 * 300
+    state[0].running, state[0].running_context_tokens = 12, 12 * 300
+    assert scheduler.choose(REQUEST, state) == 0  # faster, and its cache holds ~66 sequences of 300 tokens
+    state[0].running_context_tokens = 12 * 4000
+    assert scheduler.slo_batch(state[0].spec, 4000) == 5  # 5 sequences of 4000 tokens fill its cache
+    assert scheduler.predicted_ttft_s(REQUEST, state[0], 5, 4000) > 3.0  # 8 requests ahead of a free slot
+    assert scheduler.choose(REQUEST, state) == 1
+
+
+def test_trex_keeps_instances_within_the_tpot_slo():
+    loose, tight = make_scheduler("trex", slo=SLO(3.0, 0.5)), make_scheduler("trex", slo=SLO(3.0, 0.03))
+    spec = instance("a", 1.0)
+    assert tight.slo_batch(spec, 300) < loose.slo_batch(spec, 300)
+    assert tight.slo_batch(spec, 300) >= 1
 
 
 def test_unknown_scheduler_lists_the_valid_ones():

@@ -154,7 +154,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         plan = _plan(args, requests)
         instances, description = plan.best.instances(), f"planned: {plan.best.describe()}"
-    scheduler = make_scheduler(args.scheduler, args.seed, stats)
+    scheduler = make_scheduler(args.scheduler, args.seed, stats, _slo(args))
     result = simulate(instances, scheduler, requests, _slo(args), max_waiting=args.max_waiting, drain_s=args.drain_s)
     report = result.report
     if args.json:

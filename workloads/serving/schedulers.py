@@ -8,10 +8,10 @@ Baselines (the ones production routers ship; see vLLM production-stack and the S
 `round_robin`, `random`, `jsq` (fewest requests in flight), `token_jsq` (fewest outstanding tokens),
 `po2` (power of two choices: the less loaded of two sampled instances), `weighted_rr` (interleaved
 weighted round robin on capacity: load += work / capacity, Helix ASPLOS'25's capacity-aware
-primitive). `trex` is the capacity- and KV-aware scheduler of arXiv 2504.15303's design: for each
-instance it predicts when the request would finish - its queued prefills, its own prefill, its
-decode at the batch it would join (slower on a weaker device or a fuller batch) and, when the KV
-cache is full, the wait for space - and picks the earliest.
+primitive). `trex` is the capacity- and KV-aware scheduler of arXiv 2504.15303's design: from each
+instance's fitted latencies and live state it knows how many sequences the instance can batch
+while meeting the TPOT SLO and fitting its KV cache, predicts the request's TTFT there, and sends
+it where its in-flight work, scaled by that capacity, drains soonest while meeting the TTFT SLO.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trex.errors import UnknownNameError
+from trex.workloads.serving.capacity import SLO
 from trex.workloads.serving.deployment import InstanceSpec
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.workload import WorkloadStats
@@ -179,57 +180,89 @@ class WeightedRoundRobin(Scheduler):
 
 
 class TrexScheduler(Scheduler):
-    """Earliest expected completion from each instance's fitted latencies, queue and KV-cache state."""
+    """Capacity- and KV-aware: keep every instance's batch within what it serves at the SLOs.
+
+    Each instance has an SLO concurrency B: the largest batch whose TPOT (decode step plus the
+    prefills that interleave with it, from its fitted latencies) meets the TPOT SLO and whose
+    sequences fit its KV cache at the context the live batch holds; at B it completes a request
+    every cycle(B) / B seconds. A request goes to the instance that would drain its in-flight work,
+    this request included, soonest - (in flight + 1) * cycle(B) / B - among those whose predicted
+    TTFT (the prompts queued there, its own prefill, the wait for a free slot) meets the TTFT SLO;
+    when none would, to the one with the earliest predicted first token.
+    """
 
     name = "trex"
 
+    def __init__(self, *args, slo: SLO | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slo = slo or SLO()
+        self._slo_batch: dict[tuple[str, float, float], int] = {}
+
     def context_in_flight(self, load: InstanceLoad) -> int:
-        """Tokens a sequence there will hold on average: the workload's mean, or more when the live
-        batch holds longer sequences (long requests stay in the batch longer, so they dominate it)."""
+        """Tokens a sequence there holds on average: the workload's time-averaged context, or more
+        when the live batch holds longer sequences."""
         context = self.mean_context
         if load.running:
             context = max(context, load.running_context_tokens / load.running)
         return int(context)
 
-    def _prefill_per_request_s(self, spec: InstanceSpec, prompt: float, prompt_sq: float) -> float:
+    def _prefill_per_request_s(self, spec: InstanceSpec) -> float:
         a0, a1, a2 = spec.latency.prefill
-        per_step = max(1, int(spec.limits.max_batched_tokens // max(prompt, 1)))
-        return a0 / per_step + a1 * prompt + a2 * prompt_sq
+        per_step = max(1, int(spec.limits.max_batched_tokens // max(self.mean_prompt, 1)))
+        return a0 / per_step + a1 * self.mean_prompt + a2 * self.mean_prompt**2
 
-    def expected_completion_s(self, request: RequestInfo, load: InstanceLoad) -> float:
-        """Continuous batching as processor sharing: with B sequences in the batch each finishes in one
-        cycle, O * d(B) plus the prefills run meanwhile - the prompts already waiting (as they are), and
-        one per running slot that frees up and refills - plus its own. Requests beyond the KV cache's
-        slots wait for the full batch to free one, at the instance's peak rate."""
+    def slo_batch(self, spec: InstanceSpec, context: int) -> int:
+        """The largest batch meeting the TPOT SLO and fitting the KV cache (at least 1)."""
+        key = (spec.name, round(context, -1), self.mean_output)
+        if key not in self._slo_batch:
+            others = self._prefill_per_request_s(spec)
+            limit = kv_slots(spec, context)
+            batch = 1
+            while batch < limit:
+                nxt = batch + 1
+                tpot = spec.latency.decode_s(nxt, nxt * context) + nxt * others / max(self.mean_output, 1.0)
+                if tpot > self.slo.tpot_s:
+                    break
+                batch = nxt
+            self._slo_batch[key] = batch
+        return self._slo_batch[key]
+
+    def predicted_ttft_s(self, request: RequestInfo, load: InstanceLoad, slots: int, context: int) -> float:
         spec = load.spec
-        context = self.context_in_flight(load)
-        slots = kv_slots(spec, context)
-        ahead = load.in_flight + 1
-        batch = min(ahead, slots)
-        others = self._prefill_per_request_s(spec, self.mean_prompt, self.mean_prompt**2)
-        own = spec.latency.prefill_s(request.prompt_tokens, request.prompt_tokens**2)
         a0, a1, a2 = spec.latency.prefill
-        queued = (math.ceil(load.waiting_prompt_tokens / spec.limits.max_batched_tokens) * a0 + a1 * load.waiting_prompt_tokens
-                  + a2 * load.waiting_pairs)  # the prompts already waiting, as they are
-        turnover = max(batch - 1 - load.waiting, 0) * others  # running slots that free up and refill while it decodes
-        cycle = request.expected_output_tokens * spec.latency.decode_s(batch, batch * context) + queued + turnover + own
-        if ahead <= slots:
-            return cycle
-        full_cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * others
-        return cycle + (ahead - slots) * full_cycle / slots
+        queued = (math.ceil((load.waiting_prompt_tokens + request.prompt_tokens) / spec.limits.max_batched_tokens) * a0
+                  + a1 * (load.waiting_prompt_tokens + request.prompt_tokens) + a2 * (load.waiting_pairs + request.prompt_tokens**2))
+        excess = load.in_flight + 1 - slots
+        if excess <= 0:
+            return queued + spec.latency.decode_s(max(load.running, 1), max(load.running, 1) * context)
+        full_cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * self._prefill_per_request_s(spec)
+        return queued + excess * full_cycle / slots
 
     def _choose(self, request, loads, healthy):
-        return min(healthy, key=lambda i: (self.expected_completion_s(request, loads[i]), i))
+        scored = []
+        for i in healthy:
+            context = self.context_in_flight(loads[i])
+            slots = self.slo_batch(loads[i].spec, context)
+            ttft = self.predicted_ttft_s(request, loads[i], slots, context)
+            spec = loads[i].spec
+            cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * self._prefill_per_request_s(spec)
+            scored.append((ttft <= self.slo.ttft_s, (loads[i].in_flight + 1) * cycle / slots, ttft, i))
+        meeting = [s for s in scored if s[0]]
+        if meeting:
+            return min(meeting, key=lambda s: (s[1], s[2], s[3]))[3]
+        return min(scored, key=lambda s: (s[2], s[3]))[3]
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (RoundRobin, RandomChoice, JoinShortestQueue, TokenJoinShortestQueue,
                                                                    PowerOfTwo, WeightedRoundRobin, TrexScheduler)}
 
 
-def make_scheduler(name: str, seed: int = 0, stats: WorkloadStats | None = None) -> Scheduler:
-    """A scheduler by CLI name; `stats` tells the capacity-aware ones the workload's mean lengths."""
+def make_scheduler(name: str, seed: int = 0, stats: WorkloadStats | None = None, slo: SLO | None = None) -> Scheduler:
+    """A scheduler by CLI name; `stats` tells the capacity-aware ones the workload's mean lengths,
+    `slo` tells trex's the latency targets it keeps each instance within."""
     if name not in SCHEDULERS:
         raise UnknownNameError("scheduler", name, SCHEDULERS)
+    options = {"slo": slo} if name == "trex" else {}
     if stats is None:
-        return SCHEDULERS[name](seed)
-    return SCHEDULERS[name](seed, stats.mean_prompt, stats.mean_output, stats.context_in_flight)
+        return SCHEDULERS[name](seed, **options)
+    return SCHEDULERS[name](seed, stats.mean_prompt, stats.mean_output, stats.context_in_flight, **options)
