@@ -48,8 +48,27 @@ def start_workers() -> tuple[list[subprocess.Popen], list[Endpoint]]:
     processes, endpoints = [], []
     for layers, hidden in WORKERS:
         port = free_port()
-        processes.append(subprocess.Popen([sys.executable, "-m", "trex.cli", "serve", "worker", "--port", str(port), "--layers", str(layers),
-                                           "--hidden", str(hidden), "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trex.cli",
+                    "serve",
+                    "worker",
+                    "--port",
+                    str(port),
+                    "--layers",
+                    str(layers),
+                    "--hidden",
+                    str(hidden),
+                    "--threads",
+                    "1",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         endpoints.append(Endpoint("127.0.0.1", port))
     return processes, endpoints
 
@@ -87,13 +106,21 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
         nonlocal tokens, failures
         await asyncio.sleep(max(0.0, start + request.arrival_s - time.perf_counter()))
         sent = time.perf_counter()
-        payload = {"prompt": " ".join(f"w{i}" for i in range(request.prompt_tokens)), "max_tokens": request.output_tokens, "stream": True}
+        payload = {
+            "prompt": " ".join(f"w{i}" for i in range(request.prompt_tokens)),
+            "max_tokens": request.output_tokens,
+            "stream": True,
+        }
         try:
             response = await open_request(endpoint, "POST", "/v1/completions", payload, timeout)
             first, count = None, 0
             async for line in response.lines(timeout):
                 text = line.decode().strip()
-                if text.startswith("data:") and text != "data: [DONE]" and json.loads(text[5:])["choices"][0].get("text"):
+                if (
+                    text.startswith("data:")
+                    and text != "data: [DONE]"
+                    and json.loads(text[5:])["choices"][0].get("text")
+                ):
                     count += 1
                     first = first or time.perf_counter()
             response.close()
@@ -109,9 +136,15 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
 
     await asyncio.gather(*(one(r) for r in requests))
     duration = time.perf_counter() - start
-    return {"duration_s": duration, "throughput_tok_s": tokens / duration, "completed": len(latencies), "failed": failures,
-            "latency_p50_s": float(np.percentile(latencies, 50)), "latency_p99_s": float(np.percentile(latencies, 99)),
-            "ttft_p99_s": float(np.percentile(ttfts, 99))}
+    return {
+        "duration_s": duration,
+        "throughput_tok_s": tokens / duration,
+        "completed": len(latencies),
+        "failed": failures,
+        "latency_p50_s": float(np.percentile(latencies, 50)),
+        "latency_p99_s": float(np.percentile(latencies, 99)),
+        "ttft_p99_s": float(np.percentile(ttfts, 99)),
+    }
 
 
 async def run(args) -> dict:
@@ -122,31 +155,64 @@ async def run(args) -> dict:
         specs = [worker_spec(e.url, lat) for e, lat in zip(endpoints, latencies)]
         probe_requests = make_requests(args.requests, 1.0, args.seed)
         stats = workload_stats(probe_requests)
-        capacity = sum(capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight) for s in specs)
+        capacity = sum(
+            capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight) for s in specs
+        )
         rate = args.load * capacity
         requests = make_requests(args.requests, rate, args.seed)
-        results = {"workers": [{"url": s.name, "layers": w[0], "hidden": w[1], "latency_model": s.latency.to_dict(),
-                                "capacity_req_s": capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight)}
-                               for s, w in zip(specs, WORKERS)],
-                   "rate_req_s": rate, "requests": args.requests, "runs": {}}
-        print(f"workers' probed capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})", flush=True)
+        results = {
+            "workers": [
+                {
+                    "url": s.name,
+                    "layers": w[0],
+                    "hidden": w[1],
+                    "latency_model": s.latency.to_dict(),
+                    "capacity_req_s": capacity_requests_s(
+                        s, stats.mean_prompt, stats.mean_output, stats.context_in_flight
+                    ),
+                }
+                for s, w in zip(specs, WORKERS)
+            ],
+            "rate_req_s": rate,
+            "requests": args.requests,
+            "runs": {},
+        }
+        print(
+            f"workers' probed capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})",
+            flush=True,
+        )
         for scheduler in args.schedulers:
-            router = Router([(e, s) for e, s in zip(endpoints, specs)], make_scheduler(scheduler, args.seed, stats), health_interval=0,
-                            request_timeout=args.timeout, max_in_flight=10_000)
+            router = Router(
+                [(e, s) for e, s in zip(endpoints, specs)],
+                make_scheduler(scheduler, args.seed, stats),
+                health_interval=0,
+                request_timeout=args.timeout,
+                max_in_flight=10_000,
+            )
             await router.start()
             try:
                 measured = await drive(router, requests, args.timeout)
             finally:
                 await router.close()
             predicted = simulate(specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0)).report
-            run_result = {"measured": measured, "router": router.snapshot(),
-                          "predicted": {"throughput_tok_s": predicted.throughput_tok_s, "latency_p99_s": predicted.latency_p99_s,
-                                        "duration_s": predicted.duration_s}}
+            run_result = {
+                "measured": measured,
+                "router": router.snapshot(),
+                "predicted": {
+                    "throughput_tok_s": predicted.throughput_tok_s,
+                    "latency_p99_s": predicted.latency_p99_s,
+                    "duration_s": predicted.duration_s,
+                },
+            }
             results["runs"][scheduler] = run_result
             error = predicted.throughput_tok_s / measured["throughput_tok_s"] - 1
-            print(f"  {scheduler:12s} measured {measured['throughput_tok_s']:7.1f} tok/s, P99 {measured['latency_p99_s']:6.2f} s, "
-                  f"TTFT P99 {measured['ttft_p99_s']:5.2f} s ({measured['completed']} ok, {measured['failed']} failed) | simulator "
-                  f"{predicted.throughput_tok_s:7.1f} tok/s ({error:+.1%}), P99 {predicted.latency_p99_s:6.2f} s", flush=True)
+            print(
+                f"  {scheduler:12s} measured {measured['throughput_tok_s']:7.1f} tok/s, "
+                f"P99 {measured['latency_p99_s']:6.2f} s, TTFT P99 {measured['ttft_p99_s']:5.2f} s "
+                f"({measured['completed']} ok, {measured['failed']} failed) | simulator "
+                f"{predicted.throughput_tok_s:7.1f} tok/s ({error:+.1%}), P99 {predicted.latency_p99_s:6.2f} s",
+                flush=True,
+            )
         return results
     finally:
         for process in processes:
@@ -161,7 +227,9 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--load", type=float, default=0.7, help="offered load as a fraction of the workers' summed capacity")
+    parser.add_argument(
+        "--load", type=float, default=0.7, help="offered load as a fraction of the workers' summed capacity"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
@@ -171,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = results["runs"]
     if "round_robin" in runs and "trex" in runs:
         rr, tx = runs["round_robin"]["measured"], runs["trex"]["measured"]
-        print(f"trex / round robin: throughput {tx['throughput_tok_s'] / rr['throughput_tok_s']:.2f}x, "
-              f"P99 latency {tx['latency_p99_s'] / rr['latency_p99_s']:.2f}x")
+        print(
+            f"trex / round robin: throughput {tx['throughput_tok_s'] / rr['throughput_tok_s']:.2f}x, "
+            f"P99 latency {tx['latency_p99_s'] / rr['latency_p99_s']:.2f}x"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "live_router.json").write_text(json.dumps(results, indent=2) + "\n")

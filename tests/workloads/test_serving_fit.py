@@ -29,7 +29,16 @@ def synthetic(model: LatencyModel) -> list[StepSample]:
     samples = []
     for batch in (1, 2, 4, 8):
         for length in (64, 256, 1024):
-            samples.append(StepSample("prefill", batch, batch * length, batch * length**2, 0, model.prefill_s(batch * length, batch * length**2)))
+            samples.append(
+                StepSample(
+                    "prefill",
+                    batch,
+                    batch * length,
+                    batch * length**2,
+                    0,
+                    model.prefill_s(batch * length, batch * length**2),
+                )
+            )
             samples.append(StepSample("decode", batch, batch, 0, batch * length, model.decode_s(batch, batch * length)))
     return samples
 
@@ -77,8 +86,14 @@ def test_profile_file_round_trips_and_bad_files_are_named(tmp_path):
 
 
 def test_profile_measures_a_real_cpu_instance_and_reports_held_out_error():
-    grid = FAST_GRID.__class__(prompt_lengths=(8, 24, 48), prefill_batches=(1, 2, 3), decode_contexts=(16, 64),
-                               decode_batches=(1, 2, 3, 4), fit_batches=(1, 3, 4), repeats=2)
+    grid = FAST_GRID.__class__(
+        prompt_lengths=(8, 32),
+        prefill_batches=(1, 2, 3),
+        decode_contexts=(16, 48),
+        decode_batches=(1, 2, 3, 4),
+        fit_batches=(1, 3, 4),
+        repeats=1,
+    )
     result = profile_instance(WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid)
     assert result.clock == "cpu"
     assert {s.seqs for s in result.held_out} == {2}

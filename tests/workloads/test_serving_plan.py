@@ -1,4 +1,5 @@
-"""Deployment search: the best feasible (TP, instances) per machine type, runners-up with reasons, clear infeasibility."""
+"""Deployment search: the best feasible (TP, instances) per machine type, runners-up with reasons,
+clear infeasibility."""
 
 from __future__ import annotations
 
@@ -69,7 +70,10 @@ def test_cli_plan_json_and_trace(tmp_path, capsys):
     cluster = tmp_path / "mix.toml"
     cluster.write_text('[[machines]]\ndevice = "h100"\ncount = 8\n\n[[machines]]\ndevice = "a100"\ncount = 8\n')
     trace = save_trace(sharegpt_like(100, 5.0, seed=1), tmp_path / "trace.jsonl")
-    assert main(["serve", "plan", "--cluster", str(cluster), "--model", "llama3-70b", "--workload", str(trace), "--json"]) == 0
+    assert (
+        main(["serve", "plan", "--cluster", str(cluster), "--model", "llama3-70b", "--workload", str(trace), "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["predicted"]["output_tok_s"] > 0 and data["instances"] and data["runners_up"]
 

@@ -56,7 +56,13 @@ async def start_router(endpoints, scheduler="trex", **options) -> Router:
 
 
 def complete(router: Router, prompt: str = "hello there world", max_tokens: int = 4, **extra):
-    return request_json(Endpoint("127.0.0.1", router.port), "POST", "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, **extra}, 20)
+    return request_json(
+        Endpoint("127.0.0.1", router.port),
+        "POST",
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": max_tokens, **extra},
+        20,
+    )
 
 
 def test_completions_chat_and_streaming_through_the_router(engine):
@@ -67,15 +73,27 @@ def test_completions_chat_and_streaming_through_the_router(engine):
             status, body = await complete(router)
             assert status == 200 and body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
             assert len(body["choices"][0]["text"].split()) == 4
-            status, chat = await request_json(Endpoint("127.0.0.1", router.port), "POST", "/v1/chat/completions",
-                                              {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, 20)
+            status, chat = await request_json(
+                Endpoint("127.0.0.1", router.port),
+                "POST",
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+                20,
+            )
             assert status == 200 and chat["choices"][0]["message"]["role"] == "assistant"
-            response = await open_request(Endpoint("127.0.0.1", router.port), "POST", "/v1/completions",
-                                          {"prompt": "a b", "max_tokens": 5, "stream": True}, 20)
+            response = await open_request(
+                Endpoint("127.0.0.1", router.port),
+                "POST",
+                "/v1/completions",
+                {"prompt": "a b", "max_tokens": 5, "stream": True},
+                20,
+            )
             events = [line.decode().strip() async for line in response.lines(20) if line.strip()]
             response.close()
             assert events[-1] == "data: [DONE]"
-            pieces = [t for e in events[:-1] if (t := json.loads(e[5:])["choices"][0]["text"])]  # the last event only finishes
+            pieces = [
+                t for e in events[:-1] if (t := json.loads(e[5:])["choices"][0]["text"])
+            ]  # the last event only finishes
             assert len(pieces) == 5 and all(p.strip().startswith("t") for p in pieces)
             stats = router.snapshot()
             assert stats["completed"] == 3 and stats["failed"] == 0 and stats["in_flight"] == 0
@@ -120,7 +138,12 @@ def test_when_every_worker_fails_the_client_gets_an_error_naming_them():
             status, body = await complete(router)
             assert status == 502
             message = body["error"]["message"]
-            assert garbage.url in message and hang.url in message and "not JSON" in message and "no answer within 0.5 s" in message
+            assert (
+                garbage.url in message
+                and hang.url in message
+                and "not JSON" in message
+                and "no answer within 0.5 s" in message
+            )
             status, body = await complete(router)  # both are marked down now
             assert status == 502 and "no healthy worker" in body["error"]["message"]
             stats = router.snapshot()

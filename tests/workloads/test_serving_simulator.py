@@ -54,7 +54,9 @@ def test_kv_cache_limits_batch_and_preempts():
     result = sim.run(requests)
     assert result.report.completed == 40
     assert peak[0] <= small.kv_capacity_bytes
-    assert sum(r.preemptions for r in result.records) > 0  # 3000 tokens hold < 6 full sequences: growth forces preemption
+    assert (
+        sum(r.preemptions for r in result.records) > 0
+    )  # 3000 tokens hold < 6 full sequences: growth forces preemption
 
 
 def test_request_no_instance_can_hold_is_dropped_with_the_reason():
@@ -68,7 +70,9 @@ def test_request_no_instance_can_hold_is_dropped_with_the_reason():
 def test_queue_limit_drops_instead_of_queueing_without_bound():
     requests = [Request(i, 0.0, 100, 50) for i in range(30)]
     result = run([instance("a", 1.0, max_num_seqs=2)], "round_robin", requests, max_waiting=5)
-    assert result.report.dropped > 0 and all("queue is full" in r.reason for r in result.records if r.status == "dropped")
+    assert result.report.dropped > 0 and all(
+        "queue is full" in r.reason for r in result.records if r.status == "dropped"
+    )
     assert result.report.completed + result.report.dropped == 30
 
 
@@ -83,10 +87,16 @@ def test_capacity_aware_scheduling_beats_round_robin_on_unequal_instances():
 
 def test_trace_files_load_and_bad_lines_are_named(tmp_path):
     jsonl = tmp_path / "t.jsonl"
-    jsonl.write_text('{"arrival_s": 1.5, "prompt_tokens": 10, "output_tokens": 5}\n{"timestamp": 0.5, "input_tokens": 7, "output_tokens": 3}\n')
+    jsonl.write_text(
+        '{"arrival_s": 1.5, "prompt_tokens": 10, "output_tokens": 5}\n'
+        '{"timestamp": 0.5, "input_tokens": 7, "output_tokens": 3}\n'
+    )
     assert [(r.arrival_s, r.prompt_tokens) for r in load_trace(jsonl)] == [(0.0, 7), (1.0, 10)]
     azure = tmp_path / "azure.csv"
-    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+    )
     trace = load_trace(azure)
     assert trace[1].arrival_s == pytest.approx(4.314579, abs=1e-5) and trace[1].output_tokens == 109
     jsonl.write_text('{"arrival_s": 0, "prompt_tokens": 0, "output_tokens": 5}\n')
@@ -97,8 +107,23 @@ def test_trace_files_load_and_bad_lines_are_named(tmp_path):
 def test_cli_simulate_json_has_the_issue_s_fields(tmp_path, capsys):
     cluster = tmp_path / "mix.toml"
     cluster.write_text('[[machines]]\ndevice = "h100"\ncount = 8\n\n[[machines]]\ndevice = "a100"\ncount = 8\n')
-    args = ["serve", "simulate", "--cluster", str(cluster), "--model", "llama3-70b", "--scheduler", "trex", "--rate", "20",
-            "--requests", "150", "--seed", "1", "--json"]
+    args = [
+        "serve",
+        "simulate",
+        "--cluster",
+        str(cluster),
+        "--model",
+        "llama3-70b",
+        "--scheduler",
+        "trex",
+        "--rate",
+        "20",
+        "--requests",
+        "150",
+        "--seed",
+        "1",
+        "--json",
+    ]
     assert main(args) == 0
     data = json.loads(capsys.readouterr().out)
     for key in ("throughput_tok_s", "goodput_req_s", "ttft_p99_s", "tpot_p99_s", "completed", "dropped"):

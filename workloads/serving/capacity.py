@@ -7,7 +7,8 @@ once, costing one prefill. So per instance
 
     requests/s = B / (O * d(B) + B * p)       TPOT = d(B) + B * p / O       TTFT ~ d(B) + prefill(P99 prompt)
 
-where d(B) uses the time-averaged context of a sequence in the batch (`WorkloadStats.context_in_flight`), and p packs prompts into
+where d(B) uses the time-averaged context of a sequence in the batch
+(`WorkloadStats.context_in_flight`), and p packs prompts into
 steps of `max_batched_tokens`. B is capped by the KV cache (B sequences of that context must fit),
 by `max_num_seqs`, and by the SLOs; the largest B that passes gives the instance's throughput.
 """
@@ -47,7 +48,9 @@ class CapacityEstimate:
         return self.batch >= 1
 
 
-def _at_batch(latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits, batch: int) -> tuple[float, float, float, float]:
+def _at_batch(
+    latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits, batch: int
+) -> tuple[float, float, float, float]:
     per_step = max(1, int(limits.max_batched_tokens // max(stats.mean_prompt, 1)))
     a0, a1, a2 = latency.prefill
     prefill_per_request = a0 / per_step + a1 * stats.mean_prompt + a2 * stats.mean_prompt_sq
@@ -59,8 +62,9 @@ def _at_batch(latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits,
     return requests_s, requests_s * stats.mean_output, tpot, ttft
 
 
-def estimate_capacity(latency: LatencyModel, kv: KVLayout, kv_capacity_bytes: float, limits: EngineLimits,
-                      stats: WorkloadStats, slo: SLO) -> CapacityEstimate:
+def estimate_capacity(
+    latency: LatencyModel, kv: KVLayout, kv_capacity_bytes: float, limits: EngineLimits, stats: WorkloadStats, slo: SLO
+) -> CapacityEstimate:
     """The largest batch meeting memory and SLOs, and its throughput; batch 0 when even one sequence fails."""
     mean_context = int(stats.context_in_flight)
     kv_batch = int(kv_capacity_bytes // max(kv.bytes_for(mean_context), 1.0))
@@ -86,5 +90,10 @@ def describe_limit(estimate: CapacityEstimate, slo: SLO) -> str:
         if estimate.limit == "tpot_slo":
             return f"TPOT {estimate.tpot_s * 1e3:.0f} ms > SLO {slo.tpot_s * 1e3:g} ms even at batch 1"
         return "the KV cache cannot hold one sequence of mean context"
-    reasons = {"ttft_slo": "the TTFT SLO", "tpot_slo": "the TPOT SLO", "kv_cache": "the KV cache", "max_num_seqs": "max_num_seqs"}
+    reasons = {
+        "ttft_slo": "the TTFT SLO",
+        "tpot_slo": "the TPOT SLO",
+        "kv_cache": "the KV cache",
+        "max_num_seqs": "max_num_seqs",
+    }
     return f"batch {estimate.batch}, capped by {reasons[estimate.limit]}"

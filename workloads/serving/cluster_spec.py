@@ -27,10 +27,14 @@ from trex.workloads.serving.errors import ServingError
 
 # PCIe Gen4 x16: 32 GB/s per direction; the fallback TP link of a device the catalog has no node for.
 PCIE_GEN4_GBS = 32.0
-_MACHINE_FIELDS = {"device": "a device name or profile file", "count": "number of devices of this type",
-                   "devices_per_node": "devices in one server (TP stays inside it)", "name": "a label for this machine type",
-                   "interconnect_gbs": "per-device tensor-parallel link bandwidth in GB/s",
-                   "interconnect_latency_us": "per-message latency of that link in microseconds"}
+_MACHINE_FIELDS = {
+    "device": "a device name or profile file",
+    "count": "number of devices of this type",
+    "devices_per_node": "devices in one server (TP stays inside it)",
+    "name": "a label for this machine type",
+    "interconnect_gbs": "per-device tensor-parallel link bandwidth in GB/s",
+    "interconnect_latency_us": "per-message latency of that link in microseconds",
+}
 
 
 @dataclass(frozen=True)
@@ -73,19 +77,32 @@ class ServingCluster:
 def _default_link(device: DeviceProfile, devices_per_node: int) -> Tier:
     """The intra-node tier of the catalog cluster built from this device (a100, h100, ascend-910b...)."""
     for cluster in BUILTIN_CLUSTERS.values():
-        if cluster.device.name == device.name or (device.name.startswith("ascend-910b") and cluster.name == "ascend-910b"):
+        if cluster.device.name == device.name or (
+            device.name.startswith("ascend-910b") and cluster.name == "ascend-910b"
+        ):
             return cluster.tiers[0]
-    return Tier("pcie-gen4", devices_per_node, PCIE_GEN4_GBS, 10.0, 0.8, "switch",
-                f"assumed: {device.name} is not in the cost model's cluster catalog; PCIe Gen4 x16 between its devices")
+    return Tier(
+        "pcie-gen4",
+        devices_per_node,
+        PCIE_GEN4_GBS,
+        10.0,
+        0.8,
+        "switch",
+        f"assumed: {device.name} is not in the cost model's cluster catalog; PCIe Gen4 x16 between its devices",
+    )
 
 
 def machine_from_dict(table: dict[str, Any], source: str, index: int) -> MachineType:
     where = f"{source}: machines[{index}]"
     unknown = sorted(set(table) - set(_MACHINE_FIELDS))
     if unknown:
-        raise ServingError(f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(_MACHINE_FIELDS))}")
+        raise ServingError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(_MACHINE_FIELDS))}"
+        )
     if "device" not in table or "count" not in table:
-        raise ServingError(f"{where}: needs `device` ({_MACHINE_FIELDS['device']}) and `count` ({_MACHINE_FIELDS['count']})")
+        raise ServingError(
+            f"{where}: needs `device` ({_MACHINE_FIELDS['device']}) and `count` ({_MACHINE_FIELDS['count']})"
+        )
     try:
         device = get_device(table["device"])
     except TrexError as error:
@@ -109,20 +126,27 @@ def machine_from_dict(table: dict[str, Any], source: str, index: int) -> Machine
 def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> ServingCluster:
     machines = data.get("machines")
     if not isinstance(machines, list) or not machines:
-        raise ServingError(f"{source}: a serving cluster needs at least one [[machines]] table with device and count, e.g.\n"
-                           "  [[machines]]\n  device = \"h100\"\n  count = 8")
+        raise ServingError(
+            f"{source}: a serving cluster needs at least one [[machines]] table with device and count, e.g.\n"
+            '  [[machines]]\n  device = "h100"\n  count = 8'
+        )
     parsed = tuple(machine_from_dict(table, source, i) for i, table in enumerate(machines))
     names = [m.name for m in parsed]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ServingError(f"{source}: machine type(s) {', '.join(duplicates)} listed twice; merge their counts or give each a distinct `name`")
+        raise ServingError(
+            f"{source}: machine type(s) {', '.join(duplicates)} listed twice; "
+            "merge their counts or give each a distinct `name`"
+        )
     return ServingCluster(str(data.get("name", Path(source).stem)), parsed)
 
 
 def load_serving_cluster(path: str | Path) -> ServingCluster:
     path = Path(path)
     if not path.exists():
-        raise ServingError(f"cluster file {path} does not exist; write a TOML file with one [[machines]] table per machine type")
+        raise ServingError(
+            f"cluster file {path} does not exist; write a TOML file with one [[machines]] table per machine type"
+        )
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:

@@ -43,18 +43,35 @@ class InstanceSpec:
     limits: EngineLimits = field(default_factory=EngineLimits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "machine": self.machine, "device": self.device, "tp": self.tp, "latency_model": self.latency.to_dict(),
-                "kv_layout": self.kv.to_dict(), "kv_capacity_bytes": self.kv_capacity_bytes, "limits": vars(self.limits)}
+        return {
+            "name": self.name,
+            "machine": self.machine,
+            "device": self.device,
+            "tp": self.tp,
+            "latency_model": self.latency.to_dict(),
+            "kv_layout": self.kv.to_dict(),
+            "kv_capacity_bytes": self.kv_capacity_bytes,
+            "limits": vars(self.limits),
+        }
 
     @staticmethod
     def from_dict(data: dict[str, Any], source: str) -> InstanceSpec:
         try:
-            return InstanceSpec(data["name"], data["machine"], data["device"], int(data["tp"]),
-                                LatencyModel.from_dict(data["latency_model"], source), KVLayout.from_dict(data["kv_layout"]),
-                                float(data["kv_capacity_bytes"]), EngineLimits(**data.get("limits", {})))
+            return InstanceSpec(
+                data["name"],
+                data["machine"],
+                data["device"],
+                int(data["tp"]),
+                LatencyModel.from_dict(data["latency_model"], source),
+                KVLayout.from_dict(data["kv_layout"]),
+                float(data["kv_capacity_bytes"]),
+                EngineLimits(**data.get("limits", {})),
+            )
         except (KeyError, TypeError) as error:
-            raise ServingError(f"{source}: an instance entry lacks or misstates {error}; write deployment files with "
-                               "`trex serve plan --out plan.json`") from None
+            raise ServingError(
+                f"{source}: an instance entry lacks or misstates {error}; write deployment files with "
+                "`trex serve plan --out plan.json`"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -101,7 +118,9 @@ class Deployment:
         specs = []
         for option in self.choices:
             assert option.spec is not None
-            specs.extend(replace(option.spec, name=f"{option.machine}/tp{option.tp}#{i}") for i in range(option.instances))
+            specs.extend(
+                replace(option.spec, name=f"{option.machine}/tp{option.tp}#{i}") for i in range(option.instances)
+            )
         return specs
 
     def describe(self) -> str:
@@ -120,28 +139,60 @@ class DeploymentPlan:
 
     def to_dict(self) -> dict[str, Any]:
         def option(o: Option) -> dict[str, Any]:
-            entry: dict[str, Any] = {"machine": o.machine, "tp": o.tp, "instances": o.instances, "feasible": o.feasible,
-                                     "memory_gib": {"weights": o.memory.weights / 2**30, "kv_cache": max(o.memory.kv_cache, 0) / 2**30}}
+            entry: dict[str, Any] = {
+                "machine": o.machine,
+                "tp": o.tp,
+                "instances": o.instances,
+                "feasible": o.feasible,
+                "memory_gib": {"weights": o.memory.weights / 2**30, "kv_cache": max(o.memory.kv_cache, 0) / 2**30},
+            }
             if o.estimate:
-                entry.update(batch=o.estimate.batch, output_tok_s=o.output_tok_s, requests_s=o.requests_s, tpot_s=o.estimate.tpot_s,
-                             ttft_s=o.estimate.ttft_s, limit=o.estimate.limit)
+                entry.update(
+                    batch=o.estimate.batch,
+                    output_tok_s=o.output_tok_s,
+                    requests_s=o.requests_s,
+                    tpot_s=o.estimate.tpot_s,
+                    ttft_s=o.estimate.ttft_s,
+                    limit=o.estimate.limit,
+                )
             if o.reason:
                 entry["reason"] = o.reason
             return entry
 
         return {
-            "model": self.model, "cluster": self.cluster, "slo": vars(self.slo), "workload": vars(self.workload),
+            "model": self.model,
+            "cluster": self.cluster,
+            "slo": vars(self.slo),
+            "workload": vars(self.workload),
             "deployment": [option(o) for o in self.best.choices],
             "predicted": {"output_tok_s": self.best.output_tok_s, "requests_s": self.best.requests_s},
             "instances": [spec.to_dict() for spec in self.best.instances()],
-            "runners_up": [{"deployment": d.describe(), "output_tok_s": d.output_tok_s, "why_it_loses": why} for d, why in self.runners_up],
+            "runners_up": [
+                {"deployment": d.describe(), "output_tok_s": d.output_tok_s, "why_it_loses": why}
+                for d, why in self.runners_up
+            ],
             "options": [option(o) for o in self.options],
         }
 
 
-def _option(spec: ModelSpec, machine: MachineType, tp: int, stats: WorkloadStats, slo: SLO, limits: EngineLimits,
-            weight_dtype: str, kv_dtype: str) -> Option:
-    instance = InstanceModel(spec, machine, tp, weight_dtype, kv_dtype, replace(limits, max_context=max(limits.max_context, stats.max_context)))
+def _option(
+    spec: ModelSpec,
+    machine: MachineType,
+    tp: int,
+    stats: WorkloadStats,
+    slo: SLO,
+    limits: EngineLimits,
+    weight_dtype: str,
+    kv_dtype: str,
+) -> Option:
+    instance = InstanceModel(
+        spec,
+        machine,
+        tp,
+        weight_dtype,
+        kv_dtype,
+        replace(limits, max_context=max(limits.max_context, stats.max_context)),
+    )
     instances = machine.count // tp
     memory = instance.memory
     if not memory.fits:
@@ -150,8 +201,16 @@ def _option(spec: ModelSpec, machine: MachineType, tp: int, stats: WorkloadStats
     estimate = estimate_capacity(latency, instance.kv, instance.kv_capacity_bytes, instance.limits, stats, slo)
     if not estimate.feasible:
         return Option(machine.name, tp, instances, memory, estimate, reason=describe_limit(estimate, slo))
-    instance_spec = InstanceSpec(instance.name, machine.name, machine.device.name, tp, latency, instance.kv,
-                                 instance.kv_capacity_bytes, instance.limits)
+    instance_spec = InstanceSpec(
+        instance.name,
+        machine.name,
+        machine.device.name,
+        tp,
+        latency,
+        instance.kv,
+        instance.kv_capacity_bytes,
+        instance.limits,
+    )
     return Option(machine.name, tp, instances, memory, estimate, instance_spec)
 
 
@@ -167,28 +226,44 @@ def _why(candidate: Deployment, best: Deployment) -> str:
             changes.append(f"adds {ours.label()} (+{ours.output_tok_s:.0f} tok/s)")
         elif ours is not None and theirs is not None and ours.tp != theirs.tp:
             assert ours.estimate is not None
-            changes.append(f"{ours.label()} instead of {theirs.instances} x TP{theirs.tp}: {ours.output_tok_s:.0f} vs "
-                           f"{theirs.output_tok_s:.0f} tok/s ({describe_limit(ours.estimate, SLO())})")
+            changes.append(
+                f"{ours.label()} instead of {theirs.instances} x TP{theirs.tp}: {ours.output_tok_s:.0f} vs "
+                f"{theirs.output_tok_s:.0f} tok/s ({describe_limit(ours.estimate, SLO())})"
+            )
     loss = 1 - candidate.output_tok_s / best.output_tok_s if best.output_tok_s else 0.0
     return "; ".join(changes) + f" -> {loss:.1%} less throughput"
 
 
-def plan_deployment(spec: ModelSpec, cluster: ServingCluster, stats: WorkloadStats, slo: SLO, *,
-                    limits: EngineLimits | None = None, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                    runners_up: int = 5) -> DeploymentPlan:
-    """Exhaustive search over every machine type's (TP degree, instance count); raises InfeasibleError when nothing serves."""
+def plan_deployment(
+    spec: ModelSpec,
+    cluster: ServingCluster,
+    stats: WorkloadStats,
+    slo: SLO,
+    *,
+    limits: EngineLimits | None = None,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    runners_up: int = 5,
+) -> DeploymentPlan:
+    """Exhaustive search over every machine type's (TP degree, instance count).
+
+    Raises InfeasibleError, with every option's reason, when nothing meets memory and SLOs."""
     limits = limits or EngineLimits()
     per_machine: list[list[Option]] = []
     considered: list[Option] = []
     for machine in cluster.machines:
-        options = [_option(spec, machine, tp, stats, slo, limits, weight_dtype, kv_dtype) for tp in machine.tp_degrees()]
+        options = [
+            _option(spec, machine, tp, stats, slo, limits, weight_dtype, kv_dtype) for tp in machine.tp_degrees()
+        ]
         considered.extend(options)
         per_machine.append([o for o in options if o.feasible])
     if not any(per_machine):
         reasons = "\n".join(f"  {o.label()}: {o.reason}" for o in considered)
-        raise InfeasibleError(f"no deployment of {spec.name} on {cluster.describe()} meets {slo.describe()} for {stats.describe()}:\n"
-                              f"{reasons}\nrelax the SLOs (--ttft-slo/--tpot-slo), shorten the longest context, quantise "
-                              "(--weight-dtype fp8, --kv-dtype fp8), or add devices with more memory")
+        raise InfeasibleError(
+            f"no deployment of {spec.name} on {cluster.describe()} meets {slo.describe()} for {stats.describe()}:\n"
+            f"{reasons}\nrelax the SLOs (--ttft-slo/--tpot-slo), shorten the longest context, quantise "
+            "(--weight-dtype fp8, --kv-dtype fp8), or add devices with more memory"
+        )
     deployments = []
     for combo in itertools.product(*[[None, *options] for options in per_machine]):
         chosen = tuple(o for o in combo if o is not None)
@@ -196,7 +271,7 @@ def plan_deployment(spec: ModelSpec, cluster: ServingCluster, stats: WorkloadSta
             deployments.append(Deployment(chosen))
     deployments.sort(key=lambda d: (-d.output_tok_s, sum(o.tp * o.instances for o in d.choices)))
     best = deployments[0]
-    others = tuple((d, _why(d, best)) for d in deployments[1:1 + runners_up])
+    others = tuple((d, _why(d, best)) for d in deployments[1 : 1 + runners_up])
     return DeploymentPlan(spec.name, cluster.name, slo, stats, best, others, tuple(considered))
 
 

@@ -16,8 +16,18 @@ from trex.workloads.serving.errors import ServingError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Payload Too Large",
-           429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 @dataclass
@@ -58,7 +68,9 @@ async def read_request(reader: asyncio.StreamReader, timeout: float) -> HttpRequ
     return HttpRequest(method.upper(), path, headers, body)
 
 
-def response_head(status: int, content_type: str, length: int | None = None, extra: dict[str, str] | None = None) -> bytes:
+def response_head(
+    status: int, content_type: str, length: int | None = None, extra: dict[str, str] | None = None
+) -> bytes:
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}", f"Content-Type: {content_type}", "Connection: close"]
     if length is not None:
         lines.append(f"Content-Length: {length}")
@@ -97,7 +109,9 @@ class Endpoint:
 class UpstreamResponse:
     """A response being read from a worker: status and headers now, the body as it arrives."""
 
-    def __init__(self, status: int, headers: dict[str, str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(
+        self, status: int, headers: dict[str, str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ):
         self.status, self.headers, self.reader, self.writer = status, headers, reader, writer
 
     async def read_body(self, timeout: float) -> bytes:
@@ -118,12 +132,16 @@ class UpstreamResponse:
         self.writer.close()
 
 
-async def open_request(endpoint: Endpoint, method: str, path: str, payload=None, timeout: float = 10.0) -> UpstreamResponse:
+async def open_request(
+    endpoint: Endpoint, method: str, path: str, payload=None, timeout: float = 10.0
+) -> UpstreamResponse:
     """Send a request and read the status line and headers (each step bounded by `timeout`)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection(endpoint.host, endpoint.port), timeout)
     body = json.dumps(payload).encode() if payload is not None else b""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: {endpoint.host}:{endpoint.port}\r\nConnection: close\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1")
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {endpoint.host}:{endpoint.port}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1")
     writer.write(head + body)
     try:
         await asyncio.wait_for(writer.drain(), timeout)
@@ -141,7 +159,9 @@ async def open_request(endpoint: Endpoint, method: str, path: str, payload=None,
     return UpstreamResponse(status, headers, reader, writer)
 
 
-async def request_json(endpoint: Endpoint, method: str, path: str, payload=None, timeout: float = 10.0) -> tuple[int, object]:
+async def request_json(
+    endpoint: Endpoint, method: str, path: str, payload=None, timeout: float = 10.0
+) -> tuple[int, object]:
     """A whole request/response; raises ServingError when the body is not JSON."""
     response = await open_request(endpoint, method, path, payload, timeout)
     try:

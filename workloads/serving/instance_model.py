@@ -51,9 +51,12 @@ class InstanceMemory:
         return self.kv_cache >= self.longest_sequence
 
     def explain(self) -> str:
-        return (f"weights {self.weights / GIB:.1f} GiB + workspace {self.workspace / GIB:.1f} GiB + reserve {self.reserved / GIB:.1f} GiB "
-                f"of {self.capacity / GIB:.0f} GiB leaves {max(self.kv_cache, 0) / GIB:.1f} GiB of KV cache"
-                + ("" if self.fits else f" < {self.longest_sequence / GIB:.2f} GiB for one sequence of the longest context"))
+        return (
+            f"weights {self.weights / GIB:.1f} GiB + workspace {self.workspace / GIB:.1f} GiB "
+            f"+ reserve {self.reserved / GIB:.1f} GiB "
+            f"of {self.capacity / GIB:.0f} GiB leaves {max(self.kv_cache, 0) / GIB:.1f} GiB of KV cache"
+            + ("" if self.fits else f" < {self.longest_sequence / GIB:.2f} GiB for one sequence of the longest context")
+        )
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,15 @@ class InstanceModel:
 
     def __post_init__(self) -> None:
         if self.tp not in self.machine.tp_degrees():
-            raise ServingError(f"TP degree {self.tp} is not possible on {self.machine.name} (count {self.machine.count}, "
-                               f"{self.machine.devices_per_node} per node); use one of {self.machine.tp_degrees()}")
+            raise ServingError(
+                f"TP degree {self.tp} is not possible on {self.machine.name} (count {self.machine.count}, "
+                f"{self.machine.devices_per_node} per node); use one of {self.machine.tp_degrees()}"
+            )
         if not self.machine.device.supports(self.weight_dtype):
-            raise ServingError(f"{self.machine.device.name} has no {self.weight_dtype} GEMMs (it supports "
-                               f"{', '.join(sorted(self.machine.device.peak_tflops))}); choose another weight dtype")
+            raise ServingError(
+                f"{self.machine.device.name} has no {self.weight_dtype} GEMMs (it supports "
+                f"{', '.join(sorted(self.machine.device.peak_tflops))}); choose another weight dtype"
+            )
 
     @property
     def name(self) -> str:
@@ -100,9 +107,17 @@ class InstanceModel:
     def workspace_bytes(self) -> float:
         """Activations of the largest prefill step (its widest GEMM output, the residual stream and
         norm outputs, all in BF16) and the FP32 logits of a full decode batch."""
-        widest = max((lin.out_features * lin.groups // (self.tp if lin.parallel == "column" else 1)
-                      for layer in self.spec.layers for lin in layer.linears), default=self.spec.hidden_size)
-        moe = max((layer.moe.top_k * layer.moe.fc1_out // self.tp for layer in self.spec.layers if layer.moe), default=0)
+        widest = max(
+            (
+                lin.out_features * lin.groups // (self.tp if lin.parallel == "column" else 1)
+                for layer in self.spec.layers
+                for lin in layer.linears
+            ),
+            default=self.spec.hidden_size,
+        )
+        moe = max(
+            (layer.moe.top_k * layer.moe.fc1_out // self.tp for layer in self.spec.layers if layer.moe), default=0
+        )
         per_token = 2.0 * (max(widest, moe) + 4 * self.spec.hidden_size * self.spec.residual_streams)
         logits = 4.0 * self.limits.max_num_seqs * self.spec.vocab_size / self.tp
         return self.limits.max_batched_tokens * per_token + logits
@@ -112,8 +127,14 @@ class InstanceModel:
         device = self.machine.device
         reserved = device.reserved_memory_gib * GIB
         kv = device.memory_bytes - reserved - self.weight_bytes - self.workspace_bytes
-        return InstanceMemory(self.weight_bytes, self.workspace_bytes, reserved, device.memory_bytes, kv,
-                              self.kv.bytes_for(self.limits.max_context))
+        return InstanceMemory(
+            self.weight_bytes,
+            self.workspace_bytes,
+            reserved,
+            device.memory_bytes,
+            kv,
+            self.kv.bytes_for(self.limits.max_context),
+        )
 
     @property
     def kv_capacity_bytes(self) -> float:
@@ -156,7 +177,9 @@ class InstanceModel:
                     n = max(1, n // tp)
                 elif lin.parallel == "row":
                     k = max(1, k // tp)
-                seconds += self._gemm_s(tokens, n, k, "bf16" if dtype == "fp8" and not lin.fp8 else dtype, groups=lin.groups)
+                seconds += self._gemm_s(
+                    tokens, n, k, "bf16" if dtype == "fp8" and not lin.fp8 else dtype, groups=lin.groups
+                )
             if layer.moe is not None:
                 moe = layer.moe
                 rows = tokens * moe.top_k

@@ -77,10 +77,15 @@ class LatencyModel:
             prefill = tuple(float(x) for x in data["prefill"])
             decode = tuple(float(x) for x in data["decode"])
         except (KeyError, TypeError, ValueError):
-            raise ServingError(f"{source}: a latency model needs `prefill` and `decode`, three numbers each "
-                               "(written by `trex serve profile`)") from None
+            raise ServingError(
+                f"{source}: a latency model needs `prefill` and `decode`, three numbers each "
+                "(written by `trex serve profile`)"
+            ) from None
         if len(prefill) != 3 or len(decode) != 3 or any(x < 0 or not np.isfinite(x) for x in (*prefill, *decode)):
-            raise ServingError(f"{source}: prefill and decode must hold three finite non-negative numbers each (got {prefill}, {decode})")
+            raise ServingError(
+                f"{source}: prefill and decode must hold three finite non-negative numbers each "
+                f"(got {prefill}, {decode})"
+            )
         return LatencyModel(prefill, decode, str(data.get("source", source)))  # type: ignore[arg-type]
 
 
@@ -109,8 +114,10 @@ def fit_latency(samples: list[StepSample], source: str = "") -> LatencyModel:
         chosen = [s for s in samples if s.kind == kind]
         distinct = {tuple(s.features()) for s in chosen}
         if len(distinct) < 3:
-            raise ServingError(f"fitting the {kind} latency needs at least 3 distinct {kind} samples (got {len(distinct)}); "
-                               "profile more batch sizes or prompt lengths")
+            raise ServingError(
+                f"fitting the {kind} latency needs at least 3 distinct {kind} samples (got {len(distinct)}); "
+                "profile more batch sizes or prompt lengths"
+            )
         features = np.array([s.features() for s in chosen])
         # relative least squares: each sample weighs by 1/seconds, so small steps count as much as large
         weights = 1.0 / np.array([max(s.seconds, 1e-9) for s in chosen])
@@ -140,9 +147,13 @@ def holdout_error(model: LatencyModel, samples: list[StepSample]) -> FitCheck:
     return FitCheck(float(max(errors)), float(np.mean(errors)), len(samples), worst)
 
 
-def sample_instance(instance, prompt_lengths: tuple[int, ...] = (128, 512, 1024, 2048, 4096),
-                    prefill_batches: tuple[int, ...] = (1, 2, 4), decode_batches: tuple[int, ...] = (1, 8, 32, 64, 128, 256),
-                    contexts: tuple[int, ...] = (256, 1024, 4096)) -> list[StepSample]:
+def sample_instance(
+    instance,
+    prompt_lengths: tuple[int, ...] = (128, 512, 1024, 2048, 4096),
+    prefill_batches: tuple[int, ...] = (1, 2, 4),
+    decode_batches: tuple[int, ...] = (1, 8, 32, 64, 128, 256),
+    contexts: tuple[int, ...] = (256, 1024, 4096),
+) -> list[StepSample]:
     """Steps of an analytic `InstanceModel` at a grid of batches (the light profiling the paper does on hardware)."""
     limits = instance.limits
     samples = []
@@ -151,14 +162,20 @@ def sample_instance(instance, prompt_lengths: tuple[int, ...] = (128, 512, 1024,
             if length * batch > limits.max_batched_tokens:
                 continue
             lengths = [length] * batch
-            samples.append(StepSample("prefill", batch, length * batch, length * length * batch, 0, instance.prefill_step_s(lengths)))
+            samples.append(
+                StepSample(
+                    "prefill", batch, length * batch, length * length * batch, 0, instance.prefill_step_s(lengths)
+                )
+            )
     for batch in decode_batches:
         if batch > limits.max_num_seqs:
             continue
         for context in contexts:
             if context > limits.max_context:
                 continue
-            samples.append(StepSample("decode", batch, batch, 0, batch * context, instance.decode_step_s(batch, batch * context)))
+            samples.append(
+                StepSample("decode", batch, batch, 0, batch * context, instance.decode_step_s(batch, batch * context))
+            )
     return samples
 
 

@@ -21,28 +21,47 @@ def _add_worker_model(parser: argparse.ArgumentParser) -> None:
 
 
 def add_live_commands(commands: argparse._SubParsersAction) -> None:
-    profile = commands.add_parser("profile", help="measure a local CPU instance's step latencies and fit them (held-out check)")
+    profile = commands.add_parser(
+        "profile", help="measure a local CPU instance's step latencies and fit them (held-out check)"
+    )
     _add_worker_model(profile)
     profile.add_argument("--fast", action="store_true", help="a small grid (seconds; for tests)")
-    profile.add_argument("--clock", default="auto", choices=("auto", "wall", "cpu"),
-                         help="wall clock, or the thread's CPU time (immune to a shared machine's load; needs --threads 1); auto: cpu with --threads 1")
-    profile.add_argument("--out", metavar="JSON", help="write samples + fitted model (usable as a router worker profile)")
+    profile.add_argument(
+        "--clock",
+        default="auto",
+        choices=("auto", "wall", "cpu"),
+        help="wall clock, or the thread's CPU time (immune to a shared machine's load; needs --threads 1); "
+        "auto: cpu with --threads 1",
+    )
+    profile.add_argument(
+        "--out", metavar="JSON", help="write samples + fitted model (usable as a router worker profile)"
+    )
     profile.add_argument("--json", action="store_true", help="print the result as JSON")
     profile.set_defaults(run=run_profile)
 
-    worker = commands.add_parser("worker", help="an OpenAI-compatible CPU worker serving a tiny random-init model (loopback)")
+    worker = commands.add_parser(
+        "worker", help="an OpenAI-compatible CPU worker serving a tiny random-init model (loopback)"
+    )
     _add_worker_model(worker)
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, required=True)
-    worker.add_argument("--serve-for", type=float, metavar="S", help="exit after S seconds (default: until interrupted)")
+    worker.add_argument(
+        "--serve-for", type=float, metavar="S", help="exit after S seconds (default: until interrupted)"
+    )
     worker.set_defaults(run=run_worker)
 
     route = commands.add_parser("route", help="the OpenAI-compatible router in front of workers, with a scheduler")
-    route.add_argument("--workers", required=True, metavar="URLS", help="comma-separated http://HOST:PORT[@profile.json]")
-    route.add_argument("--scheduler", default="trex", help="round_robin, random, jsq, token_jsq, po2, weighted_rr, trex")
+    route.add_argument(
+        "--workers", required=True, metavar="URLS", help="comma-separated http://HOST:PORT[@profile.json]"
+    )
+    route.add_argument(
+        "--scheduler", default="trex", help="round_robin, random, jsq, token_jsq, po2, weighted_rr, trex"
+    )
     route.add_argument("--host", default="127.0.0.1")
     route.add_argument("--port", type=int, default=8100)
-    route.add_argument("--request-timeout", type=float, default=60.0, help="seconds a worker may stay silent before it counts as hung")
+    route.add_argument(
+        "--request-timeout", type=float, default=60.0, help="seconds a worker may stay silent before it counts as hung"
+    )
     route.add_argument("--retries", type=int, default=2, help="other workers to try after a failure (default 2)")
     route.add_argument("--max-in-flight", type=int, default=256, help="requests in flight before 429 (default 256)")
     route.add_argument("--health-interval", type=float, default=2.0, help="seconds between health checks (0: none)")
@@ -70,12 +89,21 @@ def run_profile(args: argparse.Namespace) -> int:
 
     result = profile_instance(_config(args), args.threads, FAST_GRID if args.fast else ProfileGrid(), clock=args.clock)
     check = result.check
-    summary = {"model": result.config.describe(), "threads": result.threads, "clock": result.clock, "latency_model": result.model.to_dict(),
-               "fit_samples": len(result.fit_samples), "held_out_samples": check.samples,
-               "held_out_mean_error": check.mean_error, "held_out_max_error": check.max_error,
-               "held_out": [{**asdict(s), "predicted": result.model.predict(s)} for s in result.held_out]}
+    summary = {
+        "model": result.config.describe(),
+        "threads": result.threads,
+        "clock": result.clock,
+        "latency_model": result.model.to_dict(),
+        "fit_samples": len(result.fit_samples),
+        "held_out_samples": check.samples,
+        "held_out_mean_error": check.mean_error,
+        "held_out_max_error": check.max_error,
+        "held_out": [{**asdict(s), "predicted": result.model.predict(s)} for s in result.held_out],
+    }
     if args.out:
-        save_samples(result.samples, result.model, args.out, extra={k: v for k, v in summary.items() if k != "latency_model"})
+        save_samples(
+            result.samples, result.model, args.out, extra={k: v for k, v in summary.items() if k != "latency_model"}
+        )
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -87,8 +115,11 @@ def run_profile(args: argparse.Namespace) -> int:
     print(check.describe())
     for s in result.held_out:
         predicted = result.model.predict(s)
-        print(f"  {s.kind:7s} batch {s.seqs:2d} tokens {s.tokens:5d} context {s.context:5d}: measured {s.seconds * 1e3:.2f} ms, "
-              f"fit {predicted * 1e3:.2f} ms ({(predicted - s.seconds) / s.seconds:+.1%})")
+        print(
+            f"  {s.kind:7s} batch {s.seqs:2d} tokens {s.tokens:5d} context {s.context:5d}: "
+            f"measured {s.seconds * 1e3:.2f} ms, "
+            f"fit {predicted * 1e3:.2f} ms ({(predicted - s.seconds) / s.seconds:+.1%})"
+        )
     if args.out:
         print(f"wrote {args.out}")
     return 0
@@ -138,7 +169,11 @@ async def build_router(workers, scheduler_name: str, seed: int = 0, **options):
     scheduler = make_scheduler(scheduler_name, seed)
     resolved = []
     for endpoint, profile in workers:
-        latency = load_latency_model(profile) if profile else await probe_worker(endpoint, timeout=options.get("request_timeout", 60.0))
+        latency = (
+            load_latency_model(profile)
+            if profile
+            else await probe_worker(endpoint, timeout=options.get("request_timeout", 60.0))
+        )
         resolved.append((endpoint, worker_spec(endpoint.url, latency)))
     return Router(resolved, scheduler, **options)
 
@@ -147,10 +182,20 @@ def run_route(args: argparse.Namespace) -> int:
     workers = parse_workers(args.workers)
 
     async def main() -> None:
-        router = await build_router(workers, args.scheduler, args.seed, request_timeout=args.request_timeout, retries=args.retries,
-                                    max_in_flight=args.max_in_flight, health_interval=args.health_interval)
+        router = await build_router(
+            workers,
+            args.scheduler,
+            args.seed,
+            request_timeout=args.request_timeout,
+            retries=args.retries,
+            max_in_flight=args.max_in_flight,
+            health_interval=args.health_interval,
+        )
         await router.start(args.host, args.port)
-        print(f"router ({args.scheduler}) on http://{args.host}:{router.port} -> {', '.join(e.url for e, _ in workers)}", flush=True)
+        print(
+            f"router ({args.scheduler}) on http://{args.host}:{router.port} -> {', '.join(e.url for e, _ in workers)}",
+            flush=True,
+        )
         try:
             if args.serve_for:
                 await asyncio.sleep(args.serve_for)

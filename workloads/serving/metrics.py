@@ -39,8 +39,13 @@ class RequestRecord:
         return (self.finish_s - self.first_token_s) / max(self.output_tokens - 1, 1)
 
     def meets(self, slo: SLO) -> bool:
-        return (self.status == "completed" and self.ttft_s is not None and self.ttft_s <= slo.ttft_s
-                and self.tpot_s is not None and self.tpot_s <= slo.tpot_s)
+        return (
+            self.status == "completed"
+            and self.ttft_s is not None
+            and self.ttft_s <= slo.ttft_s
+            and self.tpot_s is not None
+            and self.tpot_s <= slo.tpot_s
+        )
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ class ServingReport:
     failed: int
     duration_s: float
     throughput_tok_s: float  # output tokens of completed requests per second of the run (vLLM's benchmark_serving)
-    steady_throughput_tok_s: float  # output tokens generated while requests were arriving, per second of that span (nan: unknown)
+    steady_throughput_tok_s: (
+        float  # output tokens generated while requests were arriving, per second of that span (nan: unknown)
+    )
     request_throughput_req_s: float
     goodput_req_s: float
     slo_attainment: float
@@ -75,8 +82,13 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def summarise(records: list[RequestRecord], slo: SLO, busy_s: dict[str, float], start_s: float = 0.0,
-              steady_tok_s: float = float("nan")) -> ServingReport:
+def summarise(
+    records: list[RequestRecord],
+    slo: SLO,
+    busy_s: dict[str, float],
+    start_s: float = 0.0,
+    steady_tok_s: float = float("nan"),
+) -> ServingReport:
     """The report of a run; `steady_tok_s` comes from whoever counted tokens as they were generated
     (the simulator), since a long request's tail otherwise stretches a short run's duration."""
     completed = [r for r in records if r.status == "completed"]
@@ -104,9 +116,12 @@ def summarise(records: list[RequestRecord], slo: SLO, busy_s: dict[str, float], 
         request_throughput_req_s=len(completed) / duration,
         goodput_req_s=good / duration,
         slo_attainment=good / len(records) if records else 0.0,
-        ttft_p50_s=_percentile(ttft, 50), ttft_p99_s=_percentile(ttft, 99),
-        tpot_p50_s=_percentile(tpot, 50), tpot_p99_s=_percentile(tpot, 99),
-        latency_p50_s=_percentile(latency, 50), latency_p99_s=_percentile(latency, 99),
+        ttft_p50_s=_percentile(ttft, 50),
+        ttft_p99_s=_percentile(ttft, 99),
+        tpot_p50_s=_percentile(tpot, 50),
+        tpot_p99_s=_percentile(tpot, 99),
+        latency_p50_s=_percentile(latency, 50),
+        latency_p99_s=_percentile(latency, 99),
         utilisation=utilisation,
         requests_per_instance=per_instance,
         imbalance=max(utilisation.values()) / mean_util if mean_util > 0 else 1.0,

@@ -3,7 +3,8 @@
 The instance is the worker's model (`worker.TinyEngine`: a tiny random-init transformers Llama on
 this CPU with `threads` threads). Prefill steps are timed over batches of equal-length prompts,
 decode steps over batches holding a KV cache of a given context; each point is the fastest of a few
-repetitions (the machine may be shared: the minimum is the step's own cost, the rest is other load). The least-squares fit (`latency_fit.fit_latency`) sees only the `fit_batches`; the
+repetitions (the machine may be shared: the minimum is the step's own cost, the rest is other
+load). The least-squares fit (`latency_fit.fit_latency`) sees only the `fit_batches`; the
 other batch sizes are held out, and `FitCheck` reports how far the fit is from their measurements.
 """
 
@@ -27,8 +28,14 @@ class ProfileGrid:
     repeats: int = 5
 
 
-FAST_GRID = ProfileGrid(prompt_lengths=(16, 48, 96), prefill_batches=(1, 2, 4), decode_contexts=(32, 128),
-                        decode_batches=(1, 2, 4, 8), fit_batches=(1, 4, 8), repeats=3)
+FAST_GRID = ProfileGrid(
+    prompt_lengths=(16, 48, 96),
+    prefill_batches=(1, 2, 4),
+    decode_contexts=(32, 128),
+    decode_batches=(1, 2, 4, 8),
+    fit_batches=(1, 4, 8),
+    repeats=3,
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,13 @@ def _fastest_s(fn, repeats: int, clock) -> float:
     return min(times)
 
 
-def profile_instance(config: WorkerModelConfig, threads: int | None = None, grid: ProfileGrid = ProfileGrid(), seed: int = 0,
-                     clock: str = "auto") -> ProfileResult:
+def profile_instance(
+    config: WorkerModelConfig,
+    threads: int | None = None,
+    grid: ProfileGrid = ProfileGrid(),
+    seed: int = 0,
+    clock: str = "auto",
+) -> ProfileResult:
     """`clock`: "wall", "cpu" (the profiling thread's CPU time: immune to other processes on a
     shared machine, exact only with one intra-op thread) or "auto" (cpu with threads=1, else wall)."""
     if clock not in ("auto", "wall", "cpu"):
@@ -88,6 +100,16 @@ def profile_instance(config: WorkerModelConfig, threads: int | None = None, grid
                 samples.append(StepSample("decode", batch, batch, 0, batch * (context + grid.repeats // 2), min(times)))
     fit_samples = [s for s in samples if s.seqs in grid.fit_batches]
     held_out = [s for s in samples if s.seqs not in grid.fit_batches]
-    source = f"measured ({'thread CPU time' if use_cpu else 'wall clock'}): {config.describe()}, {threads or torch.get_num_threads()} threads"
+    clock_name = "thread CPU time" if use_cpu else "wall clock"
+    source = f"measured ({clock_name}): {config.describe()}, {threads or torch.get_num_threads()} threads"
     fitted = fit_latency(fit_samples, source=source)
-    return ProfileResult(config, threads, samples, fit_samples, held_out, fitted, holdout_error(fitted, held_out), "cpu" if use_cpu else "wall")
+    return ProfileResult(
+        config,
+        threads,
+        samples,
+        fit_samples,
+        held_out,
+        fitted,
+        holdout_error(fitted, held_out),
+        "cpu" if use_cpu else "wall",
+    )

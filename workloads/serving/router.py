@@ -33,7 +33,15 @@ import numpy as np
 
 from trex.workloads.serving.deployment import InstanceSpec
 from trex.workloads.serving.errors import ServingError, WorkerError
-from trex.workloads.serving.http import Endpoint, error_payload, open_request, read_request, request_json, response_head, write_json
+from trex.workloads.serving.http import (
+    Endpoint,
+    error_payload,
+    open_request,
+    read_request,
+    request_json,
+    response_head,
+    write_json,
+)
 from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.kv_cache import KVLayout
 from trex.workloads.serving.latency_fit import LatencyModel, non_negative_lstsq
@@ -54,8 +62,13 @@ async def probe_worker(endpoint: Endpoint, probes=PROBES, timeout: float = 60.0)
     rows, seconds = [], []
     for words, max_tokens in probes:
         start = time.perf_counter()
-        status, body = await request_json(endpoint, "POST", "/v1/completions",
-                                          {"prompt": " ".join(f"w{i}" for i in range(words)), "max_tokens": max_tokens}, timeout)
+        status, body = await request_json(
+            endpoint,
+            "POST",
+            "/v1/completions",
+            {"prompt": " ".join(f"w{i}" for i in range(words)), "max_tokens": max_tokens},
+            timeout,
+        )
         if status != 200 or not isinstance(body, dict) or "choices" not in body:
             raise WorkerError(f"probing {endpoint.url} failed: status {status}, body {str(body)[:120]}")
         usage = body.get("usage", {})
@@ -90,8 +103,16 @@ class _Garbage(Exception):
 
 
 class Router:
-    def __init__(self, workers: list[tuple[Endpoint, InstanceSpec]], scheduler: Scheduler, *, request_timeout: float = 60.0,
-                 retries: int = 2, max_in_flight: int = 256, health_interval: float = 2.0):
+    def __init__(
+        self,
+        workers: list[tuple[Endpoint, InstanceSpec]],
+        scheduler: Scheduler,
+        *,
+        request_timeout: float = 60.0,
+        retries: int = 2,
+        max_in_flight: int = 256,
+        health_interval: float = 2.0,
+    ):
         if not workers:
             raise ServingError("the router needs at least one worker (--workers URL,URL,...)")
         self.slots = [WorkerSlot(endpoint, InstanceLoad(spec)) for endpoint, spec in workers]
@@ -140,11 +161,27 @@ class Router:
     # -- serving ------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         s = self.stats
-        return {"received": s.received, "completed": s.completed, "failed": s.failed, "rejected": s.rejected, "retried": s.retried,
-                "in_flight": s.in_flight, "scheduler": self.scheduler.name,
-                "workers": [{"url": slot.endpoint.url, "healthy": slot.load.healthy, "assigned": slot.load.assigned,
-                             "completed": slot.completed, "failures": slot.failures, "in_flight": slot.load.in_flight,
-                             "last_error": slot.last_error} for slot in self.slots]}
+        return {
+            "received": s.received,
+            "completed": s.completed,
+            "failed": s.failed,
+            "rejected": s.rejected,
+            "retried": s.retried,
+            "in_flight": s.in_flight,
+            "scheduler": self.scheduler.name,
+            "workers": [
+                {
+                    "url": slot.endpoint.url,
+                    "healthy": slot.load.healthy,
+                    "assigned": slot.load.assigned,
+                    "completed": slot.completed,
+                    "failures": slot.failures,
+                    "in_flight": slot.load.in_flight,
+                    "last_error": slot.last_error,
+                }
+                for slot in self.slots
+            ],
+        }
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -154,13 +191,19 @@ class Router:
                 return
             if request.method == "GET" and request.path == "/health":
                 healthy = sum(slot.load.healthy for slot in self.slots)
-                await write_json(writer, 200 if healthy else 503, {"status": "ok" if healthy else "no healthy worker", "healthy_workers": healthy})
+                await write_json(
+                    writer,
+                    200 if healthy else 503,
+                    {"status": "ok" if healthy else "no healthy worker", "healthy_workers": healthy},
+                )
             elif request.method == "GET" and request.path == "/trex/stats":
                 await write_json(writer, 200, self.snapshot())
             elif request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
                 await self._route(request, writer)
             else:
-                await write_json(writer, 404, error_payload(f"no route {request.method} {request.path}", "not_found", 404))
+                await write_json(
+                    writer, 404, error_payload(f"no route {request.method} {request.path}", "not_found", 404)
+                )
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -170,8 +213,17 @@ class Router:
         self.stats.received += 1
         if self.stats.in_flight >= self.max_in_flight:
             self.stats.rejected += 1
-            await write_json(writer, 429, error_payload(f"router at capacity: {self.stats.in_flight} requests in flight (max_in_flight "
-                                                        f"{self.max_in_flight}); retry later", "rate_limit_exceeded", 429), {"Retry-After": "1"})
+            await write_json(
+                writer,
+                429,
+                error_payload(
+                    f"router at capacity: {self.stats.in_flight} requests in flight (max_in_flight "
+                    f"{self.max_in_flight}); retry later",
+                    "rate_limit_exceeded",
+                    429,
+                ),
+                {"Retry-After": "1"},
+            )
             return
         try:
             payload = request.json()
@@ -229,15 +281,23 @@ class Router:
                 errors.append(f"{slot.endpoint.url}: {reason}")
                 if started[0]:  # tokens already reached the client: end the stream with an error event
                     with contextlib.suppress(ConnectionError):
-                        event = error_payload(f"worker {slot.endpoint.url} failed mid-stream: {reason}", "worker_error", 502)
+                        event = error_payload(
+                            f"worker {slot.endpoint.url} failed mid-stream: {reason}", "worker_error", 502
+                        )
                         writer.write(f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode())
                         await writer.drain()
                     return False
             finally:
                 self._finish(slot.load, info, started[0])
         timeouts = all("no answer within" in e for e in errors) and errors
-        message = ("no worker could serve the request: " + "; ".join(errors)) if errors else "no healthy worker to serve the request"
-        await write_json(writer, 504 if timeouts else 502, error_payload(message, "worker_error", 504 if timeouts else 502))
+        message = (
+            ("no worker could serve the request: " + "; ".join(errors))
+            if errors
+            else "no healthy worker to serve the request"
+        )
+        await write_json(
+            writer, 504 if timeouts else 502, error_payload(message, "worker_error", 504 if timeouts else 502)
+        )
         return False
 
     def _finish(self, load: InstanceLoad, info: RequestInfo, started: bool) -> None:
@@ -256,8 +316,15 @@ class Router:
         load.waiting_pairs -= info.prompt_tokens**2
         load.running += 1
 
-    async def _attempt(self, slot: WorkerSlot, path: str, payload: dict, info: RequestInfo, writer: asyncio.StreamWriter,
-                       started: list[bool]) -> None:
+    async def _attempt(
+        self,
+        slot: WorkerSlot,
+        path: str,
+        payload: dict,
+        info: RequestInfo,
+        writer: asyncio.StreamWriter,
+        started: list[bool],
+    ) -> None:
         timeout, stream = self.request_timeout, bool(payload.get("stream", False))
         response = await open_request(slot.endpoint, "POST", path, payload, timeout)
         try:
@@ -270,7 +337,9 @@ class Router:
                     parsed = json.loads(body)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise _Garbage(f"returned a body that is not JSON: {body[:80]!r}") from None
-                if response.status == 200 and not (isinstance(parsed, dict) and isinstance(parsed.get("choices"), list)):
+                if response.status == 200 and not (
+                    isinstance(parsed, dict) and isinstance(parsed.get("choices"), list)
+                ):
                     raise _Garbage(f"returned JSON without `choices`: {body[:80]!r}")
                 await write_json(writer, response.status, parsed)  # 4xx: the client's request was wrong; passed through
                 return

@@ -90,7 +90,9 @@ def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: flo
 class Scheduler(ABC):
     name: str = ""
 
-    def __init__(self, seed: int = 0, mean_prompt: float = 256.0, mean_output: float = 256.0, mean_context: float | None = None):
+    def __init__(
+        self, seed: int = 0, mean_prompt: float = 256.0, mean_output: float = 256.0, mean_context: float | None = None
+    ):
         self.rng = random_module.Random(seed)
         self.mean_prompt, self.mean_output = mean_prompt, mean_output
         self.mean_context = mean_context or mean_prompt + mean_output / 2  # time-averaged context in the batch
@@ -172,10 +174,15 @@ class WeightedRoundRobin(Scheduler):
 
     def _choose(self, request, loads, healthy):
         work = request.prompt_tokens + request.expected_output_tokens
-        capacities = {i: capacity_requests_s(loads[i].spec, self.mean_prompt, self.mean_output, self.mean_context) for i in healthy}
+        capacities = {
+            i: capacity_requests_s(loads[i].spec, self.mean_prompt, self.mean_output, self.mean_context)
+            for i in healthy
+        }
         floor = min(self.virtual.get(loads[i].spec.name, 0.0) for i in healthy)
         index = min(healthy, key=lambda i: (self.virtual.get(loads[i].spec.name, floor) + work / capacities[i], i))
-        self.virtual[loads[index].spec.name] = self.virtual.get(loads[index].spec.name, floor) + work / capacities[index]
+        self.virtual[loads[index].spec.name] = (
+            self.virtual.get(loads[index].spec.name, floor) + work / capacities[index]
+        )
         return index
 
 
@@ -230,12 +237,17 @@ class TrexScheduler(Scheduler):
     def predicted_ttft_s(self, request: RequestInfo, load: InstanceLoad, slots: int, context: int) -> float:
         spec = load.spec
         a0, a1, a2 = spec.latency.prefill
-        queued = (math.ceil((load.waiting_prompt_tokens + request.prompt_tokens) / spec.limits.max_batched_tokens) * a0
-                  + a1 * (load.waiting_prompt_tokens + request.prompt_tokens) + a2 * (load.waiting_pairs + request.prompt_tokens**2))
+        queued = (
+            math.ceil((load.waiting_prompt_tokens + request.prompt_tokens) / spec.limits.max_batched_tokens) * a0
+            + a1 * (load.waiting_prompt_tokens + request.prompt_tokens)
+            + a2 * (load.waiting_pairs + request.prompt_tokens**2)
+        )
         excess = load.in_flight + 1 - slots
         if excess <= 0:
             return queued + spec.latency.decode_s(max(load.running, 1), max(load.running, 1) * context)
-        full_cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * self._prefill_per_request_s(spec)
+        full_cycle = self.mean_output * spec.latency.decode_s(
+            slots, slots * context
+        ) + slots * self._prefill_per_request_s(spec)
         return queued + excess * full_cycle / slots
 
     def _choose(self, request, loads, healthy):
@@ -245,7 +257,9 @@ class TrexScheduler(Scheduler):
             slots = self.slo_batch(loads[i].spec, context)
             ttft = self.predicted_ttft_s(request, loads[i], slots, context)
             spec = loads[i].spec
-            cycle = self.mean_output * spec.latency.decode_s(slots, slots * context) + slots * self._prefill_per_request_s(spec)
+            cycle = self.mean_output * spec.latency.decode_s(
+                slots, slots * context
+            ) + slots * self._prefill_per_request_s(spec)
             scored.append((ttft <= self.slo.ttft_s, (loads[i].in_flight + 1) * cycle / slots, ttft, i))
         meeting = [s for s in scored if s[0]]
         if meeting:
@@ -253,8 +267,18 @@ class TrexScheduler(Scheduler):
         return min(scored, key=lambda s: (s[2], s[3]))[3]
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (RoundRobin, RandomChoice, JoinShortestQueue, TokenJoinShortestQueue,
-                                                                   PowerOfTwo, WeightedRoundRobin, TrexScheduler)}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls
+    for cls in (
+        RoundRobin,
+        RandomChoice,
+        JoinShortestQueue,
+        TokenJoinShortestQueue,
+        PowerOfTwo,
+        WeightedRoundRobin,
+        TrexScheduler,
+    )
+}
 
 
 def make_scheduler(name: str, seed: int = 0, stats: WorkloadStats | None = None, slo: SLO | None = None) -> Scheduler:

@@ -67,7 +67,9 @@ class _Instance:
         load.waiting_pairs = sum(s.to_prefill**2 for s in self.waiting)
         load.running = len(self.running)
         load.running_context_tokens = sum(s.context for s in self.running)
-        load.remaining_output_tokens = sum(max(s.expected_output - s.generated, 1) for s in (*self.waiting, *self.running))
+        load.remaining_output_tokens = sum(
+            max(s.expected_output - s.generated, 1) for s in (*self.waiting, *self.running)
+        )
         load.kv_used_bytes = self.kv_next  # what the running sequences hold once their next token lands
         self.stale = False
 
@@ -84,8 +86,16 @@ class SimulationResult:
 
 
 class Simulation:
-    def __init__(self, instances: list[InstanceSpec], scheduler: Scheduler, slo: SLO, *, max_waiting: int | None = None,
-                 drain_s: float = 3600.0, expected_output: int | None = None):
+    def __init__(
+        self,
+        instances: list[InstanceSpec],
+        scheduler: Scheduler,
+        slo: SLO,
+        *,
+        max_waiting: int | None = None,
+        drain_s: float = 3600.0,
+        expected_output: int | None = None,
+    ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
         names = [spec.name for spec in instances]
@@ -110,7 +120,10 @@ class Simulation:
         fits = [inst.spec.kv.bytes_for(request.total_tokens) <= inst.spec.kv_capacity_bytes for inst in self.instances]
         if not any(fits):
             largest = max(inst.spec.kv_capacity_bytes for inst in self.instances)
-            self._drop(request, f"{request.total_tokens} tokens need more KV cache than any instance has ({largest / 2**30:.1f} GiB)")
+            self._drop(
+                request,
+                f"{request.total_tokens} tokens need more KV cache than any instance has ({largest / 2**30:.1f} GiB)",
+            )
             return
         for inst in self.instances:
             if inst.stale:
@@ -119,7 +132,9 @@ class Simulation:
         for inst, ok in zip(self.instances, fits):
             inst.load.healthy = inst.load.healthy and ok
         try:
-            index = self.scheduler.choose(RequestInfo(request.prompt_tokens, self.expected_output), [i.load for i in self.instances])
+            index = self.scheduler.choose(
+                RequestInfo(request.prompt_tokens, self.expected_output), [i.load for i in self.instances]
+            )
         finally:
             for inst, ok in zip(self.instances, saved):
                 inst.load.healthy = ok
@@ -134,7 +149,9 @@ class Simulation:
             self._start_step(now, inst)
 
     def _drop(self, request: Request, reason: str, instance: str = "") -> None:
-        self.records[request.id] = RequestRecord(request.id, instance, request.arrival_s, request.prompt_tokens, 0, status="dropped", reason=reason)
+        self.records[request.id] = RequestRecord(
+            request.id, instance, request.arrival_s, request.prompt_tokens, 0, status="dropped", reason=reason
+        )
 
     # -- the engine loop ----------------------------------------------------------------------------
     def _admit(self, inst: _Instance) -> list[_Sequence]:
@@ -199,8 +216,16 @@ class Simulation:
             if seq.generated >= seq.request.output_tokens:
                 self._leave(inst, seq)
                 r = seq.request
-                self.records[r.id] = RequestRecord(r.id, inst.spec.name, r.arrival_s, r.prompt_tokens, seq.generated, seq.first_token_s,
-                                                   now, preemptions=seq.preemptions)
+                self.records[r.id] = RequestRecord(
+                    r.id,
+                    inst.spec.name,
+                    r.arrival_s,
+                    r.prompt_tokens,
+                    seq.generated,
+                    seq.first_token_s,
+                    now,
+                    preemptions=seq.preemptions,
+                )
             else:
                 grown = kv.bytes_for(seq.context + 1)
                 inst.kv_next += grown - seq.kv_next
@@ -225,9 +250,18 @@ class Simulation:
         for inst in self.instances:
             for seq in (*inst.waiting, *inst.running):
                 r = seq.request
-                self.records[r.id] = RequestRecord(r.id, inst.spec.name, r.arrival_s, r.prompt_tokens, seq.generated, seq.first_token_s,
-                                                   None, status="unfinished", reason=f"still in flight {self.drain_s:g} s after the last arrival",
-                                                   preemptions=seq.preemptions)
+                self.records[r.id] = RequestRecord(
+                    r.id,
+                    inst.spec.name,
+                    r.arrival_s,
+                    r.prompt_tokens,
+                    seq.generated,
+                    seq.first_token_s,
+                    None,
+                    status="unfinished",
+                    reason=f"still in flight {self.drain_s:g} s after the last arrival",
+                    preemptions=seq.preemptions,
+                )
         records = [self.records[r.id] for r in requests]
         busy = {inst.spec.name: inst.busy_s for inst in self.instances}
         start = min(r.arrival_s for r in requests)
@@ -237,5 +271,7 @@ class Simulation:
         return SimulationResult(report, records, self.scheduler.name, [i.spec.name for i in self.instances])
 
 
-def simulate(instances: list[InstanceSpec], scheduler: Scheduler, requests: list[Request], slo: SLO, **options) -> SimulationResult:
+def simulate(
+    instances: list[InstanceSpec], scheduler: Scheduler, requests: list[Request], slo: SLO, **options
+) -> SimulationResult:
     return Simulation(instances, scheduler, slo, **options).run(requests)

@@ -37,7 +37,8 @@ class WorkerModelConfig:
     seed: int = 0
 
     def describe(self) -> str:
-        return f"tiny Llama: {self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab {self.vocab} (random init)"
+        shape = f"{self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab {self.vocab}"
+        return f"tiny Llama: {shape} (random init)"
 
 
 def build_worker_model(config: WorkerModelConfig):
@@ -47,9 +48,16 @@ def build_worker_model(config: WorkerModelConfig):
     if config.hidden % config.heads:
         raise ServingError(f"--hidden {config.hidden} must be a multiple of --heads {config.heads}")
     torch.manual_seed(config.seed)
-    model_config = LlamaConfig(vocab_size=config.vocab, hidden_size=config.hidden, intermediate_size=4 * config.hidden,
-                               num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
-                               max_position_embeddings=8192, tie_word_embeddings=False)
+    model_config = LlamaConfig(
+        vocab_size=config.vocab,
+        hidden_size=config.hidden,
+        intermediate_size=4 * config.hidden,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(model_config).eval()
 
 
@@ -132,7 +140,9 @@ class Worker:
             elif request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
                 await self._complete(request, writer, chat=request.path.endswith("chat/completions"))
             else:
-                await write_json(writer, 404, error_payload(f"no route {request.method} {request.path}", "not_found", 404))
+                await write_json(
+                    writer, 404, error_payload(f"no route {request.method} {request.path}", "not_found", 404)
+                )
         except ServingError as error:
             await write_json(writer, 400, error_payload(str(error), "invalid_request_error", 400))
         except (ConnectionError, asyncio.CancelledError):
@@ -153,30 +163,71 @@ class Worker:
         def on_token(token: int) -> None:
             loop.call_soon_threadsafe(tokens.put_nowait, token)
 
-        job = loop.run_in_executor(self.executor, self.engine.generate, prompt_ids, max_tokens, on_token if stream else None)
+        job = loop.run_in_executor(
+            self.executor, self.engine.generate, prompt_ids, max_tokens, on_token if stream else None
+        )
         ident, created = f"cmpl-{uuid.uuid4().hex[:12]}", int(time.time())
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": max_tokens, "total_tokens": len(prompt_ids) + max_tokens}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": max_tokens,
+            "total_tokens": len(prompt_ids) + max_tokens,
+        }
         kind = "chat.completion" if chat else "text_completion"
         if not stream:
             out = await job
             self.served += 1
             text = " ".join(f"t{t}" for t in out)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
-                      else {"index": 0, "text": text, "finish_reason": "length"})
-            await write_json(writer, 200, {"id": ident, "object": kind, "created": created, "model": self.name, "choices": [choice], "usage": usage})
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
+            )
+            await write_json(
+                writer,
+                200,
+                {
+                    "id": ident,
+                    "object": kind,
+                    "created": created,
+                    "model": self.name,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
             return
         writer.write(response_head(200, "text/event-stream", extra={"Cache-Control": "no-cache"}))
         for i in range(max_tokens):
             token = await tokens.get()
             piece = f" t{token}" if i else f"t{token}"
-            delta = {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat else {"index": 0, "text": piece, "finish_reason": None}
-            chunk = {"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created, "model": self.name, "choices": [delta]}
+            delta = (
+                {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
+            )
+            chunk = {
+                "id": ident,
+                "object": f"{kind}.chunk" if chat else kind,
+                "created": created,
+                "model": self.name,
+                "choices": [delta],
+            }
             writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await writer.drain()
         await job
         self.served += 1
-        last = {"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "", "finish_reason": "length"}
-        final = {"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created, "model": self.name, "choices": [last], "usage": usage}
+        last = (
+            {"index": 0, "delta": {}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"}
+        )
+        final = {
+            "id": ident,
+            "object": f"{kind}.chunk" if chat else kind,
+            "created": created,
+            "model": self.name,
+            "choices": [last],
+            "usage": usage,
+        }
         writer.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
         await writer.drain()
 

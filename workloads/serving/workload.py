@@ -59,8 +59,10 @@ class WorkloadStats:
 
     def describe(self) -> str:
         rate = f", {self.rate:.2f} req/s" if self.rate else ""
-        return (f"{self.requests} requests: prompt mean {self.mean_prompt:.0f} (P99 {self.p99_prompt}), output mean "
-                f"{self.mean_output:.0f}, longest context {self.max_context}{rate}")
+        return (
+            f"{self.requests} requests: prompt mean {self.mean_prompt:.0f} (P99 {self.p99_prompt}), output mean "
+            f"{self.mean_output:.0f}, longest context {self.max_context}{rate}"
+        )
 
 
 def workload_stats(requests: list[Request]) -> WorkloadStats:
@@ -71,8 +73,16 @@ def workload_stats(requests: list[Request]) -> WorkloadStats:
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     rate = (len(requests) - 1) / span if span > 0 else 0.0
     in_flight = float((outputs * (prompts + outputs / 2)).sum() / outputs.sum())
-    return WorkloadStats(len(requests), float(prompts.mean()), float(outputs.mean()), float((prompts**2).mean()),
-                         int(np.percentile(prompts, 99)), int(max(r.total_tokens for r in requests)), rate, in_flight)
+    return WorkloadStats(
+        len(requests),
+        float(prompts.mean()),
+        float(outputs.mean()),
+        float((prompts**2).mean()),
+        int(np.percentile(prompts, 99)),
+        int(max(r.total_tokens for r in requests)),
+        rate,
+        in_flight,
+    )
 
 
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -81,8 +91,16 @@ def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarra
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
-def sharegpt_like(n: int, rate: float, seed: int = 0, *, max_prompt: int = 4096, max_output: int = 2048,
-                  prompt_median: float = PROMPT_MEDIAN, output_median: float = OUTPUT_MEDIAN) -> list[Request]:
+def sharegpt_like(
+    n: int,
+    rate: float,
+    seed: int = 0,
+    *,
+    max_prompt: int = 4096,
+    max_output: int = 2048,
+    prompt_median: float = PROMPT_MEDIAN,
+    output_median: float = OUTPUT_MEDIAN,
+) -> list[Request]:
     """`n` requests with ShareGPT-like log-normal lengths arriving as a Poisson process of `rate` req/s."""
     if n < 1:
         raise ServingError(f"--requests must be at least 1 (got {n})")
@@ -127,19 +145,28 @@ def load_trace(path: str | Path) -> list[Request]:
     """Requests from a JSONL trace or an Azure/Splitwise CSV trace; arrivals start at 0."""
     path = Path(path)
     if not path.exists():
-        raise ServingError(f"workload trace {path} does not exist; give a JSONL file (arrival_s, prompt_tokens, output_tokens "
-                           "per line) or an Azure LLM inference trace CSV")
+        raise ServingError(
+            f"workload trace {path} does not exist; give a JSONL file (arrival_s, prompt_tokens, output_tokens "
+            "per line) or an Azure LLM inference trace CSV"
+        )
     rows: list[tuple[float, int, int]] = []
     if path.suffix == ".csv":
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
             needed = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
             if not needed <= set(reader.fieldnames or ()):
-                raise ServingError(f"{path}: an Azure trace CSV needs columns {', '.join(sorted(needed))} (got {reader.fieldnames})")
+                raise ServingError(
+                    f"{path}: an Azure trace CSV needs columns {', '.join(sorted(needed))} (got {reader.fieldnames})"
+                )
             for line, row in enumerate(reader, start=2):
                 where = f"{path}:{line}"
-                rows.append((_azure_time(row["TIMESTAMP"], where), _positive_int(row["ContextTokens"], where, "ContextTokens"),
-                             _positive_int(row["GeneratedTokens"], where, "GeneratedTokens")))
+                rows.append(
+                    (
+                        _azure_time(row["TIMESTAMP"], where),
+                        _positive_int(row["ContextTokens"], where, "ContextTokens"),
+                        _positive_int(row["GeneratedTokens"], where, "GeneratedTokens"),
+                    )
+                )
     else:
         for line, text in enumerate(path.read_text().splitlines(), start=1):
             if not text.strip():
@@ -155,7 +182,13 @@ def load_trace(path: str | Path) -> list[Request]:
             if not isinstance(arrival, (int, float)) or isinstance(arrival, bool) or arrival < 0:
                 raise ServingError(f"{where}: needs arrival_s (seconds >= 0) (got {arrival!r})")
             prompt = row.get("prompt_tokens", row.get("input_tokens"))
-            rows.append((float(arrival), _positive_int(prompt, where, "prompt_tokens"), _positive_int(row.get("output_tokens"), where, "output_tokens")))
+            rows.append(
+                (
+                    float(arrival),
+                    _positive_int(prompt, where, "prompt_tokens"),
+                    _positive_int(row.get("output_tokens"), where, "output_tokens"),
+                )
+            )
     if not rows:
         raise ServingError(f"{path}: the trace holds no requests")
     rows.sort(key=lambda r: r[0])
@@ -166,6 +199,13 @@ def load_trace(path: str | Path) -> list[Request]:
 def save_trace(requests: list[Request], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
-                                        "output_tokens": r.output_tokens}) + "\n" for r in requests))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens}
+            )
+            + "\n"
+            for r in requests
+        )
+    )
     return path
