@@ -59,6 +59,13 @@ def test_infeasible_slo_names_every_option_and_the_fix(stats):
     assert "relax the SLOs" in message
 
 
+def test_a_dtype_one_machine_type_lacks_rules_out_that_type_only(stats):
+    mix = {"machines": [{"device": "h100", "count": 8}, {"device": "ascend-910b", "count": 8}]}
+    plan = plan_deployment(get_model_spec("llama3-70b"), cluster_from_dict(mix), stats, SLO(), weight_dtype="fp8")
+    assert {o.machine for o in plan.best.choices} == {"h100"}
+    assert all("no fp8 GEMMs" in o.reason for o in plan.options if o.machine == "ascend-910b")
+
+
 def test_plan_file_feeds_the_simulator(tmp_path, stats):
     plan = plan_deployment(get_model_spec("llama3-70b"), cluster_from_dict(MIX), stats, SLO())
     instances = load_instances(save_plan(plan, tmp_path / "plan.json"))

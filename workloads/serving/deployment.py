@@ -81,7 +81,7 @@ class Option:
     machine: str
     tp: int
     instances: int
-    memory: InstanceMemory
+    memory: InstanceMemory | None  # None when the instance could not be described (e.g. no such dtype)
     estimate: CapacityEstimate | None = None
     spec: InstanceSpec | None = None
     reason: str = ""
@@ -144,7 +144,9 @@ class DeploymentPlan:
                 "tp": o.tp,
                 "instances": o.instances,
                 "feasible": o.feasible,
-                "memory_gib": {"weights": o.memory.weights / 2**30, "kv_cache": max(o.memory.kv_cache, 0) / 2**30},
+                "memory_gib": {"weights": o.memory.weights / 2**30, "kv_cache": max(o.memory.kv_cache, 0) / 2**30}
+                if o.memory
+                else None,
             }
             if o.estimate:
                 entry.update(
@@ -185,15 +187,12 @@ def _option(
     weight_dtype: str,
     kv_dtype: str,
 ) -> Option:
-    instance = InstanceModel(
-        spec,
-        machine,
-        tp,
-        weight_dtype,
-        kv_dtype,
-        replace(limits, max_context=max(limits.max_context, stats.max_context)),
-    )
     instances = machine.count // tp
+    limits = replace(limits, max_context=max(limits.max_context, stats.max_context))
+    try:
+        instance = InstanceModel(spec, machine, tp, weight_dtype, kv_dtype, limits)
+    except ServingError as error:  # e.g. FP8 weights on a device without FP8 GEMMs: this type is out, not the plan
+        return Option(machine.name, tp, instances, None, reason=str(error))
     memory = instance.memory
     if not memory.fits:
         return Option(machine.name, tp, instances, memory, reason=f"does not fit: {memory.explain()}")
@@ -260,9 +259,11 @@ def plan_deployment(
     if not any(per_machine):
         reasons = "\n".join(f"  {o.label()}: {o.reason}" for o in considered)
         raise InfeasibleError(
-            f"no deployment of {spec.name} on {cluster.describe()} meets {slo.describe()} for {stats.describe()}:\n"
+            f"no deployment of {spec.name} on {cluster.describe()} fits in memory and meets {slo.describe()} "
+            f"for {stats.describe()}:\n"
             f"{reasons}\nrelax the SLOs (--ttft-slo/--tpot-slo), shorten the longest context, quantise "
-            "(--weight-dtype fp8, --kv-dtype fp8), or add devices with more memory"
+            "(--weight-dtype fp8, --kv-dtype fp8), or add devices with more memory (an instance stays inside one "
+            "server: TP across servers and pipeline parallelism are not modelled)"
         )
     deployments = []
     for combo in itertools.product(*[[None, *options] for options in per_machine]):
