@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import statistics
 import subprocess
@@ -73,7 +74,7 @@ def start_workers() -> tuple[list[subprocess.Popen], list[Endpoint]]:
     return processes, endpoints
 
 
-async def wait_ready(endpoints: list[Endpoint], deadline_s: float = 120.0) -> None:
+async def wait_ready(endpoints: list[Endpoint], deadline_s: float = 600.0) -> None:
     start = time.time()
     for endpoint in endpoints:
         while True:
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its workers
     results = asyncio.run(run(args))
     runs = results["runs"]
     if "round_robin" in runs and "trex" in runs:
