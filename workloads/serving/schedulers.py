@@ -96,10 +96,11 @@ class Scheduler(ABC):
         self.rng = random_module.Random(seed)
         self.mean_prompt, self.mean_output = mean_prompt, mean_output
         self.mean_context = mean_context or mean_prompt + mean_output / 2  # time-averaged context in the batch
+        self._seen = 0  # requests observed from live traffic (`observe`)
 
     def observe(self, request: RequestInfo) -> None:
         """Learn the mean lengths from live traffic (the router has no workload statistics up front)."""
-        self._seen = getattr(self, "_seen", 0) + 1
+        self._seen += 1
         weight = 1.0 / self._seen
         self.mean_prompt += weight * (request.prompt_tokens - self.mean_prompt)
         self.mean_output += weight * (request.expected_output_tokens - self.mean_output)
