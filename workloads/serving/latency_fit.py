@@ -1,0 +1,198 @@
+"""Step latency as a least-squares fit to sampled steps: what the planner, simulator and scheduler use.
+
+Following the seed paper (arXiv 2504.15303: latency parameters fitted by least squares over
+sampled batches from light profiling), each instance gets two linear models:
+
+    prefill step = a0 + a_tok * prompt tokens + a_pair * sum(prompt_len^2)    (compute-bound; attention is quadratic)
+    decode step  = b0 + b_seq * sequences     + b_ctx  * context tokens       (bandwidth-bound: weights + KV cache)
+
+Samples come either from the cost model (`sample_instance`: the analytic `InstanceModel` priced at
+a grid of batches) or from measuring a real instance (`trex serve profile`). The fit is non-negative
+least squares (a negative per-token cost is never physical), solved by an active-set loop over
+`numpy.linalg.lstsq` on scaled columns; `holdout_error` checks the fit on batch sizes it did not see.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from trex.workloads.serving.errors import ServingError
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One timed step. Prefill: `tokens` prompt tokens over `seqs` prompts with `pairs` = sum(len^2).
+    Decode: `seqs` sequences holding `context` tokens in all."""
+
+    kind: Literal["prefill", "decode"]
+    seqs: int
+    tokens: int
+    pairs: int
+    context: int
+    seconds: float
+
+    def features(self) -> list[float]:
+        if self.kind == "prefill":
+            return [1.0, float(self.tokens), float(self.pairs)]
+        return [1.0, float(self.seqs), float(self.context)]
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Fitted step latencies of one instance (seconds)."""
+
+    prefill: tuple[float, float, float]  # a0, per prompt token, per squared prompt token
+    decode: tuple[float, float, float]  # b0, per sequence, per context token
+    source: str = ""
+
+    def prefill_s(self, tokens: int, pairs: int) -> float:
+        a0, a1, a2 = self.prefill
+        return a0 + a1 * tokens + a2 * pairs
+
+    def prefill_lengths_s(self, lengths: list[int]) -> float:
+        return self.prefill_s(sum(lengths), sum(n * n for n in lengths)) if lengths else 0.0
+
+    def decode_s(self, seqs: int, context: int) -> float:
+        if seqs <= 0:
+            return 0.0
+        b0, b1, b2 = self.decode
+        return b0 + b1 * seqs + b2 * context
+
+    def predict(self, sample: StepSample) -> float:
+        if sample.kind == "prefill":
+            return self.prefill_s(sample.tokens, sample.pairs)
+        return self.decode_s(sample.seqs, sample.context)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict, source: str = "<dict>") -> LatencyModel:
+        try:
+            prefill = tuple(float(x) for x in data["prefill"])
+            decode = tuple(float(x) for x in data["decode"])
+        except (KeyError, TypeError, ValueError):
+            raise ServingError(
+                f"{source}: a latency model needs `prefill` and `decode`, three numbers each "
+                "(written by `trex serve profile`)"
+            ) from None
+        if len(prefill) != 3 or len(decode) != 3 or any(x < 0 or not np.isfinite(x) for x in (*prefill, *decode)):
+            raise ServingError(
+                f"{source}: prefill and decode must hold three finite non-negative numbers each "
+                f"(got {prefill}, {decode})"
+            )
+        return LatencyModel(prefill, decode, str(data.get("source", source)))  # type: ignore[arg-type]
+
+
+def non_negative_lstsq(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """min ||F x - y|| with x >= 0: solve on the free columns, drop the most negative, repeat.
+    Columns are scaled to unit norm first so tokens (thousands) and pairs (millions) weigh alike."""
+    scale = np.linalg.norm(features, axis=0)
+    scale[scale == 0] = 1.0
+    scaled = features / scale
+    free = list(range(features.shape[1]))
+    solution = np.zeros(features.shape[1])
+    while free:
+        coef, *_ = np.linalg.lstsq(scaled[:, free], target, rcond=None)
+        if (coef >= 0).all():
+            solution[:] = 0.0
+            solution[free] = coef
+            break
+        free.pop(int(np.argmin(coef)))
+    return solution / scale
+
+
+def fit_latency(samples: list[StepSample], source: str = "") -> LatencyModel:
+    """Least-squares prefill and decode models; needs at least 3 distinct samples of each kind."""
+    models = {}
+    for kind in ("prefill", "decode"):
+        chosen = [s for s in samples if s.kind == kind]
+        distinct = {tuple(s.features()) for s in chosen}
+        if len(distinct) < 3:
+            raise ServingError(
+                f"fitting the {kind} latency needs at least 3 distinct {kind} samples (got {len(distinct)}); "
+                "profile more batch sizes or prompt lengths"
+            )
+        features = np.array([s.features() for s in chosen])
+        # relative least squares: each sample weighs by 1/seconds, so small steps count as much as large
+        weights = 1.0 / np.array([max(s.seconds, 1e-9) for s in chosen])
+        coef = non_negative_lstsq(features * weights[:, None], np.ones(len(chosen)))
+        models[kind] = tuple(float(c) for c in coef)
+    return LatencyModel(models["prefill"], models["decode"], source)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """How a fit does on samples it did not see: relative errors |predicted - measured| / measured."""
+
+    max_error: float
+    mean_error: float
+    samples: int
+    worst: StepSample | None
+
+    def describe(self) -> str:
+        return f"held-out error: mean {self.mean_error:.1%}, max {self.max_error:.1%} over {self.samples} steps"
+
+
+def holdout_error(model: LatencyModel, samples: list[StepSample]) -> FitCheck:
+    if not samples:
+        raise ServingError("no held-out samples to check the fit on")
+    errors = [abs(model.predict(s) - s.seconds) / s.seconds for s in samples]
+    worst = samples[int(np.argmax(errors))]
+    return FitCheck(float(max(errors)), float(np.mean(errors)), len(samples), worst)
+
+
+def sample_instance(
+    instance,
+    prompt_lengths: tuple[int, ...] = (128, 512, 1024, 2048, 4096),
+    prefill_batches: tuple[int, ...] = (1, 2, 4),
+    decode_batches: tuple[int, ...] = (1, 8, 32, 64, 128, 256),
+    contexts: tuple[int, ...] = (256, 1024, 4096),
+) -> list[StepSample]:
+    """Steps of an analytic `InstanceModel` at a grid of batches (the light profiling the paper does on hardware)."""
+    limits = instance.limits
+    samples = []
+    for length in prompt_lengths:
+        for batch in prefill_batches:
+            if length * batch > limits.max_batched_tokens:
+                continue
+            lengths = [length] * batch
+            samples.append(
+                StepSample(
+                    "prefill", batch, length * batch, length * length * batch, 0, instance.prefill_step_s(lengths)
+                )
+            )
+    for batch in decode_batches:
+        if batch > limits.max_num_seqs:
+            continue
+        for context in contexts:
+            if context > limits.max_context:
+                continue
+            samples.append(
+                StepSample("decode", batch, batch, 0, batch * context, instance.decode_step_s(batch, batch * context))
+            )
+    return samples
+
+
+def save_samples(samples: list[StepSample], model: LatencyModel, path: str | Path, extra: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"latency_model": model.to_dict(), "samples": [asdict(s) for s in samples], **(extra or {})}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def load_latency_model(path: str | Path) -> LatencyModel:
+    path = Path(path)
+    if not path.exists():
+        raise ServingError(f"latency profile {path} does not exist; write one with `trex serve profile --out {path}`")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ServingError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
+    return LatencyModel.from_dict(data.get("latency_model", data), str(path))

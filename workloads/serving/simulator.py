@@ -1,0 +1,277 @@
+"""Discrete-event simulation of a heterogeneous deployment: continuous batching under KV-cache limits.
+
+Each instance runs the loop of a vLLM-style engine, one step at a time, each step priced by the
+instance's fitted `LatencyModel`:
+
+* a prefill step when waiting requests can be admitted: FCFS, up to `max_batched_tokens` prompt
+  tokens (a longer prompt runs alone), `max_num_seqs` sequences and the KV cache's free bytes;
+  every admitted request gets its first token at the end of the step;
+* otherwise a decode step: every running sequence gains one token. Before the step the KV cache
+  must hold each sequence's next token; when it cannot, the most recently admitted sequence is
+  preempted (its cache freed, re-queued at the head to be recomputed), as vLLM does.
+
+Requests arrive at their trace times and are dispatched on arrival by a `Scheduler` that sees the
+instances' live `InstanceLoad`s. A request that no instance's KV cache could ever hold is dropped
+with the reason; so is one that finds its instance's queue at `max_waiting` (backpressure). After
+the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
+unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.deployment import InstanceSpec
+from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.metrics import RequestRecord, ServingReport, summarise
+from trex.workloads.serving.schedulers import InstanceLoad, RequestInfo, Scheduler
+from trex.workloads.serving.workload import Request
+
+
+@dataclass
+class _Sequence:
+    request: Request
+    expected_output: int
+    to_prefill: int  # prompt tokens (plus generated ones after a preemption: recomputed)
+    generated: int = 0
+    first_token_s: float | None = None
+    preemptions: int = 0
+    kv_next: float = 0.0  # KV bytes once the next token is added
+
+    @property
+    def context(self) -> int:
+        return self.request.prompt_tokens + self.generated
+
+
+@dataclass
+class _Instance:
+    spec: InstanceSpec
+    load: InstanceLoad
+    waiting: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
+    busy: bool = False
+    busy_s: float = 0.0
+    step: tuple = ()  # ("prefill", sequences) or ("decode", sequences) in flight
+    kv_next: float = 0.0  # sum of the running sequences' kv_next
+    context: int = 0  # tokens held by the running sequences
+    stale: bool = True  # the load needs a refresh before the scheduler reads it
+
+    def refresh(self) -> None:
+        """Rebuild the scheduler-visible load from the queues (expected, not true, remaining output)."""
+        load = self.load
+        load.waiting = len(self.waiting)
+        load.waiting_prompt_tokens = sum(s.to_prefill for s in self.waiting)
+        load.waiting_pairs = sum(s.to_prefill**2 for s in self.waiting)
+        load.running = len(self.running)
+        load.running_context_tokens = sum(s.context for s in self.running)
+        load.remaining_output_tokens = sum(
+            max(s.expected_output - s.generated, 1) for s in (*self.waiting, *self.running)
+        )
+        load.kv_used_bytes = self.kv_next  # what the running sequences hold once their next token lands
+        self.stale = False
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    report: ServingReport
+    records: list[RequestRecord]
+    scheduler: str
+    instances: list[str]
+
+    def to_dict(self) -> dict:
+        return {"scheduler": self.scheduler, "instances": self.instances, **self.report.to_dict()}
+
+
+class Simulation:
+    def __init__(
+        self,
+        instances: list[InstanceSpec],
+        scheduler: Scheduler,
+        slo: SLO,
+        *,
+        max_waiting: int | None = None,
+        drain_s: float = 3600.0,
+        expected_output: int | None = None,
+    ):
+        if not instances:
+            raise ServingError("the deployment has no instances to simulate")
+        names = [spec.name for spec in instances]
+        if len(set(names)) != len(names):
+            raise ServingError(f"instance names must be distinct (got {names})")
+        self.instances = [_Instance(spec, InstanceLoad(spec)) for spec in instances]
+        self.scheduler, self.slo = scheduler, slo
+        self.max_waiting, self.drain_s = max_waiting, drain_s
+        self.expected_output = expected_output or int(scheduler.mean_output)
+        self.events: list = []
+        self.order = 0
+        self.records: dict[int, RequestRecord] = {}
+        self.last_arrival = 0.0
+        self.tokens_while_arriving = 0  # output tokens generated up to the last arrival
+
+    def _push(self, time: float, kind: str, payload) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (time, self.order, kind, payload))
+
+    # -- dispatch ---------------------------------------------------------------------------------
+    def _arrive(self, now: float, request: Request) -> None:
+        fits = [inst.spec.kv.bytes_for(request.total_tokens) <= inst.spec.kv_capacity_bytes for inst in self.instances]
+        if not any(fits):
+            largest = max(inst.spec.kv_capacity_bytes for inst in self.instances)
+            self._drop(
+                request,
+                f"{request.total_tokens} tokens need more KV cache than any instance has ({largest / 2**30:.1f} GiB)",
+            )
+            return
+        for inst in self.instances:
+            if inst.stale:
+                inst.refresh()
+        saved = [inst.load.healthy for inst in self.instances]
+        for inst, ok in zip(self.instances, fits):
+            inst.load.healthy = inst.load.healthy and ok
+        try:
+            index = self.scheduler.choose(
+                RequestInfo(request.prompt_tokens, self.expected_output), [i.load for i in self.instances]
+            )
+        finally:
+            for inst, ok in zip(self.instances, saved):
+                inst.load.healthy = ok
+        inst = self.instances[index]
+        if self.max_waiting is not None and len(inst.waiting) >= self.max_waiting:
+            self._drop(request, f"{inst.spec.name}'s queue is full ({self.max_waiting} waiting)", inst.spec.name)
+            return
+        inst.load.assigned += 1
+        inst.waiting.append(_Sequence(request, self.expected_output, request.prompt_tokens))
+        inst.stale = True
+        if not inst.busy:
+            self._start_step(now, inst)
+
+    def _drop(self, request: Request, reason: str, instance: str = "") -> None:
+        self.records[request.id] = RequestRecord(
+            request.id, instance, request.arrival_s, request.prompt_tokens, 0, status="dropped", reason=reason
+        )
+
+    # -- the engine loop ----------------------------------------------------------------------------
+    def _admit(self, inst: _Instance) -> list[_Sequence]:
+        spec = inst.spec
+        free = spec.kv_capacity_bytes - inst.kv_next
+        batch, tokens = [], 0
+        while inst.waiting and len(inst.running) + len(batch) < spec.limits.max_num_seqs:
+            head = inst.waiting[0]
+            need = spec.kv.bytes_for(head.context + 1)
+            if need > free or (batch and tokens + head.to_prefill > spec.limits.max_batched_tokens):
+                break
+            batch.append(inst.waiting.popleft())
+            free -= need
+            tokens += head.to_prefill
+        return batch
+
+    def _join(self, inst: _Instance, seq: _Sequence) -> None:
+        seq.kv_next = inst.spec.kv.bytes_for(seq.context + 1)
+        inst.running.append(seq)
+        inst.kv_next += seq.kv_next
+        inst.context += seq.context
+
+    def _leave(self, inst: _Instance, seq: _Sequence) -> None:
+        inst.running.remove(seq)
+        inst.kv_next -= seq.kv_next
+        inst.context -= seq.context
+
+    def _start_step(self, now: float, inst: _Instance) -> None:
+        inst.stale = True
+        batch = self._admit(inst)
+        if batch:
+            seconds = inst.spec.latency.prefill_lengths_s([s.to_prefill for s in batch])
+            for seq in batch:
+                self._join(inst, seq)
+            inst.step = ("prefill", batch)
+        elif inst.running:
+            while len(inst.running) > 1 and inst.kv_next > inst.spec.kv_capacity_bytes:
+                victim = inst.running[-1]
+                self._leave(inst, victim)
+                victim.preemptions += 1
+                victim.to_prefill = victim.context
+                inst.waiting.appendleft(victim)
+            seconds = inst.spec.latency.decode_s(len(inst.running), inst.context)
+            inst.step = ("decode", list(inst.running))
+        else:
+            inst.busy = False
+            return
+        inst.busy = True
+        inst.busy_s += seconds
+        self._push(now + seconds, "step", inst)
+
+    def _finish_step(self, now: float, inst: _Instance) -> None:
+        _, sequences = inst.step
+        kv = inst.spec.kv
+        if now <= self.last_arrival:
+            self.tokens_while_arriving += len(sequences)
+        for seq in sequences:
+            seq.generated += 1
+            inst.context += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = now
+            if seq.generated >= seq.request.output_tokens:
+                self._leave(inst, seq)
+                r = seq.request
+                self.records[r.id] = RequestRecord(
+                    r.id,
+                    inst.spec.name,
+                    r.arrival_s,
+                    r.prompt_tokens,
+                    seq.generated,
+                    seq.first_token_s,
+                    now,
+                    preemptions=seq.preemptions,
+                )
+            else:
+                grown = kv.bytes_for(seq.context + 1)
+                inst.kv_next += grown - seq.kv_next
+                seq.kv_next = grown
+        self._start_step(now, inst)
+
+    def run(self, requests: list[Request]) -> SimulationResult:
+        if not requests:
+            raise ServingError("no requests to simulate")
+        for request in requests:
+            self._push(request.arrival_s, "arrive", request)
+        self.last_arrival = max(r.arrival_s for r in requests)
+        deadline = self.last_arrival + self.drain_s
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            if now > deadline:
+                break
+            if kind == "arrive":
+                self._arrive(now, payload)
+            else:
+                self._finish_step(now, payload)
+        for inst in self.instances:
+            for seq in (*inst.waiting, *inst.running):
+                r = seq.request
+                self.records[r.id] = RequestRecord(
+                    r.id,
+                    inst.spec.name,
+                    r.arrival_s,
+                    r.prompt_tokens,
+                    seq.generated,
+                    seq.first_token_s,
+                    None,
+                    status="unfinished",
+                    reason=f"still in flight {self.drain_s:g} s after the last arrival",
+                    preemptions=seq.preemptions,
+                )
+        records = [self.records[r.id] for r in requests]
+        busy = {inst.spec.name: inst.busy_s for inst in self.instances}
+        start = min(r.arrival_s for r in requests)
+        span = self.last_arrival - start
+        steady = self.tokens_while_arriving / span if span > 0 else float("nan")
+        report = summarise(records, self.slo, busy, start, steady)
+        return SimulationResult(report, records, self.scheduler.name, [i.spec.name for i in self.instances])
+
+
+def simulate(
+    instances: list[InstanceSpec], scheduler: Scheduler, requests: list[Request], slo: SLO, **options
+) -> SimulationResult:
+    return Simulation(instances, scheduler, slo, **options).run(requests)

@@ -1,0 +1,240 @@
+"""An OpenAI-compatible CPU worker serving a tiny random-init transformers model (loopback only).
+
+It stands in for a vLLM / SGLang worker in tests and benches: a Llama-shaped `transformers` model
+built locally with random weights (never downloaded), greedy decoding with a KV cache, one request
+at a time in arrival order (batch 1), on `threads` intra-op threads. Workers of different sizes or
+thread counts give the router instances of genuinely unequal capacity.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (with
+`"stream": true`, server-sent events ending in `data: [DONE]`). Text is tokenized as whitespace
+words hashed into the vocabulary; output tokens print as `t<id>`. Generation runs for `max_tokens`
+tokens (as benchmarks run vLLM with ignore_eos), so the work per request is what it asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.http import error_payload, read_request, response_head, write_json
+
+MAX_TOKENS_LIMIT = 4096
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class WorkerModelConfig:
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    vocab: int = 512
+    seed: int = 0
+
+    def describe(self) -> str:
+        shape = f"{self.layers} layers, hidden {self.hidden}, {self.heads} heads, vocab {self.vocab}"
+        return f"tiny Llama: {shape} (random init)"
+
+
+def build_worker_model(config: WorkerModelConfig):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if config.hidden % config.heads:
+        raise ServingError(f"--hidden {config.hidden} must be a multiple of --heads {config.heads}")
+    torch.manual_seed(config.seed)
+    model_config = LlamaConfig(
+        vocab_size=config.vocab,
+        hidden_size=config.hidden,
+        intermediate_size=4 * config.hidden,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(model_config).eval()
+
+
+def tokenize(text: str, vocab: int) -> list[int]:
+    """Whitespace words hashed into the vocabulary (deterministic; at least one token)."""
+    return [zlib.crc32(word.encode()) % vocab for word in text.split()] or [0]
+
+
+def prompt_text(payload: dict, chat: bool) -> str:
+    if chat:
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ServingError("`messages` must be a non-empty list of {role, content}")
+        return " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt else ""
+    if not isinstance(prompt, str):
+        raise ServingError("`prompt` must be a string")
+    return prompt
+
+
+def max_tokens_of(payload: dict) -> int:
+    value = payload.get("max_tokens", payload.get("max_completion_tokens", 16))
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS_LIMIT:
+        raise ServingError(f"`max_tokens` must be an integer in [1, {MAX_TOKENS_LIMIT}] (got {value!r})")
+    return value
+
+
+class TinyEngine:
+    """Greedy generation with a KV cache, one request at a time."""
+
+    def __init__(self, config: WorkerModelConfig, threads: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.config = config
+        self.threads = threads
+        self.model = build_worker_model(config)
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, on_token=None) -> list[int]:
+        torch = self.torch
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        out: list[int] = []
+        with torch.inference_mode():
+            result = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+            past = result.cache
+            token = int(result.logits[0, -1].argmax())
+            for i in range(max_tokens):
+                out.append(token)
+                if on_token is not None:
+                    on_token(token)
+                if i + 1 == max_tokens:
+                    break
+                result = self.model(input_ids=torch.tensor([[token]]), cache=past, use_cache=True)
+                past = result.cache
+                token = int(result.logits[0, -1].argmax())
+        return out
+
+
+class Worker:
+    """The HTTP front of a `TinyEngine`: requests queue for its single generation thread."""
+
+    def __init__(self, engine: TinyEngine, name: str = "tiny"):
+        self.engine, self.name = engine, name
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{name}")
+        self.served = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                request = await read_request(reader, timeout=30.0)
+            except (asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.LimitOverrunError):
+                return
+            if request.method == "GET" and request.path == "/health":
+                await write_json(writer, 200, {"status": "ok", "model": self.name, "served": self.served})
+            elif request.method == "GET" and request.path == "/v1/models":
+                await write_json(writer, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
+            elif request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
+                await self._complete(request, writer, chat=request.path.endswith("chat/completions"))
+            else:
+                await write_json(
+                    writer, 404, error_payload(f"no route {request.method} {request.path}", "not_found", 404)
+                )
+        except ServingError as error:
+            await write_json(writer, 400, error_payload(str(error), "invalid_request_error", 400))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _complete(self, request, writer: asyncio.StreamWriter, chat: bool) -> None:
+        payload = request.json()
+        if not isinstance(payload, dict):
+            raise ServingError("the body must be a JSON object")
+        prompt_ids = tokenize(prompt_text(payload, chat), self.engine.config.vocab)
+        max_tokens = max_tokens_of(payload)
+        stream = bool(payload.get("stream", False))
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+
+        def on_token(token: int) -> None:
+            loop.call_soon_threadsafe(tokens.put_nowait, token)
+
+        job = loop.run_in_executor(
+            self.executor, self.engine.generate, prompt_ids, max_tokens, on_token if stream else None
+        )
+        ident, created = f"cmpl-{uuid.uuid4().hex[:12]}", int(time.time())
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": max_tokens,
+            "total_tokens": len(prompt_ids) + max_tokens,
+        }
+        kind = "chat.completion" if chat else "text_completion"
+        if not stream:
+            out = await job
+            self.served += 1
+            text = " ".join(f"t{t}" for t in out)
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
+            )
+            await write_json(
+                writer,
+                200,
+                {
+                    "id": ident,
+                    "object": kind,
+                    "created": created,
+                    "model": self.name,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
+            return
+        writer.write(response_head(200, "text/event-stream", extra={"Cache-Control": "no-cache"}))
+        for i in range(max_tokens):
+            token = await tokens.get()
+            piece = f" t{token}" if i else f"t{token}"
+            delta = (
+                {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
+            )
+            chunk = {
+                "id": ident,
+                "object": f"{kind}.chunk" if chat else kind,
+                "created": created,
+                "model": self.name,
+                "choices": [delta],
+            }
+            writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await writer.drain()
+        await job
+        self.served += 1
+        last = (
+            {"index": 0, "delta": {}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"}
+        )
+        final = {
+            "id": ident,
+            "object": f"{kind}.chunk" if chat else kind,
+            "created": created,
+            "model": self.name,
+            "choices": [last],
+            "usage": usage,
+        }
+        writer.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+        await writer.drain()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
+        if host not in LOOPBACK:
+            raise ServingError(f"workers listen on loopback only (got host {host!r}); use 127.0.0.1")
+        return await asyncio.start_server(self.handle, host, port)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
