@@ -36,15 +36,15 @@ def cpt_document(problem: Problem, statement: str, rng: random.Random) -> str:
     parts = [f"# {pick(rng, _TITLES)}: {problem.family.title}"]
     for section in layout:
         heading = pick(rng, _HEADINGS[section])
-        parts.append(f"## {heading}\n\n{_section(section, problem, statement)}")
+        parts.append(f"## {heading}\n\n{_section(section, problem, statement, rng)}")
     return "\n\n".join(parts).strip() + "\n"
 
 
-def _section(section: str, problem: Problem, statement: str) -> str:
+def _section(section: str, problem: Problem, statement: str, rng: random.Random) -> str:
     if section == "problem":
         return statement
     if section == "model":
-        return f"{understanding(problem.math)}\n\n{problem.math.to_markdown(with_data=True)}"
+        return f"{understanding(problem.math, rng)}\n\n{problem.math.to_markdown(with_data=True)}"
     if section == "lp":
         return f"```lp\n{problem.lp.rstrip()}\n```"
     if section == "program":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trex.workloads.or_data.certificates import OPTIMALITY_TOL, Certificate, check_solution, find_dual, find_farkas, find_ray
+from trex.workloads.or_data.code_style import restyle
 from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.lp_format import write_lp
@@ -112,7 +113,7 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
         if not _same(read_back, outcome):
             raise VerificationFailed(check, f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}")
 
-    program = family.program(data)
+    program = restyle(family.program(data))
     run = runner.run(program)
     if run.outcome is None or not run.outcome.matches(outcome):
         said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"
