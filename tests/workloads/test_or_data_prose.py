@@ -106,7 +106,7 @@ def test_deletion_filter_finds_the_clashing_pair_and_words_it():
                      (VarDef("x_p", "made", r"\ge m_p", "make", ("P",), noun="units of each product to make"),),
                      (ConstraintDef("Capacity", "within stock", "x", "capacity", ("R",), why="stock is limited"),))
     text = iis_explanation(model, math)
-    assert "Capacity for wood: at most 8" in text and "lower bound on the units of each product to make for chairs: at least 5" in text
+    assert "Capacity for wood (within stock): at most 8" in text and "lower bound on the units of each product to make for chairs: at least 5" in text
 
 
 def test_diversity_measures():

@@ -161,3 +161,34 @@ def test_a_mutation_that_does_not_change_the_result_is_not_counted_as_a_bug(runn
     assert inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint",)) is None
     bug = inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint", "objective_sense"))
     assert bug is not None and bug.kind == "objective_sense" and "reports `Optimal objective value: 0`" in bug.symptom
+
+
+def test_what_if_answer_shows_both_plans_and_a_reason(problem, runner):
+    task = task_for(problem, "solve_analyze", "what_if", runner)
+    analysis = task.reference.analysis
+    assert "Original optimal plan" in analysis and "Optimal plan after the change" in analysis
+    assert problem.decisions()[0] in analysis and task.target.decisions()[0] in analysis
+    assert any(word in analysis for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan"))
+
+
+def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):
+    problem = verified("transportation", 5, runner, "infeasible")
+    explanation = task_for(problem, "solve_analyze", "decision", runner).reference.explanation
+    assert "deletion filter" in explanation and "Dropping any one of them makes the rest satisfiable" in explanation
+    assert "Supply for" in explanation or "Demand for" in explanation
+
+
+def test_lp_input_translate_and_decisions_in_code_answers(problem, runner):
+    sources = {task_for(problem, "model_to_code", "translate", runner, seed=seed).source for seed in range(12)}
+    assert sources == {"", "lp"}
+    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    assert "```lp" in lp_task.prompt and lp_task.inputs == ("lp",)
+    answer = STYLE.render("text_to_code", "code", task_for(problem, "text_to_code", "code", runner).reference)
+    assert "## Optimal decision" in answer
+
+
+def test_conceptual_cpt_document_computes_the_relaxation_bound(problem):
+    from trex.workloads.or_data.documents import concept_document
+
+    text = concept_document(problem, "A statement.", random.Random(0))
+    assert "LP relaxation" in text and "bound on the integer optimum" in text and problem.outcome.text() in text

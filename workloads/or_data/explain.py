@@ -40,11 +40,17 @@ def element_words(name: str, math: MathModel) -> tuple[str, str]:
     return family.replace("_", " "), whom
 
 
-def describe_element(element: Element, math: MathModel) -> str:
+def describe_element(element: Element, math: MathModel, model=None) -> str:
     what, whom = element_words(element.name, math)
     target = f" for {whom}" if whom else ""
     if element.kind == "row":
-        return f"{capitalize(what)}{target}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
+        description = next((c.description for c in math.constraints if c.lp_family == element.name.split("__")[0]), "")
+        about = f" ({re.sub(r'[$]', '', description)})" if description else ""
+        row = next((r for r in model.rows if r.name == element.name), None) if model is not None else None
+        mixed = row is not None and len({coef > 0 for _, coef in row.terms}) > 1
+        if mixed and element.value == 0:
+            return f"{capitalize(what)}{target}{about}"  # "x - Q y <= 0" reads better as its meaning than as "at most 0"
+        return f"{capitalize(what)}{target}{about}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
     side = "lower bound" if element.kind == "lower" else "upper bound"
     noun = what if what.startswith(("the ", "whether")) else f"the {what}"
     return f"The {side} on {noun}{target}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
@@ -55,7 +61,7 @@ def iis_explanation(model, math: MathModel) -> str:
     found: IIS | None = deletion_filter(model)
     if found is None or not found.elements:
         return ""
-    lines = "\n".join(f"- {describe_element(element, math)}" for element in found.elements)
+    lines = "\n".join(f"- {describe_element(element, math, model)}" for element in found.elements)
     minimal = ("Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
                if found.irreducible else "The search could not confirm within its time limit that the set is minimal.")
     how = (f"Removing the requirements one at a time and re-solving (a deletion filter, {found.tests} feasibility checks) "

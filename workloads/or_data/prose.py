@@ -103,7 +103,7 @@ def ordinal(value: int) -> str:
 
 # The agreement pass: what a template cannot know until the words are drawn.
 _ARTICLE = re.compile(r"(?:(?<=^)|(?<=[\s(\"']))([Aa]n?) ([a-z][a-z-]*)")
-_ONE = re.compile(r"(?<![\w.,])1 ([a-z]+s)\b")
+_ONE = re.compile(r"(?<![\w.,-])1 ([a-z]+s)\b")
 _NAME_BEFORE = re.compile(r"[A-Z][\w-]* $")
 SINGULAR_VERBS = ("costs", "yields", "brings", "enters", "has", "is", "needs", "requires", "uses", "earns", "takes", "provides",
                   "contains", "returns", "sells", "weighs", "gives", "was", "generates", "carries", "reaches", "serves")

@@ -57,7 +57,7 @@ _RAW_FILL = (
 _BAD_PRONOUN_VERB = re.compile(r"\b(?:they|we|you) (?:has|is|was|does)\b|\b(?:he|she|it) (?:have|are|were)\b", re.I)
 _A_BEFORE_VOWEL = re.compile(r"\b[aA] ([aeiouAEIOU][a-z]+)")
 _AN_BEFORE_CONSONANT = re.compile(r"\b[aA]n ([b-df-hj-np-tv-z][a-z]+)")
-_ONE_PLURAL = re.compile(r"(?<![\d.,])\b1 ([a-z]+s)\b")
+_ONE_PLURAL = re.compile(r"(?<![\d.,-])\b1 ([a-z]+s)\b")
 _CONSONANT_SOUND_VOWELS = ("uni", "use", "usu", "one", "once", "eu", "ufo", "uti", "ure", "uro")
 _VOWEL_SOUND_CONSONANTS = ("hour", "honest", "honor", "honour", "heir")
 # Filler sentences that only fit a company (the generic distractors of `phrasing`).

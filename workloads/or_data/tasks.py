@@ -4,7 +4,7 @@
 | --- | --- | --- | --- | --- |
 | text_to_model | model | the statement | mathematical model + LP file | the problem |
 | text_to_code | code | the statement | model summary + pyscipopt program | the problem |
-| model_to_code | translate | the mathematical model (with data) | pyscipopt program | the problem |
+| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | pyscipopt program | the problem |
 | model_to_code | repair | the model and a buggy program | diagnosis, diff, corrected program | the problem |
 | solve_analyze | decision | the statement | program, the optimal decision (or why none exists) | the problem |
 | solve_analyze | what_if | the statement and a parameter change | program for the changed data, comparison | the changed problem, re-solved and verified |
@@ -18,12 +18,14 @@ or decision, and `Task.fallback` says so.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
-from trex.workloads.or_data.certificates import Certificate
+from trex.workloads.or_data.certificates import Certificate, check_solution
+from trex.workloads.or_data.explain import element_words, iis_explanation
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
@@ -35,6 +37,8 @@ from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
 
+# Share of translate tasks whose input is the LP file instead of the mathematical model.
+LP_INPUT_SHARE = 0.35
 CATEGORIES = ("text_to_model", "text_to_code", "model_to_code", "solve_analyze")
 VARIANTS: dict[str, tuple[str, ...]] = {
     "text_to_model": ("model",),
@@ -66,6 +70,7 @@ class Task:
     bug: Bug | None = None
     what_if: WhatIf | None = None
     fallback: str = ""  # "repair->translate" when the planned variant was impossible
+    source: str = ""  # the input representation when it is not the variant's usual one ("lp": an LP file to translate)
 
     @property
     def family(self) -> str:
@@ -77,7 +82,7 @@ class Task:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return REPRESENTATIONS[self.variant][0]
+        return (self.source,) if self.source else REPRESENTATIONS[self.variant][0]
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -125,6 +130,12 @@ _PROMPTS = {
         "{math}\n\nA colleague implemented the model above as follows, but {symptom_clause}. Locate the mistake and give a corrected program.\n\n```python\n{buggy}```",
         "This code is supposed to solve the model given after it, yet {symptom_clause}. Diagnose and fix it.\n\n```python\n{buggy}```\n\n{math}",
         "Code review request: {symptom_clause}.\n\n```python\n{buggy}```\n\nThe intended model:\n\n{math}",
+    ),
+    "translate_lp": (
+        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a pyscipopt program that builds the same model from readable data structures and solves it.",
+        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with pyscipopt (do not just read the file) and report the optimum.",
+        "A solver file for a {title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
+        "Translate the LP model below into pyscipopt code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
     ),
     "decision": (
         "{statement}\n\nSolve this problem and describe the optimal decision.",
@@ -211,43 +222,149 @@ def _has_bound(symbol: str, domain: str) -> bool:
 
 
 def no_solution_explanation(problem: Problem) -> str:
-    """Why an infeasible or unbounded problem has no optimal solution, with the checked
-    certificate behind the claim."""
+    """Why an infeasible or unbounded problem has no optimal solution: the clashing
+    requirements (an IIS, computed by a deletion filter) or the improving direction, in words,
+    with the checked certificate behind the claim."""
     certificate: Certificate | None = problem.certificate
     note = problem.note[:1].upper() + problem.note[1:] if problem.note else ""
     if problem.status == "infeasible":
+        parts = [f"The problem is infeasible. {note}.".replace("..", ".").replace(". .", ".")]
+        clash = _cached(problem, "iis", lambda: iis_explanation(problem.model, problem.math))
+        if clash:
+            parts.append(clash)
         families = sorted({family_of(row) for row in (certificate.rows if certificate else {})})
-        combined = f" Adding up the {join([f'`{name}`' for name in families])} constraints (each with a suitable weight) gives an inequality that no plan can satisfy, so the constraints contradict each other." if families else ""
-        return f"The problem is infeasible. {note}.{combined}".replace("..", ".")
+        if families:
+            parts.append(
+                f"A Farkas certificate confirms it: adding up the {join([f'`{name}`' for name in families])} constraints, each with "
+                "a suitable nonnegative weight, gives an inequality that no plan can satisfy."
+            )
+        return agree("\n\n".join(parts))
     ray = certificate.ray if certificate else {}
-    moves = join([f"`{name}`" for name in sorted(ray)][:6])
-    return (
-        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {moves} together "
-        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit."
+    grouped: dict[str, list[str]] = {}
+    for name in sorted(ray)[:6]:
+        what, whom = element_words(name, problem.math)
+        grouped.setdefault(what, []).append(whom)
+    moves = [f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "") for what, whoms in grouped.items()]
+    return agree(
+        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} together "
+        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit, "
+        "so no plan is optimal: the model lacks a limit the real situation has."
     ).replace("..", ".")
 
 
+def _cached(problem: Problem, key: str, compute):
+    store = problem.__dict__.setdefault("_explanations", {})
+    if key not in store:
+        store[key] = compute()
+    return store[key]
+
+
+def _plan_block(title: str, problem: Problem) -> str:
+    lines = problem.decisions()
+    shown = "\n".join(f"- {line}" for line in lines[:12]) + ("\n- ..." if len(lines) > 12 else "")
+    return f"{title} (objective {problem.outcome.text()}):\n\n{shown or '- nothing is done'}"
+
+
 def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
-    before, after = base.outcome, changed.outcome
-    lines = [f"With the original data the optimum is {before.text()}."]
-    if after.status != "optimal":
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the problem becomes {after.status}. {no_solution_explanation(changed)}")
-        return " ".join(lines)
-    assert before.objective is not None and after.objective is not None
-    delta = after.objective - before.objective
-    if abs(delta) <= 1e-9 * (1 + abs(before.objective)):
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the re-solved optimum is still {after.text()}: the change does not affect the optimal value.")
+    """Base plan, new plan and why the optimum moved (or did not)."""
+    change = f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
+    blocks = [f"The change: {change}.", _plan_block("Original optimal plan", base)]
+    if changed.outcome.status != "optimal":
+        blocks.append(f"After the change the problem becomes {changed.outcome.status}. {no_solution_explanation(changed)}")
+        return "\n\n".join(blocks)
+    blocks.append(_plan_block("Optimal plan after the change", changed))
+    before, after = base.outcome.objective, changed.outcome.objective
+    assert before is not None and after is not None
+    delta = after - before
+    same_plan = base.decisions() == changed.decisions()
+    if abs(delta) <= 1e-9 * (1 + abs(before)):
+        movement = f"The optimum stays at {changed.outcome.text()}."
     else:
-        direction = "rises" if delta > 0 else "falls"
-        share = f" ({abs(delta) / abs(before.objective) * 100:.1f}%)" if before.objective else ""
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the re-solved optimum is {after.text()}; it {direction} by {format_objective(abs(delta))}{share}.")
-    old_plan, new_plan = set(base.decisions()), changed.decisions()
-    changes = [line for line in new_plan if line not in old_plan]
-    if changes:
-        lines.append("In the new plan: " + " ".join(changes[:8]) + (" ..." if len(changes) > 8 else ""))
+        share = f" ({abs(delta) / abs(before) * 100:.1f}%)" if before else ""
+        movement = f"The optimum {'rises' if delta > 0 else 'falls'} from {base.outcome.text()} to {changed.outcome.text()}, by {format_objective(abs(delta))}{share}."
+    reason = _what_if_reason(base, changed, delta, same_plan)
+    plan = "The optimal decisions stay the same." if same_plan else "The optimal decisions change."
+    blocks.append(" ".join(part for part in (movement, plan, reason) if part))
+    return "\n\n".join(blocks)
+
+
+def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
+    """Why the optimum moved: the changed row's shadow price (LP) or whether it was binding,
+    or for a changed objective coefficient what keeping the old plan would have given."""
+    new_rows = {row.name: row for row in changed.model.rows}
+    for row in base.model.rows:
+        other = new_rows.get(row.name)
+        if other is None or other.rhs == row.rhs:
+            continue
+        step = other.rhs - row.rhs
+        what, whom = element_words(row.name, base.math)
+        label = f"{what.lower()} limit" + (f" for {whom}" if whom else "")
+        activity = row.activity(base.values)
+        slack = row.rhs - activity if row.sense == "<=" else activity - row.rhs if row.sense == ">=" else 0.0
+        if base.certificate is not None and base.certificate.kind == "dual":
+            multiplier = base.certificate.rows.get(row.name, 0.0)
+            price = multiplier if base.model.sense == "minimize" else -multiplier
+            if abs(price) < 1e-9:
+                return (f"The {label} had slack in the original plan ({format_objective(max(slack, 0.0))} unused), so its shadow price "
+                        "is 0 and the change does not move the optimum." if abs(delta) < 1e-9 else
+                        f"The {label} had a shadow price of 0 in the original plan, but the change is larger than its slack, so another plan takes over.")
+            predicted = price * step
+            agree_ = abs(predicted - delta) <= 1e-6 * (1 + abs(delta))
+            return (f"The {label} is binding in the original plan, with a shadow price (dual value) of {format_objective(price)} per unit: "
+                    f"changing it by {format_objective(step)} predicts a change of {format_objective(predicted)} in the optimum"
+                    + (", which is what re-solving gives (the same constraints stay binding)." if agree_ else
+                       f"; re-solving gives {format_objective(delta)}, so the change is large enough that another limit takes over."))
+        if slack > 1e-6 and abs(delta) < 1e-9:
+            return f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
+        if slack <= 1e-6:
+            return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
+        return f"The {label} had {format_objective(slack)} unused in the original plan, but with whole-number decisions a different combination becomes better."
+    if {v.name for v in base.model.variables} != {v.name for v in changed.model.variables}:
+        return ("The change alters which decision options exist (the model is rebuilt from the new data, e.g. other cutting "
+                "patterns), so the plan is re-optimized from the new options rather than adjusted.")
+    rows_changed = [row.name for row in base.model.rows if row.name in new_rows and new_rows[row.name].terms != row.terms]
+    if rows_changed:
+        check = check_solution(changed.model, base.values)
+        what, whom = element_words(rows_changed[0], base.math)
+        where = f"{what.lower()}" + (f" for {whom}" if whom else "")
+        if check.feasible:
+            kept = changed.model.objective_value(base.values)
+            return (f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
+                    f"{format_objective(kept)}, " + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}."))
+        return f"The change alters coefficients of the {where} constraint, and the original plan no longer satisfies it, so the plan has to change."
+    new_variables = {variable.name: variable for variable in changed.model.variables}
+    for variable in base.model.variables:
+        other = new_variables.get(variable.name)
+        if other is None or (other.lower, other.upper) == (variable.lower, variable.upper):
+            continue
+        level = base.values.get(variable.name, 0.0)
+        what, whom = element_words(variable.name, base.math)
+        subject = f"the {what.removeprefix('the ')}" + (f" for {whom}" if whom else "")
+        at_bound = (variable.upper is not None and abs(level - variable.upper) < 1e-6) or abs(level - variable.lower) < 1e-6
+        if at_bound and (variable.lower > 0 or variable.upper is not None):
+            return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
+        return f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change " + (
+            "leaves the optimum where it was." if abs(delta) < 1e-9 else "matters only because the new bound cuts off that level.")
+    old_costs, new_costs = dict(base.model.objective), dict(changed.model.objective)
+    changes = [(name, old_costs.get(name, 0.0), new_costs.get(name, 0.0)) for name in sorted(set(old_costs) | set(new_costs))
+               if old_costs.get(name, 0.0) != new_costs.get(name, 0.0)]
+    if not changes:
+        return ""
+    kept = math.fsum((new - old) * base.values.get(name, 0.0) for name, old, new in changes)
+    if len(changes) == 1:
+        name, old, new = changes[0]
+        level = base.values.get(name, 0.0)
+        what, whom = element_words(name, base.math)
+        subject = f"the {what.removeprefix('the ')}" + (f" for {whom}" if whom else "")
+        used = f"The changed coefficient multiplies {subject}, which is {format_objective(level)} in the original plan"
+        arithmetic = f"{format_objective(new - old)} × {format_objective(level)} = {format_objective(kept)}"
     else:
-        lines.append("The optimal decisions stay the same.")
-    return " ".join(lines)
+        used = f"The changed coefficient appears on {len(changes)} variables"
+        arithmetic = f"the coefficient change times their original levels, {format_objective(kept)}"
+    if same_plan:
+        return f"{used}; the plan stays optimal, so the optimum moves by exactly {arithmetic}."
+    return (f"{used}; keeping the original plan would change the objective by {arithmetic}, but re-optimizing finds a plan that does "
+            f"at least as well ({format_objective(delta)} in total), so the plan changes.")
 
 
 def build_task(
@@ -330,10 +447,15 @@ def _build_task(
     else:
         fallback = ""
 
-    template = pick(task_rng, _PROMPTS[variant])
+    source = ""
+    if variant == "translate" and task_rng.random() < LP_INPUT_SHARE:
+        source = "lp"
+        template = pick(task_rng, _PROMPTS["translate_lp"])
+    else:
+        template = pick(task_rng, _PROMPTS[variant])
     if not template.startswith("{"):
         statement = _without_framing(statement)  # the template's own lead-in frames it
-    prompt = template.format(statement=statement, math=math_full)
+    prompt = template.format(statement=statement, math=math_full, lp=problem.lp, title=problem.family.title.lower())
     solved = dict(decisions=tuple(problem.decisions()), explanation=no_solution_explanation(problem) if problem.status != "optimal" else "")
     if variant == "model":
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
@@ -344,7 +466,7 @@ def _build_task(
     else:  # decision
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     uses_statement = variant in ("model", "code", "decision")
-    return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback)
+    return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback, source=source)
 
 
 def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -> Problem | None:

@@ -302,7 +302,7 @@ model.setObjective(quicksum(cut), sense="minimize")
         for p, pattern in enumerate(data.patterns):
             count = round(values[lp_name("cut", p + 1)])
             if count:
-                pieces = join([f"{n} x {t}" for t, n in pattern.items()])
+                pieces = join([f"{n} × {t}" for t, n in pattern.items()])
                 lines.append(f"Cut {count} {sc.bin[0] if count == 1 else sc.bin[1]} into {pieces}.")
         return lines
 
