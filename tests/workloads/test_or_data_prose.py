@@ -113,3 +113,17 @@ def test_diversity_measures():
     assert overlap(["the same words in the same order here", "the same words in the same order here"]) == 1.0
     assert overlap(["alpha beta gamma delta epsilon zeta", "one two three four five six"]) == 0.0
     assert skeleton("Acme makes 12 chairs. Other facts. How many should Acme make?") == skeleton("Zenith makes 7 chairs. More. How many should Zenith make?")
+
+
+def test_merger_caps_how_often_a_prompt_skeleton_is_used():
+    from trex.workloads.or_data.merge import Merger
+
+    def result(index: int, opening: str) -> dict:
+        prompt = f"{opening} plant {index} makes {index * 7 + 3} chairs of kind q{index}x. Many words differ here: w{index}a w{index}b w{index}c. Solve it now."
+        record = {"meta": {"id": f"s{index}", "family": "production_planning"},
+                  "messages": [{"content": ""}, {"content": prompt}, {"content": f"answer {index} " * 3}]}
+        return {"result": "emitted", "stage": None, "sft": record, "cpt": {"text": f"document {index} " + "x" * index}}
+
+    merger = Merger(n=20, benchmarks=None, near_threshold=0.99)
+    merger.feed([result(index, "Acme") for index in range(6)])
+    assert len(merger.sft) == 3 and merger.removed["skeleton_cap"] == 3  # the same frame at most 3 times among few samples

@@ -112,7 +112,10 @@ model.optimize()
 '''
 
 
-@pytest.mark.parametrize("kind", BUG_KINDS)
+MODELLING_BUGS = ("wrong_big_m", "missing_linking")  # need a big-M or a linking constraint; tested on family programs below
+
+
+@pytest.mark.parametrize("kind", [kind for kind in BUG_KINDS if kind not in MODELLING_BUGS])
 def test_each_bug_kind_makes_the_mistake_its_name_says(kind):
     lines = PROGRAM.rstrip("\n").split("\n")
     buggy, diagnosis = MUTATIONS[kind](lines, random.Random(0))
@@ -192,3 +195,18 @@ def test_conceptual_cpt_document_computes_the_relaxation_bound(problem):
 
     text = concept_document(problem, "A statement.", random.Random(0))
     assert "LP relaxation" in text and "bound on the integer optimum" in text and problem.outcome.text() in text
+
+
+def test_modelling_bugs_break_the_big_m_and_the_linking(problem, runner):
+    from trex.workloads.or_data.families import FAMILIES
+    from trex.workloads.or_data.seeds import stream
+
+    lines = problem.program.rstrip("\n").split("\n")
+    buggy, diagnosis = MUTATIONS["missing_linking"](lines, random.Random(0))
+    assert "capacity[s] * is_open[s]" in problem.program and "capacity[s] * is_open[s]" not in buggy and "linked" in diagnosis
+    bug = inject_bug(problem.program, problem.outcome, random.Random(0), runner, kinds=("missing_linking",))
+    assert bug is not None and bug.kind == "missing_linking"  # without the link, closed sites serve for free: the cost falls
+    family = FAMILIES["machine_scheduling"]
+    program = next(p for p in (family.program(family.generate(stream(seed, 0, "data"), "optimal").data) for seed in range(40)) if "big_m = " in p)
+    buggy, diagnosis = MUTATIONS["wrong_big_m"](program.split("\n"), random.Random(0))
+    assert "big_m = max(duration.values())" in buggy and "latest possible completion" in diagnosis

@@ -45,7 +45,7 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
     target = f" for {whom}" if whom else ""
     if element.kind == "row":
         description = next((c.description for c in math.constraints if c.lp_family == element.name.split("__")[0]), "")
-        about = f" ({re.sub(r'[$]', '', description)})" if description else ""
+        about = f" ({description})" if description else ""
         row = next((r for r in model.rows if r.name == element.name), None) if model is not None else None
         mixed = row is not None and len({coef > 0 for _, coef in row.terms}) > 1
         if mixed and element.value == 0:
