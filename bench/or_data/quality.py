@@ -42,7 +42,10 @@ _NUMBER_THEN = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?!\d)(\s*)(\S*)")
 
 def decision_line_has_units(line: str) -> bool:
     """Every number in a decision line is followed by a word (its unit or what is counted), or
-    the line has no number at all (a yes/no choice: "Choose the solar roof.")."""
+    the line has no number at all (a yes/no choice: "Choose the solar roof."). Numbers inside
+    names ("Edge Site 2", "Week 1") and clock times ("04:00 shift") are not quantities."""
+    line = re.sub(r"\b[A-Z][\w-]*(?: [A-Za-z][\w-]*)*? \d+\b", "NAME", line)
+    line = re.sub(r"\b\d{1,2}:\d{2}(?:-\d{1,2}:\d{2})?\b", "TIME", line)
     for match in _NUMBER_THEN.finditer(line):
         number_, space, following = match.groups()
         if not space or not re.match(r"[A-Za-z×%$€£¥(]", following):

@@ -62,10 +62,16 @@ def iis_explanation(model, math: MathModel) -> str:
     if found is None or not found.elements:
         return ""
     lines = "\n".join(f"- {describe_element(element, math, model)}" for element in found.elements)
-    minimal = ("Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
-               if found.irreducible else "The search could not confirm within its time limit that the set is minimal.")
+    single = len(found.elements) == 1
+    if not found.irreducible:
+        minimal = "The search could not confirm within its time limit that the set is minimal."
+    elif single:
+        minimal = "Without it the rest of the model is satisfiable, so this requirement itself has to change."
+    else:
+        minimal = "Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
     how = (f"Removing the requirements one at a time and re-solving (a deletion filter, {found.tests} feasibility checks) "
-           f"leaves {len(found.elements)} that cannot all hold together:")
+           + ("leaves a single requirement that cannot be met even on its own:" if single else
+              f"leaves {len(found.elements)} that cannot all hold together:"))
     return f"{how}\n\n{lines}\n\n{minimal}"
 
 

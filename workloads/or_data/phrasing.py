@@ -166,7 +166,7 @@ class Statement:
     def distract(self, facts: Sequence[str], low: int = 0, high: int = 2) -> None:
         """Insert some of `facts`; facts about a company are left out when the opening
         describes a public body or a household (a zoo is not "founded" as a firm)."""
-        if self.paragraphs and NON_COMPANY.search(self.paragraphs[0]):
+        if any(NON_COMPANY.search(paragraph) for paragraph in self.paragraphs[:2]):
             facts = [fact for fact in facts if not COMPANY_FACT.search(fact)]
         count = min(len(facts), self.rng.randint(low, high))
         for fact in self.rng.sample(list(facts), count):
@@ -212,7 +212,7 @@ def present(
 NON_COMPANY = re.compile(
     r"\b(?:county|city council|municipal|fire department|zoo|hospital|school district|university|household|charity|ministry|"
     r"public health|family|animal shelter|city's|the city|police|campus|port authority|health authority|ambulance service|"
-    r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission)\b",
+    r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission|safety board|emergency|agency|broadband program|fire station|ambulance)\b",
     re.I,
 )
 COMPANY_FACT = re.compile(r"\b(?:company|firm|head office|revenue|logo|customer|second office)\b", re.I)

@@ -176,15 +176,21 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     ))
     paragraphs = [f"{lead.format(x=join(decisions))} {goal}"]
     if math.constraints:
-        intro = pick(rng, ("The constraints, and why each is needed:", "What restricts the plan, and why:", "Each rule of the model comes from the problem:"))
+        intro = pick(rng, ("The constraints, and why each is needed:", "What restricts the plan, and why:", "Each rule of the model comes from the problem:",
+                           "Why the model has the constraints it has:", "The constraints follow from the story:"))
+        as_list = rng.random() < 0.6
         lines = []
-        for constraint in math.constraints:
+        for number_, constraint in enumerate(math.constraints):
             why = constraint.why or constraint.description
-            line = f"- {constraint.label}: {why}."
+            if as_list:
+                line = pick(rng, (f"- {constraint.label}: {why}.", f"- {constraint.label} — {why}.", f"- **{constraint.label}**: {why}."))
+            else:
+                lead = ("The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))) + f"{constraint.label.lower()} constraint"
+                line = f"{lead} is there because {why}."
             if constraint.technique:
                 line += f" {constraint.technique}"
             lines.append(line)
-        paragraphs.append(intro + "\n" + "\n".join(lines))
+        paragraphs.append(intro + "\n" + "\n".join(lines) if as_list else " ".join(lines))
     else:
         paragraphs.append("No constraint links the decisions: each quantity is limited only by its own bounds.")
     if any(_has_bound(variable.symbol, variable.domain) for variable in math.variables):

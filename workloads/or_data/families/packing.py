@@ -235,8 +235,8 @@ model.setObjective(quicksum(cut), sense="minimize")
                                   technique=f"Multiplying the capacity by the usage indicator links packing to usage: putting anything into a {sc.bin[0]} "
                                             "forces its indicator to 1, which is what the objective counts."),
                     ConstraintDef("Symmetry", f"{sc.bin[1]} are used in order", r"u_k \le u_{k-1}", "order", ("K",), max(0, data.bins - 1), r"k \ge 2",
-                                  why=f"it is not needed for correctness: the {sc.bin[1]} are interchangeable, and using them in order removes "
-                                      "equivalent solutions that only differ by renumbering, which speeds up the search"),
+                                  why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions that only differ "
+                                      "by renumbering; it is not needed for correctness, but it speeds up the search"),
                 ),
             )
         patterns = data.patterns
@@ -279,7 +279,7 @@ model.setObjective(quicksum(cut), sense="minimize")
             )))
             st.add(present(
                 rng, ["Piece", f"{capitalize(sc.size_word)} ({sc.unit})", "Ordered"], [(t, number(data.size[t]), number(data.demand[t])) for t in data.items],
-                lambda row: f"{number(float(row[2]))} {row[0]}s of {row[1]} {sc.unit} are ordered", intro=("This week's orders:", "Orders:"),
+                lambda row: f"{number(float(row[2]))} {'piece' if row[2] == 1 else 'pieces'} of type {row[0]} ({row[1]} {sc.unit}) {'is' if row[2] == 1 else 'are'} ordered", intro=("This week's orders:", "Orders:"),
             ))
             st.add(pick(rng, ("Leftover material from a cut is scrap; at least the ordered number of pieces must be produced.",
                               f"Any combination of pieces that fits into one {sc.bin[0]} can be cut from it; offcuts cannot be joined.")))

@@ -246,6 +246,9 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
                 parts = [f"{number(data.uses(r.name, p))} {r.unit} per {unit[0]} of {p}" for p in data.products if (r.name, p) in data.usage]
                 free = [p for p in data.products if (r.name, p) not in data.usage]
                 sentence = pick(rng, (f"Production uses {r.name}: {join(parts, rng)}.", f"In terms of {r.name}, the requirement is {join(parts, rng)}."))
+                if not parts:
+                    sentence = f"None of the products needs {r.name} at the moment."
+                    free = []
                 if free:
                     sentence += f" {capitalize(join(free, rng))} {'needs' if len(free) == 1 else 'need'} no {r.name}."
                 st.add(sentence)
