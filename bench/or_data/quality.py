@@ -62,7 +62,9 @@ def decision_sections(answer: str) -> list[list[str]]:
     plans = []
     for heading, body in sections.items():
         if heading in ("Optimal decision", "What changes"):
-            lines = [line[2:].strip() for line in body.splitlines() if line.startswith("- ") and line[2:].strip() != "..."]
+            lines = [
+                line[2:].strip() for line in body.splitlines() if line.startswith("- ") and line[2:].strip() != "..."
+            ]
             plans.append(lines)
     return plans
 
@@ -116,7 +118,9 @@ def review_file(root: Path, count: int, seed: int) -> Path:
     for number_, index in enumerate(chosen, start=1):
         record = records[index]
         meta = record["meta"]
-        parts.append(f"## {number_}. {meta['id']} ({meta['family']}, {meta['task']}/{meta['variant']}, {meta['status']})\n")
+        parts.append(
+            f"## {number_}. {meta['id']} ({meta['family']}, {meta['task']}/{meta['variant']}, {meta['status']})\n"
+        )
         parts.append("### User\n\n````text\n" + record["messages"][1]["content"] + "\n````\n")
         parts.append("### Assistant\n\n````markdown\n" + record["messages"][2]["content"] + "\n````\n")
     path = root / "review.md"
@@ -149,7 +153,9 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
         f"| removed by the merger | {result['removed'] or 'none'} | - |",
     ]
     if verify is not None:
-        lines.append(f"| re-verified from the files (`trex data verify`) | {verify['checked']} checked, {verify['failed']} failed | 0 failed |")
+        lines.append(
+            f"| re-verified from the files (`trex data verify`) | {verify['checked']} checked, {verify['failed']} failed | 0 failed |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +166,9 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--reuse", action="store_true", help="measure the run in --out without synthesizing")
-    parser.add_argument("--verify", type=int, default=100, metavar="N", help="re-verify N random samples (0: none, -1: all)")
+    parser.add_argument(
+        "--verify", type=int, default=100, metavar="N", help="re-verify N random samples (0: none, -1: all)"
+    )
     parser.add_argument("--review", type=int, default=50)
     args = parser.parse_args()
     config = SynthConfig(seed=args.seed, families=tuple(FAMILIES))
@@ -183,7 +191,9 @@ def main() -> int:
             verify = reverify(records, runner).to_json()
     review = review_file(root, args.review, args.seed)
     text = report_markdown(result, wall, verify)
-    (root / "quality.json").write_text(json.dumps({**result, "wall_s": wall, "verify": verify}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (root / "quality.json").write_text(
+        json.dumps({**result, "wall_s": wall, "verify": verify}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     (root / "quality.md").write_text(text, encoding="utf-8")
     sys.stdout.write(text)
     print(f"\nreview sample: {review}")

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from trex.workloads.or_data.code_style import IMPORTS, MODEL_NAMES, REPORTS, CodeStyle, restyle
 from trex.workloads.or_data.config import SynthConfig
 from trex.workloads.or_data.diversity import code_style_key, overlap, skeleton
@@ -31,25 +30,30 @@ def test_agreement_helpers():
     assert fixed == "Government bonds yield 5%. An analyzer and an ambulance. Plant 1 needs 1 engineer. they have time."
 
 
-@pytest.mark.parametrize(("text", "kind"), [
-    ("The decisions are the 1 if project i is chosen.", "raw_fill"),
-    ("Make 3 devices of product p per week.", "index_leak"),
-    ("Eggs costs 2 dollars per dozen.", "agreement"),
-    ("The budget is 1 dollars.", "agreement"),
-    ("It needs a analyzer.", "agreement"),
-    ("Background:\n\nCase:\n\nA zoo feeds its animals.", "duplicated_opener"),
-    ("The city zoo plans its rations.\n\nThe company was founded in 1990.", "contradicting_filler"),
-    ("Use 0.6599999999999999 tons.", "float_artefact"),
-    ("subject to these rules: . All variables are continuous.", "raw_fill"),
-])
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("The decisions are the 1 if project i is chosen.", "raw_fill"),
+        ("Make 3 devices of product p per week.", "index_leak"),
+        ("Eggs costs 2 dollars per dozen.", "agreement"),
+        ("The budget is 1 dollars.", "agreement"),
+        ("It needs a analyzer.", "agreement"),
+        ("Background:\n\nCase:\n\nA zoo feeds its animals.", "duplicated_opener"),
+        ("The city zoo plans its rations.\n\nThe company was founded in 1990.", "contradicting_filler"),
+        ("Use 0.6599999999999999 tons.", "float_artefact"),
+        ("subject to these rules: . All variables are continuous.", "raw_fill"),
+    ],
+)
 def test_prose_checker_flags_each_kind(text, kind):
     assert kind in {flag.kind for flag in check_prose(text)}
 
 
 def test_prose_checker_passes_clean_text_and_ignores_math_and_code():
-    text = ("## Understanding\n\nThe decisions are whether each driver takes each route. Machine A and machine B run in parallel.\n\n"
-            "$$ \\sum_{i \\in I} x_i \\le b $$ with $x_i$ per item.\n\n```python\nfor i in items:\n    x[i] = 1\n```\n\n"
-            "Use 12 kg of flour (see item (b)); an hour of work costs 1 dollar.")
+    text = (
+        "## Understanding\n\nThe decisions are whether each driver takes each route. Machine A and machine B run in parallel.\n\n"
+        "$$ \\sum_{i \\in I} x_i \\le b $$ with $x_i$ per item.\n\n```python\nfor i in items:\n    x[i] = 1\n```\n\n"
+        "Use 12 kg of flour (see item (b)); an hour of work costs 1 dollar."
+    )
     assert check_prose(text) == []
 
 
@@ -64,17 +68,50 @@ def test_every_family_has_typed_phrases_and_clean_understanding():
             assert variable.noun or variable.indicator, (family.name, variable.symbol)
         for constraint in math.constraints:
             assert constraint.why, (family.name, constraint.label)
-        for text in (understanding(math, stream(5, index, "x")), family.statement(generated.data, stream(5, index, "text")), math.to_markdown()):
+        for text in (
+            understanding(math, stream(5, index, "x")),
+            family.statement(generated.data, stream(5, index, "text")),
+            math.to_markdown(),
+        ):
             assert check_prose(text) == [], (family.name, check_prose(text))
 
 
 def test_understanding_explains_instead_of_pasting():
-    math = MathModel("Toy", "maximize", "x", "total profit", (SetDef("P", "p", "products", ("a", "b")),), (),
-                     (VarDef("x_p", "1 if product $p$ is made", r"\in \{0, 1\}", "make", ("P",), indicator="whether to make each product"),),
-                     (ConstraintDef("Budget", "spend within budget", "x", "budget", (), why="there is only a fixed amount of money",
-                                    technique="It is a knapsack row."),))
+    math = MathModel(
+        "Toy",
+        "maximize",
+        "x",
+        "total profit",
+        (SetDef("P", "p", "products", ("a", "b")),),
+        (),
+        (
+            VarDef(
+                "x_p",
+                "1 if product $p$ is made",
+                r"\in \{0, 1\}",
+                "make",
+                ("P",),
+                indicator="whether to make each product",
+            ),
+        ),
+        (
+            ConstraintDef(
+                "Budget",
+                "spend within budget",
+                "x",
+                "budget",
+                (),
+                why="there is only a fixed amount of money",
+                technique="It is a knapsack row.",
+            ),
+        ),
+    )
     text = understanding(math)
-    assert "whether to make each product" in text and "there is only a fixed amount of money" in text and "knapsack row" in text
+    assert (
+        "whether to make each product" in text
+        and "there is only a fixed amount of money" in text
+        and "knapsack row" in text
+    )
     assert "1 if" not in text and "binary" in text and "mixed-integer" in text
 
 
@@ -101,18 +138,33 @@ def test_deletion_filter_finds_the_clashing_pair_and_words_it():
     model = builder.build()
     found = deletion_filter(model)
     assert found is not None and found.irreducible
-    assert {(element.kind, element.name) for element in found.elements} == {("row", "capacity__wood"), ("lower", "make__chairs")}
-    math = MathModel("Toy", "minimize", "x", "cost", (SetDef("P", "p", "products", ("chairs", "tables")), SetDef("R", "r", "resources", ("wood", "paint"))), (),
-                     (VarDef("x_p", "made", r"\ge m_p", "make", ("P",), noun="units of each product to make"),),
-                     (ConstraintDef("Capacity", "within stock", "x", "capacity", ("R",), why="stock is limited"),))
+    assert {(element.kind, element.name) for element in found.elements} == {
+        ("row", "capacity__wood"),
+        ("lower", "make__chairs"),
+    }
+    math = MathModel(
+        "Toy",
+        "minimize",
+        "x",
+        "cost",
+        (SetDef("P", "p", "products", ("chairs", "tables")), SetDef("R", "r", "resources", ("wood", "paint"))),
+        (),
+        (VarDef("x_p", "made", r"\ge m_p", "make", ("P",), noun="units of each product to make"),),
+        (ConstraintDef("Capacity", "within stock", "x", "capacity", ("R",), why="stock is limited"),),
+    )
     text = iis_explanation(model, math)
-    assert "Capacity for wood (within stock): at most 8" in text and "lower bound on the units of each product to make for chairs: at least 5" in text
+    assert (
+        "Capacity for wood (within stock): at most 8" in text
+        and "lower bound on the units of each product to make for chairs: at least 5" in text
+    )
 
 
 def test_diversity_measures():
     assert overlap(["the same words in the same order here", "the same words in the same order here"]) == 1.0
     assert overlap(["alpha beta gamma delta epsilon zeta", "one two three four five six"]) == 0.0
-    assert skeleton("Acme makes 12 chairs. Other facts. How many should Acme make?") == skeleton("Zenith makes 7 chairs. More. How many should Zenith make?")
+    assert skeleton("Acme makes 12 chairs. Other facts. How many should Acme make?") == skeleton(
+        "Zenith makes 7 chairs. More. How many should Zenith make?"
+    )
 
 
 def test_merger_caps_how_often_a_prompt_skeleton_is_used():
@@ -120,10 +172,14 @@ def test_merger_caps_how_often_a_prompt_skeleton_is_used():
 
     def result(index: int, opening: str) -> dict:
         prompt = f"{opening} plant {index} makes {index * 7 + 3} chairs of kind q{index}x. Many words differ here: w{index}a w{index}b w{index}c. Solve it now."
-        record = {"meta": {"id": f"s{index}", "family": "production_planning"},
-                  "messages": [{"content": ""}, {"content": prompt}, {"content": f"answer {index} " * 3}]}
+        record = {
+            "meta": {"id": f"s{index}", "family": "production_planning"},
+            "messages": [{"content": ""}, {"content": prompt}, {"content": f"answer {index} " * 3}],
+        }
         return {"result": "emitted", "stage": None, "sft": record, "cpt": {"text": f"document {index} " + "x" * index}}
 
     merger = Merger(n=20, benchmarks=None, near_threshold=0.99)
     merger.feed([result(index, "Acme") for index in range(6)])
-    assert len(merger.sft) == 3 and merger.removed["skeleton_cap"] == 3  # the same frame at most 3 times among few samples
+    assert (
+        len(merger.sft) == 3 and merger.removed["skeleton_cap"] == 3
+    )  # the same frame at most 3 times among few samples

@@ -47,13 +47,13 @@ def style_for(program: str) -> CodeStyle:
     return CodeStyle(imports, model_name, report)
 
 
-_HELPER = '''
+_HELPER = """
 
 def show(label, var):
     level = model.getVal(var)
     if abs(level) > 1e-6:
         print(f"{label} = {level:.10g}")
-'''
+"""
 _SHOW_CALL = re.compile(r"^(\s*)show\((.+), ([^,]+)\)$")
 
 
@@ -87,13 +87,21 @@ def _report(text: str, report: str) -> str:
         if dict_mode:
             out.append(f"{indent}solution[{label}] = model.getVal({var})")
         else:
-            out += [f"{indent}if abs(model.getVal({var})) > 1e-6:", f'{indent}    print({label}, "=", f"{{model.getVal({var}):.10g}}")']
+            out += [
+                f"{indent}if abs(model.getVal({var})) > 1e-6:",
+                f'{indent}    print({label}, "=", f"{{model.getVal({var}):.10g}}")',
+            ]
     text = "\n".join(out)
     if dict_mode:
         marker = 'if status == "optimal":\n'
-        text = text.replace(marker, 'solution = {}\n' + marker, 1)
+        text = text.replace(marker, "solution = {}\n" + marker, 1)
         ending = '    print(f"Optimal objective value: {status}")\n'
-        text = text.replace(ending, ending + "for label, level in solution.items():\n    if abs(level) > 1e-6:\n        print(f\"{label} = {level:.10g}\")\n", 1)
+        text = text.replace(
+            ending,
+            ending
+            + 'for label, level in solution.items():\n    if abs(level) > 1e-6:\n        print(f"{label} = {level:.10g}")\n',
+            1,
+        )
     return text
 
 
@@ -104,7 +112,11 @@ def _rename(text: str, names: dict[str, str]) -> str:
     edits: list[tuple[int, int, int, str]] = []
     previous = None
     for token in tokens:
-        if token.type == tokenize.NAME and token.string in names and not (previous is not None and previous.string == "."):
+        if (
+            token.type == tokenize.NAME
+            and token.string in names
+            and not (previous is not None and previous.string == ".")
+        ):
             edits.append((token.start[0], token.start[1], token.end[1], names[token.string]))
         elif token.type == tokenize.STRING and token.string[:1] in "fF" and token.start[0] == token.end[0]:
             changed = token.string

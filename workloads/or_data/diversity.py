@@ -43,12 +43,16 @@ def words(text: str) -> list[str]:
 
 def grams(text: str, n: int = 5) -> set[tuple[str, ...]]:
     tokens = words(text)
-    return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
 
 
 def skeleton(prompt: str) -> str:
     """The prompt's first and last sentences, masked: the frame a template gives a prompt."""
-    sentences = [s.strip() for s in _SENTENCE.split(prompt.strip()) if s.strip() and not s.strip().startswith(("|", "-", "```", "$"))]
+    sentences = [
+        s.strip()
+        for s in _SENTENCE.split(prompt.strip())
+        if s.strip() and not s.strip().startswith(("|", "-", "```", "$"))
+    ]
     if not sentences:
         return ""
     return masked(sentences[0]) + " ... " + masked(sentences[-1])
@@ -93,7 +97,23 @@ def code_style_key(program: str) -> str:
     return f"{imports}/{name.group(1) if name else '?'}/{report}"
 
 
-_LP_KEYWORDS = {"maximize", "minimize", "subject", "to", "bounds", "general", "generals", "binary", "binaries", "end", "free", "inf", "infinity", "st", "obj"}
+_LP_KEYWORDS = {
+    "maximize",
+    "minimize",
+    "subject",
+    "to",
+    "bounds",
+    "general",
+    "generals",
+    "binary",
+    "binaries",
+    "end",
+    "free",
+    "inf",
+    "infinity",
+    "st",
+    "obj",
+}
 
 
 def lp_variables(lp: str) -> int:

@@ -49,7 +49,9 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
         row = next((r for r in model.rows if r.name == element.name), None) if model is not None else None
         mixed = row is not None and len({coef > 0 for _, coef in row.terms}) > 1
         if mixed and element.value == 0:
-            return f"{capitalize(what)}{target}{about}"  # "x - Q y <= 0" reads better as its meaning than as "at most 0"
+            return (
+                f"{capitalize(what)}{target}{about}"  # "x - Q y <= 0" reads better as its meaning than as "at most 0"
+            )
         return f"{capitalize(what)}{target}{about}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
     side = "lower bound" if element.kind == "lower" else "upper bound"
     noun = what if what.startswith(("the ", "whether")) else f"the {what}"
@@ -68,10 +70,17 @@ def iis_explanation(model, math: MathModel) -> str:
     elif single:
         minimal = "Without it the rest of the model is satisfiable, so this requirement itself has to change."
     else:
-        minimal = "Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
-    how = (f"Removing the requirements one at a time and re-solving (a deletion filter, {found.tests} feasibility checks) "
-           + ("leaves a single requirement that cannot be met even on its own:" if single else
-              f"leaves {len(found.elements)} that cannot all hold together:"))
+        minimal = (
+            "Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
+        )
+    how = (
+        f"Removing the requirements one at a time and re-solving (a deletion filter, {found.tests} feasibility checks) "
+        + (
+            "leaves a single requirement that cannot be met even on its own:"
+            if single
+            else f"leaves {len(found.elements)} that cannot all hold together:"
+        )
+    )
     return f"{how}\n\n{lines}\n\n{minimal}"
 
 
@@ -87,7 +96,7 @@ def binding_rows(model, values: dict[str, float], tolerance: float = 1e-6) -> li
 
 
 def limits_in_words(model, math: MathModel, values: dict[str, float], limit: int = 4) -> str:
-    """"Capacity for chips and Capacity for assembly are used up" for the binding rows."""
+    """ "Capacity for chips and Capacity for assembly are used up" for the binding rows."""
     rows = binding_rows(model, values)
     if not rows:
         return ""

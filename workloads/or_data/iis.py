@@ -60,7 +60,11 @@ def _restricted(model: LinearModel, kept: set[Element]) -> LinearModel:
         if variable.kind == "binary":
             variables.append(variable)
             continue
-        lower = variable.lower if Element("lower", variable.name, ">=", variable.lower) in kept or variable.lower <= 0 else 0.0
+        lower = (
+            variable.lower
+            if Element("lower", variable.name, ">=", variable.lower) in kept or variable.lower <= 0
+            else 0.0
+        )
         upper = variable.upper
         if upper is not None and Element("upper", variable.name, "<=", upper) not in kept:
             upper = None

@@ -19,10 +19,37 @@ import inflect
 
 _ENGINE = inflect.engine()
 # Words inflect reads as plurals that name one thing (or a mass) in these problems.
-_SINGULAR_WORDS = frozenset({
-    "glass", "gas", "news", "series", "species", "bus", "canvas", "chassis", "analysis", "lens", "plus", "class",
-    "process", "status", "campus", "asparagus", "hummus", "citrus", "bonus", "molasses", "oats", "hops", "wales", "athens", "paris", "brussels", "marseilles",
-})
+_SINGULAR_WORDS = frozenset(
+    {
+        "glass",
+        "gas",
+        "news",
+        "series",
+        "species",
+        "bus",
+        "canvas",
+        "chassis",
+        "analysis",
+        "lens",
+        "plus",
+        "class",
+        "process",
+        "status",
+        "campus",
+        "asparagus",
+        "hummus",
+        "citrus",
+        "bonus",
+        "molasses",
+        "oats",
+        "hops",
+        "wales",
+        "athens",
+        "paris",
+        "brussels",
+        "marseilles",
+    }
+)
 # Words inflect reads as singular that are plural (or used as such) here.
 _PLURAL_WORDS = frozenset({"people", "staff", "police", "cattle", "data", "media", "criteria"})
 
@@ -105,13 +132,77 @@ def ordinal(value: int) -> str:
 _ARTICLE = re.compile(r"(?:(?<=^)|(?<=[\s(\"']))([Aa]n?) ([a-z][a-z-]*)")
 _ONE = re.compile(r"(?<![\w.,-])1 ([a-z]+s)\b")
 _NAME_BEFORE = re.compile(r"[A-Z][\w-]* $")
-SINGULAR_VERBS = ("costs", "yields", "brings", "enters", "has", "is", "needs", "requires", "uses", "earns", "takes", "provides",
-                  "contains", "returns", "sells", "weighs", "gives", "was", "generates", "carries", "reaches", "serves")
-SUBJECT_VERB = re.compile(r"(?:^|(?<=[.!?:]\s)|(?<=\n))([A-Z][a-z]+(?: [a-z]+){0,2}) (" + "|".join(SINGULAR_VERBS) + r")\b", re.M)
-NOT_SUBJECT = frozenset({"This", "It", "Each", "Every", "What", "There", "That", "The", "No", "One", "So", "Thus", "Its", "His",
-                         "Hers", "Yes", "Less", "Plus", "Across", "Always", "Perhaps", "As", "Was", "Is", "Has", "Whichever", "Production",
-                         "Demand", "Nothing", "Everything", "Everyone", "Total", "Whoever", "Only", "Which", "Who", "Overtime"})
-FUNCTION_WORDS = frozenset({"this", "is", "was", "has", "its", "his", "us", "thus", "plus", "as", "less", "across", "always", "perhaps", "yes"})
+SINGULAR_VERBS = (
+    "costs",
+    "yields",
+    "brings",
+    "enters",
+    "has",
+    "is",
+    "needs",
+    "requires",
+    "uses",
+    "earns",
+    "takes",
+    "provides",
+    "contains",
+    "returns",
+    "sells",
+    "weighs",
+    "gives",
+    "was",
+    "generates",
+    "carries",
+    "reaches",
+    "serves",
+)
+SUBJECT_VERB = re.compile(
+    r"(?:^|(?<=[.!?:]\s)|(?<=\n))([A-Z][a-z]+(?: [a-z]+){0,2}) (" + "|".join(SINGULAR_VERBS) + r")\b", re.M
+)
+NOT_SUBJECT = frozenset(
+    {
+        "This",
+        "It",
+        "Each",
+        "Every",
+        "What",
+        "There",
+        "That",
+        "The",
+        "No",
+        "One",
+        "So",
+        "Thus",
+        "Its",
+        "His",
+        "Hers",
+        "Yes",
+        "Less",
+        "Plus",
+        "Across",
+        "Always",
+        "Perhaps",
+        "As",
+        "Was",
+        "Is",
+        "Has",
+        "Whichever",
+        "Production",
+        "Demand",
+        "Nothing",
+        "Everything",
+        "Everyone",
+        "Total",
+        "Whoever",
+        "Only",
+        "Which",
+        "Who",
+        "Overtime",
+    }
+)
+FUNCTION_WORDS = frozenset(
+    {"this", "is", "was", "has", "its", "his", "us", "thus", "plus", "as", "less", "across", "always", "perhaps", "yes"}
+)
 _PRONOUN = re.compile(r"\b([Tt]hey|[Ww]e|[Yy]ou) (has|does|is|was)\b")
 
 
@@ -127,6 +218,7 @@ def plural_subject(subject: str) -> bool:
 def agree(text: str) -> str:
     """`text` with articles, "1 + noun" and sentence subjects made to agree (see the module
     docstring); everything else is left as it is."""
+
     def fix_article(match: re.Match) -> str:
         word = match.group(2)
         wanted = article(word).split(" ", 1)[0]
@@ -136,7 +228,7 @@ def agree(text: str) -> str:
 
     def fix_one(match: re.Match) -> str:
         word = match.group(1)
-        if word in FUNCTION_WORDS or not is_plural(word) or _NAME_BEFORE.search(match.string[:match.start()]):
+        if word in FUNCTION_WORDS or not is_plural(word) or _NAME_BEFORE.search(match.string[: match.start()]):
             return match.group(0)  # "Plant 1 needs": the 1 is part of a name
         return f"1 {singular_noun(word)}"
 

@@ -62,8 +62,15 @@ _CONSONANT_SOUND_VOWELS = ("uni", "use", "usu", "one", "once", "eu", "ufo", "uti
 _VOWEL_SOUND_CONSONANTS = ("hour", "honest", "honor", "honour", "heir")
 # Filler sentences that only fit a company (the generic distractors of `phrasing`).
 COMPANY_FILLER = re.compile(r"\b(?:The company|the company's|The firm|the firm's|Its head office|The company's)\b")
-_OPENERS = (*FRAMINGS, "Here is a planning problem:", "Consider this problem:", "Problem:", "Problem description:",
-            "Here is the base case:", "Help me decide.")
+_OPENERS = (
+    *FRAMINGS,
+    "Here is a planning problem:",
+    "Consider this problem:",
+    "Problem:",
+    "Problem description:",
+    "Here is the base case:",
+    "Help me decide.",
+)
 
 
 def prose_only(text: str) -> str:
@@ -81,16 +88,16 @@ def check_prose(text: str) -> list[Flag]:
     prose = prose_only(text)
     for match in _LONE_LETTER.finditer(prose):
         letter = match.group(1)
-        before = prose[max(0, match.start() - 12):match.start()]
-        after = prose[match.end():match.end() + 3]
+        before = prose[max(0, match.start() - 12) : match.start()]
+        after = prose[match.end() : match.end() + 3]
         if letter in _UNIT_LETTERS and re.search(r"\d\s*$", before):
             continue
         if after.startswith(")") and before.endswith("("):  # "(b)" enumerations
             continue
-        flags.append(Flag("index_leak", prose[max(0, match.start() - 30):match.end() + 10].strip()))
+        flags.append(Flag("index_leak", prose[max(0, match.start() - 30) : match.end() + 10].strip()))
     for pattern in _RAW_FILL:
         for match in pattern.finditer(prose):
-            flags.append(Flag("raw_fill", prose[max(0, match.start() - 30):match.end() + 20].strip()))
+            flags.append(Flag("raw_fill", prose[max(0, match.start() - 30) : match.end() + 20].strip()))
     flags += _agreement(prose)
     flags += _openers(text)
     opening = [p for p in prose.strip().split("\n\n")[:3] if not COMPANY_FILLER.search(p)]
@@ -115,7 +122,7 @@ def _agreement(prose: str) -> list[Flag]:
             flags.append(Flag("agreement", match.group(0)))
     for match in _ONE_PLURAL.finditer(prose):
         word = match.group(1)
-        if word not in FUNCTION_WORDS and is_plural(word) and not re.search(r"[A-Z][\w-]* $", prose[:match.start()]):
+        if word not in FUNCTION_WORDS and is_plural(word) and not re.search(r"[A-Z][\w-]* $", prose[: match.start()]):
             flags.append(Flag("agreement", match.group(0)))
     for match in SUBJECT_VERB.finditer(prose):
         if plural_subject(match.group(1)):
