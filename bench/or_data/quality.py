@@ -131,31 +131,56 @@ def review_file(root: Path, count: int, seed: int) -> Path:
 def report_markdown(result: dict, wall: float | None, verify: dict | None) -> str:
     diversity = result["diversity"]
     summary = diversity["summary"]
-    lines = [
-        f"samples {result['samples']} from {result['instances']} instances"
-        + (f"; synthesis wall {wall:.0f} s ({result['samples'] / wall:.2f} samples/s)" if wall else ""),
-        "",
-        "| metric | value | acceptance |",
-        "| --- | --- | --- |",
-        f"| index-letter leaks / raw fills in emitted samples | {result['emitted_prose_flags'].get('index_leak', 0)} / {result['emitted_prose_flags'].get('raw_fill', 0)} | 0 |",
-        f"| emitted samples with any prose flag | {result['emitted_flagged_samples']} | - |",
-        f"| instances rejected by the prose checker | {result['generation_prose_rejected']} ({result['generation_prose_share']:.2%}); {result['generation_prose_flags'] or 'none'} | <= 1% |",
-        f"| infeasible share (configured) | {result['infeasible_share']:.1%} ({result['configured']['infeasible']:.0%}) | within 1 point |",
-        f"| unbounded share (configured) | {result['unbounded_share']:.1%} ({result['configured']['unbounded']:.0%}) | within 1 point |",
-        f"| masked 5-gram answer overlap within family (mean; max) | {summary['answer_overlap']:.1%}; "
-        f"{max(v['answer_overlap'] for v in diversity['families'].values()):.1%} | <= 25% |",
-        f"| same, answer prose only (mean) | {summary['answer_prose_overlap']:.1%} | - |",
-        f"| repeated answer sentences (mean) | {summary['repeated_sentences']:.1%} | - |",
-        f"| prompt skeletons per family (min) | {summary['min_skeletons']} | >= 30 |",
-        f"| code styles per family (min); code templates (min) | {summary['min_code_styles']}; {summary['min_code_templates']} | >= 3 |",
-        f"| optimal answers stating the plan with units | {result['decisions_with_units']} of {result['decisions_asked']} | all |",
-        f"| variables per instance by decade | {summary['size_decades']} | - |",
-        f"| removed by the merger | {result['removed'] or 'none'} | - |",
+    flags, prose = (
+        result["emitted_prose_flags"],
+        (result["generation_prose_rejected"], result["generation_prose_share"]),
+    )
+    configured = result["configured"]
+    worst = max(value["answer_overlap"] for value in diversity["families"].values())
+    speed = f"; synthesis wall {wall:.0f} s ({result['samples'] / wall:.2f} samples/s)" if wall else ""
+    generation_flags = result["generation_prose_flags"] or "none"
+    styles = f"{summary['min_code_styles']}; {summary['min_code_templates']}"
+    rows = [
+        (
+            "index-letter leaks / raw fills in emitted samples",
+            f"{flags.get('index_leak', 0)} / {flags.get('raw_fill', 0)}",
+            "0",
+        ),
+        ("emitted samples with any prose flag", result["emitted_flagged_samples"], "-"),
+        ("instances rejected by the prose checker", f"{prose[0]} ({prose[1]:.2%}); {generation_flags}", "<= 1%"),
+        (
+            "infeasible share (configured)",
+            f"{result['infeasible_share']:.1%} ({configured['infeasible']:.0%})",
+            "within 1 point",
+        ),
+        (
+            "unbounded share (configured)",
+            f"{result['unbounded_share']:.1%} ({configured['unbounded']:.0%})",
+            "within 1 point",
+        ),
+        (
+            "masked 5-gram answer overlap within family (mean; max)",
+            f"{summary['answer_overlap']:.1%}; {worst:.1%}",
+            "<= 25%",
+        ),
+        ("same, answer prose only (mean)", f"{summary['answer_prose_overlap']:.1%}", "-"),
+        ("repeated answer sentences (mean)", f"{summary['repeated_sentences']:.1%}", "-"),
+        ("prompt skeletons per family (min)", summary["min_skeletons"], ">= 30"),
+        ("code styles per family (min); code templates (min)", styles, ">= 3"),
+        (
+            "optimal answers stating the plan with units",
+            f"{result['decisions_with_units']} of {result['decisions_asked']}",
+            "all",
+        ),
+        ("variables per instance by decade", summary["size_decades"], "-"),
+        ("removed by the merger", result["removed"] or "none", "-"),
     ]
     if verify is not None:
-        lines.append(
-            f"| re-verified from the files (`trex data verify`) | {verify['checked']} checked, {verify['failed']} failed | 0 failed |"
-        )
+        checked = f"{verify['checked']} checked, {verify['failed']} failed"
+        rows.append(("re-verified from the files (`trex data verify`)", checked, "0 failed"))
+    lines = [f"samples {result['samples']} from {result['instances']} instances{speed}", ""]
+    lines += ["| metric | value | acceptance |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {value} | {target} |" for name, value, target in rows]
     return "\n".join(lines) + "\n"
 
 

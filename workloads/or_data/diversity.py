@@ -173,24 +173,47 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def diversity_markdown(report: dict[str, Any]) -> list[str]:
     summary = report["summary"]
+    columns = (
+        "family",
+        "samples",
+        "skeletons",
+        "top skeleton",
+        "answer overlap",
+        "prose overlap",
+        "prompt overlap",
+        "repeated sentences",
+        "code templates",
+        "code styles",
+        "variables (min/median/max)",
+    )
     lines = [
         "Diversity (per family; overlap = share of an answer's masked 5-grams found in another answer of its family):",
         "",
-        "| family | samples | skeletons | top skeleton | answer overlap | prose overlap | prompt overlap | repeated sentences | code templates | code styles | variables (min/median/max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| " + " | ".join(columns) + " |",
+        "|" + " --- |" * len(columns),
     ]
     for family, value in report["families"].items():
         size = value["size"]
-        lines.append(
-            f"| {family} | {value['samples']} | {value['skeletons']} | {value['top_skeleton_share']:.1%} | {value['answer_overlap']:.1%} | "
-            f"{value['answer_prose_overlap']:.1%} | {value['prompt_overlap']:.1%} | {value['repeated_sentences']:.1%} | {value['code_templates']} | "
-            f"{value['code_styles']} | {size.get('min')}/{size.get('median')}/{size.get('max')} |"
-        )
+        cells = [
+            family,
+            value["samples"],
+            value["skeletons"],
+            f"{value['top_skeleton_share']:.1%}",
+            f"{value['answer_overlap']:.1%}",
+            f"{value['answer_prose_overlap']:.1%}",
+            f"{value['prompt_overlap']:.1%}",
+            f"{value['repeated_sentences']:.1%}",
+            value["code_templates"],
+            value["code_styles"],
+            f"{size.get('min')}/{size.get('median')}/{size.get('max')}",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     lines += [
         "",
         f"Mean over families: answer overlap {summary['answer_overlap']:.1%}, prose overlap {summary['answer_prose_overlap']:.1%}, "
-        f"prompt overlap {summary['prompt_overlap']:.1%}, repeated sentences {summary['repeated_sentences']:.1%}; fewest skeletons "
-        f"{summary['min_skeletons']}, fewest code styles {summary['min_code_styles']}; variables per instance by decade: {summary['size_decades']}",
+        f"prompt overlap {summary['prompt_overlap']:.1%}, repeated sentences {summary['repeated_sentences']:.1%}; "
+        f"fewest skeletons {summary['min_skeletons']}, fewest code styles {summary['min_code_styles']}; "
+        f"variables per instance by decade: {summary['size_decades']}",
         "",
     ]
     return lines
