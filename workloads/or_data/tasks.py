@@ -434,8 +434,7 @@ def _build_task(
             return Task(task_id, category, variant, prompt, problem, problem, parts, bug=bug)
         variant, fallback = "translate", "repair->translate"
     elif variant == "what_if":
-        what_if = problem.family.what_if(problem.data, task_rng) if problem.status == "optimal" else None
-        changed = _verified_change(problem, what_if, runner) if what_if is not None else None
+        what_if, changed = _what_if_change(problem, task_rng, runner) if problem.status == "optimal" else (None, None)
         if changed is not None and what_if is not None:
             template = pick(task_rng, _PROMPTS["what_if"])
             if not template.startswith("{"):
@@ -473,6 +472,28 @@ def _build_task(
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     uses_statement = variant in ("model", "code", "decision")
     return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback, source=source)
+
+
+# A what-if whose change makes the problem infeasible or unbounded is kept with this probability
+# (another change is drawn otherwise), so the samples' status shares stay at the configured ones:
+# every non-optimal what-if adds to the infeasible or unbounded share the configuration sets.
+NON_OPTIMAL_WHAT_IF = 0.1
+WHAT_IF_DRAWS = 3
+
+
+def _what_if_change(problem: Problem, rng: random.Random, runner: ProgramRunner) -> tuple[WhatIf | None, Problem | None]:
+    """A verified what-if change of `problem` (see `NON_OPTIMAL_WHAT_IF`), or (None, None)."""
+    from trex.workloads.or_data.solve import solve_model
+
+    for _ in range(WHAT_IF_DRAWS):
+        what_if = problem.family.what_if(problem.data, rng)
+        status = solve_model(problem.family.linear_model(what_if.data)).status
+        if status != "optimal" and rng.random() >= NON_OPTIMAL_WHAT_IF:
+            continue  # checked before the (costly) verification of the changed instance
+        changed = _verified_change(problem, what_if, runner)
+        if changed is not None:
+            return what_if, changed
+    return None, None
 
 
 def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -> Problem | None:
