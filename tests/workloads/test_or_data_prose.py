@@ -183,3 +183,8 @@ def test_merger_caps_how_often_a_prompt_skeleton_is_used():
     assert (
         len(merger.sft) == 3 and merger.removed["skeleton_cap"] == 3
     )  # the same frame at most 3 times among few samples
+
+
+def test_agreement_leaves_a_capital_a_inside_a_name_alone():
+    assert agree("Terminal B, Terminal A and Pump Station 1 only pass oil on.") == "Terminal B, Terminal A and Pump Station 1 only pass oil on."
+    assert agree("A analyzer runs. (A apple)") == "An analyzer runs. (An apple)"

@@ -40,6 +40,16 @@ def element_words(name: str, math: MathModel) -> tuple[str, str]:
     return family.replace("_", " "), whom
 
 
+def variable_phrase(name: str, math: MathModel) -> str:
+    """A variable as a noun phrase: "the variable for Thu-Mon (drivers to put on each shift)", "the
+    yes/no variable for Stadium" (an indicator's question does not fit where a noun is needed)."""
+    what, whom = element_words(name, math)
+    is_question = what.startswith(("whether", "which", "for each"))
+    kind = "yes/no variable" if is_question else "variable"
+    target = f" for {whom}" if whom else ""
+    return f"the {kind}{target}" + ("" if is_question else f" ({what.removeprefix('the ')})")
+
+
 def describe_element(element: Element, math: MathModel, model=None) -> str:
     what, whom = element_words(element.name, math)
     target = f" for {whom}" if whom else ""

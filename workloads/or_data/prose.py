@@ -221,6 +221,9 @@ def agree(text: str) -> str:
 
     def fix_article(match: re.Match) -> str:
         word = match.group(2)
+        before = match.string[: match.start()].rstrip()
+        if match.group(1)[0] == "A" and before and before[-1] not in ".!?:\n\"'(":
+            return match.group(0)  # "Terminal A and ...": a capital A inside a sentence is a name, not an article
         wanted = article(word).split(" ", 1)[0]
         if wanted.lower() == match.group(1).lower():
             return match.group(0)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
-from trex.workloads.or_data.explain import element_words, iis_explanation
+from trex.workloads.or_data.explain import element_words, iis_explanation, variable_phrase
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
@@ -179,11 +179,12 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
         intro = pick(rng, ("The constraints, and why each is needed:", "What restricts the plan, and why:", "Each rule of the model comes from the problem:",
                            "Why the model has the constraints it has:", "The constraints follow from the story:"))
         as_list = rng.random() < 0.6
+        bullet = pick(rng, ("- {label}: {why}.", "- {label} — {why}.", "- **{label}**: {why}."))  # one format per list
         lines = []
         for number_, constraint in enumerate(math.constraints):
             why = constraint.why or constraint.description
             if as_list:
-                line = pick(rng, (f"- {constraint.label}: {why}.", f"- {constraint.label} — {why}.", f"- **{constraint.label}**: {why}."))
+                line = bullet.format(label=constraint.label, why=why)
             else:
                 lead = ("The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))) + f"{constraint.label.lower()} constraint"
                 line = f"{lead} is there because {why}."
@@ -344,8 +345,7 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
         if other is None or (other.lower, other.upper) == (variable.lower, variable.upper):
             continue
         level = base.values.get(variable.name, 0.0)
-        what, whom = element_words(variable.name, base.math)
-        subject = f"the {what.removeprefix('the ')}" + (f" for {whom}" if whom else "")
+        subject = variable_phrase(variable.name, base.math)
         at_bound = (variable.upper is not None and abs(level - variable.upper) < 1e-6) or abs(level - variable.lower) < 1e-6
         if at_bound and (variable.lower > 0 or variable.upper is not None):
             return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
@@ -360,8 +360,7 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
     if len(changes) == 1:
         name, old, new = changes[0]
         level = base.values.get(name, 0.0)
-        what, whom = element_words(name, base.math)
-        subject = f"the {what.removeprefix('the ')}" + (f" for {whom}" if whom else "")
+        subject = variable_phrase(name, base.math)
         used = f"The changed coefficient multiplies {subject}, which is {format_objective(level)} in the original plan"
         arithmetic = f"{format_objective(new - old)} × {format_objective(level)} = {format_objective(kept)}"
     else:

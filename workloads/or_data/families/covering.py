@@ -180,7 +180,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",),
                                   indicator=f"whether to build {article(sc.site[0])} at each candidate site"),),
                 constraints=(ConstraintDef("Coverage", f"each {sc.zone[0]} is reached often enough", r"\sum_{s \in N_z} y_s \ge r_z", "cover", ("Z",),
-                                           why=f"a {sc.zone[0]} is safe only if enough of the built {sc.site[1]} are {sc.reach}; "
+                                           why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
                                                f"counting the built sites among those that reach it gives that number"),),
             )
         return MathModel(

@@ -217,7 +217,7 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                     ParamDef("M", "a big constant: latest release plus all processing", data.big_m)),
             variables=(VarDef("S_j", "start time of job $j$", r"\ge r_j", "start", ("J",), noun=f"start time of each {sc.job[0]} ({sc.time_unit})"),
                        VarDef("y_{ij}", "1 if $i$ runs before $j$", r"\in \{0, 1\}", "before", ("K",),
-                              indicator=f"for each pair of {sc.job[1]}, which of the two goes first"),
+                              indicator=f"which {sc.job[0]} of each pair goes first"),
                        VarDef("C_j", "completion time of job $j$", r"\ge 0", "finish", ("J",), noun=f"completion time of each {sc.job[0]} ({sc.time_unit})")),
             constraints=(ConstraintDef("Order (first before second)", "if $y_{ij}=1$, $i$ ends before $j$ starts", r"S_i + p_i \le S_j + M (1 - y_{ij})", "i_first", ("K",), count,
                                        why=f"the machine handles one {sc.job[0]} at a time, so of any two {sc.job[1]} one must finish before the other starts",
