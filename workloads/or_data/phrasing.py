@@ -212,7 +212,7 @@ def present(
 NON_COMPANY = re.compile(
     r"\b(?:county|city council|municipal|fire department|zoo|hospital|school district|university|household|charity|ministry|"
     r"public health|family|animal shelter|city's|the city|police|campus|port authority|health authority|ambulance service|"
-    r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission|safety board|emergency|agency|broadband program|fire station|ambulance)\b",
+    r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission|safety board|authority|emergency|agency|broadband program|fire station|ambulance)\b",
     re.I,
 )
 COMPANY_FACT = re.compile(r"\b(?:company|firm|head office|revenue|logo|customer|second office)\b", re.I)

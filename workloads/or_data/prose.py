@@ -157,7 +157,7 @@ SINGULAR_VERBS = (
     "serves",
 )
 SUBJECT_VERB = re.compile(
-    r"(?:^|(?<=[.!?:]\s)|(?<=\n))([A-Z][a-z]+(?: [a-z]+){0,2}) (" + "|".join(SINGULAR_VERBS) + r")\b", re.M
+    r"(?:^|(?<=[.!?:]\s)|(?<=\n)|(?<=\n- ))([A-Z][a-z]+(?: [a-z]+){0,2}) (" + "|".join(SINGULAR_VERBS) + r")\b", re.M
 )
 NOT_SUBJECT = frozenset(
     {

@@ -191,7 +191,7 @@ model.setObjective(throughput, sense="maximize")
         capacity = ParamDef("u_{ij}", f"capacity of the {sc.link[0]} from $i$ to $j$ ({sc.unit[1]})", {f"({i}, {j})": value for (i, j), value in data.capacity.items()}, ("A",))
         sets = (SetDef("N", "n", "nodes", data.nodes), SetDef("A", "(i,j)", f"{sc.link[1]} (directed arcs)", arcs))
         flow = VarDef("x_{ij}", f"{sc.unit[1]} sent along arc $(i,j)$", domain, "flow", ("A",), noun=f"{sc.unit[1]} to send along each {sc.link[0]}",
-                      whole=f"{sc.commodity} moves in whole {sc.unit[1]}" if sc.integer else "")
+                      whole=f"a fraction of a {sc.unit[0]} cannot be sent" if sc.integer else "")
         conservation = r"\sum_{(n,j) \in A} x_{nj} - \sum_{(i,n) \in A} x_{in}"
         if data.structure == "min_cost":
             return MathModel(
