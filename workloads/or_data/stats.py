@@ -1,6 +1,7 @@
 """The statistics report of a run: what was made (families, tasks, representations, statuses,
-DTA signals, token lengths) and what was thrown away (verification failures, selection drops,
-contamination, duplicates).
+DTA signals, token lengths, the `diversity` report) and what was thrown away (verification
+failures, prose-checker rejections by kind, selection drops, contamination, duplicates, prompt
+skeletons over their cap).
 
 Token lengths are counted with a local tokenizer when one is given (`--tokenizer DIR`, a
 transformers tokenizer directory; nothing is downloaded); otherwise approximately, as word pieces
