@@ -210,3 +210,10 @@ def test_modelling_bugs_break_the_big_m_and_the_linking(problem, runner):
     program = next(p for p in (family.program(family.generate(stream(seed, 0, "data"), "optimal").data) for seed in range(40)) if "big_m = " in p)
     buggy, diagnosis = MUTATIONS["wrong_big_m"](program.split("\n"), random.Random(0))
     assert "big_m = max(duration.values())" in buggy and "latest possible completion" in diagnosis
+
+
+def test_lp_input_answer_reads_the_model_from_the_lp_file(problem, runner):
+    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    reasoning = lp_task.reference.reasoning
+    assert "`open`" in reasoning and "`serve`" in reasoning and "`capacity`" in reasoning and "mixed-integer" in reasoning
+    assert "warehouse" not in reasoning  # story words the LP file does not give

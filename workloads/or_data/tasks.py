@@ -221,6 +221,43 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     return agree("\n\n".join(paragraphs))
 
 
+def lp_reading(model) -> str:
+    """What an LP file says, read from its own names: the objective, the variable families (with
+    their kinds and bounds) and the constraint families, so an answer to an LP-input task does not
+    use facts the prompt never gave."""
+    from trex.workloads.or_data.linear_model import family_of
+
+    kinds: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    bounded: set[str] = set()
+    for variable in model.variables:
+        family = family_of(variable.name)
+        kinds.setdefault(family, set()).add(variable.kind)
+        counts[family] = counts.get(family, 0) + 1
+        if variable.lower > 0 or (variable.upper is not None and variable.kind != "binary"):
+            bounded.add(family)
+    rows: dict[str, tuple[int, set[str]]] = {}
+    for row in model.rows:
+        family = family_of(row.name)
+        number_, senses = rows.get(family, (0, set()))
+        rows[family] = (number_ + 1, senses | {row.sense})
+    variables = join([f"`{family}` ({counts[family]} {'variable' if counts[family] == 1 else 'variables'}, "
+                      f"{'/'.join(sorted(kinds[family]))})" for family in counts])
+    constraints = join([f"`{family}` ({number_} {'row' if number_ == 1 else 'rows'}, {' and '.join(sorted(senses))})"
+                        for family, (number_, senses) in rows.items()]) or "no rows"
+    text = (f"The LP file {model.sense}s a linear objective over {len(model.variables)} variables in the families {variables}; "
+            f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
+            "constraints in the program, with the keys taken from the names after the double underscore.")
+    if bounded:
+        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become `lb`/`ub` of `addVar`."
+    integral = sorted(family for family, found in kinds.items() if found & {"integer", "binary"})
+    if integral:
+        text += f" {join([f'`{family}`' for family in integral])} {'is' if len(integral) == 1 else 'are'} declared General/Binary, so this is a mixed-integer program."
+    else:
+        text += " No variable is declared General or Binary, so this is a linear program."
+    return text
+
+
 def _has_bound(symbol: str, domain: str) -> bool:
     """Whether a variable's domain carries a bound given by a parameter (a minimum or a cap),
     not just nonnegativity or integrality: anything named in it besides the variable itself."""
@@ -466,6 +503,8 @@ def _build_task(
     elif variant == "code":
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     elif variant == "translate":
+        if source == "lp":  # only the LP file is given: read the model from its names, not from the story
+            base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
         parts = AnswerParts(program=problem.program, **solved, **base_parts)
     else:  # decision
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
