@@ -32,7 +32,7 @@ from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
 from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
-from trex.workloads.or_data.prose import agree
+from trex.workloads.or_data.prose import agree, article
 from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
@@ -134,7 +134,7 @@ _PROMPTS = {
     "translate_lp": (
         "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a pyscipopt program that builds the same model from readable data structures and solves it.",
         "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with pyscipopt (do not just read the file) and report the optimum.",
-        "A solver file for a {title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
+        "A solver file for {a_title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
         "Translate the LP model below into pyscipopt code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
     ),
     "decision": (
@@ -245,7 +245,8 @@ def lp_reading(model) -> str:
                       f"{'/'.join(sorted(kinds[family]))})" for family in counts])
     constraints = join([f"`{family}` ({number_} {'row' if number_ == 1 else 'rows'}, {' and '.join(sorted(senses))})"
                         for family, (number_, senses) in rows.items()]) or "no rows"
-    text = (f"The LP file {model.sense}s a linear objective over {len(model.variables)} variables in the families {variables}; "
+    size = f"{len(model.variables)} {'variable' if len(model.variables) == 1 else 'variables'}"
+    text = (f"The LP file {model.sense}s a linear objective over {size} in the families {variables}; "
             f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
             "constraints in the program, with the keys taken from the names after the double underscore.")
     if bounded:
@@ -496,7 +497,7 @@ def _build_task(
         template = pick(task_rng, _PROMPTS[variant])
     if not template.startswith("{"):
         statement = _without_framing(statement)  # the template's own lead-in frames it
-    prompt = template.format(statement=statement, math=math_full, lp=problem.lp, title=problem.family.title.lower())
+    prompt = template.format(statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model"))
     solved = dict(decisions=tuple(problem.decisions()), explanation=no_solution_explanation(problem) if problem.status != "optimal" else "")
     if variant == "model":
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)

@@ -29,6 +29,7 @@ from trex.workloads.or_data.lp_format import write_lp
 from trex.workloads.or_data.math_model import MathModel, check_structure
 from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
+from trex.workloads.or_data.prose import agree
 from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_lp_text_scip, solve_model
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
@@ -63,7 +64,9 @@ class Problem:
         return self.family.statement(self.data, rng)
 
     def decisions(self) -> list[str]:
-        return self.family.decisions(self.data, self.values) if self.status == "optimal" else []
+        if self.status != "optimal":
+            return []
+        return [agree(line) for line in self.family.decisions(self.data, self.values)]  # "Build an ambulance base ..."
 
 
 def _same(result: SolveResult, truth: Outcome) -> bool:

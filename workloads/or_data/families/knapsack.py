@@ -147,7 +147,7 @@ for a, b in conflicts:
 '''
         if data.requires:
             body += '''
-# requires: a is chosen only together with b
+# requires: an item is chosen only together with its prerequisite
 for a, b in requires:
     model.addCons(select[a] <= select[b], name=f"requires[{a},{b}]")
 '''
