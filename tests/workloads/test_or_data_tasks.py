@@ -112,7 +112,10 @@ model.optimize()
 '''
 
 
-@pytest.mark.parametrize("kind", BUG_KINDS)
+MODELLING_BUGS = ("wrong_big_m", "missing_linking")  # need a big-M or a linking constraint; tested on family programs below
+
+
+@pytest.mark.parametrize("kind", [kind for kind in BUG_KINDS if kind not in MODELLING_BUGS])
 def test_each_bug_kind_makes_the_mistake_its_name_says(kind):
     lines = PROGRAM.rstrip("\n").split("\n")
     buggy, diagnosis = MUTATIONS[kind](lines, random.Random(0))
@@ -161,3 +164,56 @@ def test_a_mutation_that_does_not_change_the_result_is_not_counted_as_a_bug(runn
     assert inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint",)) is None
     bug = inject_bug(REDUNDANT, truth, random.Random(0), runner, kinds=("missing_constraint", "objective_sense"))
     assert bug is not None and bug.kind == "objective_sense" and "reports `Optimal objective value: 0`" in bug.symptom
+
+
+def test_what_if_answer_shows_both_plans_and_a_reason(problem, runner):
+    task = task_for(problem, "solve_analyze", "what_if", runner)
+    analysis = task.reference.analysis
+    assert "Original optimal plan" in analysis and "Optimal plan after the change" in analysis
+    assert problem.decisions()[0] in analysis and task.target.decisions()[0] in analysis
+    assert any(word in analysis for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan"))
+
+
+def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):
+    problem = verified("transportation", 5, runner, "infeasible")
+    explanation = task_for(problem, "solve_analyze", "decision", runner).reference.explanation
+    assert "deletion filter" in explanation and "satisfiable" in explanation
+    assert "Supply for" in explanation or "Demand for" in explanation
+
+
+def test_lp_input_translate_and_decisions_in_code_answers(problem, runner):
+    sources = {task_for(problem, "model_to_code", "translate", runner, seed=seed).source for seed in range(12)}
+    assert sources == {"", "lp"}
+    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    assert "```lp" in lp_task.prompt and lp_task.inputs == ("lp",)
+    answer = STYLE.render("text_to_code", "code", task_for(problem, "text_to_code", "code", runner).reference)
+    assert "## Optimal decision" in answer
+
+
+def test_conceptual_cpt_document_computes_the_relaxation_bound(problem):
+    from trex.workloads.or_data.documents import concept_document
+
+    text = concept_document(problem, "A statement.", random.Random(0))
+    assert "LP relaxation" in text and "bound on the integer optimum" in text and problem.outcome.text() in text
+
+
+def test_modelling_bugs_break_the_big_m_and_the_linking(problem, runner):
+    from trex.workloads.or_data.families import FAMILIES
+    from trex.workloads.or_data.seeds import stream
+
+    lines = problem.program.rstrip("\n").split("\n")
+    buggy, diagnosis = MUTATIONS["missing_linking"](lines, random.Random(0))
+    assert "capacity[s] * is_open[s]" in problem.program and "capacity[s] * is_open[s]" not in buggy and "linked" in diagnosis
+    bug = inject_bug(problem.program, problem.outcome, random.Random(0), runner, kinds=("missing_linking",))
+    assert bug is not None and bug.kind == "missing_linking"  # without the link, closed sites serve for free: the cost falls
+    family = FAMILIES["machine_scheduling"]
+    program = next(p for p in (family.program(family.generate(stream(seed, 0, "data"), "optimal").data) for seed in range(40)) if "big_m = " in p)
+    buggy, diagnosis = MUTATIONS["wrong_big_m"](program.split("\n"), random.Random(0))
+    assert "big_m = max(duration.values())" in buggy and "latest possible completion" in diagnosis
+
+
+def test_lp_input_answer_reads_the_model_from_the_lp_file(problem, runner):
+    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    reasoning = lp_task.reference.reasoning
+    assert "`open`" in reasoning and "`serve`" in reasoning and "`capacity`" in reasoning and "mixed-integer" in reasoning
+    assert "warehouse" not in reasoning  # story words the LP file does not give

@@ -18,11 +18,15 @@ Modules, in the order data flows (task categories with examples: `TASKS.md` next
 | `certificates` | checks that do not trust the solver: solution re-evaluation, LP duality, Farkas, improving rays |
 | `lp_format`, `math_model`, `program` | the LP file writer; the markdown/LaTeX model and its structure check; the pyscipopt program layout |
 | `phrasing`, `variety` | statement building blocks (presentation, money, distractors); measured paraphrase variety |
+| `prose`, `prose_check` | agreement-correct English (inflect: plurals, articles, verb forms, proper names); the prose checker that rejects and counts template seams |
+| `code_style` | equivalent program styles (import, model name, report), chosen per instance and verified like the original |
+| `iis`, `explain` | irreducible infeasible subsets by the deletion filter; IIS rows, binding rows and names in words |
+| `diversity` | the diversity report: skeletons, masked 5-gram overlap within family, code templates and styles, sizes |
 | `program_runner`, `outcome` | programs run in the sandbox (`trex.workloads.sandbox`), LP files solved, outcomes read and compared |
 | `verify` | every check of one instance, in order: structure, solve, solution, certificate, LP x2, program |
-| `bugs`, `tasks` | buggy programs that demonstrably fail; the four task categories and their reference answers |
+| `bugs`, `tasks` | buggy programs (translation and modelling mistakes) that demonstrably fail; the four task categories and their reference answers (reasons per constraint, decisions with units, IIS, what-if plans and reasons) |
 | `style`, `teachers`, `agreement`, `rewrite`, `judge`, `selection`, `dta` | DTA Phase I (teacher ensemble) and Phase II (rewrite, agreement, reflection judge, signal-aware selection) |
-| `records`, `documents` | the `sft.jsonl` record and its schema check; `cpt.jsonl` documents |
+| `records`, `documents` | the `sft.jsonl` record and its schema check; `cpt.jsonl` documents (worked cases and conceptual notes) |
 | `seeds`, `config`, `pipeline` | deterministic random streams; the run's configuration; index -> result |
 | `shards`, `merge`, `decontamination`, `dedup` | resumable shard files; the in-order merge with benchmark n-gram decontamination and exact/near deduplication |
 | `synthesis`, `stats`, `reverify` | the whole run with a process pool; the statistics report; re-verification from the files alone |

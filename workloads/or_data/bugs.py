@@ -14,6 +14,8 @@ a mistake people make when they translate a model into code:
 | swapped_indices | a two-key parameter looked up with its keys in the wrong order |
 | dropped_objective_term | one part of a composite objective left out |
 | missing_optimize | the model is built but never solved |
+| wrong_big_m | (modelling) the big-M of a disjunction too small, so it cuts off valid schedules |
+| missing_linking | (modelling) a capacity not multiplied by its open/use/setup indicator, so the yes/no decision no longer limits the flow |
 
 A mutation counts as a bug only when it changes what the program reports: `inject_bug` runs the
 buggy program in the sandbox and keeps it only when it fails or reaches another outcome than the
@@ -41,6 +43,8 @@ BUG_KINDS = (
     "swapped_indices",
     "dropped_objective_term",
     "missing_optimize",
+    "wrong_big_m",
+    "missing_linking",
 )
 
 
@@ -214,6 +218,39 @@ def _missing_optimize(lines: list[str], rng: random.Random) -> Mutation | None:
     return "\n".join(mutated), "The program builds the model but never calls `model.optimize()`, so nothing is solved and no objective value exists."
 
 
+def _wrong_big_m(lines: list[str], rng: random.Random) -> Mutation | None:
+    """`big_m = <bound>` replaced by a value that looks plausible (the longest single duration)
+    but is not larger than every possible schedule."""
+    for i, line in enumerate(lines):
+        if line.startswith("big_m = ") and "duration" in line:
+            mutated = lines[:i] + ["big_m = max(duration.values())"] + lines[i + 1:]
+            return "\n".join(mutated), (
+                "`big_m` is set to the longest single processing time, which is not large enough: when an order indicator "
+                "switches a disjunction off, the constraint must hold for any start times, so M has to exceed the latest "
+                "possible completion (latest release plus all processing). With the small M the 'inactive' constraint still "
+                "binds and cuts off valid schedules."
+            )
+    return None
+
+
+_LINKED = re.compile(r"(<= )(\w+(?:\[\w+\])?) \* (\w+)\[(\w+)\]")
+
+
+def _missing_linking(lines: list[str], rng: random.Random) -> Mutation | None:
+    options = [(i, match) for i, line in enumerate(lines) if "addCons(" in line for match in [_LINKED.search(line)] if match]
+    if not options:
+        return None
+    i, match = rng.choice(options)
+    line = lines[i][: match.start()] + match.group(1) + match.group(2) + lines[i][match.end():]
+    mutated = lines[:i] + [line] + lines[i + 1:]
+    indicator = f"{match.group(3)}[{match.group(4)}]"
+    return "\n".join(mutated), (
+        f"The capacity on the right-hand side is no longer multiplied by `{indicator}`, so the yes/no decision is not linked to "
+        f"what is assigned: the solver can use the capacity while `{indicator}` is 0 and save its cost. The linking term "
+        f"`{match.group(2)} * {indicator}` is what makes a closed or unused option hold nothing."
+    )
+
+
 MUTATIONS: dict[str, Callable[[list[str], random.Random], Mutation | None]] = {
     "flipped_inequality": _flipped_inequality,
     "loosened_equality": _loosened_equality,
@@ -223,6 +260,8 @@ MUTATIONS: dict[str, Callable[[list[str], random.Random], Mutation | None]] = {
     "swapped_indices": _swapped_indices,
     "dropped_objective_term": _dropped_objective_term,
     "missing_optimize": _missing_optimize,
+    "wrong_big_m": _wrong_big_m,
+    "missing_linking": _missing_linking,
 }
 # missing_optimize is the least interesting; it is tried only when nothing else matters
 _LAST_RESORT = ("missing_optimize",)

@@ -187,12 +187,19 @@ def run_stats(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     stats_path = root / "stats.json"
     if stats_path.is_file():
+        from trex.workloads.or_data.stats import stats_markdown
+
         stats = json.loads(stats_path.read_text(encoding="utf-8"))
+        if "diversity" not in stats and (root / "sft.jsonl").is_file():  # a run made before the diversity report
+            from trex.workloads.or_data.diversity import diversity_report
+
+            with open(root / "sft.jsonl", encoding="utf-8") as file:
+                stats["diversity"] = diversity_report(json.loads(line) for line in file if line.strip())
         if args.json:
             json.dump(stats, sys.stdout)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write((root / "stats.md").read_text(encoding="utf-8"))
+            sys.stdout.write(stats_markdown(stats))
         return 0
     shards = sorted((root / "shards").glob("shard-*.jsonl")) if (root / "shards").is_dir() else []
     if not shards:

@@ -24,6 +24,7 @@ from typing import Protocol
 from trex.workloads.or_data.agreement import CandidateCheck
 from trex.workloads.or_data.outcome import Outcome, outcome_from_text
 from trex.workloads.or_data.program import OBJECTIVE_MARKER
+from trex.workloads.or_data.prose_check import check_prose
 from trex.workloads.or_data.solve import lp_file, solve_lp_text_highs
 from trex.workloads.or_data.style import AnswerParts, StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import Task
@@ -75,7 +76,7 @@ class ProgrammaticJudge:
         problems: list[str] = []
         headings = [heading for heading in split_sections(item.text) if heading]
         expected = self.style.headings_of(task.category, task.variant, parts.outcome)
-        if headings != expected:
+        if not self.style.accepts(headings, task.category, task.variant, parts.outcome):
             problems.append(f"sections {headings} do not follow the layout {expected}")
         if check.reached is None:
             problems.append(f"nothing re-solves: {check.failure}")
@@ -85,6 +86,7 @@ class ProgrammaticJudge:
         if stated is None or check.reached is None or not stated.matches(check.reached):
             problems.append(f"the final line states {stated.text() if stated else 'nothing'}, re-solving reaches {check.answer_key()}")
         problems += self._structure(item)
+        problems += [f"prose: {flag}" for flag in check_prose(item.text)]
         return problems
 
     def _structure(self, item: Review) -> list[str]:

@@ -139,7 +139,7 @@ class ModelBuilder:
         for variable in merged:
             if variable not in self.variables:
                 raise ValueError(f"row {name!r} uses undeclared variable {variable!r}")
-        self.rows.append(Row(name, tuple(merged.items()), sense, float(rhs)))
+        self.rows.append(Row(name, tuple(merged.items()), sense, _decimal(float(rhs))))
 
     def minimize(self, terms: Mapping[str, float] | Iterable[tuple[str, float]]) -> None:
         self.sense, self.objective = "minimize", _merge(terms)
@@ -166,4 +166,10 @@ def _merge(terms: Mapping[str, float] | Iterable[tuple[str, float]]) -> dict[str
     merged: dict[str, float] = {}
     for name, coef in items:
         merged[name] = merged.get(name, 0.0) + float(coef)
-    return {name: coef for name, coef in merged.items() if coef != 0.0}
+    # 12 significant digits: a coefficient computed from data (0.866 - 0.2) is written as the decimal it
+    # stands for (0.666), not as its binary neighbour (0.6659999999999999), in the LP file and the answer
+    return {name: _decimal(coef) for name, coef in merged.items() if _decimal(coef) != 0.0}
+
+
+def _decimal(value: float) -> float:
+    return float(f"{value:.12g}")

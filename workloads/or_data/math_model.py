@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.phrasing import number, table
+from trex.workloads.or_data.prose import agree
 
 Scalar = int | float
 Values = Scalar | Mapping[str, Scalar | str] | Mapping[tuple[str, str], Scalar]
@@ -44,6 +45,10 @@ class VarDef:
     lp_family: str
     over: tuple[str, ...] = ()
     count: int | None = None  # when not every combination of `over` exists
+    # Typed phrases for prose (`tasks.understanding`), free of index letters and LaTeX:
+    noun: str = ""  # the quantity as a plural noun phrase: "devices of each product made per week"
+    indicator: str = ""  # a yes/no decision: "whether each driver takes each route"
+    whole: str = ""  # why the values must be whole numbers, from the problem: "a chair is made whole or not at all"
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class ConstraintDef:
     over: tuple[str, ...] = ()  # set symbols quantified over ("for all s in S")
     count: int | None = None  # rows, when a condition restricts the quantifier
     condition: str = ""  # LaTeX condition shown after the quantifier
+    why: str = ""  # why the problem needs it, in words from the story (not a restatement of the formula)
+    technique: str = ""  # how a modelling device works where one is used (big-M, linking, linearisation)
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,11 @@ class MathModel:
         lines = [f"### {self.title}", "", "**Sets**", ""]
         for set_def in self.sets:
             elements = set_def.display or "{" + ", ".join(set_def.elements) + "}"
-            lines.append(f"- ${set_def.symbol}$: {set_def.description} = {elements}")
+            lines.append(f"- ${set_def.symbol}$: {agree(set_def.description)} = {elements}")
         lines += ["", "**Parameters**", ""]
         tables: list[str] = []
         for param in self.params:
-            lines.append(f"- ${param.symbol}$: {param.description}{self._inline_values(param) if with_data else ''}")
+            lines.append(f"- ${param.symbol}$: {agree(param.description)}{self._inline_values(param) if with_data else ''}")
             if with_data and len(param.over) == 2 and not _sparse(param):
                 tables.append(self._table(param))
         if tables:
@@ -107,12 +114,12 @@ class MathModel:
         lines += ["", "**Decision variables**", ""]
         for var in self.variables:
             quantifier = self._quantifier(var.over, "")
-            lines.append(f"- ${var.symbol} {var.domain}{quantifier}$: {var.description}")
+            lines.append(f"- ${var.symbol} {var.domain}{quantifier}$: {agree(var.description)}")
         verb = "\\min" if self.sense == "minimize" else "\\max"
         lines += ["", f"**Objective** ({self.objective_description})", "", f"$$ {verb} \\; {self.objective} $$", "", "**Constraints**", ""]
         for number_, constraint in enumerate(self.constraints, start=1):
             quantifier = self._quantifier(constraint.over, constraint.condition)
-            lines.append(f"{number_}. {constraint.label} ({constraint.description}): $${constraint.latex}{quantifier}$$")
+            lines.append(f"{number_}. {constraint.label} ({agree(constraint.description)}): $${constraint.latex}{quantifier}$$")
         for note in self.notes:
             lines += ["", note]
         return "\n".join(lines).strip() + "\n"

@@ -5,19 +5,24 @@ The merger sees every emitted sample in index order and keeps it unless
   (`decontamination`),
 - its SFT text or CPT document is an exact duplicate of a kept one, or
 - its prompt (the problem as asked) or its CPT document is a near duplicate of a kept one
-  (`dedup`).
+  (`dedup`), or
+- its prompt skeleton (`diversity.skeleton`: first and last sentence, masked) has been used
+  more than `skeleton_share` of its family's kept samples (at least 3 uses are always allowed),
+  so no template frame dominates a family.
 It stops after `n` kept samples. Order and rules fix the output completely, whichever worker
 finished which shard first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from trex.workloads.or_data.decontamination import BenchmarkIndex, ContaminationReport
 from trex.workloads.or_data.dedup import NearDuplicateIndex, exact_key, minhash
+from trex.workloads.or_data.diversity import skeleton
 
 
 @dataclass
@@ -25,6 +30,7 @@ class Merger:
     n: int
     benchmarks: BenchmarkIndex | None
     near_threshold: float = 0.8
+    skeleton_share: float = 0.1
     sft: list[dict[str, Any]] = field(default_factory=list)
     cpt: list[dict[str, Any]] = field(default_factory=list)
     seen_indices: int = 0
@@ -38,6 +44,8 @@ class Merger:
         self._exact: set[str] = set()
         self._near_prompt = NearDuplicateIndex(self.near_threshold)
         self._near_cpt = NearDuplicateIndex(self.near_threshold)
+        self._skeletons: Counter = Counter()
+        self._family_kept: Counter = Counter()
 
     @property
     def full(self) -> bool:
@@ -77,10 +85,16 @@ class Merger:
         keys = (exact_key(f"{prompt}\n{answer}"), "cpt:" + exact_key(document))
         if any(key in self._exact for key in keys):
             return "exact_duplicate"
+        family = record["meta"]["family"]
+        frame = (family, skeleton(prompt))
+        if self._skeletons[frame] >= max(3, math.ceil(self.skeleton_share * self._family_kept[family])):
+            return "skeleton_cap"
         prompt_signature, cpt_signature = minhash(prompt), minhash(document)
         if self._near_prompt.find(prompt_signature) or self._near_cpt.find(cpt_signature):
             return "near_duplicate"
         self._exact.update(keys)
+        self._skeletons[frame] += 1
+        self._family_kept[family] += 1
         self._near_prompt.add(sample, prompt_signature)
         self._near_cpt.add(sample, cpt_signature)
         return ""

@@ -10,9 +10,12 @@ facts appear, and how the question is put.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from trex.workloads.or_data.prose import agree
 
 T = TypeVar("T")
 
@@ -48,7 +51,8 @@ class Currency:
             return f"{self.symbol}{amount}"
         if self.style == "code":
             return f"{self.code} {amount}"
-        return f"{amount} {self.word}"
+        word = self.word[:-1] if float(value) == 1 and self.word.endswith("s") else self.word  # "1 dollar"
+        return f"{amount} {word}"
 
 
 CURRENCIES = (
@@ -124,9 +128,17 @@ FRAMINGS = (
     "An analyst was handed this problem:",
     "Case:",
     "Background:",
+    "Scenario:",
+    "A planning question from practice:",
+    "The situation is as follows.",
+    "Context:",
+    "Here are the facts of the case.",
+    "This comes from a client engagement.",
+    "Situation:",
+    "Below is a decision problem.",
 )
 # Ways of setting the question apart at the end.
-QUESTION_LEADS = ("", "", "", "Question: ", "Task: ", "Your job: ")
+QUESTION_LEADS = ("", "", "", "Question: ", "Task: ", "Your job: ", "The question: ", "Goal: ", "To decide: ", "Asked: ")
 
 
 @dataclass
@@ -152,6 +164,10 @@ class Statement:
             self.paragraphs.append(text.strip())
 
     def distract(self, facts: Sequence[str], low: int = 0, high: int = 2) -> None:
+        """Insert some of `facts`; facts about a company are left out when the opening
+        describes a public body or a household (a zoo is not "founded" as a firm)."""
+        if any(NON_COMPANY.search(paragraph) for paragraph in self.paragraphs[:2]):
+            facts = [fact for fact in facts if not COMPANY_FACT.search(fact)]
         count = min(len(facts), self.rng.randint(low, high))
         for fact in self.rng.sample(list(facts), count):
             if len(self.paragraphs) > 1 and self.rng.random() < 0.5:
@@ -166,7 +182,7 @@ class Statement:
         if question and self._lead:
             question = self._lead + question
         opening = [self._framing] if self._framing else []
-        return "\n\n".join([*opening, *self.paragraphs, question]).strip()
+        return agree("\n\n".join([*opening, *self.paragraphs, question]).strip())
 
 
 def present(
@@ -191,6 +207,15 @@ def present(
     sentences = [capitalize(sentence(row)) + "." for row in rows]
     return " ".join(sentences)
 
+
+# Settings that are not companies, and filler that only fits a company.
+NON_COMPANY = re.compile(
+    r"\b(?:county|city council|municipal|fire department|zoo|hospital|school district|university|household|charity|ministry|"
+    r"public health|family|animal shelter|city's|the city|police|campus|port authority|health authority|ambulance service|"
+    r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission|safety board|authority|emergency|agency|broadband program|fire station|ambulance)\b",
+    re.I,
+)
+COMPANY_FACT = re.compile(r"\b(?:company|firm|head office|revenue|logo|customer|second office)\b", re.I)
 
 # Facts that are true of a business and irrelevant to any model built here.
 GENERIC_DISTRACTORS = (

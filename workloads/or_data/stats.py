@@ -1,6 +1,7 @@
 """The statistics report of a run: what was made (families, tasks, representations, statuses,
-DTA signals, token lengths) and what was thrown away (verification failures, selection drops,
-contamination, duplicates).
+DTA signals, token lengths, the `diversity` report) and what was thrown away (verification
+failures, prose-checker rejections by kind, selection drops, contamination, duplicates, prompt
+skeletons over their cap).
 
 Token lengths are counted with a local tokenizer when one is given (`--tokenizer DIR`, a
 transformers tokenizer directory; nothing is downloaded); otherwise approximately, as word pieces
@@ -14,7 +15,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trex.workloads.or_data.diversity import diversity_markdown, diversity_report
 from trex.workloads.or_data.merge import Merger
+from trex.workloads.or_data.prose_check import KINDS as PROSE_KINDS
 
 VERIFICATION_STAGES = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program", "error")
 _PIECE = re.compile(r"\w+|[^\w\s]")
@@ -40,6 +43,15 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
     def at(share: float) -> int:
         return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
     return {"count": len(ordered), "mean": round(sum(ordered) / len(ordered), 1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1]}
+
+
+def prose_rejections(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Instances the prose checker rejected, and its flags by kind (from the rejection details)."""
+    details = [result.get("detail", "") for result in results if result.get("stage") == "prose"]
+    kinds: Counter = Counter()
+    for detail in details:
+        kinds.update(kind for kind in re.findall(r"(?:^|; )(\w+): ", detail) if kind in PROSE_KINDS)
+    return {"rejected": len(details), "share": round(len(details) / len(results), 4) if results else 0.0, "flags": dict(sorted(kinds.items()))}
 
 
 def build_stats(merger: Merger, count_tokens: Callable[[str], int], tokenizer_name: str) -> dict[str, Any]:
@@ -73,6 +85,8 @@ def build_stats(merger: Merger, count_tokens: Callable[[str], int], tokenizer_na
             "failures": {stage: rejected[stage] for stage in VERIFICATION_STAGES if rejected[stage]},
         },
         "selection_drops": rejected["selection"],
+        "prose": prose_rejections(merger.results_seen),
+        "diversity": diversity_report(merger.sft),
         "removed": dict(sorted(merger.removed.items())),
         "decontamination": merger.contamination.to_json(),
         "tokens": {
@@ -106,6 +120,9 @@ def stats_markdown(stats: dict[str, Any]) -> str:
         + (f" (by file: {stats['decontamination']['by_file']})" if stats["decontamination"]["flagged"] else ""),
         "",
     ]
+    prose = stats.get("prose")
+    if prose is not None:
+        lines += [f"Rejected by the prose checker: {prose['rejected']} ({prose['share']:.2%} of instances); flags: {prose['flags'] or 'none'}", ""]
     lines += _counts_table("family", stats["families"])
     lines += _counts_table("task", stats["tasks"])
     lines += _counts_table("task/variant", stats["variants"])
@@ -115,6 +132,8 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     lines += _counts_table("DTA signal", stats["dta_signals"])
     if stats["bugs"]:
         lines += _counts_table("repair bug kind", stats["bugs"])
+    if stats.get("diversity"):
+        lines += diversity_markdown(stats["diversity"])
     tokens = stats["tokens"]
     lines += [f"Token lengths ({tokens['counted_with']}):", "", "| text | mean | p50 | p90 | p99 | max |", "| --- | --- | --- | --- | --- | --- |"]
     for name in ("prompt", "answer", "sample", "cpt_document"):

@@ -7,12 +7,17 @@ markdown sections per task variant, ending with the objective marker line the ev
 
 | task / variant | sections |
 | --- | --- |
-| text_to_model / model | Understanding, Mathematical model, LP file, Answer |
-| text_to_code / code | Understanding, Model, Program, Answer |
-| model_to_code / translate | Understanding, Program, Answer |
+| text_to_model / model | Understanding, Mathematical model, LP file, Optimal decision (from solving the LP file), Answer |
+| text_to_code / code | Understanding, Model, Program, Optimal decision (what the program printed), Answer |
+| model_to_code / translate | Understanding, Program, Optimal decision, Answer |
 | model_to_code / repair | Diagnosis, Fix, Corrected program, Answer |
 | solve_analyze / decision | Understanding, Model, Program, Optimal decision (or Why there is no solution), Answer |
 | solve_analyze / what_if | Understanding, Model, Program, What changes, Answer |
+
+Every answer that reaches an outcome says what the solved plan is: the decisions with units (or
+why no solution exists). For a teacher whose program prints no decisions the Optimal decision
+section of the model/code/translate layouts may be left out (`OPTIONAL`); the decision task
+always needs it.
 
 A `StyleTemplate` can be replaced (other headings, another system prompt); the judge checks
 answers against the template in use.
@@ -64,12 +69,18 @@ DEFAULT_HEADINGS = {
 }
 
 DEFAULT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("text_to_model", "model"): ("understanding", "mathematical_model", "lp_file", "answer"),
-    ("text_to_code", "code"): ("understanding", "model", "program", "answer"),
-    ("model_to_code", "translate"): ("understanding", "program", "answer"),
+    ("text_to_model", "model"): ("understanding", "mathematical_model", "lp_file", "optimal_decision", "answer"),
+    ("text_to_code", "code"): ("understanding", "model", "program", "optimal_decision", "answer"),
+    ("model_to_code", "translate"): ("understanding", "program", "optimal_decision", "answer"),
     ("model_to_code", "repair"): ("diagnosis", "fix", "corrected_program", "answer"),
     ("solve_analyze", "decision"): ("understanding", "model", "program", "optimal_decision", "answer"),
     ("solve_analyze", "what_if"): ("understanding", "model", "program", "what_changes", "answer"),
+}
+
+
+# Sections a variant may leave out when the answer has nothing for them (see the module docstring).
+OPTIONAL: dict[str, frozenset[str]] = {
+    variant: frozenset({"optimal_decision", "no_solution"}) for variant in ("model", "code", "translate")
 }
 
 
@@ -111,7 +122,8 @@ class StyleTemplate:
             part, wrap = SECTION_PARTS[section]
             value = getattr(parts, part)
             if not value:
-                missing.append(section)
+                if section not in OPTIONAL.get(variant, ()):
+                    missing.append(section)
                 continue
             blocks.append(f"## {self.headings[section]}\n\n{_wrap(value, wrap)}")
         if missing:
@@ -120,6 +132,12 @@ class StyleTemplate:
 
     def headings_of(self, category: str, variant: str, outcome: Outcome | None = None) -> list[str]:
         return [self.headings[section] for section in self.sections(category, variant, outcome)]
+
+    def accepts(self, headings: list[str], category: str, variant: str, outcome: Outcome | None = None) -> bool:
+        """Whether `headings` follow the layout, optional sections present or left out."""
+        full = self.sections(category, variant, outcome)
+        optional = OPTIONAL.get(variant, frozenset())
+        return headings in ([self.headings[s] for s in full], [self.headings[s] for s in full if s not in optional])
 
 
 def _wrap(value: object, wrap: str) -> str:

@@ -4,7 +4,7 @@
 | --- | --- | --- | --- | --- |
 | text_to_model | model | the statement | mathematical model + LP file | the problem |
 | text_to_code | code | the statement | model summary + pyscipopt program | the problem |
-| model_to_code | translate | the mathematical model (with data) | pyscipopt program | the problem |
+| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | pyscipopt program | the problem |
 | model_to_code | repair | the model and a buggy program | diagnosis, diff, corrected program | the problem |
 | solve_analyze | decision | the statement | program, the optimal decision (or why none exists) | the problem |
 | solve_analyze | what_if | the statement and a parameter change | program for the changed data, comparison | the changed problem, re-solved and verified |
@@ -18,20 +18,27 @@ or decision, and `Task.fallback` says so.
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from dataclasses import dataclass
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
-from trex.workloads.or_data.certificates import Certificate
+from trex.workloads.or_data.certificates import Certificate, check_solution
+from trex.workloads.or_data.explain import element_words, iis_explanation, variable_phrase
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
-from trex.workloads.or_data.phrasing import join, pick
+from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
+from trex.workloads.or_data.prose import agree, article
+from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
 
+# Share of translate tasks whose input is the LP file instead of the mathematical model.
+LP_INPUT_SHARE = 0.35
 CATEGORIES = ("text_to_model", "text_to_code", "model_to_code", "solve_analyze")
 VARIANTS: dict[str, tuple[str, ...]] = {
     "text_to_model": ("model",),
@@ -63,6 +70,7 @@ class Task:
     bug: Bug | None = None
     what_if: WhatIf | None = None
     fallback: str = ""  # "repair->translate" when the planned variant was impossible
+    source: str = ""  # the input representation when it is not the variant's usual one ("lp": an LP file to translate)
 
     @property
     def family(self) -> str:
@@ -74,7 +82,7 @@ class Task:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return REPRESENTATIONS[self.variant][0]
+        return (self.source,) if self.source else REPRESENTATIONS[self.variant][0]
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -87,88 +95,319 @@ _PROMPTS = {
         "Build the mathematical model (sets, parameters, variables, objective, constraints) of the problem below, and give it in LP format as well.\n\n{statement}",
         "{statement}\n\nWrite down the linear or mixed-integer programming model of this problem and its LP-file version.",
         "Model the following situation as an optimization problem. Give the formulation in mathematical notation and as an LP file.\n\n{statement}",
+        "Turn this into a mathematical program. State sets, parameters, variables, objective and constraints, then give the LP file.\n\n{statement}",
+        "{statement}\n\nI need a formal optimization model of this: the algebraic formulation first, then an equivalent LP file I can load into a solver.",
+        "As an operations research analyst, formulate the problem below. Define every symbol you use and finish with the model in CPLEX LP format.\n\n{statement}",
+        "{statement}\n\nWhat is the optimization model here? Write it algebraically and as an LP file, and report the optimal objective value.",
+        "Problem:\n\n{statement}\n\nDeliverables: (1) a mathematical model with sets, parameters, decision variables, objective and constraints; (2) the same model as an LP file.",
+        "Please set up the linear (or integer) program for the following case and express it as an LP file too.\n\n{statement}",
     ),
     "code": (
         "{statement}\n\nWrite a Python program using pyscipopt that models and solves this problem.",
         "Solve the following problem with a pyscipopt program.\n\n{statement}",
         "{statement}\n\nImplement an optimization model for this in Python with pyscipopt and report the optimal value.",
         "Here is a planning problem:\n\n{statement}\n\nFormulate it and solve it with SCIP through pyscipopt.",
+        "{statement}\n\nCode this up as an optimization model in Python (pyscipopt), run it, and tell me the optimal value.",
+        "Write a complete pyscipopt script for the problem below. It should print the optimal objective value.\n\n{statement}",
+        "Problem description:\n\n{statement}\n\nModel it and solve it in Python using SCIP (pyscipopt).",
+        "{statement}\n\nSketch the model, then give a runnable pyscipopt program that solves it.",
+        "Using Python and pyscipopt, build and solve a model for this situation.\n\n{statement}",
     ),
     "translate": (
         "Implement the following mathematical model in Python with pyscipopt and solve it.\n\n{math}",
         "{math}\n\nWrite a pyscipopt program for this model and report its optimal objective value.",
         "Translate this optimization model into solver code (pyscipopt):\n\n{math}",
+        "Here is a formulation:\n\n{math}\n\nCode it in pyscipopt, keeping the names of sets and parameters recognizable, and solve it.",
+        "Convert the model below into a runnable Python script that uses pyscipopt.\n\n{math}",
+        "{math}\n\nImplement this formulation with SCIP via pyscipopt and report the optimum.",
+        "Given the following algebraic model and its data, write the solver program (Python, pyscipopt).\n\n{math}",
+        "Please turn this model into pyscipopt code and run it.\n\n{math}",
     ),
     "repair": (
         "The program below should implement this model, but {symptom_clause}. Find the bug and fix it.\n\n{math}\n\n```python\n{buggy}```",
         "{math}\n\nI wrote this pyscipopt program for the model above, but {symptom_clause}. What is wrong?\n\n```python\n{buggy}```",
         "Debug this pyscipopt implementation of the model that follows it; {symptom_clause}.\n\n```python\n{buggy}```\n\n{math}",
+        "{math}\n\nA colleague implemented the model above as follows, but {symptom_clause}. Locate the mistake and give a corrected program.\n\n```python\n{buggy}```",
+        "This code is supposed to solve the model given after it, yet {symptom_clause}. Diagnose and fix it.\n\n```python\n{buggy}```\n\n{math}",
+        "Code review request: {symptom_clause}.\n\n```python\n{buggy}```\n\nThe intended model:\n\n{math}",
+    ),
+    "translate_lp": (
+        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a pyscipopt program that builds the same model from readable data structures and solves it.",
+        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with pyscipopt (do not just read the file) and report the optimum.",
+        "A solver file for {a_title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
+        "Translate the LP model below into pyscipopt code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
     ),
     "decision": (
         "{statement}\n\nSolve this problem and describe the optimal decision.",
         "{statement}\n\nWhat should be done, and what is the optimal objective value?",
         "Find the optimal plan for the following problem and explain it.\n\n{statement}",
+        "{statement}\n\nWhat is the best plan? Give the decision in full and its objective value.",
+        "Help me decide.\n\n{statement}\n\nSolve it and spell out what to do.",
+        "{statement}\n\nRecommend a plan, backed by an optimization model, and state the optimal value.",
+        "Work out the optimal decision for this situation and report it with units.\n\n{statement}",
+        "{statement}\n\nFormulate, solve, and explain the resulting decision.",
     ),
     "what_if": (
         "{statement}\n\nSolve the problem. Then: {question} Re-solve with that change and compare the two results.",
         "{statement}\n\n{question} Work out the optimal plan under this change and say how the optimum moves compared with the original data.",
         "Consider this problem:\n\n{statement}\n\nScenario analysis: {question} Solve both versions and compare.",
+        "{statement}\n\nSensitivity question: {question} Compare the optimal plans before and after the change.",
+        "{statement}\n\nFirst find the optimum. Then answer: {question} Explain what changes in the plan and why.",
+        "Here is the base case:\n\n{statement}\n\nNow suppose this: {question} How do the optimal plan and value change?",
+        "{statement}\n\nManagement asks: {question} Re-optimize and explain the effect on the plan and the objective.",
     ),
 }
 
 
-def understanding(math: MathModel) -> str:
-    """A short account of the problem's decisions, goal and restrictions, from the model."""
-    decisions = join([variable.description.replace("$", "") for variable in math.variables])
-    restrictions = join([constraint.description for constraint in math.constraints])
-    goal = "minimize" if math.sense == "minimize" else "maximize"
-    text = f"The decisions are the {decisions}. The goal is to {goal} the {math.objective_description}, subject to these rules: {restrictions}."
-    integral = [v.description.replace("$", "") for v in math.variables if "mathbb{Z}" in v.domain or r"\{0, 1\}" in v.domain]
-    if integral:
-        text += f" The {join(integral)} must take whole-number values, so this is a mixed-integer program."
+def understanding(math: MathModel, rng: random.Random | None = None) -> str:
+    """What the problem asks and why each part of the model is there, from the model's typed
+    phrases (`VarDef.noun`/`indicator`/`whole`, `ConstraintDef.why`/`technique`): the decisions,
+    the goal, every constraint with its reason, and why the variables are (or need not be)
+    whole numbers. `rng` picks among equivalent phrasings."""
+    rng = rng or random.Random(0)
+    decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
+    lead = pick(rng, ("The decisions are {x}.", "We have to decide {x}.", "The model chooses {x}.", "What is to be decided: {x}."))
+    goal_verb = "minimize" if math.sense == "minimize" else "maximize"
+    extreme = "as low" if math.sense == "minimize" else "as high"
+    goal = pick(rng, (
+        f"The goal is to {goal_verb} the {math.objective_description}.",
+        f"We want the {math.objective_description} {extreme} as possible.",
+        f"The objective is to {goal_verb} the {math.objective_description}.",
+    ))
+    paragraphs = [f"{lead.format(x=join(decisions))} {goal}"]
+    if math.constraints:
+        intro = pick(rng, ("The constraints, and why each is needed:", "What restricts the plan, and why:", "Each rule of the model comes from the problem:",
+                           "Why the model has the constraints it has:", "The constraints follow from the story:"))
+        as_list = rng.random() < 0.6
+        bullet = pick(rng, ("- {label}: {why}.", "- {label} — {why}.", "- **{label}**: {why}."))  # one format per list
+        lines = []
+        for number_, constraint in enumerate(math.constraints):
+            why = constraint.why or constraint.description
+            if as_list:
+                line = bullet.format(label=constraint.label, why=why)
+            else:
+                lead = ("The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))) + f"{constraint.label.lower()} constraint"
+                line = f"{lead} is there because {why}."
+            if constraint.technique:
+                line += f" {constraint.technique}"
+            lines.append(line)
+        paragraphs.append(intro + "\n" + "\n".join(lines) if as_list else " ".join(lines))
     else:
-        text += " All variables are continuous, so this is a linear program."
+        paragraphs.append("No constraint links the decisions: each quantity is limited only by its own bounds.")
+    if any(_has_bound(variable.symbol, variable.domain) for variable in math.variables):
+        paragraphs.append(pick(rng, (
+            "Limits on a single quantity (minimums, caps) are written as bounds on its variable rather than as separate constraints.",
+            "Minimums and caps that concern one variable only are bounds on that variable, not constraints.",
+        )))
+    integral, binary = [], []
+    for variable in math.variables:
+        if r"\{0, 1\}" in variable.domain:
+            binary.append(variable.indicator or f"the {variable.noun}")
+        elif "mathbb{Z}" in variable.domain:
+            integral.append(f"the {variable.noun} must be whole numbers" + (f" because {variable.whole}" if variable.whole else ", as the problem states"))
+    sentences = []
+    if binary:
+        sentences.append(f"{capitalize(join(binary))} {'is a yes/no choice' if len(binary) == 1 else 'are yes/no choices'}, modelled with binary (0/1) variables.")
+    if integral:
+        sentences.append(capitalize(join(integral)) + ".")
+    if sentences:
+        sentences.append(pick(rng, ("So this is a mixed-integer program.", "This makes it a mixed-integer program (MIP).")))
+    else:
+        sentences.append(pick(rng, (
+            "Every quantity may take fractional values, so this is a linear program.",
+            "Nothing has to be a whole number, so this is a linear program (LP) and its optimum is proven by LP duality.",
+        )))
+    paragraphs.append(" ".join(sentences))
+    return agree("\n\n".join(paragraphs))
+
+
+def lp_reading(model) -> str:
+    """What an LP file says, read from its own names: the objective, the variable families (with
+    their kinds and bounds) and the constraint families, so an answer to an LP-input task does not
+    use facts the prompt never gave."""
+    from trex.workloads.or_data.linear_model import family_of
+
+    kinds: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    bounded: set[str] = set()
+    for variable in model.variables:
+        family = family_of(variable.name)
+        kinds.setdefault(family, set()).add(variable.kind)
+        counts[family] = counts.get(family, 0) + 1
+        if variable.lower > 0 or (variable.upper is not None and variable.kind != "binary"):
+            bounded.add(family)
+    rows: dict[str, tuple[int, set[str]]] = {}
+    for row in model.rows:
+        family = family_of(row.name)
+        number_, senses = rows.get(family, (0, set()))
+        rows[family] = (number_ + 1, senses | {row.sense})
+    variables = join([f"`{family}` ({counts[family]} {'variable' if counts[family] == 1 else 'variables'}, "
+                      f"{'/'.join(sorted(kinds[family]))})" for family in counts])
+    constraints = join([f"`{family}` ({number_} {'row' if number_ == 1 else 'rows'}, {' and '.join(sorted(senses))})"
+                        for family, (number_, senses) in rows.items()]) or "no rows"
+    size = f"{len(model.variables)} {'variable' if len(model.variables) == 1 else 'variables'}"
+    text = (f"The LP file {model.sense}s a linear objective over {size} in the families {variables}; "
+            f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
+            "constraints in the program, with the keys taken from the names after the double underscore.")
+    if bounded:
+        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become `lb`/`ub` of `addVar`."
+    integral = sorted(family for family, found in kinds.items() if found & {"integer", "binary"})
+    if integral:
+        text += f" {join([f'`{family}`' for family in integral])} {'is' if len(integral) == 1 else 'are'} declared General/Binary, so this is a mixed-integer program."
+    else:
+        text += " No variable is declared General or Binary, so this is a linear program."
     return text
 
 
+def _has_bound(symbol: str, domain: str) -> bool:
+    """Whether a variable's domain carries a bound given by a parameter (a minimum or a cap),
+    not just nonnegativity or integrality: anything named in it besides the variable itself."""
+    rest = re.sub(r"\\[a-zA-Z]+(?:\{[^}]*\})?", " ", domain).replace(symbol, " ")
+    return bool(re.search(r"[a-zA-Z]", rest))
+
+
 def no_solution_explanation(problem: Problem) -> str:
-    """Why an infeasible or unbounded problem has no optimal solution, with the checked
-    certificate behind the claim."""
+    """Why an infeasible or unbounded problem has no optimal solution: the clashing
+    requirements (an IIS, computed by a deletion filter) or the improving direction, in words,
+    with the checked certificate behind the claim."""
     certificate: Certificate | None = problem.certificate
     note = problem.note[:1].upper() + problem.note[1:] if problem.note else ""
     if problem.status == "infeasible":
+        parts = [f"The problem is infeasible. {note}.".replace("..", ".").replace(". .", ".")]
+        clash = _cached(problem, "iis", lambda: iis_explanation(problem.model, problem.math))
+        if clash:
+            parts.append(clash)
         families = sorted({family_of(row) for row in (certificate.rows if certificate else {})})
-        combined = f" Adding up the {join([f'`{name}`' for name in families])} constraints (each with a suitable weight) gives an inequality that no plan can satisfy, so the constraints contradict each other." if families else ""
-        return f"The problem is infeasible. {note}.{combined}".replace("..", ".")
+        if families:
+            parts.append(
+                f"A Farkas certificate confirms it: adding up the {join([f'`{name}`' for name in families])} constraints, each with "
+                "a suitable nonnegative weight, gives an inequality that no plan can satisfy."
+            )
+        return agree("\n\n".join(parts))
     ray = certificate.ray if certificate else {}
-    moves = join([f"`{name}`" for name in sorted(ray)][:6])
-    return (
-        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {moves} together "
-        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit."
+    grouped: dict[str, list[str]] = {}
+    for name in sorted(ray)[:6]:
+        what, whom = element_words(name, problem.math)
+        grouped.setdefault(what, []).append(whom)
+    moves = [f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "") for what, whoms in grouped.items()]
+    return agree(
+        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} together "
+        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit, "
+        "so no plan is optimal: the model lacks a limit the real situation has."
     ).replace("..", ".")
 
 
+def _cached(problem: Problem, key: str, compute):
+    store = problem.__dict__.setdefault("_explanations", {})
+    if key not in store:
+        store[key] = compute()
+    return store[key]
+
+
+def _plan_block(title: str, problem: Problem) -> str:
+    lines = problem.decisions()
+    shown = "\n".join(f"- {line}" for line in lines[:12]) + ("\n- ..." if len(lines) > 12 else "")
+    return f"{title} (objective {problem.outcome.text()}):\n\n{shown or '- nothing is done'}"
+
+
 def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
-    before, after = base.outcome, changed.outcome
-    lines = [f"With the original data the optimum is {before.text()}."]
-    if after.status != "optimal":
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the problem becomes {after.status}. {no_solution_explanation(changed)}")
-        return " ".join(lines)
-    assert before.objective is not None and after.objective is not None
-    delta = after.objective - before.objective
-    if abs(delta) <= 1e-9 * (1 + abs(before.objective)):
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the re-solved optimum is still {after.text()}: the change does not affect the optimal value.")
+    """Base plan, new plan and why the optimum moved (or did not)."""
+    change = f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
+    blocks = [f"The change: {change}.", _plan_block("Original optimal plan", base)]
+    if changed.outcome.status != "optimal":
+        blocks.append(f"After the change the problem becomes {changed.outcome.status}. {no_solution_explanation(changed)}")
+        return "\n\n".join(blocks)
+    blocks.append(_plan_block("Optimal plan after the change", changed))
+    before, after = base.outcome.objective, changed.outcome.objective
+    assert before is not None and after is not None
+    delta = after - before
+    same_plan = base.decisions() == changed.decisions()
+    if abs(delta) <= 1e-9 * (1 + abs(before)):
+        movement = f"The optimum stays at {changed.outcome.text()}."
     else:
-        direction = "rises" if delta > 0 else "falls"
-        share = f" ({abs(delta) / abs(before.objective) * 100:.1f}%)" if before.objective else ""
-        lines.append(f"After the change ({what_if.parameter}: {format_objective(what_if.old)} -> {format_objective(what_if.new)}) the re-solved optimum is {after.text()}; it {direction} by {format_objective(abs(delta))}{share}.")
-    old_plan, new_plan = set(base.decisions()), changed.decisions()
-    changes = [line for line in new_plan if line not in old_plan]
-    if changes:
-        lines.append("In the new plan: " + " ".join(changes[:8]) + (" ..." if len(changes) > 8 else ""))
+        share = f" ({abs(delta) / abs(before) * 100:.1f}%)" if before else ""
+        movement = f"The optimum {'rises' if delta > 0 else 'falls'} from {base.outcome.text()} to {changed.outcome.text()}, by {format_objective(abs(delta))}{share}."
+    reason = _what_if_reason(base, changed, delta, same_plan)
+    plan = "The optimal decisions stay the same." if same_plan else "The optimal decisions change."
+    blocks.append(" ".join(part for part in (movement, plan, reason) if part))
+    return "\n\n".join(blocks)
+
+
+def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
+    """Why the optimum moved: the changed row's shadow price (LP) or whether it was binding,
+    or for a changed objective coefficient what keeping the old plan would have given."""
+    new_rows = {row.name: row for row in changed.model.rows}
+    for row in base.model.rows:
+        other = new_rows.get(row.name)
+        if other is None or other.rhs == row.rhs:
+            continue
+        step = other.rhs - row.rhs
+        what, whom = element_words(row.name, base.math)
+        label = f"{what.lower()} limit" + (f" for {whom}" if whom else "")
+        activity = row.activity(base.values)
+        slack = row.rhs - activity if row.sense == "<=" else activity - row.rhs if row.sense == ">=" else 0.0
+        if base.certificate is not None and base.certificate.kind == "dual":
+            multiplier = base.certificate.rows.get(row.name, 0.0)
+            price = multiplier if base.model.sense == "minimize" else -multiplier
+            if abs(price) < 1e-9:
+                return (f"The {label} had slack in the original plan ({format_objective(max(slack, 0.0))} unused), so its shadow price "
+                        "is 0 and the change does not move the optimum." if abs(delta) < 1e-9 else
+                        f"The {label} had a shadow price of 0 in the original plan, but the change is larger than its slack, so another plan takes over.")
+            predicted = price * step
+            agree_ = abs(predicted - delta) <= 1e-6 * (1 + abs(delta))
+            return (f"The {label} is binding in the original plan, with a shadow price (dual value) of {format_objective(price)} per unit: "
+                    f"changing it by {format_objective(step)} predicts a change of {format_objective(predicted)} in the optimum"
+                    + (", which is what re-solving gives (the same constraints stay binding)." if agree_ else
+                       f"; re-solving gives {format_objective(delta)}, so the change is large enough that another limit takes over."))
+        if slack > 1e-6 and abs(delta) < 1e-9:
+            return f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
+        if slack <= 1e-6:
+            return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
+        return f"The {label} had {format_objective(slack)} unused in the original plan, but with whole-number decisions a different combination becomes better."
+    if {v.name for v in base.model.variables} != {v.name for v in changed.model.variables}:
+        return ("The change alters which decision options exist (the model is rebuilt from the new data, e.g. other cutting "
+                "patterns), so the plan is re-optimized from the new options rather than adjusted.")
+    rows_changed = [row.name for row in base.model.rows if row.name in new_rows and new_rows[row.name].terms != row.terms]
+    if rows_changed:
+        check = check_solution(changed.model, base.values)
+        what, whom = element_words(rows_changed[0], base.math)
+        where = f"{what.lower()}" + (f" for {whom}" if whom else "")
+        if check.feasible:
+            kept = changed.model.objective_value(base.values)
+            return (f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
+                    f"{format_objective(kept)}, " + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}."))
+        return f"The change alters coefficients of the {where} constraint, and the original plan no longer satisfies it, so the plan has to change."
+    new_variables = {variable.name: variable for variable in changed.model.variables}
+    for variable in base.model.variables:
+        other = new_variables.get(variable.name)
+        if other is None or (other.lower, other.upper) == (variable.lower, variable.upper):
+            continue
+        level = base.values.get(variable.name, 0.0)
+        subject = variable_phrase(variable.name, base.math)
+        at_bound = (variable.upper is not None and abs(level - variable.upper) < 1e-6) or abs(level - variable.lower) < 1e-6
+        if at_bound and (variable.lower > 0 or variable.upper is not None):
+            return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
+        return f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change " + (
+            "leaves the optimum where it was." if abs(delta) < 1e-9 else "matters only because the new bound cuts off that level.")
+    old_costs, new_costs = dict(base.model.objective), dict(changed.model.objective)
+    changes = [(name, old_costs.get(name, 0.0), new_costs.get(name, 0.0)) for name in sorted(set(old_costs) | set(new_costs))
+               if old_costs.get(name, 0.0) != new_costs.get(name, 0.0)]
+    if not changes:
+        return ""
+    kept = math.fsum((new - old) * base.values.get(name, 0.0) for name, old, new in changes)
+    if len(changes) == 1:
+        name, old, new = changes[0]
+        level = base.values.get(name, 0.0)
+        subject = variable_phrase(name, base.math)
+        used = f"The changed coefficient multiplies {subject}, which is {format_objective(level)} in the original plan"
+        arithmetic = f"{format_objective(new - old)} × {format_objective(level)} = {format_objective(kept)}"
     else:
-        lines.append("The optimal decisions stay the same.")
-    return " ".join(lines)
+        used = f"The changed coefficient appears on {len(changes)} variables"
+        arithmetic = f"the coefficient change times their original levels, {format_objective(kept)}"
+    if same_plan:
+        return f"{used}; the plan stays optimal, so the optimum moves by exactly {arithmetic}."
+    return (f"{used}; keeping the original plan would change the objective by {arithmetic}, but re-optimizing finds a plan that does "
+            f"at least as well ({format_objective(delta)} in total), so the plan changes.")
 
 
 def build_task(
@@ -182,13 +421,41 @@ def build_task(
     runner: ProgramRunner,
 ) -> Task:
     """The task `category`/`variant` on `problem`, with its reference answer (see the module
-    docstring for the fallbacks)."""
+    docstring for the fallbacks). Raises `VerificationFailed("prose", ...)` when the prompt or
+    the reference answer trips the prose checker (`prose_check`), naming the flags."""
+    task = _build_task(task_id, problem, category, variant, text_rng=text_rng, task_rng=task_rng, runner=runner)
+    flags = check_texts([task.prompt, *_reference_texts(task.reference)])
+    if flags:
+        raise VerificationFailed("prose", "; ".join(str(flag) for flag in flags[:5]))
+    return task
+
+
+def _without_framing(statement: str) -> str:
+    first, _, rest = statement.partition("\n\n")
+    return rest if first in FRAMINGS and rest else statement
+
+
+def _reference_texts(parts: AnswerParts) -> list[str]:
+    program = f"```python\n{parts.program}\n```" if parts.program else ""
+    return [parts.reasoning, parts.math, parts.diagnosis, parts.explanation, parts.analysis, program, "\n".join(parts.decisions)]
+
+
+def _build_task(
+    task_id: str,
+    problem: Problem,
+    category: str,
+    variant: str,
+    *,
+    text_rng: random.Random,
+    task_rng: random.Random,
+    runner: ProgramRunner,
+) -> Task:
     if variant not in VARIANTS[category]:
         raise ValueError(f"task {category!r} has no variant {variant!r}; valid: {', '.join(VARIANTS[category])}")
     statement = problem.statement(text_rng)
     math_full = problem.math.to_markdown(with_data=True)
     math_brief = problem.math.to_markdown(with_data=False)
-    base_parts = dict(reasoning=understanding(problem.math), outcome=problem.outcome)
+    base_parts = dict(reasoning=understanding(problem.math, text_rng), outcome=problem.outcome)
 
     if variant == "repair":
         bug = inject_bug(problem.program, problem.outcome, task_rng, runner) if problem.status == "optimal" else None
@@ -204,10 +471,12 @@ def build_task(
             return Task(task_id, category, variant, prompt, problem, problem, parts, bug=bug)
         variant, fallback = "translate", "repair->translate"
     elif variant == "what_if":
-        what_if = problem.family.what_if(problem.data, task_rng) if problem.status == "optimal" else None
-        changed = _verified_change(problem, what_if, runner) if what_if is not None else None
+        what_if, changed = _what_if_change(problem, task_rng, runner) if problem.status == "optimal" else (None, None)
         if changed is not None and what_if is not None:
-            prompt = pick(task_rng, _PROMPTS["what_if"]).format(statement=statement, question=what_if.question)
+            template = pick(task_rng, _PROMPTS["what_if"])
+            if not template.startswith("{"):
+                statement = _without_framing(statement)
+            prompt = template.format(statement=statement, question=agree(what_if.question))
             parts = AnswerParts(
                 reasoning=base_parts["reasoning"],
                 math=math_brief,
@@ -220,24 +489,50 @@ def build_task(
     else:
         fallback = ""
 
-    template = pick(task_rng, _PROMPTS[variant])
-    prompt = template.format(statement=statement, math=math_full)
+    source = ""
+    if variant == "translate" and task_rng.random() < LP_INPUT_SHARE:
+        source = "lp"
+        template = pick(task_rng, _PROMPTS["translate_lp"])
+    else:
+        template = pick(task_rng, _PROMPTS[variant])
+    if not template.startswith("{"):
+        statement = _without_framing(statement)  # the template's own lead-in frames it
+    prompt = template.format(statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model"))
+    solved = dict(decisions=tuple(problem.decisions()), explanation=no_solution_explanation(problem) if problem.status != "optimal" else "")
     if variant == "model":
-        parts = AnswerParts(math=math_full, lp=problem.lp, **base_parts)
+        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "code":
-        parts = AnswerParts(math=math_brief, program=problem.program, **base_parts)
+        parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     elif variant == "translate":
-        parts = AnswerParts(program=problem.program, **base_parts)
+        if source == "lp":  # only the LP file is given: read the model from its names, not from the story
+            base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
+        parts = AnswerParts(program=problem.program, **solved, **base_parts)
     else:  # decision
-        parts = AnswerParts(
-            math=math_brief,
-            program=problem.program,
-            decisions=tuple(problem.decisions()),
-            explanation=no_solution_explanation(problem) if problem.status != "optimal" else "",
-            **base_parts,
-        )
+        parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     uses_statement = variant in ("model", "code", "decision")
-    return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback)
+    return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback, source=source)
+
+
+# A what-if whose change makes the problem infeasible or unbounded is kept with this probability
+# (another change is drawn otherwise), so the samples' status shares stay at the configured ones:
+# every non-optimal what-if adds to the infeasible or unbounded share the configuration sets.
+NON_OPTIMAL_WHAT_IF = 0.1
+WHAT_IF_DRAWS = 3
+
+
+def _what_if_change(problem: Problem, rng: random.Random, runner: ProgramRunner) -> tuple[WhatIf | None, Problem | None]:
+    """A verified what-if change of `problem` (see `NON_OPTIMAL_WHAT_IF`), or (None, None)."""
+    from trex.workloads.or_data.solve import solve_model
+
+    for _ in range(WHAT_IF_DRAWS):
+        what_if = problem.family.what_if(problem.data, rng)
+        status = solve_model(problem.family.linear_model(what_if.data)).status
+        if status != "optimal" and rng.random() >= NON_OPTIMAL_WHAT_IF:
+            continue  # checked before the (costly) verification of the changed instance
+        changed = _verified_change(problem, what_if, runner)
+        if changed is not None:
+            return what_if, changed
+    return None, None
 
 
 def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -> Problem | None:

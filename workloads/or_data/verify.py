@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trex.workloads.or_data.certificates import OPTIMALITY_TOL, Certificate, check_solution, find_dual, find_farkas, find_ray
+from trex.workloads.or_data.code_style import restyle
 from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.lp_format import write_lp
 from trex.workloads.or_data.math_model import MathModel, check_structure
 from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
+from trex.workloads.or_data.prose import agree
 from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_lp_text_scip, solve_model
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
@@ -62,7 +64,9 @@ class Problem:
         return self.family.statement(self.data, rng)
 
     def decisions(self) -> list[str]:
-        return self.family.decisions(self.data, self.values) if self.status == "optimal" else []
+        if self.status != "optimal":
+            return []
+        return [agree(line) for line in self.family.decisions(self.data, self.values)]  # "Build an ambulance base ..."
 
 
 def _same(result: SolveResult, truth: Outcome) -> bool:
@@ -112,7 +116,7 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
         if not _same(read_back, outcome):
             raise VerificationFailed(check, f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}")
 
-    program = family.program(data)
+    program = restyle(family.program(data))
     run = runner.run(program)
     if run.outcome is None or not run.outcome.matches(outcome):
         said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"

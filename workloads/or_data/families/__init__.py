@@ -20,6 +20,7 @@ from trex.workloads.or_data.families.production import ProductionPlanning
 from trex.workloads.or_data.families.scheduling import MachineScheduling
 from trex.workloads.or_data.families.staffing import ShiftScheduling
 from trex.workloads.or_data.families.transportation import Transportation
+from trex.workloads.or_data.prose import register_names
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -39,5 +40,26 @@ FAMILIES: dict[str, Family] = {
         Transportation(),
     )
 }
+
+
+
+def _proper_names() -> set[str]:
+    """Capitalized strings in the families' scenario pools (sites, places, people, companies)."""
+    import dataclasses
+    import sys
+
+    names: set[str] = set()
+    for family in FAMILIES.values():
+        module = sys.modules[type(family).__module__]
+        for scenario in getattr(module, "SCENARIOS", ()):
+            if not dataclasses.is_dataclass(scenario):
+                continue
+            for value in (getattr(scenario, field.name) for field in dataclasses.fields(scenario)):
+                if isinstance(value, tuple):
+                    names.update(item for item in value if isinstance(item, str) and item[:1].isupper())
+    return names
+
+
+register_names(_proper_names())
 
 __all__ = ["FAMILIES", "Family", "Generated", "WhatIf"]

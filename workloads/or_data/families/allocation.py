@@ -196,14 +196,19 @@ model.setObjective(quicksum(rate[a] * spend[a] for a in activities), sense="maxi
         objective = r"\sum_{a \in A} r_a x_a"
         if data.budget is not None:
             params.append(ParamDef("B", f"budget ({sc.unit})", data.budget))
-            constraints.append(ConstraintDef("Budget", "allocations stay within the budget", r"\sum_{a \in A} x_a \le B", "budget", ()))
+            constraints.append(ConstraintDef("Budget", "allocations stay within the budget", r"\sum_{a \in A} x_a \le B", "budget", (),
+                                             why="the money spent on all options together cannot exceed what there is; leftover money is allowed, "
+                                                 "so this is an inequality rather than an equation"))
         if data.hours is not None:
             params += [ParamDef("e_a", "staff hours per unit allocated", data.effort, ("A",)), ParamDef("H", "staff hours available", data.hours)]
-            constraints.append(ConstraintDef("Staff time", "the staff time needed is available", r"\sum_{a \in A} e_a x_a \le H", "staff", ()))
+            constraints.append(ConstraintDef("Staff time", "the staff time needed is available", r"\sum_{a \in A} e_a x_a \le H", "staff", (),
+                                             why="every unit allocated also costs staff hours, and only a fixed number of hours is available"))
         if data.group_share:
             sets.append(SetDef("G", "a", sc.group_name, data.group))
             params.append(ParamDef("\\gamma", f"minimum share of {sc.group_name}", data.group_share))
-            constraints.append(ConstraintDef("Group share", f"{sc.group_name} get at least a share $\\gamma$", r"\sum_{a \in G} x_a \ge \gamma \sum_{a \in A} x_a", "group_share", ()))
+            constraints.append(ConstraintDef("Group share", f"{sc.group_name} get at least a share $\\gamma$", r"\sum_{a \in G} x_a \ge \gamma \sum_{a \in A} x_a", "group_share", (),
+                                             why=f"policy reserves a minimum share for {sc.group_name}; multiplying the share out against the total "
+                                                 "keeps the rule linear"))
         if data.borrow_rate:
             params.append(ParamDef("\\beta", "interest rate on borrowed money", data.borrow_rate))
             objective = r"\sum_{a \in A} (r_a - \beta) x_a"
@@ -214,7 +219,8 @@ model.setObjective(quicksum(rate[a] * spend[a] for a in activities), sense="maxi
             objective_description=sc.return_word + (" net of interest" if data.borrow_rate else ""),
             sets=tuple(sets),
             params=tuple(params),
-            variables=(VarDef("x_a", f"amount allocated to $a$ ({sc.unit})", domain, "spend", ("A",)),),
+            variables=(VarDef("x_a", f"amount allocated to $a$ ({sc.unit})", domain, "spend", ("A",),
+                               noun=f"amount ({sc.unit}) to put into each option"),),
             constraints=tuple(constraints),
         )
 

@@ -145,10 +145,13 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                 ParamDef("v_{wt}", f"{sc.measure} when $w$ takes $t$ (– = not qualified)", data.value, ("W", "T")),
                 ParamDef("k", f"most {sc.task[1]} per {sc.worker[0]}", data.capacity),
             ),
-            variables=(VarDef("x_{wt}", f"1 if {sc.worker[0]} $w$ takes {sc.task[0]} $t$", r"\in \{0, 1\}", "assign", ("A",)),),
+            variables=(VarDef("x_{wt}", f"1 if {sc.worker[0]} $w$ takes {sc.task[0]} $t$", r"\in \{0, 1\}", "assign", ("A",),
+                               indicator=f"which {sc.task[1]} each {sc.worker[0]} takes (among the pairs that are allowed)"),),
             constraints=(
-                ConstraintDef("Cover", f"each {sc.task[0]} is assigned exactly once", r"\sum_{w:(w,t) \in A} x_{wt} = 1", "cover", ("T",)),
-                ConstraintDef("Load", f"each {sc.worker[0]} takes at most $k$ {sc.task[1]}", r"\sum_{t:(w,t) \in A} x_{wt} \le k", "load", ("W",)),
+                ConstraintDef("Cover", f"each {sc.task[0]} is assigned exactly once", r"\sum_{w:(w,t) \in A} x_{wt} = 1", "cover", ("T",),
+                              why=f"every {sc.task[0]} has to be done, and done by one {sc.worker[0]} only, so the choices for it sum to exactly one"),
+                ConstraintDef("Load", f"each {sc.worker[0]} takes at most $k$ {sc.task[1]}", r"\sum_{t:(w,t) \in A} x_{wt} \le k", "load", ("W",),
+                              why=f"a {sc.worker[0]} has limited time, so the number of {sc.task[1]} given to one {sc.worker[0]} is capped"),
             ),
         )
 

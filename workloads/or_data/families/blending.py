@@ -227,13 +227,17 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
         constraints = []
         if not diet:
             params.append(ParamDef("B", f"batch size ({sc.unit[1]})", data.batch))
-            constraints.append(ConstraintDef("Batch", "the ingredients add up to the batch", r"\sum_{f \in I} x_f = B", "batch", ()))
+            constraints.append(ConstraintDef("Batch", "the ingredients add up to the batch", r"\sum_{f \in I} x_f = B", "batch", (),
+                                             why="the ingredients make up the whole batch, so their amounts must add up to its size exactly"))
         if data.minimum:
             params.append(ParamDef("l_q", "required minimum " + ("amount" if diet else "average level") + " of quality $q$", data.minimum, ("Q_l",)))
-            constraints.append(ConstraintDef("Minimum", "each bounded quality reaches its minimum", rf"\sum_{{f \in I}} a_{{qf}} x_f \ge {level}", "min_quality", ("Q_l",)))
+            constraints.append(ConstraintDef("Minimum", "each bounded quality reaches its minimum", rf"\sum_{{f \in I}} a_{{qf}} x_f \ge {level}", "min_quality", ("Q_l",),
+                                             why="the mix must deliver enough of each required quality, and every ingredient contributes its own content"
+                                                 + ("" if diet else "; the level is an average over the batch, so it is written against the batch size")))
         if data.maximum:
             params.append(ParamDef("h_q", "allowed maximum " + ("amount" if diet else "average level") + " of quality $q$", data.maximum, ("Q_h",)))
-            constraints.append(ConstraintDef("Maximum", "each capped quality stays below its maximum", rf"\sum_{{f \in I}} a_{{qf}} x_f \le {upper}", "max_quality", ("Q_h",)))
+            constraints.append(ConstraintDef("Maximum", "each capped quality stays below its maximum", rf"\sum_{{f \in I}} a_{{qf}} x_f \le {upper}", "max_quality", ("Q_h",),
+                                             why="some qualities are harmful in excess, so the mix may contain only so much of them"))
         bound = ""
         if data.available:
             params.append(ParamDef("u_f", f"{sc.unit[1]} of ingredient $f$ available (unlimited where absent)", data.available, ("I",)))
@@ -250,7 +254,9 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
             objective_description="total ingredient cost",
             sets=tuple(sets),
             params=tuple(params),
-            variables=(VarDef("x_f", f"{sc.unit[1]} of ingredient $f$ used", domain + bound, "use", ("I",)),),
+            variables=(VarDef("x_f", f"{sc.unit[1]} of ingredient $f$ used", domain + bound, "use", ("I",),
+                               noun=f"{sc.unit[1]} of each ingredient to use",
+                               whole=f"ingredients come in whole {sc.unit[1]}" if sc.integer else ""),),
             constraints=tuple(constraints),
         )
 

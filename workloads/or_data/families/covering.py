@@ -12,6 +12,7 @@ from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import Currency, Statement, capitalize, currency, generic_distractors, join, number, pick, present
+from trex.workloads.or_data.prose import article
 from trex.workloads.or_data.program import assemble, identifier
 
 
@@ -176,8 +177,11 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 sets=sets,
                 params=(ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
                         ParamDef("r_z", f"how many {sc.site[1]} must reach $z$", data.required, ("Z",)), reach_param),
-                variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",)),),
-                constraints=(ConstraintDef("Coverage", f"each {sc.zone[0]} is reached often enough", r"\sum_{s \in N_z} y_s \ge r_z", "cover", ("Z",)),),
+                variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",),
+                                  indicator=f"whether to build {article(sc.site[0])} at each candidate site"),),
+                constraints=(ConstraintDef("Coverage", f"each {sc.zone[0]} is reached often enough", r"\sum_{s \in N_z} y_s \ge r_z", "cover", ("Z",),
+                                           why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
+                                               f"counting the built sites among those that reach it gives that number"),),
             )
         return MathModel(
             title="Maximum coverage model",
@@ -188,10 +192,16 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
             params=(ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
                     ParamDef("p_z", f"population of {sc.zone[0]} $z$", data.population, ("Z",)),
                     ParamDef("B", f"budget ({money})", data.budget), reach_param),
-            variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",)),
-                       VarDef("u_z", f"1 if {sc.zone[0]} $z$ is covered", r"\in \{0, 1\}", "covered", ("Z",))),
-            constraints=(ConstraintDef("Reach", "a zone is covered only by a built site that reaches it", r"u_z \le \sum_{s \in N_z} y_s", "reach", ("Z",)),
-                         ConstraintDef("Budget", "building costs stay within budget", r"\sum_{s \in S} c_s y_s \le B", "budget", ())),
+            variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",),
+                              indicator=f"whether to build {article(sc.site[0])} at each candidate site"),
+                       VarDef("u_z", f"1 if {sc.zone[0]} $z$ is covered", r"\in \{0, 1\}", "covered", ("Z",),
+                              indicator=f"whether each {sc.zone[0]} counts as covered")),
+            constraints=(ConstraintDef("Reach", f"a {sc.zone[0]} is covered only by a built site that reaches it", r"u_z \le \sum_{s \in N_z} y_s", "reach", ("Z",),
+                                       why=f"the objective rewards covered population, so without this link every {sc.zone[0]} would claim to be covered",
+                                       technique=f"This is a linking constraint: the coverage indicator may be 1 only when at least one built {sc.site[0]} "
+                                                 "reaches the zone, which ties the yes/no coverage flag to the building decisions."),
+                         ConstraintDef("Budget", "building costs stay within budget", r"\sum_{s \in S} c_s y_s \le B", "budget", (),
+                                       why="there is only a fixed amount of money for construction")),
         )
 
     def statement(self, data: CoverData, rng: random.Random) -> str:

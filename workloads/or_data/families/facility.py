@@ -186,27 +186,38 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
         ]
         if data.single_source:
             variables = (
-                VarDef("y_s", f"1 if {sc.site[0]} $s$ is opened", r"\in \{0, 1\}", "open", ("S",)),
-                VarDef("x_{cs}", f"1 if {sc.customer[0]} $c$ is served by $s$", r"\in \{0, 1\}", "serve", ("C", "S")),
+                VarDef("y_s", f"1 if {sc.site[0]} $s$ is opened", r"\in \{0, 1\}", "open", ("S",), indicator=f"whether to open each candidate {sc.site[0]}"),
+                VarDef("x_{cs}", f"1 if {sc.customer[0]} $c$ is served by $s$", r"\in \{0, 1\}", "serve", ("C", "S"),
+                       indicator=f"which {sc.site[0]} serves each {sc.customer[0]}"),
             )
             constraints = [
-                ConstraintDef("Single sourcing", f"each {sc.customer[0]} has exactly one {sc.site[0]}", r"\sum_{s \in S} x_{cs} = 1", "demand", ("C",)),
-                ConstraintDef("Capacity", "open sites serve within capacity", r"\sum_{c \in C} d_c x_{cs} \le Q_s y_s", "capacity", ("S",)),
+                ConstraintDef("Single sourcing", f"each {sc.customer[0]} has exactly one {sc.site[0]}", r"\sum_{s \in S} x_{cs} = 1", "demand", ("C",),
+                              why=f"a {sc.customer[0]} must be served in full by one {sc.site[0]}, never split"),
+                ConstraintDef("Capacity", "open sites serve within capacity", r"\sum_{c \in C} d_c x_{cs} \le Q_s y_s", "capacity", ("S",),
+                              why=f"a {sc.site[0]} can handle only so many {sc.unit[1]}, and a closed one none at all",
+                              technique=f"Multiplying the capacity by the opening decision links the two kinds of decision: with the {sc.site[0]} "
+                                        "closed the right-hand side is 0, so nothing can be assigned to it; a separate rule 'serve only if open' is not needed."),
             ]
             objective = r"\sum_{s \in S} f_s y_s + \sum_{c \in C} \sum_{s \in S} g_{cs} d_c x_{cs}"
         else:
             variables = (
-                VarDef("y_s", f"1 if {sc.site[0]} $s$ is opened", r"\in \{0, 1\}", "open", ("S",)),
-                VarDef("x_{cs}", f"{sc.unit[1]} of $c$'s demand served from $s$", r"\ge 0", "serve", ("C", "S")),
+                VarDef("y_s", f"1 if {sc.site[0]} $s$ is opened", r"\in \{0, 1\}", "open", ("S",), indicator=f"whether to open each candidate {sc.site[0]}"),
+                VarDef("x_{cs}", f"{sc.unit[1]} of $c$'s demand served from $s$", r"\ge 0", "serve", ("C", "S"),
+                       noun=f"{sc.unit[1]} each {sc.customer[0]} receives from each {sc.site[0]}"),
             )
             constraints = [
-                ConstraintDef("Demand", f"each {sc.customer[0]}'s demand is met", r"\sum_{s \in S} x_{cs} = d_c", "demand", ("C",)),
-                ConstraintDef("Capacity", "open sites serve within capacity, closed ones nothing", r"\sum_{c \in C} x_{cs} \le Q_s y_s", "capacity", ("S",)),
+                ConstraintDef("Demand", f"each {sc.customer[0]}'s demand is met", r"\sum_{s \in S} x_{cs} = d_c", "demand", ("C",),
+                              why=f"every {sc.customer[0]} must receive its whole demand, possibly from several {sc.site[1]}"),
+                ConstraintDef("Capacity", "open sites serve within capacity, closed ones nothing", r"\sum_{c \in C} x_{cs} \le Q_s y_s", "capacity", ("S",),
+                              why=f"a {sc.site[0]} can ship only up to its capacity, and a closed one nothing",
+                              technique=f"Multiplying the capacity by the opening decision links the flows to the yes/no choice: closing a "
+                                        f"{sc.site[0]} sets its capacity to 0, so the fixed cost must be paid before anything is shipped from it."),
             ]
             objective = r"\sum_{s \in S} f_s y_s + \sum_{c \in C} \sum_{s \in S} g_{cs} x_{cs}"
         if data.max_open is not None:
             params.append(ParamDef("K", f"most {sc.site[1]} that may be opened", data.max_open))
-            constraints.append(ConstraintDef("Open limit", f"at most $K$ {sc.site[1]} open", r"\sum_{s \in S} y_s \le K", "max_open", ()))
+            constraints.append(ConstraintDef("Open limit", f"at most $K$ {sc.site[1]} open", r"\sum_{s \in S} y_s \le K", "max_open", (),
+                                             why=f"management allows only a limited number of {sc.site[1]} to be open at once"))
         return MathModel(
             title="Capacitated facility location model" + (" (single sourcing)" if data.single_source else ""),
             sense="minimize",

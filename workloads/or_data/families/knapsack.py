@@ -147,7 +147,7 @@ for a, b in conflicts:
 '''
         if data.requires:
             body += '''
-# requires: a is chosen only together with b
+# requires: an item is chosen only together with its prerequisite
 for a, b in requires:
     model.addCons(select[a] <= select[b], name=f"requires[{a},{b}]")
 '''
@@ -177,16 +177,21 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
             ParamDef("C_d", "capacity of limit $d$ (" + ", ".join(f"{d.name} in {d.unit}" for d in data.dimensions) + ")", data.capacity, ("D",)),
         ]
         sets = [SetDef("I", "i", sc.item[1], data.items), SetDef("D", "d", "limits", tuple(d.name for d in data.dimensions))]
-        constraints = [ConstraintDef("Capacity", "the selection fits every limit", r"\sum_{i \in I} w_{di} y_i \le C_d", "capacity", ("D",))]
+        constraints = [ConstraintDef("Capacity", "the selection fits every limit", r"\sum_{i \in I} w_{di} y_i \le C_d", "capacity", ("D",),
+                                     why="each limit (money, time or space) has a fixed amount, and every chosen item uses part of it")]
         if data.conflicts:
             sets.append(SetDef("K", "(i,j)", "conflicting pairs", tuple(f"({a}, {b})" for a, b in data.conflicts)))
-            constraints.append(ConstraintDef("Conflicts", "at most one of a conflicting pair", r"y_i + y_j \le 1", "conflict", ("K",)))
+            constraints.append(ConstraintDef("Conflicts", "at most one of a conflicting pair", r"y_i + y_j \le 1", "conflict", ("K",),
+                                             why="some items exclude each other; with yes/no variables, 'not both' is a sum of at most one"))
         if data.requires:
             sets.append(SetDef("R", "(i,j)", "prerequisite pairs ($i$ needs $j$)", tuple(f"({a}, {b})" for a, b in data.requires)))
-            constraints.append(ConstraintDef("Prerequisites", "an item is chosen only with its prerequisite", r"y_i \le y_j", "requires", ("R",)))
+            constraints.append(ConstraintDef("Prerequisites", "an item is chosen only with its prerequisite", r"y_i \le y_j", "requires", ("R",),
+                                             why="an item that depends on another is only useful when that one is chosen too, which the inequality "
+                                                 "between the two yes/no variables expresses"))
         if data.mandatory:
             sets.append(SetDef("M", "i", f"mandatory {sc.item[1]}", data.mandatory))
-            constraints.append(ConstraintDef("Mandatory", "mandatory items are chosen", r"y_i = 1", "mandatory", ("M",)))
+            constraints.append(ConstraintDef("Mandatory", "mandatory items are chosen", r"y_i = 1", "mandatory", ("M",),
+                                             why="some items are already committed to and must be in any selection"))
         return MathModel(
             title="Multi-dimensional knapsack model",
             sense="maximize",
@@ -194,7 +199,8 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
             objective_description=f"total {sc.value_word}",
             sets=tuple(sets),
             params=tuple(params),
-            variables=(VarDef("y_i", f"1 if {sc.item[0]} $i$ is chosen", r"\in \{0, 1\}", "select", ("I",)),),
+            variables=(VarDef("y_i", f"1 if {sc.item[0]} $i$ is chosen", r"\in \{0, 1\}", "select", ("I",),
+                               indicator=f"whether to choose each {sc.item[0]}"),),
             constraints=tuple(constraints),
         )
 

@@ -181,13 +181,21 @@ model.setObjective(
             sets=(SetDef("T", "t", f"{sc.period}s, in order", data.periods),),
             params=tuple(params),
             variables=(
-                VarDef("x_t", f"{sc.unit[1]} produced in $t$", domain, "make", ("T",)),
-                VarDef("y_t", "1 if production is set up in $t$", r"\in \{0, 1\}", "setup", ("T",)),
-                VarDef("I_t", "stock at the end of $t$", stock_domain, "stock", ("T",)),
+                VarDef("x_t", f"{sc.unit[1]} produced in $t$", domain, "make", ("T",), noun=f"{sc.unit[1]} to produce in each {sc.period}",
+                       whole=f"only whole {sc.unit[1]} are made" if sc.integer else ""),
+                VarDef("y_t", "1 if production is set up in $t$", r"\in \{0, 1\}", "setup", ("T",), indicator=f"whether to set up production in each {sc.period}"),
+                VarDef("I_t", "stock at the end of $t$", stock_domain, "stock", ("T",), noun=f"{sc.unit[1]} in stock at the end of each {sc.period}",
+                       whole=f"stock is counted in whole {sc.unit[1]}" if sc.integer else ""),
             ),
             constraints=(
-                ConstraintDef("Inventory balance", "opening stock plus production meets demand and closing stock", r"I_{t-1} + x_t = d_t + I_t", "inventory", ("T",)),
-                ConstraintDef("Setup and capacity", "production needs a setup and respects capacity", r"x_t \le Q_t y_t", "capacity", ("T",)),
+                ConstraintDef("Inventory balance", "opening stock plus production meets demand and closing stock", r"I_{t-1} + x_t = d_t + I_t", "inventory", ("T",),
+                              why=f"what is on hand at the start of a {sc.period} plus what is made must cover that {sc.period}'s demand, "
+                                  "and whatever is left is carried over; this links the periods together"),
+                ConstraintDef("Setup and capacity", "production needs a setup and respects capacity", r"x_t \le Q_t y_t", "capacity", ("T",),
+                              why=f"production is limited by the plant's capacity and happens only in a {sc.period} that pays the setup cost",
+                              technique="This is a big-M style linking constraint with the capacity as M: when the setup indicator is 0 the "
+                                        "right-hand side is 0 and nothing can be made; when it is 1 the full capacity is available. Since capacity "
+                                        "bounds production anyway, this M is as tight as it can be."),
             ),
         )
 

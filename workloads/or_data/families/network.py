@@ -190,7 +190,8 @@ model.setObjective(throughput, sense="maximize")
         arcs = tuple(f"({i}, {j})" for i, j in data.arcs)
         capacity = ParamDef("u_{ij}", f"capacity of the {sc.link[0]} from $i$ to $j$ ({sc.unit[1]})", {f"({i}, {j})": value for (i, j), value in data.capacity.items()}, ("A",))
         sets = (SetDef("N", "n", "nodes", data.nodes), SetDef("A", "(i,j)", f"{sc.link[1]} (directed arcs)", arcs))
-        flow = VarDef("x_{ij}", f"{sc.unit[1]} sent along arc $(i,j)$", domain, "flow", ("A",))
+        flow = VarDef("x_{ij}", f"{sc.unit[1]} sent along arc $(i,j)$", domain, "flow", ("A",), noun=f"{sc.unit[1]} to send along each {sc.link[0]}",
+                      whole=f"a fraction of a {sc.unit[0]} cannot be sent" if sc.integer else "")
         conservation = r"\sum_{(n,j) \in A} x_{nj} - \sum_{(i,n) \in A} x_{in}"
         if data.structure == "min_cost":
             return MathModel(
@@ -202,7 +203,9 @@ model.setObjective(throughput, sense="maximize")
                 params=(ParamDef("b_n", "supply (positive) or demand (negative) at node $n$", data.balance, ("N",)), capacity,
                         ParamDef("c_{ij}", f"cost per {sc.unit[0]} on arc $(i,j)$ ({data.money.code})", {f"({i}, {j})": value for (i, j), value in data.cost.items()}, ("A",))),
                 variables=(flow,),
-                constraints=(ConstraintDef("Flow balance", "outflow minus inflow equals the node's supply", f"{conservation} = b_n", "balance", ("N",)),),
+                constraints=(ConstraintDef("Flow balance", "outflow minus inflow equals the node's supply", f"{conservation} = b_n", "balance", ("N",),
+                                           why="goods are neither created nor lost at a node: what leaves minus what arrives is the node's own "
+                                               "supply (positive), its demand (negative) or zero at a pass-through point"),),
             )
         return MathModel(
             title="Maximum flow model",
@@ -211,9 +214,11 @@ model.setObjective(throughput, sense="maximize")
             objective_description=f"throughput from {data.source} to {data.sink}",
             sets=sets,
             params=(capacity, ParamDef("s, t", f"source {data.source}, sink {data.sink}", {"source": data.source, "sink": data.sink}, ("N",))),
-            variables=(flow, VarDef("F", "throughput", r"\ge 0", "throughput", ())),
+            variables=(flow, VarDef("F", "throughput", r"\ge 0", "throughput", (), noun=f"total {sc.unit[1]} moved from {data.source} to {data.sink}")),
             constraints=(ConstraintDef("Flow balance", "flow is conserved; the source emits and the sink absorbs $F$",
-                                       f"{conservation} = " + r"\begin{cases} F & n = s \\ -F & n = t \\ 0 & \text{otherwise} \end{cases}", "balance", ("N",)),),
+                                       f"{conservation} = " + r"\begin{cases} F & n = s \\ -F & n = t \\ 0 & \text{otherwise} \end{cases}", "balance", ("N",),
+                                       why="flow is conserved at every intermediate node, so everything that leaves the source arrives at the sink; "
+                                           "the throughput variable measures that amount, and each arc's capacity bounds its flow"),),
         )
 
     def statement(self, data: NetworkData, rng: random.Random) -> str:

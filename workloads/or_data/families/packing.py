@@ -226,16 +226,21 @@ model.setObjective(quicksum(cut), sense="minimize")
                 objective_description=f"number of {sc.bin[1]} used",
                 sets=(SetDef("I", "i", sc.item[1], data.items), SetDef("K", "k", f"available {sc.bin[1]} (an upper bound from first-fit decreasing)", slots)),
                 params=(ParamDef("s_i", f"{sc.size_word} of {sc.item[0]} $i$ ({sc.unit})", data.size, ("I",)), ParamDef("C", f"capacity of a {sc.bin[0]} ({sc.unit})", data.capacity)),
-                variables=(VarDef("u_k", f"1 if {sc.bin[0]} $k$ is used", r"\in \{0, 1\}", "use", ("K",)),
-                           VarDef("z_{ik}", f"1 if {sc.item[0]} $i$ goes into {sc.bin[0]} $k$", r"\in \{0, 1\}", "put", ("I", "K"))),
+                variables=(VarDef("u_k", f"1 if {sc.bin[0]} $k$ is used", r"\in \{0, 1\}", "use", ("K",), indicator=f"whether each available {sc.bin[0]} is used"),
+                           VarDef("z_{ik}", f"1 if {sc.item[0]} $i$ goes into {sc.bin[0]} $k$", r"\in \{0, 1\}", "put", ("I", "K"),
+                                  indicator=f"which {sc.bin[0]} each {sc.item[0]} goes into")),
                 constraints=(
-                    ConstraintDef("Placement", f"each {sc.item[0]} goes into one {sc.bin[0]}", r"\sum_{k \in K} z_{ik} = 1", "place", ("I",)),
-                    ConstraintDef("Capacity", f"a used {sc.bin[0]} holds at most $C$", r"\sum_{i \in I} s_i z_{ik} \le C u_k", "fill", ("K",)),
-                    ConstraintDef("Symmetry", f"{sc.bin[1]} are used in order", r"u_k \le u_{k-1}", "order", ("K",), max(0, data.bins - 1), r"k \ge 2"),
+                    ConstraintDef("Placement", f"each {sc.item[0]} goes into one {sc.bin[0]}", r"\sum_{k \in K} z_{ik} = 1", "place", ("I",), why=f"every {sc.item[0]} must be packed, and it cannot be split between {sc.bin[1]}"),
+                    ConstraintDef("Capacity", f"a used {sc.bin[0]} holds at most $C$", r"\sum_{i \in I} s_i z_{ik} \le C u_k", "fill", ("K",), why=f"the {sc.item[1]} in one {sc.bin[0]} must fit its capacity, and an unused {sc.bin[0]} holds nothing",
+                                  technique=f"Multiplying the capacity by the usage indicator links packing to usage: putting anything into a {sc.bin[0]} "
+                                            "forces its indicator to 1, which is what the objective counts."),
+                    ConstraintDef("Symmetry", f"{sc.bin[1]} are used in order", r"u_k \le u_{k-1}", "order", ("K",), max(0, data.bins - 1), r"k \ge 2",
+                                  why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions that only differ "
+                                      "by renumbering; it is not needed for correctness, but it speeds up the search"),
                 ),
             )
         patterns = data.patterns
-        pattern_text = {f"p{k + 1}": ", ".join(f"{count} x {t}" for t, count in pattern.items()) for k, pattern in enumerate(patterns)}
+        pattern_text = {f"p{k + 1}": ", ".join(f"{count} × {t}" for t, count in pattern.items()) for k, pattern in enumerate(patterns)}
         return MathModel(
             title="Cutting stock model (pattern formulation)",
             sense="minimize",
@@ -246,8 +251,8 @@ model.setObjective(quicksum(cut), sense="minimize")
                     ParamDef("L", f"{sc.size_word} of a {sc.bin[0]} ({sc.unit})", data.capacity),
                     ParamDef("q_t", "pieces ordered", data.demand, ("T",)),
                     ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$ (patterns listed)", pattern_text, ("P",))),
-            variables=(VarDef("x_p", f"{sc.bin[1]} cut with pattern $p$", r"\in \mathbb{Z}_{\ge 0}", "cut", ("P",)),),
-            constraints=(ConstraintDef("Orders", "enough pieces of each type", r"\sum_{p \in P} a_{tp} x_p \ge q_t", "order", ("T",)),),
+            variables=(VarDef("x_p", f"{sc.bin[1]} cut with pattern $p$", r"\in \mathbb{Z}_{\ge 0}", "cut", ("P",), noun=f"{sc.bin[1]} to cut with each pattern", whole=f"a {sc.bin[0]} is cut whole according to one pattern"),),
+            constraints=(ConstraintDef("Orders", "enough pieces of each type", r"\sum_{p \in P} a_{tp} x_p \ge q_t", "order", ("T",), why="each piece type must be produced at least in the quantity ordered; extra pieces are waste but allowed"),),
             notes=(f"A pattern is maximal when no further piece fits into the remaining {sc.size_word}; the others are dominated.",),
         )
 
@@ -274,7 +279,7 @@ model.setObjective(quicksum(cut), sense="minimize")
             )))
             st.add(present(
                 rng, ["Piece", f"{capitalize(sc.size_word)} ({sc.unit})", "Ordered"], [(t, number(data.size[t]), number(data.demand[t])) for t in data.items],
-                lambda row: f"{number(float(row[2]))} {row[0]}s of {row[1]} {sc.unit} are ordered", intro=("This week's orders:", "Orders:"),
+                lambda row: f"{number(float(row[2]))} {'piece' if row[2] == 1 else 'pieces'} of type {row[0]} ({row[1]} {sc.unit}) {'is' if row[2] == 1 else 'are'} ordered", intro=("This week's orders:", "Orders:"),
             ))
             st.add(pick(rng, ("Leftover material from a cut is scrap; at least the ordered number of pieces must be produced.",
                               f"Any combination of pieces that fits into one {sc.bin[0]} can be cut from it; offcuts cannot be joined.")))
@@ -297,7 +302,7 @@ model.setObjective(quicksum(cut), sense="minimize")
         for p, pattern in enumerate(data.patterns):
             count = round(values[lp_name("cut", p + 1)])
             if count:
-                pieces = join([f"{n} x {t}" for t, n in pattern.items()])
+                pieces = join([f"{n} × {t}" for t, n in pattern.items()])
                 lines.append(f"Cut {count} {sc.bin[0] if count == 1 else sc.bin[1]} into {pieces}.")
         return lines
 

@@ -200,10 +200,14 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
         if data.demand_cap:
             params.append(ParamDef("u_p", f"most {sc.unit[1]} of $p$ that can be sold (no cap where absent)", data.demand_cap, ("P",)))
             upper = r" \le u_p"
-        constraints = [ConstraintDef("Capacity", "resource use stays within availability", r"\sum_{p \in P} a_{rp} x_p \le b_r", "capacity", ("R",))]
+        constraints = [ConstraintDef("Capacity", "resource use stays within availability", r"\sum_{p \in P} a_{rp} x_p \le b_r", "capacity", ("R",),
+                                     why=f"every {sc.unit[0]} draws on the limited resources, and each resource has only a fixed amount per {sc.period}, "
+                                         "so the products' combined use of it is capped")]
         if data.mix is not None:
             params.append(ParamDef("\\sigma", f"minimum share of {data.mix[0]} in total output", data.mix[1]))
-            constraints.append(ConstraintDef("Product mix", f"{data.mix[0]} is at least a share $\\sigma$ of the output", f"x_{{\\text{{{data.mix[0]}}}}} \\ge \\sigma \\sum_{{p \\in P}} x_p", "mix", ()))
+            constraints.append(ConstraintDef("Product mix", f"{data.mix[0]} is at least a share $\\sigma$ of the output", f"x_{{\\text{{{data.mix[0]}}}}} \\ge \\sigma \\sum_{{p \\in P}} x_p", "mix", (),
+                                             why=f"management wants {data.mix[0]} to keep a minimum share of the range; the share is written as "
+                                                 "a linear inequality by multiplying it out against total output instead of dividing"))
         return MathModel(
             title="Production planning model",
             sense="maximize",
@@ -211,7 +215,9 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
             objective_description="total profit",
             sets=(SetDef("P", "p", "products", data.products), SetDef("R", "r", "resources", tuple(r.name for r in data.resources))),
             params=tuple(params),
-            variables=(VarDef("x_p", f"{sc.unit[1]} of product $p$ made per {sc.period}", f"{domain}, \\; {bounds} \\le x_p{upper}", "make", ("P",)),),
+            variables=(VarDef("x_p", f"{sc.unit[1]} of product $p$ made per {sc.period}", f"{domain}, \\; {bounds} \\le x_p{upper}", "make", ("P",),
+                               noun=f"{sc.unit[1]} of each product to make per {sc.period}",
+                               whole=f"a {sc.unit[0]} is made whole or not at all" if sc.integer else ""),),
             constraints=tuple(constraints),
         )
 
@@ -240,6 +246,9 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
                 parts = [f"{number(data.uses(r.name, p))} {r.unit} per {unit[0]} of {p}" for p in data.products if (r.name, p) in data.usage]
                 free = [p for p in data.products if (r.name, p) not in data.usage]
                 sentence = pick(rng, (f"Production uses {r.name}: {join(parts, rng)}.", f"In terms of {r.name}, the requirement is {join(parts, rng)}."))
+                if not parts:
+                    sentence = f"None of the products needs {r.name} at the moment."
+                    free = []
                 if free:
                     sentence += f" {capitalize(join(free, rng))} {'needs' if len(free) == 1 else 'need'} no {r.name}."
                 st.add(sentence)

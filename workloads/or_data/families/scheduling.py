@@ -193,10 +193,15 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                 sets=(SetDef("J", "j", sc.job[1], data.jobs), SetDef("M", "m", sc.machine[1], data.machines),
                       SetDef("A", "(j,m)", "allowed job-machine pairs", pairs, display=r"pairs with a processing time")),
                 params=tuple(params),
-                variables=(VarDef("x_{jm}", "1 if job $j$ runs on machine $m$", r"\in \{0, 1\}", "assign", ("A",)),
-                           VarDef("C", f"makespan ({sc.time_unit})", domain, "makespan", ())),
-                constraints=(ConstraintDef("Assignment", "each job runs on exactly one machine", r"\sum_{m:(j,m) \in A} x_{jm} = 1", "once", ("J",)),
-                             ConstraintDef("Load", "each machine finishes by the makespan", r"\sum_{j:(j,m) \in A} p_{jm} x_{jm} \le C", "load", ("M",))),
+                variables=(VarDef("x_{jm}", "1 if job $j$ runs on machine $m$", r"\in \{0, 1\}", "assign", ("A",),
+                                  indicator=f"which {sc.machine[0]} each {sc.job[0]} runs on"),
+                           VarDef("C", f"makespan ({sc.time_unit})", domain, "makespan", (), noun=f"finishing time of the last {sc.machine[0]} ({sc.time_unit})")),
+                constraints=(ConstraintDef("Assignment", "each job runs on exactly one machine", r"\sum_{m:(j,m) \in A} x_{jm} = 1", "once", ("J",),
+                                           why=f"every {sc.job[0]} must be processed, in one piece, on one {sc.machine[0]} that can run it"),
+                             ConstraintDef("Load", "each machine finishes by the makespan", r"\sum_{j:(j,m) \in A} p_{jm} x_{jm} \le C", "load", ("M",),
+                                           why=f"the makespan is the latest finishing time, a maximum over {sc.machine[1]}",
+                                           technique="Minimizing a maximum is linearised this way: one variable is required to be at least every "
+                                                     "machine's total load, and minimizing it pushes it down onto the largest load.")),
             )
         pairs = tuple(f"({i}, {j})" for i, j in combinations(data.jobs, 2))
         count = len(pairs)
@@ -210,12 +215,19 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                     ParamDef("r_j", f"release time ({sc.time_unit})", data.release, ("J",)),
                     ParamDef("w_j", "weight (priority)", data.weight, ("J",)),
                     ParamDef("M", "a big constant: latest release plus all processing", data.big_m)),
-            variables=(VarDef("S_j", "start time of job $j$", r"\ge r_j", "start", ("J",)),
-                       VarDef("y_{ij}", "1 if $i$ runs before $j$", r"\in \{0, 1\}", "before", ("K",)),
-                       VarDef("C_j", "completion time of job $j$", r"\ge 0", "finish", ("J",))),
-            constraints=(ConstraintDef("Order i before j", "if $y_{ij}=1$, $i$ ends before $j$ starts", r"S_i + p_i \le S_j + M (1 - y_{ij})", "i_first", ("K",), count),
-                         ConstraintDef("Order j before i", "if $y_{ij}=0$, $j$ ends before $i$ starts", r"S_j + p_j \le S_i + M y_{ij}", "j_first", ("K",), count),
-                         ConstraintDef("Completion", "a job finishes its processing time after it starts", r"C_j = S_j + p_j", "completion", ("J",))),
+            variables=(VarDef("S_j", "start time of job $j$", r"\ge r_j", "start", ("J",), noun=f"start time of each {sc.job[0]} ({sc.time_unit})"),
+                       VarDef("y_{ij}", "1 if $i$ runs before $j$", r"\in \{0, 1\}", "before", ("K",),
+                              indicator=f"which {sc.job[0]} of each pair goes first"),
+                       VarDef("C_j", "completion time of job $j$", r"\ge 0", "finish", ("J",), noun=f"completion time of each {sc.job[0]} ({sc.time_unit})")),
+            constraints=(ConstraintDef("Order (first before second)", "if $y_{ij}=1$, $i$ ends before $j$ starts", r"S_i + p_i \le S_j + M (1 - y_{ij})", "i_first", ("K",), count,
+                                       why=f"the machine handles one {sc.job[0]} at a time, so of any two {sc.job[1]} one must finish before the other starts",
+                                       technique="This is a big-M disjunction: when the order indicator says the first job goes first, the "
+                                                 "term with M vanishes and the precedence is enforced; otherwise M (the latest release plus all "
+                                                 "processing, so no schedule can exceed it) makes the inequality hold trivially."),
+                         ConstraintDef("Order (second before first)", "if $y_{ij}=0$, $j$ ends before $i$ starts", r"S_j + p_j \le S_i + M y_{ij}", "j_first", ("K",), count,
+                                       why="it is the other half of the same either-or choice, active exactly when the first half is switched off"),
+                         ConstraintDef("Completion", "a job finishes its processing time after it starts", r"C_j = S_j + p_j", "completion", ("J",),
+                                       why=f"a {sc.job[0]} runs without interruption, so it ends its processing time after it starts")),
         )
 
     def statement(self, data: SchedulingData, rng: random.Random) -> str:

@@ -154,8 +154,11 @@ model.setObjective(quicksum(cost[s] * staff[s] for s in shifts), sense="minimize
             objective_description="total wage cost",
             sets=(SetDef("P", "p", "periods", data.periods), SetDef("S", "s", "shifts", data.shifts)),
             params=tuple(params),
-            variables=(VarDef("x_s", f"{sc.staff[1]} assigned to shift $s$", domain, "staff", ("S",)),),
-            constraints=(ConstraintDef("Coverage", "each period has enough staff", r"\sum_{s \in S: p \in W_s} x_s \ge n_p", "need", ("P",)),),
+            variables=(VarDef("x_s", f"{sc.staff[1]} assigned to shift $s$", domain, "staff", ("S",), noun=f"{sc.staff[1]} to put on each shift",
+                               whole=f"{sc.staff[1]} are people and cannot be split"),),
+            constraints=(ConstraintDef("Coverage", "each period has enough staff", r"\sum_{s \in S: p \in W_s} x_s \ge n_p", "need", ("P",),
+                                           why="shifts overlap several periods, so the staff present in a period is the sum over the shifts "
+                                               "working then, and that sum must reach the period's need"),),
         )
 
     def statement(self, data: StaffingData, rng: random.Random) -> str:

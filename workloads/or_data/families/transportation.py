@@ -174,18 +174,21 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
             ParamDef("c_{sd}", f"cost per {sc.unit[0]} shipped from $s$ to $d$ ({money.code}); – marks a route that does not exist", data.cost, ("S", "D")),
         ]
         constraints = [
-            ConstraintDef("Supply", f"a {sc.source[0]} ships no more than its supply", r"\sum_{d:(s,d) \in A} x_{sd} \le a_s", "supply", ("S",)),
+            ConstraintDef("Supply", f"a {sc.source[0]} ships no more than its supply", r"\sum_{d:(s,d) \in A} x_{sd} \le a_s", "supply", ("S",),
+                          why=f"a {sc.source[0]} cannot ship more than it has"),
             ConstraintDef(
                 "Demand",
                 f"each {sc.destination[0]} receives {'exactly' if data.exact_demand else 'at least'} its demand",
                 r"\sum_{s:(s,d) \in A} x_{sd} " + ("= b_d" if data.exact_demand else r"\ge b_d"),
                 "demand",
                 ("D",),
+                why=f"every {sc.destination[0]} must get what it ordered" + ("" if data.exact_demand else "; delivering more is allowed but costs money, so the optimum will not"),
             ),
         ]
         if data.route_cap:
             params.append(ParamDef("u_{sd}", f"capacity of a limited route ({sc.unit[1]})", data.route_cap, ("S", "D")))
-            constraints.append(ConstraintDef("Route capacity", "limited routes carry at most their capacity", r"x_{sd} \le u_{sd}", "route_cap", (), count=len(data.route_cap), condition=r"(s,d) \text{ with a capacity}"))
+            constraints.append(ConstraintDef("Route capacity", "limited routes carry at most their capacity", r"x_{sd} \le u_{sd}", "route_cap", (), count=len(data.route_cap), condition=r"(s,d) \text{ with a capacity}",
+                                             why="some routes have a physical limit per period"))
         routes = [f"({s}, {d})" for (s, d) in data.cost]
         missing = ", ".join(f"({s}, {d})" for s, d in data.missing)
         routes_text = r"$S \times D$" + (f" without {missing}" if missing else "")
@@ -200,7 +203,8 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
                 SetDef("A", "(s,d)", "routes that exist", tuple(routes), display=routes_text),
             ),
             params=tuple(params),
-            variables=(VarDef("x_{sd}", f"{sc.unit[1]} shipped from $s$ to $d$", domain, "ship", ("A",)),),
+            variables=(VarDef("x_{sd}", f"{sc.unit[1]} shipped from $s$ to $d$", domain, "ship", ("A",), noun=f"{sc.unit[1]} to ship on each route",
+                               whole=f"goods travel in whole {sc.unit[1]}" if sc.integer else ""),),
             constraints=tuple(constraints),
             notes=("Route capacities apply only to the routes listed for $u_{sd}$.",) if data.route_cap else (),
         )

@@ -1,0 +1,132 @@
+"""Several ways of writing the same pyscipopt program, so the data does not teach one template.
+
+Every family writes its program in the one layout of `program` (the layout bug injection and
+the judge rely on). `restyle` then rewrites it in one of several equivalent styles, chosen from
+the program text itself (so the same instance always gets the same style):
+
+| dimension | styles |
+| --- | --- |
+| import | `from pyscipopt import Model, quicksum` / `import pyscipopt as scip` (`scip.Model`, `scip.quicksum`) |
+| model name | `model` / `mdl` / `prob` / `scip_model` (renamed as a Python name, never inside strings) |
+| report | a `show()` helper / an inline loop / a `solution` dict printed at the end |
+
+Renaming goes through `tokenize`, so only NAME tokens change. The restyled program is what the
+sandbox runs during verification, so every style is checked like the original.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+
+IMPORTS = ("from", "alias")
+MODEL_NAMES = ("model", "mdl", "prob", "scip_model")
+REPORTS = ("helper", "inline", "dict")
+
+
+@dataclass(frozen=True)
+class CodeStyle:
+    imports: str = "from"
+    model_name: str = "model"
+    report: str = "helper"
+
+    @property
+    def key(self) -> str:
+        return f"{self.imports}/{self.model_name}/{self.report}"
+
+
+def style_for(program: str) -> CodeStyle:
+    """A style chosen by a hash of the program text (deterministic per instance)."""
+    digest = int.from_bytes(hashlib.sha256(program.encode("utf-8")).digest()[:8], "big")
+    imports = IMPORTS[digest % len(IMPORTS)]
+    model_name = MODEL_NAMES[(digest // 7) % len(MODEL_NAMES)]
+    report = REPORTS[(digest // 101) % len(REPORTS)]
+    return CodeStyle(imports, model_name, report)
+
+
+_HELPER = """
+
+def show(label, var):
+    level = model.getVal(var)
+    if abs(level) > 1e-6:
+        print(f"{label} = {level:.10g}")
+"""
+_SHOW_CALL = re.compile(r"^(\s*)show\((.+), ([^,]+)\)$")
+
+
+def restyle(program: str, style: CodeStyle | None = None) -> str:
+    """`program` in `style` (default: `style_for(program)`); the default style returns it unchanged."""
+    style = style or style_for(program)
+    text = program
+    if style.report != "helper":
+        text = _report(text, style.report)
+    if style.imports == "alias":
+        text = text.replace("from pyscipopt import Model, quicksum\n", "import pyscipopt as scip\n", 1)
+        text = _rename(text, {"Model": "scip.Model", "quicksum": "scip.quicksum"})
+    if style.model_name != "model":
+        text = _rename(text, {"model": style.model_name})
+    return text
+
+
+def _report(text: str, report: str) -> str:
+    if _HELPER not in text:
+        return text
+    text = text.replace(_HELPER, "")
+    lines = text.split("\n")
+    out: list[str] = []
+    dict_mode = report == "dict"
+    for line in lines:
+        match = _SHOW_CALL.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        indent, label, var = match.groups()
+        if dict_mode:
+            out.append(f"{indent}solution[{label}] = model.getVal({var})")
+        else:
+            out += [
+                f"{indent}if abs(model.getVal({var})) > 1e-6:",
+                f'{indent}    print({label}, "=", f"{{model.getVal({var}):.10g}}")',
+            ]
+    text = "\n".join(out)
+    if dict_mode:
+        marker = 'if status == "optimal":\n'
+        text = text.replace(marker, "solution = {}\n" + marker, 1)
+        ending = '    print(f"Optimal objective value: {status}")\n'
+        text = text.replace(
+            ending,
+            ending
+            + 'for label, level in solution.items():\n    if abs(level) > 1e-6:\n        print(f"{label} = {level:.10g}")\n',
+            1,
+        )
+    return text
+
+
+def _rename(text: str, names: dict[str, str]) -> str:
+    """Replace NAME tokens (not attribute names after a dot, not strings or comments)."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    lines = text.split("\n")
+    edits: list[tuple[int, int, int, str]] = []
+    previous = None
+    for token in tokens:
+        if (
+            token.type == tokenize.NAME
+            and token.string in names
+            and not (previous is not None and previous.string == ".")
+        ):
+            edits.append((token.start[0], token.start[1], token.end[1], names[token.string]))
+        elif token.type == tokenize.STRING and token.string[:1] in "fF" and token.start[0] == token.end[0]:
+            changed = token.string
+            for old, new in names.items():  # names used inside an f-string's replacement fields
+                changed = re.sub(r"(?<=\{)" + re.escape(old) + r"(?=[.(\[])", new, changed)
+            if changed != token.string:
+                edits.append((token.start[0], token.start[1], token.end[1], changed))
+        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            previous = token
+    for row, start, end, new in sorted(edits, reverse=True):
+        line = lines[row - 1]
+        lines[row - 1] = line[:start] + new + line[end:]
+    return "\n".join(lines)

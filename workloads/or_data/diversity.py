@@ -1,0 +1,219 @@
+"""The diversity report of a run: does the data teach modelling, or one generator's templates?
+
+Computed from the SFT records alone (`trex data stats` prints it), per family:
+
+| measure | what it is |
+| --- | --- |
+| skeletons | distinct prompt skeletons: the prompt's first and last sentences with numbers and capitalized names masked (`skeleton`), and the largest share any one skeleton has |
+| answer_overlap | masked 5-gram overlap: the share of an answer's distinct 5-grams (numbers and names masked) that also occur in another answer of the same family, averaged over answers; for the whole answer and for its prose alone (code, LP, LaTeX and tables set aside) |
+| repeated_sentences | the share of answer prose sentences that occur verbatim (masked) in another sample of the family |
+| code_templates | distinct program templates: the program with its data block, strings and numbers masked |
+| code_styles | distinct `code_style` variants found in the programs (import, model name, report) |
+| size | number of variables in the LP file: min, median, max, and the count per decade over all samples |
+
+A template generator scores high overlap and few templates; an overlap of 0.25 means three
+quarters of an answer's 5-grams are its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from trex.workloads.or_data.prose_check import prose_only
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+_NAME = re.compile(r"\b[A-Z][\w&'-]*(?:\s+[A-Z0-9][\w&'-]*)*")
+_WORD = re.compile(r"[a-z#@]+|[^\sa-z#@]")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def masked(text: str) -> str:
+    """Numbers -> `#`, capitalized names -> `@` (names first, so "Plant 3" is one `@`)."""
+    return _NUMBER.sub("#", _NAME.sub("@", text))
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(masked(text).lower())
+
+
+def grams(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    tokens = words(text)
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def skeleton(prompt: str) -> str:
+    """The prompt's first and last sentences, masked: the frame a template gives a prompt."""
+    sentences = [
+        s.strip()
+        for s in _SENTENCE.split(prompt.strip())
+        if s.strip() and not s.strip().startswith(("|", "-", "```", "$"))
+    ]
+    if not sentences:
+        return ""
+    return masked(sentences[0]) + " ... " + masked(sentences[-1])
+
+
+def overlap(texts: Sequence[str], n: int = 5) -> float:
+    """Mean share of a text's distinct n-grams found in at least one other text of `texts`."""
+    sets = [grams(text, n) for text in texts]
+    frequency: Counter = Counter()
+    for gram_set in sets:
+        frequency.update(gram_set)
+    shares = [sum(1 for gram in gram_set if frequency[gram] > 1) / len(gram_set) for gram_set in sets if gram_set]
+    return round(sum(shares) / len(shares), 4) if shares else 0.0
+
+
+def repeated_sentences(texts: Sequence[str]) -> float:
+    """Share of sentences (masked) that occur in more than one of `texts`."""
+    per_text = [{masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4} for text in texts]
+    frequency: Counter = Counter()
+    for sentences in per_text:
+        frequency.update(sentences)
+    total = sum(len(sentences) for sentences in per_text)
+    repeated = sum(1 for sentences in per_text for sentence in sentences if frequency[sentence] > 1)
+    return round(repeated / total, 4) if total else 0.0
+
+
+_DATA_BLOCK = re.compile(r"# Data\n.*?\n\n", re.S)
+_STRING = re.compile(r"f?\"[^\"\n]*\"|f?'[^'\n]*'")
+
+
+def code_template(program: str) -> str:
+    """A hash of the program with its data, strings and numbers masked."""
+    body = _DATA_BLOCK.sub("# Data\n\n", program)
+    body = _NUMBER.sub("#", _STRING.sub("S", body))
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:12]
+
+
+def code_style_key(program: str) -> str:
+    imports = "alias" if "import pyscipopt as scip" in program else "from"
+    name = re.search(r"^(\w+) = (?:scip\.)?Model\(", program, re.M)
+    report = "helper" if "def show(" in program else "dict" if "solution = {}" in program else "inline"
+    return f"{imports}/{name.group(1) if name else '?'}/{report}"
+
+
+_LP_KEYWORDS = {
+    "maximize",
+    "minimize",
+    "subject",
+    "to",
+    "bounds",
+    "general",
+    "generals",
+    "binary",
+    "binaries",
+    "end",
+    "free",
+    "inf",
+    "infinity",
+    "st",
+    "obj",
+}
+
+
+def lp_variables(lp: str) -> int:
+    """Distinct variable names in an LP file (row labels and keywords left out)."""
+    labels = set(re.findall(r"^\s*(\w+):", lp, re.M))
+    text = re.sub(r"^\\.*$", "", lp, flags=re.M)
+    names = set(re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", re.sub(r"^\s*\w+:", "", text, flags=re.M)))
+    return len({name for name in names if name.lower() not in _LP_KEYWORDS and name not in labels})
+
+
+def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The report of the module docstring, from SFT records."""
+    by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_family[record["meta"]["family"]].append(record)
+    families: dict[str, Any] = {}
+    sizes_all: list[int] = []
+    for family, items in sorted(by_family.items()):
+        prompts = [item["messages"][1]["content"] for item in items]
+        answers = [item["messages"][2]["content"] for item in items]
+        prose = [prose_only(answer) for answer in answers]
+        skeletons = Counter(skeleton(prompt) for prompt in prompts)
+        sizes = [lp_variables(item["meta"]["lp"]) for item in items]
+        sizes_all += sizes
+        families[family] = {
+            "samples": len(items),
+            "skeletons": len(skeletons),
+            "top_skeleton_share": round(skeletons.most_common(1)[0][1] / len(items), 4) if items else 0.0,
+            "answer_overlap": overlap(answers),
+            "answer_prose_overlap": overlap(prose),
+            "prompt_overlap": overlap(prompts),
+            "repeated_sentences": repeated_sentences(prose),
+            "code_templates": len({code_template(item["meta"]["program"]) for item in items}),
+            "code_styles": len({code_style_key(item["meta"]["program"]) for item in items}),
+            "size": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)} if sizes else {},
+        }
+    decades = Counter(f"{10 ** (len(str(size)) - 1)}-{10 ** len(str(size)) - 1}" for size in sizes_all)
+    values = list(families.values())
+
+    def mean(key: str) -> float:
+        return round(sum(value[key] for value in values) / len(values), 4) if values else 0.0
+
+    return {
+        "families": families,
+        "summary": {
+            "answer_overlap": mean("answer_overlap"),
+            "answer_prose_overlap": mean("answer_prose_overlap"),
+            "prompt_overlap": mean("prompt_overlap"),
+            "repeated_sentences": mean("repeated_sentences"),
+            "min_skeletons": min((value["skeletons"] for value in values), default=0),
+            "min_code_styles": min((value["code_styles"] for value in values), default=0),
+            "min_code_templates": min((value["code_templates"] for value in values), default=0),
+            "size_decades": dict(sorted(decades.items(), key=lambda item: int(item[0].split("-")[0]))),
+        },
+    }
+
+
+def diversity_markdown(report: dict[str, Any]) -> list[str]:
+    summary = report["summary"]
+    columns = (
+        "family",
+        "samples",
+        "skeletons",
+        "top skeleton",
+        "answer overlap",
+        "prose overlap",
+        "prompt overlap",
+        "repeated sentences",
+        "code templates",
+        "code styles",
+        "variables (min/median/max)",
+    )
+    lines = [
+        "Diversity (per family; overlap = share of an answer's masked 5-grams found in another answer of its family):",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + " --- |" * len(columns),
+    ]
+    for family, value in report["families"].items():
+        size = value["size"]
+        cells = [
+            family,
+            value["samples"],
+            value["skeletons"],
+            f"{value['top_skeleton_share']:.1%}",
+            f"{value['answer_overlap']:.1%}",
+            f"{value['answer_prose_overlap']:.1%}",
+            f"{value['prompt_overlap']:.1%}",
+            f"{value['repeated_sentences']:.1%}",
+            value["code_templates"],
+            value["code_styles"],
+            f"{size.get('min')}/{size.get('median')}/{size.get('max')}",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    lines += [
+        "",
+        f"Mean over families: answer overlap {summary['answer_overlap']:.1%}, prose overlap {summary['answer_prose_overlap']:.1%}, "
+        f"prompt overlap {summary['prompt_overlap']:.1%}, repeated sentences {summary['repeated_sentences']:.1%}; "
+        f"fewest skeletons {summary['min_skeletons']}, fewest code styles {summary['min_code_styles']}; "
+        f"variables per instance by decade: {summary['size_decades']}",
+        "",
+    ]
+    return lines

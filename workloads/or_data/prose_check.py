@@ -1,0 +1,151 @@
+"""The prose checker: rules that catch generated text a careful reader would stop at.
+
+`check_prose(text)` returns the flags of one text (a prompt, an answer, a CPT document); the
+pipeline rejects a sample with any flag and counts the flags by kind (`trex data stats`). Code
+blocks, LP files and LaTeX are set aside first: `x_p` in a formula is notation, in a sentence
+it is a leak.
+
+| kind | what it catches |
+| --- | --- |
+| index_leak | an index letter in a sentence ("devices of product p", "taken by driver w") |
+| raw_fill | a variable description pasted into a sentence ("the 1 if project i is chosen"), an empty fill ("rules: .") or a leftover `{placeholder}` |
+| agreement | plural subject with a singular verb ("Eggs costs"), "they has", "a analyzer", "1 dollars" |
+| duplicated_opener | two framing lines stacked ("Background:" then "Here is a planning problem:") |
+| contradicting_filler | company filler in a public or household setting ("The company was founded ..." about a zoo or a fire department) |
+| float_artefact | binary floating-point noise (`0.6599999999999999`) anywhere, code included |
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trex.workloads.or_data.phrasing import FRAMINGS, NON_COMPANY
+from trex.workloads.or_data.prose import FUNCTION_WORDS, SUBJECT_VERB, is_plural, plural_subject
+
+KINDS = ("index_leak", "raw_fill", "agreement", "duplicated_opener", "contradicting_filler", "float_artefact")
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: str
+    excerpt: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.excerpt!r}"
+
+
+_FENCE = re.compile(r"```.*?```", re.S)
+_DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+_INLINE_MATH = re.compile(r"\$[^$\n]*\$")
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+_TABLE_LINE = re.compile(r"^\s*\|.*$", re.M)
+_HEADING = re.compile(r"^#+ .*$", re.M)
+
+_FLOAT_NOISE = re.compile(r"\d\.\d*?(?:0{6,}|9{6,})[1-9]\d*")
+# A lone lowercase letter used as a word: not "a", not inside "e.g."/"i.e.", not a unit after a number.
+_LONE_LETTER = re.compile(r"(?<![\w'’.\\/-])([b-hj-z])(?![\w'’/-])(?!\.\w)")
+_UNIT_LETTERS = {"g", "m", "h", "t", "l", "s", "k"}
+_RAW_FILL = (
+    re.compile(r"\b(?:the|a|an|The|A|An)\s+1 (?:if|when)\b"),
+    re.compile(r":\s*\.(?:\s|$)"),
+    re.compile(r"(?<!= )\{[a-z_]+\}"),
+    re.compile(r"\bthe the\b", re.I),
+)
+_BAD_PRONOUN_VERB = re.compile(r"\b(?:they|we|you) (?:has|is|was|does)\b|\b(?:he|she|it) (?:have|are|were)\b", re.I)
+_A_BEFORE_VOWEL = re.compile(r"\b[aA] ([aeiouAEIOU][a-z]+)")
+_AN_BEFORE_CONSONANT = re.compile(r"\b[aA]n ([b-df-hj-np-tv-z][a-z]+)")
+_ONE_PLURAL = re.compile(r"(?<![\d.,-])\b1 ([a-z]+s)\b")
+_CONSONANT_SOUND_VOWELS = ("uni", "use", "usu", "one", "once", "eu", "ufo", "uti", "ure", "uro")
+_VOWEL_SOUND_CONSONANTS = ("hour", "honest", "honor", "honour", "heir")
+# Filler sentences that only fit a company (the generic distractors of `phrasing`).
+COMPANY_FILLER = re.compile(r"\b(?:The company|the company's|The firm|the firm's|Its head office|The company's)\b")
+_OPENERS = (
+    *FRAMINGS,
+    "Here is a planning problem:",
+    "Consider this problem:",
+    "Problem:",
+    "Problem description:",
+    "Here is the base case:",
+    "Help me decide.",
+)
+
+
+def prose_only(text: str) -> str:
+    """The sentences of a markdown text: code, LP, LaTeX, tables and headings removed."""
+    for pattern in (_FENCE, _DISPLAY_MATH, _INLINE_MATH, _INLINE_CODE, _TABLE_LINE, _HEADING):
+        text = pattern.sub(" ", text)
+    return text
+
+
+def check_prose(text: str) -> list[Flag]:
+    """Every flag the rules raise on `text` (see the module docstring)."""
+    flags: list[Flag] = []
+    for match in _FLOAT_NOISE.finditer(text):
+        flags.append(Flag("float_artefact", match.group(0)))
+    prose = prose_only(text)
+    for match in _LONE_LETTER.finditer(prose):
+        letter = match.group(1)
+        before = prose[max(0, match.start() - 12) : match.start()]
+        after = prose[match.end() : match.end() + 3]
+        if letter in _UNIT_LETTERS and re.search(r"\d\s*$", before):
+            continue
+        if after.startswith(")") and before.endswith("("):  # "(b)" enumerations
+            continue
+        flags.append(Flag("index_leak", prose[max(0, match.start() - 30) : match.end() + 10].strip()))
+    for pattern in _RAW_FILL:
+        for match in pattern.finditer(prose):
+            flags.append(Flag("raw_fill", prose[max(0, match.start() - 30) : match.end() + 20].strip()))
+    flags += _agreement(prose)
+    flags += _openers(text)
+    opening = [p for p in prose.strip().split("\n\n")[:3] if not COMPANY_FILLER.search(p)]
+    if any(NON_COMPANY.search(paragraph) for paragraph in opening[:2]):
+        for sentence in re.split(r"(?<=[.!?])\s+", prose):
+            if COMPANY_FILLER.search(sentence):
+                flags.append(Flag("contradicting_filler", sentence.strip()[:80]))
+    return flags
+
+
+def _agreement(prose: str) -> list[Flag]:
+    flags = []
+    for match in _BAD_PRONOUN_VERB.finditer(prose):
+        flags.append(Flag("agreement", match.group(0)))
+    for match in _A_BEFORE_VOWEL.finditer(prose):
+        if match.group(0)[0] == "A" and not _sentence_start(prose, match.start()):
+            continue  # "machine A and ...": a name, not an article
+        if not match.group(1).lower().startswith(_CONSONANT_SOUND_VOWELS):
+            flags.append(Flag("agreement", match.group(0)))
+    for match in _AN_BEFORE_CONSONANT.finditer(prose):
+        if not match.group(1).lower().startswith(_VOWEL_SOUND_CONSONANTS):
+            flags.append(Flag("agreement", match.group(0)))
+    for match in _ONE_PLURAL.finditer(prose):
+        word = match.group(1)
+        if word not in FUNCTION_WORDS and is_plural(word) and not re.search(r"[A-Z][\w-]* $", prose[: match.start()]):
+            flags.append(Flag("agreement", match.group(0)))
+    for match in SUBJECT_VERB.finditer(prose):
+        if plural_subject(match.group(1)):
+            flags.append(Flag("agreement", match.group(0)))
+    return flags
+
+
+def _sentence_start(text: str, position: int) -> bool:
+    return not text[:position].strip() or text[:position].rstrip()[-1:] in ".!?:\n"
+
+
+def _openers(text: str) -> list[Flag]:
+    paragraphs = [paragraph.strip() for paragraph in text.strip().split("\n\n")[:4]]
+    found = [p for p in paragraphs if any(p.startswith(opener) and len(p) < len(opener) + 60 for opener in _OPENERS)]
+    return [Flag("duplicated_opener", " / ".join(found))] if len(found) > 1 else []
+
+
+def check_texts(texts: Iterable[str]) -> list[Flag]:
+    flags: list[Flag] = []
+    for text in texts:
+        flags += check_prose(text)
+    return flags
+
+
+def summarize(flags: Iterable[Flag]) -> dict[str, int]:
+    return dict(sorted(Counter(flag.kind for flag in flags).items()))
