@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from trex.workloads.or_data.prose import agree
+from trex.workloads.or_data.prose import agree, number  # noqa: F401 - number is part of this module's vocabulary
 
 T = TypeVar("T")
 
@@ -24,14 +24,6 @@ PRESENTATIONS = ("prose", "list", "table")
 
 def pick(rng: random.Random, options: Sequence[T]) -> T:
     return options[rng.randrange(len(options))]
-
-
-def number(value: float) -> str:
-    """`1200` -> `1,200`, `12.5` -> `12.5`, `0.125` -> `0.125` (up to 4 decimals)."""
-    if float(value).is_integer():
-        return f"{int(value):,}"
-    text = f"{value:,.4f}".rstrip("0").rstrip(".")
-    return text
 
 
 @dataclass(frozen=True)

@@ -114,11 +114,16 @@ def singular_noun(plural: str) -> str:
     return found if found else plural
 
 
+def number(value: float) -> str:
+    """`1200` -> `1,200`, `12.5` -> `12.5`, `0.125` -> `0.125` (up to 4 decimals)."""
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.4f}".rstrip("0").rstrip(".")
+
+
 def count(value: float, singular: str, plural: str | None = None) -> str:
     """A number with its noun in the right number: exactly 1 takes the singular, anything else
     (fractions, 0) the plural."""
-    from trex.workloads.or_data.phrasing import number
-
     value = round(float(value), 4)
     noun = singular if value == 1 else (plural or plural_noun(singular))
     return f"{number(value)} {noun}"
