@@ -12,7 +12,7 @@ import sys
 from trex.errors import TrexError
 
 # Command modules under trex.cli, in the order `trex --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "capture", "estimate", "plan", "calibrate", "eval", "data")
+COMMANDS: tuple[str, ...] = ("demo", "capture", "estimate", "plan", "calibrate", "eval", "data", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
