@@ -34,7 +34,7 @@ def _attention_plan() -> dict:
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
     }
 
 
@@ -45,7 +45,7 @@ def _mlp_plan(mlp: nn.Module) -> dict:
         "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "mlp.gate_proj": ColwiseParallel(),
         "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
     }
 
 
@@ -71,10 +71,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     for what, count in (("attention heads", config.num_attention_heads), ("key/value heads", getattr(config, "num_key_value_heads", config.num_attention_heads))):
         if count % tp:
             raise TrexError(f"tp={tp} does not divide the {count} {what} of {config.model_type}")
-    parallelize_module(inner, tp_mesh, {
-        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-    })
+    top = {"embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False), "norm": SequenceParallel()}
+    if hasattr(inner, "rotary_emb"):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
+        top["rotary_emb"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+    parallelize_module(inner, tp_mesh, top)
     parallelize_module(model, tp_mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
     for layer in inner.layers:
         plan = {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(), **_attention_plan(), **_mlp_plan(layer.mlp)}

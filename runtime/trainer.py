@@ -173,7 +173,8 @@ class Trainer:
             self.applied.before_micro_batch(last=i == len(batches) - 1)
             with self.activations.counting():
                 loss = self.loss_of(batch.inputs, batch.targets, normalizer)
-            (loss * self.applied.loss_scale if self.applied.loss_scale != 1.0 else loss).backward()
+            with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
+                (loss * self.applied.loss_scale if self.applied.loss_scale != 1.0 else loss).backward()
             local += _plain(loss.detach()).double()
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:
