@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trex.errors import TrexError
-from trex.runtime.trainer import TrainJob, run_rank
+from trex.runtime.trainer import TrainJob, run_rank, run_rank_jobs
 
 MONITOR_INTERVAL_S = 0.2
 
@@ -40,6 +40,13 @@ def _worker(job: TrainJob) -> dict[str, Any]:
     return record(run_rank)(job)
 
 
+def run_jobs(jobs: list[TrainJob]) -> list[dict[str, Any]]:
+    """One rank's part of several runs in one process group (benchmarks and tests: one start-up for many plans)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(run_rank_jobs)(jobs)
+
+
 def launch(job: TrainJob, nproc: int) -> dict[str, Any]:
     """Run `job` on `nproc` local ranks; returns rank 0's result."""
     if started_by_torchrun():
@@ -49,26 +56,34 @@ def launch(job: TrainJob, nproc: int) -> dict[str, Any]:
         return run_rank(job)
     if nproc == 1:
         return run_rank(job)
+    with tempfile.TemporaryDirectory(prefix="trex-progress-") as progress:
+        job = dataclasses.replace(job, progress_dir=job.progress_dir or progress)
+        return launch_function(_worker, (job,), nproc, Path(job.progress_dir))[0]
+
+
+def launch_function(function: Any, args: tuple, nproc: int, progress_dir: Path | None = None) -> dict[int, Any]:
+    """Run `function(*args)` on `nproc` local ranks started by the elastic launcher; returns each rank's result.
+
+    `function` must be importable by name (ranks are spawned). A failure raises TrexError naming the
+    first rank that failed and, when `progress_dir` holds the ranks' progress files, its step.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N ranks share the cores
-    with tempfile.TemporaryDirectory(prefix="trex-progress-") as progress:
-        job = dataclasses.replace(job, progress_dir=job.progress_dir or progress)
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trex-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                              rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
-        try:
-            results = elastic_launch(config, _worker)(job)
-        except ChildFailedError as error:
-            raise TrexError(describe_failure(error, Path(job.progress_dir))) from None
-    return results[0]
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trex-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
+    try:
+        return elastic_launch(config, function)(*args)
+    except ChildFailedError as error:
+        raise TrexError(describe_failure(error, progress_dir)) from None
 
 
-def describe_failure(error: Any, progress_dir: Path) -> str:
+def describe_failure(error: Any, progress_dir: Path | None) -> str:
     """Name the rank that failed first, its step, and what it said."""
     failures = sorted(error.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
     rank, failure = failures[0]
-    step = _step_of(progress_dir, rank)
+    step = _step_of(progress_dir, rank) if progress_dir is not None else None
     signal = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else None
     how = f"was killed by {signal}" if signal else f"exited with code {failure.exitcode}"
     where = f"at step {step}" if step is not None else "before its first step"

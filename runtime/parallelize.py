@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
-
 from trex.cost_model.parallel import ParallelConfig
 from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
 from trex.runtime.mesh import PlanMeshes, build_meshes
@@ -156,7 +155,7 @@ def parallelize(model: nn.Module, plan: ParallelConfig, device: torch.device, *,
 
         expert_names = set(shard_experts(model, meshes.ep_group))
     if plan.zero == 3:
-        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: I001
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         dp_mesh = meshes.world["dp"]
         for layer in _decoder_layers(model):

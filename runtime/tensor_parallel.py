@@ -24,7 +24,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-
 from trex.errors import TrexError
 
 

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 
@@ -49,6 +48,16 @@ class TrainJob:
     gather_gradients: bool = False  # return the first step's full gradients (equivalence tests)
     verbose: bool = True  # rank 0 prints each step's loss to stderr
 
+    @classmethod
+    def create(cls, model: str, plan_text: str, nproc: int, *, seq: int, gbs: int, mbs: int = 1, precision: str = "fp32",
+               **fields: Any) -> TrainJob:
+        """A job whose plan is resolved (and refused, with the numbers, if it cannot run) for `nproc` ranks."""
+        from trex.models import load_config
+        from trex.runtime.run_plan import resolve_plan
+
+        plan = resolve_plan(plan_text, load_config(model), nproc, seq=seq, gbs=gbs, mbs=mbs, precision=precision)
+        return cls(model=model, plan_text=plan_text, plan=plan.to_dict(), **fields)
+
     @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig.from_dict(dict(self.plan))
@@ -68,11 +77,11 @@ class RankResult:
 
 def device_and_backend() -> tuple[torch.device, str]:
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))), "nccl"
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), "nccl"
     try:
         import torch_npu  # noqa: F401
 
-        return torch.device("npu", int(os.environ.get("LOCAL_RANK", 0))), "hccl"
+        return torch.device("npu", int(os.environ.get("LOCAL_RANK", "0"))), "hccl"
     except ImportError:
         return torch.device("cpu"), "gloo"
 
@@ -87,24 +96,44 @@ def run_rank(job: TrainJob) -> dict[str, Any]:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=job.timeout_s))
+    try:
+        return execute(job, device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_rank_jobs(jobs: list[TrainJob]) -> list[dict[str, Any]]:
+    """Entry point of one process that runs several jobs (same world size) one after the other."""
+    from datetime import timedelta
+
+    device, backend = device_and_backend()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=max(j.timeout_s for j in jobs)))
+    try:
+        return [execute(job, device) for job in jobs]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def execute(job: TrainJob, device: torch.device | None = None) -> dict[str, Any]:
+    """Run `job` in the current process group (or alone); every rank of the group calls this."""
+    device = device or device_and_backend()[0]
     rank = dist.get_rank() if dist.is_initialized() else 0
     progress = ProgressFile(job.progress_dir, rank)
     try:
         result = asdict(Trainer(job, device, progress).run())
-        memory = [result["memory_bytes"]]
-        if dist.is_initialized():
-            memory = [None] * dist.get_world_size()
-            dist.all_gather_object(memory, result["memory_bytes"])
-        result["memory_by_rank"] = memory
-        return result
     except Exception as error:
-        step = progress.step
         if isinstance(error, TrexError):
             raise
-        raise TrexError(f"rank {rank} failed at step {step}: {type(error).__name__}: {error}") from error
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        raise TrexError(f"rank {rank} failed at step {progress.step}: {type(error).__name__}: {error}") from error
+    memory = [result["memory_bytes"]]
+    if dist.is_initialized():
+        memory = [None] * dist.get_world_size()
+        dist.all_gather_object(memory, result["memory_bytes"])
+    result["memory_by_rank"] = memory
+    return result
 
 
 class ProgressFile:
