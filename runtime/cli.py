@@ -39,6 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir (any plan)")
     parser.add_argument("--compile", action="store_true", help="capture each rank's model with trex.compile (slow to start on CPU)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait for a peer before the run fails (default 300)")
+    parser.add_argument("--progress-dir", type=Path, help="each rank keeps rank<R>.json here (pid, current step) for supervisors; "
+                        "default: a temporary directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
     parser.set_defaults(run=run)
 
@@ -73,7 +75,8 @@ def build_job(args: argparse.Namespace):
                             "--checkpoint-dir (nothing is overwritten)")
     job = TrainJob(model=args.model, plan_text=args.plan, plan=plan.to_dict(), steps=args.steps, seed=args.seed, data=args.data, lr=args.lr,
                    checkpoint_dir=str(args.checkpoint_dir) if args.checkpoint_dir else None, save_every=args.save_every, resume=args.resume,
-                   compile=args.compile, timeout_s=args.timeout, verbose=not args.json)
+                   compile=args.compile, timeout_s=args.timeout, verbose=not args.json,
+                   progress_dir=str(args.progress_dir) if args.progress_dir else None)
     return job, config, plan
 
 

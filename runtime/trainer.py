@@ -141,6 +141,8 @@ class ProgressFile:
 
     def __init__(self, directory: str | None, rank: int):
         self.path = Path(directory) / f"rank{rank}.json" if directory else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank, self.step = rank, None
 
     def at(self, step: int | None) -> None:
