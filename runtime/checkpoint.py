@@ -51,14 +51,24 @@ class CheckpointStore:
         self.root = Path(directory)
         self.job = job
         self.shapes = shapes
-        self.identity = {"model": job.model, "fingerprint": fingerprint(shapes), "seed": job.seed, "data": job.data,
-                         "seq": job.parallel.seq, "gbs": job.parallel.gbs}
+        self.identity = {
+            "model": job.model,
+            "fingerprint": fingerprint(shapes),
+            "seed": job.seed,
+            "data": job.data,
+            "seq": job.parallel.seq,
+            "gbs": job.parallel.gbs,
+        }
 
     # -- what a checkpoint holds ---------------------------------------------------------------
     def _state(self, applied: Any, step: int) -> dict[str, Any]:
         applied.optimizer.ensure_state()
-        return {"model": applied.model_state(), "optimizer": applied.optimizer.state_dict(),
-                "progress": {"step": torch.tensor(step)}, "rng": torch.get_rng_state()}
+        return {
+            "model": applied.model_state(),
+            "optimizer": applied.optimizer.state_dict(),
+            "progress": {"step": torch.tensor(step)},
+            "rng": torch.get_rng_state(),
+        }
 
     def latest(self) -> Path | None:
         pointer = self.root / "latest"
@@ -70,8 +80,11 @@ class CheckpointStore:
     def check_fresh(self) -> None:
         """A run without --resume must not write over an earlier run's checkpoints."""
         if self.latest() is not None:
-            raise TrexError(f"{self.root} already holds checkpoints (latest: {self.latest().name}); pass --resume to continue that run, "
-                            "or choose an empty --checkpoint-dir (nothing is overwritten)")
+            raise TrexError(
+                f"{self.root} already holds checkpoints (latest: {self.latest().name}); pass --resume to "
+                "continue that run, "
+                "or choose an empty --checkpoint-dir (nothing is overwritten)"
+            )
 
     # -- save -----------------------------------------------------------------------------------
     def save(self, applied: Any, step: int) -> Path:
@@ -87,8 +100,13 @@ class CheckpointStore:
         dcp.save(self._state(applied, step), checkpoint_id=str(partial))
         _barrier()
         if _rank() == 0:
-            meta = {"format": FORMAT, "step": step, "plan": self.job.plan_text, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                    **self.identity}
+            meta = {
+                "format": FORMAT,
+                "step": step,
+                "plan": self.job.plan_text,
+                "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                **self.identity,
+            }
             (partial / "trex.json").write_text(json.dumps(meta, indent=2) + "\n")
             if final.exists():
                 raise TrexError(f"{final} already exists; refusing to overwrite it")
@@ -106,11 +124,16 @@ class CheckpointStore:
 
         where = self.latest()
         if where is None:
-            raise TrexError(f"--resume: no checkpoint in {self.root} (no 'latest' file); run without --resume first, with --save-every K")
+            raise TrexError(
+                f"--resume: no checkpoint in {self.root} (no 'latest' file); run without --resume first, with "
+                "--save-every K"
+            )
         meta_path = where / "trex.json"
         if not meta_path.exists():
-            raise TrexError(f"--resume: {where} is not a complete trex checkpoint (trex.json is missing); it may be corrupt - "
-                            "delete 'latest' to fall back, or start a fresh --checkpoint-dir")
+            raise TrexError(
+                f"--resume: {where} is not a complete trex checkpoint (trex.json is missing); it may be corrupt - "
+                "delete 'latest' to fall back, or start a fresh --checkpoint-dir"
+            )
         try:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as error:
@@ -118,22 +141,39 @@ class CheckpointStore:
         if meta.get("format") != FORMAT:
             raise TrexError(f"--resume: {where} is not a {FORMAT} checkpoint (format {meta.get('format')!r})")
         if meta.get("fingerprint") != self.identity["fingerprint"]:
-            raise TrexError(f"--resume: the checkpoint in {where} is of another model ({meta.get('model')!r}, parameters {meta.get('fingerprint')}); "
-                            f"this run trains {self.job.model!r} (parameters {self.identity['fingerprint']}). Pass the model it was saved with, "
-                            "or a fresh --checkpoint-dir")
-        differing = [f"{key} {meta.get(key)!r} -> {self.identity[key]!r}" for key in ("seed", "data", "seq", "gbs") if meta.get(key) != self.identity[key]]
+            raise TrexError(
+                f"--resume: the checkpoint in {where} is of another model ({meta.get('model')!r}, parameters "
+                f"{meta.get('fingerprint')}); "
+                f"this run trains {self.job.model!r} (parameters {self.identity['fingerprint']}). Pass the "
+                "model it was saved with, "
+                "or a fresh --checkpoint-dir"
+            )
+        differing = [
+            f"{key} {meta.get(key)!r} -> {self.identity[key]!r}"
+            for key in ("seed", "data", "seq", "gbs")
+            if meta.get(key) != self.identity[key]
+        ]
         if differing:
-            raise TrexError(f"--resume: the data order would differ from the saved run ({'; '.join(differing)}); resume with the saved "
-                            "--seed/--data/--seq/--gbs (the plan may differ)")
+            raise TrexError(
+                f"--resume: the data order would differ from the saved run ({'; '.join(differing)}); resume "
+                "with the saved "
+                "--seed/--data/--seq/--gbs (the plan may differ)"
+            )
         step = int(meta["step"])
         state = self._state(applied, step)
         try:
             dcp.load(state, checkpoint_id=str(where))
         except Exception as error:  # noqa: BLE001 - DCP raises many kinds; name the file and the fix
-            raise TrexError(f"--resume: could not read the checkpoint {where}: {type(error).__name__}: {str(error)[:300]}; it may be corrupt - "
-                            "point 'latest' at an earlier step-* directory or start a fresh --checkpoint-dir") from None
+            raise TrexError(
+                f"--resume: could not read the checkpoint {where}: {type(error).__name__}: {str(error)[:300]}; "
+                "it may be corrupt - "
+                "point 'latest' at an earlier step-* directory or start a fresh --checkpoint-dir"
+            ) from None
         torch.set_rng_state(state["rng"])
         loaded = int(state["progress"]["step"])
         if loaded != step:
-            raise TrexError(f"--resume: {where} says step {step} in trex.json but {loaded} in its tensors; the checkpoint is corrupt")
+            raise TrexError(
+                f"--resume: {where} says step {step} in trex.json but {loaded} in its tensors; the checkpoint "
+                "is corrupt"
+            )
         return step

@@ -49,22 +49,27 @@ class TokenSource:
             order += torch.randperm(count, generator=generator).tolist()
             epoch += 1
         start = first - (first // count) * count
-        return self.windows[order[start:start + self.gbs]]
+        return self.windows[order[start : start + self.gbs]]
 
 
 def replica_rows(tokens: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
     """The rows of the global batch that data-parallel replica `replica` trains on (contiguous blocks)."""
     rows = tokens.size(0) // replicas
-    return tokens[replica * rows:(replica + 1) * rows]
+    return tokens[replica * rows : (replica + 1) * rows]
 
 
 def micro_batches(rows: torch.Tensor, mbs: int) -> list[Batch]:
-    return [Batch(rows[i:i + mbs, :-1].contiguous(), rows[i:i + mbs, 1:].contiguous()) for i in range(0, rows.size(0), mbs)]
+    return [
+        Batch(rows[i : i + mbs, :-1].contiguous(), rows[i : i + mbs, 1:].contiguous())
+        for i in range(0, rows.size(0), mbs)
+    ]
 
 
 def _jsonl_windows(path: Path, window: int, vocab_size: int) -> torch.Tensor:
     if not path.exists():
-        raise TrexError(f"--data {path}: no such file; pass 'synthetic' or a .jsonl file with an \"input_ids\" list per line")
+        raise TrexError(
+            f"--data {path}: no such file; pass 'synthetic' or a .jsonl file with an \"input_ids\" list per line"
+        )
     stream: list[int] = []
     with path.open() as handle:
         for number, line in enumerate(handle, 1):
@@ -76,12 +81,16 @@ def _jsonl_windows(path: Path, window: int, vocab_size: int) -> torch.Tensor:
                 raise TrexError(f"{path}:{number}: not valid JSON ({error.msg})") from None
             ids = record.get("input_ids", record.get("tokens")) if isinstance(record, dict) else None
             if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise TrexError(f"{path}:{number}: each line needs \"input_ids\" (or \"tokens\"): a list of integer token ids")
+                raise TrexError(
+                    f'{path}:{number}: each line needs "input_ids" (or "tokens"): a list of integer token ids'
+                )
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
                 raise TrexError(f"{path}:{number}: token id {bad[0]} is outside the model's vocabulary of {vocab_size}")
             stream += ids
     count = len(stream) // window
     if count == 0:
-        raise TrexError(f"{path}: {len(stream)} tokens do not fill one window of seq+1 = {window} tokens; add data or lower --seq")
-    return torch.tensor(stream[:count * window], dtype=torch.long).view(count, window)
+        raise TrexError(
+            f"{path}: {len(stream)} tokens do not fill one window of seq+1 = {window} tokens; add data or lower --seq"
+        )
+    return torch.tensor(stream[: count * window], dtype=torch.long).view(count, window)

@@ -91,8 +91,16 @@ class DataParallelAdamW:
     `reduce_gradients()` after the backward of the last micro-batch, then `step()`.
     """
 
-    def __init__(self, named_params: list[tuple[str, nn.Parameter, ParamHome]], zero: int, *, lr: float, betas: tuple[float, float],
-                 weight_decay: float, eps: float = 1e-8):
+    def __init__(
+        self,
+        named_params: list[tuple[str, nn.Parameter, ParamHome]],
+        zero: int,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        eps: float = 1e-8,
+    ):
         if zero not in (0, 1, 2):
             raise ValueError(f"DataParallelAdamW runs ZeRO stages 0-2, got {zero}")
         self.zero = zero
@@ -112,7 +120,9 @@ class DataParallelAdamW:
                 # ZeRO-2: reduce-scatter each gradient as soon as it is accumulated, keeping only the shard.
                 param.register_post_accumulate_grad_hook(lambda p, slot=slot: self._scatter_now(slot))
         # foreach=False: the per-tensor kernel, so every plan performs the same elementwise arithmetic.
-        self.optimizer = torch.optim.AdamW([s.master for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, foreach=False)
+        self.optimizer = torch.optim.AdamW(
+            [s.master for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, foreach=False
+        )
 
     # -- gradients ------------------------------------------------------------------------------
     def _scatter_now(self, slot: ShardedParam) -> None:
@@ -170,8 +180,10 @@ class DataParallelAdamW:
             return local
         replica = Shard(slot.shard_dim) if slot.shard_dim is not None else Replicate()
         shape = home.global_shape
-        stride = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-        return DTensor.from_local(local, home.mesh, [replica, *home.placements[1:]], run_check=False, shape=torch.Size(shape), stride=stride)
+        stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+        return DTensor.from_local(
+            local, home.mesh, [replica, *home.placements[1:]], run_check=False, shape=torch.Size(shape), stride=stride
+        )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.ensure_state()

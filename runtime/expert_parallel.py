@@ -47,9 +47,17 @@ def _scatter_rows(rows: Tensor, index: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("trex::moe_experts_ep", mutates_args=())
-def moe_experts_ep(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor, activation: str,
-                   swiglu_limit: float, weights_transposed: bool, group_name: str
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def moe_experts_ep(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    group_name: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Routed experts sharded over the expert-parallel group `group_name` (E = local experts * ep).
 
     Returns (out[T,H], perm[S], counts[E], recv_counts[ep,E_local], regroup[R], grouped_in[R,H],
@@ -80,7 +88,17 @@ def moe_experts_ep(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, g
 
 
 @moe_experts_ep.register_fake
-def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed, group_name):
+def _(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    activation,
+    swiglu_limit,
+    weights_transposed,
+    group_name,
+):
     w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     ep = dist.get_world_size(_group(group_name))
     rows = top_k_index.numel()
@@ -99,10 +117,24 @@ def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, s
 
 
 @torch.library.custom_op("trex::moe_experts_ep_backward", mutates_args=())
-def moe_experts_ep_backward(grad_out: Tensor, hidden: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor, perm: Tensor,
-                            counts: Tensor, recv_counts: Tensor, regroup: Tensor, grouped_in: Tensor, gate_up_out: Tensor, expert_out: Tensor,
-                            activation: str, swiglu_limit: float, weights_transposed: bool, group_name: str
-                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def moe_experts_ep_backward(
+    grad_out: Tensor,
+    hidden: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    perm: Tensor,
+    counts: Tensor,
+    recv_counts: Tensor,
+    regroup: Tensor,
+    grouped_in: Tensor,
+    gate_up_out: Tensor,
+    expert_out: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    group_name: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of `moe_experts_ep` w.r.t. hidden, top_k_weights and this rank's expert weights."""
     group = _group(group_name)
     ep = dist.get_world_size(group)
@@ -112,7 +144,9 @@ def moe_experts_ep_backward(grad_out: Tensor, hidden: Tensor, top_k_weights: Ten
     recv_splits = recv_counts.sum(1).tolist()
     local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
     combine_dtype = torch.promote_types(expert_out.dtype, top_k_weights.dtype)
-    grad_expert_out, grad_weights = ops.moe_combine_backward(grad_out.to(combine_dtype).contiguous(), expert_out, perm, top_k_weights)
+    grad_expert_out, grad_weights = ops.moe_combine_backward(
+        grad_out.to(combine_dtype).contiguous(), expert_out, perm, top_k_weights
+    )
     grad_local_out = _exchange(grad_expert_out, send_splits, recv_splits, group).index_select(0, regroup)
     grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
     grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
@@ -130,10 +164,30 @@ def moe_experts_ep_backward(grad_out: Tensor, hidden: Tensor, top_k_weights: Ten
 
 
 @moe_experts_ep_backward.register_fake
-def _(grad_out, hidden, top_k_weights, gate_up_proj, down_proj, perm, counts, recv_counts, regroup, grouped_in, gate_up_out, expert_out,
-      activation, swiglu_limit, weights_transposed, group_name):
-    return (torch.empty_like(hidden), torch.empty_like(top_k_weights), torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
-            torch.empty_like(down_proj, memory_format=torch.contiguous_format))
+def _(
+    grad_out,
+    hidden,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    perm,
+    counts,
+    recv_counts,
+    regroup,
+    grouped_in,
+    gate_up_out,
+    expert_out,
+    activation,
+    swiglu_limit,
+    weights_transposed,
+    group_name,
+):
+    return (
+        torch.empty_like(hidden),
+        torch.empty_like(top_k_weights),
+        torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
+        torch.empty_like(down_proj, memory_format=torch.contiguous_format),
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -143,7 +197,9 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, *_unused):
-    grad_hidden, grad_weights, grad_gate_up, grad_down = ops.moe_experts_ep_backward(grad_out.contiguous(), *ctx.saved_tensors, *ctx.attributes)
+    grad_hidden, grad_weights, grad_gate_up, grad_down = ops.moe_experts_ep_backward(
+        grad_out.contiguous(), *ctx.saved_tensors, *ctx.attributes
+    )
     return grad_hidden, None, grad_weights, grad_gate_up, grad_down, None, None, None, None
 
 
@@ -157,8 +213,17 @@ moe_experts_ep.register_autograd(_backward, setup_context=_setup_context)
 def ep_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
     """The "trex_ep" experts implementation: one `trex.moe_experts_ep` op over the module's EP group."""
     layout = self.trex_ep_layout
-    out, *_saved = ops.moe_experts_ep(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, layout.activation,
-                                      layout.swiglu_limit, layout.weights_transposed, self.trex_ep_group)
+    out, *_saved = ops.moe_experts_ep(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        self.gate_up_proj,
+        self.down_proj,
+        layout.activation,
+        layout.swiglu_limit,
+        layout.weights_transposed,
+        self.trex_ep_group,
+    )
     return out
 
 
@@ -177,22 +242,37 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
     for name, module in experts_modules(model):
         layout = experts_layout(module)
         if layout.unsupported_reason is not None:
-            raise TrexError(f"expert parallelism needs the fused trex experts op, but {name} cannot use it: {layout.unsupported_reason}; "
-                            "run this model with ep=1")
+            raise TrexError(
+                f"expert parallelism needs the fused trex experts op, but {name} cannot use it: "
+                f"{layout.unsupported_reason}; "
+                "run this model with ep=1"
+            )
         experts = module.gate_up_proj.size(0)
         if experts % ep:
             raise TrexError(f"ep={ep} does not divide the {experts} experts of {name}")
         local = experts // ep
         for attr in ("gate_up_proj", "down_proj"):
             full = getattr(module, attr)
-            setattr(module, attr, nn.Parameter(full.detach()[ep_rank * local:(ep_rank + 1) * local].clone(), requires_grad=full.requires_grad))
+            setattr(
+                module,
+                attr,
+                nn.Parameter(
+                    full.detach()[ep_rank * local : (ep_rank + 1) * local].clone(), requires_grad=full.requires_grad
+                ),
+            )
             names.append(f"{name}.{attr}" if name else attr)
         module.trex_ep_layout = layout
         module.trex_ep_group = group.group_name
+    route_through_ep(model)
+    return names
+
+
+def route_through_ep(model: nn.Module) -> None:
+    """Select the "trex_ep" experts implementation (again after `trex.compile`, which selects "trex")."""
+    from trex.integrations.transformers_moe import experts_modules
+
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(IMPLEMENTATION_NAME)
     else:
         for _, module in experts_modules(model):
             module.config._experts_implementation = IMPLEMENTATION_NAME
-    return names
-

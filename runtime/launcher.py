@@ -71,8 +71,17 @@ def launch_function(function: Any, args: tuple, nproc: int, progress_dir: Path |
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N ranks share the cores
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trex-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
-                          rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, monitor_interval=MONITOR_INTERVAL_S, start_method="spawn")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"trex-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=0,
+        monitor_interval=MONITOR_INTERVAL_S,
+        start_method="spawn",
+    )
     try:
         return elastic_launch(config, function)(*args)
     except ChildFailedError as error:

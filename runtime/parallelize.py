@@ -27,11 +27,15 @@ class FullyShardedAdamW:
 
     def __init__(self, model: nn.Module, *, lr: float, weight_decay: float):
         self.named = list(model.named_parameters())
-        self.optimizer = torch.optim.AdamW([p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False)
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False
+        )
         self.held_gradient_bytes = 0
 
     def reduce_gradients(self) -> None:
-        self.held_gradient_bytes = sum(local_tensor(p.grad).numel() * p.grad.element_size() for _, p in self.named if p.grad is not None)
+        self.held_gradient_bytes = sum(
+            local_tensor(p.grad).numel() * p.grad.element_size() for _, p in self.named if p.grad is not None
+        )
 
     def step(self) -> None:
         self.optimizer.step()
@@ -50,11 +54,22 @@ class FullyShardedAdamW:
         out = {}
         for name, p in self.named:
             state = self.optimizer.state[p]
-            out.update({f"{name}.exp_avg": state["exp_avg"], f"{name}.exp_avg_sq": state["exp_avg_sq"], f"{name}.step": state["step"]})
+            out.update(
+                {
+                    f"{name}.exp_avg": state["exp_avg"],
+                    f"{name}.exp_avg_sq": state["exp_avg_sq"],
+                    f"{name}.step": state["step"],
+                }
+            )
         return out
 
     def state_bytes(self) -> int:
-        return sum(local_tensor(t).numel() * t.element_size() for s in self.optimizer.state.values() for k, t in s.items() if k != "step")
+        return sum(
+            local_tensor(t).numel() * t.element_size()
+            for s in self.optimizer.state.values()
+            for k, t in s.items()
+            if k != "step"
+        )
 
     def gradient_bytes(self) -> int:
         return self.held_gradient_bytes
@@ -118,13 +133,23 @@ class AppliedPlan:
                 out[name] = param.data if not isinstance(param, DTensor) else param
                 continue
             shape = home.global_shape
-            out[name] = DTensor.from_local(local_tensor(param).data, home.mesh, list(home.placements), run_check=False,
-                                           shape=torch.Size(shape), stride=_contiguous_stride(shape))
+            out[name] = DTensor.from_local(
+                local_tensor(param).data,
+                home.mesh,
+                list(home.placements),
+                run_check=False,
+                shape=torch.Size(shape),
+                stride=_contiguous_stride(shape),
+            )
         return out
 
     def memory_bytes(self) -> dict[str, int]:
         params = sum(local_tensor(p).numel() * p.element_size() for p in self.model.parameters())
-        return {"parameters": params, "gradients": self.optimizer.gradient_bytes(), "optimizer_states": self.optimizer.state_bytes()}
+        return {
+            "parameters": params,
+            "gradients": self.optimizer.gradient_bytes(),
+            "optimizer_states": self.optimizer.state_bytes(),
+        }
 
 
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -135,13 +160,17 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def parallelize(model: nn.Module, plan: ParallelConfig, device: torch.device, *, lr: float, weight_decay: float) -> AppliedPlan:
+def parallelize(
+    model: nn.Module, plan: ParallelConfig, device: torch.device, *, lr: float, weight_decay: float
+) -> AppliedPlan:
     model.to(device)
     world = dist.get_world_size() if dist.is_initialized() else 1
     notes: list[str] = []
     if world == 1:
         homes = {name: ParamHome(None, (Replicate(),), tuple(p.shape)) for name, p in model.named_parameters()}
-        optimizer = DataParallelAdamW([(n, p, homes[n]) for n, p in model.named_parameters()], 0, lr=lr, betas=BETAS, weight_decay=weight_decay)
+        optimizer = DataParallelAdamW(
+            [(n, p, homes[n]) for n, p in model.named_parameters()], 0, lr=lr, betas=BETAS, weight_decay=weight_decay
+        )
         return AppliedPlan(model, plan, optimizer, None, homes, notes)
     meshes = build_meshes(plan, device.type)
     global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -178,7 +207,13 @@ def parallelize(model: nn.Module, plan: ParallelConfig, device: torch.device, *,
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
         else:
             homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
-    optimizer = DataParallelAdamW([(n, p, homes[n]) for n, p in model.named_parameters()], plan.zero, lr=lr, betas=BETAS, weight_decay=weight_decay)
+    optimizer = DataParallelAdamW(
+        [(n, p, homes[n]) for n, p in model.named_parameters()],
+        plan.zero,
+        lr=lr,
+        betas=BETAS,
+        weight_decay=weight_decay,
+    )
     return AppliedPlan(model, plan, optimizer, meshes, homes, notes)
 
 

@@ -9,7 +9,8 @@ from trex.cost_model.parallel import ParallelConfig
 
 
 def predict(config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu") -> dict[str, Any]:
-    """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}} or {"error": why} when the model cannot price it."""
+    """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}} or {"error": why} when the model "
+    "cannot price it."""
     from trex.cost_model.cluster import get_cluster
     from trex.cost_model.model_spec import spec_from_config
     from trex.cost_model.step import estimate_step
@@ -21,6 +22,11 @@ def predict(config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu")
     except TrexError as error:
         return {"error": str(error)}
     memory = estimate.memory
-    parts = {"parameters": memory.weights, "gradients": memory.gradients, "optimizer_states": memory.optimizer_states,
-             "activations": memory.activations, "transient": memory.transient}
+    parts = {
+        "parameters": memory.weights,
+        "gradients": memory.gradients,
+        "optimizer_states": memory.optimizer_states,
+        "activations": memory.activations,
+        "transient": memory.transient,
+    }
     return {"step_time_s": estimate.step_time_s, "memory_per_rank_bytes": memory.total, "memory_bytes": parts}

@@ -17,8 +17,10 @@ from trex.errors import TrexError
 
 # Model families (transformers `model_type`) whose attention and MLP this runtime shards with tensor parallelism.
 TENSOR_PARALLEL_FAMILIES = ("qwen3_moe",)
-SUPPORTED_SUMMARY = ("dp (zero=0,1,2,3), ep (expert parallelism over the data-parallel ranks, etp=1), "
-                     f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})")
+SUPPORTED_SUMMARY = (
+    "dp (zero=0,1,2,3), ep (expert parallelism over the data-parallel ranks, etp=1), "
+    f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})"
+)
 
 
 class PlanRefused(TrexError):
@@ -33,22 +35,35 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
     """What the plan asks for that this runtime does not execute yet (empty when it runs)."""
     problems = []
     if plan.pp > 1 or plan.vpp > 1:
-        problems.append(f"pp={plan.pp}, vpp={plan.vpp}: pipeline parallelism is not executed by the runtime yet; use pp=1 "
-                        f"(supported: {SUPPORTED_SUMMARY})")
+        problems.append(
+            f"pp={plan.pp}, vpp={plan.vpp}: pipeline parallelism is not executed by the runtime yet; use pp=1 "
+            f"(supported: {SUPPORTED_SUMMARY})"
+        )
     if plan.cp > 1:
-        problems.append(f"cp={plan.cp}: context parallelism is not executed by the runtime yet; use cp=1 (supported: {SUPPORTED_SUMMARY})")
+        problems.append(
+            f"cp={plan.cp}: context parallelism is not executed by the runtime yet; use cp=1 (supported: "
+            f"{SUPPORTED_SUMMARY})"
+        )
     if plan.etp > 1:
-        problems.append(f"etp={plan.etp}: expert tensor parallelism is not executed by the runtime yet; use etp=1 "
-                        f"(supported: {SUPPORTED_SUMMARY})")
+        problems.append(
+            f"etp={plan.etp}: expert tensor parallelism is not executed by the runtime yet; use etp=1 "
+            f"(supported: {SUPPORTED_SUMMARY})"
+        )
     if plan.tp > 1 and model_type not in TENSOR_PARALLEL_FAMILIES:
-        problems.append(f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
-                        f"{model_type} (MLA / compressed attention) runs with tp=1 - use ep and dp for it")
+        problems.append(
+            f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
+            f"{model_type} (MLA / compressed attention) runs with tp=1 - use ep and dp for it"
+        )
     if plan.zero == 3 and (plan.ep > 1 or plan.tp > 1):
-        problems.append(f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
-                        "use zero=1 or zero=2 with tp/ep")
+        problems.append(
+            f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
+            "use zero=1 or zero=2 with tp/ep"
+        )
     if plan.ep > 1 and plan.tp > 1:
-        problems.append(f"ep={plan.ep} with tp={plan.tp}: expert parallelism under tensor parallelism is not executed yet; "
-                        "use ep with dp, or tp with dp")
+        problems.append(
+            f"ep={plan.ep} with tp={plan.tp}: expert parallelism under tensor parallelism is not executed yet; "
+            "use ep with dp, or tp with dp"
+        )
     return problems
 
 
@@ -67,7 +82,9 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     per_replica = plan.tp * plan.pp * plan.cp
     if plan.dp is None:
         if nproc % per_replica:
-            raise PlanRefused([f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {per_replica} does not divide --nproc={nproc}"])
+            raise PlanRefused(
+                [f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {per_replica} does not divide --nproc={nproc}"]
+            )
         plan = dataclasses.replace(plan, dp=nproc // per_replica)
     spec = spec_from_config(config, getattr(config, "model_type", "model"))
     problems = validate(plan, spec, nproc)

@@ -29,7 +29,9 @@ from trex.errors import TrexError
 
 def _attention_plan() -> dict:
     return {
-        "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        ),
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(),
@@ -53,7 +55,9 @@ class _MoEBlockStyle(PrepareModuleInput):
 
     def __init__(self):
         super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
-        self.output_style = PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=False)
+        self.output_style = PrepareModuleOutput(
+            output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=False
+        )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         super()._apply(module, device_mesh)
@@ -64,17 +68,39 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard a Qwen3-MoE-style causal LM (model.model.{embed_tokens, layers, norm}, model.lm_head) over `tp_mesh`."""
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
-        raise TrexError(f"tensor parallelism expects a causal LM with .model.layers and .lm_head; {type(model).__name__} has another layout")
+        raise TrexError(
+            f"tensor parallelism expects a causal LM with .model.layers and .lm_head; {type(model).__name__} "
+            "has another layout"
+        )
     tp = tp_mesh.size()
     config = model.config
-    for what, count in (("attention heads", config.num_attention_heads), ("key/value heads", getattr(config, "num_key_value_heads", config.num_attention_heads))):
+    for what, count in (
+        ("attention heads", config.num_attention_heads),
+        ("key/value heads", getattr(config, "num_key_value_heads", config.num_attention_heads)),
+    ):
         if count % tp:
             raise TrexError(f"tp={tp} does not divide the {count} {what} of {config.model_type}")
-    top = {"embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False), "norm": SequenceParallel()}
-    if hasattr(inner, "rotary_emb"):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
-        top["rotary_emb"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+    top = {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+        "norm": SequenceParallel(),
+    }
+    if hasattr(
+        inner, "rotary_emb"
+    ):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
+        top["rotary_emb"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
     parallelize_module(inner, tp_mesh, top)
-    parallelize_module(model, tp_mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
+    parallelize_module(
+        model,
+        tp_mesh,
+        {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
+    )
     for layer in inner.layers:
-        plan = {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(), **_attention_plan(), **_mlp_plan(layer.mlp)}
+        plan = {
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            **_attention_plan(),
+            **_mlp_plan(layer.mlp),
+        }
         parallelize_module(layer, tp_mesh, plan)

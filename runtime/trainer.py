@@ -49,8 +49,18 @@ class TrainJob:
     verbose: bool = True  # rank 0 prints each step's loss to stderr
 
     @classmethod
-    def create(cls, model: str, plan_text: str, nproc: int, *, seq: int, gbs: int, mbs: int = 1, precision: str = "fp32",
-               **fields: Any) -> TrainJob:
+    def create(
+        cls,
+        model: str,
+        plan_text: str,
+        nproc: int,
+        *,
+        seq: int,
+        gbs: int,
+        mbs: int = 1,
+        precision: str = "fp32",
+        **fields: Any,
+    ) -> TrainJob:
         """A job whose plan is resolved (and refused, with the numbers, if it cannot run) for `nproc` ranks."""
         from trex.models import load_config
         from trex.runtime.run_plan import resolve_plan
@@ -73,6 +83,9 @@ class RankResult:
     memory_bytes: dict[str, int]
     gradients: dict[str, torch.Tensor] | None = None
     notes: list[str] = field(default_factory=list)
+    captured_ops: dict[str, int] = field(
+        default_factory=dict
+    )  # distributed op -> nodes in the captured graphs (--compile)
 
 
 def device_and_backend() -> tuple[torch.device, str]:
@@ -94,7 +107,8 @@ def run_rank(job: TrainJob) -> dict[str, Any]:
     device, backend = device_and_backend()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    # Under torchrun the process group exists even for one rank (so nccl/hccl is exercised end to end).
+    if (world > 1 or "TORCHELASTIC_RUN_ID" in os.environ) and not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=job.timeout_s))
     try:
         return execute(job, device)
@@ -159,8 +173,11 @@ class Trainer:
         self.plan = job.parallel
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if self.world != self.plan.devices:
-            raise TrexError(f"the plan {job.plan_text!r} needs {self.plan.devices} processes (tp*dp = {self.plan.tp}*{self.plan.dp}); "
-                            f"{self.world} were started")
+            raise TrexError(
+                f"the plan {job.plan_text!r} needs {self.plan.devices} processes (tp*dp = "
+                f"{self.plan.tp}*{self.plan.dp}); "
+                f"{self.world} were started"
+            )
 
     # -- setup ----------------------------------------------------------------------------------
     def build(self) -> None:
@@ -173,7 +190,9 @@ class Trainer:
         model = build_model(self.config, seed=self.job.seed)
         model.train()
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        self.source = TokenSource(self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed)
+        self.source = TokenSource(
+            self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed
+        )
         self.applied = parallelize(model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay)
         self.model = self.applied.model
         self.forward = self.model
@@ -181,10 +200,16 @@ class Trainer:
             import trex
 
             self.forward = trex.compile(self.model)
+            if plan.ep > 1:  # trex.compile selects the local "trex" experts op; this model's experts are sharded
+                from trex.runtime.expert_parallel import route_through_ep
+
+                route_through_ep(self.model)
 
     # -- one step -------------------------------------------------------------------------------
     def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor, normalizer: int) -> torch.Tensor:
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
+        )
         with autocast:
             logits = self.forward(input_ids=inputs, use_cache=False).logits
         with self.applied.loss_context():
@@ -224,7 +249,9 @@ class Trainer:
         self.build()
         self.activations = SavedActivations(self.model)
         self.gathered = None
-        store = CheckpointStore(self.job.checkpoint_dir, self.job, self.global_shapes) if self.job.checkpoint_dir else None
+        store = (
+            CheckpointStore(self.job.checkpoint_dir, self.job, self.global_shapes) if self.job.checkpoint_dir else None
+        )
         first = 0
         if self.job.resume:
             if store is None:
@@ -233,8 +260,11 @@ class Trainer:
         elif store is not None:
             store.check_fresh()
         if first >= self.job.steps:
-            raise TrexError(f"the checkpoint in {self.job.checkpoint_dir} is at step {first}; --steps {self.job.steps} leaves nothing to run "
-                            f"(raise --steps above {first})")
+            raise TrexError(
+                f"the checkpoint in {self.job.checkpoint_dir} is at step {first}; --steps {self.job.steps} "
+                "leaves nothing to run "
+                f"(raise --steps above {first})"
+            )
         losses, times = [], []
         for step in range(first, self.job.steps):
             self.progress.at(step)
@@ -249,7 +279,31 @@ class Trainer:
         memory = self.applied.memory_bytes()
         memory["activations"] = self.activations.peak_bytes
         memory["total"] = sum(memory.values())
-        return RankResult(losses, first, self.world, self.plan.label(), times, memory, self.gathered, self.applied.notes)
+        if self.device.type == "cuda":  # the allocator's own peak, beside the tensor accounting
+            memory["allocator_peak"] = torch.cuda.max_memory_allocated(self.device)
+        return RankResult(
+            losses,
+            first,
+            self.world,
+            self.plan.label(),
+            times,
+            memory,
+            self.gathered,
+            self.applied.notes,
+            self.captured_ops(),
+        )
+
+    def captured_ops(self) -> dict[str, int]:
+        """With --compile: how many nodes of each distributed op the captured joint graphs hold."""
+        session = getattr(self.forward, "trex", None)
+        counts: dict[str, int] = {}
+        for graph in session.graphs if session is not None else []:
+            module = graph.joint or graph.forward
+            for node in module.graph.nodes if module is not None else []:
+                name = str(node.target)
+                if node.op == "call_function" and ("moe_experts" in name or "c10d" in name):
+                    counts[name] = counts.get(name, 0) + 1
+        return counts
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -260,5 +314,3 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-

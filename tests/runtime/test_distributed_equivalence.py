@@ -25,7 +25,10 @@ def reference(model: str, steps: int = STEPS, **fields) -> dict:
 
 
 def jobs_for(model: str, plans: list[str], nproc: int) -> list[TrainJob]:
-    return [TrainJob.create(model, plan, nproc, **SHAPE, steps=STEPS, gather_gradients=True, verbose=False) for plan in plans]
+    return [
+        TrainJob.create(model, plan, nproc, **SHAPE, steps=STEPS, gather_gradients=True, verbose=False)
+        for plan in plans
+    ]
 
 
 def assert_same_run(result: dict, ref: dict, label: str) -> None:
@@ -49,9 +52,13 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
     model = "tiny-qwen3-moe"
     ref = reference(model)
     # The 1-rank run saves after step 1; a 2-rank ZeRO-2 run resumes it and must continue exactly.
-    saved = TrainJob.create(model, "", 1, **SHAPE, steps=1, checkpoint_dir=str(tmp_path / "ckpt"), save_every=1, verbose=False)
+    saved = TrainJob.create(
+        model, "", 1, **SHAPE, steps=1, checkpoint_dir=str(tmp_path / "ckpt"), save_every=1, verbose=False
+    )
     execute(saved)
-    resumed = TrainJob.create(model, "zero=2", 2, **SHAPE, steps=STEPS, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, verbose=False)
+    resumed = TrainJob.create(
+        model, "zero=2", 2, **SHAPE, steps=STEPS, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, verbose=False
+    )
     results = launch_function(run_jobs, (jobs_for(model, TWO_RANK_PLANS, 2) + [resumed],), 2)
     by_rank = [results[0], results[1]]
     for plan, result in zip(TWO_RANK_PLANS, by_rank[0]):
@@ -98,3 +105,18 @@ def test_two_rank_plans_of_mla_families_match(model):
     results = launch_function(run_jobs, (jobs_for(model, plans, 2),), 2)[0]
     for plan, result in zip(plans, results):
         assert_same_run(result, ref, f"{model} {plan}")
+
+
+@pytest.mark.slow
+def test_compiled_ranks_capture_the_expert_parallel_op_and_match():
+    """With trex.compile on every rank, the EP op is one node per MoE layer of the captured graph."""
+    model = "tiny-qwen3-moe"
+    ref = reference(model)
+    jobs = [
+        TrainJob.create(model, plan, 2, **SHAPE, steps=STEPS, gather_gradients=True, verbose=False, compile=True)
+        for plan in ["ep=2"]
+    ]
+    (result,) = launch_function(run_jobs, (jobs,), 2)[0]
+    assert_same_run(result, ref, f"{model} ep=2 compiled")
+    layers = 4
+    assert result["captured_ops"].get("trex.moe_experts_ep.default") == layers, result["captured_ops"]

@@ -42,7 +42,10 @@ def test_tp_not_dividing_the_heads_is_refused():
 
 def test_unimplemented_parallelism_is_refused_naming_what_is_supported():
     message = refusal("pp=2", 2)
-    assert "pipeline parallelism is not executed by the runtime yet" in message and "supported: dp (zero=0,1,2,3)" in message
+    assert (
+        "pipeline parallelism is not executed by the runtime yet" in message
+        and "supported: dp (zero=0,1,2,3)" in message
+    )
     assert "context parallelism is not executed" in refusal("cp=2", 2)
     assert "tensor parallelism is implemented for qwen3_moe only" in refusal("tp=2", 2, family="deepseek-v3")
 
@@ -57,7 +60,9 @@ def test_bad_plan_string_names_the_key():
 
 
 def test_cli_prints_the_refusal_and_starts_nothing(capsys, tmp_path):
-    code = main(["train", "--model", "tiny-qwen3-moe", "--plan", "ep=3", "--nproc", "2", "--progress-dir", str(tmp_path)])
+    code = main(
+        ["train", "--model", "tiny-qwen3-moe", "--plan", "ep=3", "--nproc", "2", "--progress-dir", str(tmp_path)]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "tp*pp*cp = 1*1*1" not in err and "ep=3 does not divide the 8 experts" in err
@@ -85,8 +90,24 @@ def test_one_rank_json_summary(capsys):
 @pytest.mark.slow  # ~50 s on a loaded 2-core machine: two spawned ranks must first reach step 2
 def test_a_killed_rank_stops_the_run_naming_rank_and_step(tmp_path):
     progress = tmp_path / "progress"
-    command = TRAIN + ["--model", "tiny-qwen3-moe", "--plan", "zero=1", "--nproc", "2", "--steps", "100000", "--seq", "8", "--gbs", "2",
-                       "--progress-dir", str(progress), "--timeout", "60"]
+    command = TRAIN + [
+        "--model",
+        "tiny-qwen3-moe",
+        "--plan",
+        "zero=1",
+        "--nproc",
+        "2",
+        "--steps",
+        "100000",
+        "--seq",
+        "8",
+        "--gbs",
+        "2",
+        "--progress-dir",
+        str(progress),
+        "--timeout",
+        "60",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -119,21 +140,91 @@ def test_a_killed_rank_stops_the_run_naming_rank_and_step(tmp_path):
 
 def test_fresh_run_never_overwrites_checkpoints(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    assert main(["train", "--model", "tiny-qwen3-moe", "--steps", "1", "--seq", "8", "--gbs", "2", "--checkpoint-dir", str(ckpt),
-                 "--save-every", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "tiny-qwen3-moe",
+                "--steps",
+                "1",
+                "--seq",
+                "8",
+                "--gbs",
+                "2",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--save-every",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     before = {p: p.stat().st_mtime_ns for p in Path(ckpt).rglob("*")}
     capsys.readouterr()
-    assert main(["train", "--model", "tiny-qwen3-moe", "--steps", "2", "--seq", "8", "--gbs", "2", "--checkpoint-dir", str(ckpt)]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "tiny-qwen3-moe",
+                "--steps",
+                "2",
+                "--seq",
+                "8",
+                "--gbs",
+                "2",
+                "--checkpoint-dir",
+                str(ckpt),
+            ]
+        )
+        == 2
+    )
     assert "already holds checkpoints" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in Path(ckpt).rglob("*")} == before
 
 
 def test_resume_of_another_model_is_refused(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    assert main(["train", "--model", "tiny-qwen3-moe", "--steps", "1", "--seq", "8", "--gbs", "2", "--checkpoint-dir", str(ckpt),
-                 "--save-every", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "tiny-qwen3-moe",
+                "--steps",
+                "1",
+                "--seq",
+                "8",
+                "--gbs",
+                "2",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--save-every",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    code = main(["train", "--model", "tiny-deepseek-v3", "--steps", "2", "--seq", "8", "--gbs", "2", "--checkpoint-dir", str(ckpt), "--resume"])
+    code = main(
+        [
+            "train",
+            "--model",
+            "tiny-deepseek-v3",
+            "--steps",
+            "2",
+            "--seq",
+            "8",
+            "--gbs",
+            "2",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--resume",
+        ]
+    )
     assert code == 2
     assert "is of another model ('tiny-qwen3-moe'" in capsys.readouterr().err
 
