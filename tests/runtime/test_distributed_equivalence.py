@@ -120,3 +120,19 @@ def test_compiled_ranks_capture_the_expert_parallel_op_and_match():
     assert_same_run(result, ref, f"{model} ep=2 compiled")
     layers = 4
     assert result["captured_ops"].get("trex.moe_experts_ep.default") == layers, result["captured_ops"]
+
+
+@pytest.mark.slow
+def test_checkpoint_of_one_plan_resumes_under_another(tmp_path):
+    """ep=2 saves after step 1; ZeRO-3 (FSDP2) resumes it on the same ranks; then one rank resumes ZeRO-3's save."""
+    model = "tiny-deepseek-v3"
+    ref = reference(model, steps=3)
+    first = str(tmp_path / "a")
+    save = TrainJob.create(model, "ep=2", 2, **SHAPE, steps=1, checkpoint_dir=first, save_every=1, verbose=False)
+    resume = TrainJob.create(model, "zero=3", 2, **SHAPE, steps=2, checkpoint_dir=first, resume=True, save_every=1, verbose=False)
+    _, resumed = launch_function(run_jobs, ([save, resume],), 2)[0]
+    assert resumed["first_step"] == 1
+    assert resumed["losses"] == pytest.approx(ref["losses"][1:2], rel=LOSS_RTOL)
+    last = execute(TrainJob.create(model, "", 1, **SHAPE, steps=3, checkpoint_dir=first, resume=True, verbose=False))
+    assert last["first_step"] == 2
+    assert last["losses"] == pytest.approx(ref["losses"][2:], rel=LOSS_RTOL)
