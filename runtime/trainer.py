@@ -196,6 +196,7 @@ class Trainer:
         self.applied = parallelize(model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay)
         self.model = self.applied.model
         self.forward = self.model
+        self.count_activations = True
         if self.job.compile:
             import trex
 
@@ -227,7 +228,8 @@ class Trainer:
         batches = micro_batches(rows, plan.mbs)
         for i, batch in enumerate(batches):
             self.applied.before_micro_batch(last=i == len(batches) - 1)
-            with self.activations.counting():
+            # Saved activations are the same every step: count them in the first step only (no hooks later).
+            with self.activations.counting() if self.count_activations else nullcontext():
                 loss = self.loss_of(batch.inputs, batch.targets, normalizer)
             with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
                 (loss * self.applied.loss_scale if self.applied.loss_scale != 1.0 else loss).backward()
@@ -269,6 +271,7 @@ class Trainer:
         for step in range(first, self.job.steps):
             self.progress.at(step)
             start = time.perf_counter()
+            self.count_activations = step == first
             losses.append(self.train_step(step))
             times.append(time.perf_counter() - start)
             if self.progress.rank == 0 and self.job.verbose:

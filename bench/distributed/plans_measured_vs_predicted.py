@@ -95,6 +95,7 @@ def main() -> int:
     parser.add_argument("--mbs", type=int, default=2)
     parser.add_argument("--overhead-rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write the table as JSON here")
+    parser.add_argument("--overhead-only", action="store_true", help="skip the plans; only the 1-rank overhead check")
     args = parser.parse_args()
 
     import torch
@@ -109,11 +110,11 @@ def main() -> int:
     model = str(bench_config(workdir / "model"))
     config = load_config(model)
     shape = {"seq": args.seq, "gbs": args.gbs, "mbs": args.mbs}
-    plans = PLANS_4 if args.nproc == 4 else PLANS_2
+    plans = [] if args.overhead_only else PLANS_4 if args.nproc == 4 else PLANS_2
     jobs = [TrainJob.create(model, p, args.nproc, **shape, steps=args.steps, verbose=False) for p in plans]
     reference = execute(TrainJob.create(model, "", 1, **shape, steps=args.steps, verbose=False))
     started = time.perf_counter()
-    results = launch_function(run_jobs, (jobs,), args.nproc)[0]
+    results = launch_function(run_jobs, (jobs,), args.nproc)[0] if jobs else []
     print(f"{len(plans)} plans on {args.nproc} ranks in {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
     rows = []
@@ -156,8 +157,10 @@ def main() -> int:
             f"{r['activations_measured'] / 1024:.0f} / {r['activations_predicted'] / 1024:.0f} | "
             f"{'yes' if r['losses_equal_1_rank'] else 'NO'} |"
         )
-    step_rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])
-    memory_rho = spearman([r["predicted_memory"] for r in rows], [r["measured_memory"] for r in rows])
+    step_rho = memory_rho = float("nan")
+    if len(rows) > 1:
+        step_rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])
+        memory_rho = spearman([r["predicted_memory"] for r in rows], [r["measured_memory"] for r in rows])
     print(
         f"\nSpearman(predicted, measured): step time {step_rho:.2f}, memory per rank {memory_rho:.2f} over "
         f"{len(rows)} plans"

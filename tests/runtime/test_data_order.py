@@ -39,7 +39,11 @@ def test_jsonl_windows_cover_every_window_once_per_epoch(tmp_path):
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("not json", "not valid JSON"), ('{"text": "hi"}', "needs \"input_ids\""), ('{"input_ids": [1, 999]}', "outside the model's vocabulary")],
+    [
+        ("not json", "not valid JSON"),
+        ('{"text": "hi"}', 'needs "input_ids"'),
+        ('{"input_ids": [1, 999]}', "outside the model's vocabulary"),
+    ],
 )
 def test_bad_jsonl_is_refused_with_the_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

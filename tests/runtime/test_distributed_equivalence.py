@@ -129,7 +129,9 @@ def test_checkpoint_of_one_plan_resumes_under_another(tmp_path):
     ref = reference(model, steps=3)
     first = str(tmp_path / "a")
     save = TrainJob.create(model, "ep=2", 2, **SHAPE, steps=1, checkpoint_dir=first, save_every=1, verbose=False)
-    resume = TrainJob.create(model, "zero=3", 2, **SHAPE, steps=2, checkpoint_dir=first, resume=True, save_every=1, verbose=False)
+    resume = TrainJob.create(
+        model, "zero=3", 2, **SHAPE, steps=2, checkpoint_dir=first, resume=True, save_every=1, verbose=False
+    )
     _, resumed = launch_function(run_jobs, ([save, resume],), 2)[0]
     assert resumed["first_step"] == 1
     assert resumed["losses"] == pytest.approx(ref["losses"][1:2], rel=LOSS_RTOL)
