@@ -10,6 +10,7 @@ Every problem is reported at once, with its numbers, so a user fixes a plan in o
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from trex.cost_model.parallel import ParallelConfig, parse_plan, validate
@@ -77,6 +78,8 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
 
     if nproc < 1:
         raise PlanRefused([f"--nproc={nproc} must be a positive integer"])
+    if text.endswith(".json") or Path(text).is_file():
+        text = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
     plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1)
     per_replica = plan.tp * plan.pp * plan.cp
@@ -94,3 +97,19 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     if problems:
         raise PlanRefused(problems)
     return plan
+
+
+def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> str:
+    """A planner's `Plan` file (`trex plan --out`) as a plan string of its degrees; the training shape
+    (seq, batch, precision) still comes from the command line."""
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.plan import ModelShape, Plan
+
+    plan = Plan.load(path)
+    problems = plan.model.mismatches(ModelShape.of(spec_from_config(config, getattr(config, "model_type", "model"))))
+    if plan.devices != nproc:
+        problems.append(f"{path} was made for {plan.devices} devices; --nproc={nproc}")
+    if problems:
+        raise PlanRefused([f"{path}: {p}" for p in problems])
+    p = plan.parallel
+    return ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero"))

@@ -244,3 +244,19 @@ def test_a_killed_save_leaves_the_last_good_checkpoint(tmp_path, capsys):
     assert resumed["first_step"] == 1
     assert resumed["losses"] == pytest.approx(straight[1:], rel=1e-6)
     assert (ckpt / "latest").read_text().strip() == "step-000003"
+
+
+def test_a_planner_plan_file_gives_its_degrees(tmp_path):
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.cost_model.parallel import ParallelConfig
+    from trex.plan import ModelShape, Plan
+
+    config = tiny_config("qwen3-moe")
+    shape = ModelShape.of(spec_from_config(config, "tiny-qwen3-moe"))
+    path = Plan(shape, "cpu", 2, "cpu", ParallelConfig(ep=2, dp=2, zero=2, seq=16, gbs=4)).save(tmp_path / "plan.json")
+    plan = resolve_plan(str(path), config, 2, seq=16, gbs=4, mbs=1)
+    assert (plan.ep, plan.dp, plan.zero, plan.tp) == (2, 2, 2, 1)
+    with pytest.raises(PlanRefused, match="was made for 2 devices; --nproc=4"):
+        resolve_plan(str(path), config, 4, seq=16, gbs=4, mbs=1)
+    with pytest.raises(PlanRefused, match="the plan was made for 4 decoder layers, the model has 2"):
+        resolve_plan(str(path), tiny_config("qwen3-moe", num_layers=2), 2, seq=16, gbs=4, mbs=1)
