@@ -95,7 +95,7 @@ def describe_failure(error: Any, progress_dir: Path | None) -> str:
     step = _step_of(progress_dir, rank) if progress_dir is not None else None
     signal = failure.signal_name() if failure.exitcode is not None and failure.exitcode < 0 else None
     how = f"was killed by {signal}" if signal else f"exited with code {failure.exitcode}"
-    where = f"at step {step}" if step is not None else "before its first step"
+    where = f"at step {step}" if step is not None else "before its first step" if progress_dir is not None else ""
     message = str(failure.message or "").strip()
     detail = ""
     if isinstance(failure.error_file_data, dict):
@@ -104,10 +104,10 @@ def describe_failure(error: Any, progress_dir: Path | None) -> str:
     elif message and "Signal" not in message and "To enable traceback" not in message:
         detail = message
     others = [r for r, _ in failures[1:]]
-    text = f"rank {rank} {how} {where}; the run was stopped"
+    text = f"rank {rank} {how}{' ' + where if where else ''}; the run was stopped"
     if others:
         text += f" (ranks {', '.join(map(str, others))} were stopped with it)"
-    if detail:
+    if detail and detail.strip() != "<NONE>":
         text += f": {detail.splitlines()[0] if detail else ''}"
     return text
 

@@ -32,7 +32,13 @@ class FullyShardedAdamW:
         )
         self.held_gradient_bytes = 0
 
+    tp_partial: set[str] = set()
+    tp_group: dist.ProcessGroup | None = None
+
     def reduce_gradients(self) -> None:
+        for name, p in self.named:
+            if name in self.tp_partial and p.grad is not None:
+                dist.all_reduce(local_tensor(p.grad), group=self.tp_group)
         self.held_gradient_bytes = sum(
             local_tensor(p.grad).numel() * p.grad.element_size() for _, p in self.named if p.grad is not None
         )
@@ -75,7 +81,13 @@ class FullyShardedAdamW:
         return self.held_gradient_bytes
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        return {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone() for name, p in self.named}
+        out = {}
+        for name, p in self.named:
+            if p.grad is None:  # no gradient reached it (the 1-rank run reports zeros for those)
+                out[name] = torch.zeros(p.shape, dtype=p.dtype)
+            else:
+                out[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+        return out
 
 
 @dataclass
@@ -187,6 +199,9 @@ def parallelize(
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         dp_mesh = meshes.world["dp"]
+        # Under tp, parameters that are not DTensors (router, q/k norms, experts) see only this rank's
+        # tokens or heads: their gradients are summed over tp as well (FSDP reduces over dp only).
+        tp_partial = [name for name, p in model.named_parameters() if plan.tp > 1 and not isinstance(p, DTensor)]
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
@@ -196,6 +211,8 @@ def parallelize(
                 # `loss_scale` undoes: the loss is already normalized by the global batch.
                 module.set_force_sum_reduction_for_comms(True)
         optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay)
+        optimizer.tp_partial = set(tp_partial)
+        optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
         return AppliedPlan(model, plan, optimizer, meshes, {}, notes)
     homes = {}
     for name, param in model.named_parameters():

@@ -19,7 +19,7 @@ from trex.errors import TrexError
 # Model families (transformers `model_type`) whose attention and MLP this runtime shards with tensor parallelism.
 TENSOR_PARALLEL_FAMILIES = ("qwen3_moe",)
 SUPPORTED_SUMMARY = (
-    "dp (zero=0,1,2,3), ep (expert parallelism over the data-parallel ranks, etp=1), "
+    "dp (zero=0,1,2,3), ep (expert parallelism over the tp*dp ranks, etp=1), "
     f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})"
 )
 
@@ -55,15 +55,10 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
             f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
             f"{model_type} (MLA / compressed attention) runs with tp=1 - use ep and dp for it"
         )
-    if plan.zero == 3 and (plan.ep > 1 or plan.tp > 1):
+    if plan.zero == 3 and plan.ep > 1:
         problems.append(
             f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
             "use zero=1 or zero=2 with tp/ep"
-        )
-    if plan.ep > 1 and plan.tp > 1:
-        problems.append(
-            f"ep={plan.ep} with tp={plan.tp}: expert parallelism under tensor parallelism is not executed yet; "
-            "use ep with dp, or tp with dp"
         )
     return problems
 

@@ -37,15 +37,18 @@ def assert_same_run(result: dict, ref: dict, label: str) -> None:
         assert math.isclose(got, want, rel_tol=LOSS_RTOL), f"{label}: step {step} loss {got} vs 1-rank {want}"
     grads, want_grads = result["gradients"], ref["gradients"]
     assert set(grads) == set(want_grads), f"{label}: gradient names differ: {sorted(set(grads) ^ set(want_grads))[:5]}"
+    # Relative to each tensor's largest entry, floored at 1% of the model's largest gradient: a gradient that
+    # nearly cancels over thousands of tokens (V4's hc_scale) would otherwise measure fp32 summation order.
+    largest = max(g.abs().max().item() for g in want_grads.values())
     for name, want in want_grads.items():
         got = grads[name]
         assert got.shape == want.shape, f"{label}: {name} gradient shape {tuple(got.shape)} vs {tuple(want.shape)}"
-        scale = max(want.abs().max().item(), 1e-6)
+        scale = max(want.abs().max().item(), 1e-2 * largest, 1e-12)
         error = (got - want).abs().max().item() / scale
         assert error <= GRAD_TOL, f"{label}: {name} gradient differs by {error:.2e} (relative to its max)"
 
 
-TWO_RANK_PLANS = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "tp=2"]
+TWO_RANK_PLANS = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "tp=2", "tp=2,ep=2"]
 
 
 def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp_path):
@@ -82,7 +85,7 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
 
 
 FOUR_RANK_CASES = {
-    "tiny-qwen3-moe": ["ep=4", "tp=2,zero=1", "tp=2,zero=2", "zero=3", "ep=2,zero=1"],
+    "tiny-qwen3-moe": ["ep=4", "tp=2,zero=1", "tp=2,ep=2", "tp=2,zero=2", "tp=2,zero=3", "zero=3", "ep=2,zero=1"],
     "tiny-deepseek-v3": ["ep=4", "ep=2,zero=2", "zero=3"],
     "tiny-deepseek-v4": ["ep=4", "ep=2,zero=2", "zero=3"],
 }
