@@ -227,8 +227,8 @@ def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
     """Check a plan against a model about to be compiled; return it when this process can run it.
 
     The model's structure comes from its transformers config (or, without one, its decoder stack).
-    A plan for more than one process is valid but cannot run in one process: trex.compile executes
-    in one process until the distributed runtime lands.
+    A plan for more than one process is valid but runs through the distributed runtime
+    (`trex train`), not in this one process.
     """
     plan = load_plan(plan)
     config = getattr(model, "config", None)
@@ -248,6 +248,7 @@ def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
         raise TrexError(f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems))
     if plan.world_size > 1:
         p = plan.parallel
-        raise TrexError(f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); distributed execution is not "
-                        "implemented yet, so trex.compile runs only plans whose degrees are all 1 (plan with `trex plan --devices 1`)")
+        raise TrexError(f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); trex.compile runs in "
+                        "one process, so it takes only plans whose degrees are all 1; run multi-process plans with "
+                        f"`trex train --plan \"{p.label()}\" --nproc {plan.world_size}` (trex.runtime)")
     return plan

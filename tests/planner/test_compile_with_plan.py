@@ -38,7 +38,7 @@ def test_a_single_process_plan_compiles_runs_and_is_recorded(tmp_path):
 
 def test_a_plan_needing_more_processes_is_refused_with_its_world_size(tiny_plans):
     _, two, _ = tiny_plans
-    with pytest.raises(TrexError, match=r"needs 2 processes .*distributed execution is not implemented yet"):
+    with pytest.raises(TrexError, match=r"needs 2 processes .*run multi-process plans with `trex train"):
         trex.compile(build_model(tiny_config("deepseek-v4")), plan=two)
 
 

@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from trex.errors import TrexError
 
 # The compiler's command modules under trex.cli, in the order `trex --help` lists them.
-COMMANDS: tuple[str, ...] = ("demo", "capture", "estimate", "plan", "calibrate")
+COMMANDS: tuple[str, ...] = ("demo", "capture", "estimate", "plan", "calibrate", "train")
 ENTRY_POINT_GROUP = "trex.commands"
 
 

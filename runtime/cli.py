@@ -1,0 +1,165 @@
+"""`trex train`: next-token training of a model under a parallel plan, on N local ranks.
+
+    trex train --model tiny-qwen3-moe --plan "dp=2,zero=1" --nproc 2 --steps 3 --seq 16 --gbs 4 --mbs 1 --json
+
+The plan is checked against the model and --nproc before any process starts. trex starts the ranks
+itself with torch.distributed's launcher (gloo on CPU, nccl on CUDA, hccl with torch_npu), or runs as
+one of them when started by `torchrun ... -m trex train ...`. Every plan of the same model, seed and
+batch gives the same losses. With --json one object is printed at the end: losses (global-batch mean
+per step), first_step, world_size, plan, step_time_s (median), predicted_step_time_s, measured and
+predicted peak memory per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trex.errors import TrexError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model under a parallel plan on N local ranks (gloo on CPU)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", required=True, help="built-in model name, tiny-<family>, or a transformers config.json"
+    )
+    parser.add_argument(
+        "--plan",
+        default="",
+        help='parallel plan, e.g. "tp=2,ep=2,zero=1" (dp is derived from --nproc; default: all 1), or a plan file '
+        "written by `trex plan --out` (its degrees; the batch comes from the flags)",
+    )
+    parser.add_argument("--nproc", type=int, default=1, help="processes to start (default 1)")
+    parser.add_argument("--steps", type=int, default=3, help="train until this step (default 3)")
+    parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
+    parser.add_argument("--gbs", type=int, default=4, help="global batch: sequences per step (default 4)")
+    parser.add_argument("--mbs", type=int, default=1, help="micro-batch: sequences per forward (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds initialization and data order (default 0)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="fp32 (default) or bf16 autocast")
+    parser.add_argument(
+        "--data", default="synthetic", help="'synthetic' (default) or a .jsonl file with an \"input_ids\" list per line"
+    )
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    parser.add_argument("--checkpoint-dir", type=Path, help="save DCP checkpoints here")
+    parser.add_argument("--save-every", type=int, default=0, help="save every K steps (needs --checkpoint-dir)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir (any plan)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="capture each rank's model with trex.compile (slow to start on CPU)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a collective may wait for a peer before the run fails (default 300)",
+    )
+    parser.add_argument(
+        "--progress-dir",
+        type=Path,
+        help="each rank keeps rank<R>.json here (pid, current step) for supervisors; default: a temporary directory",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
+    parser.set_defaults(run=run)
+
+
+def build_job(args: argparse.Namespace):
+    """Everything checked before a process starts: model, plan vs model and --nproc, flags, checkpoint dir."""
+    from trex.models import load_config
+    from trex.runtime.run_plan import resolve_plan
+    from trex.runtime.trainer import TrainJob
+
+    for name in ("steps", "seq", "gbs", "mbs"):
+        if getattr(args, name) < 1:
+            raise TrexError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.save_every < 0:
+        raise TrexError(f"--save-every must be >= 0, got {args.save_every}")
+    if args.save_every and args.checkpoint_dir is None:
+        raise TrexError("--save-every needs --checkpoint-dir")
+    if args.resume and args.checkpoint_dir is None:
+        raise TrexError("--resume needs --checkpoint-dir (the directory an earlier run saved into)")
+    config = load_config(args.model)
+    plan = resolve_plan(
+        args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
+    )
+    if args.data != "synthetic":
+        from trex.runtime.data import TokenSource
+
+        TokenSource(
+            args.data, vocab_size=config.vocab_size, seq=args.seq, gbs=args.gbs, seed=args.seed
+        )  # refuse bad data now
+    if args.checkpoint_dir is not None:
+        latest = args.checkpoint_dir / "latest"
+        if args.resume and not latest.exists():
+            raise TrexError(
+                f"--resume: no checkpoint in {args.checkpoint_dir} (no 'latest' file); run without --resume "
+                "first, with --save-every K"
+            )
+        if not args.resume and latest.exists():
+            raise TrexError(
+                f"{args.checkpoint_dir} already holds checkpoints; pass --resume to continue that run, or "
+                "choose an empty "
+                "--checkpoint-dir (nothing is overwritten)"
+            )
+    job = TrainJob(
+        model=args.model,
+        plan_text=args.plan,
+        plan=plan.to_dict(),
+        steps=args.steps,
+        seed=args.seed,
+        data=args.data,
+        lr=args.lr,
+        checkpoint_dir=str(args.checkpoint_dir) if args.checkpoint_dir else None,
+        save_every=args.save_every,
+        resume=args.resume,
+        compile=args.compile,
+        timeout_s=args.timeout,
+        verbose=not args.json,
+        progress_dir=str(args.progress_dir) if args.progress_dir else None,
+    )
+    return job, config, plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from trex.runtime.launcher import launch, started_by_torchrun
+    from trex.runtime.prediction import predict
+    from trex.runtime.trainer import median
+
+    job, config, plan = build_job(args)
+    result = launch(job, args.nproc)
+    if started_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0:
+        return 0
+    predicted = predict(config, plan, args.nproc)
+    peak = max(m["total"] for m in result["memory_by_rank"])
+    summary = {
+        "losses": result["losses"],
+        "first_step": result["first_step"],
+        "world_size": result["world_size"],
+        "plan": plan.label(),
+        "step_time_s": median(result["step_times_s"]),
+        "predicted_step_time_s": predicted.get("step_time_s"),
+        "peak_memory_per_rank_bytes": peak,
+        "predicted_memory_per_rank_bytes": predicted.get("memory_per_rank_bytes"),
+        "memory_by_rank_bytes": result["memory_by_rank"],
+        "predicted_memory_bytes": predicted.get("memory_bytes"),
+    }
+    if "error" in predicted:
+        summary["prediction_error"] = predicted["error"]
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"trex train: {len(result['losses'])} steps on {result['world_size']} rank(s), plan "
+            f"{plan.label()}; final loss "
+            f"{result['losses'][-1]:.6f}; median step {summary['step_time_s']:.3f} s; peak memory per rank "
+            f"{peak / 2**20:.1f} MiB",
+            file=sys.stdout,
+        )
+    return 0

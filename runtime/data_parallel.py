@@ -1,0 +1,246 @@
+"""Data parallelism: gradient reduction over the right group, and ZeRO-0/1/2 sharded AdamW.
+
+Each parameter has a *home*: a 2-D device mesh (replica dim, model dim) and its placement on the
+model dim. Dense parameters live on the world mesh (dp, tp) and are replicated over dp; routed-expert
+weights live on the expert mesh (edp, ep), sharded over ep on dim 0 and replicated over edp. The
+replica dim is the group a parameter's gradient is summed over and its optimizer state is sharded
+over: dp for dense weights, edp (expert-data-parallel) for experts (Megatron's distributed optimizer,
+Rajbhandari et al., "ZeRO", SC'20):
+
+  zero=0  gradients all-reduced; every rank steps AdamW on the whole parameter
+  zero=1  gradients all-reduced; each rank steps AdamW on its shard (dim `shard_dim`, torch.chunk
+          split) and the shards are all-gathered back into the parameter
+  zero=2  as 1, but the gradient is reduce-scattered, so a rank only ever holds its gradient shard
+          after the reduction
+  zero=3  FSDP2 (`fully_shard`, see `runtime.fully_sharded`): parameters are sharded too
+
+The loss a rank back-propagates is already divided by the tokens of the *global* batch, so gradients
+are summed (not averaged) over replicas. Optimizer state is exposed per parameter as DTensors on the
+parameter's home mesh with its global shape, which is what lets a checkpoint resume under another plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+
+@dataclass
+class ParamHome:
+    """Where a parameter lives: a mesh whose dim 0 holds its replicas, and its placement on every mesh dim
+    (Replicate on dim 0; Replicate or Shard(d) on a model dim such as tp or ep)."""
+
+    mesh: DeviceMesh | None  # None in a 1-process run
+    placements: tuple[Placement, ...]
+    global_shape: tuple[int, ...]
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        return None if self.mesh is None else self.mesh.get_group(0)
+
+    @property
+    def replicas(self) -> int:
+        return 1 if self.mesh is None else self.mesh.size(0)
+
+    @property
+    def replica_rank(self) -> int:
+        return 0 if self.mesh is None else self.mesh.get_local_rank(0)
+
+
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def chunk_bounds(size: int, parts: int, index: int) -> tuple[int, int]:
+    """torch.chunk's split of `size` into `parts` (ceil-sized chunks, trailing ones short or empty),
+    the same split DTensor's `Shard` uses."""
+    chunk = math.ceil(size / parts) if size else 0
+    start = min(index * chunk, size)
+    return start, min(start + chunk, size)
+
+
+@dataclass
+class ShardedParam:
+    name: str
+    param: nn.Parameter  # the model's parameter (plain tensor or DTensor)
+    home: ParamHome
+    shard_dim: int | None  # the dim ZeRO shards over replicas (None: the whole tensor on every replica)
+    master: nn.Parameter  # what the optimizer steps: the replica's shard (or the local tensor itself)
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        local = local_tensor(self.param)
+        return chunk_bounds(local.size(self.shard_dim), self.home.replicas, self.home.replica_rank)
+
+
+def zero_shard_dim(shape: torch.Size, placements: tuple[Placement, ...]) -> int | None:
+    """The first dim no model dim (tp/ep) splits; ZeRO splits that one across replicas."""
+    taken = {p.dim for p in placements if isinstance(p, Shard)}
+    return next((d for d in range(len(shape)) if d not in taken), None)
+
+
+class DataParallelAdamW:
+    """AdamW over data-parallel replicas with ZeRO stage 0, 1 or 2 (see the module docstring).
+
+    `reduce_gradients()` after the backward of the last micro-batch, then `step()`.
+    """
+
+    def __init__(
+        self,
+        named_params: list[tuple[str, nn.Parameter, ParamHome]],
+        zero: int,
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        weight_decay: float,
+        eps: float = 1e-8,
+    ):
+        if zero not in (0, 1, 2):
+            raise ValueError(f"DataParallelAdamW runs ZeRO stages 0-2, got {zero}")
+        self.zero = zero
+        self.slots: list[ShardedParam] = []
+        for name, param, home in named_params:
+            local = local_tensor(param)
+            shard_dim = zero_shard_dim(local.shape, home.placements) if zero > 0 and home.replicas > 1 else None
+            # The master is a view of the parameter's storage (the whole local tensor, or this replica's slice):
+            # the step updates the model in place, and fp32 training holds no second copy of the weights.
+            master = local.detach()
+            if shard_dim is not None:
+                start, end = chunk_bounds(local.size(shard_dim), home.replicas, home.replica_rank)
+                master = master.narrow(shard_dim, start, end - start)
+            slot = ShardedParam(name, param, home, shard_dim, nn.Parameter(master, requires_grad=True))
+            self.slots.append(slot)
+            if zero == 2 and shard_dim is not None:
+                # ZeRO-2: reduce-scatter each gradient as soon as it is accumulated, keeping only the shard.
+                param.register_post_accumulate_grad_hook(lambda p, slot=slot: self._scatter_now(slot))
+        # foreach=False: the per-tensor kernel, so every plan performs the same elementwise arithmetic.
+        self.optimizer = torch.optim.AdamW(
+            [s.master for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, foreach=False
+        )
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _scatter_now(self, slot: ShardedParam) -> None:
+        grad = _matching(slot.param.grad, slot.param)
+        shard = _reduce_scatter(local_tensor(grad), slot.shard_dim, slot.home, slot.home.replica_group)
+        slot.master.grad = shard if slot.master.grad is None else slot.master.grad + shard
+        slot.param.grad = None
+
+    def reduce_gradients(self) -> None:
+        """Sum each gradient over its replica group (all-reduce; ZeRO-2 reduce-scattered in the backward)
+        and hand the optimizer this replica's part."""
+        self.held_gradient_bytes = 0
+        for slot in self.slots:
+            grad = slot.param.grad
+            if self.zero == 2 and slot.shard_dim is not None:
+                if slot.master.grad is None:  # no gradient reached this parameter
+                    slot.master.grad = torch.zeros_like(slot.master)
+                self.held_gradient_bytes += slot.master.grad.numel() * slot.master.grad.element_size()
+                continue
+            if grad is None:
+                grad = torch.zeros_like(slot.param)
+            self.held_gradient_bytes += local_tensor(grad).numel() * local_tensor(grad).element_size()
+            grad = local_tensor(_matching(grad, slot.param))
+            group = slot.home.replica_group
+            if group is not None and slot.home.replicas > 1:
+                grad = grad.contiguous()
+                dist.all_reduce(grad, group=group)
+            if slot.shard_dim is not None:
+                start, end = slot.bounds
+                grad = grad.narrow(slot.shard_dim, start, end - start)
+            slot.master.grad = grad.contiguous()
+            slot.param.grad = None  # ZeRO-1/2: only the shard stays; ZeRO-0: the master aliases the parameter
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for slot in self.slots:
+            if slot.shard_dim is not None:
+                _all_gather_into(local_tensor(slot.param), slot.master.detach(), slot.shard_dim, slot.home)
+
+    # -- state for checkpoints and accounting ---------------------------------------------------
+    def ensure_state(self) -> None:
+        """Create AdamW's state (zeros) for every parameter, as its first step would."""
+        for slot in self.slots:
+            state = self.optimizer.state[slot.master]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(slot.master, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(slot.master, memory_format=torch.preserve_format)
+
+    def global_view(self, slot: ShardedParam, local: torch.Tensor) -> torch.Tensor | DTensor:
+        """`local` (this replica's shard of an optimizer tensor of `slot`) as a DTensor of the whole parameter."""
+        home = slot.home
+        if home.mesh is None:
+            return local
+        replica = Shard(slot.shard_dim) if slot.shard_dim is not None else Replicate()
+        shape = home.global_shape
+        stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+        return DTensor.from_local(
+            local, home.mesh, [replica, *home.placements[1:]], run_check=False, shape=torch.Size(shape), stride=stride
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        self.ensure_state()
+        out: dict[str, torch.Tensor] = {}
+        for slot in self.slots:
+            state = self.optimizer.state[slot.master]
+            out[f"{slot.name}.exp_avg"] = self.global_view(slot, state["exp_avg"])
+            out[f"{slot.name}.exp_avg_sq"] = self.global_view(slot, state["exp_avg_sq"])
+            out[f"{slot.name}.step"] = state["step"]
+        return out
+
+    def state_bytes(self) -> int:
+        total = 0
+        for slot in self.slots:
+            state = self.optimizer.state.get(slot.master, {})
+            total += sum(t.numel() * t.element_size() for k, t in state.items() if k != "step")
+        return total
+
+    def gradient_bytes(self) -> int:
+        """Gradient bytes this rank held when the backward ended (full for ZeRO-0/1, shards for ZeRO-2)."""
+        return getattr(self, "held_gradient_bytes", 0)
+
+
+def _matching(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A DTensor gradient in its parameter's placements (a Partial sum under sequence parallelism is reduced)."""
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        return grad.redistribute(grad.device_mesh, param.placements)
+    return grad
+
+
+def _padded(tensor: torch.Tensor, dim: int, parts: int) -> torch.Tensor:
+    size = tensor.size(dim)
+    chunk = math.ceil(size / parts) if size else 0
+    moved = tensor.movedim(dim, 0)
+    if chunk * parts != size:
+        pad = moved.new_zeros((chunk * parts - size, *moved.shape[1:]))
+        moved = torch.cat([moved, pad])
+    return moved.contiguous()
+
+
+def _reduce_scatter(grad: torch.Tensor, dim: int, home: ParamHome, group: dist.ProcessGroup) -> torch.Tensor:
+    parts = home.replicas
+    full = _padded(grad, dim, parts)
+    out = full.new_empty((full.size(0) // parts, *full.shape[1:]))
+    dist.reduce_scatter_tensor(out, full, group=group)
+    start, end = chunk_bounds(grad.size(dim), parts, home.replica_rank)
+    return out[: end - start].movedim(0, dim)
+
+
+def _all_gather_into(target: torch.Tensor, shard: torch.Tensor, dim: int, home: ParamHome) -> None:
+    parts = home.replicas
+    size = target.size(dim)
+    chunk = math.ceil(size / parts) if size else 0
+    moved = shard.movedim(dim, 0)
+    if moved.size(0) < chunk:
+        moved = torch.cat([moved, moved.new_zeros((chunk - moved.size(0), *moved.shape[1:]))])
+    gathered = moved.new_empty((chunk * parts, *moved.shape[1:]))
+    dist.all_gather_into_tensor(gathered, moved.contiguous(), group=home.replica_group)
+    with torch.no_grad():
+        target.copy_(gathered[:size].movedim(0, dim))

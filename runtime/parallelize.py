@@ -1,0 +1,239 @@
+"""Apply a resolved plan to a freshly built model: meshes, tp, ep, data parallelism and its optimizer.
+
+The result, `AppliedPlan`, is what the trainer drives: the model to call, the optimizer (whose
+`reduce_gradients` sums gradients over each parameter's replica group), and views of the state for
+checkpoints (global DTensors, so a checkpoint loads under any plan) and for memory accounting.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from trex.cost_model.parallel import ParallelConfig
+from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
+from trex.runtime.mesh import PlanMeshes, build_meshes
+
+BETAS = (0.9, 0.95)
+
+
+class FullyShardedAdamW:
+    """ZeRO-3 through FSDP2: `fully_shard` reduce-scatters gradients itself (summed: the loss is already
+    normalized by the global batch); AdamW steps the sharded DTensor parameters."""
+
+    def __init__(self, model: nn.Module, *, lr: float, weight_decay: float):
+        self.named = list(model.named_parameters())
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False
+        )
+        self.held_gradient_bytes = 0
+
+    tp_partial: set[str] = set()
+    tp_group: dist.ProcessGroup | None = None
+
+    def reduce_gradients(self) -> None:
+        for name, p in self.named:
+            if name in self.tp_partial and p.grad is not None:
+                dist.all_reduce(local_tensor(p.grad), group=self.tp_group)
+        self.held_gradient_bytes = sum(
+            local_tensor(p.grad).numel() * p.grad.element_size() for _, p in self.named if p.grad is not None
+        )
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def ensure_state(self) -> None:
+        for _, p in self.named:
+            state = self.optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        self.ensure_state()
+        out = {}
+        for name, p in self.named:
+            state = self.optimizer.state[p]
+            out.update(
+                {
+                    f"{name}.exp_avg": state["exp_avg"],
+                    f"{name}.exp_avg_sq": state["exp_avg_sq"],
+                    f"{name}.step": state["step"],
+                }
+            )
+        return out
+
+    def state_bytes(self) -> int:
+        return sum(
+            local_tensor(t).numel() * t.element_size()
+            for s in self.optimizer.state.values()
+            for k, t in s.items()
+            if k != "step"
+        )
+
+    def gradient_bytes(self) -> int:
+        return self.held_gradient_bytes
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.named:
+            if p.grad is None:  # no gradient reached it (the 1-rank run reports zeros for those)
+                out[name] = torch.zeros(p.shape, dtype=p.dtype)
+            else:
+                out[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+        return out
+
+
+@dataclass
+class AppliedPlan:
+    model: nn.Module
+    plan: ParallelConfig
+    optimizer: DataParallelAdamW | FullyShardedAdamW
+    meshes: PlanMeshes | None
+    homes: dict[str, ParamHome]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def replicas(self) -> int:
+        return self.plan.data_parallel if self.meshes is not None else 1
+
+    @property
+    def replica_index(self) -> int:
+        return self.meshes.world.get_local_rank("dp") if self.meshes is not None else 0
+
+    @property
+    def replica_group(self) -> dist.ProcessGroup | None:
+        return self.meshes.dp_group if self.meshes is not None and self.plan.data_parallel > 1 else None
+
+    def loss_context(self) -> AbstractContextManager:
+        if self.plan.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return nullcontext()
+
+    @property
+    def loss_scale(self) -> float:
+        """FSDP2 averages gradients over dp; multiplying the loss by dp turns that into the sum."""
+        return float(self.replicas) if isinstance(self.optimizer, FullyShardedAdamW) else 1.0
+
+    def before_micro_batch(self, last: bool) -> None:
+        """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's reduced gradient, whole, keyed by its name in the unsharded model (a collective)."""
+        if isinstance(self.optimizer, FullyShardedAdamW):
+            return self.optimizer.full_gradients()
+        out = {}
+        for slot in self.optimizer.slots:
+            view = self.optimizer.global_view(slot, slot.master.grad)
+            out[slot.name] = view.full_tensor() if isinstance(view, DTensor) else view.clone()
+        return out
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """Parameters as global tensors/DTensors keyed by name (for DCP; loads write into the model)."""
+        out = {}
+        for name, param in self.model.named_parameters():
+            home = self.homes.get(name)
+            if isinstance(self.optimizer, FullyShardedAdamW) or home is None or home.mesh is None:
+                out[name] = param.data if not isinstance(param, DTensor) else param
+                continue
+            shape = home.global_shape
+            out[name] = DTensor.from_local(
+                local_tensor(param).data,
+                home.mesh,
+                list(home.placements),
+                run_check=False,
+                shape=torch.Size(shape),
+                stride=_contiguous_stride(shape),
+            )
+        return out
+
+    def memory_bytes(self) -> dict[str, int]:
+        params = sum(local_tensor(p).numel() * p.element_size() for p in self.model.parameters())
+        return {
+            "parameters": params,
+            "gradients": self.optimizer.gradient_bytes(),
+            "optimizer_states": self.optimizer.state_bytes(),
+        }
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, out = 1, []
+    for size in reversed(shape):
+        out.append(stride)
+        stride *= size
+    return tuple(reversed(out))
+
+
+def parallelize(
+    model: nn.Module, plan: ParallelConfig, device: torch.device, *, lr: float, weight_decay: float
+) -> AppliedPlan:
+    model.to(device)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    notes: list[str] = []
+    if world == 1:
+        homes = {name: ParamHome(None, (Replicate(),), tuple(p.shape)) for name, p in model.named_parameters()}
+        optimizer = DataParallelAdamW(
+            [(n, p, homes[n]) for n, p in model.named_parameters()], 0, lr=lr, betas=BETAS, weight_decay=weight_decay
+        )
+        return AppliedPlan(model, plan, optimizer, None, homes, notes)
+    meshes = build_meshes(plan, device.type)
+    global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if plan.tp > 1:
+        from trex.runtime.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, meshes.world["tp"])
+    expert_names: set[str] = set()
+    if plan.ep > 1:
+        from trex.runtime.expert_parallel import shard_experts
+
+        expert_names = set(shard_experts(model, meshes.ep_group))
+    if plan.zero == 3:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        dp_mesh = meshes.world["dp"]
+        # Under tp, parameters that are not DTensors (router, q/k norms, experts) see only this rank's
+        # tokens or heads: their gradients are summed over tp as well (FSDP reduces over dp only).
+        tp_partial = [name for name, p in model.named_parameters() if plan.tp > 1 and not isinstance(p, DTensor)]
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Plain SUM reduce-scatter (gloo has no PREMUL_SUM/AVG); FSDP then divides by dp, which
+                # `loss_scale` undoes: the loss is already normalized by the global batch.
+                module.set_force_sum_reduction_for_comms(True)
+        optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay)
+        optimizer.tp_partial = set(tp_partial)
+        optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
+        return AppliedPlan(model, plan, optimizer, meshes, {}, notes)
+    homes = {}
+    for name, param in model.named_parameters():
+        if name in expert_names:
+            homes[name] = ParamHome(meshes.experts, (Replicate(), Shard(0)), global_shapes[name])
+        elif isinstance(param, DTensor):
+            homes[name] = ParamHome(meshes.world, (Replicate(), param.placements[0]), global_shapes[name])
+        elif plan.tp > 1:  # computed on this rank's tokens only: summed over tp and dp
+            homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
+        else:
+            homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
+    optimizer = DataParallelAdamW(
+        [(n, p, homes[n]) for n, p in model.named_parameters()],
+        plan.zero,
+        lr=lr,
+        betas=BETAS,
+        weight_decay=weight_decay,
+    )
+    return AppliedPlan(model, plan, optimizer, meshes, homes, notes)
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    inner = getattr(model, "model", model)
+    return list(getattr(inner, "layers", []))

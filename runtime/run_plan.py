@@ -1,0 +1,110 @@
+"""Which plans the distributed runtime executes, checked before any process starts.
+
+A plan string (`"tp=2,ep=2,zero=1"`) is parsed by the cost model's `parse_plan` into its
+`ParallelConfig`, completed with the world size (dp = nproc / (tp*pp*cp)), then checked twice:
+against the cost model's constraints for this model (`validate`: tp divides the heads, ep the
+experts, the batch divides into micro-batches, ...) and against what this runtime implements today.
+Every problem is reported at once, with its numbers, so a user fixes a plan in one round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from trex.cost_model.parallel import ParallelConfig, parse_plan, validate
+from trex.errors import TrexError
+
+# Model families (transformers `model_type`) whose attention and MLP this runtime shards with tensor parallelism.
+TENSOR_PARALLEL_FAMILIES = ("qwen3_moe",)
+SUPPORTED_SUMMARY = (
+    "dp (zero=0,1,2,3), ep (expert parallelism over the tp*dp ranks, etp=1), "
+    f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})"
+)
+
+
+class PlanRefused(TrexError):
+    """A plan that cannot run on this model and process count; `problems` lists each with its numbers."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("plan refused: " + "; ".join(problems))
+
+
+def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
+    """What the plan asks for that this runtime does not execute yet (empty when it runs)."""
+    problems = []
+    if plan.pp > 1 or plan.vpp > 1:
+        problems.append(
+            f"pp={plan.pp}, vpp={plan.vpp}: pipeline parallelism is not executed by the runtime yet; use pp=1 "
+            f"(supported: {SUPPORTED_SUMMARY})"
+        )
+    if plan.cp > 1:
+        problems.append(
+            f"cp={plan.cp}: context parallelism is not executed by the runtime yet; use cp=1 (supported: "
+            f"{SUPPORTED_SUMMARY})"
+        )
+    if plan.etp > 1:
+        problems.append(
+            f"etp={plan.etp}: expert tensor parallelism is not executed by the runtime yet; use etp=1 "
+            f"(supported: {SUPPORTED_SUMMARY})"
+        )
+    if plan.tp > 1 and model_type not in TENSOR_PARALLEL_FAMILIES:
+        problems.append(
+            f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
+            f"{model_type} (MLA / compressed attention) runs with tp=1 - use ep and dp for it"
+        )
+    if plan.zero == 3 and plan.ep > 1:
+        problems.append(
+            f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
+            "use zero=1 or zero=2 with tp/ep"
+        )
+    return problems
+
+
+def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> ParallelConfig:
+    """Parse `text`, fill dp from `nproc`, and refuse (PlanRefused) anything that cannot run.
+
+    `training` carries seq, gbs, mbs and precision into the `ParallelConfig`. `config` is the
+    model's transformers config.
+    """
+    from trex.cost_model.model_spec import spec_from_config
+
+    if nproc < 1:
+        raise PlanRefused([f"--nproc={nproc} must be a positive integer"])
+    if text.endswith(".json") or Path(text).is_file():
+        text = _degrees_of_plan_file(Path(text), config, nproc)
+    plan = parse_plan(text, **training)
+    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1)
+    per_replica = plan.tp * plan.pp * plan.cp
+    if plan.dp is None:
+        if nproc % per_replica:
+            raise PlanRefused(
+                [f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {per_replica} does not divide --nproc={nproc}"]
+            )
+        plan = dataclasses.replace(plan, dp=nproc // per_replica)
+    spec = spec_from_config(config, getattr(config, "model_type", "model"))
+    problems = validate(plan, spec, nproc)
+    problems += [p for p in runtime_limits(plan, getattr(config, "model_type", "")) if p not in problems]
+    if plan.ep > 1 and plan.edp < 1:
+        problems.append(f"ep={plan.ep} exceeds the {plan.stage_ranks} data-parallel ranks")
+    if problems:
+        raise PlanRefused(problems)
+    return plan
+
+
+def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> str:
+    """A planner's `Plan` file (`trex plan --out`) as a plan string of its degrees; the training shape
+    (seq, batch, precision) still comes from the command line."""
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.plan import ModelShape, Plan
+
+    plan = Plan.load(path)
+    problems = plan.model.mismatches(ModelShape.of(spec_from_config(config, getattr(config, "model_type", "model"))))
+    if plan.devices != nproc:
+        problems.append(f"{path} was made for {plan.devices} devices; --nproc={nproc}")
+    if problems:
+        raise PlanRefused([f"{path}: {p}" for p in problems])
+    p = plan.parallel
+    return ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero"))

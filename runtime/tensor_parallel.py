@@ -1,0 +1,106 @@
+"""Tensor parallelism with sequence parallelism (Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models", 2022) applied with torch's DTensor styles.
+
+Between blocks the residual stream is sequence-sharded (`Shard(1)`): norms run on their slice
+(`SequenceParallel`), attention all-gathers the sequence, splits heads across ranks (column-parallel
+q/k/v, row-parallel o with a reduce-scatter back to the sequence shard), and the embedding is
+vocab-parallel (row-parallel over the vocabulary). The head is column-parallel over the vocabulary
+and the loss runs on vocabulary shards (`loss_parallel`), so full logits never exist on one rank.
+MoE blocks take their sequence slice as plain tensors: router and experts see only this rank's
+tokens (their gradients are summed over the tp ranks as well as dp, see `runtime.parallelize`);
+dense MLP blocks are column/row parallel like attention.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from trex.errors import TrexError
+
+
+def _attention_plan() -> dict:
+    return {
+        "self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        ),
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+
+
+def _mlp_plan(mlp: nn.Module) -> dict:
+    if hasattr(mlp, "experts"):  # MoE block: local tokens in, sequence shard out
+        return {"mlp": _MoEBlockStyle()}
+    return {
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+
+
+class _MoEBlockStyle(PrepareModuleInput):
+    """The MoE block runs on this rank's sequence slice as plain tensors and hands back a `Shard(1)` DTensor."""
+
+    def __init__(self):
+        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+        self.output_style = PrepareModuleOutput(
+            output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=False
+        )
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        super()._apply(module, device_mesh)
+        return self.output_style._apply(module, device_mesh)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard a Qwen3-MoE-style causal LM (model.model.{embed_tokens, layers, norm}, model.lm_head) over `tp_mesh`."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        raise TrexError(
+            f"tensor parallelism expects a causal LM with .model.layers and .lm_head; {type(model).__name__} "
+            "has another layout"
+        )
+    tp = tp_mesh.size()
+    config = model.config
+    for what, count in (
+        ("attention heads", config.num_attention_heads),
+        ("key/value heads", getattr(config, "num_key_value_heads", config.num_attention_heads)),
+    ):
+        if count % tp:
+            raise TrexError(f"tp={tp} does not divide the {count} {what} of {config.model_type}")
+    top = {
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+        "norm": SequenceParallel(),
+    }
+    if hasattr(
+        inner, "rotary_emb"
+    ):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
+        top["rotary_emb"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
+    parallelize_module(inner, tp_mesh, top)
+    parallelize_module(
+        model,
+        tp_mesh,
+        {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
+    )
+    for layer in inner.layers:
+        plan = {
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            **_attention_plan(),
+            **_mlp_plan(layer.mlp),
+        }
+        parallelize_module(layer, tp_mesh, plan)
