@@ -11,7 +11,7 @@ from trex.cost_model.parallel import ParallelConfig
 def predict(config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu") -> dict[str, Any]:
     """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}} or {"error": why} when the model "
     "cannot price it."""
-    from trex.cost_model.cluster import get_cluster
+    from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import spec_from_config
     from trex.cost_model.step import estimate_step
     from trex.errors import TrexError

@@ -149,11 +149,11 @@ class Recompute:
 
 def problem_for(gm: fx.GraphModule, target: Any = "cpu") -> RecomputeProblem:
     """Annotate costs where missing and read the save/recompute problem off `gm`."""
-    from trex.cost_model.annotate import annotate, resolve_target
+    from trex.cost_model.annotate import annotate, cluster_of
 
     if any(n.op == "call_function" and "cost" not in n.meta for n in gm.graph.nodes):
         annotate(gm, target)
-    return build_problem(gm, resolve_target(target).device)
+    return build_problem(gm, cluster_of(target).device)
 
 
 def choose(

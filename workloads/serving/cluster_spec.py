@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trex.cost_model.cluster import BUILTIN_CLUSTERS, Tier
+from trex.cost_model.catalog import BUILTIN_CLUSTERS
+from trex.cost_model.cluster import Tier
 from trex.cost_model.devices import DeviceProfile, get_device
 from trex.errors import TrexError
 from trex.workloads.serving.errors import ServingError
