@@ -25,7 +25,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition
 
-from trex.backends import Backend, Lowering, get_backend, lower_graph
+from trex.backends import Backend, Lowering, backend_names_from_env, default_backend_names, get_backend, lower_graph
 from trex.backends.eager import EagerBackend
 from trex.dump import DumpWriter
 from trex.pass_manager import Pass, PassContext, PassManager, PipelineReport, disabled_from_env, fuel_from_env
@@ -96,12 +96,14 @@ class CompileOptions:
     dump_dir: Path | None = None
 
     @classmethod
-    def build(cls, *, target: str = "cpu", backend: Any = "eager", passes: Any = None, dump_dir: str | Path | None = None, environ: dict[str, str] | None = None) -> CompileOptions:
+    def build(cls, *, target: str = "cpu", backend: Any = None, passes: Any = None, dump_dir: str | Path | None = None, environ: dict[str, str] | None = None) -> CompileOptions:
         import os
 
         from trex.passes import resolve_pipeline
 
         environ = dict(os.environ if environ is None else environ)
+        if backend is None:  # not given: TREX_BACKENDS, else Inductor where it works, eager for the rest
+            backend = backend_names_from_env(environ) or default_backend_names()
         specs = list(backend) if isinstance(backend, (list, tuple)) else [backend]
         backends = [get_backend(s) for s in specs]
         if not any(b.name == EagerBackend.name for b in backends):
@@ -186,7 +188,7 @@ class TrexCompiler:
 
     def _lower(self, graph: CapturedGraph, which: str, gm: fx.GraphModule):
         start = time.perf_counter()
-        lowering = lower_graph(gm, self.options.backends)
+        lowering = lower_graph(gm, self.options.backends, self.options.target)
         graph.lowerings[which] = lowering
         graph.seconds[f"lower_{which}"] = time.perf_counter() - start
         if self.dump is not None:
