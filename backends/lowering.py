@@ -98,10 +98,21 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     notes: list[str] = []
     eager = next((b for b in backends if b.name == EagerBackend.name), EagerBackend())
     assignment = {}
+    groups: dict[str, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes)), eager)
+        if "fusion_group" in node.meta:
+            groups.setdefault(node.meta["fusion_group"], []).append(node)
+    # A fusion group (passes/cost_driven_fusion.py) goes whole to the first backend that supports all of it.
+    for name, members in groups.items():
+        if len({assignment[n] for n in members}) == 1:
+            continue
+        backend = next((b for b in backends if b is not eager and all(_safe_supports(b, n, notes) for n in members)), eager)
+        notes.append(f"fusion group {name} ({len(members)} nodes) split by support; all of it goes to {backend.name!r}")
+        for member in members:
+            assignment[member] = backend
     return assignment, notes
 
 
@@ -113,7 +124,7 @@ def predicted_seconds_per_backend(assignment: dict[fx.Node, Backend], target: An
     totals: dict[str, float] = {}
     for node, backend in assignment.items():
         try:
-            cost = annotate_node(node, cluster)
+            cost = node.meta.get("cost") or annotate_node(node, cluster)  # priced by a pass already, or now
         except Exception:  # noqa: BLE001 - pricing is a report; an op it cannot price costs nothing here
             cost = None
         totals[backend.name] = totals.get(backend.name, 0.0) + (cost.time_s if cost is not None and cost.priced else 0.0)

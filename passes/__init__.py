@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 
 # The graph passes import torch; they load on first use, so that `trex.passes.parallel` (the planner,
 # which prices configurations and needs no graph) starts without it.
-_PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination"}
+_PASS_CLASSES = {
+    "CanonicalizeMoe": "trex.passes.canonicalize",
+    "DeadCodeElimination": "trex.passes.dead_code_elimination",
+    "CostDrivenFusion": "trex.passes.cost_driven_fusion",
+    "TritonPatterns": "trex.passes.triton_patterns",
+}
 
 
 def _passes() -> dict[str, type]:
@@ -41,6 +46,8 @@ def __getattr__(name: str) -> Any:
 DEFAULT_PIPELINE: tuple[str, ...] = (
     "canonicalize_moe",  # fused MoE ops -> dispatch / grouped_mm / combine, tagged per layer
     "dead_code_elimination",  # drop values nothing uses
+    "triton_patterns",  # aten regions -> trex's Triton kernels (when the target is a GPU, or when asked)
+    "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
 )
 
 
@@ -62,4 +69,4 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     return resolved
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "DeadCodeElimination", "resolve_pipeline"]
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "CostDrivenFusion", "DeadCodeElimination", "TritonPatterns", "resolve_pipeline"]

@@ -23,7 +23,7 @@ import torch
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import default_partition
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from trex.backends import Backend, Lowering, backend_names_from_env, default_backend_names, get_backend, lower_graph
 from trex.backends.eager import EagerBackend
@@ -94,6 +94,11 @@ class CompileOptions:
     disabled: set[str] = field(default_factory=set)
     fuel: int | None = None
     dump_dir: Path | None = None
+
+    @property
+    def partitioner(self) -> str:
+        """The forward/backward split the leading backend wants ("default" or "min_cut")."""
+        return getattr(self.backends[0], "partitioner", "default")
 
     @classmethod
     def build(cls, *, target: str = "cpu", backend: Any = None, passes: Any = None, dump_dir: str | Path | None = None, environ: dict[str, str] | None = None) -> CompileOptions:
@@ -171,7 +176,8 @@ class TrexCompiler:
     def _partition(self, graph: CapturedGraph, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
         self._run_pipeline(graph, joint)
         start = time.perf_counter()
-        forward, backward = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        partition = min_cut_rematerialization_partition if self.options.partitioner == "min_cut" else default_partition
+        forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         graph.seconds["partition"] = time.perf_counter() - start
         graph.forward, graph.backward = forward, backward
         if self.dump is not None:
