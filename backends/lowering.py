@@ -105,12 +105,16 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
         assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes)), eager)
         if "fusion_group" in node.meta:
             groups.setdefault(node.meta["fusion_group"], []).append(node)
-    # A fusion group (passes/cost_driven_fusion.py) goes whole to the first backend that supports all of it.
+    # A fusion group (passes/cost_driven_fusion.py) goes whole to the first code-generating backend that
+    # supports all of it; when none does, its nodes stay with the backends that took them one by one.
     for name, members in groups.items():
         if len({assignment[n] for n in members}) == 1:
             continue
-        backend = next((b for b in backends if b is not eager and all(_safe_supports(b, n, notes) for n in members)), eager)
-        notes.append(f"fusion group {name} ({len(members)} nodes) split by support; all of it goes to {backend.name!r}")
+        backend = next((b for b in backends if b is not eager and all(_safe_supports(b, n, notes) for n in members)), None)
+        if backend is None:
+            notes.append(f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {sorted({assignment[n].name for n in members})}")
+            continue
+        notes.append(f"fusion group {name} ({len(members)} nodes) kept whole: all of it goes to {backend.name!r}")
         for member in members:
             assignment[member] = backend
     return assignment, notes

@@ -110,13 +110,13 @@ def _ms(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1e3:.1f} ({min(samples) * 1e3:.1f}-{max(samples) * 1e3:.1f})"
 
 
-def print_table(rows: list[dict], inductor: bool) -> None:
+def print_table(rows: list[dict], inductor: bool, file=None) -> None:
     header = "| model | dtype | eager step ms | trex step ms | trex speedup vs eager |"
     if inductor:
         header += " Inductor step ms | trex speedup vs Inductor |"
     header += " first call s: trex" + (" / Inductor" if inductor else "") + " | peak step MiB: eager / trex" + (" / Inductor" if inductor else "") + " |"
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
+    print(header, file=file)
+    print("|" + "---|" * (header.count("|") - 1), file=file)
     for r in rows:
         t = r["times"]
         line = f"| tiny {r['family']} | {r['dtype']} | {_ms(t['eager'])} | {_ms(t['trex'])} | {_ratio_cell(t['trex'], t['eager'])} |"
@@ -125,7 +125,7 @@ def print_table(rows: list[dict], inductor: bool) -> None:
         line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
         peaks = [r["peak"]["eager"], r["peak"]["trex"]] + ([r["peak"]["inductor"]] if inductor else [])
         line += " " + " / ".join(f"{p / 2**20:.1f}" for p in peaks) + " |"
-        print(line)
+        print(line, file=file, flush=True)
 
 
 def bench_meta(names: list[str]) -> list[tuple[str, float, int, int]]:
@@ -162,6 +162,7 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends))
             print(f"done {family} {dtype}", file=sys.stderr, flush=True)
+            print_table(rows[-1:], inductor, file=sys.stderr)  # each row as soon as it is measured (a long run may be cut short)
     load = os.getloadavg()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens; forward+backward+AdamW(fused); "
           f"median (min-max) of {args.steps} interleaved rounds; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")

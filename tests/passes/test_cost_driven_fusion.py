@@ -68,21 +68,36 @@ def test_a_saving_below_the_threshold_keeps_nodes_apart():
 
 class MulOnly(Backend):
     name: ClassVar[str] = "toy_mul_only"
+    SUPPORTED: ClassVar[tuple] = (torch.ops.aten.mul.Tensor,)
 
     def supports(self, node):
-        return node.op == "call_function" and node.target is torch.ops.aten.mul.Tensor
+        return node.op == "call_function" and node.target in self.SUPPORTED
 
     def lower(self, gm, example_inputs):
         return gm
 
 
-def test_lowering_gives_a_group_to_one_backend_that_supports_all_of_it():
+class Pointwise(MulOnly):
+    name: ClassVar[str] = "toy_pointwise"
+    SUPPORTED: ClassVar[tuple] = (torch.ops.aten.mul.Tensor, torch.ops.aten.exp.default)
+
+
+def test_lowering_gives_a_group_whole_to_a_backend_that_supports_all_of_it():
     gm = _traced(lambda x: torch.exp(x * 2) * 3, torch.randn(32, 32))
     CostDrivenFusion().run(gm, PassContext())
     assert len(_groups(gm)) == 1
+    # MulOnly comes first for the muls, but only Pointwise can take the whole group
+    assignment, notes = assign_nodes(gm, [MulOnly(), Pointwise(), EagerBackend()])
+    assert {b.name for b in assignment.values()} == {"toy_pointwise"}
+    assert any("kept whole" in note for note in notes)
+
+
+def test_a_group_no_backend_supports_whole_is_split_and_the_split_noted():
+    gm = _traced(lambda x: torch.exp(x * 2) * 3, torch.randn(32, 32))
+    CostDrivenFusion().run(gm, PassContext())
     assignment, notes = assign_nodes(gm, [MulOnly(), EagerBackend()])
-    assert {b.name for b in assignment.values()} == {"eager"}  # MulOnly cannot run exp: the group stays whole
-    assert any("split by support" in note for note in notes)
+    assert sorted(b.name for b in assignment.values()) == ["eager", "toy_mul_only", "toy_mul_only"]
+    assert any("no backend supports all of it" in note for note in notes)
 
 
 def test_fusion_runs_in_the_default_pipeline_and_training_matches_eager(small_moe):
