@@ -15,6 +15,14 @@ from trex.backends.registry import (
 )
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Backend", "Lowering", "available_backends", "backend_names_from_env", "default_backend_names", "get_backend",
-    "lower_graph", "register_backend", "unregister_backend",
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "Lowering",
+    "available_backends",
+    "backend_names_from_env",
+    "default_backend_names",
+    "get_backend",
+    "lower_graph",
+    "register_backend",
+    "unregister_backend",
 ]

@@ -47,17 +47,20 @@ class Lowering:
             if backend in self.predicted_seconds:
                 text += f", {self.predicted_seconds[backend] * 1e3:.2f} ms predicted"
             if regions:
-                text += f", {len(regions)} region(s) compiled in {sum(self.region_seconds.get(r, 0.0) for r in regions):.1f} s"
+                seconds = sum(self.region_seconds.get(r, 0.0) for r in regions)
+                text += f", {len(regions)} region(s) compiled in {seconds:.1f} s"
             parts.append(text)
         return "; ".join(parts) if parts else "no nodes"
 
     def describe(self) -> str:
         lines = ["nodes per backend: " + ", ".join(f"{b}={n}" for b, n in sorted(self.counts().items()))]
         if self.predicted_seconds:
-            lines.append("predicted time per backend: " + ", ".join(f"{b}={s * 1e3:.3f} ms" for b, s in sorted(self.predicted_seconds.items())))
+            predicted = ", ".join(f"{b}={s * 1e3:.3f} ms" for b, s in sorted(self.predicted_seconds.items()))
+            lines.append(f"predicted time per backend: {predicted}")
         for backend, submodule, nodes in self.partitions:
             took = f" (compiled in {self.region_seconds[submodule]:.2f} s)" if submodule in self.region_seconds else ""
-            lines.append(f"{submodule} -> {backend}: {len(nodes)} nodes{took}: {', '.join(nodes[:12])}{' ...' if len(nodes) > 12 else ''}")
+            listed = ", ".join(nodes[:12]) + (" ..." if len(nodes) > 12 else "")
+            lines.append(f"{submodule} -> {backend}: {len(nodes)} nodes{took}: {listed}")
         lines += [f"note: {n}" for n in self.notes]
         eager = [name for name, b in self.assignment.items() if b == EagerBackend.name]
         lines.append(f"eager: {len(eager)} nodes")
@@ -110,9 +113,11 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     for name, members in groups.items():
         if len({assignment[n] for n in members}) == 1:
             continue
-        backend = next((b for b in backends if b is not eager and all(_safe_supports(b, n, notes) for n in members)), None)
+        whole = (b for b in backends if b is not eager and all(_safe_supports(b, n, notes) for n in members))
+        backend = next(whole, None)
         if backend is None:
-            notes.append(f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {sorted({assignment[n].name for n in members})}")
+            split = sorted({assignment[n].name for n in members})
+            notes.append(f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {split}")
             continue
         notes.append(f"fusion group {name} ({len(members)} nodes) kept whole: all of it goes to {backend.name!r}")
         for member in members:
@@ -131,7 +136,8 @@ def predicted_seconds_per_backend(assignment: dict[fx.Node, Backend], target: An
             cost = node.meta.get("cost") or annotate_node(node, cluster)  # priced by a pass already, or now
         except Exception:  # noqa: BLE001 - pricing is a report; an op it cannot price costs nothing here
             cost = None
-        totals[backend.name] = totals.get(backend.name, 0.0) + (cost.time_s if cost is not None and cost.priced else 0.0)
+        seconds = cost.time_s if cost is not None and cost.priced else 0.0
+        totals[backend.name] = totals.get(backend.name, 0.0) + seconds
     return totals
 
 

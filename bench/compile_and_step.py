@@ -60,7 +60,11 @@ def peak_step_bytes(step: TrainStep) -> int:
         prof.export_chrome_trace(trace.name)
         with open(trace.name) as f:
             events = json.load(f)["traceEvents"]
-    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
+    totals = [
+        e["args"]["Total Allocated"]
+        for e in events
+        if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})
+    ]
     if not totals:
         return 0
     first = events[[i for i, e in enumerate(events) if e.get("name") == "[memory]"][0]]["args"]
@@ -88,7 +92,9 @@ def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, tr
     add("trex", lambda m: trex.compile(m, backend=trex_backends))
     session = variants["trex"].module.trex
     row["trex_summary"] = session.summary()
-    row["trex_compile_s"] = {which: sum(lw.region_seconds.values()) for g in session.graphs for which, lw in g.lowerings.items()}
+    row["trex_compile_s"] = {
+        which: sum(lw.region_seconds.values()) for g in session.graphs for which, lw in g.lowerings.items()
+    }
     if inductor:
         add("inductor", lambda m: torch.compile(m, fullgraph=True))
 
@@ -114,12 +120,19 @@ def print_table(rows: list[dict], inductor: bool, file=None) -> None:
     header = "| model | dtype | eager step ms | trex step ms | trex speedup vs eager |"
     if inductor:
         header += " Inductor step ms | trex speedup vs Inductor |"
-    header += " first call s: trex" + (" / Inductor" if inductor else "") + " | peak step MiB: eager / trex" + (" / Inductor" if inductor else "") + " |"
+    header += (
+        " first call s: trex"
+        + (" / Inductor" if inductor else "")
+        + " | peak step MiB: eager / trex"
+        + (" / Inductor" if inductor else "")
+        + " |"
+    )
     print(header, file=file)
     print("|" + "---|" * (header.count("|") - 1), file=file)
     for r in rows:
         t = r["times"]
-        line = f"| tiny {r['family']} | {r['dtype']} | {_ms(t['eager'])} | {_ms(t['trex'])} | {_ratio_cell(t['trex'], t['eager'])} |"
+        line = f"| tiny {r['family']} | {r['dtype']} | {_ms(t['eager'])} | {_ms(t['trex'])} |"
+        line += f" {_ratio_cell(t['trex'], t['eager'])} |"
         if inductor:
             line += f" {_ms(t['inductor'])} | {_ratio_cell(t['trex'], t['inductor'])} |"
         line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
@@ -144,10 +157,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--families", default=",".join(TINY_FAMILIES))
-    parser.add_argument("--trex-backends", default=None, help="trex's backend list, e.g. 'eager' (default: trex's default)")
-    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile with Inductor (slow cold compile)")
+    parser.add_argument(
+        "--trex-backends", default=None, help="trex's backend list, e.g. 'eager' (default: trex's default)"
+    )
+    parser.add_argument(
+        "--no-inductor", action="store_true", help="skip torch.compile with Inductor (slow cold compile)"
+    )
     parser.add_argument("--meta", action="store_true", help="also time meta-device capture of the full-size models")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: on a shared 2-core machine two OpenMP threads time the scheduler)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine two OpenMP threads time the scheduler)",
+    )
     parser.add_argument("--summaries", action="store_true", help="print trex's compile summary for every model")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -162,10 +184,16 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends))
             print(f"done {family} {dtype}", file=sys.stderr, flush=True)
-            print_table(rows[-1:], inductor, file=sys.stderr)  # each row as soon as it is measured (a long run may be cut short)
+            print_table(
+                rows[-1:], inductor, file=sys.stderr
+            )  # each row as soon as it is measured (a long run may be cut short)
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens; forward+backward+AdamW(fused); "
-          f"median (min-max) of {args.steps} interleaved rounds; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens; "
+        "forward+backward+AdamW(fused); "
+        f"median (min-max) of {args.steps} interleaved rounds; "
+        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n"
+    )
     print_table(rows, inductor)
     if args.summaries:
         for r in rows:
@@ -173,7 +201,9 @@ def main() -> None:
     if args.meta:
         print("\n| full-size model (meta device) | capture time (s) | layer kinds | decoder layers |")
         print("|---|---|---|---|")
-        for name, seconds, kinds, layers in bench_meta(["deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3", "qwen3-235b-a22b"]):
+        for name, seconds, kinds, layers in bench_meta(
+            ["deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3", "qwen3-235b-a22b"]
+        ):
             print(f"| {name} | {seconds:.1f} | {kinds} | {layers} |")
 
 

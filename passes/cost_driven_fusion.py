@@ -58,7 +58,12 @@ class CostDrivenFusion:
             if cost is None:
                 cost = annotate_node(node, cluster)
                 node.meta["cost"] = cost
-            if cost is not None and cost.priced and cost.kind in MEMORY_BOUND_KINDS and isinstance(node.meta.get("val"), torch.Tensor):
+            if (
+                cost is not None
+                and cost.priced
+                and cost.kind in MEMORY_BOUND_KINDS
+                and isinstance(node.meta.get("val"), torch.Tensor)
+            ):
                 memory_bound.add(node)
 
         group: dict[fx.Node, int] = {}
@@ -81,7 +86,11 @@ class CostDrivenFusion:
                 subject = f"{producer.name} -> {node.name}"
                 data = {"saved_bytes": saved_bytes, "saved_s": saved_s, "group_nodes": size}
                 if saved_s < min_saving_s or size > MAX_GROUP_NODES:
-                    why = f"group would have {size} nodes (limit {MAX_GROUP_NODES})" if size > MAX_GROUP_NODES else f"saves {saved_s * 1e6:.2f} us < {min_saving_s * 1e6:.2f} us"
+                    why = (
+                        f"group would have {size} nodes (limit {MAX_GROUP_NODES})"
+                        if size > MAX_GROUP_NODES
+                        else f"saves {saved_s * 1e6:.2f} us < {min_saving_s * 1e6:.2f} us"
+                    )
                     decisions.append(Decision("keep_apart", subject, why, data))
                     continue
                 if not ctx.fuel.take():
@@ -90,7 +99,15 @@ class CostDrivenFusion:
                 for member in absorbed:
                     group[member] = group[node]
                 members[group[node]] = absorbed + members[group[node]]
-                decisions.append(Decision("fuse", subject, f"{producer.name}'s {saved_bytes} bytes stay in registers/cache: saves {saved_s * 1e6:.2f} us on {device.name}", data))
+                decisions.append(
+                    Decision(
+                        "fuse",
+                        subject,
+                        f"{producer.name}'s {saved_bytes} bytes stay in registers/cache: "
+                        f"saves {saved_s * 1e6:.2f} us on {device.name}",
+                        data,
+                    )
+                )
 
         fused_groups = 0
         for nodes in members.values():

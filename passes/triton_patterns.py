@@ -39,7 +39,11 @@ def _match_rms_norm(rsqrt: fx.Node) -> dict | None:
     if not _is(add, aten.add.Tensor, aten.add.Scalar) or _scalar(add.args[1]) is None:
         return None
     mean = add.args[0]
-    if not _is(mean, aten.mean.dim) or list(mean.args[1]) not in ([-1], [mean.args[0].meta["val"].dim() - 1]) or not (len(mean.args) > 2 and mean.args[2]):
+    if (
+        not _is(mean, aten.mean.dim)
+        or list(mean.args[1]) not in ([-1], [mean.args[0].meta["val"].dim() - 1])
+        or not (len(mean.args) > 2 and mean.args[2])
+    ):
         return None
     square = mean.args[0]
     if not _is(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
@@ -48,7 +52,10 @@ def _match_rms_norm(rsqrt: fx.Node) -> dict | None:
     for normed in rsqrt.users:
         if not _is(normed, aten.mul.Tensor) or set(normed.args) != {x, rsqrt}:
             continue
-        cast = next((u for u in normed.users if _is(u, aten._to_copy.default, torch.ops.prims.convert_element_type.default)), None)
+        cast = next(
+            (u for u in normed.users if _is(u, aten._to_copy.default, torch.ops.prims.convert_element_type.default)),
+            None,
+        )
         scaled_input = cast if cast is not None else normed
         for out in scaled_input.users:
             if not _is(out, aten.mul.Tensor):
@@ -81,7 +88,17 @@ class TritonPatterns:
 
         device_type = get_target(ctx.target).device_type
         if not self.force and device_type not in GPU_DEVICE_TYPES:
-            return PassResult(False, [Decision("skip", "graph", f"target {ctx.target!r} runs on {device_type}, where the Triton kernels do not compile; TritonPatterns(force=True) rewrites anyway")])
+            return PassResult(
+                False,
+                [
+                    Decision(
+                        "skip",
+                        "graph",
+                        f"target {ctx.target!r} runs on {device_type}, where the Triton kernels do not compile; "
+                        "TritonPatterns(force=True) rewrites anyway",
+                    )
+                ],
+            )
         decisions: list[Decision] = []
         graph = gm.graph
         for rsqrt in [n for n in graph.nodes if _is(n, aten.rsqrt.default)]:
@@ -94,12 +111,16 @@ class TritonPatterns:
             if isinstance(match["weight"], fx.Node) and order[match["weight"]] > order[first_use]:
                 continue  # the weight is computed after the normalisation starts: no single place for the fused op
             with graph.inserting_before(first_use):
-                fused = graph.call_function(torch.ops.trex_triton.rms_norm_forward.default, (match["x"], match["weight"], match["eps"]))
+                fused = graph.call_function(
+                    torch.ops.trex_triton.rms_norm_forward.default, (match["x"], match["weight"], match["eps"])
+                )
                 y = graph.call_function(operator.getitem, (fused, 0))
                 rstd = graph.call_function(operator.getitem, (fused, 1))
                 rstd_keepdim = graph.call_function(aten.view.default, (rstd, list(rsqrt.meta["val"].shape)))
             for new in (fused, y, rstd, rstd_keepdim):
-                new.meta.update({k: v for k, v in out.meta.items() if k in ("nn_module_stack", "stack_trace", "seq_nr")})
+                new.meta.update(
+                    {k: v for k, v in out.meta.items() if k in ("nn_module_stack", "stack_trace", "seq_nr")}
+                )
             y.meta["val"] = out.meta["val"]
             rstd_keepdim.meta["val"] = rsqrt.meta["val"]
             x_val, rstd_val = match["x"].meta["val"], rsqrt.meta["val"]
@@ -107,7 +128,15 @@ class TritonPatterns:
             fused.meta["val"] = (out.meta["val"], rstd.meta["val"])
             out.replace_all_uses_with(y)
             rsqrt.replace_all_uses_with(rstd_keepdim)
-            decisions.append(Decision("rewrite", out.name, f"RMSNorm over {x_val.shape[-1]} features ({x_val.numel() // x_val.shape[-1]} rows) -> trex_triton.rms_norm_forward", {"kernel": "rms_norm"}))
+            decisions.append(
+                Decision(
+                    "rewrite",
+                    out.name,
+                    f"RMSNorm over {x_val.shape[-1]} features ({x_val.numel() // x_val.shape[-1]} rows) "
+                    "-> trex_triton.rms_norm_forward",
+                    {"kernel": "rms_norm"},
+                )
+            )
         for mul in [n for n in graph.nodes if _is(n, aten.mul.Tensor)]:
             silu = next((a for a in mul.args if _is(a, aten.silu.default)), None)
             if silu is None or mul.args[0] is mul.args[1]:
@@ -120,7 +149,14 @@ class TritonPatterns:
                 fused = graph.call_function(torch.ops.trex_triton.swiglu.default, (gate, up))
             fused.meta.update(mul.meta)
             mul.replace_all_uses_with(fused)
-            decisions.append(Decision("rewrite", mul.name, f"SwiGLU over {tuple(gate.meta['val'].shape)} -> trex_triton.swiglu", {"kernel": "swiglu"}))
+            decisions.append(
+                Decision(
+                    "rewrite",
+                    mul.name,
+                    f"SwiGLU over {tuple(gate.meta['val'].shape)} -> trex_triton.swiglu",
+                    {"kernel": "swiglu"},
+                )
+            )
         if decisions:
             graph.eliminate_dead_code()
             gm.recompile()

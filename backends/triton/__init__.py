@@ -21,18 +21,33 @@ from trex.backends.triton.kernels import grouped_gemm, linear_cross_entropy, rms
 
 NAMESPACE = "trex_triton"
 
-__all__ = ["NAMESPACE", "TritonBackend", "grouped_gemm", "kernel_ops", "linear_cross_entropy", "rms_norm", "rope", "swiglu"]
+__all__ = [
+    "NAMESPACE",
+    "TritonBackend",
+    "grouped_gemm",
+    "kernel_ops",
+    "linear_cross_entropy",
+    "rms_norm",
+    "rope",
+    "swiglu",
+]
 
 
 def kernel_ops() -> set[Any]:
     """Every overload of the library's ops."""
     namespace = getattr(torch.ops, NAMESPACE)
-    return {getattr(namespace, name).default for name in dir(namespace) if not name.startswith("_") and hasattr(getattr(namespace, name), "default")}
+    return {
+        getattr(namespace, name).default
+        for name in dir(namespace)
+        if not name.startswith("_") and hasattr(getattr(namespace, name), "default")
+    }
 
 
 class TritonBackend(Backend):
     name: ClassVar[str] = "triton"
-    description: ClassVar[str] = "trex's Triton kernel library (the trex_triton ops the pattern passes put in the graph)"
+    description: ClassVar[str] = (
+        "trex's Triton kernel library (the trex_triton ops the pattern passes put in the graph)"
+    )
 
     def supports(self, node: fx.Node) -> bool:
         return node.op == "call_function" and getattr(node.target, "namespace", None) == NAMESPACE

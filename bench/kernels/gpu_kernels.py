@@ -101,19 +101,37 @@ def kernel_cases(device, dry):
     heads = 2 if dry else V4["heads"]
     mk = lambda *shape: torch.randn(*shape, device=device, dtype=dtype)  # noqa: E731
     rows = tokens * (2 if dry else V4["top_k"])
-    offsets = torch.cumsum(torch.bincount(torch.randint(0, experts, (rows,), device=device), minlength=experts), 0).to(torch.int32)
+    offsets = torch.cumsum(torch.bincount(torch.randint(0, experts, (rows,), device=device), minlength=experts), 0).to(
+        torch.int32
+    )
     angles = torch.randn(1, tokens, rope_dim // 2, device=device)
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
     labels = torch.randint(0, vocab, (tokens,), device=device)
     kernel_cases.labels = labels  # Liger's linear+CE takes the same labels
     return [
-        ("rms_norm", lambda x, w: rms_norm.rms_norm(x, w, 1e-6), lambda x, w: rms_norm.rms_norm_reference(x, w, 1e-6), [mk(tokens, hidden), mk(hidden)], (0, 1)),
+        (
+            "rms_norm",
+            lambda x, w: rms_norm.rms_norm(x, w, 1e-6),
+            lambda x, w: rms_norm.rms_norm_reference(x, w, 1e-6),
+            [mk(tokens, hidden), mk(hidden)],
+            (0, 1),
+        ),
         ("swiglu", swiglu.swiglu, swiglu.swiglu_reference, [mk(rows, inter), mk(rows, inter)], (0, 1)),
         ("rope", rope.rope, rope.rope_reference, [mk(1, heads, tokens, rope_dim), cos, sin], (0,)),
-        ("grouped_gemm", lambda x, w: grouped_gemm.grouped_mm(x, w, offsets), lambda x, w: grouped_gemm.grouped_mm_reference(x, w, offsets),
-         [mk(rows, hidden), mk(experts, hidden, 2 * inter) * hidden**-0.5], (0, 1)),
-        ("linear_cross_entropy", lambda h, w: linear_cross_entropy.linear_cross_entropy(h, w, labels, -100, 1024),
-         lambda h, w: linear_cross_entropy.linear_cross_entropy_reference(h, w, labels), [mk(tokens, hidden), mk(vocab, hidden) * hidden**-0.5], (0, 1)),
+        (
+            "grouped_gemm",
+            lambda x, w: grouped_gemm.grouped_mm(x, w, offsets),
+            lambda x, w: grouped_gemm.grouped_mm_reference(x, w, offsets),
+            [mk(rows, hidden), mk(experts, hidden, 2 * inter) * hidden**-0.5],
+            (0, 1),
+        ),
+        (
+            "linear_cross_entropy",
+            lambda h, w: linear_cross_entropy.linear_cross_entropy(h, w, labels, -100, 1024),
+            lambda h, w: linear_cross_entropy.linear_cross_entropy_reference(h, w, labels),
+            [mk(tokens, hidden), mk(vocab, hidden) * hidden**-0.5],
+            (0, 1),
+        ),
     ]
 
 
@@ -179,8 +197,10 @@ def bench_expert_gemm(device, dry):
     for model, shape in (("qwen3-235b", QWEN3_235B), ("deepseek-v4", V4)):
         experts = 4 if dry else shape["experts"] // 8  # the experts of one EP=8 rank
         hidden, inter = (32, 16) if dry else (shape["hidden"], shape["intermediate"])
-        for per_expert in ((16, 32) if dry else (256, 512, 1024, 2048, 4096)):
-            x = torch.randn(experts * per_expert, hidden, device=device, dtype=torch.bfloat16 if not dry else torch.float32)
+        for per_expert in (16, 32) if dry else (256, 512, 1024, 2048, 4096):
+            x = torch.randn(
+                experts * per_expert, hidden, device=device, dtype=torch.bfloat16 if not dry else torch.float32
+            )
             w = torch.randn(experts, hidden, 2 * inter, device=device, dtype=x.dtype)
             offsets = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * per_expert
             flops = 2 * x.size(0) * hidden * 2 * inter
@@ -191,15 +211,25 @@ def bench_expert_gemm(device, dry):
                 def loop():
                     for e in range(experts):
                         with torch.cuda.stream(streams[e % 4]):
-                            x[e * per_expert:(e + 1) * per_expert] @ w[e]
+                            x[e * per_expert : (e + 1) * per_expert] @ w[e]
                     for s in streams:
                         torch.cuda.current_stream().wait_stream(s)
             else:
+
                 def loop():
                     for e in range(experts):
-                        x[e * per_expert:(e + 1) * per_expert] @ w[e]
+                        x[e * per_expert : (e + 1) * per_expert] @ w[e]
+
             looped = timed(loop, device, 3 if dry else 20)
-            rows.append({"model": model, "rows_per_expert": per_expert, "experts": experts, "grouped_tflops": flops / grouped / 1e12, "loop4_tflops": flops / looped / 1e12})
+            rows.append(
+                {
+                    "model": model,
+                    "rows_per_expert": per_expert,
+                    "experts": experts,
+                    "grouped_tflops": flops / grouped / 1e12,
+                    "loop4_tflops": flops / looped / 1e12,
+                }
+            )
     return rows
 
 
@@ -210,7 +240,11 @@ def bench_moe_layer_host_vs_device(device, dry):
     import trex.ops  # noqa: F401
 
     shape = V4
-    tokens, hidden, inter, experts, top_k = (32, 16, 8, 4, 2) if dry else (TOKENS, shape["hidden"], shape["intermediate"], shape["experts"] // 8, shape["top_k"])
+    tokens, hidden, inter, experts, top_k = (
+        (32, 16, 8, 4, 2)
+        if dry
+        else (TOKENS, shape["hidden"], shape["intermediate"], shape["experts"] // 8, shape["top_k"])
+    )
     dtype = torch.float32 if dry else torch.bfloat16
     x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
     gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=dtype, requires_grad=True)
@@ -244,7 +278,11 @@ def bench_moe_layer_host_vs_device(device, dry):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/kernels/out"))
-    parser.add_argument("--dry-run", action="store_true", help="CPU, toy shapes, Triton interpreter: checks the script, measures nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU, toy shapes, Triton interpreter: checks the script, measures nothing",
+    )
     args = parser.parse_args()
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -253,19 +291,35 @@ def main() -> None:
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run gpu_check.sh on a GPU machine, or pass --dry-run")
-    results = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)", "torch": torch.__version__,
-               "kernels": bench_kernels(device, args.dry_run), "expert_gemm": bench_expert_gemm(device, args.dry_run),
-               "moe_layer": bench_moe_layer_host_vs_device(device, args.dry_run)}
+    results = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__,
+        "kernels": bench_kernels(device, args.dry_run),
+        "expert_gemm": bench_expert_gemm(device, args.dry_run),
+        "moe_layer": bench_moe_layer_host_vs_device(device, args.dry_run),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
-    lines = [f"device {results['device']}, torch {results['torch']}", "", "| kernel | trex ms | Inductor ms | Liger ms |", "|---|---|---|---|"]
+    lines = [
+        f"device {results['device']}, torch {results['torch']}",
+        "",
+        "| kernel | trex ms | Inductor ms | Liger ms |",
+        "|---|---|---|---|",
+    ]
     fmt = lambda v: f"{v * 1e3:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     for row in results["kernels"]:
         lines.append(f"| {row['kernel']} | {fmt(row['trex_s'])} | {fmt(row['inductor_s'])} | {fmt(row['liger_s'])} |")
-    lines += ["", "| model | rows/expert | experts | grouped_mm TFLOP/s | 4-stream loop TFLOP/s |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| model | rows/expert | experts | grouped_mm TFLOP/s | 4-stream loop TFLOP/s |",
+        "|---|---|---|---|---|",
+    ]
     for row in results["expert_gemm"]:
-        lines.append(f"| {row['model']} | {row['rows_per_expert']} | {row['experts']} | {row['grouped_tflops']:.1f} | {row['loop4_tflops']:.1f} |")
+        lines.append(
+            f"| {row['model']} | {row['rows_per_expert']} | {row['experts']} "
+            f"| {row['grouped_tflops']:.1f} | {row['loop4_tflops']:.1f} |"
+        )
     lines += ["", "moe layer fwd+bwd: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in results["moe_layer"].items())]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

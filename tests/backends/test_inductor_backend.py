@@ -13,7 +13,9 @@ from trex.backends import backend_names_from_env, default_backend_names
 from trex.backends.inductor import inductor_unavailable_reason
 from trex.errors import UnknownNameError
 
-needs_inductor = pytest.mark.skipif(inductor_unavailable_reason() is not None, reason=str(inductor_unavailable_reason()))
+needs_inductor = pytest.mark.skipif(
+    inductor_unavailable_reason() is not None, reason=str(inductor_unavailable_reason())
+)
 
 
 class TinyBlock(torch.nn.Module):

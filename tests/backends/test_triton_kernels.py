@@ -51,7 +51,10 @@ def test_rope_kernel_matches_reference_forward_and_backward():
 
     x = torch.randn(2, 3, 5, 12)
     angles = torch.randn(2, 5, 6)
-    cos, sin = torch.cat([angles.cos(), angles.cos()], -1), torch.cat([angles.sin(), (angles * 0.7).sin()], -1)  # unequal halves too
+    cos, sin = (
+        torch.cat([angles.cos(), angles.cos()], -1),
+        torch.cat([angles.sin(), (angles * 0.7).sin()], -1),
+    )  # unequal halves too
     _compare(rope, rope_reference, [x, cos, sin], trained=(0,))  # cos/sin: position tables, not trained
 
 
@@ -60,7 +63,13 @@ def test_grouped_gemm_kernel_matches_reference_with_empty_and_ragged_experts():
 
     offsets = torch.tensor([5, 5, 40, 47], dtype=torch.int32)  # expert 1 empty, expert 2 spans two row tiles
     x, w = torch.randn(47, 20), torch.randn(4, 20, 36)  # K and N not multiples of the 32-wide tiles
-    _compare(lambda a, b: grouped_mm(a, b, offsets), lambda a, b: grouped_mm_reference(a, b, offsets), [x, w], atol=1e-4, rtol=1e-4)
+    _compare(
+        lambda a, b: grouped_mm(a, b, offsets),
+        lambda a, b: grouped_mm_reference(a, b, offsets),
+        [x, w],
+        atol=1e-4,
+        rtol=1e-4,
+    )
 
 
 def test_grouped_gemm_matches_trex_grouped_mm_op():
@@ -70,7 +79,9 @@ def test_grouped_gemm_matches_trex_grouped_mm_op():
 
     offsets = torch.tensor([3, 10, 10, 16], dtype=torch.int32)
     x, w = torch.randn(16, 8), torch.randn(4, 8, 24)
-    torch.testing.assert_close(grouped_mm(x, w, offsets), torch.ops.trex.grouped_mm(x, w, offsets), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        grouped_mm(x, w, offsets), torch.ops.trex.grouped_mm(x, w, offsets), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_linear_cross_entropy_kernel_matches_reference_with_ignored_rows_and_chunks():
@@ -79,8 +90,13 @@ def test_linear_cross_entropy_kernel_matches_reference_with_ignored_rows_and_chu
     h, w = torch.randn(11, 16), torch.randn(1500, 16) * 0.3  # vocab 1500: two vocab blocks
     labels = torch.randint(0, 1500, (11,))
     labels[[2, 7]] = -100
-    _compare(lambda a, b: lce.linear_cross_entropy(a, b, labels, -100, 4), lambda a, b: lce.linear_cross_entropy_reference(a, b, labels, -100),
-             [h, w], atol=1e-5, rtol=1e-4)
+    _compare(
+        lambda a, b: lce.linear_cross_entropy(a, b, labels, -100, 4),
+        lambda a, b: lce.linear_cross_entropy_reference(a, b, labels, -100),
+        [h, w],
+        atol=1e-5,
+        rtol=1e-4,
+    )
 
 
 def test_kernels_fall_back_to_reference_without_the_interpreter(monkeypatch):
@@ -92,4 +108,3 @@ def test_kernels_fall_back_to_reference_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not kernels_run_on(gate)
     torch.testing.assert_close(swiglu(gate, up), interpreted)
-

@@ -36,7 +36,12 @@ def test_a_pointwise_chain_becomes_one_group_with_its_saving_recorded():
     groups = _groups(gm)
     assert len(groups) == 1
     (members,) = groups.values()
-    assert {n.target for n in members} == {torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.exp.default, torch.ops.aten.sum.dim_IntList}
+    assert {n.target for n in members} == {
+        torch.ops.aten.mul.Tensor,
+        torch.ops.aten.add.Tensor,
+        torch.ops.aten.exp.default,
+        torch.ops.aten.sum.dim_IntList,
+    }
     fused = [d for d in result.decisions if d.action == "fuse"]
     assert len(fused) == 3
     # each fused intermediate is [64, 128] fp32 with one user: written once and read once
@@ -57,7 +62,9 @@ def test_values_used_outside_the_chain_end_a_group_and_gemms_are_never_fused():
         leaving = [n for n in members if any(u not in inside for u in n.users)]
         assert len(leaving) <= 1 or all(u.op == "output" for n in leaving for u in n.users if u not in inside)
     relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
-    assert "fusion_group" not in relu.meta or relu.meta["fusion_group"] != next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sigmoid.default).meta.get("fusion_group")
+    assert "fusion_group" not in relu.meta or relu.meta["fusion_group"] != next(
+        n for n in gm.graph.nodes if n.target is torch.ops.aten.sigmoid.default
+    ).meta.get("fusion_group")
 
 
 def test_a_saving_below_the_threshold_keeps_nodes_apart():

@@ -50,8 +50,21 @@ def grouped_mm_weight_grad_reference(x: Tensor, dy: Tensor, offsets: Tensor) -> 
 # is read then), at module level because Triton's interpreter patches `tl` in the function's globals.
 
 
-def _forward_kernel(x_ptr, w_ptr, y_ptr, offsets_ptr, K, N, stride_we, stride_wk, stride_wn,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+def _forward_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    offsets_ptr,
+    K,
+    N,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     expert = tl.program_id(0)
     start = tl.load(offsets_ptr + expert - 1, mask=expert > 0, other=0)
     end = tl.load(offsets_ptr + expert)
@@ -62,17 +75,28 @@ def _forward_kernel(x_ptr, w_ptr, y_ptr, offsets_ptr, K, N, stride_we, stride_wk
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
-            a = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < end) & (ks[None, :] < K), other=0.0)
-            b = tl.load(w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                        mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+            a = tl.load(
+                x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < end) & (ks[None, :] < K), other=0.0
+            )
+            b = tl.load(
+                w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                mask=(ks[:, None] < K) & (cols[None, :] < N),
+                other=0.0,
+            )
             if IEEE:
                 acc += tl.dot(a, b, input_precision="ieee")
             else:
                 acc += tl.dot(a, b)
-        tl.store(y_ptr + rows[:, None] * N + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < end) & (cols[None, :] < N))
+        tl.store(
+            y_ptr + rows[:, None] * N + cols[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=(rows[:, None] < end) & (cols[None, :] < N),
+        )
 
 
-def _weight_grad_kernel(x_ptr, dy_ptr, dw_ptr, offsets_ptr, K, N, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+def _weight_grad_kernel(
+    x_ptr, dy_ptr, dw_ptr, offsets_ptr, K, N, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr
+):
     expert = tl.program_id(0)
     start = tl.load(offsets_ptr + expert - 1, mask=expert > 0, other=0)
     end = tl.load(offsets_ptr + expert)
@@ -82,12 +106,18 @@ def _weight_grad_kernel(x_ptr, dy_ptr, dw_ptr, offsets_ptr, K, N, BM: tl.constex
     for row0 in range(start, end, BM):
         rows = row0 + tl.arange(0, BM)
         a = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < end) & (ks[None, :] < K), other=0.0)
-        b = tl.load(dy_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < end) & (cols[None, :] < N), other=0.0)
+        b = tl.load(
+            dy_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < end) & (cols[None, :] < N), other=0.0
+        )
         if IEEE:
             acc += tl.dot(tl.trans(a), b, input_precision="ieee")
         else:
             acc += tl.dot(tl.trans(a), b)
-    tl.store(dw_ptr + expert * K * N + ks[:, None] * N + cols[None, :], acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
+    tl.store(
+        dw_ptr + expert * K * N + ks[:, None] * N + cols[None, :],
+        acc.to(dw_ptr.dtype.element_ty),
+        mask=(ks[:, None] < K) & (cols[None, :] < N),
+    )
 
 
 @functools.cache
@@ -97,14 +127,19 @@ def _kernels(interpreted: bool):  # keyed by TRITON_INTERPRET: jit reads it when
 
 def _check(x: Tensor, w_or_dy: Tensor, offsets: Tensor, what: str) -> None:
     if x.dim() != 2 or offsets.dim() != 1:
-        raise ValueError(f"trex_triton.{what}: x must be [rows, K] and offsets [experts]; got {tuple(x.shape)} and {tuple(offsets.shape)}")
+        raise ValueError(
+            f"trex_triton.{what}: x must be [rows, K] and offsets [experts]; "
+            f"got {tuple(x.shape)} and {tuple(offsets.shape)}"
+        )
 
 
 @torch.library.custom_op("trex_triton::grouped_mm", mutates_args=())
 def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
     _check(x, w, offsets, "grouped_mm")
     if w.dim() != 3 or w.size(1) != x.size(1) or w.size(0) != offsets.numel():
-        raise ValueError(f"trex_triton.grouped_mm: w must be [experts={offsets.numel()}, K={x.size(1)}, N]; got {tuple(w.shape)}")
+        raise ValueError(
+            f"trex_triton.grouped_mm: w must be [experts={offsets.numel()}, K={x.size(1)}, N]; got {tuple(w.shape)}"
+        )
     if not kernels_run_on(x):
         return grouped_mm_reference(x, w, offsets)
     triton, forward, _ = _kernels(interpreting())
@@ -112,8 +147,21 @@ def grouped_mm(x: Tensor, w: Tensor, offsets: Tensor) -> Tensor:
     n = w.size(2)
     y = torch.empty(rows, n, dtype=torch.promote_types(x.dtype, w.dtype), device=x.device)
     grid = (offsets.numel(), triton.cdiv(max(rows, 1), BLOCK_M), triton.cdiv(n, BLOCK_N))
-    forward[grid](x.contiguous(), w, y, offsets.to(torch.int32), k, n, w.stride(0), w.stride(1), w.stride(2),
-                  BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, IEEE=x.dtype == torch.float32)
+    forward[grid](
+        x.contiguous(),
+        w,
+        y,
+        offsets.to(torch.int32),
+        k,
+        n,
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        BM=BLOCK_M,
+        BN=BLOCK_N,
+        BK=BLOCK_K,
+        IEEE=x.dtype == torch.float32,
+    )
     return y
 
 
@@ -131,8 +179,18 @@ def grouped_mm_weight_grad(x: Tensor, dy: Tensor, offsets: Tensor) -> Tensor:
     k, n = x.size(1), dy.size(1)
     dw = torch.empty(offsets.numel(), k, n, dtype=torch.promote_types(x.dtype, dy.dtype), device=x.device)
     grid = (offsets.numel(), triton.cdiv(k, BLOCK_K), triton.cdiv(n, BLOCK_N))
-    weight_grad[grid](x.contiguous(), dy.contiguous(), dw, offsets.to(torch.int32), k, n, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K,
-                      IEEE=x.dtype == torch.float32)
+    weight_grad[grid](
+        x.contiguous(),
+        dy.contiguous(),
+        dw,
+        offsets.to(torch.int32),
+        k,
+        n,
+        BM=BLOCK_M,
+        BN=BLOCK_N,
+        BK=BLOCK_K,
+        IEEE=x.dtype == torch.float32,
+    )
     return dw
 
 

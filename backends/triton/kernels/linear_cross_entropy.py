@@ -69,7 +69,9 @@ def _chunk_loss_and_grad(logits: Tensor, labels: Tensor, ignore_index: int, scal
     """Row losses; `logits` (fp32) is overwritten with d(loss)/d(logits)."""
     if kernels_run_on(logits):
         losses = torch.empty(logits.size(0), dtype=torch.float32, device=logits.device)
-        _kernels(interpreting())[(logits.size(0),)](logits, labels, losses, logits.size(1), ignore_index, scale, BLOCK=VOCAB_BLOCK)
+        _kernels(interpreting())[(logits.size(0),)](
+            logits, labels, losses, logits.size(1), ignore_index, scale, BLOCK=VOCAB_BLOCK
+        )
         return losses
     valid = labels != ignore_index
     safe = torch.where(valid, labels, 0)
@@ -82,10 +84,15 @@ def _chunk_loss_and_grad(logits: Tensor, labels: Tensor, ignore_index: int, scal
 
 
 @torch.library.custom_op("trex_triton::linear_cross_entropy_forward", mutates_args=())
-def linear_cross_entropy_forward(h: Tensor, w: Tensor, labels: Tensor, ignore_index: int, chunk_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+def linear_cross_entropy_forward(
+    h: Tensor, w: Tensor, labels: Tensor, ignore_index: int, chunk_rows: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, grad_h, grad_w) for an upstream gradient of 1."""
     if h.dim() != 2 or w.dim() != 2 or h.size(1) != w.size(1) or labels.shape != (h.size(0),):
-        raise ValueError(f"trex_triton.linear_cross_entropy takes h [rows, H], w [vocab, H], labels [rows]; got {tuple(h.shape)}, {tuple(w.shape)}, {tuple(labels.shape)}")
+        raise ValueError(
+            "trex_triton.linear_cross_entropy takes h [rows, H], w [vocab, H], labels [rows]; "
+            f"got {tuple(h.shape)}, {tuple(w.shape)}, {tuple(labels.shape)}"
+        )
     if chunk_rows < 1:
         raise ValueError(f"trex_triton.linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
     valid_rows = int((labels != ignore_index).sum())
@@ -94,10 +101,12 @@ def linear_cross_entropy_forward(h: Tensor, w: Tensor, labels: Tensor, ignore_in
     grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     for start in range(0, h.size(0), chunk_rows):
-        h_chunk = h[start:start + chunk_rows]
+        h_chunk = h[start : start + chunk_rows]
         logits = (h_chunk @ w.t()).float()
-        total += _chunk_loss_and_grad(logits, labels[start:start + chunk_rows].contiguous(), ignore_index, scale).sum()
-        grad_h[start:start + chunk_rows] = (logits @ w.float()).to(h.dtype)
+        total += _chunk_loss_and_grad(
+            logits, labels[start : start + chunk_rows].contiguous(), ignore_index, scale
+        ).sum()
+        grad_h[start : start + chunk_rows] = (logits @ w.float()).to(h.dtype)
         grad_w += logits.t() @ h_chunk.float()
     loss = total / valid_rows if valid_rows else total * float("nan")  # F.cross_entropy's mean over no rows is nan
     return loss, grad_h, grad_w.to(w.dtype)
@@ -120,6 +129,8 @@ def _backward(ctx, grad_loss, _grad_h, _grad_w):
 linear_cross_entropy_forward.register_autograd(_backward, setup_context=_setup)
 
 
-def linear_cross_entropy(h: Tensor, w: Tensor, labels: Tensor, ignore_index: int = -100, chunk_rows: int = 1024) -> Tensor:
+def linear_cross_entropy(
+    h: Tensor, w: Tensor, labels: Tensor, ignore_index: int = -100, chunk_rows: int = 1024
+) -> Tensor:
     """Mean cross-entropy of `h @ w.T` against `labels`, differentiable in h and w, chunked."""
     return linear_cross_entropy_forward(h, w, labels, ignore_index, chunk_rows)[0]

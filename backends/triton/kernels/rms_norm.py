@@ -82,7 +82,9 @@ def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Ten
 @rms_norm_forward.register_fake
 def _(x, weight, eps):
     rows = x.numel() // x.size(-1)
-    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), x.new_empty(rows, dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), x.new_empty(
+        rows, dtype=torch.float32
+    )
 
 
 @torch.library.custom_op("trex_triton::rms_norm_backward", mutates_args=())
@@ -100,7 +102,16 @@ def rms_norm_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -
     triton, _, backward = _kernels(interpreting())
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dw_rows = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
-    backward[(rows,)](grad_y.contiguous(), x.contiguous(), weight.contiguous(), rstd, dx, dw_rows, cols, BLOCK=triton.next_power_of_2(cols))
+    backward[(rows,)](
+        grad_y.contiguous(),
+        x.contiguous(),
+        weight.contiguous(),
+        rstd,
+        dx,
+        dw_rows,
+        cols,
+        BLOCK=triton.next_power_of_2(cols),
+    )
     return dx, dw_rows.sum(0).to(weight.dtype)
 
 

@@ -82,8 +82,17 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, transposed: bool) -> Tensor:
     triton, rotate = _kernels(interpreting())
     batch, heads, tokens, dim = x.shape
     y = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
-    rotate[(batch * heads * tokens,)](x.contiguous(), cos.contiguous(), sin.contiguous(), y, heads, tokens, dim // 2,
-                                      BLOCK=triton.next_power_of_2(dim // 2), TRANSPOSED=transposed)
+    rotate[(batch * heads * tokens,)](
+        x.contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        y,
+        heads,
+        tokens,
+        dim // 2,
+        BLOCK=triton.next_power_of_2(dim // 2),
+        TRANSPOSED=transposed,
+    )
     return y
 
 

@@ -59,7 +59,9 @@ def _kernels(interpreted: bool):  # keyed by TRITON_INTERPRET: jit reads it when
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up (same shapes)."""
     if gate.shape != up.shape:
-        raise ValueError(f"trex_triton.swiglu takes gate and up of one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+        raise ValueError(
+            f"trex_triton.swiglu takes gate and up of one shape, got {tuple(gate.shape)} and {tuple(up.shape)}"
+        )
     if not kernels_run_on(gate):
         return swiglu_reference(gate, up)
     triton, forward, _ = _kernels(interpreting())
@@ -81,9 +83,14 @@ def swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Ten
         g, u, dy = gate.float(), up.float(), grad.float()
         return (dy * u * sig * (1 + g * (1 - sig))).to(gate.dtype), (dy * g * sig).to(up.dtype)
     triton, _, backward = _kernels(interpreting())
-    dgate, dup = torch.empty_like(gate, memory_format=torch.contiguous_format), torch.empty_like(up, memory_format=torch.contiguous_format)
+    dgate, dup = (
+        torch.empty_like(gate, memory_format=torch.contiguous_format),
+        torch.empty_like(up, memory_format=torch.contiguous_format),
+    )
     n = gate.numel()
-    backward[(triton.cdiv(n, BLOCK),)](grad.contiguous(), gate.contiguous(), up.contiguous(), dgate, dup, n, BLOCK=BLOCK)
+    backward[(triton.cdiv(n, BLOCK),)](
+        grad.contiguous(), gate.contiguous(), up.contiguous(), dgate, dup, n, BLOCK=BLOCK
+    )
     return dgate, dup
 
 
