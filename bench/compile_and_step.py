@@ -79,8 +79,9 @@ def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, tr
     row: dict = {"family": family, "dtype": str(dtype).removeprefix("torch.")}
     variants: dict[str, TrainStep] = {}
 
+    torch._dynamo.reset()  # once: a reset between variants would throw away the compiled ones before them
+
     def add(name: str, make) -> None:
-        torch._dynamo.reset()
         base = copy.deepcopy(model)
         start = time.perf_counter()
         module = make(base)
