@@ -18,6 +18,11 @@ from torch import fx
 class Backend(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # How the joint graph is split into forward and backward when this backend leads the list:
+    # "default" saves what the backward uses; "min_cut" recomputes cheap pointwise chains in the
+    # backward when that saves memory traffic (AOTAutograd's min-cut partitioner, which a backend
+    # that fuses those chains into its kernels wants: Inductor).
+    partitioner: ClassVar[str] = "default"
 
     @abstractmethod
     def supports(self, node: fx.Node) -> bool:

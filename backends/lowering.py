@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +34,35 @@ class Lowering:
     assignment: dict[str, str]  # node name -> backend name
     partitions: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (backend, submodule, nodes)
     notes: list[str] = field(default_factory=list)  # e.g. a supports() that raised
+    region_seconds: dict[str, float] = field(default_factory=dict)  # submodule -> its backend's lower() time
+    predicted_seconds: dict[str, float] = field(default_factory=dict)  # backend -> cost-model time of its nodes
 
     def counts(self) -> Counter:
         return Counter(self.assignment.values())
 
+    def brief(self) -> str:
+        """One line: per backend its nodes, predicted time, regions and compile time."""
+        parts = []
+        for backend, count in sorted(self.counts().items(), key=lambda item: -item[1]):
+            regions = [sub for b, sub, _ in self.partitions if b == backend]
+            text = f"{backend} {count} nodes"
+            if backend in self.predicted_seconds:
+                text += f", {self.predicted_seconds[backend] * 1e3:.2f} ms predicted"
+            if regions:
+                seconds = sum(self.region_seconds.get(r, 0.0) for r in regions)
+                text += f", {len(regions)} region(s) compiled in {seconds:.1f} s"
+            parts.append(text)
+        return "; ".join(parts) if parts else "no nodes"
+
     def describe(self) -> str:
         lines = ["nodes per backend: " + ", ".join(f"{b}={n}" for b, n in sorted(self.counts().items()))]
+        if self.predicted_seconds:
+            predicted = ", ".join(f"{b}={s * 1e3:.3f} ms" for b, s in sorted(self.predicted_seconds.items()))
+            lines.append(f"predicted time per backend: {predicted}")
         for backend, submodule, nodes in self.partitions:
-            lines.append(f"{submodule} -> {backend}: {len(nodes)} nodes: {', '.join(nodes[:12])}{' ...' if len(nodes) > 12 else ''}")
+            took = f" (compiled in {self.region_seconds[submodule]:.2f} s)" if submodule in self.region_seconds else ""
+            listed = ", ".join(nodes[:12]) + (" ..." if len(nodes) > 12 else "")
+            lines.append(f"{submodule} -> {backend}: {len(nodes)} nodes{took}: {listed}")
         lines += [f"note: {n}" for n in self.notes]
         eager = [name for name, b in self.assignment.items() if b == EagerBackend.name]
         lines.append(f"eager: {len(eager)} nodes")
@@ -87,10 +109,27 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     eager = next((b for b in backends if b.name == EagerBackend.name), EagerBackend())
     assignment = {}
     raised: dict[str, list[str]] = {}
+    groups: dict[str, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes, raised)), eager)
+        if "fusion_group" in node.meta:
+            groups.setdefault(node.meta["fusion_group"], []).append(node)
+    # A fusion group (passes/cost_driven_fusion.py) goes whole to the first code-generating backend that
+    # supports all of it; when none does, its nodes stay with the backends that took them one by one.
+    for name, members in groups.items():
+        if len({assignment[n] for n in members}) == 1:
+            continue
+        whole = (b for b in backends if b is not eager and all(_safe_supports(b, n, notes, raised) for n in members))
+        backend = next(whole, None)
+        if backend is None:
+            split = sorted({assignment[n].name for n in members})
+            notes.append(f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {split}")
+            continue
+        notes.append(f"fusion group {name} ({len(members)} nodes) kept whole: all of it goes to {backend.name!r}")
+        for member in members:
+            assignment[member] = backend
     for name, failures in raised.items():
         warnings.warn(f"backend {name!r}: supports() raised on {len(failures)} node(s) (first: {failures[0]}); trex treated them as "
                       "unsupported, so other backends run them. A backend's supports() must return False, never raise.",
@@ -98,13 +137,34 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     return assignment, notes
 
 
-def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend]) -> Lowering:
-    """Lower a copy of `gm` across `backends`; the eager backend is always the last resort."""
+def predicted_seconds_per_backend(assignment: dict[fx.Node, Backend], target: Any) -> dict[str, float]:
+    """The cost model's time for the nodes each backend took (unpriced nodes count zero)."""
+    from trex.cost_model.annotate import annotate_node, cluster_of
+
+    cluster = cluster_of(target)
+    totals: dict[str, float] = {}
+    for node, backend in assignment.items():
+        try:
+            cost = node.meta.get("cost") or annotate_node(node, cluster)  # priced by a pass already, or now
+        except Exception:  # noqa: BLE001 - pricing is a report; an op it cannot price costs nothing here
+            cost = None
+        seconds = cost.time_s if cost is not None and cost.priced else 0.0
+        totals[backend.name] = totals.get(backend.name, 0.0) + seconds
+    return totals
+
+
+def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend], target: Any = None) -> Lowering:
+    """Lower a copy of `gm` across `backends`; the eager backend is always the last resort.
+
+    With a `target` (name or `trex.Target`), the report carries each backend's predicted time.
+    """
     gm = copy_graph_module(gm)
     assignment, notes = assign_nodes(gm, backends)
     names = {node.name: backend.name for node, backend in assignment.items()}
     eager = EagerBackend()
     lowering = Lowering(module=gm, assignment=names, notes=notes)
+    if target is not None:
+        lowering.predicted_seconds = predicted_seconds_per_backend(assignment, target)
     for backend in dict.fromkeys(b for b in assignment.values() if b.name != EagerBackend.name):
         nodes = {n for n, b in assignment.items() if b is backend}
         partitioner = CapabilityBasedPartitioner(gm, _AssignedTo(nodes), allows_single_node_partition=True)
@@ -116,12 +176,14 @@ def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend]) -> Lowering:
         for submodule_name in sorted(set(gm._modules) - before):
             submodule = getattr(gm, submodule_name)
             example_inputs = [p.meta.get("val") for p in submodule.graph.find_nodes(op="placeholder")]
+            start = time.perf_counter()
             try:
                 compiled = backend.lower(submodule, example_inputs)
             except Exception as error:  # noqa: BLE001
                 raise BackendError(f"backend {backend.name!r} failed to lower {submodule_name} ({len(submodule.graph.nodes)} nodes) it said it supports: {error}") from error
             if not callable(compiled):
                 raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
+            lowering.region_seconds[submodule_name] = time.perf_counter() - start
             call_nodes = [n.name for n in submodule.graph.nodes if n.op == "call_function"]
             lowering.partitions.append((backend.name, submodule_name, call_nodes))
             setattr(gm, submodule_name, LoweredSubgraph(backend.name, compiled, submodule))

@@ -9,11 +9,32 @@ from collections.abc import Callable
 
 from trex.backends.backend import Backend
 from trex.backends.eager import EagerBackend
+from trex.backends.inductor import InductorBackend, inductor_unavailable_reason
 from trex.errors import BackendError, UnknownNameError
 
 ENTRY_POINT_GROUP = "trex.backends"
+ENVIRONMENT_VARIABLE = "TREX_BACKENDS"
 
-_BUILTIN: dict[str, Callable[[], Backend]] = {EagerBackend.name: EagerBackend}
+_BUILTIN: dict[str, Callable[[], Backend]] = {EagerBackend.name: EagerBackend, InductorBackend.name: InductorBackend}
+
+
+def default_backend_names() -> list[str]:
+    """The backends `trex.compile` uses when neither `backend=` nor TREX_BACKENDS says: Inductor
+    where it can compile (torch._inductor imports, a C++ compiler is on PATH), eager for the rest."""
+    return ["eager"] if inductor_unavailable_reason() is not None else ["inductor", "eager"]
+
+
+def backend_names_from_env(environ: dict[str, str]) -> list[str] | None:
+    """TREX_BACKENDS="inductor,eager" (priority order), or None when unset or empty."""
+    value = environ.get(ENVIRONMENT_VARIABLE, "").strip()
+    if not value:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    known = available_backends()
+    for name in names:
+        if name not in known:
+            raise UnknownNameError("backend", name, known, hint=f"set by {ENVIRONMENT_VARIABLE}={value!r}")
+    return names
 _registered: dict[str, Callable[[], Backend]] = {}
 
 

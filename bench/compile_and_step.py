@@ -1,20 +1,29 @@
-"""Capture/compile time and training-step time: trex vs eager vs torch.compile, side by side.
+"""Cold compile time, training-step time and peak memory: trex vs eager vs torch.compile (Inductor), side by side.
 
-    python bench/compile_and_step.py [--steps 20] [--inductor] [--meta]
+    python bench/compile_and_step.py [--steps 20] [--dtypes fp32,bf16] [--families deepseek-v4,...]
+                                     [--trex-backends inductor,eager] [--no-inductor] [--meta]
 
-For each tiny model family (DeepSeek-V4, DeepSeek-V3, Qwen3-MoE; fp32, CPU) it measures, in one
-process (steps of the variants interleaved round by round): trex's first call (Dynamo capture, AOTAutograd joint trace, pass pipeline, partition,
-lowering, one step) with its stages broken down, then the median forward+backward step time of
-eager PyTorch, `torch.compile(backend="aot_eager")` (the same capture without trex's passes) and
-trex; with --inductor also `torch.compile` (Inductor, CPU). With --meta it also times the
-meta-device capture of the full-size models. Prints a markdown table with ratios to eager.
+For each tiny model family (DeepSeek-V4, DeepSeek-V3, Qwen3-MoE) and dtype, in one process, it builds
+one model and gives every variant its own copy: eager PyTorch, `torch.compile` (Inductor, CPU) and
+`trex.compile` (its default backends, Inductor then eager, unless --trex-backends says otherwise).
+A training step is forward + backward + AdamW (`fused=True`, the same optimizer for every variant).
+Inductor's on-disk caches are off, so both compilers compile cold. The steps of the variants are
+interleaved round by round, so load from other processes on the machine hits all variants alike;
+the table shows median (min-max) step times over the rounds, the ratios trex/peer per round
+(median, min-max), each variant's first call (capture + compile + one step) and the peak memory the
+CPU allocator reached during one step above what the step started with (torch.profiler memory
+events). With --meta it also times the meta-device capture of the full-size models.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 
 import torch
@@ -22,43 +31,115 @@ import torch
 import trex
 from trex.models import TINY_FAMILIES, build_model, tiny_config
 
-
-def _step(module, input_ids) -> float:
-    start = time.perf_counter()
-    module(input_ids=input_ids, labels=input_ids, use_cache=False).loss.backward()
-    return time.perf_counter() - start
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def bench_family(family: str, steps: int, inductor: bool) -> dict:
-    """Compile every variant, then time them interleaved (one step of each per round), so load from
-    other processes on the machine hits all variants alike; medians over the rounds."""
+class TrainStep:
+    """One model with its own AdamW: `step()` runs forward, backward and the optimizer update."""
+
+    def __init__(self, module: torch.nn.Module, parameters, input_ids: torch.Tensor):
+        self.module = module
+        self.optimizer = torch.optim.AdamW(parameters, lr=1e-4, fused=True)
+        self.input_ids = input_ids
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        self.module(input_ids=self.input_ids, labels=self.input_ids, use_cache=False).loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+
+def peak_step_bytes(step: TrainStep) -> int:
+    """The most CPU memory the allocator held during one step, above what it held when the step began."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step.step()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        with open(trace.name) as f:
+            events = json.load(f)["traceEvents"]
+    totals = [
+        e["args"]["Total Allocated"]
+        for e in events
+        if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})
+    ]
+    if not totals:
+        return 0
+    first = events[[i for i, e in enumerate(events) if e.get("name") == "[memory]"][0]]["args"]
+    baseline = first["Total Allocated"] - first.get("Bytes", 0)
+    return max(totals) - baseline
+
+
+def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, trex_backends: list[str] | None) -> dict:
     config = tiny_config(family)
-    model = build_model(config, seed=0)
+    model = build_model(config, seed=0).to(dtype)
     input_ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
-    row = {"family": family}
-    variants = {"eager": copy.deepcopy(model)}
+    row: dict = {"family": family, "dtype": str(dtype).removeprefix("torch.")}
+    variants: dict[str, TrainStep] = {}
 
-    torch._dynamo.reset()
-    variants["trex"] = trex.compile(copy.deepcopy(model))
-    row["trex_first"] = _step(variants["trex"], input_ids)
-    graph = variants["trex"].trex.graphs[0]
-    row["stages"] = dict(graph.seconds)
-    row["joint_nodes"] = len(graph.joint.graph.nodes)
+    torch._dynamo.reset()  # once: a reset between variants would throw away the compiled ones before them
 
-    variants["aot_eager"] = torch.compile(copy.deepcopy(model), backend="aot_eager", fullgraph=True)
-    row["aot_eager_first"] = _step(variants["aot_eager"], input_ids)
+    def add(name: str, make) -> None:
+        base = copy.deepcopy(model)
+        start = time.perf_counter()
+        module = make(base)
+        variants[name] = TrainStep(module, base.parameters(), input_ids)
+        variants[name].step()
+        row[f"{name}_first"] = time.perf_counter() - start
+
+    add("eager", lambda m: m)
+    add("trex", lambda m: trex.compile(m, backend=trex_backends))
+    session = variants["trex"].module.trex
+    row["trex_summary"] = session.summary()
+    row["trex_compile_s"] = {
+        which: sum(lw.region_seconds.values()) for g in session.graphs for which, lw in g.lowerings.items()
+    }
     if inductor:
-        variants["inductor"] = torch.compile(copy.deepcopy(model), fullgraph=True)
-        row["inductor_first"] = _step(variants["inductor"], input_ids)
-    _step(variants["eager"], input_ids)
+        add("inductor", lambda m: torch.compile(m, fullgraph=True))
 
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(steps):
-        for name, module in variants.items():
-            times[name].append(_step(module, input_ids))
-    for name, samples in times.items():
-        row[f"{name}_step"] = statistics.median(samples)
+        for name, variant in variants.items():
+            times[name].append(variant.step())
+    row["times"] = times
+    row["peak"] = {name: peak_step_bytes(v) for name, v in variants.items()}
     return row
+
+
+def _ratio_cell(numerator: list[float], denominator: list[float]) -> str:
+    ratios = [d / n for n, d in zip(numerator, denominator)]  # speedup of `numerator`'s variant over the other
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1e3:.1f} ({min(samples) * 1e3:.1f}-{max(samples) * 1e3:.1f})"
+
+
+def print_table(rows: list[dict], inductor: bool, file=None) -> None:
+    header = "| model | dtype | eager step ms | trex step ms | trex speedup vs eager |"
+    if inductor:
+        header += " Inductor step ms | trex speedup vs Inductor |"
+    header += (
+        " first call s: trex"
+        + (" / Inductor" if inductor else "")
+        + " | peak step MiB: eager / trex"
+        + (" / Inductor" if inductor else "")
+        + " |"
+    )
+    print(header, file=file)
+    print("|" + "---|" * (header.count("|") - 1), file=file)
+    for r in rows:
+        t = r["times"]
+        line = f"| tiny {r['family']} | {r['dtype']} | {_ms(t['eager'])} | {_ms(t['trex'])} |"
+        line += f" {_ratio_cell(t['trex'], t['eager'])} |"
+        if inductor:
+            line += f" {_ms(t['inductor'])} | {_ratio_cell(t['trex'], t['inductor'])} |"
+        line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
+        peaks = [r["peak"]["eager"], r["peak"]["trex"]] + ([r["peak"]["inductor"]] if inductor else [])
+        line += " " + " / ".join(f"{p / 2**20:.1f}" for p in peaks) + " |"
+        print(line, file=file, flush=True)
 
 
 def bench_meta(names: list[str]) -> list[tuple[str, float, int, int]]:
@@ -75,31 +156,55 @@ def bench_meta(names: list[str]) -> list[tuple[str, float, int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--inductor", action="store_true", help="also time torch.compile with Inductor (slow cold compile)")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--families", default=",".join(TINY_FAMILIES))
+    parser.add_argument(
+        "--trex-backends", default=None, help="trex's backend list, e.g. 'eager' (default: trex's default)"
+    )
+    parser.add_argument(
+        "--no-inductor", action="store_true", help="skip torch.compile with Inductor (slow cold compile)"
+    )
     parser.add_argument("--meta", action="store_true", help="also time meta-device capture of the full-size models")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: on a shared 2-core machine two OpenMP threads time the scheduler)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared 2-core machine two OpenMP threads time the scheduler)",
+    )
+    parser.add_argument("--summaries", action="store_true", help="print trex's compile summary for every model")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
+    import torch._inductor.config as inductor_config
 
-    rows = [bench_family(f, args.steps, args.inductor) for f in TINY_FAMILIES]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens, fp32, forward+backward; median of {args.steps} interleaved rounds\n")
-    print("| model | trex first call (s) | of which: AOT joint trace / passes / partition+lower (s) | joint nodes | eager step (ms) | aot_eager step (ms) | trex step (ms) | trex / eager |" + (" inductor first call (s) | inductor step (ms) |" if args.inductor else ""))
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.inductor else ""))
-    for r in rows:
-        s = r["stages"]
-        lower = s.get("partition", 0) + s.get("lower_forward", 0) + s.get("lower_backward", 0)
-        line = (
-            f"| tiny {r['family']} | {r['trex_first']:.2f} | {s['aot_trace']:.2f} / {s['passes']:.2f} / {lower:.2f} | {r['joint_nodes']} "
-            f"| {r['eager_step'] * 1e3:.1f} | {r['aot_eager_step'] * 1e3:.1f} | {r['trex_step'] * 1e3:.1f} | {r['trex_step'] / r['eager_step']:.2f}x |"
-        )
-        if args.inductor:
-            line += f" {r['inductor_first']:.1f} | {r['inductor_step'] * 1e3:.1f} |"
-        print(line)
+    inductor_config.force_disable_caches = True  # cold compiles for trex's Inductor regions and for torch.compile alike
+    backends = args.trex_backends.split(",") if args.trex_backends else None
+    inductor = not args.no_inductor
+    rows = []
+    for family in args.families.split(","):
+        for dtype in args.dtypes.split(","):
+            rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends))
+            print(f"done {family} {dtype}", file=sys.stderr, flush=True)
+            print_table(
+                rows[-1:], inductor, file=sys.stderr
+            )  # each row as soon as it is measured (a long run may be cut short)
+    load = os.getloadavg()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens; "
+        "forward+backward+AdamW(fused); "
+        f"median (min-max) of {args.steps} interleaved rounds; "
+        f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n"
+    )
+    print_table(rows, inductor)
+    if args.summaries:
+        for r in rows:
+            print(f"\n{r['family']} {r['dtype']}:\n{r['trex_summary']}")
     if args.meta:
         print("\n| full-size model (meta device) | capture time (s) | layer kinds | decoder layers |")
         print("|---|---|---|---|")
-        for name, seconds, kinds, layers in bench_meta(["deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3", "qwen3-235b-a22b"]):
+        for name, seconds, kinds, layers in bench_meta(
+            ["deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3", "qwen3-235b-a22b"]
+        ):
             print(f"| {name} | {seconds:.1f} | {kinds} | {layers} |")
 
 

@@ -17,8 +17,13 @@ if TYPE_CHECKING:
 
 # The graph passes import torch; they load on first use, so `import trex.passes` (and the CLI's
 # `--help`) stays fast.
-_PASS_CLASSES = {"CanonicalizeMoe": "trex.passes.canonicalize", "DeadCodeElimination": "trex.passes.dead_code_elimination",
-                 "Recompute": "trex.passes.recompute"}
+_PASS_CLASSES = {
+    "CanonicalizeMoe": "trex.passes.canonicalize",
+    "DeadCodeElimination": "trex.passes.dead_code_elimination",
+    "CostDrivenFusion": "trex.passes.cost_driven_fusion",
+    "TritonPatterns": "trex.passes.triton_patterns",
+    "Recompute": "trex.passes.recompute",
+}
 
 
 def _passes() -> dict[str, type]:
@@ -42,6 +47,8 @@ def __getattr__(name: str) -> Any:
 DEFAULT_PIPELINE: tuple[str, ...] = (
     "canonicalize_moe",  # fused MoE ops -> dispatch / grouped_mm / combine, tagged per layer
     "dead_code_elimination",  # drop values nothing uses
+    "triton_patterns",  # aten regions -> trex's Triton kernels (when the target is a GPU, or when asked)
+    "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
 )
 
 
@@ -76,4 +83,5 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     return resolved
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "DeadCodeElimination", "Recompute", "resolve_pipeline"]
+__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "CostDrivenFusion", "DeadCodeElimination", "Recompute", "TritonPatterns",
+           "resolve_pipeline"]

@@ -8,6 +8,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+if not torch.cuda.is_available():  # trex's Triton kernels are tested by Triton's interpreter, which
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be on before anything imports triton
+
 import trex.ops  # noqa: F401 - SmallMoe calls torch.ops.trex directly
 
 # "ci" (the default) keeps the default run well under CI's budget on 2 cores; "dev" explores more.
@@ -31,6 +34,9 @@ def _fresh_dynamo():
 def _no_trex_environment(monkeypatch):
     for name in ("TREX_DUMP", "TREX_PASSES", "TREX_FUEL"):
         monkeypatch.delenv(name, raising=False)
+    # trex's default backends start with Inductor, whose cold C++ compiles take minutes on CI's two
+    # cores; tests run eager unless they ask for a backend (tests/backends/ test Inductor itself).
+    monkeypatch.setenv("TREX_BACKENDS", "eager")
 
 
 class SmallMoe(torch.nn.Module):

@@ -53,7 +53,9 @@ class CompileSession:
 
     def summary(self) -> str:
         lines = [f"trex: {len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s); target {self.options.target.name}; backends {', '.join(b.name for b in self.options.backends)}"]
-        lines += [f"  {g.summary()}" for g in self.graphs]
+        for graph in self.graphs:
+            lines.append(f"  {graph.summary()}")
+            lines += [f"    {which}: {lowering.brief()}" for which, lowering in graph.lowerings.items()]
         from trex.backends.reports import backend_summary_lines
 
         lines += [f"  {line}" for line in backend_summary_lines(self.options.backends, self._lowerings())]
@@ -165,7 +167,7 @@ def compile(
     model: torch.nn.Module,
     *,
     target: str = "cpu",
-    backend: str | Any | Sequence[str | Any] = "eager",
+    backend: str | Any | Sequence[str | Any] | None = None,
     passes: str | Sequence[str | Pass] | None = None,
     dump_dir: str | Path | None = None,
     fallback: str | None = None,
@@ -181,7 +183,8 @@ def compile(
     name is kept in `.trex.previous_experts_implementation`).
 
     target:   hardware the program is planned for (`trex.targets.TARGETS`); executing needs it here.
-    backend:  a backend name or instance, or a priority list; the eager backend takes the rest.
+    backend:  a backend name or instance, or a priority list; the eager backend takes the rest. Default:
+              `TREX_BACKENDS` ("inductor,eager"), else ["inductor", "eager"] where Inductor works.
     passes:   the pipeline ("a,b" or a list of names / pass objects); default trex.passes.DEFAULT_PIPELINE.
               `TREX_PASSES=-name` disables a pass, `TREX_FUEL=N` bounds the number of rewrites.
     dump_dir: write every graph after every pass, decisions, partitions and lowering here

@@ -20,9 +20,9 @@ from typing import Any
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._functorch.partitioners import default_partition
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from trex.backends import Backend, get_backend, lower_graph
+from trex.backends import Backend, backend_names_from_env, default_backend_names, get_backend, lower_graph
 from trex.backends.eager import EagerBackend
 from trex.capture import CapturedGraph, GraphBreak
 from trex.dump import DumpWriter
@@ -41,14 +41,21 @@ class CompileOptions:
     dump_dir: Path | None = None
     progress: Callable[[str], None] | None = None  # one line per compile stage (the CLI prints them)
 
+    @property
+    def partitioner(self) -> str:
+        """The forward/backward split the leading backend wants ("default" or "min_cut")."""
+        return getattr(self.backends[0], "partitioner", "default")
+
     @classmethod
-    def build(cls, *, target: str = "cpu", backend: Any = "eager", passes: Any = None, dump_dir: str | Path | None = None,
+    def build(cls, *, target: str = "cpu", backend: Any = None, passes: Any = None, dump_dir: str | Path | None = None,
               environ: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> CompileOptions:
         import os
 
         from trex.passes import resolve_pipeline
 
         environ = dict(os.environ if environ is None else environ)
+        if backend is None:  # not given: TREX_BACKENDS, else Inductor where it works, eager for the rest
+            backend = backend_names_from_env(environ) or default_backend_names()
         specs = list(backend) if isinstance(backend, (list, tuple)) else [backend]
         backends = [get_backend(s) for s in specs]
         if not any(b.name == EagerBackend.name for b in backends):
@@ -129,7 +136,8 @@ class TrexCompiler:
     def _partition(self, graph: CapturedGraph, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
         self._run_pipeline(graph, joint)
         start = time.perf_counter()
-        forward, backward = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        partition = min_cut_rematerialization_partition if self.options.partitioner == "min_cut" else default_partition
+        forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         graph.seconds["partition"] = time.perf_counter() - start
         graph.forward, graph.backward = forward, backward
         if self.dump is not None:
@@ -146,7 +154,7 @@ class TrexCompiler:
 
     def _lower(self, graph: CapturedGraph, which: str, gm: fx.GraphModule):
         start = time.perf_counter()
-        lowering = lower_graph(gm, self.options.backends)
+        lowering = lower_graph(gm, self.options.backends, self.options.target)
         graph.lowerings[which] = lowering
         graph.seconds[f"lower_{which}"] = time.perf_counter() - start
         self._say(graph, f"{which} graph lowered")

@@ -1,0 +1,137 @@
+"""The Inductor backend: each region trex hands it is decomposed with Inductor's own decomposition
+table and compiled by `torch._inductor.compile_fx.compile_fx_inner`, exactly as `torch.compile`
+compiles the forward and backward graphs AOTAutograd gives it.
+
+Why a region and not the whole model: trex has already captured, transformed and partitioned the
+program; Inductor receives the regions (in the default lowering, the whole forward and the whole
+backward graph, trex's MoE ops included as extern calls) and generates fused C++ (CPU) or Triton
+(GPU) kernels for them. What it cannot take (a node on a device it has no code generator for, a
+value it cannot represent) stays with the next backend in the user's order, and eager last.
+
+Every region's compile time is recorded in `compile_seconds` (region -> seconds), which the
+lowering copies into its report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from trex.backends.backend import Backend
+
+# Devices Inductor generates code for.
+_DEVICES = frozenset({"cpu", "cuda", "xpu"})
+
+
+@functools.cache
+def inductor_unavailable_reason() -> str | None:
+    """None when Inductor can compile here; otherwise why not (shown when the backend is skipped)."""
+    try:
+        import torch._inductor.compile_fx  # noqa: F401
+    except Exception as error:  # noqa: BLE001 - any import failure means "not here"
+        return f"torch._inductor does not import: {error}"
+    if not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
+        return "no C++ compiler (g++, c++ or clang++) on PATH: Inductor's CPU code generator needs one"
+    return None
+
+
+def _tensor_values(value: Any) -> list[torch.Tensor] | None:
+    """The tensors of a node's value, or None when it holds anything but tensors (and ints/None)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    tensors = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            tensors.append(item)
+        elif item is not None and not isinstance(item, (int, float, bool, torch.SymInt)):
+            return None
+    return tensors
+
+
+class InductorBackend(Backend):
+    name: ClassVar[str] = "inductor"
+    description: ClassVar[str] = "torch._inductor code generation (C++/OpenMP on CPU, Triton on GPU) for whole regions"
+    partitioner: ClassVar[str] = "min_cut"  # its fused kernels recompute pointwise chains for free
+
+    def __init__(self) -> None:
+        self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
+
+    def supports(self, node: fx.Node) -> bool:
+        if node.op != "call_function" or inductor_unavailable_reason() is not None:
+            return False
+        tensors = _tensor_values(node.meta.get("val"))
+        if tensors is None:
+            return False
+        return all(t.device.type in _DEVICES for t in tensors)
+
+    def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        start = time.perf_counter()
+        region = next((n.name for n in gm.graph.nodes if n.op == "call_function"), "<empty>")
+        decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
+        with _region_output_strides_unreported():
+            compiled = compile_fx_inner(decomposed, list(example_inputs))
+        self.compile_seconds[region] = time.perf_counter() - start
+
+        def run(*args: Any) -> Any:
+            outputs = compiled(list(args))
+            return outputs[0] if single_output else tuple(outputs)
+
+        run.trex_region = region  # type: ignore[attr-defined]
+        return run
+
+
+@contextlib.contextmanager
+def _region_output_strides_unreported():
+    """Keep a region's output strides out of AOTAutograd's TracingContext.
+
+    Inductor reports the output strides of the graph it compiles to the TracingContext, where
+    AOTAutograd reads them as the strides of the whole forward graph's outputs (to restride the
+    saved activations the backward receives). A region's outputs are not the forward's outputs, so
+    the report would be wrong; Inductor keeps outputs in their traced strides (keep_output_stride).
+    """
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    if context is None or context.output_strides is None:
+        yield
+        return
+    saved, context.output_strides = context.output_strides, None
+    try:
+        yield
+    finally:
+        context.output_strides = saved
+
+
+def _decomposed_tuple_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx.GraphModule, bool]:
+    """`gm` retraced through Inductor's decompositions, returning a tuple (what compile_fx_inner takes).
+
+    The graph trex hands over is AOTAutograd's core aten graph without Inductor's decompositions
+    (they are what lets Inductor fuse, e.g. softmax or the norms into pointwise + reduction loops).
+    """
+    from torch._guards import detect_fake_mode
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    single_output = not isinstance(output.args[0], (tuple, list))
+
+    def as_tuple(*args: Any) -> tuple:
+        result = fx.Interpreter(gm).run(*args)
+        return (result,) if single_output else tuple(result)
+
+    fake_mode = detect_fake_mode(list(example_inputs))
+    if fake_mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode()
+    with fake_mode:
+        decomposed = make_fx(as_tuple, decomposition_table=select_decomp_table(), tracing_mode="real")(*example_inputs)
+    return decomposed, single_output

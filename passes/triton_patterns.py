@@ -1,0 +1,163 @@
+"""Pattern rewrites to trex's Triton kernel library (`trex.backends.triton`).
+
+Matches, in the aten graph, the forward of
+  * RMSNorm:  pow(x, 2) -> mean(-1, keepdim) -> add(eps) -> rsqrt -> mul(x, .) [-> cast] -> mul(weight, .)
+    becomes `trex_triton.rms_norm_forward(x, weight, eps)`; its rstd output replaces the rsqrt that
+    the backward reads, so the backward nodes keep their meaning.
+  * SwiGLU:   mul(silu(gate), up) becomes `trex_triton.swiglu(gate, up)` (the silu stays while the
+    backward reads it).
+The rewrite is on when the compile target runs on a GPU (where the kernels compile) or when asked
+(`TritonPatterns(force=True)` in `passes=`); elsewhere the pass declines, says so, and changes nothing
+(on a CPU the library's ops would run their references: same meaning, no gain).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import ClassVar
+
+import torch
+from torch import fx
+
+from trex.pass_manager import Decision, PassContext, PassResult
+
+aten = torch.ops.aten
+GPU_DEVICE_TYPES = frozenset({"cuda", "xpu"})
+
+
+def _is(node: object, *targets: object) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _scalar(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _match_rms_norm(rsqrt: fx.Node) -> dict | None:
+    """The RMSNorm forward around `rsqrt`, or None."""
+    add = rsqrt.args[0]
+    if not _is(add, aten.add.Tensor, aten.add.Scalar) or _scalar(add.args[1]) is None:
+        return None
+    mean = add.args[0]
+    if (
+        not _is(mean, aten.mean.dim)
+        or list(mean.args[1]) not in ([-1], [mean.args[0].meta["val"].dim() - 1])
+        or not (len(mean.args) > 2 and mean.args[2])
+    ):
+        return None
+    square = mean.args[0]
+    if not _is(square, aten.pow.Tensor_Scalar) or square.args[1] != 2:
+        return None
+    x = square.args[0]
+    for normed in rsqrt.users:
+        if not _is(normed, aten.mul.Tensor) or set(normed.args) != {x, rsqrt}:
+            continue
+        cast = next(
+            (u for u in normed.users if _is(u, aten._to_copy.default, torch.ops.prims.convert_element_type.default)),
+            None,
+        )
+        scaled_input = cast if cast is not None else normed
+        for out in scaled_input.users:
+            if not _is(out, aten.mul.Tensor):
+                continue
+            weight = out.args[0] if out.args[1] is scaled_input else out.args[1]
+            value = weight.meta.get("val") if isinstance(weight, fx.Node) else None
+            if isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == x.meta["val"].shape[-1]:
+                source = x.args[0] if _is(x, aten._to_copy.default, torch.ops.prims.convert_element_type.default) else x
+                if cast is not None and source.meta["val"].dtype != cast.meta["val"].dtype:
+                    continue  # the kernel casts the normalised value back to the input's dtype; this graph does not
+                if cast is None and source is not x:
+                    continue
+                return {"x": source, "weight": weight, "eps": _scalar(add.args[1]), "rsqrt": rsqrt, "out": out}
+    return None
+
+
+class TritonPatterns:
+    """Invariant established: with the rewrite on, no RMSNorm or SwiGLU forward of the matched form
+    remains in aten ops; each is one `trex_triton` op whose outputs replace the values the rest of the
+    graph read. Loss and gradients are unchanged (the ops compute the same function)."""
+
+    name: ClassVar[str] = "triton_patterns"
+
+    def __init__(self, force: bool = False):
+        self.force = force
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        from trex.backends.triton import NAMESPACE  # noqa: F401 - registers the trex_triton ops
+        from trex.targets import get_target
+
+        device_type = get_target(ctx.target).device_type
+        if not self.force and device_type not in GPU_DEVICE_TYPES:
+            return PassResult(
+                False,
+                [
+                    Decision(
+                        "skip",
+                        "graph",
+                        f"target {ctx.target!r} runs on {device_type}, where the Triton kernels do not compile; "
+                        "TritonPatterns(force=True) rewrites anyway",
+                    )
+                ],
+            )
+        decisions: list[Decision] = []
+        graph = gm.graph
+        for rsqrt in [n for n in graph.nodes if _is(n, aten.rsqrt.default)]:
+            match = _match_rms_norm(rsqrt)
+            if match is None or not ctx.fuel.take():
+                continue
+            out = match["out"]
+            order = {n: i for i, n in enumerate(graph.nodes)}
+            first_use = min(rsqrt.users, key=order.__getitem__)
+            if isinstance(match["weight"], fx.Node) and order[match["weight"]] > order[first_use]:
+                continue  # the weight is computed after the normalisation starts: no single place for the fused op
+            with graph.inserting_before(first_use):
+                fused = graph.call_function(
+                    torch.ops.trex_triton.rms_norm_forward.default, (match["x"], match["weight"], match["eps"])
+                )
+                y = graph.call_function(operator.getitem, (fused, 0))
+                rstd = graph.call_function(operator.getitem, (fused, 1))
+                rstd_keepdim = graph.call_function(aten.view.default, (rstd, list(rsqrt.meta["val"].shape)))
+            for new in (fused, y, rstd, rstd_keepdim):
+                new.meta.update(
+                    {k: v for k, v in out.meta.items() if k in ("nn_module_stack", "stack_trace", "seq_nr")}
+                )
+            y.meta["val"] = out.meta["val"]
+            rstd_keepdim.meta["val"] = rsqrt.meta["val"]
+            x_val, rstd_val = match["x"].meta["val"], rsqrt.meta["val"]
+            rstd.meta["val"] = rstd_val.reshape(-1)
+            fused.meta["val"] = (out.meta["val"], rstd.meta["val"])
+            out.replace_all_uses_with(y)
+            rsqrt.replace_all_uses_with(rstd_keepdim)
+            decisions.append(
+                Decision(
+                    "rewrite",
+                    out.name,
+                    f"RMSNorm over {x_val.shape[-1]} features ({x_val.numel() // x_val.shape[-1]} rows) "
+                    "-> trex_triton.rms_norm_forward",
+                    {"kernel": "rms_norm"},
+                )
+            )
+        for mul in [n for n in graph.nodes if _is(n, aten.mul.Tensor)]:
+            silu = next((a for a in mul.args if _is(a, aten.silu.default)), None)
+            if silu is None or mul.args[0] is mul.args[1]:
+                continue
+            up = mul.args[1] if mul.args[0] is silu else mul.args[0]
+            gate = silu.args[0]
+            if not isinstance(up, fx.Node) or up.meta["val"].shape != gate.meta["val"].shape or not ctx.fuel.take():
+                continue
+            with graph.inserting_before(mul):
+                fused = graph.call_function(torch.ops.trex_triton.swiglu.default, (gate, up))
+            fused.meta.update(mul.meta)
+            mul.replace_all_uses_with(fused)
+            decisions.append(
+                Decision(
+                    "rewrite",
+                    mul.name,
+                    f"SwiGLU over {tuple(gate.meta['val'].shape)} -> trex_triton.swiglu",
+                    {"kernel": "swiglu"},
+                )
+            )
+        if decisions:
+            graph.eliminate_dead_code()
+            gm.recompile()
+        return PassResult(bool(decisions), decisions)

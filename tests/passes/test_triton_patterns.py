@@ -1,0 +1,65 @@
+"""The Triton pattern pass rewrites RMSNorm and SwiGLU forwards to trex's kernels (when asked or on
+a GPU target) and training gives the eager loss and gradients, with the rewrite on and off."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+
+import trex
+from trex.backends.triton.availability import kernels_run_on, triton_import_error
+from trex.passes import TritonPatterns
+
+
+class NormSwiGLU(torch.nn.Module):
+    """transformers' RMSNorm (fp32 statistics) feeding a SwiGLU MLP, twice."""
+
+    def __init__(self, hidden=24):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(1 + 0.1 * torch.randn(hidden)) for _ in range(2))
+        self.up = torch.nn.ModuleList(torch.nn.Linear(hidden, 2 * hidden, bias=False) for _ in range(2))
+        self.head = torch.nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        for weight, up in zip(self.weights, self.up):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            gate, value = up(weight * h.to(x.dtype)).chunk(2, dim=-1)
+            x = x + torch.nn.functional.silu(gate) * value
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("rewrite", [True, False], ids=["kernels-on", "kernels-off"])
+def test_training_matches_eager_with_the_kernels_on_and_off(rewrite):
+    torch.manual_seed(0)
+    model, x = NormSwiGLU(), torch.randn(6, 24)
+    reference = copy.deepcopy(model)
+    passes = ["canonicalize_moe", "dead_code_elimination", TritonPatterns(force=rewrite)]
+    compiled = trex.compile(model, passes=passes, backend="eager")
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    forward = Counter(n.target for n in compiled.trex.graphs[0].forward.graph.nodes)
+    assert forward[torch.ops.trex_triton.rms_norm_forward.default] == (2 if rewrite else 0)
+    assert forward[torch.ops.trex_triton.swiglu.default] == (2 if rewrite else 0)
+    assert forward[torch.ops.aten.rsqrt.default] == (0 if rewrite else 2)
+
+
+@pytest.mark.skipif(triton_import_error() is not None, reason="triton not installed")
+def test_rewritten_graph_runs_the_triton_kernels_under_the_interpreter():
+    assert kernels_run_on(torch.empty(1))  # tests/conftest.py sets TRITON_INTERPRET=1 on machines without a GPU
+
+
+def test_pass_declines_on_a_cpu_target_and_says_why():
+    torch.manual_seed(0)
+    compiled = trex.compile(NormSwiGLU(), backend="eager")
+    compiled(torch.randn(3, 24)).backward()
+    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "triton_patterns")
+    assert not record.modified and "TritonPatterns(force=True)" in record.decisions[0].reason
