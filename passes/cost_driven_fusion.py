@@ -45,9 +45,9 @@ class CostDrivenFusion:
     name: ClassVar[str] = "cost_driven_fusion"
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        from trex.cost_model.annotate import annotate_node, resolve_target
+        from trex.cost_model.annotate import annotate_node, cluster_of
 
-        cluster = resolve_target(ctx.target)
+        cluster = cluster_of(ctx.target)
         device = cluster.device
         min_saving_s = float(ctx.options.get("fusion_min_saving_s", 0.0))
         memory_bound: set[fx.Node] = set()
