@@ -11,6 +11,7 @@ import torch
 import trex
 from trex.backends import backend_names_from_env, default_backend_names
 from trex.backends.inductor import inductor_unavailable_reason
+from trex.driver import CompileOptions
 from trex.errors import UnknownNameError
 
 needs_inductor = pytest.mark.skipif(
@@ -64,26 +65,26 @@ def test_inductor_takes_forward_and_backward_as_one_region_each_and_matches_eage
 
 def test_trex_backends_environment_orders_the_backends(monkeypatch):
     monkeypatch.setenv("TREX_BACKENDS", "eager")
-    options = trex.capture.CompileOptions.build()
+    options = CompileOptions.build()
     assert [b.name for b in options.backends] == ["eager"]
     monkeypatch.setenv("TREX_BACKENDS", "inductor, eager")
     assert backend_names_from_env(dict(TREX_BACKENDS="inductor, eager")) == ["inductor", "eager"]
-    assert [b.name for b in trex.capture.CompileOptions.build().backends] == ["inductor", "eager"]
+    assert [b.name for b in CompileOptions.build().backends] == ["inductor", "eager"]
     # an explicit backend= wins over the environment
-    assert [b.name for b in trex.capture.CompileOptions.build(backend="eager").backends] == ["eager"]
+    assert [b.name for b in CompileOptions.build(backend="eager").backends] == ["eager"]
 
 
 def test_trex_backends_environment_names_an_unknown_backend(monkeypatch):
     monkeypatch.setenv("TREX_BACKENDS", "inductor,tritonn")
     with pytest.raises(UnknownNameError, match="tritonn.*TREX_BACKENDS"):
-        trex.capture.CompileOptions.build()
+        CompileOptions.build()
 
 
 def test_default_backends_are_inductor_then_eager_where_inductor_works(monkeypatch):
     monkeypatch.delenv("TREX_BACKENDS")
     expected = ["eager"] if inductor_unavailable_reason() is not None else ["inductor", "eager"]
     assert default_backend_names() == expected
-    assert [b.name for b in trex.capture.CompileOptions.build().backends] == expected
+    assert [b.name for b in CompileOptions.build().backends] == expected
 
 
 @needs_inductor

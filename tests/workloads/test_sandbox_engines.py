@@ -175,8 +175,11 @@ def test_sigkill_of_the_evaluator_leaves_no_process_and_the_next_start_removes_i
     while _processes_named(name) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_named(name) == []
-    assert os.path.isdir(base)  # SIGKILL gave it no chance to clean up ...
-    assert base in remove_abandoned_directories()  # ... the next sandbox does
+    # SIGKILL gave it no chance to clean up; the next sandbox to start does. That may be one another
+    # test worker started meanwhile, so the directory is either still here for ours to remove, or gone.
+    still_there = os.path.isdir(base)
+    removed = remove_abandoned_directories()
+    assert base in removed if still_there else base not in removed
     assert not os.path.exists(base)
 
 
