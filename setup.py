@@ -34,4 +34,8 @@ def _packages() -> tuple[list[str], dict[str, str]]:
 
 
 packages, package_dir = _packages()
-setup(packages=packages, package_dir=package_dir, package_data={name: ["*.json", "*.toml", "*.csv", "*.md", "data/*"] for name in packages})
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    package_data={name: ["*.json", "*.toml", "*.csv", "*.md", "data/*"] for name in packages},
+)

@@ -7,9 +7,8 @@ submodules (without creating cycles) that the backend lowers; the eager glue run
 
 from __future__ import annotations
 
-import warnings
-
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,7 +97,9 @@ def _safe_supports(backend: Backend, node: fx.Node, notes: list[str], raised: di
     try:
         return bool(backend.supports(node))
     except Exception as error:  # noqa: BLE001 - the contract says never raise; trex tolerates it
-        notes.append(f"backend {backend.name!r}: supports({node.name}) raised {type(error).__name__}: {error}; treated as False")
+        notes.append(
+            f"backend {backend.name!r}: supports({node.name}) raised {type(error).__name__}: {error}; treated as False"
+        )
         raised.setdefault(backend.name, []).append(f"{node.name}: {type(error).__name__}: {error}")
         return False
 
@@ -113,7 +114,9 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        assignment[node] = next((b for b in backends if b is not eager and _safe_supports(b, node, notes, raised)), eager)
+        assignment[node] = next(
+            (b for b in backends if b is not eager and _safe_supports(b, node, notes, raised)), eager
+        )
         if "fusion_group" in node.meta:
             groups.setdefault(node.meta["fusion_group"], []).append(node)
     # A fusion group (passes/cost_driven_fusion.py) goes whole to the first code-generating backend that
@@ -125,15 +128,20 @@ def assign_nodes(gm: fx.GraphModule, backends: Sequence[Backend]) -> tuple[dict[
         backend = next(whole, None)
         if backend is None:
             split = sorted({assignment[n].name for n in members})
-            notes.append(f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {split}")
+            notes.append(
+                f"fusion group {name} ({len(members)} nodes): no backend supports all of it; split among {split}"
+            )
             continue
         notes.append(f"fusion group {name} ({len(members)} nodes) kept whole: all of it goes to {backend.name!r}")
         for member in members:
             assignment[member] = backend
     for name, failures in raised.items():
-        warnings.warn(f"backend {name!r}: supports() raised on {len(failures)} node(s) (first: {failures[0]}); trex treated them as "
-                      "unsupported, so other backends run them. A backend's supports() must return False, never raise.",
-                      BackendSupportsWarning, stacklevel=2)
+        warnings.warn(
+            f"backend {name!r}: supports() raised on {len(failures)} node(s) (first: {failures[0]}); trex treated them as "
+            "unsupported, so other backends run them. A backend's supports() must return False, never raise.",
+            BackendSupportsWarning,
+            stacklevel=2,
+        )
     return assignment, notes
 
 
@@ -180,7 +188,9 @@ def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend], target: Any = N
             try:
                 compiled = backend.lower(submodule, example_inputs)
             except Exception as error:  # noqa: BLE001
-                raise BackendError(f"backend {backend.name!r} failed to lower {submodule_name} ({len(submodule.graph.nodes)} nodes) it said it supports: {error}") from error
+                raise BackendError(
+                    f"backend {backend.name!r} failed to lower {submodule_name} ({len(submodule.graph.nodes)} nodes) it said it supports: {error}"
+                ) from error
             if not callable(compiled):
                 raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
             lowering.region_seconds[submodule_name] = time.perf_counter() - start

@@ -35,6 +35,8 @@ def backend_names_from_env(environ: dict[str, str]) -> list[str] | None:
         if name not in known:
             raise UnknownNameError("backend", name, known, hint=f"set by {ENVIRONMENT_VARIABLE}={value!r}")
     return names
+
+
 _registered: dict[str, Callable[[], Backend]] = {}
 
 
@@ -68,7 +70,9 @@ def available_backends() -> list[str]:
 
 def get_backend(spec: str | Backend) -> Backend:
     """A backend instance from a name (built-in, registered, or entry point) or an instance."""
-    if isinstance(spec, Backend) or (not isinstance(spec, str) and hasattr(spec, "supports") and hasattr(spec, "lower")):
+    if isinstance(spec, Backend) or (
+        not isinstance(spec, str) and hasattr(spec, "supports") and hasattr(spec, "lower")
+    ):
         return spec
     if not isinstance(spec, str):
         raise BackendError(f"a backend is given by name or instance, not {type(spec).__name__}")
@@ -76,13 +80,22 @@ def get_backend(spec: str | Backend) -> Backend:
     if factory is None:
         entry_point = _entry_points().get(spec)
         if entry_point is None:
-            raise UnknownNameError("backend", spec, available_backends(), hint="register one with trex.register_backend or the 'trex.backends' entry-point group")
+            raise UnknownNameError(
+                "backend",
+                spec,
+                available_backends(),
+                hint="register one with trex.register_backend or the 'trex.backends' entry-point group",
+            )
         try:
             factory = entry_point.load()
         except Exception as error:  # noqa: BLE001 - a broken plugin must not look like a missing one
-            raise BackendError(f"backend {spec!r} (entry point {entry_point.value}) failed to import: {error}") from error
+            raise BackendError(
+                f"backend {spec!r} (entry point {entry_point.value}) failed to import: {error}"
+            ) from error
     # a class or a zero-argument factory is called; an instance is used as it is
     backend = factory() if isinstance(factory, type) or not hasattr(factory, "supports") else factory
     if getattr(backend, "name", None) != spec:
-        raise BackendError(f"backend registered as {spec!r} calls itself {getattr(backend, 'name', None)!r}; the names must match")
+        raise BackendError(
+            f"backend registered as {spec!r} calls itself {getattr(backend, 'name', None)!r}; the names must match"
+        )
     return backend

@@ -38,7 +38,13 @@ QWEN3 = ("Q3-A", "Q3-B", "Q3-C")
 
 
 def _fmt(metric: str, value: float) -> str:
-    return f"{value:.1%}" if metric == "mfu" else f"{value:.2f} {UNITS[metric]}" if metric == "step_time_s" else f"{value:.0f} {UNITS[metric]}"
+    return (
+        f"{value:.1%}"
+        if metric == "mfu"
+        else f"{value:.2f} {UNITS[metric]}"
+        if metric == "step_time_s"
+        else f"{value:.0f} {UNITS[metric]}"
+    )
 
 
 def summary(rows: list[Comparison]) -> dict:
@@ -46,14 +52,28 @@ def summary(rows: list[Comparison]) -> dict:
     by_id = {r.id: r for r in rows}
     qwen = [by_id[i].predicted for i in QWEN3 if i in by_id]
     worst = max(rows, key=lambda r: abs(r.error))
-    return {"mean_abs_error": statistics.mean(errors), "worst_abs_error": abs(worst.error), "worst": worst.id, "worst_error": worst.error,
-            "qwen3_predicted": qwen, "qwen3_order_kept": len(qwen) == 3 and qwen[0] > qwen[1] > qwen[2]}
+    return {
+        "mean_abs_error": statistics.mean(errors),
+        "worst_abs_error": abs(worst.error),
+        "worst": worst.id,
+        "worst_error": worst.error,
+        "qwen3_predicted": qwen,
+        "qwen3_order_kept": len(qwen) == 3 and qwen[0] > qwen[1] > qwen[2],
+    }
 
 
 def _row_dict(r: Comparison) -> dict:
     executions = layer_executions(r)
-    layers = None if executions is None else {"count": executions.count, "predicted_s": executions.predicted_s,
-                                              "published_s": executions.published_s, "ratio": executions.ratio}
+    layers = (
+        None
+        if executions is None
+        else {
+            "count": executions.count,
+            "predicted_s": executions.predicted_s,
+            "published_s": executions.published_s,
+            "ratio": executions.ratio,
+        }
+    )
     return {**r.to_dict(), "layer_executions": layers}
 
 
@@ -65,23 +85,33 @@ def _layers(r: Comparison) -> str:
 
 
 def print_table(rows: list[Comparison]) -> None:
-    print("| id | model | devices | plan (as estimated) | metric | published | predicted | error | predicted step | MFU | host wait | memory/device "
-          "| layer executions | predicted each | published each | ratio |")
+    print(
+        "| id | model | devices | plan (as estimated) | metric | published | predicted | error | predicted step | MFU | host wait | memory/device "
+        "| layer executions | predicted each | published each | ratio |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         e = r.estimate
-        print(f"| {r.id} | {r.model} | {r.devices} x {r.device} | {r.plan} | {r.metric} | {_fmt(r.metric, r.published)} | "
-              f"{_fmt(r.metric, r.predicted)} | {r.error:+.1%} | {e.step_time_s:.2f} s | {e.mfu:.1%} | {e.breakdown.host_wait_s:.2f} s | "
-              f"{e.memory.total / 2**30:.1f} GiB | {_layers(r)} |")
+        print(
+            f"| {r.id} | {r.model} | {r.devices} x {r.device} | {r.plan} | {r.metric} | {_fmt(r.metric, r.published)} | "
+            f"{_fmt(r.metric, r.predicted)} | {r.error:+.1%} | {e.step_time_s:.2f} s | {e.mfu:.1%} | {e.breakdown.host_wait_s:.2f} s | "
+            f"{e.memory.total / 2**30:.1f} GiB | {_layers(r)} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="published runs CSV (default: the copy shipped in trex.cost_model.data)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--host-sensitivity", metavar="US,US,...", help="host costs per op (microseconds) to re-run every row with")
-    parser.add_argument("--extended", action="store_true", help="also estimate published_runs_extra.csv (outside the summary)")
-    parser.add_argument("--explain", metavar="ID", help="print one row as priced: setup, estimate, pipeline devices, layers op by op")
+    parser.add_argument(
+        "--host-sensitivity", metavar="US,US,...", help="host costs per op (microseconds) to re-run every row with"
+    )
+    parser.add_argument(
+        "--extended", action="store_true", help="also estimate published_runs_extra.csv (outside the summary)"
+    )
+    parser.add_argument(
+        "--explain", metavar="ID", help="print one row as priced: setup, estimate, pipeline devices, layers op by op"
+    )
     args = parser.parse_args(argv)
     if args.explain:
         return explain_row(args.explain, args.csv)
@@ -96,14 +126,26 @@ def main(argv: list[str] | None = None) -> int:
             studies.append({"host_op_us": value, **summary(studied), "errors": {r.id: r.error for r in studied}})
     extra = compare_all(extra=True) if args.extended else []
     if args.json:
-        print(json.dumps({"rows": [_row_dict(r) for r in rows], **result, "seconds": seconds, "host_sensitivity": studies,
-                          "extra_rows": [_row_dict(r) for r in extra]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rows": [_row_dict(r) for r in rows],
+                    **result,
+                    "seconds": seconds,
+                    "host_sensitivity": studies,
+                    "extra_rows": [_row_dict(r) for r in extra],
+                },
+                indent=2,
+            )
+        )
         return 0
     print_table(rows)
     print()
-    print(f"mean absolute error {result['mean_abs_error']:.1%} over {len(rows)} rows; worst {result['worst']} {result['worst_error']:+.1%}; "
-          f"Qwen3 order Q3-A > Q3-B > Q3-C {'kept' if result['qwen3_order_kept'] else 'NOT kept'} "
-          f"(predicted {', '.join(f'{q:.0f}' for q in result['qwen3_predicted'])} TFLOP/s); {seconds:.1f} s")
+    print(
+        f"mean absolute error {result['mean_abs_error']:.1%} over {len(rows)} rows; worst {result['worst']} {result['worst_error']:+.1%}; "
+        f"Qwen3 order Q3-A > Q3-B > Q3-C {'kept' if result['qwen3_order_kept'] else 'NOT kept'} "
+        f"(predicted {', '.join(f'{q:.0f}' for q in result['qwen3_predicted'])} TFLOP/s); {seconds:.1f} s"
+    )
     if studies:
         print()
         print("| host cost per op | Q3-A | Q3-B | Q3-C | order kept | other rows, worst | mean abs error | worst row |")
@@ -112,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             errors = study["errors"]
             qwen = " | ".join(f"{p:.0f} ({errors[i]:+.0%})" for i, p in zip(QWEN3, study["qwen3_predicted"]))
             others = max(abs(e) for i, e in errors.items() if i not in QWEN3)
-            print(f"| {study['host_op_us']:g} us | {qwen} | {'yes' if study['qwen3_order_kept'] else 'no'} | {others:.1%} | "
-                  f"{study['mean_abs_error']:.1%} | {study['worst']} {study['worst_error']:+.1%} |")
+            print(
+                f"| {study['host_op_us']:g} us | {qwen} | {'yes' if study['qwen3_order_kept'] else 'no'} | {others:.1%} | "
+                f"{study['mean_abs_error']:.1%} | {study['worst']} {study['worst_error']:+.1%} |"
+            )
     if extra:
         print()
         print("Further runs of the same sources (published_runs_extra.csv; not part of the summary above):")
@@ -141,8 +185,10 @@ def explain_row(row_id: str, csv_path: str | None = None) -> int:
     print(f"  setup beyond the CSV columns: {', '.join(f'{k}={v}' for k, v in setup.items()) or 'none'}")
     executions = layer_executions(r)
     if executions is not None:
-        print(f"  per layer execution: predicted {executions.predicted_s * 1e3:.2f} ms, published {executions.published_s * 1e3:.2f} ms "
-              f"(x{executions.ratio:.2f}), {executions.count} per step on the busiest device")
+        print(
+            f"  per layer execution: predicted {executions.predicted_s * 1e3:.2f} ms, published {executions.published_s * 1e3:.2f} ms "
+            f"(x{executions.ratio:.2f}), {executions.count} per step on the busiest device"
+        )
     spec = get_model_spec(r.model)
     cluster = get_cluster(cluster_for_device(r.device), r.devices)
     print_estimate(r.estimate, spec)

@@ -60,8 +60,9 @@ from trex.errors import TrexError
 CLASSES = ("gemm", "moe_gemm", "attention")
 _GROUPED = frozenset({"trex.grouped_mm", "trex.grouped_mm_weight_grad", "aten._grouped_mm", "aten._scaled_grouped_mm"})
 _FUSED_EXPERTS = frozenset({"trex.moe_experts", "trex.moe_experts_backward"})
-_MEMORY_KINDS = frozenset({"pointwise", "reduction", "norm", "softmax", "loss", "gather_scatter", "copy", "creation",
-                           "sort", "moe"})
+_MEMORY_KINDS = frozenset(
+    {"pointwise", "reduction", "norm", "softmax", "loss", "gather_scatter", "copy", "creation", "sort", "moe"}
+)
 _PASS_THROUGH = frozenset({"view", "copy"})  # a parameter reaches a GEMM through views, casts and copies
 
 
@@ -121,8 +122,10 @@ class Agreement:
             for what, graph, spec, ratio in checks:
                 if abs(ratio - 1.0) > tolerance:
                     graph_only, spec_only = self.differing(name, "flops" if what == "FLOPs" else "bytes")
-                    lines.append(f"{self.layer}: {name} {what} graph {graph:.6g} vs spec {spec:.6g} (x{ratio:.4f}); "
-                                 f"graph only: {_names(graph_only)}; spec only: {_names(spec_only)}")
+                    lines.append(
+                        f"{self.layer}: {name} {what} graph {graph:.6g} vs spec {spec:.6g} (x{ratio:.4f}); "
+                        f"graph only: {_names(graph_only)}; spec only: {_names(spec_only)}"
+                    )
         return lines
 
     def differing(self, name: str, quantity: str = "flops") -> tuple[list[Part], list[Part]]:
@@ -143,20 +146,26 @@ class Agreement:
     def describe(self) -> str:
         rows = [f"{self.layer}:"]
         for name, t in self.classes.items():
-            bytes_text = (f"bytes {t.graph_bytes:.4g} vs {t.spec_bytes:.4g} (x{t.bytes_ratio:.3f})" if t.bytes_compared
-                          else "bytes not compared")
-            rows.append(f"  {name:<10} FLOPs {t.graph_flops:.4g} vs {t.spec_flops:.4g} (x{t.flops_ratio:.3f}); "
-                        f"{bytes_text}")
+            bytes_text = (
+                f"bytes {t.graph_bytes:.4g} vs {t.spec_bytes:.4g} (x{t.bytes_ratio:.3f})"
+                if t.bytes_compared
+                else "bytes not compared"
+            )
+            rows.append(
+                f"  {name:<10} FLOPs {t.graph_flops:.4g} vs {t.spec_flops:.4g} (x{t.flops_ratio:.3f}); {bytes_text}"
+            )
         graph_memory, spec_memory = self.memory_bytes
-        rows.append(f"  memory-bound bytes graph {graph_memory:.4g} vs spec (fused) {spec_memory:.4g}; "
-                    f"element-wise FLOPs on the graph {self.other_flops:.4g} (not compared)")
+        rows.append(
+            f"  memory-bound bytes graph {graph_memory:.4g} vs spec (fused) {spec_memory:.4g}; "
+            f"element-wise FLOPs on the graph {self.other_flops:.4g} (not compared)"
+        )
         return "\n".join(rows)
 
 
 def _same_name(module_path: str, spec_name: str) -> bool:
     """`self_attn.o_proj` is spec op `o_proj`; `mlp.shared_experts.down_proj` is not `router`."""
     leaf = spec_name.split(".")[-1]
-    return module_path == spec_name or module_path.endswith("." + leaf) or module_path == leaf
+    return module_path in (spec_name, leaf) or module_path.endswith("." + leaf)
 
 
 def _close(a: float, b: float) -> bool:
@@ -170,12 +179,21 @@ def _names(parts: Iterable[Part]) -> str:
 
 def comparison_plan(seq: int, batch: int = 1, attention_kernel: str = "unfused") -> ParallelConfig:
     """The plan under which a layer's spec cost is comparable with its captured graph (one device)."""
-    return ParallelConfig(seq=seq, mbs=batch, gbs=batch, dp=1, recompute="none", sequence_parallel=False,
-                          attention_kernel=attention_kernel, moe_imbalance=1.0)  # type: ignore[arg-type]
+    return ParallelConfig(
+        seq=seq,
+        mbs=batch,
+        gbs=batch,
+        dp=1,
+        recompute="none",
+        sequence_parallel=False,
+        attention_kernel=attention_kernel,
+        moe_imbalance=1.0,
+    )  # type: ignore[arg-type]
 
 
-def spec_parts(layer: LayerSpec, hidden: int, plan: ParallelConfig,
-               cluster: Cluster | None = None) -> tuple[dict[str, list[Part]], float]:
+def spec_parts(
+    layer: LayerSpec, hidden: int, plan: ParallelConfig, cluster: Cluster | None = None
+) -> tuple[dict[str, list[Part]], float]:
     """(class -> the spec's priced parts, memory-bound bytes) of `layer` under `plan`, from `layer_cost`."""
     ctx = CostContext.of(plan, cluster or get_cluster("h100"), detail=True)
     cost = layer_cost(layer, hidden, ctx)
@@ -280,8 +298,9 @@ def _fused_expert_gemms(cost: NodeCost) -> tuple[float, float]:
     return (2 * flops, 2 * nbytes) if cost.op.endswith("backward") else (flops, nbytes)
 
 
-def graph_parts(joint: fx.GraphModule,
-                parameters: set[str]) -> tuple[dict[str, list[Part]], float, float, dict[str, int]]:
+def graph_parts(
+    joint: fx.GraphModule, parameters: set[str]
+) -> tuple[dict[str, list[Part]], float, float, dict[str, int]]:
     """(class -> parts by module, element-wise FLOPs, memory-bound bytes, unpriced ops) of an annotated joint graph."""
     gradients = _parameter_gradients(joint, parameters)
     sums: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
@@ -309,20 +328,31 @@ def graph_parts(joint: fx.GraphModule,
     return parts, other_flops, memory, dict(unpriced)
 
 
-def compare_layer(joint: fx.GraphModule, parameters: set[str], layer: LayerSpec, hidden: int, plan: ParallelConfig,
-                  cluster: Cluster | None = None, name: str = "") -> Agreement:
+def compare_layer(
+    joint: fx.GraphModule,
+    parameters: set[str],
+    layer: LayerSpec,
+    hidden: int,
+    plan: ParallelConfig,
+    cluster: Cluster | None = None,
+    name: str = "",
+) -> Agreement:
     """Compare an annotated joint graph of one layer (every node carrying `meta["cost"]`) with `layer_cost`."""
     if not any("cost" in n.meta for n in joint.graph.nodes):
-        raise TrexError("the graph carries no node.meta['cost']: run "
-                        "trex.cost_model.annotate.annotate(graph, target) first")
+        raise TrexError(
+            "the graph carries no node.meta['cost']: run trex.cost_model.annotate.annotate(graph, target) first"
+        )
     g_parts, other, g_memory, unpriced = graph_parts(joint, parameters)
     s_parts, s_memory = spec_parts(layer, hidden, plan, cluster)
     classes = {}
     for kind in CLASSES:
-        totals = ClassTotals(sum(p.flops for p in g_parts.get(kind, [])), sum(p.flops for p in s_parts.get(kind, [])),
-                             sum(p.bytes for p in g_parts.get(kind, [])), sum(p.bytes for p in s_parts.get(kind, [])))
+        totals = ClassTotals(
+            sum(p.flops for p in g_parts.get(kind, [])),
+            sum(p.flops for p in s_parts.get(kind, [])),
+            sum(p.bytes for p in g_parts.get(kind, [])),
+            sum(p.bytes for p in s_parts.get(kind, [])),
+        )
         # fused attention: the spec prices FLOPs only (see the module docstring)
         totals.bytes_compared = not (kind == "attention" and plan.attention_kernel != "unfused")
         classes[kind] = totals
     return Agreement(name or layer.kind, classes, g_parts, s_parts, other, (g_memory, s_memory), unpriced)
-

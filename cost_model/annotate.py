@@ -25,8 +25,23 @@ from trex.cost_model.cluster import Cluster
 from trex.cost_model.cpu_loops import node_loops
 from trex.cost_model.cpu_rows import reduction_outputs, scalar_softmax_elements
 from trex.cost_model.devices import DeviceProfile
-from trex.cost_model.op_formulas import (COLLECTIVE_KIND, B, E, H, K, L_k, L_q, M, N, OpFormula, S, causal, formula_for,
-                                         node_outputs, op_name)
+from trex.cost_model.op_formulas import (
+    COLLECTIVE_KIND,
+    B,
+    E,
+    H,
+    K,
+    L_k,
+    L_q,
+    M,
+    N,
+    OpFormula,
+    S,
+    causal,
+    formula_for,
+    node_outputs,
+    op_name,
+)
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -81,9 +96,15 @@ class AnnotationReport:
     def merge(self, other: AnnotationReport) -> None:
         self.nodes += other.nodes
         self.priced += other.priced
-        for mine, theirs in ((self.unpriced, other.unpriced), (self.flops_by_kind, other.flops_by_kind), (self.bytes_by_kind, other.bytes_by_kind),
-                             (self.time_by_kind, other.time_by_kind), (self.time_by_op, other.time_by_op), (self.count_by_op, other.count_by_op),
-                             (self.flops_by_op, other.flops_by_op)):
+        for mine, theirs in (
+            (self.unpriced, other.unpriced),
+            (self.flops_by_kind, other.flops_by_kind),
+            (self.bytes_by_kind, other.bytes_by_kind),
+            (self.time_by_kind, other.time_by_kind),
+            (self.time_by_op, other.time_by_op),
+            (self.count_by_op, other.count_by_op),
+            (self.flops_by_op, other.flops_by_op),
+        ):
             mine.update(theirs)
 
 
@@ -110,7 +131,9 @@ def _dtype(node: fx.Node, device: DeviceProfile) -> str:
     return "bf16" if device.supports("bf16") else "fp32"
 
 
-def _group_size(node: fx.Node, groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[int, tuple[int, ...] | None]:
+def _group_size(
+    node: fx.Node, groups: Mapping[str, Sequence[int]] | None, world_size: int | None
+) -> tuple[int, tuple[int, ...] | None]:
     schema_names = [a.name for a in node.target._schema.arguments]
     values = dict(zip(schema_names, node.args))
     values.update(node.kwargs)
@@ -138,8 +161,11 @@ def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) ->
         experts = max(1, int(values[E]))
         rows = values[S] / experts
         weight_grad = name == "trex.grouped_mm_weight_grad" or (
-            name == "aten._grouped_mm" and len(node_outputs(node)[0].shape) == 3
-            and len(node.args[0].meta["val"].shape) == 2 and len(node.args[1].meta["val"].shape) == 2)
+            name == "aten._grouped_mm"
+            and len(node_outputs(node)[0].shape) == 3
+            and len(node.args[0].meta["val"].shape) == 2
+            and len(node.args[1].meta["val"].shape) == 2
+        )
         if weight_grad:
             return device.gemm_time(values[K], values[N], rows, dtype, experts)
         return device.gemm_time(rows, values[N], values[K], dtype, experts)
@@ -174,8 +200,16 @@ def _loops(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> tuple[
     return 1, 1
 
 
-def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: float, cluster: Cluster,
-          groups: Mapping[str, Sequence[int]] | None, world_size: int | None) -> tuple[float, str]:
+def _time(
+    node: fx.Node,
+    formula: OpFormula,
+    values: dict,
+    flops: float,
+    moved: float,
+    cluster: Cluster,
+    groups: Mapping[str, Sequence[int]] | None,
+    world_size: int | None,
+) -> tuple[float, str]:
     device = cluster.device
     kind = formula.kind
     name = op_name(node.target)
@@ -196,7 +230,9 @@ def _time(node: fx.Node, formula: OpFormula, values: dict, flops: float, moved: 
         dtype = _dtype(node, device)
         experts = max(1, int(values[E]))
         rows = values[S] / experts
-        gemms = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(rows, values[H], values[N], dtype, experts)
+        gemms = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(
+            rows, values[H], values[N], dtype, experts
+        )
         if name.endswith("backward"):
             gemms = 2 * gemms
         return gemms + device.memory_time(moved, 6), ""
@@ -232,7 +268,9 @@ def _row_seconds(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> 
     return 0.0
 
 
-def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None) -> NodeCost | None:
+def annotate_node(
+    node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None
+) -> NodeCost | None:
     """The cost of one call_function node (None for placeholders and outputs)."""
     if node.op != "call_function":
         return None
@@ -243,7 +281,9 @@ def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence
     try:
         values = formula.bind(node)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as error:
-        return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note=f"cannot read shapes: {type(error).__name__}")
+        return NodeCost(
+            name, formula.kind, 0.0, 0.0, 0.0, priced=False, note=f"cannot read shapes: {type(error).__name__}"
+        )
     if values is None:
         return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note="shapes unavailable (no FakeTensor meta)")
     if formula.kind == "attention" and values.get(causal, 1.0) < 1.0:
@@ -258,12 +298,21 @@ def annotate_node(node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence
         seconds += device.overhead_s(name, formula.kind) - device.kernel_overhead_s
     bindings = {symbol.name: values[symbol] for symbol in formula.symbols if symbol in values}
     if problem:
-        return NodeCost(name, formula.kind, flops, moved, 0.0, formula.flops, formula.bytes, bindings, priced=False, note=problem)
-    return NodeCost(name, formula.kind, flops, moved, seconds, formula.flops, formula.bytes, bindings, note=formula.note)
+        return NodeCost(
+            name, formula.kind, flops, moved, 0.0, formula.flops, formula.bytes, bindings, priced=False, note=problem
+        )
+    return NodeCost(
+        name, formula.kind, flops, moved, seconds, formula.flops, formula.bytes, bindings, note=formula.note
+    )
 
 
-def annotate(graph: fx.GraphModule | fx.Graph, target: str | DeviceProfile | Cluster = "cpu", *, groups: Mapping[str, Sequence[int]] | None = None,
-             world_size: int | None = None) -> AnnotationReport:
+def annotate(
+    graph: fx.GraphModule | fx.Graph,
+    target: str | DeviceProfile | Cluster = "cpu",
+    *,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    world_size: int | None = None,
+) -> AnnotationReport:
     """Write `node.meta["cost"]` on every call_function node of `graph`; return the totals.
 
     groups: process-group name -> global ranks, for collectives whose group is not initialised in

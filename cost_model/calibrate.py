@@ -62,7 +62,9 @@ class Calibration:
     pointwise: list[tuple[float, float]] = field(default_factory=list)
     attention: list[tuple[str, float, float]] = field(default_factory=list)  # direction, flops, seconds
     collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
-    kinds: dict[str, tuple[float, float]] = field(default_factory=dict)  # op kind / op -> (seconds per call, bytes per second)
+    kinds: dict[str, tuple[float, float]] = field(
+        default_factory=dict
+    )  # op kind / op -> (seconds per call, bytes per second)
     loops: tuple[float, float] = (0.0, 0.0)  # ns per TensorIterator row, ns per 2-D loop call
     rows: RowCosts | None = None  # softmax / reduction row costs
     vector_flops: float = 0.0
@@ -98,7 +100,9 @@ def _batched_time(fn: Callable[[], Any], inner: int, repeats: int) -> float:
     return best_time(many, repeats) / inner
 
 
-def measure_matmul(shapes: list[tuple[int, int, int]], dtypes: tuple[str, ...], repeats: int) -> list[tuple[str, int, int, int, float]]:
+def measure_matmul(
+    shapes: list[tuple[int, int, int]], dtypes: tuple[str, ...], repeats: int
+) -> list[tuple[str, int, int, int, float]]:
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
     out = []
     for dtype in dtypes:
@@ -210,15 +214,35 @@ def _elementwise_cases(rows: int) -> dict[str, tuple[Any, tuple]]:
 def _call_bytes(op: Any, args: tuple) -> float:
     """Bytes the op's formula says one call moves (inputs read + outputs written)."""
     out = op(*args)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + [
+        t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)
+    ]
     return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _loop_seconds(op: Any, args: tuple, key: str, loops: tuple[float, float]) -> float:
     """Seconds a call spends in TensorIterator loops beyond a contiguous op's single row and call."""
-    if not key.startswith(("aten.add", "aten.sub", "aten.mul", "aten.div", "aten.pow", "aten.neg", "aten.rsqrt", "aten.exp",
-                           "aten.clamp", "aten.silu", "aten.sigmoid", "aten.le", "aten.ge", "aten.where", "aten.masked_fill",
-                           "prims.convert", "pointwise")):
+    if not key.startswith(
+        (
+            "aten.add",
+            "aten.sub",
+            "aten.mul",
+            "aten.div",
+            "aten.pow",
+            "aten.neg",
+            "aten.rsqrt",
+            "aten.exp",
+            "aten.clamp",
+            "aten.silu",
+            "aten.sigmoid",
+            "aten.le",
+            "aten.ge",
+            "aten.where",
+            "aten.masked_fill",
+            "prims.convert",
+            "pointwise",
+        )
+    ):
         return 0.0
     operands = [(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)]
     rows, calls = tensor_iterator_loops(operands)
@@ -230,8 +254,13 @@ def _loop_seconds(op: Any, args: tuple, key: str, loops: tuple[float, float]) ->
 _ROW_REDUCTION_CASES = frozenset({"reduction", "aten.mean.dim", "aten.amax.default", "aten.max.dim"})
 
 
-def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loops: tuple[float, float] = (0.0, 0.0),
-                  reduce_output_ns: float = 0.0) -> dict[str, tuple[float, float]]:
+def measure_kinds(
+    repeats: int,
+    small_rows: int = 4,
+    large_rows: int = 256,
+    loops: tuple[float, float] = (0.0, 0.0),
+    reduce_output_ns: float = 0.0,
+) -> dict[str, tuple[float, float]]:
     """Per op kind and per common element-wise overload: (fixed seconds per call, bytes per second)
     from a call at two sizes. `loops` = (row, call) overheads in ns (`measure_loop_overheads`): the
     TensorIterator loop time a broadcast case spends is taken out before the rate is solved for, as
@@ -244,8 +273,16 @@ def measure_kinds(repeats: int, small_rows: int = 4, large_rows: int = 256, loop
     for key in small:
         (op, args_small), (_, args_large) = small[key], large[key]
         per_output = reduce_output_ns * 1e-9 if key in _ROW_REDUCTION_CASES else 0.0
-        t_small = _batched_time(lambda: op(*args_small), 200, repeats) - _loop_seconds(op, args_small, key, loops) - (small_rows - 1) * per_output
-        t_large = _batched_time(lambda: op(*args_large), 5, repeats) - _loop_seconds(op, args_large, key, loops) - (large_rows - 1) * per_output
+        t_small = (
+            _batched_time(lambda: op(*args_small), 200, repeats)
+            - _loop_seconds(op, args_small, key, loops)
+            - (small_rows - 1) * per_output
+        )
+        t_large = (
+            _batched_time(lambda: op(*args_large), 5, repeats)
+            - _loop_seconds(op, args_large, key, loops)
+            - (large_rows - 1) * per_output
+        )
         b_small, b_large = _call_bytes(op, args_small), _call_bytes(op, args_large)
         rate = (b_large - b_small) / max(t_large - t_small, 1e-9)
         out[key] = (t_small, rate)
@@ -295,7 +332,9 @@ def measure_row_costs(repeats: int, elements: int = 1 << 14) -> RowCosts:
         x, grad = torch.rand(elements // length, length), torch.rand(elements // length, length)
         out = aten._softmax(x, -1, False)
         per_element["forward"][length] = _batched_time(lambda: aten._softmax(x, -1, False), 20, repeats) / elements
-        per_element["backward"][length] = _batched_time(lambda: aten._softmax_backward_data(grad, out, -1, torch.float32), 20, repeats) / elements
+        per_element["backward"][length] = (
+            _batched_time(lambda: aten._softmax_backward_data(grad, out, -1, torch.float32), 20, repeats) / elements
+        )
     forward = per_element["forward"]
     lanes = next((length for length in lengths[1:] if forward[length] < 0.25 * forward[2]), 0)
     costs = RowCosts(vector_lanes=lanes)
@@ -309,7 +348,10 @@ def measure_row_costs(repeats: int, elements: int = 1 << 14) -> RowCosts:
     extra = elements // 2 - elements // 64
     contiguous = _batched_time(lambda: aten.sum.dim_IntList(pairs, [-1], True), 20, repeats)
     strided = _batched_time(lambda: aten.sum.dim_IntList(cube, [1], True), 20, repeats)
-    costs.reduce_output_ns = {"contiguous": max(contiguous - baseline, 0.0) / extra * 1e9, "strided": max(strided - baseline, 0.0) / extra * 1e9}
+    costs.reduce_output_ns = {
+        "contiguous": max(contiguous - baseline, 0.0) / extra * 1e9,
+        "strided": max(strided - baseline, 0.0) / extra * 1e9,
+    }
     return costs
 
 
@@ -383,13 +425,18 @@ def _collective_worker(rank: int, world: int, port: int, sizes: list[int], repea
         dist.destroy_process_group()
 
 
-def measure_collectives(sizes: list[int], repeats: int, world: int = 2, timeout: float = 120.0) -> list[tuple[str, float, float]]:
+def measure_collectives(
+    sizes: list[int], repeats: int, world: int = 2, timeout: float = 120.0
+) -> list[tuple[str, float, float]]:
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
-    processes = [context.Process(target=_collective_worker, args=(rank, world, port, sizes, repeats, queue)) for rank in range(world)]
+    processes = [
+        context.Process(target=_collective_worker, args=(rank, world, port, sizes, repeats, queue))
+        for rank in range(world)
+    ]
     for p in processes:
         p.start()
     try:
@@ -441,16 +488,33 @@ def _fit_gemm(matmul: list[tuple[str, int, int, int, float]], base: DeviceProfil
             choice, choice_error = (best_rate[d], fastest[d] * 0.5), math.inf
             for factor in multipliers:
                 for share in launches:
-                    gemm = replace(base.gemm, tile_m=tile_m, tile_n=tile_n, k_fill=k_fill, efficiency={d: 1.0}, launch_us={d: fastest[d] * share * 1e6})
+                    gemm = replace(
+                        base.gemm,
+                        tile_m=tile_m,
+                        tile_n=tile_n,
+                        k_fill=k_fill,
+                        efficiency={d: 1.0},
+                        launch_us={d: fastest[d] * share * 1e6},
+                    )
                     candidate = replace(base, peak_tflops={d: best_rate[d] * factor / 1e12}, gemm=gemm)
-                    e = sum((math.log(candidate.gemm_time(m, n, k, d, out_bytes=4.0 if d == "fp32" else 2.0)) - math.log(s)) ** 2
-                            for m, n, k, s in points)
+                    e = sum(
+                        (math.log(candidate.gemm_time(m, n, k, d, out_bytes=4.0 if d == "fp32" else 2.0)) - math.log(s))
+                        ** 2
+                        for m, n, k, s in points
+                    )
                     if e < choice_error:
                         choice, choice_error = (best_rate[d] * factor, fastest[d] * share), e
             peaks[d], launch[d] = choice[0] / 1e12, choice[1] * 1e6
             error += choice_error
         if error < best_error:
-            gemm = replace(base.gemm, tile_m=tile_m, tile_n=tile_n, k_fill=k_fill, efficiency={d: 1.0 for d in dtypes}, launch_us=launch)
+            gemm = replace(
+                base.gemm,
+                tile_m=tile_m,
+                tile_n=tile_n,
+                k_fill=k_fill,
+                efficiency={d: 1.0 for d in dtypes},
+                launch_us=launch,
+            )
             best_fit, best_error = replace(base, peak_tflops=peaks, gemm=gemm), error
     return best_fit
 
@@ -482,28 +546,51 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
         attention_shapes = [(1, 2, 64, 32)]
         collective_sizes = [256, 1 << 16]
     else:
-        shapes = ([(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)] + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
-                  + [(512, 64, 64), (512, 128, 64), (512, 64, 256), (2048, 64, 64), (128, 512, 64), (64, 64, 2048)]  # skinny, short-K
-                  + [(2, 64, 64), (4, 256, 64), (8, 512, 128), (512, 4, 64), (24, 24, 256), (40, 40, 128)])  # fewer rows/columns than a tile
+        shapes = (
+            [(s, s, s) for s in (64, 128, 256, 512, 1024, 2048)]
+            + [(2048, 256, 2048), (256, 2048, 2048), (4096, 512, 512), (512, 512, 4096)]
+            + [
+                (512, 64, 64),
+                (512, 128, 64),
+                (512, 64, 256),
+                (2048, 64, 64),
+                (128, 512, 64),
+                (64, 64, 2048),
+            ]  # skinny, short-K
+            + [(2, 64, 64), (4, 256, 64), (8, 512, 128), (512, 4, 64), (24, 24, 256), (40, 40, 128)]
+        )  # fewer rows/columns than a tile
         copy_sizes = [1 << 22, 1 << 24, 1 << 26]
         pointwise_sizes = [1, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 20, 1 << 22, 1 << 24]
         attention_shapes = [(1, 4, 256, 64), (1, 8, 512, 64), (2, 8, 1024, 64)]
         collective_sizes = [64, 1 << 12, 1 << 16, 1 << 20, 1 << 22]
     base = DeviceProfile(
-        name="cpu", description=f"{_cpu_name()}, {threads} threads (calibrated {time.strftime('%Y-%m-%d')})",
-        peak_tflops={"fp32": 0.1}, memory_gib=_memory_gib(), hbm_bandwidth_gbs=10.0,
+        name="cpu",
+        description=f"{_cpu_name()}, {threads} threads (calibrated {time.strftime('%Y-%m-%d')})",
+        peak_tflops={"fp32": 0.1},
+        memory_gib=_memory_gib(),
+        hbm_bandwidth_gbs=10.0,
         gemm=GemmModel(compute_units=threads, efficiency={"fp32": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
         attention=AttentionModel(0.5, 0.4, 64.0, block=0.0),
-        memory_efficiency=1.0, kernel_overhead_us=5.0, reserved_memory_gib=1.0,
-        sources=("measured by `trex calibrate` on this machine",), calibrated=True,
+        memory_efficiency=1.0,
+        kernel_overhead_us=5.0,
+        reserved_memory_gib=1.0,
+        sources=("measured by `trex calibrate` on this machine",),
+        calibrated=True,
     )
     copies = measure_copy(copy_sizes, repeats)
     bandwidth = max(nbytes / seconds for nbytes, seconds in copies)
     # Without the collective measurements (collectives=False) the tier keeps what is known: loopback
     # traffic cannot beat the memory bandwidth just measured; the latency stays the uncalibrated default.
-    unmeasured = Tier("gloo-loopback", None, bandwidth / 1e9, UNCALIBRATED_GLOO_LATENCY_US, 1.0, "switch",
-                      "not measured (collectives skipped): bandwidth bounded by the measured memory copy bandwidth, "
-                      "latency the uncalibrated default")
+    unmeasured = Tier(
+        "gloo-loopback",
+        None,
+        bandwidth / 1e9,
+        UNCALIBRATED_GLOO_LATENCY_US,
+        1.0,
+        "switch",
+        "not measured (collectives skipped): bandwidth bounded by the measured memory copy bandwidth, "
+        "latency the uncalibrated default",
+    )
     result = Calibration(profile=base, tier=unmeasured)
     result.copy = copies
     result.pointwise = measure_pointwise(pointwise_sizes, repeats)
@@ -514,18 +601,32 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     _, slope = fit_line(beyond) if len(beyond) >= 2 else (overhead, 1.0 / bandwidth)
     pointwise_bandwidth = 1.0 / slope
     result.matmul = measure_matmul(shapes, ("fp32", "bf16"), repeats)
-    profile = replace(base, hbm_bandwidth_gbs=bandwidth / 1e9, memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
-                      kernel_overhead_us=overhead * 1e6, cache_mib=cache / 2**20, cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9)
+    profile = replace(
+        base,
+        hbm_bandwidth_gbs=bandwidth / 1e9,
+        memory_efficiency=min(1.0, pointwise_bandwidth / bandwidth),
+        kernel_overhead_us=overhead * 1e6,
+        cache_mib=cache / 2**20,
+        cache_bandwidth_gbs=max(1.0 / cache_slope, pointwise_bandwidth) / 1e9,
+    )
     profile = _fit_gemm(result.matmul, profile)
     result.loops = measure_loop_overheads(repeats)
     result.rows = measure_row_costs(repeats)
-    result.kinds = measure_kinds(repeats, loops=result.loops, reduce_output_ns=result.rows.reduce_output_ns.get("contiguous", 0.0))
+    result.kinds = measure_kinds(
+        repeats, loops=result.loops, reduce_output_ns=result.rows.reduce_output_ns.get("contiguous", 0.0)
+    )
     result.vector_flops = measure_vector(1 << 16, repeats)
-    profile = replace(profile, op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
-                      op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items()},
-                      vector_tflops=result.vector_flops / 1e12, row_overhead_ns=result.loops[0], loop_call_overhead_ns=result.loops[1],
-                      vector_lanes=result.rows.vector_lanes, scalar_softmax_ns=result.rows.scalar_softmax_ns,
-                      reduce_output_ns=result.rows.reduce_output_ns)
+    profile = replace(
+        profile,
+        op_overhead_us={key: fixed * 1e6 for key, (fixed, _) in result.kinds.items()},
+        op_bandwidth_gbs={key: rate / 1e9 for key, (_, rate) in result.kinds.items()},
+        vector_tflops=result.vector_flops / 1e12,
+        row_overhead_ns=result.loops[0],
+        loop_call_overhead_ns=result.loops[1],
+        vector_lanes=result.rows.vector_lanes,
+        scalar_softmax_ns=result.rows.scalar_softmax_ns,
+        reduce_output_ns=result.rows.reduce_output_ns,
+    )
     result.attention = measure_attention(attention_shapes, repeats)
     fp32 = profile.peak_flops("fp32")
     forward = [flops / seconds / fp32 for direction, flops, seconds in result.attention if direction == "forward"]
@@ -533,9 +634,15 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     half_keys = 64.0
     # attention_time charges the BF16 peak; express the measured fp32 efficiencies against it
     scale = fp32 / profile.peak_flops("bf16") if profile.supports("bf16") else 1.0
-    profile = replace(profile, attention=AttentionModel(min(1.0, max(forward) * scale * (1 + half_keys / 256)),
-                                                       min(1.0, max(backward) * scale * (1 + half_keys / 256)),
-                                                       half_keys, block=0.0))  # measured against the triangle's FLOPs
+    profile = replace(
+        profile,
+        attention=AttentionModel(
+            min(1.0, max(forward) * scale * (1 + half_keys / 256)),
+            min(1.0, max(backward) * scale * (1 + half_keys / 256)),
+            half_keys,
+            block=0.0,
+        ),
+    )  # measured against the triangle's FLOPs
     result.profile = profile
     if collectives:
         result.collectives = measure_collectives(collective_sizes, repeats)
@@ -544,8 +651,15 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
         # ring all_reduce over 2 ranks: 2 steps of latency, 2*(1/2) n / B of traffic; loopback
         # traffic cannot beat the memory bandwidth measured above
         link = min(1.0 / slope, bandwidth)
-        result.tier = Tier("gloo-loopback", None, bandwidth_gbs=link / 1e9, latency_us=latency / 2 * 1e6, efficiency=1.0,
-                           topology="switch", source="measured by `trex calibrate`: all_reduce over gloo, 2 local processes")
+        result.tier = Tier(
+            "gloo-loopback",
+            None,
+            bandwidth_gbs=link / 1e9,
+            latency_us=latency / 2 * 1e6,
+            efficiency=1.0,
+            topology="switch",
+            source="measured by `trex calibrate`: all_reduce over gloo, 2 local processes",
+        )
     result.seconds = time.perf_counter() - started
     return result
 
@@ -597,11 +711,19 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         "pointwise": [f"{b / 1e3:.1f} kB: {s * 1e6:.2f} us" for b, s in result.pointwise],
         "attention": [f"{d} {f / 1e6:.1f} MFLOP: {s * 1e6:.1f} us" for d, f, s in result.attention],
         "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
-        "op_kinds": [f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()],
+        "op_kinds": [
+            f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()
+        ],
         "element_wise_loops": f"{result.loops[0]:.2f} ns per row, {result.loops[1]:.2f} ns per 2-D loop call",
-        "row_kernels": (f"{result.rows.vector_lanes} fp32 lanes; scalar softmax "
-                        + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.scalar_softmax_ns.items()) + " ns per element; reduction "
-                        + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.reduce_output_ns.items()) + " ns per output") if result.rows else "not measured",
+        "row_kernels": (
+            f"{result.rows.vector_lanes} fp32 lanes; scalar softmax "
+            + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.scalar_softmax_ns.items())
+            + " ns per element; reduction "
+            + ", ".join(f"{k} {v:.1f}" for k, v in result.rows.reduce_output_ns.items())
+            + " ns per output"
+        )
+        if result.rows
+        else "not measured",
         "seconds": result.seconds,
     }
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))

@@ -25,9 +25,13 @@ def estimate_caveats(spec: ModelSpec, plan: ParallelConfig) -> list[str]:
         notes.append(small_experts)
     if plan.precision == "fp8":
         notes.append("FP8 run: MFU is against the dense BF16 peak, the convention of the published FP8 figures")
-        notes.append(f"FP8 recipe {plan.fp8_recipe}: {FP8_RECIPE_PRICING[plan.fp8_recipe]} (set another with --set fp8_recipe=...)")
-        notes.append("FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is 9-17 % too fast, "
-                     "more than for BF16 runs (bench/cost_model/RESULTS.md, section 1.4)")
+        notes.append(
+            f"FP8 recipe {plan.fp8_recipe}: {FP8_RECIPE_PRICING[plan.fp8_recipe]} (set another with --set fp8_recipe=...)"
+        )
+        notes.append(
+            "FP8 steps are priced optimistically: against NVIDIA's published dense FP8 runs the model is 9-17 % too fast, "
+            "more than for BF16 runs (bench/cost_model/RESULTS.md, section 1.4)"
+        )
     return notes
 
 
@@ -59,15 +63,17 @@ def _small_expert_work_note(spec: ModelSpec, plan: ParallelConfig) -> str:
     if not in_small_expert_regime(spec, plan):
         return ""
     rows = rows_per_local_expert(spec, plan)
-    return (f"each local expert gets {rows:.0f} rows per micro-batch: published H100 MoE runs with at most 1024 rows per expert "
-            f"(Qwen3-235B EP8, GPT-OSS 120B EP8) took 1.8-2.2x the time this model prices, for a cause it does not model "
-            "(bench/cost_model/RESULTS.md, section 1.5): treat this estimate as optimistic; more tokens per micro-batch or a larger ep "
-            f"give each expert more rows (trex plan --fix min_expert_rows={SMALL_EXPERT_ROWS} searches outside this regime)")
+    return (
+        f"each local expert gets {rows:.0f} rows per micro-batch: published H100 MoE runs with at most 1024 rows per expert "
+        f"(Qwen3-235B EP8, GPT-OSS 120B EP8) took 1.8-2.2x the time this model prices, for a cause it does not model "
+        "(bench/cost_model/RESULTS.md, section 1.5): treat this estimate as optimistic; more tokens per micro-batch or a larger ep "
+        f"give each expert more rows (trex plan --fix min_expert_rows={SMALL_EXPERT_ROWS} searches outside this regime)"
+    )
 
 
 FP8_RECIPE_PRICING = {
     "delayed": "per-tensor scales from the amax history; data- and weight-gradient GEMMs with split accumulation",
     "tensorwise": "per-tensor current scaling, an amax pass before each cast (all-reduced over TP for sequence-parallel "
-                  "inputs); data- and weight-gradient GEMMs with split accumulation",
+    "inputs); data- and weight-gradient GEMMs with split accumulation",
     "blockwise": "1x128 / 128x128 block scales computed in the cast; every GEMM at the blockwise FP8 ceiling",
 }

@@ -101,8 +101,10 @@ class Cluster:
         unit = self.unit or (self.tiers[0].size or 1)
         if devices > unit and devices % unit:
             lower = devices - devices % unit
-            raise TrexError(f"cluster {self.name!r} allocates whole servers of {unit} devices; {devices} is not a multiple of {unit} "
-                            f"(use {lower} or {lower + unit})")
+            raise TrexError(
+                f"cluster {self.name!r} allocates whole servers of {unit} devices; {devices} is not a multiple of {unit} "
+                f"(use {lower} or {lower + unit})"
+            )
         return replace(self, devices=devices)
 
     def with_device(self, device: DeviceProfile) -> Cluster:
@@ -151,9 +153,15 @@ def _strided_placement(tiers: tuple[Tier, ...], size: int, stride: int, start: i
 # ---------------------------------------------------------------------------------------------
 # Cluster files: a [device] table (or `device = "h100"`) and a [cluster] table with [[cluster.tiers]].
 
-_TIER_FIELDS = {"name": "a label, e.g. 'nvlink'", "size": "devices per domain (omit for the outermost tier)",
-                "bandwidth_gbs": "GB/s per device per direction (per link for full_mesh)", "latency_us": "microseconds per message",
-                "efficiency": "achievable fraction (0-1] of bandwidth", "topology": "'switch' or 'full_mesh'", "source": "where the numbers come from"}
+_TIER_FIELDS = {
+    "name": "a label, e.g. 'nvlink'",
+    "size": "devices per domain (omit for the outermost tier)",
+    "bandwidth_gbs": "GB/s per device per direction (per link for full_mesh)",
+    "latency_us": "microseconds per message",
+    "efficiency": "achievable fraction (0-1] of bandwidth",
+    "topology": "'switch' or 'full_mesh'",
+    "source": "where the numbers come from",
+}
 
 
 def _tier_fail(source: str, index: int, field: str, problem: str, fix: str) -> TrexError:
@@ -162,15 +170,23 @@ def _tier_fail(source: str, index: int, field: str, problem: str, fix: str) -> T
 
 def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
     if "cluster" not in data or not isinstance(data["cluster"], dict):
-        raise TrexError(f"cluster file {source}: table 'cluster' is missing; add [cluster] with name and [[cluster.tiers]]")
+        raise TrexError(
+            f"cluster file {source}: table 'cluster' is missing; add [cluster] with name and [[cluster.tiers]]"
+        )
     table = data["cluster"]
     device_entry = data.get("device", table.get("device"))
     if device_entry is None:
-        raise TrexError(f"cluster file {source}: field 'device' is missing; name a built-in device (e.g. device = \"h100\") or add a [device] table")
-    device = get_device(device_entry) if isinstance(device_entry, str) else device_profile_from_dict(device_entry, source)
+        raise TrexError(
+            f"cluster file {source}: field 'device' is missing; name a built-in device (e.g. device = \"h100\") or add a [device] table"
+        )
+    device = (
+        get_device(device_entry) if isinstance(device_entry, str) else device_profile_from_dict(device_entry, source)
+    )
     tiers_data = table.get("tiers")
     if not isinstance(tiers_data, list) or not tiers_data:
-        raise TrexError(f"cluster file {source}: field 'cluster.tiers' is missing or empty; add one [[cluster.tiers]] per tier, innermost first")
+        raise TrexError(
+            f"cluster file {source}: field 'cluster.tiers' is missing or empty; add one [[cluster.tiers]] per tier, innermost first"
+        )
     tiers = []
     for index, tier in enumerate(tiers_data):
         for key in tier:
@@ -181,8 +197,19 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
                 raise _tier_fail(source, index, key, "is missing", f"add it: {_TIER_FIELDS[key]}")
         for key in ("bandwidth_gbs", "latency_us", "efficiency"):
             value = tier.get(key, 0.85 if key == "efficiency" else None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (key == "efficiency" and value > 1):
-                raise _tier_fail(source, index, key, f"must be a positive number{' at most 1' if key == 'efficiency' else ''} (got {value!r})", _TIER_FIELDS[key])
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value <= 0
+                or (key == "efficiency" and value > 1)
+            ):
+                raise _tier_fail(
+                    source,
+                    index,
+                    key,
+                    f"must be a positive number{' at most 1' if key == 'efficiency' else ''} (got {value!r})",
+                    _TIER_FIELDS[key],
+                )
         size = tier.get("size")
         last = index == len(tiers_data) - 1
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -190,17 +217,40 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
         if size is None and not last:
             raise _tier_fail(source, index, "size", "is missing", "only the outermost tier may omit its domain size")
         if tiers and size is not None and tiers[-1].size is not None and size % tiers[-1].size:
-            raise _tier_fail(source, index, "size", f"({size}) is not a multiple of the tier inside it ({tiers[-1].size})", "domains must nest")
+            raise _tier_fail(
+                source,
+                index,
+                "size",
+                f"({size}) is not a multiple of the tier inside it ({tiers[-1].size})",
+                "domains must nest",
+            )
         topology = tier.get("topology", "switch")
         if topology not in ("switch", "full_mesh"):
             raise _tier_fail(source, index, "topology", f"is {topology!r}", "use 'switch' or 'full_mesh'")
-        tiers.append(Tier(tier["name"], size, float(tier["bandwidth_gbs"]), float(tier["latency_us"]), float(tier.get("efficiency", 0.85)),
-                          topology, tier.get("source", "")))
+        tiers.append(
+            Tier(
+                tier["name"],
+                size,
+                float(tier["bandwidth_gbs"]),
+                float(tier["latency_us"]),
+                float(tier.get("efficiency", 0.85)),
+                topology,
+                tier.get("source", ""),
+            )
+        )
     if tiers[-1].size is not None:
         tiers.append(replace(tiers[-1], name=f"{tiers[-1].name}-outer", size=None))
     name = table.get("name", Path(source).stem)
     devices = table.get("devices", tiers[0].size or 1)
-    return Cluster(name, table.get("description", name), device, tuple(tiers), int(devices), table.get("max_devices"), table.get("unit"))
+    return Cluster(
+        name,
+        table.get("description", name),
+        device,
+        tuple(tiers),
+        int(devices),
+        table.get("max_devices"),
+        table.get("unit"),
+    )
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -212,11 +262,23 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
 
     tiers = []
     for tier in cluster.tiers:
-        entry: dict[str, Any] = {"name": tier.name, "bandwidth_gbs": tier.bandwidth_gbs, "latency_us": tier.latency_us,
-                                 "efficiency": tier.efficiency, "topology": tier.topology, "source": tier.source}
+        entry: dict[str, Any] = {
+            "name": tier.name,
+            "bandwidth_gbs": tier.bandwidth_gbs,
+            "latency_us": tier.latency_us,
+            "efficiency": tier.efficiency,
+            "topology": tier.topology,
+            "source": tier.source,
+        }
         if tier.size is not None:
             entry["size"] = tier.size
         tiers.append(entry)
-    return {**device_profile_to_dict(cluster.device), "cluster": {"name": cluster.name, "description": cluster.description,
-                                                                   "devices": cluster.devices, "tiers": tiers}}
-
+    return {
+        **device_profile_to_dict(cluster.device),
+        "cluster": {
+            "name": cluster.name,
+            "description": cluster.description,
+            "devices": cluster.devices,
+            "tiers": tiers,
+        },
+    }

@@ -43,7 +43,9 @@ def _tree_all_reduce(tier: Tier, f: int, nbytes: float) -> float:
 
 def _flat_tier(placement: Placement) -> Tier:
     """The tier a flat ring over the whole group is limited by: the slowest one it crosses."""
-    return min((level.tier for level in placement.levels), key=lambda t: (t.bandwidth(placement.size - 1), -t.latency_s))
+    return min(
+        (level.tier for level in placement.levels), key=lambda t: (t.bandwidth(placement.size - 1), -t.latency_s)
+    )
 
 
 def _flat_latency(placement: Placement) -> float:
@@ -124,7 +126,10 @@ def all_to_all_tier_bytes(nbytes_per_rank: float, placement: Placement) -> dict[
 
 def all_to_all_tier_times(nbytes_per_rank: float, placement: Placement) -> dict[str, float]:
     per_tier = all_to_all_tier_bytes(nbytes_per_rank, placement)
-    return {level.tier.name: tier_transfer(level.tier, per_tier[level.tier.name], level.fanout - 1) for level in placement.levels}
+    return {
+        level.tier.name: tier_transfer(level.tier, per_tier[level.tier.name], level.fanout - 1)
+        for level in placement.levels
+    }
 
 
 def tier_transfer(tier: Tier, nbytes: float, peers: int = 1) -> float:

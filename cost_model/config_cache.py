@@ -47,7 +47,9 @@ def build_configs() -> dict[str, dict[str, Any]]:
     """`to_dict()` of every full-size configuration, built now with the installed transformers."""
     from trex.models import FULL_SIZE_MODELS
 
-    return {name: json.loads(json.dumps(model.make_config().to_dict())) for name, model in sorted(FULL_SIZE_MODELS.items())}
+    return {
+        name: json.loads(json.dumps(model.make_config().to_dict())) for name, model in sorted(FULL_SIZE_MODELS.items())
+    }
 
 
 def write(path: Path | None = None) -> Path:

@@ -27,9 +27,26 @@ from torch import fx
 SOFTMAX_FORWARD = frozenset({"aten._softmax", "aten._log_softmax", "aten._safe_softmax"})
 SOFTMAX_BACKWARD = frozenset({"aten._softmax_backward_data", "aten._log_softmax_backward_data"})
 # reductions whose reduced dimensions are the second argument (a list or one int; absent: all)
-ROW_REDUCTIONS = frozenset({"aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.max", "aten.min", "aten.prod", "aten.var",
-                            "aten.std", "aten.any", "aten.all", "aten.argmax", "aten.argmin", "aten.logsumexp", "aten.norm",
-                            "aten.linalg_vector_norm"})
+ROW_REDUCTIONS = frozenset(
+    {
+        "aten.sum",
+        "aten.mean",
+        "aten.amax",
+        "aten.amin",
+        "aten.max",
+        "aten.min",
+        "aten.prod",
+        "aten.var",
+        "aten.std",
+        "aten.any",
+        "aten.all",
+        "aten.argmax",
+        "aten.argmin",
+        "aten.logsumexp",
+        "aten.norm",
+        "aten.linalg_vector_norm",
+    }
+)
 
 
 def _val(arg: Any) -> Any:

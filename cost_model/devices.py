@@ -43,7 +43,9 @@ class GemmModel:
     tile_m: int = 128
     tile_n: int = 128
     k_fill: float = 128.0  # per-tile prologue/epilogue, in elements of K
-    launch_us: Mapping[str, float] = field(default_factory=dict)  # per-dtype fixed cost (default: the device's kernel overhead)
+    launch_us: Mapping[str, float] = field(
+        default_factory=dict
+    )  # per-dtype fixed cost (default: the device's kernel overhead)
     # Main-loop time factor of an FP8 GEMM run with split accumulation (partial sums promoted to FP32
     # outside the tensor cores, cuBLASLt FAST_ACCUM off) over one accumulating in the tensor cores.
     # Per-tensor-scaled recipes run their data- and weight-gradient GEMMs so; 1.0: not modelled.
@@ -51,7 +53,9 @@ class GemmModel:
 
     def ceiling(self, dtype: str) -> float:
         if dtype not in self.efficiency:
-            raise TrexError(f"no GEMM efficiency for dtype {dtype!r}; the profile defines {', '.join(sorted(self.efficiency))}")
+            raise TrexError(
+                f"no GEMM efficiency for dtype {dtype!r}; the profile defines {', '.join(sorted(self.efficiency))}"
+            )
         return self.efficiency[dtype]
 
 
@@ -106,11 +110,17 @@ class DeviceProfile:
     calibrated: bool = False
     cache_mib: float = 0.0  # on-chip cache that serves small working sets (0: not modelled)
     cache_bandwidth_gbs: float = 0.0
-    op_overhead_us: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name, replaces kernel_overhead_us
+    op_overhead_us: Mapping[str, float] = field(
+        default_factory=dict
+    )  # per op kind or op name, replaces kernel_overhead_us
     vector_tflops: float = 0.0  # non-tensor-core element-wise throughput (0: the fp32 peak)
     op_bandwidth_gbs: Mapping[str, float] = field(default_factory=dict)  # per op kind or op name (calibrated CPUs)
-    host_op_us: float = 0.0  # host CPU time to issue one eager framework op (Python, dispatch, autograd, launch); 0: not modelled
-    row_overhead_ns: float = 0.0  # CPU element-wise kernels: per inner 1-D loop beyond the first (trex.cost_model.cpu_loops)
+    host_op_us: float = (
+        0.0  # host CPU time to issue one eager framework op (Python, dispatch, autograd, launch); 0: not modelled
+    )
+    row_overhead_ns: float = (
+        0.0  # CPU element-wise kernels: per inner 1-D loop beyond the first (trex.cost_model.cpu_loops)
+    )
     loop_call_overhead_ns: float = 0.0  # ... per 2-D loop call beyond the first
     # CPU row-wise kernels (trex.cost_model.cpu_rows): fp32 lanes per SIMD vector (0: not modelled),
     # ns per element of a softmax whose rows are shorter than a vector ({"forward", "backward"}), and
@@ -119,7 +129,9 @@ class DeviceProfile:
     scalar_softmax_ns: Mapping[str, float] = field(default_factory=dict)
     reduce_output_ns: Mapping[str, float] = field(default_factory=dict)
     comm_units: float = 0.0  # compute units an overlapped communication kernel occupies (0: overlap modelled as free)
-    _gemm_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the planner prices the same shapes often
+    _gemm_cache: dict = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )  # the planner prices the same shapes often
 
     def overhead_s(self, op: str, kind: str) -> float:
         """Fixed cost of launching one op: measured per op or per kind when calibrated."""
@@ -140,7 +152,9 @@ class DeviceProfile:
 
     def elementwise_time(self, flops: float, bytes_moved: float, kernels: float = 1.0) -> float:
         """An element-wise kernel: bound by memory traffic or by vector arithmetic, whichever is slower."""
-        return max(self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops())
+        return max(
+            self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops()
+        )
 
     def op_time(self, op: str, kind: str, flops: float, bytes_moved: float, loops: tuple[int, int] = (1, 1)) -> float:
         """One memory-bound op: its fixed cost plus the slowest of its traffic at the rate measured
@@ -148,7 +162,10 @@ class DeviceProfile:
         `loops` = (rows, 2-D calls) of a CPU element-wise kernel (`trex.cost_model.cpu_loops`) adds
         their per-loop costs beyond the single row and call a contiguous op pays."""
         rows, calls = loops
-        fixed = self.overhead_s(op, kind) + (max(rows - 1, 0) * self.row_overhead_ns + max(calls - 1, 0) * self.loop_call_overhead_ns) * 1e-9
+        fixed = (
+            self.overhead_s(op, kind)
+            + (max(rows - 1, 0) * self.row_overhead_ns + max(calls - 1, 0) * self.loop_call_overhead_ns) * 1e-9
+        )
         memory = self.memory_time(bytes_moved, 1) - self.kernel_overhead_s
         seconds = max(memory, flops / self.vector_flops())
         rate = self.op_bandwidth_gbs.get(op, self.op_bandwidth_gbs.get(kind))
@@ -160,7 +177,9 @@ class DeviceProfile:
     def peak_flops(self, dtype: str = "bf16") -> float:
         if dtype not in self.peak_tflops:
             have = ", ".join(sorted(self.peak_tflops))
-            raise TrexError(f"device {self.name!r} has no {dtype} throughput (it supports {have}); choose one of those precisions")
+            raise TrexError(
+                f"device {self.name!r} has no {dtype} throughput (it supports {have}); choose one of those precisions"
+            )
         return self.peak_tflops[dtype] * 1e12
 
     @property
@@ -183,8 +202,16 @@ class DeviceProfile:
         return dtype in self.peak_tflops
 
     # -- the three performance models ---------------------------------------------------------
-    def gemm_time(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1, out_bytes: float = 2.0,
-                  split_accumulation: bool = False) -> float:
+    def gemm_time(
+        self,
+        m: float,
+        n: float,
+        k: float,
+        dtype: str = "bf16",
+        groups: int = 1,
+        out_bytes: float = 2.0,
+        split_accumulation: bool = False,
+    ) -> float:
         """Seconds for `groups` GEMMs of [m,k] @ [k,n] each (a grouped GEMM when groups > 1).
 
         Each output tile runs a main loop over k (+ `k_fill` of pipeline fill) at the per-unit
@@ -205,7 +232,9 @@ class DeviceProfile:
             self._gemm_cache[key] = seconds
         return seconds
 
-    def _gemm_time(self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float, split: bool = False) -> float:
+    def _gemm_time(
+        self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float, split: bool = False
+    ) -> float:
         g = self.gemm
         tiles = groups * math.ceil(m / g.tile_m) * math.ceil(n / g.tile_n)
         units = g.compute_units
@@ -213,7 +242,10 @@ class DeviceProfile:
         per_unit_flops = self.peak_flops(dtype) * g.ceiling(dtype) / units / (g.split_accumulation if split else 1.0)
         busy = min(tiles, units)
         per_unit_bandwidth = self.hbm_bytes_per_s * self.memory_efficiency / busy
-        tile = 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) / per_unit_flops + g.tile_m * g.tile_n * out_bytes / per_unit_bandwidth
+        tile = (
+            2.0 * g.tile_m * g.tile_n * (k + g.k_fill) / per_unit_flops
+            + g.tile_m * g.tile_n * out_bytes / per_unit_bandwidth
+        )
         element = DTYPE_BYTES[dtype]
         traffic = groups * ((m * k + k * n) * element + m * n * out_bytes)
         memory = traffic / (self.hbm_bytes_per_s * self.memory_efficiency)
@@ -243,7 +275,11 @@ class DeviceProfile:
         memory = self.hbm_bytes_per_s * self.memory_efficiency
         if self.cache_mib > 0 and self.cache_bandwidth_gbs > 0 and kernels > 0:
             cached = min(bytes_moved, kernels * self.cache_mib * 2**20)
-            return kernels * self.kernel_overhead_s + cached / (self.cache_bandwidth_gbs * 1e9) + (bytes_moved - cached) / memory
+            return (
+                kernels * self.kernel_overhead_s
+                + cached / (self.cache_bandwidth_gbs * 1e9)
+                + (bytes_moved - cached) / memory
+            )
         return kernels * self.kernel_overhead_s + bytes_moved / memory
 
 
@@ -267,8 +303,12 @@ def ceiling_from_measurement(profile: DeviceProfile, dtype: str, fraction: float
     launch = g.launch_us[dtype] * 1e-6 if dtype in g.launch_us else profile.kernel_overhead_s
     main = target - launch - waves * epilogue
     if main <= 0:
-        raise TrexError(f"measured {fraction:.0%} of peak at {shape} is faster than the memory system allows; check the measurement")
-    return min(1.0, waves * 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) * g.compute_units / (profile.peak_flops(dtype) * main))
+        raise TrexError(
+            f"measured {fraction:.0%} of peak at {shape} is faster than the memory system allows; check the measurement"
+        )
+    return min(
+        1.0, waves * 2.0 * g.tile_m * g.tile_n * (k + g.k_fill) * g.compute_units / (profile.peak_flops(dtype) * main)
+    )
 
 
 def _with_ceilings(profile: DeviceProfile, measured: dict[str, tuple[float, tuple[int, int, int]]]) -> DeviceProfile:
@@ -278,17 +318,34 @@ def _with_ceilings(profile: DeviceProfile, measured: dict[str, tuple[float, tupl
     return replace(profile, gemm=replace(profile.gemm, efficiency=efficiency))
 
 
-def _nvidia(name: str, description: str, *, peak: dict[str, float], memory_gib: float, hbm_gbs: float, sms: int,
-            measured: dict[str, tuple[float, tuple[int, int, int]]], attention: AttentionModel, memory_efficiency: float,
-            sources: tuple[str, ...], split_accumulation: float = 1.0) -> DeviceProfile:
+def _nvidia(
+    name: str,
+    description: str,
+    *,
+    peak: dict[str, float],
+    memory_gib: float,
+    hbm_gbs: float,
+    sms: int,
+    measured: dict[str, tuple[float, tuple[int, int, int]]],
+    attention: AttentionModel,
+    memory_efficiency: float,
+    sources: tuple[str, ...],
+    split_accumulation: float = 1.0,
+) -> DeviceProfile:
     base = DeviceProfile(
         name=name,
         description=description,
         peak_tflops=peak,
         memory_gib=memory_gib,
         hbm_bandwidth_gbs=hbm_gbs,
-        gemm=GemmModel(compute_units=sms, efficiency={dtype: 0.8 for dtype in peak}, tile_m=128, tile_n=256, k_fill=64.0,
-                       split_accumulation=split_accumulation),
+        gemm=GemmModel(
+            compute_units=sms,
+            efficiency={dtype: 0.8 for dtype in peak},
+            tile_m=128,
+            tile_n=256,
+            k_fill=64.0,
+            split_accumulation=split_accumulation,
+        ),
         attention=attention,
         memory_efficiency=memory_efficiency,
         kernel_overhead_us=4.0,
@@ -349,19 +406,29 @@ _HOST_OP_SOURCE = "host op cost: TransformerEngine issue #2053, torch.nn.Linear 
 # reports >52% MFU at 8K NPUs after fusion, which needs GEMMs well above 70% of peak).
 _ASCEND_GEMM = 0.80
 _ASCEND_ATTENTION = AttentionModel(forward_efficiency=0.60, backward_efficiency=0.48, half_keys=512.0)
-_ASCEND_SOURCES = ("torchtitan-npu peak table (910B1-B4)", "Pangu Ultra report Sec. 4.1 (Atlas 800T A2)",
-                   "CloudMatrix384 paper, arXiv 2506.12708 (910C)")
+_ASCEND_SOURCES = (
+    "torchtitan-npu peak table (910B1-B4)",
+    "Pangu Ultra report Sec. 4.1 (Atlas 800T A2)",
+    "CloudMatrix384 paper, arXiv 2506.12708 (910C)",
+)
 
 
-def _ascend(name: str, description: str, *, bf16: float, memory_gib: float, hbm_gbs: float, cores: int) -> DeviceProfile:
+def _ascend(
+    name: str, description: str, *, bf16: float, memory_gib: float, hbm_gbs: float, cores: int
+) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         description=description,
         peak_tflops={"bf16": bf16, "fp16": bf16, "fp32": bf16 / 8.0},
         memory_gib=memory_gib,
         hbm_bandwidth_gbs=hbm_gbs,
-        gemm=GemmModel(compute_units=cores, efficiency={"bf16": _ASCEND_GEMM, "fp16": _ASCEND_GEMM, "fp32": _ASCEND_GEMM},
-                       tile_m=128, tile_n=256, k_fill=256.0),
+        gemm=GemmModel(
+            compute_units=cores,
+            efficiency={"bf16": _ASCEND_GEMM, "fp16": _ASCEND_GEMM, "fp32": _ASCEND_GEMM},
+            tile_m=128,
+            tile_n=256,
+            k_fill=256.0,
+        ),
         attention=_ASCEND_ATTENTION,
         memory_efficiency=0.80,
         kernel_overhead_us=8.0,  # host dispatch on CANN is slower than CUDA launches
@@ -379,13 +446,17 @@ def _uncalibrated_cpu() -> DeviceProfile:
         peak_tflops={"fp32": 0.02 * cores, "bf16": 0.005 * cores, "fp16": 0.005 * cores},
         memory_gib=8.0,
         hbm_bandwidth_gbs=10.0,
-        gemm=GemmModel(compute_units=cores, efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
+        gemm=GemmModel(
+            compute_units=cores, efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, tile_m=64, tile_n=64, k_fill=32.0
+        ),
         attention=AttentionModel(forward_efficiency=0.5, backward_efficiency=0.4, half_keys=64.0, block=0.0),
         memory_efficiency=1.0,
         kernel_overhead_us=10.0,
         reserved_memory_gib=0.5,
-        sources=("uncalibrated defaults for an unmeasured CPU, not measurements: estimates on `cpu` say so until `trex calibrate` "
-                 "replaces them",),
+        sources=(
+            "uncalibrated defaults for an unmeasured CPU, not measurements: estimates on `cpu` say so until `trex calibrate` "
+            "replaces them",
+        ),
     )
 
 
@@ -393,31 +464,84 @@ def _builtin_profiles() -> dict[str, DeviceProfile]:
     h100_peak = {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9}
     hopper_gemm = {"bf16": MAMF["h100"], "fp8": HOPPER_FP8_MEASURED}
     profiles = [
-        _nvidia("a100", "NVIDIA A100 SXM 80GB", peak={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, memory_gib=80, hbm_gbs=2039,
-                sms=108, measured={"bf16": MAMF["a100"]}, attention=_A100_ATTENTION,
-                memory_efficiency=0.85, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-2, Dao 2023")),
-        _nvidia("h100", "NVIDIA H100 SXM 80GB", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132, measured=hopper_gemm,
-                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-3, Shah et al. 2024",
-                                                                              _SPLIT_ACCUMULATION_SOURCE),
-                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
-        _nvidia("h800", "NVIDIA H800 SXM 80GB (H100 compute, reduced NVLink)", peak=h100_peak, memory_gib=80, hbm_gbs=3350, sms=132,
-                measured=hopper_gemm, attention=_HOPPER_ATTENTION, memory_efficiency=0.88,
-                sources=(_NVIDIA_DATASHEET, "DeepSeek-V3 technical report Sec. 3.2.2", _MAMF_SOURCE, _SPLIT_ACCUMULATION_SOURCE),
-                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
-        _nvidia("h200", "NVIDIA H200 SXM 141GB", peak=h100_peak, memory_gib=141, hbm_gbs=4800, sms=132, measured=hopper_gemm,
-                attention=_HOPPER_ATTENTION, memory_efficiency=0.88, sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, _SPLIT_ACCUMULATION_SOURCE),
-                split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION),
+        _nvidia(
+            "a100",
+            "NVIDIA A100 SXM 80GB",
+            peak={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+            memory_gib=80,
+            hbm_gbs=2039,
+            sms=108,
+            measured={"bf16": MAMF["a100"]},
+            attention=_A100_ATTENTION,
+            memory_efficiency=0.85,
+            sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-2, Dao 2023"),
+        ),
+        _nvidia(
+            "h100",
+            "NVIDIA H100 SXM 80GB",
+            peak=h100_peak,
+            memory_gib=80,
+            hbm_gbs=3350,
+            sms=132,
+            measured=hopper_gemm,
+            attention=_HOPPER_ATTENTION,
+            memory_efficiency=0.88,
+            sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, "FlashAttention-3, Shah et al. 2024", _SPLIT_ACCUMULATION_SOURCE),
+            split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION,
+        ),
+        _nvidia(
+            "h800",
+            "NVIDIA H800 SXM 80GB (H100 compute, reduced NVLink)",
+            peak=h100_peak,
+            memory_gib=80,
+            hbm_gbs=3350,
+            sms=132,
+            measured=hopper_gemm,
+            attention=_HOPPER_ATTENTION,
+            memory_efficiency=0.88,
+            sources=(
+                _NVIDIA_DATASHEET,
+                "DeepSeek-V3 technical report Sec. 3.2.2",
+                _MAMF_SOURCE,
+                _SPLIT_ACCUMULATION_SOURCE,
+            ),
+            split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION,
+        ),
+        _nvidia(
+            "h200",
+            "NVIDIA H200 SXM 141GB",
+            peak=h100_peak,
+            memory_gib=141,
+            hbm_gbs=4800,
+            sms=132,
+            measured=hopper_gemm,
+            attention=_HOPPER_ATTENTION,
+            memory_efficiency=0.88,
+            sources=(_NVIDIA_DATASHEET, _MAMF_SOURCE, _SPLIT_ACCUMULATION_SOURCE),
+            split_accumulation=HOPPER_FP8_SPLIT_ACCUMULATION,
+        ),
         _ascend("ascend-910b1", "Huawei Ascend 910B1 (64 GB)", bf16=373.88, memory_gib=64, hbm_gbs=1600, cores=24),
         _ascend("ascend-910b2", "Huawei Ascend 910B2 (64 GB)", bf16=353.89, memory_gib=64, hbm_gbs=1600, cores=24),
         _ascend("ascend-910b3", "Huawei Ascend 910B3 (64 GB)", bf16=294.91, memory_gib=64, hbm_gbs=1600, cores=20),
         _ascend("ascend-910b4", "Huawei Ascend 910B4 (32 GB)", bf16=245.76, memory_gib=32, hbm_gbs=800, cores=20),
-        _ascend("ascend-910c-die", "Huawei Ascend 910C, one die (software sees each die as one NPU)", bf16=376.0, memory_gib=64, hbm_gbs=1600, cores=24),
-        _ascend("ascend-910c", "Huawei Ascend 910C package (2 dies)", bf16=752.0, memory_gib=128, hbm_gbs=3200, cores=48),
+        _ascend(
+            "ascend-910c-die",
+            "Huawei Ascend 910C, one die (software sees each die as one NPU)",
+            bf16=376.0,
+            memory_gib=64,
+            hbm_gbs=1600,
+            cores=24,
+        ),
+        _ascend(
+            "ascend-910c", "Huawei Ascend 910C package (2 dies)", bf16=752.0, memory_gib=128, hbm_gbs=3200, cores=48
+        ),
         _uncalibrated_cpu(),
     ]
     table = {p.name: p for p in profiles}
     # The Atlas 800T A2 ships 910B1-B3 with 64 GB; "ascend-910b" names the B2, Pangu Ultra's device class.
-    table["ascend-910b"] = replace(table["ascend-910b2"], name="ascend-910b", description="Huawei Ascend 910B (910B2 figures), Atlas 800T A2")
+    table["ascend-910b"] = replace(
+        table["ascend-910b2"], name="ascend-910b", description="Huawei Ascend 910B (910B2 figures), Atlas 800T A2"
+    )
     return table
 
 
@@ -475,25 +599,36 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "row_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per inner loop row beyond the first"),
     "loop_call_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per 2-D loop call beyond the first"),
     "comm_units": ((int, float), "compute units an overlapped communication kernel occupies (0: overlap is free)"),
-    "vector_lanes": (int, "CPU: fp32 lanes per SIMD vector; softmax rows shorter than this run scalar (0: not modelled)"),
+    "vector_lanes": (
+        int,
+        "CPU: fp32 lanes per SIMD vector; softmax rows shorter than this run scalar (0: not modelled)",
+    ),
     "scalar_softmax_ns": (dict, "CPU: a table forward/backward = ns per element of a softmax on the scalar path"),
     "reduce_output_ns": (dict, "CPU: a table contiguous/strided = ns per output of a reduction"),
 }
 _REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbs", "peak_tflops", "gemm")
-_GEMM_FIELDS = {"compute_units": "number of SMs / AI cores", "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
-                "tile_m": "output tile rows", "tile_n": "output tile columns", "k_fill": "per-tile pipeline fill in elements of K",
-                "launch_us": "table of dtype = fixed microseconds per GEMM call",
-                "split_accumulation": "FP8 main-loop time factor with split (FP32-promoted) accumulation, >= 1 (1: not modelled)"}
-_ATTENTION_FIELDS = {"forward_efficiency": "fraction of BF16 peak (0-1]", "backward_efficiency": "fraction of BF16 peak (0-1]",
-                     "half_keys": "keys per query at half efficiency",
-                     "block": "query/key block of the fused causal kernel (0: the exact triangle; "
-                              "default 128, 0 for cpu)"}
+_GEMM_FIELDS = {
+    "compute_units": "number of SMs / AI cores",
+    "efficiency": "table of dtype = large-shape fraction of peak (0-1]",
+    "tile_m": "output tile rows",
+    "tile_n": "output tile columns",
+    "k_fill": "per-tile pipeline fill in elements of K",
+    "launch_us": "table of dtype = fixed microseconds per GEMM call",
+    "split_accumulation": "FP8 main-loop time factor with split (FP32-promoted) accumulation, >= 1 (1: not modelled)",
+}
+_ATTENTION_FIELDS = {
+    "forward_efficiency": "fraction of BF16 peak (0-1]",
+    "backward_efficiency": "fraction of BF16 peak (0-1]",
+    "half_keys": "keys per query at half efficiency",
+    "block": "query/key block of the fused causal kernel (0: the exact triangle; default 128, 0 for cpu)",
+}
 
 
 def _block(source: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise _fail(source, "device.attention.block", f"must be a number >= 0 (got {value!r})",
-                    _ATTENTION_FIELDS["block"])
+        raise _fail(
+            source, "device.attention.block", f"must be a number >= 0 (got {value!r})", _ATTENTION_FIELDS["block"]
+        )
     return float(value)
 
 
@@ -518,7 +653,9 @@ def _non_negative(source: str, field_name: str, value: Any, fix: str) -> float:
 def _check_known(source: str, prefix: str, table: Mapping[str, Any], known: Mapping[str, Any]) -> None:
     for key in table:
         if key not in known:
-            raise _fail(source, f"{prefix}{key}", "is not a profile field", f"valid fields here: {', '.join(sorted(known))}")
+            raise _fail(
+                source, f"{prefix}{key}", "is not a profile field", f"valid fields here: {', '.join(sorted(known))}"
+            )
 
 
 def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> DeviceProfile:
@@ -535,49 +672,98 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
     peak = {}
     for dtype, value in data["peak_tflops"].items():
         if dtype not in DTYPE_BYTES:
-            raise _fail(source, f"device.peak_tflops.{dtype}", "is not a known dtype", f"use one of {', '.join(DTYPE_BYTES)}")
+            raise _fail(
+                source, f"device.peak_tflops.{dtype}", "is not a known dtype", f"use one of {', '.join(DTYPE_BYTES)}"
+            )
         peak[dtype] = _positive(source, f"device.peak_tflops.{dtype}", value, "give dense TFLOP/s")
     if not peak:
         raise _fail(source, "device.peak_tflops", "is empty", "give at least one dtype, e.g. bf16 = 989.4")
     gemm_table = data["gemm"]
     _check_known(source, "device.gemm.", gemm_table, _GEMM_FIELDS)
     if "compute_units" not in gemm_table or "efficiency" not in gemm_table:
-        raise _fail(source, "device.gemm", "needs compute_units and efficiency", "add both (see `trex calibrate --help`)")
+        raise _fail(
+            source, "device.gemm", "needs compute_units and efficiency", "add both (see `trex calibrate --help`)"
+        )
     units = gemm_table["compute_units"]
     if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-        raise _fail(source, "device.gemm.compute_units", f"must be a positive integer (got {units!r})", _GEMM_FIELDS["compute_units"])
+        raise _fail(
+            source,
+            "device.gemm.compute_units",
+            f"must be a positive integer (got {units!r})",
+            _GEMM_FIELDS["compute_units"],
+        )
     efficiency_table = gemm_table["efficiency"]
     if not isinstance(efficiency_table, Mapping):
         raise _fail(source, "device.gemm.efficiency", "must be a table", _GEMM_FIELDS["efficiency"])
     efficiency = {}
     for dtype, value in efficiency_table.items():
         if dtype not in peak:
-            raise _fail(source, f"device.gemm.efficiency.{dtype}", "has no matching peak_tflops entry", f"add peak_tflops.{dtype} or remove it")
-        efficiency[dtype] = _positive(source, f"device.gemm.efficiency.{dtype}", value, "a fraction of peak in (0, 1]", at_most=1.0)
+            raise _fail(
+                source,
+                f"device.gemm.efficiency.{dtype}",
+                "has no matching peak_tflops entry",
+                f"add peak_tflops.{dtype} or remove it",
+            )
+        efficiency[dtype] = _positive(
+            source, f"device.gemm.efficiency.{dtype}", value, "a fraction of peak in (0, 1]", at_most=1.0
+        )
     missing = sorted(set(peak) - set(efficiency))
     if missing:
-        raise _fail(source, "device.gemm.efficiency", f"lacks {', '.join(missing)}", "give an efficiency for every dtype in peak_tflops")
+        raise _fail(
+            source,
+            "device.gemm.efficiency",
+            f"lacks {', '.join(missing)}",
+            "give an efficiency for every dtype in peak_tflops",
+        )
     gemm = GemmModel(
         compute_units=units,
         efficiency=efficiency,
         tile_m=int(_positive(source, "device.gemm.tile_m", gemm_table.get("tile_m", 128), _GEMM_FIELDS["tile_m"])),
         tile_n=int(_positive(source, "device.gemm.tile_n", gemm_table.get("tile_n", 128), _GEMM_FIELDS["tile_n"])),
         k_fill=float(gemm_table.get("k_fill", 128.0)),
-        launch_us={dtype: _positive(source, f"device.gemm.launch_us.{dtype}", value, _GEMM_FIELDS["launch_us"])
-                   for dtype, value in gemm_table.get("launch_us", {}).items()},
-        split_accumulation=_positive(source, "device.gemm.split_accumulation", gemm_table.get("split_accumulation", 1.0),
-                                     _GEMM_FIELDS["split_accumulation"]),
+        launch_us={
+            dtype: _positive(source, f"device.gemm.launch_us.{dtype}", value, _GEMM_FIELDS["launch_us"])
+            for dtype, value in gemm_table.get("launch_us", {}).items()
+        },
+        split_accumulation=_positive(
+            source,
+            "device.gemm.split_accumulation",
+            gemm_table.get("split_accumulation", 1.0),
+            _GEMM_FIELDS["split_accumulation"],
+        ),
     )
     if gemm.split_accumulation < 1.0:
-        raise _fail(source, "device.gemm.split_accumulation", f"must be >= 1 (got {gemm.split_accumulation})", _GEMM_FIELDS["split_accumulation"])
+        raise _fail(
+            source,
+            "device.gemm.split_accumulation",
+            f"must be >= 1 (got {gemm.split_accumulation})",
+            _GEMM_FIELDS["split_accumulation"],
+        )
     if gemm.k_fill < 0:
         raise _fail(source, "device.gemm.k_fill", f"must be >= 0 (got {gemm.k_fill})", _GEMM_FIELDS["k_fill"])
     attention_table = data.get("attention", {"forward_efficiency": 0.6, "backward_efficiency": 0.45})
     _check_known(source, "device.attention.", attention_table, _ATTENTION_FIELDS)
     attention = AttentionModel(
-        forward_efficiency=_positive(source, "device.attention.forward_efficiency", attention_table.get("forward_efficiency", 0.6), "(0, 1]", at_most=1.0),
-        backward_efficiency=_positive(source, "device.attention.backward_efficiency", attention_table.get("backward_efficiency", 0.45), "(0, 1]", at_most=1.0),
-        half_keys=_positive(source, "device.attention.half_keys", attention_table.get("half_keys", 256.0), _ATTENTION_FIELDS["half_keys"]),
+        forward_efficiency=_positive(
+            source,
+            "device.attention.forward_efficiency",
+            attention_table.get("forward_efficiency", 0.6),
+            "(0, 1]",
+            at_most=1.0,
+        ),
+        backward_efficiency=_positive(
+            source,
+            "device.attention.backward_efficiency",
+            attention_table.get("backward_efficiency", 0.45),
+            "(0, 1]",
+            at_most=1.0,
+        ),
+        half_keys=_positive(
+            source,
+            "device.attention.half_keys",
+            attention_table.get("half_keys", 256.0),
+            _ATTENTION_FIELDS["half_keys"],
+        ),
         block=_block(source, attention_table.get("block", 0.0 if data["name"] == "cpu" else 128.0)),
     )
     sources = data.get("sources", [])
@@ -588,27 +774,43 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
         description=data.get("description", data["name"]),
         peak_tflops=peak,
         memory_gib=_positive(source, "device.memory_gib", data["memory_gib"], _FIELDS["memory_gib"][1]),
-        hbm_bandwidth_gbs=_positive(source, "device.hbm_bandwidth_gbs", data["hbm_bandwidth_gbs"], _FIELDS["hbm_bandwidth_gbs"][1]),
+        hbm_bandwidth_gbs=_positive(
+            source, "device.hbm_bandwidth_gbs", data["hbm_bandwidth_gbs"], _FIELDS["hbm_bandwidth_gbs"][1]
+        ),
         gemm=gemm,
         attention=attention,
-        memory_efficiency=_positive(source, "device.memory_efficiency", data.get("memory_efficiency", 0.85), "a fraction in (0, 1]", at_most=1.0),
+        memory_efficiency=_positive(
+            source, "device.memory_efficiency", data.get("memory_efficiency", 0.85), "a fraction in (0, 1]", at_most=1.0
+        ),
         kernel_overhead_us=float(data.get("kernel_overhead_us", 4.0)),
         reserved_memory_gib=float(data.get("reserved_memory_gib", 0.0)),
         sources=tuple(sources),
         calibrated=bool(data.get("calibrated", False)),
         cache_mib=float(data.get("cache_mib", 0.0)),
         cache_bandwidth_gbs=float(data.get("cache_bandwidth_gbs", 0.0)),
-        op_overhead_us={key: _positive(source, f"device.op_overhead_us.{key}", value, "microseconds per call")
-                        for key, value in data.get("op_overhead_us", {}).items()},
+        op_overhead_us={
+            key: _positive(source, f"device.op_overhead_us.{key}", value, "microseconds per call")
+            for key, value in data.get("op_overhead_us", {}).items()
+        },
         vector_tflops=float(data.get("vector_tflops", 0.0)),
-        op_bandwidth_gbs={key: _positive(source, f"device.op_bandwidth_gbs.{key}", value, "GB/s")
-                          for key, value in data.get("op_bandwidth_gbs", {}).items()},
+        op_bandwidth_gbs={
+            key: _positive(source, f"device.op_bandwidth_gbs.{key}", value, "GB/s")
+            for key, value in data.get("op_bandwidth_gbs", {}).items()
+        },
         host_op_us=_non_negative(source, "device.host_op_us", data.get("host_op_us", 0.0), _FIELDS["host_op_us"][1]),
-        row_overhead_ns=_non_negative(source, "device.row_overhead_ns", data.get("row_overhead_ns", 0.0), _FIELDS["row_overhead_ns"][1]),
-        loop_call_overhead_ns=_non_negative(source, "device.loop_call_overhead_ns", data.get("loop_call_overhead_ns", 0.0),
-                                            _FIELDS["loop_call_overhead_ns"][1]),
+        row_overhead_ns=_non_negative(
+            source, "device.row_overhead_ns", data.get("row_overhead_ns", 0.0), _FIELDS["row_overhead_ns"][1]
+        ),
+        loop_call_overhead_ns=_non_negative(
+            source,
+            "device.loop_call_overhead_ns",
+            data.get("loop_call_overhead_ns", 0.0),
+            _FIELDS["loop_call_overhead_ns"][1],
+        ),
         comm_units=_non_negative(source, "device.comm_units", data.get("comm_units", 0.0), _FIELDS["comm_units"][1]),
-        vector_lanes=int(_non_negative(source, "device.vector_lanes", data.get("vector_lanes", 0), _FIELDS["vector_lanes"][1])),
+        vector_lanes=int(
+            _non_negative(source, "device.vector_lanes", data.get("vector_lanes", 0), _FIELDS["vector_lanes"][1])
+        ),
         scalar_softmax_ns=_row_table(source, "scalar_softmax_ns", data, ("forward", "backward")),
         reduce_output_ns=_row_table(source, "reduce_output_ns", data, ("contiguous", "strided")),
     )
@@ -624,13 +826,17 @@ def read_profile_file(path: str | Path) -> dict[str, Any]:
     """Parse a TOML or JSON file into a dict, with the parser's line and column on error."""
     path = Path(path)
     if not path.exists():
-        raise TrexError(f"profile file {path} does not exist; write one (TOML or JSON) or run `trex calibrate` to create the cpu profile")
+        raise TrexError(
+            f"profile file {path} does not exist; write one (TOML or JSON) or run `trex calibrate` to create the cpu profile"
+        )
     text = path.read_text()
     if path.suffix == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as error:
-            raise TrexError(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+            raise TrexError(
+                f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+            ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -666,12 +872,21 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "reduce_output_ns": dict(profile.reduce_output_ns),
             "sources": list(profile.sources),
             "peak_tflops": dict(profile.peak_tflops),
-            "gemm": {"compute_units": profile.gemm.compute_units, "tile_m": profile.gemm.tile_m, "tile_n": profile.gemm.tile_n,
-                     "k_fill": profile.gemm.k_fill, "efficiency": dict(profile.gemm.efficiency), "launch_us": dict(profile.gemm.launch_us),
-                     "split_accumulation": profile.gemm.split_accumulation},
-            "attention": {"forward_efficiency": profile.attention.forward_efficiency,
-                          "backward_efficiency": profile.attention.backward_efficiency,
-                          "half_keys": profile.attention.half_keys, "block": profile.attention.block},
+            "gemm": {
+                "compute_units": profile.gemm.compute_units,
+                "tile_m": profile.gemm.tile_m,
+                "tile_n": profile.gemm.tile_n,
+                "k_fill": profile.gemm.k_fill,
+                "efficiency": dict(profile.gemm.efficiency),
+                "launch_us": dict(profile.gemm.launch_us),
+                "split_accumulation": profile.gemm.split_accumulation,
+            },
+            "attention": {
+                "forward_efficiency": profile.attention.forward_efficiency,
+                "backward_efficiency": profile.attention.backward_efficiency,
+                "half_keys": profile.attention.half_keys,
+                "block": profile.attention.block,
+            },
         }
     }
 
@@ -685,4 +900,3 @@ def save_device_profile(profile: DeviceProfile, path: str | Path) -> Path:
     data = device_profile_to_dict(profile)
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))
     return path
-

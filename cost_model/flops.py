@@ -25,16 +25,24 @@ from trex.cost_model.model_spec import LayerSpec, ModelSpec
 def _layer_megatron_forward(layer: LayerSpec, hidden: int, seq: int, causal_halving: bool) -> float:
     gemms = sum(lin.flops_per_token for lin in layer.linears if lin.model_flops)
     experts = layer.moe.expert_flops_per_token(hidden) if layer.moe else 0
-    attention = sum(core.flops_per_token(core.megatron_keys(seq) if causal_halving else (seq if core.window is None and not core.compress_rate
-                                                                                          else core.keys_per_query(seq)))
-                    for core in layer.attention)
+    attention = sum(
+        core.flops_per_token(
+            core.megatron_keys(seq)
+            if causal_halving
+            else (seq if core.window is None and not core.compress_rate else core.keys_per_query(seq))
+        )
+        for core in layer.attention
+    )
     return gemms + experts + attention
 
 
 def megatron_flops_per_token(spec: ModelSpec, seq: int, *, causal_halving: bool = True) -> float:
     """Training FLOPs per token under Megatron's per-GEMM convention (see module docstring)."""
     kinds = spec.layer_kinds
-    forward = sum(n * _layer_megatron_forward(kinds[kind], spec.hidden_size, seq, causal_halving) for kind, n in spec.kind_counts.items())
+    forward = sum(
+        n * _layer_megatron_forward(kinds[kind], spec.hidden_size, seq, causal_halving)
+        for kind, n in spec.kind_counts.items()
+    )
     head = 2 * spec.hidden_size * spec.vocab_size * (1 + len(spec.mtp_layers))
     return 3.0 * (forward + head)
 

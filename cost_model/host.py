@@ -32,8 +32,16 @@ from typing import Any, Protocol
 from trex.errors import TrexError
 
 # Ops that launch one GEMM per local expert (grouped GEMMs and the fused expert MLP).
-EXPERT_GEMM_OPS = frozenset({"aten._grouped_mm", "aten._scaled_grouped_mm", "trex.grouped_mm", "trex.grouped_mm_weight_grad",
-                             "trex.moe_experts", "trex.moe_experts_backward"})
+EXPERT_GEMM_OPS = frozenset(
+    {
+        "aten._grouped_mm",
+        "aten._scaled_grouped_mm",
+        "trex.grouped_mm",
+        "trex.grouped_mm_weight_grad",
+        "trex.moe_experts",
+        "trex.moe_experts_backward",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -94,10 +102,17 @@ def host_ops_for(structure: str) -> HostOps:
     """The stored count of a layer structure, e.g. "qwen3-moe.moe" (see data/host_ops.toml)."""
     table = _table()
     if structure not in table:
-        raise TrexError(f"no host-op count for layer structure {structure!r}; data/host_ops.toml has {', '.join(sorted(table))}")
+        raise TrexError(
+            f"no host-op count for layer structure {structure!r}; data/host_ops.toml has {', '.join(sorted(table))}"
+        )
     entry = table[structure]
-    return HostOps(int(entry["forward"]), int(entry["backward"]), int(entry.get("expert_gemms_forward", 0)),
-                   int(entry.get("expert_gemms_backward", 0)), str(entry.get("source", "")))
+    return HostOps(
+        int(entry["forward"]),
+        int(entry["backward"]),
+        int(entry.get("expert_gemms_forward", 0)),
+        int(entry.get("expert_gemms_backward", 0)),
+        str(entry.get("source", "")),
+    )
 
 
 def segment_time(host_s: float, device_s: float) -> float:
@@ -129,8 +144,10 @@ def chunk_host_wait(parts: Iterable[tuple[HostAndDeviceTimes, int]]) -> tuple[fl
     """
     parts = list(parts)
     synced = sum(n * segment_time(p.host_forward_s, p.device_forward_s) for p, n in parts if p.syncs_host)
-    free = segment_time(sum(n * p.host_forward_s for p, n in parts if not p.syncs_host),
-                        sum(n * p.device_forward_s for p, n in parts if not p.syncs_host))
+    free = segment_time(
+        sum(n * p.host_forward_s for p, n in parts if not p.syncs_host),
+        sum(n * p.device_forward_s for p, n in parts if not p.syncs_host),
+    )
     device_forward = sum(n * p.device_forward_s for p, n in parts)
     device_backward = sum(n * p.device_backward_s for p, n in parts)
     backward = segment_time(sum(n * p.host_backward_s for p, n in parts), device_backward)

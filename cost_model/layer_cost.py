@@ -38,7 +38,6 @@ from trex.cost_model.model_spec import AttentionCore, LayerSpec, Linear, ModelSp
 from trex.cost_model.parallel import ParallelConfig, RankLayout
 
 
-
 @dataclass(frozen=True)
 class OpTime:
     """One priced part of a layer (for traces and explanations)."""
@@ -57,9 +56,16 @@ class OpTime:
 
     def to_dict(self) -> dict[str, float | str]:
         executed = self.forward_s + self.backward_s + self.recompute_s
-        return {"name": self.name, "category": self.category, "forward_s": self.forward_s, "backward_s": self.backward_s,
-                "recompute_s": self.recompute_s, "flops": self.flops, "bytes": self.bytes,
-                "tflops": self.flops / executed / 1e12 if self.flops and executed else None}
+        return {
+            "name": self.name,
+            "category": self.category,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "recompute_s": self.recompute_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "tflops": self.flops / executed / 1e12 if self.flops and executed else None,
+        }
 
 
 @dataclass
@@ -103,11 +109,20 @@ class LayerCost:
 
     def to_dict(self) -> dict[str, object]:
         """Times of one micro-batch on one device; `ops` only when priced with detail."""
-        return {"forward_s": self.forward_s, "backward_s": self.backward_s, "recompute_s": self.recompute_s,
-                "exposed_comm_forward_s": self.comm_forward_s, "exposed_comm_backward_s": self.comm_backward_s,
-                "comm_before_overlap_s": self.comm_total_s, "flops": self.flops, "saved_bytes": self.saved_bytes,
-                "host_forward_s": self.host_forward_s, "host_backward_s": self.host_backward_s, "syncs_host": self.syncs_host,
-                "ops": [op.to_dict() for op in self.ops]}
+        return {
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "recompute_s": self.recompute_s,
+            "exposed_comm_forward_s": self.comm_forward_s,
+            "exposed_comm_backward_s": self.comm_backward_s,
+            "comm_before_overlap_s": self.comm_total_s,
+            "flops": self.flops,
+            "saved_bytes": self.saved_bytes,
+            "host_forward_s": self.host_forward_s,
+            "host_backward_s": self.host_backward_s,
+            "syncs_host": self.syncs_host,
+            "ops": [op.to_dict() for op in self.ops],
+        }
 
     def add(self, other: LayerCost) -> None:
         self.forward_s += other.forward_s
@@ -149,7 +164,17 @@ class CostContext:
             size, stride = layout.groups[kind]
             return cluster.strided_placement(size, stride)
 
-        return cls(plan, cluster.device, cluster, plan.mbs * plan.seq // plan.cp, place("tp"), place("cp"), place("ep"), place("etp"), detail)
+        return cls(
+            plan,
+            cluster.device,
+            cluster,
+            plan.mbs * plan.seq // plan.cp,
+            place("tp"),
+            place("cp"),
+            place("ep"),
+            place("etp"),
+            detail,
+        )
 
     @property
     def sp_tokens(self) -> float:
@@ -234,16 +259,18 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
     split = ctx.fp8_split_backward
     backward = 0.0
     if lin.backward:  # data gradient, weight gradient
-        backward = (dgrad_chunks * device.gemm_time(m / dgrad_chunks, k, n, dtype, groups, split_accumulation=split)
-                    + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes, split_accumulation=split))
+        backward = dgrad_chunks * device.gemm_time(
+            m / dgrad_chunks, k, n, dtype, groups, split_accumulation=split
+        ) + device.gemm_time(k, n, m, dtype, groups, ctx.wgrad_out_bytes, split_accumulation=split)
     if sharded:
         cost.tp_gemm_forward_s += forward
         cost.tp_gemm_backward_s += backward
     if dtype == "fp8":  # quantise the input (forward) and the incoming gradient + input transpose (backward)
         forward += ctx.fp8_quantize_time(m * k * groups, sharded and lin.parallel == "column")
         if lin.backward:
-            backward += (ctx.fp8_quantize_time(m * n * groups, sharded and lin.parallel == "row")
-                         + device.memory_time(3.0 * m * k * groups, 1))
+            backward += ctx.fp8_quantize_time(m * n * groups, sharded and lin.parallel == "row") + device.memory_time(
+                3.0 * m * k * groups, 1
+            )
     flops = 2.0 * m * n * k * groups
     recompute = recompute and lin.backward  # nothing of a forward-only GEMM is kept for a backward
     runs = (3 if lin.backward else 1) + (1 if recompute else 0)  # forward, data and weight gradients, recompute
@@ -257,8 +284,9 @@ def _linear(lin: Linear, ctx: CostContext, cost: LayerCost, recompute: bool) -> 
         # matrices each time (the ring's sub-GEMMs read the weight once per chunk)
         nbytes = chunks * (1 + (1 if recompute else 0)) * gemm_operand_bytes(m / chunks, n, k, dtype, groups)
         if lin.backward:  # data gradient (ring sub-GEMMs when row-parallel) and weight gradient (whole)
-            nbytes += (dgrad_chunks * gemm_operand_bytes(m / dgrad_chunks, n, k, dtype, groups)
-                       + gemm_operand_bytes(m, n, k, dtype, groups))
+            nbytes += dgrad_chunks * gemm_operand_bytes(m / dgrad_chunks, n, k, dtype, groups) + gemm_operand_bytes(
+                m, n, k, dtype, groups
+            )
         cost.ops.append(OpTime(lin.name, "gemm", forward, backward, redo, flops * runs, nbytes))
 
 
@@ -293,7 +321,9 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
     if unfused:
         batch = max(1, round(plan.mbs * heads))
         rows = tokens / plan.mbs
-        forward = device.gemm_time(rows, keys, core.qk_head_dim, "bf16", batch) + device.gemm_time(rows, core.v_head_dim, keys, "bf16", batch)
+        forward = device.gemm_time(rows, keys, core.qk_head_dim, "bf16", batch) + device.gemm_time(
+            rows, core.v_head_dim, keys, "bf16", batch
+        )
         backward = 2 * forward if core.backward else 0.0
         # QK^T and PV forward; each backward GEMM pair (dQ, dK; dP, dV) reads and writes the same matrices again
         scores = gemm_operand_bytes(rows, keys, core.qk_head_dim, "bf16", batch)
@@ -330,7 +360,9 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
         executed = forward_flops * (2 if recompute else 1) + backward_flops
         cost.ops.append(OpTime(core.name, "attention", forward, backward, redo, executed, operand_bytes))
         if comm:
-            cost.ops.append(OpTime(f"{core.name}.cp_ring", "cp_comm", exposed_f, exposed_b + (exposed_f if recompute else 0.0), 0.0))
+            cost.ops.append(
+                OpTime(f"{core.name}.cp_ring", "cp_comm", exposed_f, exposed_b + (exposed_f if recompute else 0.0), 0.0)
+            )
 
 
 def _expected_nodes_hit(nodes: int, top_k: int, moe: MoESpec, ep: int) -> float:
@@ -360,8 +392,10 @@ def _dispatch_time(moe: MoESpec, hidden: int, ctx: CostContext, rows_per_token: 
         remote_nodes = hit * (nodes - 1) / nodes
         outer_bytes = tokens * remote_nodes * hidden * 2.0 * rows_per_token
         inner_bytes = per_rank * (inner.fanout - 1) / inner.fanout  # forwarding to the GPUs holding the experts
-        seconds = max(collectives.tier_transfer(level.tier, b, level.fanout - 1)
-                      for level, b in ((placement.levels[-1], outer_bytes), (inner, inner_bytes)))
+        seconds = max(
+            collectives.tier_transfer(level.tier, b, level.fanout - 1)
+            for level, b in ((placement.levels[-1], outer_bytes), (inner, inner_bytes))
+        )
         return seconds, outer_bytes + inner_bytes
     return collectives.all_to_all(per_rank, placement), per_rank * (placement.size - 1) / placement.size
 
@@ -380,8 +414,9 @@ def _moe(moe: MoESpec, hidden: int, ctx: CostContext, cost: LayerCost, modules: 
         operand_bytes += gemm_operand_bytes(per_expert, n, k, dtype, local_experts) * (4 if redo_experts else 3)
         split = ctx.fp8_split_backward
         f = device.gemm_time(per_expert, n, k, dtype, local_experts)
-        b = (device.gemm_time(per_expert, k, n, dtype, local_experts, split_accumulation=split)
-             + device.gemm_time(k, n, per_expert, dtype, local_experts, ctx.wgrad_out_bytes, split_accumulation=split))
+        b = device.gemm_time(per_expert, k, n, dtype, local_experts, split_accumulation=split) + device.gemm_time(
+            k, n, per_expert, dtype, local_experts, ctx.wgrad_out_bytes, split_accumulation=split
+        )
         if dtype == "fp8":
             f += ctx.fp8_quantize_time(rows * k, False)
             b += ctx.fp8_quantize_time(rows * n, False) + device.memory_time(3.0 * rows * k, 1)
@@ -456,7 +491,11 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
         for c in layer.tp_collectives:
             nbytes = c.bytes_per_token * ctx.tokens
             if plan.sequence_parallel:
-                tp_forward += collectives.all_gather(nbytes, ctx.tp) if c.kind == "all_gather" else collectives.reduce_scatter(nbytes, ctx.tp)
+                tp_forward += (
+                    collectives.all_gather(nbytes, ctx.tp)
+                    if c.kind == "all_gather"
+                    else collectives.reduce_scatter(nbytes, ctx.tp)
+                )
             elif c.kind == "reduce_scatter":
                 tp_forward += collectives.all_reduce(nbytes, ctx.tp)
     tp_backward = tp_forward + (tp_forward if full else 0.0)
@@ -479,7 +518,9 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
     fp8 = plan.precision == "fp8"
     for s in layer.saved:
         tokens = ctx.sp_tokens if s.tp_sharded else float(ctx.tokens)
-        nbytes = s.bytes_per_token * tokens * (imbalance if s.moe_rows else 1.0) * (0.5 if fp8 and s.gemm_input else 1.0)
+        nbytes = (
+            s.bytes_per_token * tokens * (imbalance if s.moe_rows else 1.0) * (0.5 if fp8 and s.gemm_input else 1.0)
+        )
         all_saved += nbytes
         dropped = s.tag and (s.tag in modules or (s.tag == "moe_act" and "moe" in modules))
         if not dropped:
@@ -527,7 +568,9 @@ def head_cost(spec: ModelSpec, ctx: CostContext, predictions: int) -> LayerCost:
     for _ in range(predictions):
         _linear(head, ctx, cost, False)
         logits = ctx.tokens * vocab_shard
-        forward = device.memory_time(logits * 2.0 * 3 + ctx.sp_tokens * spec.hidden_size * 4.0, 4)  # write, softmax pass, norm
+        forward = device.memory_time(
+            logits * 2.0 * 3 + ctx.sp_tokens * spec.hidden_size * 4.0, 4
+        )  # write, softmax pass, norm
         backward = device.memory_time(logits * 2.0 * 2, 2)
         cost.forward_s += forward
         cost.backward_s += backward
@@ -536,7 +579,11 @@ def head_cost(spec: ModelSpec, ctx: CostContext, predictions: int) -> LayerCost:
         if plan.tp > 1:
             nbytes = ctx.tokens * spec.hidden_size * 2.0
             gather = collectives.all_gather(nbytes, ctx.tp) if plan.sequence_parallel else 0.0
-            scatter = collectives.reduce_scatter(nbytes, ctx.tp) if plan.sequence_parallel else collectives.all_reduce(nbytes, ctx.tp)
+            scatter = (
+                collectives.reduce_scatter(nbytes, ctx.tp)
+                if plan.sequence_parallel
+                else collectives.all_reduce(nbytes, ctx.tp)
+            )
             stats = collectives.all_reduce(ctx.tokens * 12.0, ctx.tp)
             cost.comm_forward_s += gather + stats
             cost.comm_backward_s += scatter
@@ -555,7 +602,11 @@ def embedding_cost(spec: ModelSpec, ctx: CostContext) -> LayerCost:
     cost.forward_s = device.memory_time(nbytes + ctx.sp_tokens * width * 2.0, 2)
     cost.backward_s = device.memory_time(2 * nbytes, 2)
     if plan.tp > 1:
-        comm = collectives.reduce_scatter(nbytes, ctx.tp) if plan.sequence_parallel else collectives.all_reduce(nbytes, ctx.tp)
+        comm = (
+            collectives.reduce_scatter(nbytes, ctx.tp)
+            if plan.sequence_parallel
+            else collectives.all_reduce(nbytes, ctx.tp)
+        )
         cost.comm_forward_s = comm
         cost.comm_backward_s = comm
         cost.comm_total_s = 2 * comm

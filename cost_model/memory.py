@@ -34,7 +34,9 @@ class ParamCounts:
         return ParamCounts(self.dense * factor, self.expert * factor, self.muon * factor, self.fp8_gemm * factor)
 
     def __add__(self, other: ParamCounts) -> ParamCounts:
-        return ParamCounts(self.dense + other.dense, self.expert + other.expert, self.muon + other.muon, self.fp8_gemm + other.fp8_gemm)
+        return ParamCounts(
+            self.dense + other.dense, self.expert + other.expert, self.muon + other.muon, self.fp8_gemm + other.fp8_gemm
+        )
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,9 @@ class MemoryEstimate:
         }
 
 
-def static_memory(params: ParamCounts, *, dp: int, edp: int, zero: int, precision: str, grad_dtype: str, state_dtype: str,
-                  muon: bool) -> tuple[float, float, float]:
+def static_memory(
+    params: ParamCounts, *, dp: int, edp: int, zero: int, precision: str, grad_dtype: str, state_dtype: str, muon: bool
+) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes for the parameters on one device."""
     weight_bytes = 4.0 if precision == "fp32" else 2.0
     shard_dense, shard_expert = (dp, edp)
@@ -92,8 +95,18 @@ def activation_memory(chunk_saved: list[float], in_flight: list[int]) -> float:
     return sum(saved * count for saved, count in zip(chunk_saved, in_flight))
 
 
-def optimizer_step_time(params: ParamCounts, device: DeviceProfile, *, dp: int, edp: int, zero: int, grad_dtype: str, state_dtype: str,
-                        muon: bool, muon_flops: float) -> float:
+def optimizer_step_time(
+    params: ParamCounts,
+    device: DeviceProfile,
+    *,
+    dp: int,
+    edp: int,
+    zero: int,
+    grad_dtype: str,
+    state_dtype: str,
+    muon: bool,
+    muon_flops: float,
+) -> float:
     """A memory-bound element-wise update over this device's optimizer shard (+ Muon's Newton-Schulz)."""
     shard = params.dense / (dp if zero >= 1 else 1) + params.expert / (edp if zero >= 1 else 1)
     g, s = DTYPE_BYTES[grad_dtype], DTYPE_BYTES[state_dtype]

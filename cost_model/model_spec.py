@@ -57,7 +57,9 @@ class Linear:
 
     @property
     def params(self) -> int:
-        return self.groups * self.in_features * self.out_features + (self.groups * self.out_features if self.bias else 0)
+        return self.groups * self.in_features * self.out_features + (
+            self.groups * self.out_features if self.bias else 0
+        )
 
     @property
     def flops_per_token(self) -> int:
@@ -282,8 +284,10 @@ class ModelSpec:
             kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
         stack = ", ".join(f"{n}x {k}" for k, n in kinds.items())
         mtp = f" + {len(self.mtp_layers)} MTP" if self.mtp_layers else ""
-        return (f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
-                f"hidden {self.hidden_size}, vocab {self.vocab_size}, {self.num_layers} layers ({stack}){mtp}")
+        return (
+            f"{self.name}: {self.total_params / 1e9:.1f}B params ({self.active_params / 1e9:.1f}B active), "
+            f"hidden {self.hidden_size}, vocab {self.vocab_size}, {self.num_layers} layers ({stack}){mtp}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +309,16 @@ class _Block:
     extra_params: int = 0
     moe: MoESpec | None = None
 
-    def norm(self, name: str, width: int, *, tag: str = "layernorm", sharded: bool = True, weighted: bool = True, save_output: bool = True) -> None:
+    def norm(
+        self,
+        name: str,
+        width: int,
+        *,
+        tag: str = "layernorm",
+        sharded: bool = True,
+        weighted: bool = True,
+        save_output: bool = True,
+    ) -> None:
         """A LayerNorm/RMSNorm: reads and writes `width`; its input is kept, its output (the next
         GEMM's input) is kept unless the `layernorm` recompute module drops it."""
         self.pointwise.append(Pointwise(name, 2 * width * A + 8, 1, tag=tag, tp_sharded=sharded))
@@ -314,13 +327,39 @@ class _Block:
             self.saved.append(Saved(f"{name}.output", width * A, tag, sharded, gemm_input=True))
         self.norm_params += width if weighted else 0
 
-    def build(self, kind: str, hidden: int, residual_streams: int = 1, muon: tuple[tuple[int, int, int], ...] = ()) -> LayerSpec:
-        return LayerSpec(kind, tuple(self.linears), tuple(self.attention), self.moe, tuple(self.pointwise), tuple(self.saved),
-                         tuple(self.tp), self.norm_params, self.extra_params, residual_streams * hidden * A, muon)
+    def build(
+        self, kind: str, hidden: int, residual_streams: int = 1, muon: tuple[tuple[int, int, int], ...] = ()
+    ) -> LayerSpec:
+        return LayerSpec(
+            kind,
+            tuple(self.linears),
+            tuple(self.attention),
+            self.moe,
+            tuple(self.pointwise),
+            tuple(self.saved),
+            tuple(self.tp),
+            self.norm_params,
+            self.extra_params,
+            residual_streams * hidden * A,
+            muon,
+        )
 
 
-def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, qk_norm: bool, layer_norm: str = "input_layernorm",
-                   window: int | None = None, dropout: bool = False, sandwich: bool = False, sinks: bool = False) -> None:
+def _gqa_attention(
+    b: _Block,
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    qkv_bias: bool,
+    qk_norm: bool,
+    layer_norm: str = "input_layernorm",
+    window: int | None = None,
+    dropout: bool = False,
+    sandwich: bool = False,
+    sinks: bool = False,
+) -> None:
     b.tp.append(TPCollective("all_gather", hidden * A, "attention input"))
     b.norm(layer_norm, hidden)
     q, kv = heads * head_dim, kv_heads * head_dim
@@ -330,7 +369,9 @@ def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_di
         b.norm_params += 2 * head_dim
     b.pointwise.append(Pointwise("rope", 2 * (q + kv) * A, 1))
     b.saved.append(Saved("q_k_v", (q + 2 * kv) * A))
-    b.attention.append(AttentionCore("attention", heads, kv_heads, head_dim, head_dim, window=window, dropout=dropout, sinks=sinks))
+    b.attention.append(
+        AttentionCore("attention", heads, kv_heads, head_dim, head_dim, window=window, dropout=dropout, sinks=sinks)
+    )
     if sinks:
         b.extra_params += heads  # one learned sink logit per head
     b.saved.append(Saved("attention_output", q * A, gemm_input=True))
@@ -341,8 +382,17 @@ def _gqa_attention(b: _Block, *, hidden: int, heads: int, kv_heads: int, head_di
     b.pointwise.append(Pointwise("residual_add", 3 * hidden * A))
 
 
-def _dense_mlp(b: _Block, *, hidden: int, ffn: int, gated: bool, bias: bool = False, dropout: bool = False, sandwich: bool = False,
-               norm_name: str = "post_attention_layernorm") -> None:
+def _dense_mlp(
+    b: _Block,
+    *,
+    hidden: int,
+    ffn: int,
+    gated: bool,
+    bias: bool = False,
+    dropout: bool = False,
+    sandwich: bool = False,
+    norm_name: str = "post_attention_layernorm",
+) -> None:
     b.tp.append(TPCollective("all_gather", hidden * A, "mlp input"))
     b.norm(norm_name, hidden)
     fc1 = ffn * (2 if gated else 1)
@@ -359,28 +409,43 @@ def _dense_mlp(b: _Block, *, hidden: int, ffn: int, gated: bool, bias: bool = Fa
     b.pointwise.append(Pointwise("residual_add", (3 * hidden + (hidden if dropout else 0)) * A))
 
 
-def _moe_block(b: _Block, *, hidden: int, moe: MoESpec, shared_gate: bool = False,
-               norm_name: str = "post_attention_layernorm", router_dtype: str = "") -> None:
+def _moe_block(
+    b: _Block,
+    *,
+    hidden: int,
+    moe: MoESpec,
+    shared_gate: bool = False,
+    norm_name: str = "post_attention_layernorm",
+    router_dtype: str = "",
+) -> None:
     b.norm(norm_name, hidden)
     b.moe = moe
-    b.linears.append(Linear("router", hidden, moe.num_experts, "sequence", tag="moe", model_flops=False, fp8=False,
-                            dtype=router_dtype))
+    b.linears.append(
+        Linear(
+            "router", hidden, moe.num_experts, "sequence", tag="moe", model_flops=False, fp8=False, dtype=router_dtype
+        )
+    )
     b.pointwise.append(Pointwise("router.topk_softmax", moe.num_experts * 4 * 3 + moe.top_k * 12, 3, tag="moe"))
     k = moe.top_k
     # dispatch permutation (gather rows), expert activations, un-permute + weighted sum
     b.pointwise.append(Pointwise("moe.permute", (1 + k) * hidden * A, 2, tag="moe"))
     b.saved.append(Saved("moe.expert_input", k * hidden * A, "moe", moe_rows=True, gemm_input=True))
     b.saved.append(Saved("moe.fc1_output", k * moe.fc1_out * A, "moe", moe_rows=True))
-    b.pointwise.append(Pointwise("moe.activation", k * (moe.fc1_out + moe.expert_ffn) * A, 1, tag="moe_act", moe_rows=True))
+    b.pointwise.append(
+        Pointwise("moe.activation", k * (moe.fc1_out + moe.expert_ffn) * A, 1, tag="moe_act", moe_rows=True)
+    )
     b.saved.append(Saved("moe.activation_output", k * moe.expert_ffn * A, "moe_act", moe_rows=True, gemm_input=True))
     b.saved.append(Saved("moe.expert_output", k * hidden * A, "moe", moe_rows=True))
     b.pointwise.append(Pointwise("moe.unpermute", (k + 1) * hidden * A, 2, tag="moe"))
     if moe.shared_ffn:
         b.tp.append(TPCollective("all_gather", hidden * A, "shared expert input"))
         fc1 = 2 * moe.shared_ffn if moe.gated else moe.shared_ffn
-        b.linears.append(Linear("shared_expert.fc1", hidden, fc1, "column", tag="shared_experts",
-                                splits=2 if moe.gated else 1))
-        b.saved.append(Saved("shared_expert.fc1_output", (2 if moe.gated else 1) * moe.shared_ffn * A, "shared_experts"))
+        b.linears.append(
+            Linear("shared_expert.fc1", hidden, fc1, "column", tag="shared_experts", splits=2 if moe.gated else 1)
+        )
+        b.saved.append(
+            Saved("shared_expert.fc1_output", (2 if moe.gated else 1) * moe.shared_ffn * A, "shared_experts")
+        )
         b.pointwise.append(Pointwise("shared_expert.activation", 3 * moe.shared_ffn * A, 1, tag="shared_experts"))
         b.saved.append(Saved("shared_expert.activation_output", moe.shared_ffn * A, "shared_experts", gemm_input=True))
         b.linears.append(Linear("shared_expert.fc2", moe.shared_ffn, hidden, "row", tag="shared_experts"))
@@ -390,7 +455,9 @@ def _moe_block(b: _Block, *, hidden: int, moe: MoESpec, shared_gate: bool = Fals
     b.pointwise.append(Pointwise("residual_add", 3 * hidden * A))
 
 
-def _mla_attention(b: _Block, *, hidden: int, heads: int, q_lora: int | None, kv_lora: int, nope: int, rope: int, v_dim: int) -> None:
+def _mla_attention(
+    b: _Block, *, hidden: int, heads: int, q_lora: int | None, kv_lora: int, nope: int, rope: int, v_dim: int
+) -> None:
     """DeepSeek-V2/V3 multi-head latent attention as Megatron runs it: down-projections on the
     sequence-parallel shard, the small latents all-gathered, up-projections column-parallel."""
     b.norm("input_layernorm", hidden)
@@ -427,7 +494,9 @@ def _cfg(config: Any, *names: str, default: Any = None, required: bool = True) -
     if default is not None or not required:
         return default
     model_type = getattr(config, "model_type", "?")
-    raise TrexError(f"config (model_type {model_type!r}) lacks field {' / '.join(names)}; the cost model needs it to describe the model")
+    raise TrexError(
+        f"config (model_type {model_type!r}) lacks field {' / '.join(names)}; the cost model needs it to describe the model"
+    )
 
 
 def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_norm: bool = False) -> ModelSpec:
@@ -440,19 +509,30 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
     layers_n = _cfg(config, "num_hidden_layers")
     vocab = _cfg(config, "vocab_size")
     model_type = _cfg(config, "model_type", default="llama")
-    qkv_bias = bool(_cfg(config, "attention_bias", "qkv_bias", default=False, required=False)) or model_type in ("qwen2", "qwen2_moe")
+    qkv_bias = bool(_cfg(config, "attention_bias", "qkv_bias", default=False, required=False)) or model_type in (
+        "qwen2",
+        "qwen2_moe",
+    )
     qk_norm = model_type in ("qwen3", "qwen3_moe")
     window = _cfg(config, "sliding_window", required=False)
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not _cfg(config, "use_sliding_window", default=False, required=False):
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not _cfg(
+        config, "use_sliding_window", default=False, required=False
+    ):
         window = None  # Qwen configs carry a sliding_window that is off unless use_sliding_window
-    layer_types = _cfg(config, "layer_types", required=False)  # per layer "sliding_attention" | "full_attention", when given
+    layer_types = _cfg(
+        config, "layer_types", required=False
+    )  # per layer "sliding_attention" | "full_attention", when given
     sinks = model_type == "gpt_oss"
     num_experts = _cfg(config, "num_local_experts", "num_experts", "n_routed_experts", required=False) or 0
     top_k = _cfg(config, "num_experts_per_tok", required=False) or 0
     moe = None
     if num_experts and top_k:
-        moe = MoESpec(num_experts, top_k, _cfg(config, "moe_intermediate_size", "intermediate_size"),
-                      shared_ffn=_cfg(config, "shared_expert_intermediate_size", default=0, required=False) or 0)
+        moe = MoESpec(
+            num_experts,
+            top_k,
+            _cfg(config, "moe_intermediate_size", "intermediate_size"),
+            shared_ffn=_cfg(config, "shared_expert_intermediate_size", default=0, required=False) or 0,
+        )
     sparse_step = _cfg(config, "decoder_sparse_step", default=1, required=False) or 1
     dense_only = set(_cfg(config, "mlp_only_layers", default=[], required=False) or [])
     ffn = _cfg(config, "intermediate_size", required=moe is None) or 0
@@ -460,8 +540,18 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
     for index in range(layers_n):
         b = _Block()
         layer_window = window if not layer_types or layer_types[index] == "sliding_attention" else None
-        _gqa_attention(b, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim, qkv_bias=qkv_bias, qk_norm=qk_norm,
-                       window=layer_window, sandwich=sandwich_norm, sinks=sinks)
+        _gqa_attention(
+            b,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            window=layer_window,
+            sandwich=sandwich_norm,
+            sinks=sinks,
+        )
         is_moe = moe is not None and index not in dense_only and (index + 1) % sparse_step == 0
         if is_moe:
             assert moe is not None
@@ -473,20 +563,43 @@ def llama_like_spec(config: Any, name: str, *, family: str = "llama", sandwich_n
         if layer_types and len(set(layer_types)) > 1:
             kind += "+swa" if layer_window else "+full"  # priced apart: their attention differs
         layers.append(b.build(kind, hidden, muon=matrices))
-    return _with_host_ops(ModelSpec(name, family, hidden, vocab, tuple(layers), tie_embeddings=bool(_cfg(config, "tie_word_embeddings", default=False, required=False)),
-                                    final_norm_params=hidden, source=f"transformers config ({model_type})"))
+    return _with_host_ops(
+        ModelSpec(
+            name,
+            family,
+            hidden,
+            vocab,
+            tuple(layers),
+            tie_embeddings=bool(_cfg(config, "tie_word_embeddings", default=False, required=False)),
+            final_norm_params=hidden,
+            source=f"transformers config ({model_type})",
+        )
+    )
 
 
 def deepseek_v3_spec(config: Any, name: str) -> ModelSpec:
     """DeepSeek-V2/V3: MLA attention, first_k_dense_replace dense layers, routed + shared experts, MTP."""
     hidden = _cfg(config, "hidden_size")
     heads = _cfg(config, "num_attention_heads")
-    moe = MoESpec(_cfg(config, "n_routed_experts"), _cfg(config, "num_experts_per_tok"), _cfg(config, "moe_intermediate_size"),
-                  shared_ffn=(_cfg(config, "n_shared_experts", default=0, required=False) or 0) * _cfg(config, "moe_intermediate_size"),
-                  num_groups=_cfg(config, "n_group", required=False), topk_groups=_cfg(config, "topk_group", required=False))
+    moe = MoESpec(
+        _cfg(config, "n_routed_experts"),
+        _cfg(config, "num_experts_per_tok"),
+        _cfg(config, "moe_intermediate_size"),
+        shared_ffn=(_cfg(config, "n_shared_experts", default=0, required=False) or 0)
+        * _cfg(config, "moe_intermediate_size"),
+        num_groups=_cfg(config, "n_group", required=False),
+        topk_groups=_cfg(config, "topk_group", required=False),
+    )
     first_dense = _cfg(config, "first_k_dense_replace", default=0, required=False)
-    mla = dict(hidden=hidden, heads=heads, q_lora=_cfg(config, "q_lora_rank", required=False), kv_lora=_cfg(config, "kv_lora_rank"),
-               nope=_cfg(config, "qk_nope_head_dim"), rope=_cfg(config, "qk_rope_head_dim"), v_dim=_cfg(config, "v_head_dim"))
+    mla = dict(
+        hidden=hidden,
+        heads=heads,
+        q_lora=_cfg(config, "q_lora_rank", required=False),
+        kv_lora=_cfg(config, "kv_lora_rank"),
+        nope=_cfg(config, "qk_nope_head_dim"),
+        rope=_cfg(config, "qk_rope_head_dim"),
+        v_dim=_cfg(config, "v_head_dim"),
+    )
 
     def layer(index: int, kind: str | None = None) -> LayerSpec:
         b = _Block()
@@ -501,9 +614,22 @@ def deepseek_v3_spec(config: Any, name: str) -> ModelSpec:
         return b.build(kind or ("dense" if dense else "moe"), hidden)
 
     layers = tuple(layer(i) for i in range(_cfg(config, "num_hidden_layers")))
-    mtp = tuple(_mtp(layer(first_dense, "mtp"), hidden) for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0))
-    return _with_host_ops(ModelSpec(name, "deepseek-v3", hidden, _cfg(config, "vocab_size"), layers, mtp, final_norm_params=hidden,
-                                    source="transformers DeepseekV3Config"))
+    mtp = tuple(
+        _mtp(layer(first_dense, "mtp"), hidden)
+        for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0)
+    )
+    return _with_host_ops(
+        ModelSpec(
+            name,
+            "deepseek-v3",
+            hidden,
+            _cfg(config, "vocab_size"),
+            layers,
+            mtp,
+            final_norm_params=hidden,
+            source="transformers DeepseekV3Config",
+        )
+    )
 
 
 def _mtp(layer: LayerSpec, hidden: int, streams: int = 1) -> LayerSpec:
@@ -512,8 +638,19 @@ def _mtp(layer: LayerSpec, hidden: int, streams: int = 1) -> LayerSpec:
     extra = Linear("mtp.eh_proj", 2 * hidden, hidden, "replicated", tag="")
     pointwise = (Pointwise("mtp.norms", 4 * hidden * A * streams, 2),)
     saved = (Saved("mtp.inputs", 2 * hidden * A * streams),)
-    return LayerSpec("mtp", (extra, *layer.linears), layer.attention, layer.moe, pointwise + layer.pointwise, saved + layer.saved,
-                     layer.tp_collectives, layer.norm_params + 2 * hidden, layer.extra_params, layer.input_bytes_per_token, layer.muon_matrices)
+    return LayerSpec(
+        "mtp",
+        (extra, *layer.linears),
+        layer.attention,
+        layer.moe,
+        pointwise + layer.pointwise,
+        saved + layer.saved,
+        layer.tp_collectives,
+        layer.norm_params + 2 * hidden,
+        layer.extra_params,
+        layer.input_bytes_per_token,
+        layer.muon_matrices,
+    )
 
 
 def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
@@ -527,7 +664,11 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
     window = _cfg(config, "sliding_window")
     rates = _cfg(config, "compress_rates")
     o_groups, o_lora = _cfg(config, "o_groups"), _cfg(config, "o_lora_rank")
-    index_heads, index_dim, index_topk = _cfg(config, "index_n_heads"), _cfg(config, "index_head_dim"), _cfg(config, "index_topk")
+    index_heads, index_dim, index_topk = (
+        _cfg(config, "index_n_heads"),
+        _cfg(config, "index_head_dim"),
+        _cfg(config, "index_topk"),
+    )
     rope = _cfg(config, "qk_rope_head_dim", default=64, required=False)
     experts = _cfg(config, "n_routed_experts")
     ffn = _cfg(config, "moe_intermediate_size")
@@ -569,8 +710,17 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
             b.linears.append(Linear("compressor.gate_proj", hidden, width, "replicated"))
             b.pointwise.append(Pointwise("compressor.pool", 3 * width * A, 3, tp_sharded=False))
             b.extra_params += rate * width + head_dim
-            core = AttentionCore("attention", heads, 1, head_dim, head_dim, window=window, compress_rate=rate,
-                                 compress_topk=index_topk if csa else None, sinks=True)
+            core = AttentionCore(
+                "attention",
+                heads,
+                1,
+                head_dim,
+                head_dim,
+                window=window,
+                compress_rate=rate,
+                compress_topk=index_topk if csa else None,
+                sinks=True,
+            )
             if csa:
                 # The lightning indexer's scores only choose the top-k compressed entries (transformers'
                 # DeepseekV4Indexer returns indices), so the language-model loss sends it no gradient: it
@@ -579,10 +729,12 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
                 b.linears.append(Linear("indexer.kv_proj", hidden, 2 * index_dim, "replicated", backward=False))
                 b.linears.append(Linear("indexer.gate_proj", hidden, 2 * index_dim, "replicated", backward=False))
                 b.linears.append(Linear("indexer.q_b_proj", q_lora, index_heads * index_dim, "column", backward=False))
-                b.linears.append(Linear("indexer.weights_proj", hidden, index_heads, "replicated", fp8=False,
-                                        backward=False))
-                b.attention.append(AttentionCore("indexer", index_heads, 1, index_dim, 0, compress_rate=rate, window=0,
-                                                 backward=False))
+                b.linears.append(
+                    Linear("indexer.weights_proj", hidden, index_heads, "replicated", fp8=False, backward=False)
+                )
+                b.attention.append(
+                    AttentionCore("indexer", index_heads, 1, index_dim, 0, compress_rate=rate, window=0, backward=False)
+                )
                 b.pointwise.append(Pointwise("indexer.topk", 4 * index_topk * 3, 2, tp_sharded=False))
                 b.extra_params += rate * 2 * index_dim + index_dim
         b.attention.append(core)
@@ -595,22 +747,55 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
         b.extra_params += heads  # attention sinks
         hyper_connection(b, "mlp")
         hashed = mlp_types[index] == "hash_moe"
-        _moe_block(b, hidden=hidden, moe=MoESpec(experts, _cfg(config, "num_experts_per_tok"), ffn, shared_ffn=shared,
-                                                   router="hash" if hashed else "learned"))
-        kind = kind_override or f"{'csa' if rate and attn_type == 'compressed_sparse_attention' else 'hca' if rate else 'swa'}+{'hash_moe' if hashed else 'moe'}"
-        matrices = ((1, hidden, q_lora), (1, q_lora, heads * head_dim), (1, hidden, head_dim), (o_groups, heads * head_dim // o_groups, o_lora),
-                    (1, o_groups * o_lora, hidden))
+        _moe_block(
+            b,
+            hidden=hidden,
+            moe=MoESpec(
+                experts,
+                _cfg(config, "num_experts_per_tok"),
+                ffn,
+                shared_ffn=shared,
+                router="hash" if hashed else "learned",
+            ),
+        )
+        kind = (
+            kind_override
+            or f"{'csa' if rate and attn_type == 'compressed_sparse_attention' else 'hca' if rate else 'swa'}+{'hash_moe' if hashed else 'moe'}"
+        )
+        matrices = (
+            (1, hidden, q_lora),
+            (1, q_lora, heads * head_dim),
+            (1, hidden, head_dim),
+            (o_groups, heads * head_dim // o_groups, o_lora),
+            (1, o_groups * o_lora, hidden),
+        )
         return b.build(kind, hidden, residual_streams=hc, muon=matrices)
 
     layers = tuple(layer(i) for i in range(_cfg(config, "num_hidden_layers")))
     last_learned = max(i for i, t in enumerate(mlp_types) if t == "moe") if "moe" in mlp_types else len(layers) - 1
-    mtp = tuple(_mtp(layer(last_learned, "mtp"), hidden, hc) for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0))
-    return _with_host_ops(ModelSpec(name, "deepseek-v4", hidden, _cfg(config, "vocab_size"), layers, mtp,
-                                    final_norm_params=hidden + hc * hidden * hc + hc + 1, optimizer="muon", source="transformers DeepseekV4Config",
-                                    residual_streams=hc))
+    mtp = tuple(
+        _mtp(layer(last_learned, "mtp"), hidden, hc)
+        for _ in range(_cfg(config, "num_nextn_predict_layers", default=0, required=False) or 0)
+    )
+    return _with_host_ops(
+        ModelSpec(
+            name,
+            "deepseek-v4",
+            hidden,
+            _cfg(config, "vocab_size"),
+            layers,
+            mtp,
+            final_norm_params=hidden + hc * hidden * hc + hc + 1,
+            optimizer="muon",
+            source="transformers DeepseekV4Config",
+            residual_streams=hc,
+        )
+    )
 
 
-def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048, source: str = "") -> ModelSpec:
+def gpt_spec(
+    name: str, *, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048, source: str = ""
+) -> ModelSpec:
     """Megatron GPT: LayerNorm, learned positions, MHA with biases, GeLU MLP of 4h, dropout 0.1.
 
     Saved activations follow Korthikanti et al. 2022 Sec. 4.1 (34 s b h bytes per layer, plus the
@@ -628,23 +813,57 @@ def gpt_spec(name: str, *, layers: int, hidden: int, heads: int, vocab: int = 51
     b.tp.append(TPCollective("reduce_scatter", hidden * A, "attention output"))
     b.saved.append(Saved("attention.dropout_mask", hidden))
     b.pointwise.append(Pointwise("bias_dropout_add", (4 * hidden + hidden) * A, 1))
-    _dense_mlp(b, hidden=hidden, ffn=4 * hidden, gated=False, bias=True, dropout=True, norm_name="post_attention_layernorm")
+    _dense_mlp(
+        b, hidden=hidden, ffn=4 * hidden, gated=False, bias=True, dropout=True, norm_name="post_attention_layernorm"
+    )
     spec_layer = b.build("dense", hidden)
     # Korthikanti counts LN outputs as the GEMM inputs: keep LN-output saves but they are tagged "" here.
-    spec_layer = LayerSpec(spec_layer.kind, spec_layer.linears, spec_layer.attention, None, spec_layer.pointwise,
-                           tuple(Saved(s.name, s.bytes_per_token, "" if s.tag == "layernorm" else s.tag, s.tp_sharded, gemm_input=s.gemm_input)
-                                 for s in spec_layer.saved),
-                           spec_layer.tp_collectives, spec_layer.norm_params + 2 * hidden, 0, spec_layer.input_bytes_per_token)
-    return _with_host_ops(ModelSpec(name, "gpt", hidden, vocab, tuple(spec_layer for _ in range(layers)), tie_embeddings=True,
-                                    position_embedding_params=seq * hidden, final_norm_params=2 * hidden, source=source))
+    spec_layer = LayerSpec(
+        spec_layer.kind,
+        spec_layer.linears,
+        spec_layer.attention,
+        None,
+        spec_layer.pointwise,
+        tuple(
+            Saved(
+                s.name, s.bytes_per_token, "" if s.tag == "layernorm" else s.tag, s.tp_sharded, gemm_input=s.gemm_input
+            )
+            for s in spec_layer.saved
+        ),
+        spec_layer.tp_collectives,
+        spec_layer.norm_params + 2 * hidden,
+        0,
+        spec_layer.input_bytes_per_token,
+    )
+    return _with_host_ops(
+        ModelSpec(
+            name,
+            "gpt",
+            hidden,
+            vocab,
+            tuple(spec_layer for _ in range(layers)),
+            tie_embeddings=True,
+            position_embedding_params=seq * hidden,
+            final_norm_params=2 * hidden,
+            source=source,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Host ops: each layer structure was captured once (bench/cost_model/count_host_ops.py). Families
 # map onto the captured structure they share; structures trex cannot capture take the nearest one.
 
-_HOST_FAMILY = {"gpt": "gpt", "llama": "llama", "qwen": "llama", "pangu": "llama", "mixtral": "mixtral", "qwen-moe": "qwen3-moe",
-                "deepseek-v3": "deepseek-v3", "deepseek-v4": "deepseek-v4"}
+_HOST_FAMILY = {
+    "gpt": "gpt",
+    "llama": "llama",
+    "qwen": "llama",
+    "pangu": "llama",
+    "mixtral": "mixtral",
+    "qwen-moe": "qwen3-moe",
+    "deepseek-v3": "deepseek-v3",
+    "deepseek-v4": "deepseek-v4",
+}
 
 
 def host_structure(family: str, kind: str) -> str:
@@ -654,10 +873,14 @@ def host_structure(family: str, kind: str) -> str:
         if kind == "mtp":
             return "deepseek-v4.csa+moe"  # the MTP block wraps a learned-MoE layer; csa is the larger count
         attention, _, mlp = kind.partition("+")
-        attention = "hca" if attention == "swa" else attention  # no captured SWA-only layer: HCA adds only the compressor
+        attention = (
+            "hca" if attention == "swa" else attention
+        )  # no captured SWA-only layer: HCA adds only the compressor
         return f"deepseek-v4.{attention}+{'hash_moe' if attention == 'hca' and mlp == 'hash_moe' else 'moe'}"
     if base == "deepseek-v3":
-        return "deepseek-v3.dense" if kind == "dense" else "deepseek-v3.moe"  # MTP: its MoE layer (eh_proj, norms: a few ops more)
+        return (
+            "deepseek-v3.dense" if kind == "dense" else "deepseek-v3.moe"
+        )  # MTP: its MoE layer (eh_proj, norms: a few ops more)
     if kind == "dense":
         return "gpt.dense" if base == "gpt" else "llama.dense"
     return f"{base}.moe" if base in ("mixtral", "qwen3-moe") else "qwen3-moe.moe"
@@ -666,7 +889,9 @@ def host_structure(family: str, kind: str) -> str:
 def _with_host_ops(spec: ModelSpec) -> ModelSpec:
     def attach(layers: tuple[LayerSpec, ...]) -> tuple[LayerSpec, ...]:
         counts = {kind: host_ops_for(host_structure(spec.family, kind)) for kind in {layer.kind for layer in layers}}
-        return tuple(replace(layer, host_ops=counts[layer.kind]) if layer.host_ops is None else layer for layer in layers)
+        return tuple(
+            replace(layer, host_ops=counts[layer.kind]) if layer.host_ops is None else layer for layer in layers
+        )
 
     return replace(spec, layers=attach(spec.layers), mtp_layers=attach(spec.mtp_layers))
 
@@ -676,9 +901,18 @@ def _with_host_ops(spec: ModelSpec) -> ModelSpec:
 
 
 _FAMILY_BY_TYPE = {
-    "llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "mixtral": "mixtral", "qwen2_moe": "qwen-moe",
-    "qwen3_moe": "qwen-moe", "deepseek_v2": "deepseek-v3", "deepseek_v3": "deepseek-v3", "deepseek_v4": "deepseek-v4",
-    "gpt_oss": "gpt-oss", "pangu": "pangu",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
+    "mixtral": "mixtral",
+    "qwen2_moe": "qwen-moe",
+    "qwen3_moe": "qwen-moe",
+    "deepseek_v2": "deepseek-v3",
+    "deepseek_v3": "deepseek-v3",
+    "deepseek_v4": "deepseek-v4",
+    "gpt_oss": "gpt-oss",
+    "pangu": "pangu",
 }
 
 
@@ -693,22 +927,37 @@ def _spec_from_config(config: Any, name: str | None) -> ModelSpec:
     model_type = _cfg(config, "model_type", default="", required=False)
     name = name or str(_cfg(config, "_name_or_path", default="", required=False) or model_type or "model")
     if model_type == "gpt":  # Megatron GPT (no transformers class: the cost model's own config dict)
-        return gpt_spec(name, layers=_cfg(config, "num_hidden_layers"), hidden=_cfg(config, "hidden_size"), heads=_cfg(config, "num_attention_heads"),
-                        vocab=_cfg(config, "vocab_size", default=51200), seq=_cfg(config, "max_position_embeddings", default=2048))
+        return gpt_spec(
+            name,
+            layers=_cfg(config, "num_hidden_layers"),
+            hidden=_cfg(config, "hidden_size"),
+            heads=_cfg(config, "num_attention_heads"),
+            vocab=_cfg(config, "vocab_size", default=51200),
+            seq=_cfg(config, "max_position_embeddings", default=2048),
+        )
     if model_type in ("deepseek_v2", "deepseek_v3"):
         return deepseek_v3_spec(config, name)
     if model_type == "deepseek_v4":
         return deepseek_v4_spec(config, name)
     if model_type in _FAMILY_BY_TYPE:
-        sandwich = bool(_cfg(config, "sandwich_norm", default=False, required=False))  # Pangu Ultra's depth-scaled sandwich norm
+        sandwich = bool(
+            _cfg(config, "sandwich_norm", default=False, required=False)
+        )  # Pangu Ultra's depth-scaled sandwich norm
         return llama_like_spec(config, name, family=_FAMILY_BY_TYPE[model_type], sandwich_norm=sandwich)
-    if all(_cfg(config, f, required=False) for f in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")):
-        assumed = (f"model_type {model_type!r} is not a family trex knows ({', '.join(sorted(_FAMILY_BY_TYPE))}); it is priced as a "
-                   "Llama-like decoder (causal grouped-query attention, gated MLP, RMSNorm): check that this is its structure")
+    if all(
+        _cfg(config, f, required=False)
+        for f in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")
+    ):
+        assumed = (
+            f"model_type {model_type!r} is not a family trex knows ({', '.join(sorted(_FAMILY_BY_TYPE))}); it is priced as a "
+            "Llama-like decoder (causal grouped-query attention, gated MLP, RMSNorm): check that this is its structure"
+        )
         return replace(llama_like_spec(config, name, family=model_type or "llama"), assumptions=(assumed,))
-    raise TrexError(f"the cost model cannot describe model_type {model_type!r}: supported families are "
-                    f"{', '.join(sorted(_FAMILY_BY_TYPE))} (and Llama-like configs with hidden_size, num_attention_heads, "
-                    "num_hidden_layers, vocab_size, intermediate_size)")
+    raise TrexError(
+        f"the cost model cannot describe model_type {model_type!r}: supported families are "
+        f"{', '.join(sorted(_FAMILY_BY_TYPE))} (and Llama-like configs with hidden_size, num_attention_heads, "
+        "num_hidden_layers, vocab_size, intermediate_size)"
+    )
 
 
 def model_names() -> list[str]:
@@ -728,7 +977,9 @@ def get_model_spec(name_or_path: str | Path) -> ModelSpec:
     entry = MODELS.get(key)
     if entry is not None and entry.config is not None:  # described by its config dict alone (no transformers class)
         return spec_from_config(dict(entry.config), key, source=entry.source)
-    stored = stored_config(key)  # full-size configurations without importing transformers (trex.cost_model.config_cache)
+    stored = stored_config(
+        key
+    )  # full-size configurations without importing transformers (trex.cost_model.config_cache)
     if stored is not None:
         return spec_from_config(stored, key)
     if key in catalog_names():  # the tiny test configurations (and full-size ones missing from the store)

@@ -31,8 +31,23 @@ Bytes_in, Bytes_out = sympy.symbols("bytes_in bytes_out", nonnegative=True)
 s_in, s_out = sympy.symbols("s_in s_out", positive=True)  # bytes per element
 causal = sympy.Symbol("causal_fraction", positive=True)  # fraction of the score matrix computed
 
-KINDS = ("gemm", "attention", "moe", "pointwise", "reduction", "norm", "softmax", "loss", "gather_scatter", "sort", "copy",
-         "creation", "view", "collective", "sync")
+KINDS = (
+    "gemm",
+    "attention",
+    "moe",
+    "pointwise",
+    "reduction",
+    "norm",
+    "softmax",
+    "loss",
+    "gather_scatter",
+    "sort",
+    "copy",
+    "creation",
+    "view",
+    "collective",
+    "sync",
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +70,9 @@ class OpFormula:
 
 
 @cache
-def _lambdified(flops: sympy.Expr, nbytes: sympy.Expr, symbols: tuple[sympy.Symbol, ...]) -> Callable[..., tuple[float, float]]:
+def _lambdified(
+    flops: sympy.Expr, nbytes: sympy.Expr, symbols: tuple[sympy.Symbol, ...]
+) -> Callable[..., tuple[float, float]]:
     return sympy.lambdify(symbols, (flops, nbytes), modules="math")
 
 
@@ -74,7 +91,7 @@ def tensors(value: Any) -> list[torch.Tensor]:
 def node_inputs(node: Any) -> list[torch.Tensor]:
     out = []
     for arg in (*node.args, *node.kwargs.values()):
-        for item in (arg if isinstance(arg, (list, tuple)) else [arg]):
+        for item in arg if isinstance(arg, (list, tuple)) else [arg]:
             if hasattr(item, "meta"):
                 out.extend(tensors(item.meta.get("val")))
     return out
@@ -102,8 +119,12 @@ def _element(arg: Any) -> float:
 
 def _io(node: Any) -> dict[sympy.Symbol, float]:
     ins, outs = node_inputs(node), node_outputs(node)
-    return {N_out: float(sum(t.numel() for t in outs)), N_in: float(sum(t.numel() for t in ins)),
-            Bytes_in: sum(nbytes(t) for t in ins), Bytes_out: sum(nbytes(t) for t in outs)}
+    return {
+        N_out: float(sum(t.numel() for t in outs)),
+        N_in: float(sum(t.numel() for t in ins)),
+        Bytes_in: sum(nbytes(t) for t in ins),
+        Bytes_out: sum(nbytes(t) for t in outs),
+    }
 
 
 def argument(node: Any, name: str, position: int, default: Any = None) -> Any:
@@ -164,9 +185,18 @@ def _bind_grouped_weight_grad(node: Any) -> dict | None:
 _MM = OpFormula("gemm", 2 * M * N * K, (M * K + K * N) * s_in + M * N * s_out, _bind_mm)
 _ADDMM = OpFormula("gemm", 2 * M * N * K + M * N, (M * K + K * N + N) * s_in + M * N * s_out, _bind_addmm)
 _BMM = OpFormula("gemm", 2 * B * M * N * K, B * (M * K + K * N) * s_in + B * M * N * s_out, _bind_bmm)
-_BADDBMM = OpFormula("gemm", 2 * B * M * N * K + B * M * N, B * (M * K + K * N + M * N) * s_in + B * M * N * s_out, lambda n: _bind_bmm(n, 1))
-_GROUPED = OpFormula("gemm", 2 * S * K * N, (S * K + E * K * N) * s_in + S * N * s_out, _bind_grouped, "rows S split over E groups")
-_GROUPED_WGRAD = OpFormula("gemm", 2 * S * K * N, S * (K + N) * s_in + E * K * N * s_out, _bind_grouped_weight_grad, "per group a_e^T @ b_e")
+_BADDBMM = OpFormula(
+    "gemm",
+    2 * B * M * N * K + B * M * N,
+    B * (M * K + K * N + M * N) * s_in + B * M * N * s_out,
+    lambda n: _bind_bmm(n, 1),
+)
+_GROUPED = OpFormula(
+    "gemm", 2 * S * K * N, (S * K + E * K * N) * s_in + S * N * s_out, _bind_grouped, "rows S split over E groups"
+)
+_GROUPED_WGRAD = OpFormula(
+    "gemm", 2 * S * K * N, S * (K + N) * s_in + E * K * N * s_out, _bind_grouped_weight_grad, "per group a_e^T @ b_e"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,22 +217,42 @@ def _bind_sdpa(node: Any, backward: bool = False) -> dict | None:
     lq, lk = q[-2], k[-2]
     fraction = ((lq + 1) / (2 * lq)) if (is_causal and lq == lk) else 1.0
     batch = math.prod(q[:-3]) if len(q) > 3 else 1
-    return {B: batch, HEADS: q[-3], L_q: lq, L_k: lk, D_qk: q[-1], D_v: v[-1], causal: fraction, s_in: _element(node.args[offset])}
+    return {
+        B: batch,
+        HEADS: q[-3],
+        L_q: lq,
+        L_k: lk,
+        D_qk: q[-1],
+        D_v: v[-1],
+        causal: fraction,
+        s_in: _element(node.args[offset]),
+    }
 
 
 _ATTN_FWD_FLOPS = 2 * B * HEADS * L_q * L_k * causal * (D_qk + D_v)
-_ATTN_FWD = OpFormula("attention", _ATTN_FWD_FLOPS, B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + L_q * D_v) * s_in, _bind_sdpa,
-                      "QK^T and PV over the (causal part of the) score matrix")
-_ATTN_BWD = OpFormula("attention", sympy.Rational(5, 2) * _ATTN_FWD_FLOPS,
-                      2 * B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + 2 * L_q * D_v) * s_in, lambda n: _bind_sdpa(n, True),
-                      "recompute S, P; dV, dP, dS, dQ, dK: 5 GEMMs vs the forward's 2")
+_ATTN_FWD = OpFormula(
+    "attention",
+    _ATTN_FWD_FLOPS,
+    B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + L_q * D_v) * s_in,
+    _bind_sdpa,
+    "QK^T and PV over the (causal part of the) score matrix",
+)
+_ATTN_BWD = OpFormula(
+    "attention",
+    sympy.Rational(5, 2) * _ATTN_FWD_FLOPS,
+    2 * B * HEADS * (2 * L_q * D_qk + L_k * (D_qk + D_v) + 2 * L_q * D_v) * s_in,
+    lambda n: _bind_sdpa(n, True),
+    "recompute S, P; dV, dP, dS, dQ, dK: 5 GEMMs vs the forward's 2",
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # Element-wise, reductions, normalisation, losses, data movement (shape-generic)
 
 
-def _generic(kind: str, flops_per_out: float | sympy.Expr = 1, flops_per_in: float | sympy.Expr = 0, note: str = "") -> OpFormula:
+def _generic(
+    kind: str, flops_per_out: float | sympy.Expr = 1, flops_per_in: float | sympy.Expr = 0, note: str = ""
+) -> OpFormula:
     return OpFormula(kind, flops_per_out * N_out + flops_per_in * N_in, Bytes_in + Bytes_out, _io, note)
 
 
@@ -220,7 +270,9 @@ SCATTER_ADD = _generic("gather_scatter", 1, 0, note="indexed accumulate: one add
 COPY = _generic("copy", 0, 0, note="read + write")
 CREATION = OpFormula("creation", sympy.Integer(0), Bytes_out, _io, "fill: write only")
 VIEW = OpFormula("view", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "aliases its input: no data moved")
-SYNC = OpFormula("sync", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "waits for a collective; its cost is on the collective")
+SYNC = OpFormula(
+    "sync", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "waits for a collective; its cost is on the collective"
+)
 
 
 def _bind_sort(node: Any) -> dict | None:
@@ -250,12 +302,19 @@ TOPK = OpFormula("sort", N * sympy.log(K, 2), Bytes_in + Bytes_out, _bind_topk, 
 
 # trex MoE ops ---------------------------------------------------------------------------------
 
+
 def _bind_moe_dispatch(node: Any) -> dict | None:
     hidden, index = _shape(node.args[0]), _shape(node.args[1])
     if not hidden or not index:
         return None
     rows = math.prod(index)
-    return {S: max(2, rows), H: hidden[-1], T: math.prod(hidden[:-1]), E: int(node.args[2]), s_in: _element(node.args[0])}
+    return {
+        S: max(2, rows),
+        H: hidden[-1],
+        T: math.prod(hidden[:-1]),
+        E: int(node.args[2]),
+        s_in: _element(node.args[0]),
+    }
 
 
 def _bind_moe_combine(node: Any) -> dict | None:
@@ -303,12 +362,20 @@ def _bind_moe_experts(node: Any, backward: bool = False) -> dict | None:
 
 
 _EXPERT_GEMMS = 2 * S * H * M + 2 * S * N * H
-_MOE_EXPERTS = OpFormula("moe", _EXPERT_GEMMS + 4 * S * N + 2 * S * H,
-                         (2 * T * H + 3 * S * H + S * M + S * N + E * H * (M + N)) * s_in, _bind_moe_experts,
-                         "gate_up + down grouped GEMMs, activation, weighted combine (fused trex.moe_experts)")
-_MOE_EXPERTS_BACKWARD = OpFormula("moe", 2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
-                                  (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in,
-                                  lambda n: _bind_moe_experts(n, True), "data and weight gradients of both grouped GEMMs")
+_MOE_EXPERTS = OpFormula(
+    "moe",
+    _EXPERT_GEMMS + 4 * S * N + 2 * S * H,
+    (2 * T * H + 3 * S * H + S * M + S * N + E * H * (M + N)) * s_in,
+    _bind_moe_experts,
+    "gate_up + down grouped GEMMs, activation, weighted combine (fused trex.moe_experts)",
+)
+_MOE_EXPERTS_BACKWARD = OpFormula(
+    "moe",
+    2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
+    (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in,
+    lambda n: _bind_moe_experts(n, True),
+    "data and weight gradients of both grouped GEMMs",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,87 +391,295 @@ def _bind_collective(node: Any) -> dict | None:
     return {Bytes_in: nbytes(ins[0]), Bytes_out: sum(nbytes(t) for t in outs)}
 
 
-COLLECTIVE = OpFormula("collective", sympy.Integer(0), sympy.Max(Bytes_in, Bytes_out), _bind_collective, "bytes = the larger of send / receive buffer")
-REDUCING_COLLECTIVE = OpFormula("collective", N_in, sympy.Max(Bytes_in, Bytes_out),
-                                lambda n: {**(_bind_collective(n) or {}), N_in: float(sum(t.numel() for t in node_inputs(n)[:1]))},
-                                "one add per input element")
+COLLECTIVE = OpFormula(
+    "collective",
+    sympy.Integer(0),
+    sympy.Max(Bytes_in, Bytes_out),
+    _bind_collective,
+    "bytes = the larger of send / receive buffer",
+)
+REDUCING_COLLECTIVE = OpFormula(
+    "collective",
+    N_in,
+    sympy.Max(Bytes_in, Bytes_out),
+    lambda n: {**(_bind_collective(n) or {}), N_in: float(sum(t.numel() for t in node_inputs(n)[:1]))},
+    "one add per input element",
+)
 
 
 # ---------------------------------------------------------------------------------------------
 # The table: exact op-packet names first.
 
-_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "tanh", "sigmoid", "erf", "erfc", "erfinv",
-                   "rsqrt", "sqrt", "pow", "silu", "gelu", "softplus", "mish", "elu", "atan", "atan2", "asin", "acos", "sinh", "cosh", "logit",
-                   "reciprocal", "silu_backward", "gelu_backward", "sigmoid_backward", "tanh_backward", "softplus_backward", "lgamma", "digamma"}
+_TRANSCENDENTAL = {
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "erfc",
+    "erfinv",
+    "rsqrt",
+    "sqrt",
+    "pow",
+    "silu",
+    "gelu",
+    "softplus",
+    "mish",
+    "elu",
+    "atan",
+    "atan2",
+    "asin",
+    "acos",
+    "sinh",
+    "cosh",
+    "logit",
+    "reciprocal",
+    "silu_backward",
+    "gelu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "softplus_backward",
+    "lgamma",
+    "digamma",
+}
 
 EXACT: dict[str, OpFormula] = {
-    "aten.mm": _MM, "aten.addmm": _ADDMM, "aten.bmm": _BMM, "aten.baddbmm": _BADDBMM,
-    "aten._grouped_mm": _GROUPED, "aten._scaled_mm": _MM, "aten._scaled_grouped_mm": _GROUPED,
-    "trex.grouped_mm": _GROUPED, "trex.grouped_mm_weight_grad": _GROUPED_WGRAD,
-    "trex.moe_dispatch": OpFormula("moe", S * sympy.log(S, 2), (T * H + S * H) * s_in + S * 8 + E * 4, _bind_moe_dispatch,
-                                   "sort S (token, slot) pairs by expert, gather S rows"),
-    "trex.moe_combine": OpFormula("moe", 2 * S * H, (S * H + T * H) * s_in + S * 8 + T * 4, _bind_moe_combine, "weight S rows, sum k per token"),
-    "trex.moe_combine_backward": OpFormula("moe", 4 * S * H, (T * H + 2 * S * H) * s_in + S * 8 + 2 * T * 4, _bind_moe_combine_backward,
-                                           "gradient rows (gather x weight) and weight gradients (row dot products)"),
-    "trex.moe_dispatch_backward": OpFormula("moe", S * H, (S * H + T * H) * s_in + S * 8, _bind_moe_dispatch_backward, "scatter-add S rows onto T tokens"),
-    "trex.moe_experts": _MOE_EXPERTS, "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
-    "aten._scaled_dot_product_flash_attention": _ATTN_FWD, "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
-    "aten._scaled_dot_product_efficient_attention": _ATTN_FWD, "aten._scaled_dot_product_cudnn_attention": _ATTN_FWD,
-    "aten._flash_attention_forward": _ATTN_FWD, "aten._efficient_attention_forward": _ATTN_FWD,
-    "aten._scaled_dot_product_flash_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_flash_attention_for_cpu_backward": _ATTN_BWD,
-    "aten._scaled_dot_product_efficient_attention_backward": _ATTN_BWD, "aten._scaled_dot_product_cudnn_attention_backward": _ATTN_BWD,
-    "aten._flash_attention_backward": _ATTN_BWD, "aten._efficient_attention_backward": _ATTN_BWD,
-    "aten._softmax": SOFTMAX, "aten._log_softmax": SOFTMAX, "aten._safe_softmax": SAFE_SOFTMAX,
-    "aten._softmax_backward_data": SOFTMAX_BACKWARD, "aten._log_softmax_backward_data": SOFTMAX_BACKWARD,
-    "aten.native_layer_norm": NORM, "aten.native_layer_norm_backward": NORM_BACKWARD, "aten._fused_rms_norm": NORM,
-    "aten._fused_rms_norm_backward": NORM_BACKWARD, "aten.native_batch_norm": NORM, "aten.native_group_norm": NORM,
-    "aten.nll_loss_forward": LOSS, "aten.nll_loss_backward": LOSS, "aten.nll_loss2d_forward": LOSS, "aten.nll_loss2d_backward": LOSS,
+    "aten.mm": _MM,
+    "aten.addmm": _ADDMM,
+    "aten.bmm": _BMM,
+    "aten.baddbmm": _BADDBMM,
+    "aten._grouped_mm": _GROUPED,
+    "aten._scaled_mm": _MM,
+    "aten._scaled_grouped_mm": _GROUPED,
+    "trex.grouped_mm": _GROUPED,
+    "trex.grouped_mm_weight_grad": _GROUPED_WGRAD,
+    "trex.moe_dispatch": OpFormula(
+        "moe",
+        S * sympy.log(S, 2),
+        (T * H + S * H) * s_in + S * 8 + E * 4,
+        _bind_moe_dispatch,
+        "sort S (token, slot) pairs by expert, gather S rows",
+    ),
+    "trex.moe_combine": OpFormula(
+        "moe", 2 * S * H, (S * H + T * H) * s_in + S * 8 + T * 4, _bind_moe_combine, "weight S rows, sum k per token"
+    ),
+    "trex.moe_combine_backward": OpFormula(
+        "moe",
+        4 * S * H,
+        (T * H + 2 * S * H) * s_in + S * 8 + 2 * T * 4,
+        _bind_moe_combine_backward,
+        "gradient rows (gather x weight) and weight gradients (row dot products)",
+    ),
+    "trex.moe_dispatch_backward": OpFormula(
+        "moe", S * H, (S * H + T * H) * s_in + S * 8, _bind_moe_dispatch_backward, "scatter-add S rows onto T tokens"
+    ),
+    "trex.moe_experts": _MOE_EXPERTS,
+    "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
+    "aten._scaled_dot_product_flash_attention": _ATTN_FWD,
+    "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
+    "aten._scaled_dot_product_efficient_attention": _ATTN_FWD,
+    "aten._scaled_dot_product_cudnn_attention": _ATTN_FWD,
+    "aten._flash_attention_forward": _ATTN_FWD,
+    "aten._efficient_attention_forward": _ATTN_FWD,
+    "aten._scaled_dot_product_flash_attention_backward": _ATTN_BWD,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _ATTN_BWD,
+    "aten._scaled_dot_product_efficient_attention_backward": _ATTN_BWD,
+    "aten._scaled_dot_product_cudnn_attention_backward": _ATTN_BWD,
+    "aten._flash_attention_backward": _ATTN_BWD,
+    "aten._efficient_attention_backward": _ATTN_BWD,
+    "aten._softmax": SOFTMAX,
+    "aten._log_softmax": SOFTMAX,
+    "aten._safe_softmax": SAFE_SOFTMAX,
+    "aten._softmax_backward_data": SOFTMAX_BACKWARD,
+    "aten._log_softmax_backward_data": SOFTMAX_BACKWARD,
+    "aten.native_layer_norm": NORM,
+    "aten.native_layer_norm_backward": NORM_BACKWARD,
+    "aten._fused_rms_norm": NORM,
+    "aten._fused_rms_norm_backward": NORM_BACKWARD,
+    "aten.native_batch_norm": NORM,
+    "aten.native_group_norm": NORM,
+    "aten.nll_loss_forward": LOSS,
+    "aten.nll_loss_backward": LOSS,
+    "aten.nll_loss2d_forward": LOSS,
+    "aten.nll_loss2d_backward": LOSS,
     "aten.cross_entropy_loss": SOFTMAX,
-    "aten.sum": REDUCTION, "aten.mean": REDUCTION, "aten.amax": REDUCTION, "aten.amin": REDUCTION, "aten.max": REDUCTION, "aten.min": REDUCTION,
-    "aten.prod": REDUCTION, "aten.var": REDUCTION, "aten.var_mean": REDUCTION, "aten.std": REDUCTION, "aten.std_mean": REDUCTION,
-    "aten.any": REDUCTION, "aten.all": REDUCTION, "aten.argmax": REDUCTION, "aten.argmin": REDUCTION, "aten.logsumexp": REDUCTION,
-    "aten.norm": REDUCTION, "aten.linalg_vector_norm": REDUCTION, "aten.cumsum": REDUCTION, "aten.cumprod": REDUCTION,
-    "aten.count_nonzero": REDUCTION, "aten.aminmax": REDUCTION, "aten.bincount": REDUCTION, "aten.histc": REDUCTION,
-    "aten.embedding": GATHER, "aten.embedding_dense_backward": SCATTER_ADD, "aten.index": GATHER, "aten.index_select": GATHER,
-    "aten.gather": GATHER, "aten.take_along_dim": GATHER, "aten.index_put": GATHER, "aten._unsafe_index": GATHER,
-    "aten._unsafe_index_put": GATHER, "aten.index_add": SCATTER_ADD, "aten.index_copy": GATHER, "aten.scatter": GATHER,
-    "aten.scatter_add": SCATTER_ADD, "aten.scatter_reduce": SCATTER_ADD, "aten.masked_scatter": GATHER, "aten.masked_select": GATHER,
-    "aten.nonzero": GATHER, "aten.searchsorted": GATHER, "aten.one_hot": GATHER,
-    "aten.sort": SORT, "aten.argsort": SORT, "aten.topk": TOPK, "aten.kthvalue": TOPK, "aten.unique": SORT, "aten._unique2": SORT,
-    "aten.cat": COPY, "aten.stack": COPY, "aten.clone": COPY, "aten._to_copy": COPY, "aten.copy": COPY, "aten.copy_": COPY,
-    "aten.contiguous": COPY, "aten.constant_pad_nd": COPY, "aten.repeat": COPY, "aten.repeat_interleave": COPY, "aten.roll": COPY,
-    "aten.flip": COPY, "aten.tril": COPY, "aten.triu": COPY, "aten.slice_backward": COPY, "aten.select_backward": COPY,
-    "aten.slice_scatter": COPY, "aten.select_scatter": COPY, "aten.diagonal_scatter": COPY, "aten.as_strided_scatter": COPY,
-    "aten.expand_copy": COPY, "aten.permute_copy": COPY, "aten.view_copy": COPY, "aten._reshape_copy": COPY, "aten.lift_fresh_copy": COPY,
-    "aten.index_fill": COPY, "aten.fill": CREATION, "aten.zero": CREATION,
-    "aten.empty": CREATION, "aten.empty_like": CREATION, "aten.empty_strided": CREATION, "aten.new_empty": CREATION,
-    "aten.new_empty_strided": CREATION, "aten.zeros": CREATION, "aten.zeros_like": CREATION, "aten.new_zeros": CREATION,
-    "aten.ones": CREATION, "aten.ones_like": CREATION, "aten.new_ones": CREATION, "aten.full": CREATION, "aten.full_like": CREATION,
-    "aten.new_full": CREATION, "aten.arange": CREATION, "aten.linspace": CREATION, "aten.scalar_tensor": CREATION,
-    "aten.rand": CREATION, "aten.randn": CREATION, "aten.rand_like": CREATION, "aten.randn_like": CREATION, "aten.randint": CREATION,
-    "aten.randperm": CREATION, "aten.eye": CREATION, "aten.native_dropout": POINTWISE, "aten.native_dropout_backward": POINTWISE,
-    "aten.floor_divide": POINTWISE, "aten.remainder": POINTWISE, "aten.fmod": POINTWISE,
-    "aten.lift_fresh": VIEW, "aten.detach": VIEW, "aten.alias": VIEW, "aten._unsafe_view": VIEW, "aten.view": VIEW, "aten.reshape": VIEW,
-    "aten.t": VIEW, "aten.transpose": VIEW, "aten.permute": VIEW, "aten.expand": VIEW, "aten.squeeze": VIEW, "aten.unsqueeze": VIEW,
-    "aten.slice": VIEW, "aten.select": VIEW, "aten.split": VIEW, "aten.split_with_sizes": VIEW, "aten.unbind": VIEW, "aten.chunk": VIEW,
-    "aten.narrow": VIEW, "aten.as_strided": VIEW, "aten.diagonal": VIEW, "aten.unfold": VIEW, "aten.view_as_real": VIEW,
-    "aten.view_as_complex": VIEW, "aten.movedim": VIEW, "aten.unflatten": VIEW, "aten.expand_as": VIEW, "aten.sym_size": VIEW,
-    "aten.sym_numel": VIEW, "aten.sym_stride": VIEW, "aten.sym_storage_offset": VIEW, "aten._assert_tensor_metadata": VIEW,
-    "aten._assert_scalar": VIEW, "aten._local_scalar_dense": VIEW, "aten.item": VIEW, "aten.sym_constrain_range_for_size": VIEW,
-    "_operator.getitem": VIEW, "operator.getitem": VIEW,
-    "_c10d_functional.all_reduce": REDUCING_COLLECTIVE, "_c10d_functional.all_reduce_": REDUCING_COLLECTIVE,
-    "_c10d_functional.reduce_scatter_tensor": REDUCING_COLLECTIVE, "_c10d_functional.all_gather_into_tensor": COLLECTIVE,
-    "_c10d_functional.all_to_all_single": COLLECTIVE, "_c10d_functional.broadcast": COLLECTIVE,
-    "_c10d_functional.all_reduce_coalesced": REDUCING_COLLECTIVE, "_c10d_functional.all_gather_into_tensor_coalesced": COLLECTIVE,
-    "_c10d_functional.reduce_scatter_tensor_coalesced": REDUCING_COLLECTIVE, "_c10d_functional.wait_tensor": SYNC,
-    "_c10d_functional_autograd.all_to_all_single": COLLECTIVE, "_c10d_functional_autograd.all_gather_into_tensor": COLLECTIVE,
+    "aten.sum": REDUCTION,
+    "aten.mean": REDUCTION,
+    "aten.amax": REDUCTION,
+    "aten.amin": REDUCTION,
+    "aten.max": REDUCTION,
+    "aten.min": REDUCTION,
+    "aten.prod": REDUCTION,
+    "aten.var": REDUCTION,
+    "aten.var_mean": REDUCTION,
+    "aten.std": REDUCTION,
+    "aten.std_mean": REDUCTION,
+    "aten.any": REDUCTION,
+    "aten.all": REDUCTION,
+    "aten.argmax": REDUCTION,
+    "aten.argmin": REDUCTION,
+    "aten.logsumexp": REDUCTION,
+    "aten.norm": REDUCTION,
+    "aten.linalg_vector_norm": REDUCTION,
+    "aten.cumsum": REDUCTION,
+    "aten.cumprod": REDUCTION,
+    "aten.count_nonzero": REDUCTION,
+    "aten.aminmax": REDUCTION,
+    "aten.bincount": REDUCTION,
+    "aten.histc": REDUCTION,
+    "aten.embedding": GATHER,
+    "aten.embedding_dense_backward": SCATTER_ADD,
+    "aten.index": GATHER,
+    "aten.index_select": GATHER,
+    "aten.gather": GATHER,
+    "aten.take_along_dim": GATHER,
+    "aten.index_put": GATHER,
+    "aten._unsafe_index": GATHER,
+    "aten._unsafe_index_put": GATHER,
+    "aten.index_add": SCATTER_ADD,
+    "aten.index_copy": GATHER,
+    "aten.scatter": GATHER,
+    "aten.scatter_add": SCATTER_ADD,
+    "aten.scatter_reduce": SCATTER_ADD,
+    "aten.masked_scatter": GATHER,
+    "aten.masked_select": GATHER,
+    "aten.nonzero": GATHER,
+    "aten.searchsorted": GATHER,
+    "aten.one_hot": GATHER,
+    "aten.sort": SORT,
+    "aten.argsort": SORT,
+    "aten.topk": TOPK,
+    "aten.kthvalue": TOPK,
+    "aten.unique": SORT,
+    "aten._unique2": SORT,
+    "aten.cat": COPY,
+    "aten.stack": COPY,
+    "aten.clone": COPY,
+    "aten._to_copy": COPY,
+    "aten.copy": COPY,
+    "aten.copy_": COPY,
+    "aten.contiguous": COPY,
+    "aten.constant_pad_nd": COPY,
+    "aten.repeat": COPY,
+    "aten.repeat_interleave": COPY,
+    "aten.roll": COPY,
+    "aten.flip": COPY,
+    "aten.tril": COPY,
+    "aten.triu": COPY,
+    "aten.slice_backward": COPY,
+    "aten.select_backward": COPY,
+    "aten.slice_scatter": COPY,
+    "aten.select_scatter": COPY,
+    "aten.diagonal_scatter": COPY,
+    "aten.as_strided_scatter": COPY,
+    "aten.expand_copy": COPY,
+    "aten.permute_copy": COPY,
+    "aten.view_copy": COPY,
+    "aten._reshape_copy": COPY,
+    "aten.lift_fresh_copy": COPY,
+    "aten.index_fill": COPY,
+    "aten.fill": CREATION,
+    "aten.zero": CREATION,
+    "aten.empty": CREATION,
+    "aten.empty_like": CREATION,
+    "aten.empty_strided": CREATION,
+    "aten.new_empty": CREATION,
+    "aten.new_empty_strided": CREATION,
+    "aten.zeros": CREATION,
+    "aten.zeros_like": CREATION,
+    "aten.new_zeros": CREATION,
+    "aten.ones": CREATION,
+    "aten.ones_like": CREATION,
+    "aten.new_ones": CREATION,
+    "aten.full": CREATION,
+    "aten.full_like": CREATION,
+    "aten.new_full": CREATION,
+    "aten.arange": CREATION,
+    "aten.linspace": CREATION,
+    "aten.scalar_tensor": CREATION,
+    "aten.rand": CREATION,
+    "aten.randn": CREATION,
+    "aten.rand_like": CREATION,
+    "aten.randn_like": CREATION,
+    "aten.randint": CREATION,
+    "aten.randperm": CREATION,
+    "aten.eye": CREATION,
+    "aten.native_dropout": POINTWISE,
+    "aten.native_dropout_backward": POINTWISE,
+    "aten.floor_divide": POINTWISE,
+    "aten.remainder": POINTWISE,
+    "aten.fmod": POINTWISE,
+    "aten.lift_fresh": VIEW,
+    "aten.detach": VIEW,
+    "aten.alias": VIEW,
+    "aten._unsafe_view": VIEW,
+    "aten.view": VIEW,
+    "aten.reshape": VIEW,
+    "aten.t": VIEW,
+    "aten.transpose": VIEW,
+    "aten.permute": VIEW,
+    "aten.expand": VIEW,
+    "aten.squeeze": VIEW,
+    "aten.unsqueeze": VIEW,
+    "aten.slice": VIEW,
+    "aten.select": VIEW,
+    "aten.split": VIEW,
+    "aten.split_with_sizes": VIEW,
+    "aten.unbind": VIEW,
+    "aten.chunk": VIEW,
+    "aten.narrow": VIEW,
+    "aten.as_strided": VIEW,
+    "aten.diagonal": VIEW,
+    "aten.unfold": VIEW,
+    "aten.view_as_real": VIEW,
+    "aten.view_as_complex": VIEW,
+    "aten.movedim": VIEW,
+    "aten.unflatten": VIEW,
+    "aten.expand_as": VIEW,
+    "aten.sym_size": VIEW,
+    "aten.sym_numel": VIEW,
+    "aten.sym_stride": VIEW,
+    "aten.sym_storage_offset": VIEW,
+    "aten._assert_tensor_metadata": VIEW,
+    "aten._assert_scalar": VIEW,
+    "aten._local_scalar_dense": VIEW,
+    "aten.item": VIEW,
+    "aten.sym_constrain_range_for_size": VIEW,
+    "_operator.getitem": VIEW,
+    "operator.getitem": VIEW,
+    "_c10d_functional.all_reduce": REDUCING_COLLECTIVE,
+    "_c10d_functional.all_reduce_": REDUCING_COLLECTIVE,
+    "_c10d_functional.reduce_scatter_tensor": REDUCING_COLLECTIVE,
+    "_c10d_functional.all_gather_into_tensor": COLLECTIVE,
+    "_c10d_functional.all_to_all_single": COLLECTIVE,
+    "_c10d_functional.broadcast": COLLECTIVE,
+    "_c10d_functional.all_reduce_coalesced": REDUCING_COLLECTIVE,
+    "_c10d_functional.all_gather_into_tensor_coalesced": COLLECTIVE,
+    "_c10d_functional.reduce_scatter_tensor_coalesced": REDUCING_COLLECTIVE,
+    "_c10d_functional.wait_tensor": SYNC,
+    "_c10d_functional_autograd.all_to_all_single": COLLECTIVE,
+    "_c10d_functional_autograd.all_gather_into_tensor": COLLECTIVE,
     "_c10d_functional_autograd.reduce_scatter_tensor": REDUCING_COLLECTIVE,
 }
 
 COLLECTIVE_KIND = {
-    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
-    "all_to_all_single": "all_to_all", "broadcast": "all_gather",
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "all_gather",
 }
 
 

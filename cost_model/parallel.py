@@ -82,7 +82,9 @@ class ParallelConfig:
             return self
         per_replica = self.tp * self.pp * self.cp
         if devices % per_replica:
-            raise InfeasiblePlan([f"tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {per_replica} does not divide the {devices} devices"])
+            raise InfeasiblePlan(
+                [f"tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {per_replica} does not divide the {devices} devices"]
+            )
         return dataclasses.replace(self, dp=devices // per_replica)
 
     @property
@@ -125,8 +127,16 @@ class ParallelConfig:
         return frozenset({"core_attn"})  # Megatron's default selective recompute
 
     def label(self) -> str:
-        parts = [f"tp={self.tp}", f"pp={self.pp}", f"vpp={self.vpp}", f"ep={self.ep}", f"etp={self.etp}", f"cp={self.cp}",
-                 f"dp={self.dp}", f"zero={self.zero}"]
+        parts = [
+            f"tp={self.tp}",
+            f"pp={self.pp}",
+            f"vpp={self.vpp}",
+            f"ep={self.ep}",
+            f"etp={self.etp}",
+            f"cp={self.cp}",
+            f"dp={self.dp}",
+            f"zero={self.zero}",
+        ]
         return ",".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +166,7 @@ def key_values(text: str, keys: Sequence[str], *, what: str, example: str) -> li
     pairs: list[tuple[str, str]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         if "=" not in item:
-            raise TrexError(f"{what} item {item!r} is not key=value; write e.g. \"{example}\"")
+            raise TrexError(f'{what} item {item!r} is not key=value; write e.g. "{example}"')
         key, raw = (s.strip() for s in item.split("=", 1))
         if key not in keys:
             raise TrexError(f"{what}: unknown key {key!r}; valid keys: {', '.join(keys)}")
@@ -173,8 +183,10 @@ def settings_without_effect(config: ParallelConfig, given: Iterable[str]) -> lis
     given = set(given)
     notes = []
     if "fp8_recipe" in given and config.precision != "fp8":
-        notes.append(f"fp8_recipe={config.fp8_recipe} has no effect at precision {config.precision}: it prices FP8 GEMMs only "
-                     "(use --precision fp8)")
+        notes.append(
+            f"fp8_recipe={config.fp8_recipe} has no effect at precision {config.precision}: it prices FP8 GEMMs only "
+            "(use --precision fp8)"
+        )
     if "tp_comm_overlap" in given and config.tp_comm_overlap and config.tp == 1:
         notes.append("tp_comm_overlap has no effect with tp=1: there is no tensor-parallel communication to overlap")
     if "ep_comm_overlap" in given and config.ep_comm_overlap and config.ep == 1:
@@ -204,18 +216,25 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
     """Every violated constraint, each with its numbers (empty when the plan is consistent)."""
     problems: list[str] = []
     sizes = {name: getattr(plan, name) for name in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "mbs", "gbs", "seq")}
-    not_positive = [f"{name}={value} must be a positive integer" for name, value in sizes.items()
-                    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1)]
+    not_positive = [
+        f"{name}={value} must be a positive integer"
+        for name, value in sizes.items()
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1)
+    ]
     if not_positive:
         return not_positive  # every count below divides by these
     dp = plan.dp
     if dp is None:
         if devices % (plan.tp * plan.pp * plan.cp):
-            problems.append(f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {plan.tp * plan.pp * plan.cp} does not divide the {devices} devices")
+            problems.append(
+                f"tp*pp*cp = {plan.tp}*{plan.pp}*{plan.cp} = {plan.tp * plan.pp * plan.cp} does not divide the {devices} devices"
+            )
             return problems
         dp = devices // (plan.tp * plan.pp * plan.cp)
     if plan.tp * plan.pp * plan.cp * dp != devices:
-        problems.append(f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{dp} = {plan.tp * plan.pp * plan.cp * dp} differs from the {devices} devices")
+        problems.append(
+            f"tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{dp} = {plan.tp * plan.pp * plan.cp * dp} differs from the {devices} devices"
+        )
     if plan.zero not in (0, 1, 2, 3):
         problems.append(f"zero={plan.zero}: ZeRO stages are 0, 1, 2 or 3")
     heads = [core.heads for layer in spec.layers for core in layer.attention if core.v_head_dim]
@@ -224,7 +243,9 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
     if plan.sequence_parallel and plan.tp > 1 and (plan.seq // plan.cp) % plan.tp:
         problems.append(f"sequence parallelism needs tp={plan.tp} to divide seq/cp = {plan.seq // plan.cp}")
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
-        problems.append("tp_comm_overlap overlaps the sequence-parallel all-gathers and reduce-scatters: it needs sequence_parallel=true")
+        problems.append(
+            "tp_comm_overlap overlaps the sequence-parallel all-gathers and reduce-scatters: it needs sequence_parallel=true"
+        )
     if plan.seq % (2 * plan.cp if plan.cp > 1 else 1):
         problems.append(f"cp={plan.cp} needs seq={plan.seq} divisible by 2*cp (load-balanced causal split)")
     chunks = plan.pp * plan.vpp
@@ -232,16 +253,22 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
         if len(plan.layers_per_chunk) != chunks:
             problems.append(f"layers_per_chunk has {len(plan.layers_per_chunk)} entries for pp*vpp = {chunks} chunks")
         if sum(plan.layers_per_chunk) != spec.num_layers:
-            problems.append(f"layers_per_chunk sums to {sum(plan.layers_per_chunk)} but the model has {spec.num_layers} layers")
+            problems.append(
+                f"layers_per_chunk sums to {sum(plan.layers_per_chunk)} but the model has {spec.num_layers} layers"
+            )
     elif chunks > spec.num_layers + 2:
-        problems.append(f"pp*vpp = {plan.pp}*{plan.vpp} = {chunks} chunks exceed the {spec.num_layers} layers (+ an embedding and a head chunk)")
+        problems.append(
+            f"pp*vpp = {plan.pp}*{plan.vpp} = {chunks} chunks exceed the {spec.num_layers} layers (+ an embedding and a head chunk)"
+        )
     if plan.vpp > 1 and plan.pp == 1:
         problems.append("vpp > 1 needs pp > 1 (virtual stages interleave a pipeline)")
     per_step = plan.mbs * dp
     if plan.gbs % per_step:
         problems.append(f"gbs={plan.gbs} is not a multiple of mbs*dp = {plan.mbs}*{dp} = {per_step}")
     elif plan.vpp > 1 and (plan.gbs // per_step) % plan.pp:
-        problems.append(f"interleaved schedule needs the {plan.gbs // per_step} micro-batches per step to be a multiple of pp={plan.pp}")
+        problems.append(
+            f"interleaved schedule needs the {plan.gbs // per_step} micro-batches per step to be a multiple of pp={plan.pp}"
+        )
     moe = next((layer.moe for layer in spec.layers if layer.moe), None)
     if moe is None:
         if plan.ep > 1 or plan.etp > 1:
@@ -251,14 +278,18 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
             problems.append(f"ep={plan.ep} does not divide the {moe.num_experts} experts")
         stage = plan.tp * plan.cp * dp
         if stage % (plan.ep * plan.etp):
-            problems.append(f"ep*etp = {plan.ep}*{plan.etp} = {plan.ep * plan.etp} does not divide the tp*cp*dp = {stage} data-parallel ranks of a stage")
+            problems.append(
+                f"ep*etp = {plan.ep}*{plan.etp} = {plan.ep * plan.etp} does not divide the tp*cp*dp = {stage} data-parallel ranks of a stage"
+            )
         if moe.expert_ffn % plan.etp:
             problems.append(f"etp={plan.etp} does not divide the expert width {moe.expert_ffn}")
     if plan.recompute_mode not in ("none", "selective", "full"):
         problems.append(f"recompute={plan.recompute!r}: use none, selective, full or selective:<module>+<module>")
     unknown = plan.recompute_modules - set(RECOMPUTE_MODULES)
     if unknown:
-        problems.append(f"unknown recompute module(s) {', '.join(sorted(unknown))}; known: {', '.join(RECOMPUTE_MODULES)}")
+        problems.append(
+            f"unknown recompute module(s) {', '.join(sorted(unknown))}; known: {', '.join(RECOMPUTE_MODULES)}"
+        )
     if plan.moe_imbalance < 1.0:
         problems.append(f"moe_imbalance={plan.moe_imbalance} must be >= 1 (it is max/mean load)")
     for name, allowed in _choices().items():
@@ -274,8 +305,11 @@ def _choices() -> dict[str, tuple[str, ...]]:
     global _CHOICES
     if _CHOICES is None:
         hints = typing.get_type_hints(ParallelConfig)
-        _CHOICES = {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(ParallelConfig)
-                    if typing.get_origin(hints[f.name]) is Literal}
+        _CHOICES = {
+            f.name: typing.get_args(hints[f.name])
+            for f in dataclasses.fields(ParallelConfig)
+            if typing.get_origin(hints[f.name]) is Literal
+        }
     return _CHOICES
 
 

@@ -94,7 +94,9 @@ class Task:
     end: float
 
 
-def simulate(forward: Sequence[float], backward: Sequence[float], pp: int, vpp: int, microbatches: int, p2p: float = 0.0) -> list[Task]:
+def simulate(
+    forward: Sequence[float], backward: Sequence[float], pp: int, vpp: int, microbatches: int, p2p: float = 0.0
+) -> list[Task]:
     """Event simulation of (interleaved) 1F1B. forward[c], backward[c]: one micro-batch through chunk c."""
     chunks = pp * vpp
     if len(forward) != chunks or len(backward) != chunks:
@@ -132,7 +134,9 @@ def simulate(forward: Sequence[float], backward: Sequence[float], pp: int, vpp: 
                     deps = [("F", chunk, mb)] + ([("B", chunk + 1, mb)] if chunk < chunks - 1 else [])
                 if any(dep not in done for dep in deps):
                     break
-                ready = max([free[d]] + [done[dep] + (p2p if dep[1] % pp != d or dep[0] != kind else 0.0) for dep in deps])
+                ready = max(
+                    [free[d]] + [done[dep] + (p2p if dep[1] % pp != d or dep[0] != kind else 0.0) for dep in deps]
+                )
                 duration = forward[chunk] if kind == "F" else backward[chunk]
                 end = ready + duration
                 done[(kind, chunk, mb)] = end

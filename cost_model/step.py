@@ -49,8 +49,15 @@ class Breakdown:
     host_wait_s: float = 0.0  # the device idle while the host issues ops (host-bound stretches, trex.cost_model.host)
 
     def to_dict(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "recompute": self.recompute_s, "exposed_communication": self.exposed_comm_s,
-                "bubble": self.bubble_s, "optimizer": self.optimizer_s, "data_parallel_sync": self.dp_sync_s, "host_wait": self.host_wait_s}
+        return {
+            "compute": self.compute_s,
+            "recompute": self.recompute_s,
+            "exposed_communication": self.exposed_comm_s,
+            "bubble": self.bubble_s,
+            "optimizer": self.optimizer_s,
+            "data_parallel_sync": self.dp_sync_s,
+            "host_wait": self.host_wait_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,9 @@ class ChunkTimes:
     comm_backward_s: float
     recompute_s: float
     saved_bytes: float
-    host_wait_s: float = 0.0  # forward + backward time the device waits for the host (included in forward_s, backward_s)
+    host_wait_s: float = (
+        0.0  # forward + backward time the device waits for the host (included in forward_s, backward_s)
+    )
 
 
 @dataclass(frozen=True)
@@ -123,15 +132,29 @@ class StepEstimate:
     def to_dict(self) -> dict[str, Any]:
         memory = self.memory.gib()
         return {
-            "model": self.model, "cluster": self.cluster, "device": self.device, "devices": self.devices,
-            "plan": self.plan.to_dict(), "feasible": self.feasible, "violations": list(self.violations) + self.memory_violations(),
-            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s, "tokens_per_s_per_device": self.tokens_per_s_per_device,
-            "model_tflops_per_device": self.model_tflops_per_device, "mfu": self.mfu, "mfu_6n": self.mfu_6n, "hfu": self.hfu,
-            "flops_per_token": self.flops_per_token, "flops_per_token_6n": self.flops_per_token_6n,
+            "model": self.model,
+            "cluster": self.cluster,
+            "device": self.device,
+            "devices": self.devices,
+            "plan": self.plan.to_dict(),
+            "feasible": self.feasible,
+            "violations": list(self.violations) + self.memory_violations(),
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "model_tflops_per_device": self.model_tflops_per_device,
+            "mfu": self.mfu,
+            "mfu_6n": self.mfu_6n,
+            "hfu": self.hfu,
+            "flops_per_token": self.flops_per_token,
+            "flops_per_token_6n": self.flops_per_token_6n,
             "flop_convention": "megatron per-GEMM (mfu, model_tflops_per_device); 6N_active + 12LHQT (mfu_6n); peak = dense BF16",
-            "memory_per_device_gib": memory["total"], "memory_gib": memory,
-            "breakdown": self.breakdown.to_dict(), "microbatches": self.plan.microbatches,
-            "seconds_to_estimate": self.seconds_to_estimate, "notes": list(self.notes),
+            "memory_per_device_gib": memory["total"],
+            "memory_gib": memory,
+            "breakdown": self.breakdown.to_dict(),
+            "microbatches": self.plan.microbatches,
+            "seconds_to_estimate": self.seconds_to_estimate,
+            "notes": list(self.notes),
             "pipeline": self.stages(),
         }
 
@@ -141,20 +164,29 @@ class StepEstimate:
         out = []
         for d in range(pp):
             ids = [d + j * pp for j in range(vpp)]
-            out.append({"device": d, "chunks": ids, "layers_per_chunk": [len(self.chunks[c].layers) for c in ids],
-                        "holds_embedding": 0 in ids, "holds_head": len(self.chunks) - 1 in ids,
-                        "time_per_microbatch_s": self.per_device_s[d],
-                        "host_wait_per_microbatch_s": sum(self.chunks[c].host_wait_s for c in ids),
-                        "memory_gib": self.memory_by_device[d] / GIB if self.memory_by_device else None})
+            out.append(
+                {
+                    "device": d,
+                    "chunks": ids,
+                    "layers_per_chunk": [len(self.chunks[c].layers) for c in ids],
+                    "holds_embedding": 0 in ids,
+                    "holds_head": len(self.chunks) - 1 in ids,
+                    "time_per_microbatch_s": self.per_device_s[d],
+                    "host_wait_per_microbatch_s": sum(self.chunks[c].host_wait_s for c in ids),
+                    "memory_gib": self.memory_by_device[d] / GIB if self.memory_by_device else None,
+                }
+            )
         return out
 
     def memory_violations(self) -> list[str]:
         if self.memory.fits:
             return []
         m = self.memory.gib()
-        return [f"memory {m['total']:.1f} GiB per device exceeds the {m['capacity']:.1f} GiB usable on {self.device} "
-                f"(weights {m['weights']:.1f}, gradients {m['gradients']:.1f}, optimizer {m['optimizer_states']:.1f}, "
-                f"activations {m['activations']:.1f}, transient {m['transient']:.1f})"]
+        return [
+            f"memory {m['total']:.1f} GiB per device exceeds the {m['capacity']:.1f} GiB usable on {self.device} "
+            f"(weights {m['weights']:.1f}, gradients {m['gradients']:.1f}, optimizer {m['optimizer_states']:.1f}, "
+            f"activations {m['activations']:.1f}, transient {m['transient']:.1f})"
+        ]
 
 
 def _layer_params(layer: LayerSpec, hidden: int, plan: ParallelConfig) -> ParamCounts:
@@ -183,7 +215,9 @@ def _muon_flops(layer: LayerSpec, hidden: int, plan: ParallelConfig) -> float:
     return total / plan.data_parallel  # each DP rank orthogonalises its share of the matrices
 
 
-def data_parallel_exposure(plan: ParallelConfig, grad_sync: float, gather: float, forward: float, backward: float) -> tuple[float, float]:
+def data_parallel_exposure(
+    plan: ParallelConfig, grad_sync: float, gather: float, forward: float, backward: float
+) -> tuple[float, float]:
     """(exposed, total) seconds of one device's data-parallel traffic in a step.
 
     `grad_sync` is one reduction of the device's gradients, `gather` one all-gather of its parameters,
@@ -212,7 +246,9 @@ def data_parallel_exposure(plan: ParallelConfig, grad_sync: float, gather: float
     return max(0.0, each - m * forward) + max(0.0, each + reduce - window_b), reduce + 2 * each
 
 
-def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, check: bool = True, detail: bool = False) -> StepEstimate:
+def estimate_step(
+    spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, check: bool = True, detail: bool = False
+) -> StepEstimate:
     """Price one training step of `plan` for `spec` on `cluster` (sized to its device count).
 
     With `check=True` an inconsistent plan raises `InfeasiblePlan` naming each violated
@@ -225,10 +261,16 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         raise InfeasiblePlan(problems)
     device = cluster.device
     if not device.supports(plan.precision):
-        raise InfeasiblePlan([f"precision {plan.precision} is not supported by {device.name} (it has {', '.join(sorted(device.peak_tflops))})"])
+        raise InfeasiblePlan(
+            [
+                f"precision {plan.precision} is not supported by {device.name} (it has {', '.join(sorted(device.peak_tflops))})"
+            ]
+        )
     ctx = CostContext.of(plan, cluster, detail=detail)
     hidden = spec.hidden_size
-    kind_costs: dict[str, LayerCost] = {kind: layer_cost(layer, hidden, ctx) for kind, layer in spec.layer_kinds.items()}
+    kind_costs: dict[str, LayerCost] = {
+        kind: layer_cost(layer, hidden, ctx) for kind, layer in spec.layer_kinds.items()
+    }
     chunks_n = plan.pp * plan.vpp
     split = plan.layers_per_chunk or default_layers_per_chunk(spec.num_layers, chunks_n)
     bounds = [0]
@@ -291,12 +333,32 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
             flops = sum(p.flops * n for p, n in parts)
             peak = max((p.transient_bytes for p, _ in parts), default=0.0)
             wait_f, wait_b = chunk_host_wait(parts)
-            times = ChunkTimes(c, layer_ids, f + cf + wait_f + exposed_p2p, b + r + cb + wait_b + exposed_p2p, cf + exposed_p2p, cb + exposed_p2p, r,
-                               saved, wait_f + wait_b)
+            times = ChunkTimes(
+                c,
+                layer_ids,
+                f + cf + wait_f + exposed_p2p,
+                b + r + cb + wait_b + exposed_p2p,
+                cf + exposed_p2p,
+                cb + exposed_p2p,
+                r,
+                saved,
+                wait_f + wait_b,
+            )
             signature_cache[key] = (times, params, muon_flops, r, f + b + r, cf + cb + 2 * exposed_p2p, flops, peak)
         times, params, muon_flops, r, compute, comm, flops, peak = signature_cache[key]
-        chunks.append(ChunkTimes(c, layer_ids, times.forward_s, times.backward_s, times.comm_forward_s, times.comm_backward_s, r, times.saved_bytes,
-                                 times.host_wait_s))
+        chunks.append(
+            ChunkTimes(
+                c,
+                layer_ids,
+                times.forward_s,
+                times.backward_s,
+                times.comm_forward_s,
+                times.comm_backward_s,
+                r,
+                times.saved_bytes,
+                times.host_wait_s,
+            )
+        )
         chunk_params.append(params)
         chunk_muon_flops.append(muon_flops)
         recompute_per_chunk.append(r)
@@ -323,7 +385,11 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     optimizer = 0.0
     memory_worst: MemoryEstimate | None = None
     memory_by_device: list[float] = []
-    dp_place = cluster.strided_placement(*layout.groups["dp"]) if plan.cp == 1 else cluster.strided_placement(plan.cp * plan.data_parallel, plan.tp)
+    dp_place = (
+        cluster.strided_placement(*layout.groups["dp"])
+        if plan.cp == 1
+        else cluster.strided_placement(plan.cp * plan.data_parallel, plan.tp)
+    )
     edp_place = cluster.strided_placement(*layout.groups["edp"])
     grad_bytes = 4.0 if plan.grad_dtype == "fp32" else 2.0
     device_cache: dict[tuple, tuple[float, float, float, MemoryEstimate]] = {}
@@ -331,9 +397,18 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
         ids = device_chunks(d, plan.pp, plan.vpp)
         flights = in_flight(d, plan.pp, plan.vpp, m)
         holds_head = d == (chunks_n - 1) % plan.pp
-        key = (tuple(chunks[c].layers and (len(chunks[c].layers), spec.layers[chunks[c].layers[0]].kind) or (0, "") for c in ids),
-               tuple(c in (0, chunks_n - 1) for c in ids), tuple(flights), tuple(chunks[c].saved_bytes for c in ids),
-               tuple(chunks[c].forward_s for c in ids), tuple(chunks[c].backward_s for c in ids), holds_head)
+        key = (
+            tuple(
+                chunks[c].layers and (len(chunks[c].layers), spec.layers[chunks[c].layers[0]].kind) or (0, "")
+                for c in ids
+            ),
+            tuple(c in (0, chunks_n - 1) for c in ids),
+            tuple(flights),
+            tuple(chunks[c].saved_bytes for c in ids),
+            tuple(chunks[c].forward_s for c in ids),
+            tuple(chunks[c].backward_s for c in ids),
+            holds_head,
+        )
         if key not in device_cache:
             params = ParamCounts()
             for c in ids:
@@ -341,21 +416,49 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
             dense_grads = params.dense * grad_bytes
             expert_grads = params.expert * grad_bytes
             if plan.zero >= 1:
-                grad_sync = collectives.reduce_scatter(dense_grads, dp_place) + collectives.reduce_scatter(expert_grads, edp_place)
-                gather = collectives.all_gather(params.dense * 2.0, dp_place) + collectives.all_gather(params.expert * 2.0, edp_place)
+                grad_sync = collectives.reduce_scatter(dense_grads, dp_place) + collectives.reduce_scatter(
+                    expert_grads, edp_place
+                )
+                gather = collectives.all_gather(params.dense * 2.0, dp_place) + collectives.all_gather(
+                    params.expert * 2.0, edp_place
+                )
             else:
-                grad_sync = collectives.all_reduce(dense_grads, dp_place) + collectives.all_reduce(expert_grads, edp_place)
+                grad_sync = collectives.all_reduce(dense_grads, dp_place) + collectives.all_reduce(
+                    expert_grads, edp_place
+                )
                 gather = 0.0
             forward = sum(chunks[c].forward_s for c in ids)
             backward = sum(chunks[c].backward_s for c in ids)
             exposed, sync_total = data_parallel_exposure(plan, grad_sync, gather, forward, backward)
-            step_opt = optimizer_step_time(params, device, dp=plan.data_parallel * plan.cp, edp=plan.edp, zero=plan.zero, grad_dtype=plan.grad_dtype,
-                                           state_dtype=plan.optimizer_state_dtype, muon=muon, muon_flops=sum(chunk_muon_flops[c] for c in ids))
-            weights, grads, states = static_memory(params, dp=plan.data_parallel * plan.cp, edp=plan.edp, zero=plan.zero, precision=plan.precision,
-                                                   grad_dtype=plan.grad_dtype, state_dtype=plan.optimizer_state_dtype, muon=muon)
+            step_opt = optimizer_step_time(
+                params,
+                device,
+                dp=plan.data_parallel * plan.cp,
+                edp=plan.edp,
+                zero=plan.zero,
+                grad_dtype=plan.grad_dtype,
+                state_dtype=plan.optimizer_state_dtype,
+                muon=muon,
+                muon_flops=sum(chunk_muon_flops[c] for c in ids),
+            )
+            weights, grads, states = static_memory(
+                params,
+                dp=plan.data_parallel * plan.cp,
+                edp=plan.edp,
+                zero=plan.zero,
+                precision=plan.precision,
+                grad_dtype=plan.grad_dtype,
+                state_dtype=plan.optimizer_state_dtype,
+                muon=muon,
+            )
             acts = activation_memory([chunks[c].saved_bytes for c in ids], flights)
             extra = max(transient, head.transient_bytes if holds_head else 0.0)
-            device_cache[key] = (exposed, step_opt, sync_total, MemoryEstimate(weights, grads, states, acts, extra, device.usable_memory_bytes))
+            device_cache[key] = (
+                exposed,
+                step_opt,
+                sync_total,
+                MemoryEstimate(weights, grads, states, acts, extra, device.usable_memory_bytes),
+            )
         exposed, step_opt, sync_total, estimate = device_cache[key]
         if d == slowest or exposed + step_opt > dp_sync + optimizer:
             dp_sync, optimizer = max(dp_sync, exposed), max(optimizer, step_opt)
@@ -375,14 +478,31 @@ def estimate_step(spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, ch
     tokens = plan.gbs * plan.seq
     notes = list(spec.assumptions)
     if device.name == "cpu" and not device.calibrated:
-        notes.append("the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`")
+        notes.append(
+            "the cpu profile is not calibrated (its numbers are rough defaults, not measurements): run `trex calibrate`"
+        )
     notes += estimate_caveats(spec, plan)
     return StepEstimate(
-        model=spec.name, cluster=cluster.name, device=device.name, devices=cluster.devices, plan=plan, step_time_s=step,
-        tokens_per_step=tokens, flops_per_token=megatron_flops_per_token(spec, plan.seq), flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
-        executed_flops_per_step=executed_flops, peak_flops=device.peak_flops("bf16"), breakdown=breakdown, memory=memory_worst,
-        chunks=tuple(chunks), p2p_s=p2p, per_device_s=tuple(per_device), violations=(), seconds_to_estimate=time.perf_counter() - started,
-        notes=tuple(notes), memory_by_device=tuple(memory_by_device),
+        model=spec.name,
+        cluster=cluster.name,
+        device=device.name,
+        devices=cluster.devices,
+        plan=plan,
+        step_time_s=step,
+        tokens_per_step=tokens,
+        flops_per_token=megatron_flops_per_token(spec, plan.seq),
+        flops_per_token_6n=six_n_flops_per_token(spec, plan.seq),
+        executed_flops_per_step=executed_flops,
+        peak_flops=device.peak_flops("bf16"),
+        breakdown=breakdown,
+        memory=memory_worst,
+        chunks=tuple(chunks),
+        p2p_s=p2p,
+        per_device_s=tuple(per_device),
+        violations=(),
+        seconds_to_estimate=time.perf_counter() - started,
+        notes=tuple(notes),
+        memory_by_device=tuple(memory_by_device),
     )
 
 

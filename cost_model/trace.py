@@ -33,10 +33,14 @@ def trace_events(estimate: StepEstimate) -> dict[str, Any]:
     tasks = simulate(forward, backward, pp, vpp, microbatches, p2p=estimate.p2p_s)
     events: list[dict[str, Any]] = []
     for d in range(pp):
-        events.append({"ph": "M", "name": "process_name", "pid": d, "args": {"name": f"pipeline stage {d} ({estimate.device})"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": d, "args": {"name": f"pipeline stage {d} ({estimate.device})"}}
+        )
         events.append({"ph": "M", "name": "process_sort_index", "pid": d, "args": {"sort_index": d}})
         events.append({"ph": "M", "name": "thread_name", "pid": d, "tid": COMPUTE, "args": {"name": "compute"}})
-        events.append({"ph": "M", "name": "thread_name", "pid": d, "tid": COMM, "args": {"name": "exposed communication"}})
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": d, "tid": COMM, "args": {"name": "exposed communication"}}
+        )
         events.append({"ph": "M", "name": "thread_name", "pid": d, "tid": STEP, "args": {"name": "step"}})
     for task in tasks:
         chunk = estimate.chunks[task.chunk]
@@ -44,26 +48,74 @@ def trace_events(estimate: StepEstimate) -> dict[str, Any]:
         layers = f"layers {chunk.layers[0]}-{chunk.layers[-1]}" if chunk.layers else "embedding/head"
         name = f"{'fwd' if task.kind == 'F' else 'bwd'} mb{task.microbatch} chunk{task.chunk}"
         duration = task.end - task.start
-        events.append({"ph": "X", "name": name, "cat": "forward" if task.kind == "F" else "backward", "pid": task.device, "tid": COMPUTE,
-                       "ts": task.start * 1e6, "dur": duration * 1e6,
-                       "args": {"layers": layers, "microbatch": task.microbatch, "chunk": task.chunk,
-                                "recompute_ms": chunk.recompute_s * 1e3 if task.kind == "B" else 0.0, "exposed_comm_ms": comm * 1e3}})
+        events.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": "forward" if task.kind == "F" else "backward",
+                "pid": task.device,
+                "tid": COMPUTE,
+                "ts": task.start * 1e6,
+                "dur": duration * 1e6,
+                "args": {
+                    "layers": layers,
+                    "microbatch": task.microbatch,
+                    "chunk": task.chunk,
+                    "recompute_ms": chunk.recompute_s * 1e3 if task.kind == "B" else 0.0,
+                    "exposed_comm_ms": comm * 1e3,
+                },
+            }
+        )
         if comm > 0:
-            events.append({"ph": "X", "name": f"comm {name}", "cat": "communication", "pid": task.device, "tid": COMM,
-                           "ts": (task.end - comm) * 1e6, "dur": comm * 1e6, "args": {"exposed_ms": comm * 1e3}})
+            events.append(
+                {
+                    "ph": "X",
+                    "name": f"comm {name}",
+                    "cat": "communication",
+                    "pid": task.device,
+                    "tid": COMM,
+                    "ts": (task.end - comm) * 1e6,
+                    "dur": comm * 1e6,
+                    "args": {"exposed_ms": comm * 1e3},
+                }
+            )
     end = makespan(tasks)
     breakdown = estimate.breakdown
     for d in range(pp):
         t = end
         if breakdown.dp_sync_s > 0:
-            events.append({"ph": "X", "name": "data-parallel gradient sync (exposed)", "cat": "communication", "pid": d, "tid": STEP,
-                           "ts": t * 1e6, "dur": breakdown.dp_sync_s * 1e6, "args": {}})
+            events.append(
+                {
+                    "ph": "X",
+                    "name": "data-parallel gradient sync (exposed)",
+                    "cat": "communication",
+                    "pid": d,
+                    "tid": STEP,
+                    "ts": t * 1e6,
+                    "dur": breakdown.dp_sync_s * 1e6,
+                    "args": {},
+                }
+            )
             t += breakdown.dp_sync_s
-        events.append({"ph": "X", "name": "optimizer step", "cat": "optimizer", "pid": d, "tid": STEP, "ts": t * 1e6,
-                       "dur": max(breakdown.optimizer_s, 1e-9) * 1e6, "args": {}})
+        events.append(
+            {
+                "ph": "X",
+                "name": "optimizer step",
+                "cat": "optimizer",
+                "pid": d,
+                "tid": STEP,
+                "ts": t * 1e6,
+                "dur": max(breakdown.optimizer_s, 1e-9) * 1e6,
+                "args": {},
+            }
+        )
     summary = estimate.to_dict()
     summary["trace_microbatches"] = microbatches
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"trex_estimate": json.dumps(summary, default=str)}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"trex_estimate": json.dumps(summary, default=str)},
+    }
 
 
 def write_trace(estimate: StepEstimate, path: str | Path) -> Path:

@@ -51,7 +51,7 @@ def layers_per_chunk_from_layout(layout: str, chunks: int, num_layers: int) -> t
         match = pattern.search(expanded)
         if not match:
             break
-        expanded = expanded[: match.start()] + match.group(1) * int(match.group(2)) + expanded[match.end():]
+        expanded = expanded[: match.start()] + match.group(1) * int(match.group(2)) + expanded[match.end() :]
     parts = expanded.split("|")
     if len(parts) != chunks:
         raise TrexError(f"pipeline layout {layout!r} has {len(parts)} chunks, the plan has pp*vpp = {chunks}")
@@ -59,7 +59,9 @@ def layers_per_chunk_from_layout(layout: str, chunks: int, num_layers: int) -> t
     if sum(counts) != num_layers:
         raise TrexError(f"pipeline layout {layout!r} places {sum(counts)} layers, the model has {num_layers}")
     if "E" not in parts[0] or "L" not in parts[-1]:
-        raise TrexError(f"pipeline layout {layout!r}: the embedding (E) goes in the first chunk and the loss (L) in the last")
+        raise TrexError(
+            f"pipeline layout {layout!r}: the embedding (E) goes in the first chunk and the loss (L) in the last"
+        )
     return counts
 
 
@@ -82,15 +84,28 @@ class Comparison:
         return self.predicted / self.published - 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "model": self.model, "devices": self.devices, "device": self.device, "plan": self.plan, "metric": self.metric,
-                "published": self.published, "predicted": self.predicted, "error": self.error,
-                "step_time_s": self.estimate.step_time_s, "mfu": self.estimate.mfu, "breakdown": self.estimate.breakdown.to_dict(),
-                "memory_per_device_gib": self.estimate.memory.total / 2**30}
+        return {
+            "id": self.id,
+            "model": self.model,
+            "devices": self.devices,
+            "device": self.device,
+            "plan": self.plan,
+            "metric": self.metric,
+            "published": self.published,
+            "predicted": self.predicted,
+            "error": self.error,
+            "step_time_s": self.estimate.step_time_s,
+            "mfu": self.estimate.mfu,
+            "breakdown": self.estimate.breakdown.to_dict(),
+            "memory_per_device_gib": self.estimate.memory.total / 2**30,
+        }
 
 
 def plan_of_row(row: dict[str, str], setup: dict[str, Any], num_layers: int) -> ParallelConfig:
     known = {f.name for f in fields(ParallelConfig)}
-    values: dict[str, Any] = {key: int(row[key]) for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "gbs", "seq")}
+    values: dict[str, Any] = {
+        key: int(row[key]) for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "gbs", "seq")
+    }
     values["precision"] = row["precision"]
     values["recompute"] = row["recompute"]
     for key, value in setup.items():
@@ -103,7 +118,9 @@ def plan_of_row(row: dict[str, str], setup: dict[str, Any], num_layers: int) -> 
     return ParallelConfig(**values)
 
 
-def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None, *, host_op_us: float | None = None) -> Comparison:
+def compare_row(
+    row: dict[str, str], setup: dict[str, Any] | None = None, *, host_op_us: float | None = None
+) -> Comparison:
     """Estimate one published row. `host_op_us` replaces the device profile's host cost per op (a
     sensitivity study of the host model, the same value for every row; None: the profile's own)."""
     setup = setup if setup is not None else published_setups().get(row["id"], {})
@@ -123,11 +140,23 @@ def compare_row(row: dict[str, str], setup: dict[str, Any] | None = None, *, hos
         predicted = estimate.mfu
     else:
         raise TrexError(f"row {row['id']}: unknown metric {metric!r}")
-    return Comparison(row["id"], row["model"], devices, row["device"], estimate.plan.label(), metric, float(row["value"]), predicted, estimate,
-                      setup.get("source", row.get("source", "")))
+    return Comparison(
+        row["id"],
+        row["model"],
+        devices,
+        row["device"],
+        estimate.plan.label(),
+        metric,
+        float(row["value"]),
+        predicted,
+        estimate,
+        setup.get("source", row.get("source", "")),
+    )
 
 
-def compare_all(path: str | Path | None = None, *, host_op_us: float | None = None, extra: bool = False) -> list[Comparison]:
+def compare_all(
+    path: str | Path | None = None, *, host_op_us: float | None = None, extra: bool = False
+) -> list[Comparison]:
     """Every row of the published-runs CSV (`path`, default the shipped copy); `extra=True`: the rows of
     `extra_published_runs()` instead."""
     setups = published_setups()
@@ -169,5 +198,9 @@ def layer_executions(comparison: Comparison) -> LayerExecutions | None:
     host_wait = plan.microbatches * sum(estimate.chunks[c].host_wait_s for c in ids)  # the device idle behind the host
     per_layer = cost.device_forward_s + cost.device_backward_s + host_wait / count
     rest = estimate.step_time_s - count * per_layer
-    published_step = comparison.published if comparison.metric == "step_time_s" else estimate.step_time_s * comparison.predicted / comparison.published
+    published_step = (
+        comparison.published
+        if comparison.metric == "step_time_s"
+        else estimate.step_time_s * comparison.predicted / comparison.published
+    )
     return LayerExecutions(count, per_layer, (published_step - rest) / count)

@@ -63,12 +63,16 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
         entries = [p.strip() for p in passes.split(",") if p.strip()]
         removed = [e[1:] for e in entries if e.startswith("-")]
         if removed and len(removed) != len(entries):
-            raise TrexError(f"passes={passes!r} mixes '-name' (remove from the default pipeline) with plain names (the whole pipeline); "
-                            "use one form")
+            raise TrexError(
+                f"passes={passes!r} mixes '-name' (remove from the default pipeline) with plain names (the whole pipeline); "
+                "use one form"
+            )
         if removed:
             unknown = [name for name in removed if name not in DEFAULT_PIPELINE]
             if unknown:
-                raise UnknownNameError("pass", unknown[0], DEFAULT_PIPELINE, hint="passes='-name' removes a pass of the default pipeline")
+                raise UnknownNameError(
+                    "pass", unknown[0], DEFAULT_PIPELINE, hint="passes='-name' removes a pass of the default pipeline"
+                )
             entries = [name for name in DEFAULT_PIPELINE if name not in removed]
         passes = entries
     resolved = []
@@ -83,5 +87,13 @@ def resolve_pipeline(passes: str | Sequence[str | Pass] | None) -> list[Pass]:
     return resolved
 
 
-__all__ = ["DEFAULT_PIPELINE", "PASSES", "CanonicalizeMoe", "CostDrivenFusion", "DeadCodeElimination", "Recompute", "TritonPatterns",
-           "resolve_pipeline"]
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "PASSES",
+    "CanonicalizeMoe",
+    "CostDrivenFusion",
+    "DeadCodeElimination",
+    "Recompute",
+    "TritonPatterns",
+    "resolve_pipeline",
+]

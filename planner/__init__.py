@@ -26,6 +26,21 @@ from trex.planner.space import SearchSpace
 from trex.planner.stage_split import SplitProblem, StageSplit, split_stages
 
 __all__ = [
-    "Baseline", "Candidate", "PlanningResult", "Recipe", "RunnerUp", "SearchResult", "SearchSpace", "SearchStats", "SplitProblem", "StageSplit",
-    "baseline_plan", "default_recipe", "get_recipe", "plan_parallel", "recipe_names", "search", "split_stages",
+    "Baseline",
+    "Candidate",
+    "PlanningResult",
+    "Recipe",
+    "RunnerUp",
+    "SearchResult",
+    "SearchSpace",
+    "SearchStats",
+    "SplitProblem",
+    "StageSplit",
+    "baseline_plan",
+    "default_recipe",
+    "get_recipe",
+    "plan_parallel",
+    "recipe_names",
+    "search",
+    "split_stages",
 ]

@@ -36,8 +36,12 @@ class Recipe:
     pipeline_layout: str | None
     recompute: str
     not_modelled: tuple[str, ...]
-    published_row: str | dict[str, str] | None = None  # the row(s) of published_runs.csv or published_runs_extra.csv this layout ran as
-    precision: str | None = None  # the precision the recipe is written for (None: any); preferred when planning that precision
+    published_row: str | dict[str, str] | None = (
+        None  # the row(s) of published_runs.csv or published_runs_extra.csv this layout ran as
+    )
+    precision: str | None = (
+        None  # the precision the recipe is written for (None: any); preferred when planning that precision
+    )
 
     def value(self, field: str, model: str) -> Any:
         v = self.values[field]
@@ -58,10 +62,21 @@ def recipes() -> dict[str, Recipe]:
             raise TrexError(f"baseline_recipes.toml [{name}]: missing {', '.join(missing)}")
         precision = entry.get("precision")
         if precision is not None and precision not in _PRECISIONS:
-            raise TrexError(f"baseline_recipes.toml [{name}]: precision {precision!r} is not one of {', '.join(_PRECISIONS)}")
-        out[name] = Recipe(name, entry["description"], entry["source"], tuple(entry["models"]), {f: entry[f] for f in _LAYOUT_FIELDS},
-                           entry.get("pipeline_layout"), entry["recompute"], tuple(entry.get("not_modelled", ())), entry.get("published_row"),
-                           precision)
+            raise TrexError(
+                f"baseline_recipes.toml [{name}]: precision {precision!r} is not one of {', '.join(_PRECISIONS)}"
+            )
+        out[name] = Recipe(
+            name,
+            entry["description"],
+            entry["source"],
+            tuple(entry["models"]),
+            {f: entry[f] for f in _LAYOUT_FIELDS},
+            entry.get("pipeline_layout"),
+            entry["recompute"],
+            tuple(entry.get("not_modelled", ())),
+            entry.get("published_row"),
+            precision,
+        )
     return out
 
 
@@ -98,8 +113,10 @@ def software_differences(recipe: Recipe, model: str, config: ParallelConfig) -> 
         priced = getattr(config, key)
         if priced != value:
             shown = str(value).lower() if isinstance(value, bool) else value
-            out.append(f"the published run used {key}={shown}; priced here with the search's {key}={str(priced).lower() if isinstance(priced, bool) else priced} "
-                       f"(--set {key}={shown} prices both that way)")
+            out.append(
+                f"the published run used {key}={shown}; priced here with the search's {key}={str(priced).lower() if isinstance(priced, bool) else priced} "
+                f"(--set {key}={shown} prices both that way)"
+            )
     return out
 
 
@@ -134,19 +151,28 @@ def layers_per_chunk_from_layout(layout: str, chunks: int, num_layers: int) -> t
     """
     from trex.cost_model.validation import layers_per_chunk_from_layout as parse
 
-    return parse(re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout.replace(" ", "")), chunks, num_layers)
+    return parse(
+        re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), layout.replace(" ", "")),
+        chunks,
+        num_layers,
+    )
 
 
 def _largest_divisor(n: int, at_most: int, divides: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0 and divides % d == 0)
 
 
-def baseline_plan(recipe: Recipe, spec: ModelSpec, devices: int, template: ParallelConfig) -> tuple[ParallelConfig, list[str]]:
+def baseline_plan(
+    recipe: Recipe, spec: ModelSpec, devices: int, template: ParallelConfig
+) -> tuple[ParallelConfig, list[str]]:
     """The recipe's layout for this run, and what had to be adapted (empty for the recipe's own models)."""
     model = spec.name if spec.name in recipe.models else None
     key = model or ""
-    values = {f: recipe.value(f, key) if isinstance(recipe.values[f], dict) else recipe.values[f] for f in _LAYOUT_FIELDS} if model else \
-        {f: recipe.values[f] for f in _LAYOUT_FIELDS if not isinstance(recipe.values[f], dict)}
+    values = (
+        {f: recipe.value(f, key) if isinstance(recipe.values[f], dict) else recipe.values[f] for f in _LAYOUT_FIELDS}
+        if model
+        else {f: recipe.values[f] for f in _LAYOUT_FIELDS if not isinstance(recipe.values[f], dict)}
+    )
     adjusted: list[str] = []
     if model is None:
         values = _fit_stand_in(values, spec, devices, adjusted)
@@ -155,8 +181,12 @@ def baseline_plan(recipe: Recipe, spec: ModelSpec, devices: int, template: Paral
         raise TrexError(f"recipe {recipe.name!r} needs tp*pp*cp = {per_replica} to divide the {devices} devices")
     layers_per_chunk = None
     if recipe.pipeline_layout and model is not None:
-        layers_per_chunk = layers_per_chunk_from_layout(recipe.pipeline_layout, values["pp"] * values["vpp"], spec.num_layers)
-    plan = dataclasses.replace(template, **values, dp=devices // per_replica, recompute=recipe.recompute, layers_per_chunk=layers_per_chunk)
+        layers_per_chunk = layers_per_chunk_from_layout(
+            recipe.pipeline_layout, values["pp"] * values["vpp"], spec.num_layers
+        )
+    plan = dataclasses.replace(
+        template, **values, dp=devices // per_replica, recompute=recipe.recompute, layers_per_chunk=layers_per_chunk
+    )
     return plan, adjusted
 
 

@@ -1,10 +1,10 @@
 """Planning end to end: search, the named baseline, and the result as `trex.plan.Plan` objects.
 
-    result = plan_parallel("deepseek-v4-pro", "cloudmatrix384", 1024, seq=4096, gbs=1024)
-    result.best                      # Plan: degrees, split, predicted step time / MFU / memory
-    result.runners_up                # [(Plan, why it loses)]
-    result.baseline                  # the public recipe's layout on the same run, priced the same way
-    result.to_dict()                 # what `trex plan --json` prints
+result = plan_parallel("deepseek-v4-pro", "cloudmatrix384", 1024, seq=4096, gbs=1024)
+result.best                      # Plan: degrees, split, predicted step time / MFU / memory
+result.runners_up                # [(Plan, why it loses)]
+result.baseline                  # the public recipe's layout on the same run, priced the same way
+result.to_dict()                 # what `trex plan --json` prints
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from trex.cost_model.model_spec import ModelSpec, get_model_spec
 from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
+from trex.plan import ModelShape, Plan, Prediction
 from trex.planner.baselines import Recipe, baseline_plan, get_recipe, recipes_for, software_differences
 from trex.planner.reasons import shortfall, why_slower, why_too_big
 from trex.planner.search import Candidate, Progress, SearchResult, search
 from trex.planner.space import SearchSpace
-from trex.plan import ModelShape, Plan, Prediction
 
 SUMMARY_FIELDS = ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero", "mbs", "recompute")
 
@@ -77,23 +77,36 @@ class PlanningResult:
     def to_dict(self) -> dict[str, Any]:
         stats = self.search.stats
         out: dict[str, Any] = {
-            "model": self.spec.name, "cluster": self.cluster.name, "devices": self.cluster.devices, "device": self.cluster.device.name,
-            "seq": self.template.seq, "gbs": self.template.gbs, "precision": self.template.precision,
+            "model": self.spec.name,
+            "cluster": self.cluster.name,
+            "devices": self.cluster.devices,
+            "device": self.cluster.device.name,
+            "seq": self.template.seq,
+            "gbs": self.template.gbs,
+            "precision": self.template.precision,
             "feasible": self.feasible,
             "best": plan_summary(self.best) if self.best else None,
             "runners_up": [{**plan_summary(r.plan), "reason": r.reason} for r in self.runners_up],
-            "faster_but_too_big": [{**plan_summary(r.plan), "reason": r.reason, "pipeline_s_at_least": r.at_least_s} for r in self.too_big],
+            "faster_but_too_big": [
+                {**plan_summary(r.plan), "reason": r.reason, "pipeline_s_at_least": r.at_least_s} for r in self.too_big
+            ],
             "baseline": baseline_summary(self.baseline) if self.baseline else None,
             "speedup_over_baseline": self.speedup,
-            "search_time_s": stats.seconds, "candidates": stats.candidates_priced, "search_space": stats.space_size,
-            "search": stats.to_dict(), "search_space_rules": self.search.space.describe(),
+            "search_time_s": stats.seconds,
+            "candidates": stats.candidates_priced,
+            "search_space": stats.space_size,
+            "search": stats.to_dict(),
+            "search_space_rules": self.search.space.describe(),
         }
         if self.best is not None:
             out["plan"] = self.best.to_dict()
         if self.nearest is not None:
             memory = self.nearest.prediction.memory_gib if self.nearest.prediction else {}
-            out["nearest"] = {**plan_summary(self.nearest), "memory_gib": memory,
-                              "missing_gib": max(0.0, memory.get("total", 0.0) - memory.get("capacity", math.inf))}
+            out["nearest"] = {
+                **plan_summary(self.nearest),
+                "memory_gib": memory,
+                "missing_gib": max(0.0, memory.get("total", 0.0) - memory.get("capacity", math.inf)),
+            }
         return out
 
 
@@ -103,16 +116,30 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {name: getattr(p, name) for name in SUMMARY_FIELDS}
     out["layers_per_chunk"] = list(plan.layers_per_chunk)
     if r is not None:
-        out.update(step_time_s=r.step_time_s, mfu=r.mfu, mfu_6n=r.mfu_6n, tokens_per_s_per_device=r.tokens_per_s_per_device,
-                   memory_per_device_gib=r.memory_per_device_gib, memory_gib=dict(r.memory_gib), breakdown=dict(r.breakdown), feasible=r.feasible)
+        out.update(
+            step_time_s=r.step_time_s,
+            mfu=r.mfu,
+            mfu_6n=r.mfu_6n,
+            tokens_per_s_per_device=r.tokens_per_s_per_device,
+            memory_per_device_gib=r.memory_per_device_gib,
+            memory_gib=dict(r.memory_gib),
+            breakdown=dict(r.breakdown),
+            feasible=r.feasible,
+        )
     out["notes"] = list(plan.notes)
     return out
 
 
 def baseline_summary(baseline: Baseline) -> dict[str, Any]:
-    out: dict[str, Any] = {"recipe": baseline.recipe.name, "description": baseline.recipe.description, "source": baseline.recipe.source,
-                           "adjusted": baseline.adjusted, "skipped": baseline.skipped, "not_modelled": list(baseline.recipe.not_modelled),
-                           "software_differences": baseline.software_differences}
+    out: dict[str, Any] = {
+        "recipe": baseline.recipe.name,
+        "description": baseline.recipe.description,
+        "source": baseline.recipe.source,
+        "adjusted": baseline.adjusted,
+        "skipped": baseline.skipped,
+        "not_modelled": list(baseline.recipe.not_modelled),
+        "software_differences": baseline.software_differences,
+    }
     if baseline.plan is not None:
         out.update(plan_summary(baseline.plan))
     else:
@@ -122,11 +149,27 @@ def baseline_summary(baseline: Baseline) -> dict[str, Any]:
     return out
 
 
-def make_plan(spec: ModelSpec, cluster: Cluster, config: ParallelConfig, estimate: StepEstimate | None, source: str,
-              notes: tuple[str, ...] = ()) -> Plan:
-    notes = tuple(notes) + tuple(n for n in (estimate.notes if estimate else ()) if n not in notes)  # the cost model's own caveats too
-    return Plan(ModelShape.of(spec), cluster.name, cluster.devices, cluster.device.name, config, Prediction.of(estimate) if estimate else None,
-                source, notes)
+def make_plan(
+    spec: ModelSpec,
+    cluster: Cluster,
+    config: ParallelConfig,
+    estimate: StepEstimate | None,
+    source: str,
+    notes: tuple[str, ...] = (),
+) -> Plan:
+    notes = tuple(notes) + tuple(
+        n for n in (estimate.notes if estimate else ()) if n not in notes
+    )  # the cost model's own caveats too
+    return Plan(
+        ModelShape.of(spec),
+        cluster.name,
+        cluster.devices,
+        cluster.device.name,
+        config,
+        Prediction.of(estimate) if estimate else None,
+        source,
+        notes,
+    )
 
 
 def _split_note(candidate: Candidate) -> str:
@@ -136,10 +179,22 @@ def _split_note(candidate: Candidate) -> str:
     return f"stage split: best found ({split.method}); within {split.gap:.2%} of the proved lower bound"
 
 
-def plan_parallel(model: str | Path | ModelSpec, cluster: str | Path | Cluster, devices: int | None = None, *, seq: int = 4096, gbs: int = 1024,
-                  precision: str = "bf16", software: dict[str, Any] | None = None, space: SearchSpace | None = None, top: int = 3,
-                  baseline: str | None = "auto", progress: Progress | None = None, workers: int | None = None,
-                  time_limit_s: float | None = None) -> PlanningResult:
+def plan_parallel(
+    model: str | Path | ModelSpec,
+    cluster: str | Path | Cluster,
+    devices: int | None = None,
+    *,
+    seq: int = 4096,
+    gbs: int = 1024,
+    precision: str = "bf16",
+    software: dict[str, Any] | None = None,
+    space: SearchSpace | None = None,
+    top: int = 3,
+    baseline: str | None = "auto",
+    progress: Progress | None = None,
+    workers: int | None = None,
+    time_limit_s: float | None = None,
+) -> PlanningResult:
     """Find the fastest plan for `model` on `devices` of `cluster`, and price `baseline` the same way.
 
     `software` sets the ParallelConfig fields the search does not choose (dispatcher, attention
@@ -155,9 +210,13 @@ def plan_parallel(model: str | Path | ModelSpec, cluster: str | Path | Cluster, 
     software = dict(software or {})
     overlap = sorted(searched & set(software))
     if overlap:
-        raise TrexError(f"software settings may not fix searched fields ({', '.join(overlap)}); narrow the search space instead (--fix)")
+        raise TrexError(
+            f"software settings may not fix searched fields ({', '.join(overlap)}); narrow the search space instead (--fix)"
+        )
     template = ParallelConfig(seq=seq, gbs=gbs, precision=precision, **software)
-    result = search(spec, cluster, template, space, runners_up=top, progress=progress, workers=workers, time_limit_s=time_limit_s)
+    result = search(
+        spec, cluster, template, space, runners_up=top, progress=progress, workers=workers, time_limit_s=time_limit_s
+    )
     stats = result.stats
     if stats.space_size == 0:
         raise TrexError(_empty_space(spec, cluster, template, result.space))
@@ -166,21 +225,39 @@ def plan_parallel(model: str | Path | ModelSpec, cluster: str | Path | Cluster, 
     if result.best is not None:
         notes.append(_split_note(result.best))
         if stats.optimality_gap > 0:
-            notes.append(f"search: no plan in the space is more than {stats.optimality_gap:.2%} faster (unproved interleaved splits bound it)")
+            notes.append(
+                f"search: no plan in the space is more than {stats.optimality_gap:.2%} faster (unproved interleaved splits bound it)"
+            )
         if not stats.exhaustive:
             notes.append("search stopped at its time limit: the space was not exhausted")
         best = make_plan(spec, cluster, result.best.plan, result.best.estimate, "trex planner", tuple(notes))
-    runners = [RunnerUp(make_plan(spec, cluster, c.plan, c.estimate, "trex planner (runner-up)", (_split_note(c),)), why_slower(c.estimate, result.best.estimate))
-               for c in result.runners_up]
-    too_big = [RunnerUp(make_plan(spec, cluster, c.plan, c.estimate, "trex planner (does not fit)"),
-                        why_too_big(c.memory, c.pipeline_s, result.best.step_time_s if result.best else None), c.pipeline_s)
-               for c in result.faster_but_too_big]
+    runners = [
+        RunnerUp(
+            make_plan(spec, cluster, c.plan, c.estimate, "trex planner (runner-up)", (_split_note(c),)),
+            why_slower(c.estimate, result.best.estimate),
+        )
+        for c in result.runners_up
+    ]
+    too_big = [
+        RunnerUp(
+            make_plan(spec, cluster, c.plan, c.estimate, "trex planner (does not fit)"),
+            why_too_big(c.memory, c.pipeline_s, result.best.step_time_s if result.best else None),
+            c.pipeline_s,
+        )
+        for c in result.faster_but_too_big
+    ]
     nearest = None
     if result.best is None and result.closest is not None:
         c = result.closest
         missing = shortfall(c.memory)
-        nearest = make_plan(spec, cluster, c.plan, c.estimate, "trex planner (closest to fitting)",
-                            (f"does not fit: {missing['missing']:.1f} GiB missing per device",))
+        nearest = make_plan(
+            spec,
+            cluster,
+            c.plan,
+            c.estimate,
+            "trex planner (closest to fitting)",
+            (f"does not fit: {missing['missing']:.1f} GiB missing per device",),
+        )
     base = _baseline(spec, cluster, template, baseline) if baseline else None
     return PlanningResult(spec, cluster, template, result, best, runners, too_big, nearest, base)
 
@@ -189,10 +266,12 @@ def _empty_space(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, sp
     from trex.planner.space import model_facts
 
     heads, experts, _ = model_facts(spec)
-    return (f"no parallel layout of {spec.name} meets the divisibility rules on {cluster.devices} devices with seq {template.seq} and global "
-            f"batch {template.gbs} (search space {space.describe()}): tp must divide the {heads} attention heads and the devices, ep the "
-            f"{experts or 1} experts and a stage's ranks, and the global batch must split into whole micro-batches per data-parallel rank; "
-            "try a global batch that is a multiple of the device count, or widen --fix")
+    return (
+        f"no parallel layout of {spec.name} meets the divisibility rules on {cluster.devices} devices with seq {template.seq} and global "
+        f"batch {template.gbs} (search space {space.describe()}): tp must divide the {heads} attention heads and the devices, ep the "
+        f"{experts or 1} experts and a stage's ranks, and the global batch must split into whole micro-batches per data-parallel rank; "
+        "try a global batch that is a multiple of the device count, or widen --fix"
+    )
 
 
 def _baseline(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, name: str) -> Baseline:
@@ -201,7 +280,11 @@ def _baseline(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, name:
     if name == "auto":
         tried = [_baseline(spec, cluster, template, recipe.name) for recipe in recipes_for(spec, template.precision)]
         chosen = next((b for b in tried if b.feasible), tried[0])
-        skipped = [f"{b.recipe.name} does not fit this run ({'; '.join(b.violations) or 'invalid'})" for b in tried if b is not chosen and not b.feasible]
+        skipped = [
+            f"{b.recipe.name} does not fit this run ({'; '.join(b.violations) or 'invalid'})"
+            for b in tried
+            if b is not chosen and not b.feasible
+        ]
         chosen.skipped.extend(skipped)
         return chosen
     recipe = get_recipe(name)
@@ -214,6 +297,10 @@ def _baseline(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, name:
         estimate = estimate_step(spec, cluster, config)
     except InfeasiblePlan as error:
         return Baseline(recipe, config, adjusted, None, list(error.violations), software_differences=differences)
-    notes = tuple(f"adjusted: {a}" for a in adjusted) + tuple(f"not modelled: {n}" for n in recipe.not_modelled) + tuple(differences)
+    notes = (
+        tuple(f"adjusted: {a}" for a in adjusted)
+        + tuple(f"not modelled: {n}" for n in recipe.not_modelled)
+        + tuple(differences)
+    )
     plan = make_plan(spec, cluster, estimate.plan, estimate, f"baseline: {recipe.description}", notes)
     return Baseline(recipe, config, adjusted, plan, estimate.memory_violations(), software_differences=differences)

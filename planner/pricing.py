@@ -28,7 +28,9 @@ from trex.cost_model.memory import MemoryEstimate, ParamCounts, activation_memor
 from trex.cost_model.model_spec import ModelSpec
 from trex.cost_model.parallel import ParallelConfig
 from trex.cost_model.pipeline import in_flight
-from trex.cost_model.step import _layer_params as layer_params  # the parameters a device holds of one layer (as estimate_step counts them)
+from trex.cost_model.step import (
+    _layer_params as layer_params,
+)  # the parameters a device holds of one layer (as estimate_step counts them)
 
 try:  # host-bound stretches (trex.cost_model.host); a cost model without them has no host wait
     from trex.cost_model.host import chunk_host_wait
@@ -77,15 +79,30 @@ class PricedLayers:
         self.spec, self.cluster, self.choice = spec, cluster, choice
         # Layer costs do not depend on dp; RankLayout needs one to lay out the expert groups.
         dp = max(1, cluster.devices // (choice.tp * choice.cp))
-        self.plan = dataclasses.replace(template, tp=choice.tp, cp=choice.cp, ep=choice.ep, etp=choice.etp, mbs=choice.mbs,
-                                        recompute=choice.recompute, pp=1, vpp=1, dp=dp, layers_per_chunk=None)
+        self.plan = dataclasses.replace(
+            template,
+            tp=choice.tp,
+            cp=choice.cp,
+            ep=choice.ep,
+            etp=choice.etp,
+            mbs=choice.mbs,
+            recompute=choice.recompute,
+            pp=1,
+            vpp=1,
+            dp=dp,
+            layers_per_chunk=None,
+        )
         self.ctx = CostContext.of(self.plan, cluster)
         hidden = spec.hidden_size
-        self.kinds: dict[str, LayerCost] = {kind: layer_cost(layer, hidden, self.ctx) for kind, layer in spec.layer_kinds.items()}
+        self.kinds: dict[str, LayerCost] = {
+            kind: layer_cost(layer, hidden, self.ctx) for kind, layer in spec.layer_kinds.items()
+        }
         self.kind_names = tuple(self.kinds)
         self.embed = embedding_cost(spec, self.ctx)
         self.head = head_cost(spec, self.ctx, 1 + len(spec.mtp_layers))
-        self.tail: list[tuple[LayerCost, int]] = [(self.kinds[layer.kind], 1) for layer in spec.mtp_layers] + [(self.head, 1)]
+        self.tail: list[tuple[LayerCost, int]] = [(self.kinds[layer.kind], 1) for layer in spec.mtp_layers] + [
+            (self.head, 1)
+        ]
         main = {kind: sum(1 for layer in spec.layers if layer.kind == kind) for kind in self.kind_names}
         self.body_kinds = tuple(kind for kind, n in main.items() if n)
         self.embed_time = _device_time(self.embed)
@@ -128,7 +145,9 @@ class PricedLayers:
 
     @cached_property
     def kind_params(self) -> dict[str, ParamCounts]:
-        return {kind: layer_params(layer, self.spec.hidden_size, self.plan) for kind, layer in self.spec.layer_kinds.items()}
+        return {
+            kind: layer_params(layer, self.spec.hidden_size, self.plan) for kind, layer in self.spec.layer_kinds.items()
+        }
 
     def kind_counts(self, start: int, end: int) -> tuple[int, ...]:
         prefix = self._kind_prefix
@@ -198,7 +217,9 @@ class Layout:
         self.edp = c.tp * c.cp * self.dp // (c.ep * c.etp)
         self.microbatches = template.gbs // (c.mbs * self.dp)
         self.chunks = pp * vpp
-        self._chunk_bytes: dict[tuple[int, int, int], float] = {}  # (chunk, start, end) -> its share of a device's memory
+        self._chunk_bytes: dict[
+            tuple[int, int, int], float
+        ] = {}  # (chunk, start, end) -> its share of a device's memory
         self.capacity = layers.cluster.device.usable_memory_bytes
         self.muon = (template.optimizer if template.optimizer != "auto" else layers.spec.optimizer) == "muon"
         self.overlap_p2p = template.overlap_p2p
@@ -218,7 +239,9 @@ class Layout:
             else:
                 c, spec = self.layers.choice, self.layers.spec
                 tier = self.layers.cluster.tier_between(0, c.tp * c.cp * self.dp)
-                self._p2p = collectives.send_recv(self.layers.ctx.sp_tokens * spec.hidden_size * spec.residual_streams * 2.0, tier)
+                self._p2p = collectives.send_recv(
+                    self.layers.ctx.sp_tokens * spec.hidden_size * spec.residual_streams * 2.0, tier
+                )
         return self._p2p
 
     @property
@@ -240,8 +263,16 @@ class Layout:
         if bound and self.muon:  # Muon's share of the state (one moment, not two) taken as large as it can be
             params = ParamCounts(params.dense, params.expert, params.total, params.fp8_gemm)
         template = self.layers.plan
-        return static_memory(params, dp=self.dp * self.layers.choice.cp, edp=self.edp, zero=self.zero, precision=template.precision,
-                             grad_dtype=template.grad_dtype, state_dtype=template.optimizer_state_dtype, muon=self.muon)
+        return static_memory(
+            params,
+            dp=self.dp * self.layers.choice.cp,
+            edp=self.edp,
+            zero=self.zero,
+            precision=template.precision,
+            grad_dtype=template.grad_dtype,
+            state_dtype=template.optimizer_state_dtype,
+            muon=self.muon,
+        )
 
     def _holdings(self, device: int, ranges: Sequence[tuple[int, int]]) -> tuple[ParamCounts, list[float]]:
         """The parameters of a device's chunks, summed, and each chunk's saved bytes per micro-batch."""

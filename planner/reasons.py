@@ -44,7 +44,9 @@ def differences(loser: StepEstimate, winner: StepEstimate) -> list[Term]:
 
 def _cause(term: str, loser: ParallelConfig, winner: ParallelConfig) -> str:
     def degrees(*names: str) -> str:
-        changed = [f"{n}={getattr(loser, n)} vs {getattr(winner, n)}" for n in names if getattr(loser, n) != getattr(winner, n)]
+        changed = [
+            f"{n}={getattr(loser, n)} vs {getattr(winner, n)}" for n in names if getattr(loser, n) != getattr(winner, n)
+        ]
         return f" ({', '.join(changed)})" if changed else ""
 
     if term == "pipeline bubble":

@@ -43,10 +43,19 @@ from trex.cost_model.pipeline import closed_form_makespan
 from trex.cost_model.step import StepEstimate, estimate_step
 from trex.errors import TrexError
 from trex.planner.pricing import LayerChoice, Layout, PricedLayers
-from trex.planner.space import PipelineOption, SearchSpace, layer_choices, pipeline_options, recompute_options, zero_options
+from trex.planner.space import (
+    PipelineOption,
+    SearchSpace,
+    layer_choices,
+    pipeline_options,
+    recompute_options,
+    zero_options,
+)
 from trex.planner.stage_split import SplitProblem, StageSplit, chunk_ranges, device_times, even_split, split_stages
 
-SEARCH_NODE_BUDGET = 0  # while searching, interleaved splits get incumbents and proofs; the winner gets a branch and bound
+SEARCH_NODE_BUDGET = (
+    0  # while searching, interleaved splits get incumbents and proofs; the winner gets a branch and bound
+)
 POLISH_NODE_BUDGET = 2_000
 UNPROVED_KEPT = 3  # candidates on unproved splits re-split thoroughly when their bound could still win
 
@@ -144,10 +153,24 @@ def rank(c: Candidate) -> tuple:
     return (round(c.step_time_s, 12), p.pp, p.vpp, p.zero, p.tp, p.cp, c.memory.total)
 
 
-def _plan(template: ParallelConfig, layers: PricedLayers, option: PipelineOption, zero: int, split: StageSplit) -> ParallelConfig:
+def _plan(
+    template: ParallelConfig, layers: PricedLayers, option: PipelineOption, zero: int, split: StageSplit
+) -> ParallelConfig:
     choice = layers.choice
-    return dataclasses.replace(template, tp=choice.tp, cp=choice.cp, ep=choice.ep, etp=choice.etp, mbs=choice.mbs, recompute=choice.recompute,
-                               pp=option.pp, vpp=option.vpp, dp=option.dp, zero=zero, layers_per_chunk=split.layers_per_chunk)
+    return dataclasses.replace(
+        template,
+        tp=choice.tp,
+        cp=choice.cp,
+        ep=choice.ep,
+        etp=choice.etp,
+        mbs=choice.mbs,
+        recompute=choice.recompute,
+        pp=option.pp,
+        vpp=option.vpp,
+        dp=option.dp,
+        zero=zero,
+        layers_per_chunk=split.layers_per_chunk,
+    )
 
 
 def pipeline_time(layout: Layout, per_device: tuple[float, ...]) -> float:
@@ -169,26 +192,42 @@ def pipeline_bound(layout: Layout, bottleneck: float) -> float:
 
 def split_problem(layout: Layout) -> SplitProblem:
     layers = layout.layers
-    return SplitProblem(layers.layer_times, layout.pp, layout.vpp, layers.embed_time + 2 * layout.exposed_p2p,
-                        layers.tail_time + 2 * layout.exposed_p2p, layout.chunk_time)
+    return SplitProblem(
+        layers.layer_times,
+        layout.pp,
+        layout.vpp,
+        layers.embed_time + 2 * layout.exposed_p2p,
+        layers.tail_time + 2 * layout.exposed_p2p,
+        layout.chunk_time,
+    )
 
 
-def solve_split(layout: Layout, *, memory: bool, node_budget: int, start: tuple[int, ...] | None = None, thorough: bool = False) -> StageSplit | None:
-    return split_stages(split_problem(layout), layout if memory else None, node_budget=node_budget, start=start, thorough=thorough)
+def solve_split(
+    layout: Layout, *, memory: bool, node_budget: int, start: tuple[int, ...] | None = None, thorough: bool = False
+) -> StageSplit | None:
+    return split_stages(
+        split_problem(layout), layout if memory else None, node_budget=node_budget, start=start, thorough=thorough
+    )
 
 
 class _Search:
-    def __init__(self, spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace, runners_up: int):
+    def __init__(
+        self, spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace, runners_up: int
+    ):
         self.spec, self.cluster, self.template, self.space = spec, cluster, template, space
         self.stats = SearchStats()
         self.board = _Board(keep=1 + max(0, runners_up))
         self.too_big: list[Candidate] = []
         self.closest: Candidate | None = None
-        self.unproved: list[tuple[float, Candidate]] = []  # the candidate priced on an unproved split whose bound is lowest
+        self.unproved: list[
+            tuple[float, Candidate]
+        ] = []  # the candidate priced on an unproved split whose bound is lowest
         self.priced: dict[LayerChoice, PricedLayers] = {}
         self.static: dict[tuple, bool] = {}
         self.shared: dict = {}  # static-memory bounds shared by every layout with the same sharding
-        self.unfit: list[tuple[float, LayerChoice, PipelineOption, int]] = []  # layouts no split fits: (memory bound / capacity, ...)
+        self.unfit: list[
+            tuple[float, LayerChoice, PipelineOption, int]
+        ] = []  # layouts no split fits: (memory bound / capacity, ...)
         # with several workers: the smallest K-th best time any worker has (no worker's K-th best is
         # below the global one, so pruning against it stays exact) and the layer choices done
         self.shared_threshold = None
@@ -217,7 +256,10 @@ class _Search:
                 self.shared_threshold.value = min(self.shared_threshold.value, self.board.threshold)
 
     def too_big_candidate(self, candidate: Candidate) -> None:
-        if self.closest is None or candidate.overflow / candidate.memory.capacity < self.closest.overflow / self.closest.memory.capacity:
+        if (
+            self.closest is None
+            or candidate.overflow / candidate.memory.capacity < self.closest.overflow / self.closest.memory.capacity
+        ):
             self.closest = candidate
         if candidate.pipeline_s < self.threshold():
             self.too_big.append(candidate)
@@ -244,7 +286,9 @@ class _Search:
         started = time.perf_counter()
         spec, cluster, template, space, stats = self.spec, self.cluster, self.template, self.space, self.stats
         if not cluster.device.supports(template.precision):
-            raise TrexError(f"precision {template.precision} is not supported by {cluster.device.name} (it has {', '.join(sorted(cluster.device.peak_tflops))})")
+            raise TrexError(
+                f"precision {template.precision} is not supported by {cluster.device.name} (it has {', '.join(sorted(cluster.device.peak_tflops))})"
+            )
         policies = recompute_options(spec, space, template)
         base = list(layer_choices(spec, cluster, template, space))
         stats.layer_choices = len(base)
@@ -253,7 +297,11 @@ class _Search:
             stats.space_size += len(policies) * sum(len(zero_options(space, choice, o)) for o in options[choice])
         deadline = started + time_limit_s if time_limit_s is not None else None
         workers = max(1, min(workers, len(base) // 32 or 1))
-        report = (lambda: progress(self.done + (self.shared_done.value if self.shared_done is not None else 0), len(base))) if progress else None
+        report = (
+            (lambda: progress(self.done + (self.shared_done.value if self.shared_done is not None else 0), len(base)))
+            if progress
+            else None
+        )
         if workers == 1:
             self.explore(base, options, policies, deadline, report)
         else:
@@ -262,8 +310,15 @@ class _Search:
             progress(len(base), len(base))
         return self._result(started)
 
-    def _explore_in_workers(self, base: list[LayerChoice], options: dict, policies: list[str], deadline: float | None,
-                            report: Callable[[], None] | None, workers: int) -> None:
+    def _explore_in_workers(
+        self,
+        base: list[LayerChoice],
+        options: dict,
+        policies: list[str],
+        deadline: float | None,
+        report: Callable[[], None] | None,
+        workers: int,
+    ) -> None:
         """Share the layer choices out round-robin; forked workers explore theirs and send back what they found."""
         context = multiprocessing.get_context("fork")
         self.shared_threshold = context.Value("d", math.inf)
@@ -271,7 +326,11 @@ class _Search:
         children = []
         for shard in range(1, workers):
             reader, writer = context.Pipe(duplex=False)
-            child = context.Process(target=_explore_child, args=(self, base[shard::workers], options, policies, deadline, writer), daemon=True)
+            child = context.Process(
+                target=_explore_child,
+                args=(self, base[shard::workers], options, policies, deadline, writer),
+                daemon=True,
+            )
             child.start()
             writer.close()
             children.append((child, reader))
@@ -280,11 +339,20 @@ class _Search:
             try:
                 partial = reader.recv()
             except EOFError:
-                raise TrexError("a planner worker process died before reporting (out of memory?); run with workers=1") from None
+                raise TrexError(
+                    "a planner worker process died before reporting (out of memory?); run with workers=1"
+                ) from None
             child.join()
             self._merge(partial)
 
-    def explore(self, base: list[LayerChoice], options: dict, policies: list[str], deadline: float | None, report: Callable[[], None] | None) -> None:
+    def explore(
+        self,
+        base: list[LayerChoice],
+        options: dict,
+        policies: list[str],
+        deadline: float | None,
+        report: Callable[[], None] | None,
+    ) -> None:
         """Bound, order and walk these layer choices (the whole search, or one worker's share)."""
         space, stats = self.space, self.stats
         bounded = []
@@ -329,15 +397,24 @@ class _Search:
 
     def _partial(self) -> dict:
         """What a worker found, to send to the parent."""
-        return {"candidates": list(self.board.by_key.values()), "too_big": self.too_big, "closest": self.closest, "unfit": self.unfit,
-                "unproved": self.unproved, "stats": self.stats}
+        return {
+            "candidates": list(self.board.by_key.values()),
+            "too_big": self.too_big,
+            "closest": self.closest,
+            "unfit": self.unfit,
+            "unproved": self.unproved,
+            "stats": self.stats,
+        }
 
     def _merge(self, partial: dict) -> None:
         for candidate in partial["candidates"]:
             self.board.offer(candidate)
         self.too_big = sorted(self.too_big + partial["too_big"], key=lambda c: c.pipeline_s)[:8]
         for candidate in filter(None, [partial["closest"]]):
-            if self.closest is None or candidate.overflow / candidate.memory.capacity < self.closest.overflow / self.closest.memory.capacity:
+            if (
+                self.closest is None
+                or candidate.overflow / candidate.memory.capacity < self.closest.overflow / self.closest.memory.capacity
+            ):
                 self.closest = candidate
         self.unfit.extend(partial["unfit"])
         self.unproved = sorted(self.unproved + partial["unproved"], key=lambda item: item[0])[:UNPROVED_KEPT]
@@ -349,7 +426,7 @@ class _Search:
 
     def _price_layout(self, layers: PricedLayers, option: PipelineOption, zeros: list[int]) -> None:
         """Price one (layer choice, pp, vpp) for every ZeRO stage worth it."""
-        stats, board = self.stats, self.board
+        stats, _board = self.stats, self.board
         layouts = {z: self.layout(layers, option, z) for z in zeros}
         capacity = layouts[zeros[0]].capacity
         fitting = [z for z in zeros if layouts[z].mean_memory_bound() <= capacity and layouts[z].count_bound_fits()]
@@ -378,7 +455,9 @@ class _Search:
             if (measured_floor if measured_floor is not None and free.optimal else floor) >= self.threshold():
                 stats.pruned += 1
                 continue
-            memories = [layout.device_memory(d, r) for d, r in enumerate(chunk_ranges(free.layers_per_chunk, option.pp))]
+            memories = [
+                layout.device_memory(d, r) for d, r in enumerate(chunk_ranges(free.layers_per_chunk, option.pp))
+            ]
             split = free
             if not all(m.fits for m in memories):
                 worst = max(memories, key=lambda m: m.total)
@@ -387,11 +466,16 @@ class _Search:
                 if fitted is None:
                     stats.rejected_memory += 1
                     unfittable = zero
-                    self.too_big_candidate(Candidate(_plan(self.template, layers, option, zero, free), None, free, free_pipeline, worst))
+                    self.too_big_candidate(
+                        Candidate(_plan(self.template, layers, option, zero, free), None, free, free_pipeline, worst)
+                    )
                     continue
                 stats.splits_unproved += not fitted.optimal
                 split = fitted
-                if pipeline_bound(layout, fitted.lower_bound if not fitted.optimal else fitted.bottleneck) >= self.threshold():
+                if (
+                    pipeline_bound(layout, fitted.lower_bound if not fitted.optimal else fitted.bottleneck)
+                    >= self.threshold()
+                ):
                     stats.pruned += 1
                     continue
             candidate = self.price(_plan(self.template, layers, option, zero, split), split)
@@ -419,8 +503,11 @@ class _Search:
                 self.unproved.append((bound, candidate))
                 continue
             plan = candidate.plan
-            layout = self.layout(self.layers(LayerChoice(plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.recompute)),
-                                 PipelineOption(plan.pp, plan.vpp, plan.data_parallel, plan.microbatches), plan.zero)
+            layout = self.layout(
+                self.layers(LayerChoice(plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.recompute)),
+                PipelineOption(plan.pp, plan.vpp, plan.data_parallel, plan.microbatches),
+                plan.zero,
+            )
             split = solve_split(layout, memory=True, node_budget=POLISH_NODE_BUDGET, thorough=True)
             self.stats.splits += 1
             if split is None:
@@ -452,7 +539,15 @@ class _Search:
             return
         memories = [layout.device_memory(d, r) for d, r in enumerate(chunk_ranges(split.layers_per_chunk, option.pp))]
         worst = max(memories, key=lambda m: m.total)
-        self.too_big_candidate(Candidate(_plan(self.template, layers, option, zero, split), None, split, pipeline_time(layout, split.device_times), worst))
+        self.too_big_candidate(
+            Candidate(
+                _plan(self.template, layers, option, zero, split),
+                None,
+                split,
+                pipeline_time(layout, split.device_times),
+                worst,
+            )
+        )
 
     def _result(self, started: float) -> SearchResult:
         self._resplit_unproved()
@@ -469,15 +564,43 @@ class _Search:
         if best is None and closest is not None and closest.estimate is None:
             closest = self.price(closest.plan, closest.split)
         if best is not None:
-            bounds = [b for b, c in self.unproved if c.plan != best.plan] + ([] if best.split.optimal else [best.step_time_s - max(0.0, best.pipeline_s - pipeline_bound(
-                self.layout(self.layers(LayerChoice(best.plan.tp, best.plan.cp, best.plan.ep, best.plan.etp, best.plan.mbs, best.plan.recompute)),
-                            PipelineOption(best.plan.pp, best.plan.vpp, best.plan.data_parallel, best.plan.microbatches), best.plan.zero),
-                best.split.lower_bound))])
+            bounds = [b for b, c in self.unproved if c.plan != best.plan] + (
+                []
+                if best.split.optimal
+                else [
+                    best.step_time_s
+                    - max(
+                        0.0,
+                        best.pipeline_s
+                        - pipeline_bound(
+                            self.layout(
+                                self.layers(
+                                    LayerChoice(
+                                        best.plan.tp,
+                                        best.plan.cp,
+                                        best.plan.ep,
+                                        best.plan.etp,
+                                        best.plan.mbs,
+                                        best.plan.recompute,
+                                    )
+                                ),
+                                PipelineOption(
+                                    best.plan.pp, best.plan.vpp, best.plan.data_parallel, best.plan.microbatches
+                                ),
+                                best.plan.zero,
+                            ),
+                            best.split.lower_bound,
+                        ),
+                    )
+                ]
+            )
             floor = min(bounds, default=best.step_time_s)
             self.stats.optimality_gap = max(0.0, best.step_time_s / floor - 1.0) if floor > 0 else 0.0
         self.stats.seconds = time.perf_counter() - started
         keep = self.board.keep - 1
-        return SearchResult(best, ranked[1:1 + keep], _distinct(faster)[:2], closest, self.stats, self.space, self.template)
+        return SearchResult(
+            best, ranked[1 : 1 + keep], _distinct(faster)[:2], closest, self.stats, self.space, self.template
+        )
 
     def _polish(self, candidate: Candidate) -> Candidate:
         """The winner's split, solved with the full budget, against Megatron's even split; the faster that fits stays."""
@@ -497,8 +620,12 @@ class _Search:
             times = device_times(split_problem(layout), even)
             best_split = min((c.split for c in rivals), key=lambda s: s.bottleneck)
             proved = best_split.optimal and max(times) <= best_split.bottleneck * (1 + 1e-12)
-            rivals.append(self.price(dataclasses.replace(plan, layers_per_chunk=even),
-                                     StageSplit(even, times, proved, best_split.lower_bound, "Megatron's even split")))
+            rivals.append(
+                self.price(
+                    dataclasses.replace(plan, layers_per_chunk=even),
+                    StageSplit(even, times, proved, best_split.lower_bound, "Megatron's even split"),
+                )
+            )
         fitting = [c for c in rivals if c.fits]
         return min(fitting, key=rank) if fitting else candidate
 
@@ -526,16 +653,29 @@ def default_workers() -> int:
     return max(1, min(2, cores))
 
 
-def search(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace | None = None, *, runners_up: int = 3,
-           progress: Progress | None = None, time_limit_s: float | None = None, workers: int | None = None) -> SearchResult:
+def search(
+    spec: ModelSpec,
+    cluster: Cluster,
+    template: ParallelConfig,
+    space: SearchSpace | None = None,
+    *,
+    runners_up: int = 3,
+    progress: Progress | None = None,
+    time_limit_s: float | None = None,
+    workers: int | None = None,
+) -> SearchResult:
     """The fastest plans for `spec` on `cluster` (sized) under `template`'s training shape and software.
 
     `workers` > 1 forks that many processes (fewer for small spaces); the result does not depend on it.
     """
-    return _Search(spec, cluster, template, space or SearchSpace(), runners_up).run(progress, time_limit_s, workers or default_workers())
+    return _Search(spec, cluster, template, space or SearchSpace(), runners_up).run(
+        progress, time_limit_s, workers or default_workers()
+    )
 
 
-def _explore_child(search_state: _Search, base: list[LayerChoice], options: dict, policies: list[str], deadline: float | None, writer) -> None:
+def _explore_child(
+    search_state: _Search, base: list[LayerChoice], options: dict, policies: list[str], deadline: float | None, writer
+) -> None:
     """A forked worker: explore a share of the layer choices, send what was found, exit."""
     try:
         search_state.explore(base, options, policies, deadline, None)

@@ -25,10 +25,10 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from trex.cost_model.caveats import rows_per_local_expert
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.model_spec import RECOMPUTE_MODULES, ModelSpec
 from trex.cost_model.parallel import ParallelConfig, key_values
-from trex.cost_model.caveats import rows_per_local_expert
 from trex.errors import TrexError
 from trex.planner.pricing import LayerChoice
 from trex.planner.topology import placement_problems
@@ -71,13 +71,17 @@ class SearchSpace:
 
     @classmethod
     def parse(cls, text: str) -> SearchSpace:
-        """"tp=1,ep=32/64,recompute=full": fix dimensions to one value or to '/'-separated values;
+        """ "tp=1,ep=32/64,recompute=full": fix dimensions to one value or to '/'-separated values;
         "min_expert_rows=2048" keeps only layouts whose experts get at least that many rows."""
         values: dict[str, tuple | int] = {}
-        for key, raw in key_values(text, (*_DIMENSIONS, "min_expert_rows"), what="--fix", example="tp=1,ep=32/64,recompute=full"):
+        for key, raw in key_values(
+            text, (*_DIMENSIONS, "min_expert_rows"), what="--fix", example="tp=1,ep=32/64,recompute=full"
+        ):
             if key == "min_expert_rows":
                 if not raw.isdigit():
-                    raise TrexError(f"--fix min_expert_rows={raw}: give one non-negative integer, e.g. min_expert_rows=2048")
+                    raise TrexError(
+                        f"--fix min_expert_rows={raw}: give one non-negative integer, e.g. min_expert_rows=2048"
+                    )
                 values[key] = int(raw)
                 continue
             options = [v.strip() for v in raw.split("/") if v.strip()]
@@ -142,8 +146,10 @@ def recompute_options(spec: ModelSpec, space: SearchSpace, template: ParallelCon
         for policy in wanted:
             unknown = ParallelConfig(recompute=policy).recompute_modules - set(RECOMPUTE_MODULES)
             if ParallelConfig(recompute=policy).recompute_mode not in ("none", "selective", "full") or unknown:
-                raise TrexError(f"recompute policy {policy!r}: use none, selective, full or selective:<module>+<module> "
-                                f"with modules from {', '.join(RECOMPUTE_MODULES)}")
+                raise TrexError(
+                    f"recompute policy {policy!r}: use none, selective, full or selective:<module>+<module> "
+                    f"with modules from {', '.join(RECOMPUTE_MODULES)}"
+                )
     else:
         wanted = list(DEFAULT_RECOMPUTE)
         if template.recompute not in wanted:
@@ -176,7 +182,9 @@ class PipelineOption:
     microbatches: int
 
 
-def layer_choices(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace) -> Iterator[LayerChoice]:
+def layer_choices(
+    spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace
+) -> Iterator[LayerChoice]:
     """Every (tp, cp, ep, etp, mbs) with recompute "none" that some pipeline layout can complete."""
     devices, seq = cluster.devices, template.seq
     heads, experts, width = model_facts(spec)
@@ -184,26 +192,47 @@ def layer_choices(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, s
     tps = [d for d in _divisors(devices) if heads % d == 0 and d <= tp_limit]
     for tp in _pick(space.tp, [d for d in tps if space.tp is not None or d <= MAX_TP]):
         cps = _divisors(devices // tp)
-        for cp in _pick(space.cp, [c for c in cps if space.cp is not None or c == 1 or (c <= MAX_CP and seq // c >= MIN_CP_TOKENS)]):
+        for cp in _pick(
+            space.cp, [c for c in cps if space.cp is not None or c == 1 or (c <= MAX_CP and seq // c >= MIN_CP_TOKENS)]
+        ):
             if cp > 1 and seq % (2 * cp):
                 continue
             if template.sequence_parallel and tp > 1 and (seq // cp) % tp:
                 continue
             for ep in _pick(space.ep, _divisors(experts) if experts else [1]):
-                etps = [d for d in _divisors(tp) if (width is None or width % d == 0) and (space.etp is not None or d in (1, tp))] if experts else [1]
+                etps = (
+                    [
+                        d
+                        for d in _divisors(tp)
+                        if (width is None or width % d == 0) and (space.etp is not None or d in (1, tp))
+                    ]
+                    if experts
+                    else [1]
+                )
                 for etp in _pick(space.etp, etps):
                     if placement_problems(cluster, tp, ep, etp):
                         continue
                     for mbs in _pick(space.mbs, sorted(set(space.mbs))):
-                        if space.min_expert_rows and experts and (rows_per_local_expert(spec, dataclasses.replace(
-                                template, tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs)) or 0) < space.min_expert_rows:
+                        if (
+                            space.min_expert_rows
+                            and experts
+                            and (
+                                rows_per_local_expert(
+                                    spec, dataclasses.replace(template, tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs)
+                                )
+                                or 0
+                            )
+                            < space.min_expert_rows
+                        ):
                             continue
                         choice = LayerChoice(tp, cp, ep, etp, mbs, "none")
                         if any(True for _ in pipeline_options(spec, cluster, template, space, choice)):
                             yield choice
 
 
-def pipeline_options(spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace, choice: LayerChoice) -> Iterator[PipelineOption]:
+def pipeline_options(
+    spec: ModelSpec, cluster: Cluster, template: ParallelConfig, space: SearchSpace, choice: LayerChoice
+) -> Iterator[PipelineOption]:
     """Every (pp, vpp) completing `choice` into a plan the cost model accepts (ZeRO stages aside)."""
     devices, layers = cluster.devices, spec.num_layers
     per_replica = choice.tp * choice.cp

@@ -119,7 +119,9 @@ class SplitProblem:
             raise TrexError(f"pp={self.pp}, vpp={self.vpp}: both must be positive")
         needed = max(0, self.chunks - 2)
         if self.num_layers < needed:
-            raise TrexError(f"pp*vpp = {self.chunks} chunks need at least {needed} layers (one per middle chunk); the stack has {self.num_layers}")
+            raise TrexError(
+                f"pp*vpp = {self.chunks} chunks need at least {needed} layers (one per middle chunk); the stack has {self.num_layers}"
+            )
 
 
 class _Costs:
@@ -173,8 +175,14 @@ def fits_memory(memory: MemoryBudget | None, layers_per_chunk: Sequence[int], pp
     return all(memory.fits(d, r) for d, r in enumerate(chunk_ranges(layers_per_chunk, pp)))
 
 
-def split_stages(problem: SplitProblem, memory: MemoryBudget | None = None, *, node_budget: int = NODE_BUDGET,
-                 start: Sequence[int] | None = None, thorough: bool = True) -> StageSplit | None:
+def split_stages(
+    problem: SplitProblem,
+    memory: MemoryBudget | None = None,
+    *,
+    node_budget: int = NODE_BUDGET,
+    start: Sequence[int] | None = None,
+    thorough: bool = True,
+) -> StageSplit | None:
     """The split with the smallest slowest-device time that fits memory; None if no split fits.
 
     Interleaved (vpp > 1) only: `start` is a split to begin the local search from (e.g. the
@@ -232,7 +240,9 @@ def _greedy(costs: _Costs, limit: float, memory: MemoryBudget | None) -> list[in
     start = 0
     for d in range(pp):
         if d == pp - 1:
-            if costs.exact(start, n_layers, d) > limit or (memory is not None and not memory.fits(d, [(start, n_layers)])):
+            if costs.exact(start, n_layers, d) > limit or (
+                memory is not None and not memory.fits(d, [(start, n_layers)])
+            ):
                 return None
             counts.append(n_layers - start)
             return counts
@@ -380,7 +390,7 @@ def _improve(costs: _Costs, split: tuple[int, ...], memory: MemoryBudget | None)
                 trial_score = score(trial, spill)
                 if trial_score >= current:
                     continue
-                sizes = sizes[: b - 1] + [left, right] + sizes[b + 1:]
+                sizes = sizes[: b - 1] + [left, right] + sizes[b + 1 :]
                 times, excess, current, improved = trial, spill, trial_score, True
                 starts[b] = cut
                 chunk_t[b - 1], chunk_t[b] = t_left, t_right
@@ -482,8 +492,13 @@ class _OutOfNodes(Exception):
     """The branch and bound spent its node budget: the incumbent stands, with its certified gap."""
 
 
-def _split_interleaved(costs: _Costs, memory: MemoryBudget | None, node_budget: int, start: tuple[int, ...] | None = None,
-                       thorough: bool = True) -> StageSplit | None:
+def _split_interleaved(
+    costs: _Costs,
+    memory: MemoryBudget | None,
+    node_budget: int,
+    start: tuple[int, ...] | None = None,
+    thorough: bool = True,
+) -> StageSplit | None:
     """Incumbents and proofs first; the branch and bound only when `node_budget` > 0."""
     problem = costs.problem
     pp, chunks, n_layers = problem.pp, problem.chunks, problem.num_layers
@@ -492,7 +507,11 @@ def _split_interleaved(costs: _Costs, memory: MemoryBudget | None, node_budget: 
 
     incumbent: tuple[int, ...] | None = None
     best = math.inf
-    starts = [start] if start is not None else sorted({even_split(n_layers, chunks), _balanced_cut(costs), _water_filling(problem)})
+    starts = (
+        [start]
+        if start is not None
+        else sorted({even_split(n_layers, chunks), _balanced_cut(costs), _water_filling(problem)})
+    )
     starts = [s for s in starts if all(n >= problem.min_layers(c) for c, n in enumerate(s))]
     if not thorough and starts:  # the local search runs from the best start only
         starts = [min(starts, key=lambda s: max(costs.device_times(s)))]
@@ -504,7 +523,9 @@ def _split_interleaved(costs: _Costs, memory: MemoryBudget | None, node_budget: 
         if best - lower <= _REL * best:
             return StageSplit(incumbent, costs.device_times(incumbent), True, best, "incumbent meets total/pp bound")
         if not counts_feasible(problem, best * (1 - _REL)):
-            return StageSplit(incumbent, costs.device_times(incumbent), True, best, "incumbent proved by count relaxation")
+            return StageSplit(
+                incumbent, costs.device_times(incumbent), True, best, "incumbent proved by count relaxation"
+            )
 
     # Branch and bound over chunk sizes, in stack order.
     need = [0] * (chunks + 1)  # chunks c.. need at least this many layers
@@ -519,7 +540,9 @@ def _split_interleaved(costs: _Costs, memory: MemoryBudget | None, node_budget: 
     state: dict = {"best": best, "split": incumbent, "nodes": 0}
 
     def dominated(key: tuple, vector: tuple[float, ...]) -> bool:
-        return any(all(s <= v + 1e-12 * max(1.0, abs(v)) for s, v in zip(seen, vector)) for seen in exhausted.get(key, ()))
+        return any(
+            all(s <= v + 1e-12 * max(1.0, abs(v)) for s, v in zip(seen, vector)) for seen in exhausted.get(key, ())
+        )
 
     def visit(c: int, start: int) -> None:
         state["nodes"] += 1
@@ -565,7 +588,9 @@ def _split_interleaved(costs: _Costs, memory: MemoryBudget | None, node_budget: 
             if prefix[n_layers] - prefix[end] + problem.last_extra > room:
                 continue
             ranges[d].append((start, end))
-            if memory is not None and not (memory.lower_bound_fits(d, ranges[d]) if d in continuing else memory.fits(d, ranges[d])):
+            if memory is not None and not (
+                memory.lower_bound_fits(d, ranges[d]) if d in continuing else memory.fits(d, ranges[d])
+            ):
                 ranges[d].pop()
                 continue
             saved = loads[d]

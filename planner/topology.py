@@ -76,7 +76,11 @@ def group_placement(cluster: Cluster, kind: str, size: int, stride: int) -> Grou
 def placement_problems(cluster: Cluster, tp: int, ep: int, etp: int) -> list[str]:
     """Why these tensor- and expert-parallel groups cannot be placed well (empty when they can)."""
     problems = []
-    for placement in (group_placement(cluster, "tp", tp, 1), group_placement(cluster, "etp", etp, 1), group_placement(cluster, "ep", ep, etp)):
+    for placement in (
+        group_placement(cluster, "tp", tp, 1),
+        group_placement(cluster, "etp", etp, 1),
+        group_placement(cluster, "ep", ep, etp),
+    ):
         if not placement.ok:
             problems.append(placement.describe())
     return problems

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from trex.errors import TrexError
 
 FORMAT = "trex-checkpoint/1"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
 from trex.errors import TrexError
 from trex.ops.moe import _expert_weights, _gated_activation, _gated_activation_backward
 
@@ -233,6 +234,7 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
     Returns the names of the expert parameters (their gradients reduce over the expert-data-parallel group).
     """
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
     from trex.integrations.transformers_moe import experts_layout, experts_modules
 
     ep, ep_rank = dist.get_world_size(group), dist.get_rank(group)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
+
 from trex.cost_model.parallel import ParallelConfig
 from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
 from trex.runtime.mesh import PlanMeshes, build_meshes

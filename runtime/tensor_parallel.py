@@ -24,6 +24,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
 from trex.errors import TrexError
 
 

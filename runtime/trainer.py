@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 

@@ -14,8 +14,16 @@ if not torch.cuda.is_available():  # trex's Triton kernels are tested by Triton'
 import trex.ops  # noqa: F401 - SmallMoe calls torch.ops.trex directly
 
 # "ci" (the default) keeps the default run well under CI's budget on 2 cores; "dev" explores more.
-settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "ci",
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -46,8 +54,12 @@ class SmallMoe(torch.nn.Module):
         super().__init__()
         self.top_k = top_k
         self.routers = torch.nn.ModuleList(torch.nn.Linear(hidden, experts, bias=False) for _ in range(layers))
-        self.gate_up = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(experts, 2 * hidden, hidden) * hidden**-0.5) for _ in range(layers))
-        self.down = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(experts, hidden, hidden) * hidden**-0.5) for _ in range(layers))
+        self.gate_up = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(experts, 2 * hidden, hidden) * hidden**-0.5) for _ in range(layers)
+        )
+        self.down = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(experts, hidden, hidden) * hidden**-0.5) for _ in range(layers)
+        )
         self.head = torch.nn.Linear(hidden, 1)
 
     def forward(self, x):

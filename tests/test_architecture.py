@@ -14,8 +14,15 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"trex_compiler": "trex", "cost_model": "trex.cost_model", "planner": "trex.planner", "passes": "trex.passes",
-           "backends": "trex.backends", "runtime": "trex.runtime", "workloads": "trex.workloads"}
+FOLDERS = {
+    "trex_compiler": "trex",
+    "cost_model": "trex.cost_model",
+    "planner": "trex.planner",
+    "passes": "trex.passes",
+    "backends": "trex.backends",
+    "runtime": "trex.runtime",
+    "workloads": "trex.workloads",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -34,7 +41,9 @@ MODULES = _modules()
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(module: str, path: Path) -> set[str]:
@@ -88,8 +97,14 @@ def _room(module: str) -> str:
 
 
 def test_the_import_walk_sees_the_whole_tree(graph):
-    assert {"trex.api", "trex.driver", "trex.cost_model.step", "trex.planner.search", "trex.passes.canonicalize.moe",
-            "trex.workloads.or_eval.cli"} <= set(graph)
+    assert {
+        "trex.api",
+        "trex.driver",
+        "trex.cost_model.step",
+        "trex.planner.search",
+        "trex.passes.canonicalize.moe",
+        "trex.workloads.or_eval.cli",
+    } <= set(graph)
     assert graph.has_edge("trex.driver", "trex.pass_manager")
 
 
@@ -108,15 +123,22 @@ def test_the_cost_model_is_pure(graph):
     """cost_model -> nothing of trex but errors and the model catalog (data; no torch, no capture), and
     trex's operator definitions, which calibration times on this machine."""
     allowed = {"trex.errors", "trex.models", "trex.ops", "trex.ops.moe"}
-    offenders = sorted((a, b) for a, b in graph.edges if _room(a) == "trex.cost_model" and _room(b) != "trex.cost_model" and b not in allowed)
+    offenders = sorted(
+        (a, b)
+        for a, b in graph.edges
+        if _room(a) == "trex.cost_model" and _room(b) != "trex.cost_model" and b not in allowed
+    )
     assert not offenders, offenders
 
 
 def test_the_planner_needs_no_graph(graph):
     """The planner searches over ModelSpec: it reads the cost model and hands out Plans, nothing else."""
     allowed = {"trex.errors", "trex.models", "trex.plan"}
-    offenders = sorted((a, b) for a, b in graph.edges
-                       if _room(a) == "trex.planner" and _room(b) not in ("trex.planner", "trex.cost_model") and b not in allowed)
+    offenders = sorted(
+        (a, b)
+        for a, b in graph.edges
+        if _room(a) == "trex.planner" and _room(b) not in ("trex.planner", "trex.cost_model") and b not in allowed
+    )
     assert not offenders, offenders
 
 
@@ -127,8 +149,10 @@ def test_the_plan_contract_does_not_capture(graph):
 
 def _defines_a_pass(path: Path) -> bool:
     tree = ast.parse(path.read_text())
-    return any(isinstance(n, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "run" for f in n.body)
-               for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "run" for f in n.body)
+        for n in ast.walk(tree)
+    )
 
 
 def test_passes_hold_graph_passes_only():
@@ -140,9 +164,13 @@ def test_passes_hold_graph_passes_only():
         if path.name.startswith(("_", ".")) or path.name == "parallel":
             continue
         if path.is_dir():
-            assert any(_defines_a_pass(p) for p in path.rglob("*.py")), f"passes/{path.name}/ defines no pass (a class with run(gm, ctx))"
+            assert any(_defines_a_pass(p) for p in path.rglob("*.py")), (
+                f"passes/{path.name}/ defines no pass (a class with run(gm, ctx))"
+            )
         elif path.suffix == ".py":
-            assert _defines_a_pass(path), f"passes/{path.name} is in passes/ but defines no pass (a class with run(gm, ctx))"
+            assert _defines_a_pass(path), (
+                f"passes/{path.name} is in passes/ but defines no pass (a class with run(gm, ctx))"
+            )
 
 
 def _top_level_names(path: Path) -> tuple[set[str], bool]:
@@ -192,6 +220,11 @@ def test_every_name_imported_from_trex_exists():
                 continue
             names, lazy = definitions[node.module]
             for alias in node.names:
-                if alias.name != "*" and alias.name not in names and f"{node.module}.{alias.name}" not in MODULES and not lazy:
+                if (
+                    alias.name != "*"
+                    and alias.name not in names
+                    and f"{node.module}.{alias.name}" not in MODULES
+                    and not lazy
+                ):
                     missing.append(f"{module}: {node.module} has no {alias.name}")
     assert not missing, "\n".join(missing)

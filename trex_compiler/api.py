@@ -28,7 +28,12 @@ class TrexFallbackWarning(UserWarning):
 class CompileSession:
     """What trex did to one compiled model: the graphs, their reports, timings and dumps."""
 
-    def __init__(self, compiler: TrexCompiler, previous_experts_implementation: str | None, experts_coverage: dict[str, str | None]):
+    def __init__(
+        self,
+        compiler: TrexCompiler,
+        previous_experts_implementation: str | None,
+        experts_coverage: dict[str, str | None],
+    ):
         self.compiler = compiler
         self.previous_experts_implementation = previous_experts_implementation
         self.experts_coverage = experts_coverage  # experts module -> None (fused trex op) or why not
@@ -52,7 +57,9 @@ class CompileSession:
         return self.compiler.options
 
     def summary(self) -> str:
-        lines = [f"trex: {len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s); target {self.options.target.name}; backends {', '.join(b.name for b in self.options.backends)}"]
+        lines = [
+            f"trex: {len(self.graphs)} graph(s), {len(self.graph_breaks)} graph break(s); target {self.options.target.name}; backends {', '.join(b.name for b in self.options.backends)}"
+        ]
         for graph in self.graphs:
             lines.append(f"  {graph.summary()}")
             lines += [f"    {which}: {lowering.brief()}" for which, lowering in graph.lowerings.items()]
@@ -64,7 +71,6 @@ class CompileSession:
         if self.dump_dir is not None:
             lines.append(f"  dumps: {self.dump_dir}")
         return "\n".join(lines)
-
 
     def _lowerings(self) -> list:
         return [lowering for g in self.graphs for lowering in g.lowerings.values()]
@@ -248,10 +254,14 @@ def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
             layers = None
         problems = plan.check(num_layers=layers)
     if problems:
-        raise TrexError(f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems))
+        raise TrexError(
+            f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems)
+        )
     if plan.world_size > 1:
         p = plan.parallel
-        raise TrexError(f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); trex.compile runs in "
-                        "one process, so it takes only plans whose degrees are all 1; run multi-process plans with "
-                        f"`trex train --plan \"{p.label()}\" --nproc {plan.world_size}` (trex.runtime)")
+        raise TrexError(
+            f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); trex.compile runs in "
+            "one process, so it takes only plans whose degrees are all 1; run multi-process plans with "
+            f'`trex train --plan "{p.label()}" --nproc {plan.world_size}` (trex.runtime)'
+        )
     return plan

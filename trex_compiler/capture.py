@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from trex.pass_manager import PipelineReport
 
 
-
 @dataclass
 class GraphBreak:
     """Where Dynamo split the program, and why."""
@@ -73,4 +72,3 @@ class CapturedGraph:
             parts.append(f"forward {len(self.forward.graph.nodes)} / backward {len(self.backward.graph.nodes)} nodes")
         timing = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in self.seconds.items())
         return "; ".join(parts) + (f" ({timing})" if timing else "")
-

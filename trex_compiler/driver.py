@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,16 @@ class CompileOptions:
         return getattr(self.backends[0], "partitioner", "default")
 
     @classmethod
-    def build(cls, *, target: str = "cpu", backend: Any = None, passes: Any = None, dump_dir: str | Path | None = None,
-              environ: dict[str, str] | None = None, progress: Callable[[str], None] | None = None) -> CompileOptions:
+    def build(
+        cls,
+        *,
+        target: str = "cpu",
+        backend: Any = None,
+        passes: Any = None,
+        dump_dir: str | Path | None = None,
+        environ: dict[str, str] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> CompileOptions:
         import os
 
         from trex.passes import resolve_pipeline
@@ -94,7 +102,13 @@ class TrexCompiler:
 
     def pass_manager(self) -> PassManager:
         reproducer = functools.partial(write_reproducer, directory=self.options.dump_dir)
-        return PassManager(self.options.pipeline, disabled=self.options.disabled, fuel=self.options.fuel, dump=self.dump, reproducer=reproducer)
+        return PassManager(
+            self.options.pipeline,
+            disabled=self.options.disabled,
+            fuel=self.options.fuel,
+            dump=self.dump,
+            reproducer=reproducer,
+        )
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]):
         reason = getattr(gm, "compile_subgraph_reason", None)
@@ -102,7 +116,9 @@ class TrexCompiler:
             graph_id=len(self.graphs),
             phase="joint",
             dynamo_graph=gm,
-            graph_break=GraphBreak.from_reason(reason) if reason is not None and getattr(reason, "graph_break", False) else None,
+            graph_break=GraphBreak.from_reason(reason)
+            if reason is not None and getattr(reason, "graph_break", False)
+            else None,
         )
         self.graphs.append(graph)
         graph.started_at = time.perf_counter()
@@ -124,16 +140,24 @@ class TrexCompiler:
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
         start = time.perf_counter()
         graph.seconds["aot_trace"] = start - graph.started_at
-        self._say(graph, f"AOTAutograd traced the {'joint forward+backward' if graph.phase == 'joint' else 'forward'} graph, "
-                         f"{len(gm.graph.nodes)} nodes; running passes")
+        self._say(
+            graph,
+            f"AOTAutograd traced the {'joint forward+backward' if graph.phase == 'joint' else 'forward'} graph, "
+            f"{len(gm.graph.nodes)} nodes; running passes",
+        )
         graph.report = self.pass_manager().run(gm, self._context(graph))
         graph.seconds["passes"] = time.perf_counter() - start
         graph.joint = gm
         self._say(graph, f"passes done ({', '.join(r.name for r in graph.report.records if r.ran) or 'none ran'})")
         if self.dump is not None:
-            self.dump.write_text(self.dump.graph_dir(self._context(graph)).relative_to(self.dump.root) / "summary.txt", graph.report.summary() + "\n")
+            self.dump.write_text(
+                self.dump.graph_dir(self._context(graph)).relative_to(self.dump.root) / "summary.txt",
+                graph.report.summary() + "\n",
+            )
 
-    def _partition(self, graph: CapturedGraph, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
+    def _partition(
+        self, graph: CapturedGraph, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
+    ):
         self._run_pipeline(graph, joint)
         start = time.perf_counter()
         partition = min_cut_rematerialization_partition if self.options.partitioner == "min_cut" else default_partition
@@ -143,7 +167,14 @@ class TrexCompiler:
         if self.dump is not None:
             ctx = self._context(graph)
             for name, module in (("forward", forward), ("backward", backward)):
-                self.dump.write_module(module, ctx, name, [f"trex dump: graph {graph.graph_id}, the {name} graph that runs (partitioned from the joint graph after the pipeline)"])
+                self.dump.write_module(
+                    module,
+                    ctx,
+                    name,
+                    [
+                        f"trex dump: graph {graph.graph_id}, the {name} graph that runs (partitioned from the joint graph after the pipeline)"
+                    ],
+                )
         return forward, backward
 
     def _compile_inference(self, graph: CapturedGraph, gm: fx.GraphModule):
@@ -160,7 +191,10 @@ class TrexCompiler:
         self._say(graph, f"{which} graph lowered")
         if self.dump is not None:
             ctx = self._context(graph)
-            self.dump.write_text(self.dump.graph_dir(ctx).relative_to(self.dump.root) / f"lowering_{which}.txt", lowering.describe() + "\n")
+            self.dump.write_text(
+                self.dump.graph_dir(ctx).relative_to(self.dump.root) / f"lowering_{which}.txt",
+                lowering.describe() + "\n",
+            )
         return make_boxed_func(lowering.module)
 
 

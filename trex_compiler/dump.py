@@ -140,8 +140,10 @@ class DumpWriter:
         if str(Path(relative)) in self._foreign:
             from trex.outputs import OutputPathError
 
-            raise OutputPathError(f"dump directory {self.root}: {relative} is there and trex did not write it; trex never overwrites "
-                                  "files it did not write: move it away or choose another dump directory (dump_dir= / TREX_DUMP / --dump)")
+            raise OutputPathError(
+                f"dump directory {self.root}: {relative} is there and trex did not write it; trex never overwrites "
+                "files it did not write: move it away or choose another dump directory (dump_dir= / TREX_DUMP / --dump)"
+            )
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -149,11 +151,22 @@ class DumpWriter:
         (self.root / MANIFEST).write_text("\n".join(sorted(self._written)) + "\n")
         return path
 
-    def write_graph(self, gm: fx.GraphModule, ctx: PassContext, *, index: int, title: str, record: PassRecord | None = None, header: dict[str, Any] | None = None) -> Path:
+    def write_graph(
+        self,
+        gm: fx.GraphModule,
+        ctx: PassContext,
+        *,
+        index: int,
+        title: str,
+        record: PassRecord | None = None,
+        header: dict[str, Any] | None = None,
+    ) -> Path:
         directory = self.graph_dir(ctx).relative_to(self.root)
         lines = [f"trex dump: graph {ctx.graph_id} ({ctx.phase}), step {index:03d}: {title}"]
         if record is not None:
-            lines.append(f"pass {record.name}: took {record.seconds * 1e3:.1f} ms; nodes {record.nodes_before} -> {record.nodes_after} ({record.node_delta:+d}); modified={record.modified}; decisions={len(record.decisions)}")
+            lines.append(
+                f"pass {record.name}: took {record.seconds * 1e3:.1f} ms; nodes {record.nodes_before} -> {record.nodes_after} ({record.node_delta:+d}); modified={record.modified}; decisions={len(record.decisions)}"
+            )
         else:
             lines.append(f"captured graph: {len(gm.graph.nodes)} nodes")
         for key, value in (header or {}).items():

@@ -41,8 +41,16 @@ class Explanation:
         total = self.report.total_time_s or 1.0
         rows = []
         for op, seconds in self.report.time_by_op.most_common():
-            rows.append({"op": op, "count": self.report.count_by_op[op], "flops": self.report.flops_by_op[op], "time_s": seconds,
-                         "share": seconds / total, "formula": formulas.get(op, "")})
+            rows.append(
+                {
+                    "op": op,
+                    "count": self.report.count_by_op[op],
+                    "flops": self.report.flops_by_op[op],
+                    "time_s": seconds,
+                    "share": seconds / total,
+                    "formula": formulas.get(op, ""),
+                }
+            )
         return rows
 
     def print(self, file: Any = None, limit: int = 40) -> None:
@@ -52,21 +60,41 @@ class Explanation:
         assert self.report is not None
         console = Console(file=file or sys.stdout, width=160)
         table = Table(title=f"estimated cost per op on {self.target} (joint forward + backward)")
-        for column, justify in (("op", "left"), ("nodes", "right"), ("GFLOP", "right"), ("time (ms)", "right"), ("share", "right"),
-                                ("formula (first node)", "left")):
+        for column, justify in (
+            ("op", "left"),
+            ("nodes", "right"),
+            ("GFLOP", "right"),
+            ("time (ms)", "right"),
+            ("share", "right"),
+            ("formula (first node)", "left"),
+        ):
             table.add_column(column, justify=justify)
         rows = self.rows()
         for row in rows[:limit]:
-            table.add_row(row["op"], str(row["count"]), f"{row['flops'] / 1e9:.3f}", f"{row['time_s'] * 1e3:.3f}", f"{row['share']:.1%}",
-                          row["formula"][:70])
+            table.add_row(
+                row["op"],
+                str(row["count"]),
+                f"{row['flops'] / 1e9:.3f}",
+                f"{row['time_s'] * 1e3:.3f}",
+                f"{row['share']:.1%}",
+                row["formula"][:70],
+            )
         if len(rows) > limit:
             rest = rows[limit:]
-            table.add_row(f"... {len(rest)} more ops", str(sum(r["count"] for r in rest)), f"{sum(r['flops'] for r in rest) / 1e9:.3f}",
-                          f"{sum(r['time_s'] for r in rest) * 1e3:.3f}", f"{sum(r['share'] for r in rest):.1%}", "")
+            table.add_row(
+                f"... {len(rest)} more ops",
+                str(sum(r["count"] for r in rest)),
+                f"{sum(r['flops'] for r in rest) / 1e9:.3f}",
+                f"{sum(r['time_s'] for r in rest) * 1e3:.3f}",
+                f"{sum(r['share'] for r in rest):.1%}",
+                "",
+            )
         console.print(table)
         report = self.report
-        console.print(f"total: {report.nodes} nodes, {report.priced} priced, {report.total_flops / 1e9:.3f} GFLOP, "
-                      f"{report.total_bytes / 1e6:.1f} MB moved, {report.total_time_s * 1e3:.3f} ms estimated")
+        console.print(
+            f"total: {report.nodes} nodes, {report.priced} priced, {report.total_flops / 1e9:.3f} GFLOP, "
+            f"{report.total_bytes / 1e6:.1f} MB moved, {report.total_time_s * 1e3:.3f} ms estimated"
+        )
         kinds = ", ".join(f"{kind} {seconds * 1e3:.3f} ms" for kind, seconds in report.time_by_kind.most_common())
         console.print(f"by kind: {kinds}")
         if report.unpriced:
@@ -74,7 +102,9 @@ class Explanation:
             console.print(f"[red]unpriced ops (no formula, not counted):[/red] {listed}")
 
 
-def capture_joint_graphs(model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *, passes: Any = None) -> list[fx.GraphModule]:
+def capture_joint_graphs(
+    model: nn.Module, example_inputs: Sequence[Any] | Mapping[str, Any], *, passes: Any = None
+) -> list[fx.GraphModule]:
     """Joint forward+backward graphs of `model` on `example_inputs`, through `trex.compile`."""
     import trex
 
@@ -87,11 +117,21 @@ def capture_joint_graphs(model: nn.Module, example_inputs: Sequence[Any] | Mappi
     return graphs
 
 
-def explain(model: nn.Module | fx.GraphModule, example_inputs: Sequence[Any] | Mapping[str, Any] = (), target: str | DeviceProfile | Cluster = "cpu", *,
-            groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None, print_table: bool = True, passes: Any = None) -> Explanation:
+def explain(
+    model: nn.Module | fx.GraphModule,
+    example_inputs: Sequence[Any] | Mapping[str, Any] = (),
+    target: str | DeviceProfile | Cluster = "cpu",
+    *,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    world_size: int | None = None,
+    print_table: bool = True,
+    passes: Any = None,
+) -> Explanation:
     """Capture (unless given a graph), price every op for `target`, print the per-op table and totals."""
     cluster = cluster_of(target)
-    graphs = [model] if isinstance(model, fx.GraphModule) else capture_joint_graphs(model, example_inputs, passes=passes)
+    graphs = (
+        [model] if isinstance(model, fx.GraphModule) else capture_joint_graphs(model, example_inputs, passes=passes)
+    )
     explanation = Explanation(target=f"{cluster.name} ({cluster.device.name})", graphs=graphs)
     combined = AnnotationReport(target=explanation.target)
     for graph in graphs:

@@ -45,7 +45,11 @@ class LayerKind:
         if self.graph is None:
             return {}
         counts = {"dynamo": len(self.graph.dynamo_graph.graph.nodes)}
-        for label, module in (("joint", self.graph.joint), ("forward", self.graph.forward), ("backward", self.graph.backward)):
+        for label, module in (
+            ("joint", self.graph.joint),
+            ("forward", self.graph.forward),
+            ("backward", self.graph.backward),
+        ):
             if module is not None:
                 counts[label] = len(module.graph.nodes)
         return counts
@@ -74,11 +78,13 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The decoder stack: the longest ModuleList whose members share one class."""
     best: tuple[str, nn.ModuleList] | None = None
     for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
-            if best is None or len(module) > len(best[1]):
-                best = (name, module)
+        uniform = isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1
+        if uniform and (best is None or len(module) > len(best[1])):
+            best = (name, module)
     if best is None:
-        raise CaptureError(f"{type(model).__name__} has no decoder stack (an nn.ModuleList of identical layer classes) to cluster")
+        raise CaptureError(
+            f"{type(model).__name__} has no decoder stack (an nn.ModuleList of identical layer classes) to cluster"
+        )
     return best
 
 
@@ -129,8 +135,10 @@ def _record_inputs(layers: nn.ModuleList, wanted: set[int]) -> tuple[dict[int, t
     recorded: dict[int, tuple[tuple, dict]] = {}
     handles = []
     for index in wanted:
+
         def hook(module, args, kwargs, index=index):
             recorded[index] = (args, dict(kwargs))
+
         handles.append(layers[index].register_forward_pre_hook(hook, with_kwargs=True))
     return recorded, handles
 
@@ -151,9 +159,13 @@ def _capture_module(module: nn.Module, args: tuple, kwargs: dict, options: Compi
     except TrexError:
         raise
     except Exception as error:
-        raise CaptureError(f"meta capture of {type(module).__name__} failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
+        raise CaptureError(
+            f"meta capture of {type(module).__name__} failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
     if len(compiler.graphs) != 1:
-        raise CaptureError(f"meta capture of {type(module).__name__} produced {len(compiler.graphs)} graphs; expected one")
+        raise CaptureError(
+            f"meta capture of {type(module).__name__} produced {len(compiler.graphs)} graphs; expected one"
+        )
     return compiler.graphs[0]
 
 
@@ -174,7 +186,9 @@ def capture_model(
     started = time.perf_counter()
     config = load_config(name_or_config) if isinstance(name_or_config, (str, Path)) else name_or_config
     label = str(name_or_config) if isinstance(name_or_config, (str, Path)) else type(config).__name__
-    config._attn_implementation = "eager" if getattr(config, "_attn_implementation", None) is None else config._attn_implementation
+    config._attn_implementation = (
+        "eager" if getattr(config, "_attn_implementation", None) is None else config._attn_implementation
+    )
     model = build_model(config, dtype=dtype, device="meta")
     use_trex_experts(model)
     model.train()
@@ -207,7 +221,9 @@ def capture_model(
         with torch.no_grad():
             model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False)
     except Exception as error:
-        raise CaptureError(f"running {label} on the meta device failed before capture ({type(error).__name__}: {error}); the model does something data-dependent outside its layers") from error
+        raise CaptureError(
+            f"running {label} on the meta device failed before capture ({type(error).__name__}: {error}); the model does something data-dependent outside its layers"
+        ) from error
     finally:
         for handle in handles:
             handle.remove()
@@ -220,7 +236,9 @@ def capture_model(
             args, kwargs = recorded[kind.layer_indices[0]]
             args = tuple(_requiring_grad(a) for a in args)
             kwargs = {k: _requiring_grad(v) if k == "hidden_states" else v for k, v in kwargs.items()}
-            options = CompileOptions.build(passes=passes, dump_dir=Path(dump_dir) / f"kind_{number}" if dump_dir else None)
+            options = CompileOptions.build(
+                passes=passes, dump_dir=Path(dump_dir) / f"kind_{number}" if dump_dir else None
+            )
             kind.graph = _capture_module(layers[kind.layer_indices[0]], args, kwargs, options)
             kind.seconds = time.perf_counter() - start
             capture.kinds.append(kind)
@@ -234,7 +252,9 @@ def capture_model(
     return capture
 
 
-def _capture_ends(model: nn.Module, stack_name: str, input_ids: torch.Tensor, passes: Any, dump_dir: Path | None) -> CapturedGraph:
+def _capture_ends(
+    model: nn.Module, stack_name: str, input_ids: torch.Tensor, passes: Any, dump_dir: Path | None
+) -> CapturedGraph:
     """The model with its decoder stack emptied: embedding -> final norm -> LM head -> loss."""
     parent_name, _, attribute = stack_name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -245,7 +265,17 @@ def _capture_ends(model: nn.Module, stack_name: str, input_ids: torch.Tensor, pa
         with warnings.catch_warnings():
             # AOTAutograd traces nll_loss's backward on meta tensors through the fallback kernel
             warnings.filterwarnings("ignore", message="aten::nll_loss: an autograd kernel was not registered")
-            return _capture_module(model, (), {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids, "use_cache": False}, options)
+            return _capture_module(
+                model,
+                (),
+                {
+                    "input_ids": input_ids,
+                    "attention_mask": torch.ones_like(input_ids),
+                    "labels": input_ids,
+                    "use_cache": False,
+                },
+                options,
+            )
     finally:
         setattr(parent, attribute, layers)
 

@@ -101,31 +101,64 @@ def _qwen3_235b_a22b() -> PretrainedConfig:
 FULL_SIZE_MODELS: dict[str, NamedModel] = {
     m.name: m
     for m in (
-        NamedModel("deepseek-v4-flash", "DeepSeek-V4-Flash, ~284B total / ~13B active", "transformers DeepseekV4Config() defaults", _deepseek_v4_flash),
-        NamedModel("deepseek-v4-pro", "DeepSeek-V4-Pro, ~1.6T total / ~49B active", "DeepSeek-V4 report", _deepseek_v4_pro),
-        NamedModel("deepseek-v3", "DeepSeek-V3, 671B total / 37B active", "transformers DeepseekV3Config() defaults", _deepseek_v3),
+        NamedModel(
+            "deepseek-v4-flash",
+            "DeepSeek-V4-Flash, ~284B total / ~13B active",
+            "transformers DeepseekV4Config() defaults",
+            _deepseek_v4_flash,
+        ),
+        NamedModel(
+            "deepseek-v4-pro", "DeepSeek-V4-Pro, ~1.6T total / ~49B active", "DeepSeek-V4 report", _deepseek_v4_pro
+        ),
+        NamedModel(
+            "deepseek-v3",
+            "DeepSeek-V3, 671B total / 37B active",
+            "transformers DeepseekV3Config() defaults",
+            _deepseek_v3,
+        ),
         NamedModel("qwen3-235b-a22b", "Qwen3-235B-A22B", "Qwen/Qwen3-235B-A22B config.json", _qwen3_235b_a22b),
     )
 }
 
 
 _KORTHIKANTI = "Korthikanti et al. 2022, Table 1 (Megatron GPT shapes; vocab 51200, seq 2048)"
-_LLAMA3 = ("Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 "
-           "(the released config.json), untied")
-_GPT_OSS = ("gpt-oss model card (OpenAI 2025, arXiv 2508.10925) and transformers' GptOssConfig defaults: 36 layers of hidden 2880, "
-            "64 query / 8 KV heads of 64 with sinks, sliding window 128 on alternate layers, 128 experts of 2880 top-4, vocab 201088, untied")
+_LLAMA3 = (
+    "Llama 3 report (Dubey et al. 2024), Table 3: GQA with 8 KV heads of 128, SwiGLU, RMSNorm; vocab 128256 "
+    "(the released config.json), untied"
+)
+_GPT_OSS = (
+    "gpt-oss model card (OpenAI 2025, arXiv 2508.10925) and transformers' GptOssConfig defaults: 36 layers of hidden 2880, "
+    "64 query / 8 KV heads of 64 with sinks, sliding window 128 on alternate layers, 128 experts of 2880 top-4, vocab 201088, untied"
+)
 _PANGU = "Pangu Ultra report (Atlas 800T A2 training): 94 layers, hidden 12288, 96 query / 8 KV heads of 128, FFN 28672, sandwich norm"
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> NamedModel:
-    config = {"model_type": "gpt", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-              "vocab_size": 51200, "max_position_embeddings": 2048}
-    return NamedModel(name, f"Megatron GPT {name[4:].upper()} ({layers} layers, hidden {hidden})", _KORTHIKANTI, config=config)
+    config = {
+        "model_type": "gpt",
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "vocab_size": 51200,
+        "max_position_embeddings": 2048,
+    }
+    return NamedModel(
+        name, f"Megatron GPT {name[4:].upper()} ({layers} layers, hidden {hidden})", _KORTHIKANTI, config=config
+    )
 
 
 def _llama3(name: str, description: str, *, layers: int, hidden: int, heads: int, ffn: int) -> NamedModel:
-    config = {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": 8, "head_dim": 128,
-              "num_hidden_layers": layers, "vocab_size": 128256, "intermediate_size": ffn, "tie_word_embeddings": False}
+    config = {
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": layers,
+        "vocab_size": 128256,
+        "intermediate_size": ffn,
+        "tie_word_embeddings": False,
+    }
     return NamedModel(name, description, _LLAMA3, config=config)
 
 
@@ -136,16 +169,46 @@ PRICED_ONLY_MODELS: dict[str, NamedModel] = {
         _gpt("gpt-175b", 96, 12288, 96),
         _gpt("gpt-530b", 105, 20480, 128),
         _gpt("gpt-1t", 128, 25600, 160),
-        NamedModel("pangu-ultra-135b", "Pangu Ultra 135B (dense)", _PANGU, config={
-            "model_type": "pangu", "hidden_size": 12288, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
-            "num_hidden_layers": 94, "vocab_size": 153376, "intermediate_size": 28672, "tie_word_embeddings": False, "sandwich_norm": True}),
+        NamedModel(
+            "pangu-ultra-135b",
+            "Pangu Ultra 135B (dense)",
+            _PANGU,
+            config={
+                "model_type": "pangu",
+                "hidden_size": 12288,
+                "num_attention_heads": 96,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "num_hidden_layers": 94,
+                "vocab_size": 153376,
+                "intermediate_size": 28672,
+                "tie_word_embeddings": False,
+                "sandwich_norm": True,
+            },
+        ),
         _llama3("llama3-70b", "Llama 3 70B (dense)", layers=80, hidden=8192, heads=64, ffn=28672),
         _llama3("llama3.1-405b", "Llama 3.1 405B (dense)", layers=126, hidden=16384, heads=128, ffn=53248),
-        NamedModel("gpt-oss-120b", "gpt-oss 120B, 116.8B total / 5.13B active", _GPT_OSS, config={
-            "model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
-            "num_hidden_layers": 36, "vocab_size": 201088, "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
-            "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True,
-            "tie_word_embeddings": False}),
+        NamedModel(
+            "gpt-oss-120b",
+            "gpt-oss 120B, 116.8B total / 5.13B active",
+            _GPT_OSS,
+            config={
+                "model_type": "gpt_oss",
+                "hidden_size": 2880,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "head_dim": 64,
+                "num_hidden_layers": 36,
+                "vocab_size": 201088,
+                "intermediate_size": 2880,
+                "num_local_experts": 128,
+                "num_experts_per_tok": 4,
+                "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18,
+                "attention_bias": True,
+                "tie_word_embeddings": False,
+            },
+        ),
     )
 }
 
@@ -168,11 +231,13 @@ def load_config(name_or_path: str | Path) -> PretrainedConfig:
     if key in FULL_SIZE_MODELS:
         return FULL_SIZE_MODELS[key].make_config()
     if key in PRICED_ONLY_MODELS:
-        raise TrexError(f"{key!r} is a priced-only model: the cost model knows its shapes (`trex estimate`, `trex plan` take it), but trex has "
-                        f"no transformers class for it, so it cannot be built or captured; models that can: "
-                        f"{', '.join(model_names(capturable_only=True))}")
-    if key.startswith(TINY_PREFIX) and key[len(TINY_PREFIX):] in TINY_FAMILIES:
-        return tiny_config(key[len(TINY_PREFIX):])
+        raise TrexError(
+            f"{key!r} is a priced-only model: the cost model knows its shapes (`trex estimate`, `trex plan` take it), but trex has "
+            f"no transformers class for it, so it cannot be built or captured; models that can: "
+            f"{', '.join(model_names(capturable_only=True))}"
+        )
+    if key.startswith(TINY_PREFIX) and key[len(TINY_PREFIX) :] in TINY_FAMILIES:
+        return tiny_config(key[len(TINY_PREFIX) :])
     path = Path(key)
     if path.is_dir():
         path = path / "config.json"
@@ -187,19 +252,33 @@ TESTED_FAMILIES = {"deepseek_v4": "DeepSeek-V4", "deepseek_v3": "DeepSeek-V3", "
 # Families the cost model describes from their config fields alone, with no transformers class (priced-only).
 PRICED_ONLY_TYPES = ("gpt", "pangu")
 EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
-SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-               "intermediate_size", "moe_intermediate_size", *EXPERT_COUNT_FIELDS, "num_experts_per_tok")
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    *EXPERT_COUNT_FIELDS,
+    "num_experts_per_tok",
+)
 
 
 def check_config_dict(data: object, source: str) -> dict:
     """The problems a user can act on in a config.json's contents, raised before transformers sees it."""
     if not isinstance(data, dict):
-        raise TrexError(f"{source}: a config.json holds one JSON object ({{\"model_type\": ..., \"hidden_size\": ...}}), "
-                        f"this holds a JSON {type(data).__name__}")
+        raise TrexError(
+            f'{source}: a config.json holds one JSON object ({{"model_type": ..., "hidden_size": ...}}), '
+            f"this holds a JSON {type(data).__name__}"
+        )
     model_type = data.get("model_type")
     if not model_type or not isinstance(model_type, str):
-        raise TrexError(f"{source}: field 'model_type' is missing; a transformers config.json names its model_type "
-                        f"(e.g. {', '.join(repr(t) for t in TESTED_FAMILIES)})")
+        raise TrexError(
+            f"{source}: field 'model_type' is missing; a transformers config.json names its model_type "
+            f"(e.g. {', '.join(repr(t) for t in TESTED_FAMILIES)})"
+        )
     for field in SIZE_FIELDS:
         if field not in data or data[field] is None:
             continue
@@ -223,7 +302,9 @@ def read_config_dict(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "config.json"
     if not path.exists():
-        raise TrexError(f"model config {path} does not exist; pass a transformers config.json or one of: {', '.join(model_names())}")
+        raise TrexError(
+            f"model config {path} does not exist; pass a transformers config.json or one of: {', '.join(model_names())}"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -239,17 +320,23 @@ def _config_from_file(path: Path) -> PretrainedConfig:
     data = read_config_dict(path)
     model_type = data["model_type"]
     if model_type in PRICED_ONLY_TYPES:
-        raise TrexError(f"{path}: model_type {model_type!r} is priced by the cost model (`trex estimate`/`trex plan --model {path}`), but "
-                        "transformers has no class for it, so it cannot be built or captured")
+        raise TrexError(
+            f"{path}: model_type {model_type!r} is priced by the cost model (`trex estimate`/`trex plan --model {path}`), but "
+            "transformers has no class for it, so it cannot be built or captured"
+        )
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
-        raise TrexError(f"{path}: model_type {model_type!r} is not a transformers model type; trex captures transformers MoE models "
-                        f"(tested: {', '.join(TESTED_FAMILIES)}; other MoE families through transformers' experts interface)")
+        raise TrexError(
+            f"{path}: model_type {model_type!r} is not a transformers model type; trex captures transformers MoE models "
+            f"(tested: {', '.join(TESTED_FAMILIES)}; other MoE families through transformers' experts interface)"
+        )
     try:
         return AutoConfig.for_model(**data)
     except (ValueError, TypeError) as error:
-        raise TrexError(f"{path}: transformers cannot build a {model_type} config from it: {str(error).splitlines()[0][:300]}") from None
+        raise TrexError(
+            f"{path}: transformers cannot build a {model_type} config from it: {str(error).splitlines()[0][:300]}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,9 +345,19 @@ def _config_from_file(path: Path) -> PretrainedConfig:
 TINY_FAMILIES = ("deepseek-v4", "deepseek-v3", "qwen3-moe")
 
 
-def tiny_config(family: str, *, num_experts: int = 8, top_k: int = 2, hidden_size: int = 64, num_layers: int = 4, vocab_size: int = 128) -> PretrainedConfig:
+def tiny_config(
+    family: str,
+    *,
+    num_experts: int = 8,
+    top_k: int = 2,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    vocab_size: int = 128,
+) -> PretrainedConfig:
     """A tiny random-init configuration of one of the three families trex is tested on."""
-    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_experts_per_tok=top_k)
+    common = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_experts_per_tok=top_k
+    )
     if family == "deepseek-v4":
         from transformers import DeepseekV4Config
 
@@ -321,7 +418,9 @@ def tiny_config(family: str, *, num_experts: int = 8, top_k: int = 2, hidden_siz
     raise UnknownNameError("model family", family, TINY_FAMILIES)
 
 
-def build_model(config: PretrainedConfig, *, dtype: torch.dtype | None = None, seed: int = 0, device: str | torch.device = "cpu"):
+def build_model(
+    config: PretrainedConfig, *, dtype: torch.dtype | None = None, seed: int = 0, device: str | torch.device = "cpu"
+):
     """A causal-LM with random weights for `config`; hash-routing tables get a random (seeded) map.
 
     On `device="meta"` nothing is allocated: that is how full-size models are captured for planning.
@@ -331,7 +430,11 @@ def build_model(config: PretrainedConfig, *, dtype: torch.dtype | None = None, s
 
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype) if dtype is not None else AutoModelForCausalLM.from_config(config)
+        model = (
+            AutoModelForCausalLM.from_config(config, dtype=dtype)
+            if dtype is not None
+            else AutoModelForCausalLM.from_config(config)
+        )
     if str(device) != "meta":
         _randomize_hash_routing(model, seed)
     return model

@@ -33,7 +33,9 @@ def _probe(directory: Path, option: str, shown: Path) -> None:
     try:
         handle, name = tempfile.mkstemp(prefix=".trex-write-check-", dir=directory)
     except OSError as error:
-        raise OutputPathError(f"{option} {shown}: cannot write in {directory} ({error.strerror}); choose a writable location") from None
+        raise OutputPathError(
+            f"{option} {shown}: cannot write in {directory} ({error.strerror}); choose a writable location"
+        ) from None
     os.close(handle)
     os.unlink(name)
 
@@ -43,13 +45,19 @@ def output_dir(path: str | os.PathLike, option: str) -> Path:
     path = Path(path).expanduser()
     blocker = _blocking_parent(path)
     if blocker is not None:
-        raise OutputPathError(f"{option} {path}: {blocker} is a file, so no directory can be made under it; choose another path")
+        raise OutputPathError(
+            f"{option} {path}: {blocker} is a file, so no directory can be made under it; choose another path"
+        )
     if path.exists() and not path.is_dir():
-        raise OutputPathError(f"{option} {path}: this is an existing file, and a directory is needed here; remove it or choose another path")
+        raise OutputPathError(
+            f"{option} {path}: this is an existing file, and a directory is needed here; remove it or choose another path"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise OutputPathError(f"{option} {path}: cannot create the directory ({error.strerror}); choose a writable location") from None
+        raise OutputPathError(
+            f"{option} {path}: cannot create the directory ({error.strerror}); choose a writable location"
+        ) from None
     _probe(path, option, path)
     return path
 
@@ -58,15 +66,23 @@ def output_file(path: str | os.PathLike, option: str) -> Path:
     """Check a file trex will write (creating its parent directories); return it."""
     path = Path(path).expanduser()
     if path.is_dir():
-        raise OutputPathError(f"{option} {path}: this is a directory, and a file is needed here; name a file, e.g. {path / 'out.json'}")
+        raise OutputPathError(
+            f"{option} {path}: this is a directory, and a file is needed here; name a file, e.g. {path / 'out.json'}"
+        )
     blocker = _blocking_parent(path)
     if blocker is not None:
-        raise OutputPathError(f"{option} {path}: {blocker} is a file, so {path.name} cannot be written under it; choose another path")
+        raise OutputPathError(
+            f"{option} {path}: {blocker} is a file, so {path.name} cannot be written under it; choose another path"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise OutputPathError(f"{option} {path}: cannot create {path.parent} ({error.strerror}); choose a writable location") from None
+        raise OutputPathError(
+            f"{option} {path}: cannot create {path.parent} ({error.strerror}); choose a writable location"
+        ) from None
     if path.exists() and not os.access(path, os.W_OK):
-        raise OutputPathError(f"{option} {path}: the existing file is read-only; choose another path or make it writable")
+        raise OutputPathError(
+            f"{option} {path}: the existing file is read-only; choose another path or make it writable"
+        )
     _probe(path.parent, option, path)
     return path

@@ -44,7 +44,13 @@ class Decision:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, pass_name: str) -> dict[str, Any]:
-        return {"pass": pass_name, "action": self.action, "subject": self.subject, "reason": self.reason, **({"data": self.data} if self.data else {})}
+        return {
+            "pass": pass_name,
+            "action": self.action,
+            "subject": self.subject,
+            "reason": self.reason,
+            **({"data": self.data} if self.data else {}),
+        }
 
 
 @dataclass
@@ -127,7 +133,9 @@ class PipelineReport:
         lines = [f"graph {self.graph_id} ({self.phase})"]
         for r in self.records:
             if r.ran:
-                lines.append(f"  {r.name:<28} {r.seconds * 1e3:8.1f} ms  nodes {r.nodes_before} -> {r.nodes_after} ({r.node_delta:+d})  decisions {len(r.decisions)}")
+                lines.append(
+                    f"  {r.name:<28} {r.seconds * 1e3:8.1f} ms  nodes {r.nodes_before} -> {r.nodes_after} ({r.node_delta:+d})  decisions {len(r.decisions)}"
+                )
             else:
                 lines.append(f"  {r.name:<28} skipped: {r.skipped_reason}")
         return "\n".join(lines)
@@ -148,7 +156,9 @@ def disabled_from_env(environ: dict[str, str] | None = None) -> set[str]:
         if not item:
             continue
         if not item.startswith("-"):
-            raise TrexError(f"TREX_PASSES={spec!r}: each entry disables a pass and starts with '-' (e.g. TREX_PASSES=-dead_code_elimination); got {item!r}")
+            raise TrexError(
+                f"TREX_PASSES={spec!r}: each entry disables a pass and starts with '-' (e.g. TREX_PASSES=-dead_code_elimination); got {item!r}"
+            )
         disabled.add(item[1:])
     return disabled
 
@@ -160,7 +170,9 @@ def fuel_from_env(environ: dict[str, str] | None = None) -> int | None:
     try:
         fuel = int(value)
     except ValueError:
-        raise TrexError(f"TREX_FUEL={value!r} is not an integer; set it to the number of rewrites to allow (e.g. TREX_FUEL=10)") from None
+        raise TrexError(
+            f"TREX_FUEL={value!r} is not an integer; set it to the number of rewrites to allow (e.g. TREX_FUEL=10)"
+        ) from None
     if fuel < 0:
         raise TrexError(f"TREX_FUEL={fuel} is negative; use 0 (no rewrites) or more")
     return fuel
@@ -175,7 +187,9 @@ def fake_inputs(gm: fx.GraphModule) -> list[Any]:
     values = []
     for node in gm.graph.find_nodes(op="placeholder"):
         if "val" not in node.meta:
-            raise TrexError(f"placeholder {node.name} has no meta['val']; trex graphs carry FakeTensor metadata on every node (capture with trex.compile)")
+            raise TrexError(
+                f"placeholder {node.name} has no meta['val']; trex graphs carry FakeTensor metadata on every node (capture with trex.compile)"
+            )
         values.append(node.meta["val"])
     return values
 
@@ -221,7 +235,11 @@ def check_graph(gm: fx.GraphModule, pass_name: str, outputs_before: list | None 
         outputs_after = _output_signature(gm)
         if outputs_after != outputs_before:
             changed = [(i, b, a) for i, (b, a) in enumerate(zip(outputs_before, outputs_after)) if a != b]
-            raise TrexError(f"pass {pass_name} changed the graph's outputs (index, before, after): {changed[:5]}" if changed else f"pass {pass_name} changed the number of graph outputs from {len(outputs_before)} to {len(outputs_after)}")
+            raise TrexError(
+                f"pass {pass_name} changed the graph's outputs (index, before, after): {changed[:5]}"
+                if changed
+                else f"pass {pass_name} changed the number of graph outputs from {len(outputs_before)} to {len(outputs_after)}"
+            )
 
 
 class PassManager:
@@ -245,7 +263,9 @@ class PassManager:
         if unknown:
             from trex.errors import UnknownNameError
 
-            raise UnknownNameError("pass", sorted(unknown)[0], [p.name for p in self.pipeline], hint="set by TREX_PASSES or passes=")
+            raise UnknownNameError(
+                "pass", sorted(unknown)[0], [p.name for p in self.pipeline], hint="set by TREX_PASSES or passes="
+            )
         self.fuel = fuel
         self.dump = dump
         self.reproducer = reproducer
@@ -290,12 +310,16 @@ class PassManager:
             record.decisions = list(result.decisions)
             record.nodes_after = count_nodes(gm)
             if self.dump is not None:
-                self.dump.write_graph(gm, ctx, index=index, title=pass_.name, record=record, header={"pipeline": self.pipeline_string})
+                self.dump.write_graph(
+                    gm, ctx, index=index, title=pass_.name, record=record, header={"pipeline": self.pipeline_string}
+                )
         return report
 
-    def _pass_failed(self, pass_: Pass, report: PipelineReport, graph_before: fx.GraphModule, ctx: PassContext, error: Exception) -> PassError:
+    def _pass_failed(
+        self, pass_: Pass, report: PipelineReport, graph_before: fx.GraphModule, ctx: PassContext, error: Exception
+    ) -> PassError:
         before = [r.name for r in report.records if r.ran]
-        remaining = self.pipeline[self.pipeline.index(pass_):]
+        remaining = self.pipeline[self.pipeline.index(pass_) :]
         detail = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = traceback.extract_tb(error.__traceback__)
         if frames:
@@ -303,8 +327,8 @@ class PassManager:
         return PassError(
             f"pass {pass_.name!r} failed on graph {ctx.graph_id} ({ctx.phase}): {detail}\n"
             f"  passes that ran before it: {', '.join(before) or '(none)'}\n"
-            + self._reproducer_line(graph_before, remaining, ctx) +
-            f"  to run without it: TREX_PASSES=-{pass_.name}"
+            + self._reproducer_line(graph_before, remaining, ctx)
+            + f"  to run without it: TREX_PASSES=-{pass_.name}"
         )
 
     def _reproducer_line(self, graph_before: fx.GraphModule, remaining: list[Pass], ctx: PassContext) -> str:

@@ -47,14 +47,24 @@ class ModelShape:
     def of(cls, spec: ModelSpec) -> ModelShape:
         heads = [core.heads for layer in spec.layers for core in layer.attention if core.v_head_dim]
         moe = next((layer.moe for layer in spec.layers if layer.moe), None)
-        return cls(spec.name, spec.num_layers, spec.hidden_size, min(heads) if heads else 1, moe.num_experts if moe else None,
-                   tuple(layer.kind for layer in spec.layers))
+        return cls(
+            spec.name,
+            spec.num_layers,
+            spec.hidden_size,
+            min(heads) if heads else 1,
+            moe.num_experts if moe else None,
+            tuple(layer.kind for layer in spec.layers),
+        )
 
     def mismatches(self, other: ModelShape) -> list[str]:
         """How `other` (the model at hand) differs from the model this plan was made for."""
         problems = []
-        for name, label in (("num_layers", "decoder layers"), ("hidden_size", "hidden size"), ("num_experts", "routed experts"),
-                            ("attention_heads", "attention heads")):
+        for name, label in (
+            ("num_layers", "decoder layers"),
+            ("hidden_size", "hidden size"),
+            ("num_experts", "routed experts"),
+            ("attention_heads", "attention heads"),
+        ):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 problems.append(f"the plan was made for {mine} {label}, the model has {theirs}")
@@ -80,13 +90,29 @@ class Prediction:
 
     @classmethod
     def of(cls, estimate: StepEstimate) -> Prediction:
-        return cls(estimate.step_time_s, estimate.mfu, estimate.mfu_6n, estimate.tokens_per_s_per_device, estimate.model_tflops_per_device,
-                   dict(estimate.memory.gib()), dict(estimate.breakdown.to_dict()), estimate.feasible)
+        return cls(
+            estimate.step_time_s,
+            estimate.mfu,
+            estimate.mfu_6n,
+            estimate.tokens_per_s_per_device,
+            estimate.model_tflops_per_device,
+            dict(estimate.memory.gib()),
+            dict(estimate.breakdown.to_dict()),
+            estimate.feasible,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_time_s": self.step_time_s, "mfu": self.mfu, "mfu_6n": self.mfu_6n, "tokens_per_s_per_device": self.tokens_per_s_per_device,
-                "model_tflops_per_device": self.model_tflops_per_device, "memory_per_device_gib": self.memory_per_device_gib,
-                "memory_gib": dict(self.memory_gib), "breakdown": dict(self.breakdown), "feasible": self.feasible}
+        return {
+            "step_time_s": self.step_time_s,
+            "mfu": self.mfu,
+            "mfu_6n": self.mfu_6n,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "model_tflops_per_device": self.model_tflops_per_device,
+            "memory_per_device_gib": self.memory_per_device_gib,
+            "memory_gib": dict(self.memory_gib),
+            "breakdown": dict(self.breakdown),
+            "feasible": self.feasible,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Prediction:
@@ -143,12 +169,16 @@ class Plan:
         if p.dp is None:
             problems.append("dp is not set")
         elif p.tp * p.pp * p.cp * p.dp != self.devices:
-            problems.append(f"tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp} = {p.tp * p.pp * p.cp * p.dp} differs from the plan's {self.devices} devices")
+            problems.append(
+                f"tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp} = {p.tp * p.pp * p.cp * p.dp} differs from the plan's {self.devices} devices"
+            )
         if p.layers_per_chunk is not None:
             if len(p.layers_per_chunk) != p.pp * p.vpp:
                 problems.append(f"the stage split has {len(p.layers_per_chunk)} chunks for pp*vpp = {p.pp * p.vpp}")
             if sum(p.layers_per_chunk) != self.model.num_layers:
-                problems.append(f"the stage split places {sum(p.layers_per_chunk)} layers; the model has {self.model.num_layers}")
+                problems.append(
+                    f"the stage split places {sum(p.layers_per_chunk)} layers; the model has {self.model.num_layers}"
+                )
             if any(n < 0 for n in p.layers_per_chunk):
                 problems.append("the stage split has a negative layer count")
         return problems
@@ -172,28 +202,62 @@ class Plan:
 
     # -- serialization -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        model = {"name": self.model.name, "num_layers": self.model.num_layers, "hidden_size": self.model.hidden_size,
-                 "attention_heads": self.model.attention_heads, "num_experts": self.model.num_experts, "layer_kinds": list(self.model.layer_kinds)}
-        stages = [{"stage": s, "chunks": [{"layers": [a, b], **({"embedding": True} if s == 0 and j == 0 else {}),
-                                           **({"head": True} if s == self.parallel.pp - 1 and j == self.parallel.vpp - 1 else {})}
-                                          for j, (a, b) in enumerate(ranges)]} for s, ranges in enumerate(self.stages())]
-        return {"format": PLAN_FORMAT, "model": model, "cluster": self.cluster, "devices": self.devices, "device": self.device,
-                "parallel": self.parallel.to_dict(), "stages": stages,
-                "prediction": self.prediction.to_dict() if self.prediction is not None else None, "source": self.source, "notes": list(self.notes)}
+        model = {
+            "name": self.model.name,
+            "num_layers": self.model.num_layers,
+            "hidden_size": self.model.hidden_size,
+            "attention_heads": self.model.attention_heads,
+            "num_experts": self.model.num_experts,
+            "layer_kinds": list(self.model.layer_kinds),
+        }
+        stages = [
+            {
+                "stage": s,
+                "chunks": [
+                    {
+                        "layers": [a, b],
+                        **({"embedding": True} if s == 0 and j == 0 else {}),
+                        **({"head": True} if s == self.parallel.pp - 1 and j == self.parallel.vpp - 1 else {}),
+                    }
+                    for j, (a, b) in enumerate(ranges)
+                ],
+            }
+            for s, ranges in enumerate(self.stages())
+        ]
+        return {
+            "format": PLAN_FORMAT,
+            "model": model,
+            "cluster": self.cluster,
+            "devices": self.devices,
+            "device": self.device,
+            "parallel": self.parallel.to_dict(),
+            "stages": stages,
+            "prediction": self.prediction.to_dict() if self.prediction is not None else None,
+            "source": self.source,
+            "notes": list(self.notes),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> Plan:
         if not isinstance(data, dict):
             raise TrexError(f"{source}: a plan is a JSON object, got {type(data).__name__}")
         if data.get("format") != PLAN_FORMAT:
-            raise TrexError(f"{source}: not a trex plan (format {data.get('format')!r}; expected {PLAN_FORMAT!r}); write one with `trex plan --out`")
+            raise TrexError(
+                f"{source}: not a trex plan (format {data.get('format')!r}; expected {PLAN_FORMAT!r}); write one with `trex plan --out`"
+            )
         for key in ("model", "cluster", "devices", "device", "parallel"):
             if key not in data:
                 raise TrexError(f"{source}: plan field {key!r} is missing")
         m = data["model"]
         try:
-            model = ModelShape(str(m["name"]), int(m["num_layers"]), int(m["hidden_size"]), int(m["attention_heads"]),
-                               None if m.get("num_experts") is None else int(m["num_experts"]), tuple(m.get("layer_kinds", ())))
+            model = ModelShape(
+                str(m["name"]),
+                int(m["num_layers"]),
+                int(m["hidden_size"]),
+                int(m["attention_heads"]),
+                None if m.get("num_experts") is None else int(m["num_experts"]),
+                tuple(m.get("layer_kinds", ())),
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise TrexError(f"{source}: plan field 'model' is incomplete or malformed ({error})") from None
         try:
@@ -202,12 +266,22 @@ class Plan:
             raise TrexError(f"{source}: plan field 'parallel' is malformed ({error})") from None
         prediction = Prediction.from_dict(data["prediction"]) if data.get("prediction") is not None else None
         try:
-            plan = cls(model, str(data["cluster"]), int(data["devices"]), str(data["device"]), parallel, prediction,
-                       str(data.get("source", "")), tuple(data.get("notes", ())))
+            plan = cls(
+                model,
+                str(data["cluster"]),
+                int(data["devices"]),
+                str(data["device"]),
+                parallel,
+                prediction,
+                str(data.get("source", "")),
+                tuple(data.get("notes", ())),
+            )
         except TrexError as error:
             raise TrexError(f"{source}: {error}") from None
         if "stages" in data and data["stages"] != plan.to_dict()["stages"]:
-            raise TrexError(f"{source}: the plan's 'stages' list does not match its parallel.layers_per_chunk; edit the split there (stages are derived)")
+            raise TrexError(
+                f"{source}: the plan's 'stages' list does not match its parallel.layers_per_chunk; edit the split there (stages are derived)"
+            )
         return plan
 
     def to_json(self) -> str:
@@ -218,7 +292,9 @@ class Plan:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise TrexError(f"{source}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+            raise TrexError(
+                f"{source}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+            ) from None
         return cls.from_dict(data, source)
 
     def save(self, path: str | Path) -> Path:
@@ -248,11 +324,13 @@ class Plan:
 
     def summary(self) -> str:
         p = self.parallel
-        lines = [f"plan for {self.model.name} on {self.devices} x {self.device} ({self.cluster}) - {self.source}",
-                 f"  degrees   tp={p.tp} (sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}), pp={p.pp}, vpp={p.vpp}, "
-                 f"ep={p.ep}, etp={p.etp}, cp={p.cp}, dp={p.dp}",
-                 f"  optimizer ZeRO-{p.zero}{' (distributed optimizer)' if p.zero == 1 else ''}; batch: global {p.gbs} x {p.seq} tokens, "
-                 f"micro {p.mbs}, {p.microbatches} micro-batches per step; {p.precision}; recompute {p.recompute}"]
+        lines = [
+            f"plan for {self.model.name} on {self.devices} x {self.device} ({self.cluster}) - {self.source}",
+            f"  degrees   tp={p.tp} (sequence parallel {'on' if p.sequence_parallel and p.tp > 1 else 'off'}), pp={p.pp}, vpp={p.vpp}, "
+            f"ep={p.ep}, etp={p.etp}, cp={p.cp}, dp={p.dp}",
+            f"  optimizer ZeRO-{p.zero}{' (distributed optimizer)' if p.zero == 1 else ''}; batch: global {p.gbs} x {p.seq} tokens, "
+            f"micro {p.mbs}, {p.microbatches} micro-batches per step; {p.precision}; recompute {p.recompute}",
+        ]
         for s, ranges in enumerate(self.stages()):
             # A chunk with no decoder layer (e.g. the first one, which carries the embedding) shows as "(empty)".
             chunks = ", ".join(f"{a}-{b - 1}" if b > a + 1 else str(a) if b > a else "(empty)" for a, b in ranges)
@@ -262,8 +340,10 @@ class Plan:
         if self.prediction is not None:
             r = self.prediction
             m = r.memory_gib
-            lines.append(f"  predicted {r.step_time_s:.3f} s/step, MFU {r.mfu:.1%} (6N: {r.mfu_6n:.1%}), {r.tokens_per_s_per_device:,.0f} tokens/s/device, "
-                         f"{r.memory_per_device_gib:.1f} of {m.get('capacity', math.nan):.1f} GiB per device")
+            lines.append(
+                f"  predicted {r.step_time_s:.3f} s/step, MFU {r.mfu:.1%} (6N: {r.mfu_6n:.1%}), {r.tokens_per_s_per_device:,.0f} tokens/s/device, "
+                f"{r.memory_per_device_gib:.1f} of {m.get('capacity', math.nan):.1f} GiB per device"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

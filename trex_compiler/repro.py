@@ -71,10 +71,16 @@ def pass_locator(pass_: Any, folder: Path) -> dict[str, str]:
     except (OSError, TypeError):
         if _module_importable(cls.__module__) and "<locals>" not in cls.__qualname__:
             return entry
-        raise TrexError(f"pass {pass_.name!r} ({cls.__qualname__}) was defined where its source cannot be read (an interactive "
-                        "session?); define it in a file to get a reproducer") from None
+        raise TrexError(
+            f"pass {pass_.name!r} ({cls.__qualname__}) was defined where its source cannot be read (an interactive "
+            "session?); define it in a file to get a reproducer"
+        ) from None
     path = folder / USER_PASSES_FILE
-    header = "# the user's passes of this reproducer, with their file's imports\n" + "\n".join(_top_level_imports(source_file)) + "\n"
+    header = (
+        "# the user's passes of this reproducer, with their file's imports\n"
+        + "\n".join(_top_level_imports(source_file))
+        + "\n"
+    )
     existing = path.read_text() if path.exists() else header
     path.write_text(existing + "\n\n" + textwrap.dedent(source) + "\n")
     entry.update(copy=USER_PASSES_FILE, copy_name=cls.__name__)
@@ -88,7 +94,9 @@ def write_reproducer(gm: fx.GraphModule, pipeline: list[Any], ctx: PassContext, 
     folder = base / f"repro_graph_{ctx.graph_id}_{ctx.phase}_{first}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / USER_PASSES_FILE).unlink(missing_ok=True)
-    (folder / "graph.py").write_text(graph_source(gm, [f"trex reproducer: input of pass {first!r} on graph {ctx.graph_id} ({ctx.phase})"]))
+    (folder / "graph.py").write_text(
+        graph_source(gm, [f"trex reproducer: input of pass {first!r} on graph {ctx.graph_id} ({ctx.phase})"])
+    )
     (folder / "pipeline.txt").write_text(",".join(p.name for p in pipeline) + "\n")
     (folder / "pipeline.json").write_text(json.dumps([pass_locator(p, folder) for p in pipeline], indent=1) + "\n")
     (folder / "repro.py").write_text(
@@ -128,7 +136,9 @@ def _load_pass_class(entry: dict[str, str], folder: Path) -> type:
         except (ImportError, AttributeError):
             pass
     if "copy" not in entry:
-        raise TrexError(f"cannot import pass {entry['name']!r} from module {entry['module']!r}, and the reproducer holds no copy of it")
+        raise TrexError(
+            f"cannot import pass {entry['name']!r} from module {entry['module']!r}, and the reproducer holds no copy of it"
+        )
     spec = importlib.util.spec_from_file_location("trex_repro_user_passes", folder / entry["copy"])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -143,7 +153,9 @@ def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") 
     folder = Path(folder)
     gm, _ = load_dumped_graph(folder / "graph.py")
     entries = json.loads((folder / "pipeline.json").read_text())
-    pipeline = [resolve_pipeline([e["name"]])[0] if "qualname" not in e else _load_pass_class(e, folder)() for e in entries]
+    pipeline = [
+        resolve_pipeline([e["name"]])[0] if "qualname" not in e else _load_pass_class(e, folder)() for e in entries
+    ]
     again = folder / "again"
     manager = PassManager(pipeline, reproducer=lambda g, remaining, ctx: write_reproducer(g, remaining, ctx, again))
     return manager.run(gm, PassContext(target=target, phase=phase))

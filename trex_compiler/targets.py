@@ -26,7 +26,9 @@ class Target:
         return resolve_target(self.name)
 
 
-TARGETS: dict[str, Target] = {name: Target(name, entry.device_type, entry.description) for name, entry in CATALOG.items()}
+TARGETS: dict[str, Target] = {
+    name: Target(name, entry.device_type, entry.description) for name, entry in CATALOG.items()
+}
 
 
 def get_target(name: str) -> Target:

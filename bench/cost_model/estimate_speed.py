@@ -21,7 +21,12 @@ from trex.cost_model.step import estimate_step
 
 CASES = [
     ("gpt-175b", "a100", 64, ParallelConfig(tp=8, pp=8, vpp=3, seq=2048, gbs=64, attention_kernel="unfused")),
-    ("deepseek-v3", "h100", 1024, ParallelConfig(tp=2, pp=8, vpp=4, ep=64, seq=4096, gbs=8192, precision="fp8", dispatcher="deepep")),
+    (
+        "deepseek-v3",
+        "h100",
+        1024,
+        ParallelConfig(tp=2, pp=8, vpp=4, ep=64, seq=4096, gbs=8192, precision="fp8", dispatcher="deepep"),
+    ),
     ("qwen3-235b-a22b", "h100", 256, ParallelConfig(tp=2, pp=8, vpp=4, ep=32, seq=4096, gbs=2048)),
     ("deepseek-v4-pro", "cloudmatrix384", 1024, ParallelConfig(tp=4, pp=8, vpp=2, ep=64, seq=4096, gbs=1024)),
 ]
@@ -39,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         for _ in range(args.repeats):
             estimate_step(spec, cluster, plan)
-        print(f"| {model} | {devices} x {cluster_name} | {plan.label()} | {(time.perf_counter() - start) / args.repeats * 1e3:.3f} |")
+        print(
+            f"| {model} | {devices} x {cluster_name} | {plan.label()} | {(time.perf_counter() - start) / args.repeats * 1e3:.3f} |"
+        )
     spec, cluster = get_model_spec("deepseek-v4-pro"), get_cluster("cloudmatrix384", 1024)
     priced = infeasible = 0
     start = time.perf_counter()
@@ -52,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             infeasible += 1
     elapsed = time.perf_counter() - start
     print()
-    print(f"sweep: {priced} plans priced and {infeasible} rejected by validation in {elapsed:.2f} s "
-          f"({elapsed / max(priced, 1) * 1e3:.2f} ms per priced plan)")
+    print(
+        f"sweep: {priced} plans priced and {infeasible} rejected by validation in {elapsed:.2f} s "
+        f"({elapsed / max(priced, 1) * 1e3:.2f} ms per priced plan)"
+    )
     return 0
 
 

@@ -50,8 +50,10 @@ def main() -> None:
     linear, x = torch.nn.Linear(1, 1), torch.randn(1, 1)
     lookup = min(_per_call_us(layer.forward, 20000) for _ in range(3))
     reference = min(_per_call_us(lambda: linear(x), 20000) for _ in range(3))
-    print(f"NVTX-style range name lookup: {lookup:.1f} us per call; x {CALLS_PER_LAYER_FORWARD} calls = "
-          f"{lookup * CALLS_PER_LAYER_FORWARD / 1000:.2f} ms of host time per layer forward")
+    print(
+        f"NVTX-style range name lookup: {lookup:.1f} us per call; x {CALLS_PER_LAYER_FORWARD} calls = "
+        f"{lookup * CALLS_PER_LAYER_FORWARD / 1000:.2f} ms of host time per layer forward"
+    )
     print(f"for scale, nn.Linear(1, 1) forward on this CPU (no CUDA launch): {reference:.1f} us")
 
 

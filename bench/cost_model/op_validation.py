@@ -61,12 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         by_kind[t.kind].append(t)
     total = sum(t.measured_s for t in everything)
     for kind, items in sorted(by_kind.items(), key=lambda kv: -sum(t.measured_s for t in kv[1])):
-        rho_k = spearman([t.predicted_s for t in items], [t.measured_s for t in items]) if len(items) > 2 else float("nan")
-        print(f"| {kind} | {len(items)} | {rho_k:.2f} | {statistics.median(t.predicted_s for t in items) * 1e6:.1f} | "
-              f"{statistics.median(t.measured_s for t in items) * 1e6:.1f} | {sum(t.measured_s for t in items) / total:.1%} |")
+        rho_k = (
+            spearman([t.predicted_s for t in items], [t.measured_s for t in items]) if len(items) > 2 else float("nan")
+        )
+        print(
+            f"| {kind} | {len(items)} | {rho_k:.2f} | {statistics.median(t.predicted_s for t in items) * 1e6:.1f} | "
+            f"{statistics.median(t.measured_s for t in items) * 1e6:.1f} | {sum(t.measured_s for t in items) / total:.1%} |"
+        )
     predicted_total = sum(t.predicted_s for t in everything)
     print()
-    print(f"summed over all timed nodes: predicted {predicted_total * 1e3:.1f} ms, measured {total * 1e3:.1f} ms; {time.perf_counter() - started:.0f} s")
+    print(
+        f"summed over all timed nodes: predicted {predicted_total * 1e3:.1f} ms, measured {total * 1e3:.1f} ms; {time.perf_counter() - started:.0f} s"
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Alias of `bench/cost_model_validation.py`, the published-run validation issue 3 names (same arguments).
 
-    python bench/cost_model/validation.py [--csv PATH] [--json] [--host-sensitivity 13.5,27,36]
+python bench/cost_model/validation.py [--csv PATH] [--json] [--host-sensitivity 13.5,27,36]
 """
 
 import runpy

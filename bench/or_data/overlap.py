@@ -30,7 +30,9 @@ def main() -> int:
 
     root = Path(args.run)
     sft = [json.loads(line) for line in (root / "sft.jsonl").read_text(encoding="utf-8").splitlines()][: args.limit]
-    cpt = [json.loads(line)["text"] for line in (root / "cpt.jsonl").read_text(encoding="utf-8").splitlines()][: args.limit]
+    cpt = [json.loads(line)["text"] for line in (root / "cpt.jsonl").read_text(encoding="utf-8").splitlines()][
+        : args.limit
+    ]
     texts = [f"{r['messages'][1]['content']}\n{r['messages'][2]['content']}" for r in sft]
     print(f"{len(sft)} samples and {len(cpt)} documents from {root}\n")
     print("| n | samples sharing an n-gram | documents sharing one | files matched (samples) | most shared n-grams |")
@@ -46,9 +48,11 @@ def main() -> int:
             grams.update({match.ngram for match in found})
             files.update({match.source.file for match in found})
         hit_documents = sum(bool(index.matches(text, limit=1)) for text in cpt)
-        top = "; ".join(f"\"{gram}\" ({count})" for gram, count in grams.most_common(3)) or "none"
-        print(f"| {n} | {hit_samples} ({hit_samples / max(1, len(texts)):.1%}) | {hit_documents} ({hit_documents / max(1, len(cpt)):.1%}) | "
-              f"{dict(files.most_common(4)) or 'none'} | {top} |")
+        top = "; ".join(f'"{gram}" ({count})' for gram, count in grams.most_common(3)) or "none"
+        print(
+            f"| {n} | {hit_samples} ({hit_samples / max(1, len(texts)):.1%}) | {hit_documents} ({hit_documents / max(1, len(cpt)):.1%}) | "
+            f"{dict(files.most_common(4)) or 'none'} | {top} |"
+        )
     return 0
 
 

@@ -66,7 +66,6 @@ def sandbox_programs_per_s(programs: list[str], workers: int, isolation: str) ->
         return rate, sandbox.isolation, sum(execution.ok for execution in executions)
 
 
-
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
 
@@ -82,8 +81,10 @@ def main() -> int:
     parser.add_argument("--cold", default="namespaces", help="the per-program-interpreter level to compare with")
     args = parser.parse_args()
     print(f"command: python {shlex.join(sys.argv)}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f} at start"
+    )
 
     warm_rate, warm_out = synth(args.isolation, args.n, args.workers, args.seed)
     cold_rate, cold_out = synth(args.cold, args.n, args.workers, args.seed)
@@ -106,8 +107,10 @@ def main() -> int:
         plain.append(baseline)
         ratios.append(rate / baseline)
     print()
-    print("| programs | isolation | sandboxed programs/s (min/median/max) | plain python programs/s | "
-          "sandboxed / plain | ran ok |")
+    print(
+        "| programs | isolation | sandboxed programs/s (min/median/max) | plain python programs/s | "
+        "sandboxed / plain | ran ok |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     print(f"| {len(programs)} | {isolation} | {spread(sandboxed)} | {spread(plain)} | {spread(ratios)} | {ok} |")
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")

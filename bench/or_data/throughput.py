@@ -31,7 +31,9 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=25)
     parser.add_argument("--bench-dir", default=os.environ.get("TREX_OR_BENCH_DIR", "../shared/data/or_bench"))
     parser.add_argument("--resume", metavar="DIR", help="measure a finished run instead of making one")
-    parser.add_argument("--reverify", type=int, default=200, metavar="K", help="re-verify K random written records (default: 200)")
+    parser.add_argument(
+        "--reverify", type=int, default=200, metavar="K", help="re-verify K random written records (default: 200)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -47,8 +49,14 @@ def main() -> int:
     else:
         out = Path(tempfile.mkdtemp(prefix="or-data-bench-"))
         started = time.monotonic()
-        result = synthesize(SynthConfig(seed=args.seed, shard_size=args.shard_size), out, args.n, workers=args.workers,
-                            bench_dir=args.bench_dir, progress=False)
+        result = synthesize(
+            SynthConfig(seed=args.seed, shard_size=args.shard_size),
+            out,
+            args.n,
+            workers=args.workers,
+            bench_dir=args.bench_dir,
+            progress=False,
+        )
         wall = time.monotonic() - started
         stats = result.stats
     records = [json.loads(line) for line in (out / "sft.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -81,11 +89,15 @@ def main() -> int:
         json.dump(numbers, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print("| samples | workers | wall s | samples/s | instances | verified | pass share | failures | decontaminated | re-verified (failed) |")
+        print(
+            "| samples | workers | wall s | samples/s | instances | verified | pass share | failures | decontaminated | re-verified (failed) |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        print(f"| {numbers['samples']} | {numbers['workers']} | {numbers['wall_s']} | {numbers['samples_per_s']} | {numbers['instances']} | "
-              f"{numbers['verified']} | {numbers['pass_share']:.2%} | {numbers['failures'] or 'none'} | "
-              f"{numbers['decontamination_flagged']} of {numbers['decontamination_checked']} | {numbers['reverified']} ({numbers['reverify_failed']}) |")
+        print(
+            f"| {numbers['samples']} | {numbers['workers']} | {numbers['wall_s']} | {numbers['samples_per_s']} | {numbers['instances']} | "
+            f"{numbers['verified']} | {numbers['pass_share']:.2%} | {numbers['failures'] or 'none'} | "
+            f"{numbers['decontamination_flagged']} of {numbers['decontamination_checked']} | {numbers['reverified']} ({numbers['reverify_failed']}) |"
+        )
     return 0 if report.ok else 1
 
 

@@ -78,7 +78,9 @@ def main() -> None:
         client = ReplayClient(os.path.join(args.predictions_dir, name))
         benchmark = client.as_benchmark()
         cpu_before = cpu_seconds()
-        with Sandbox(Limits(wall_s=300, cpu_s=300), isolation=args.isolation, hide=[args.predictions_dir], workers=args.workers) as sandbox:
+        with Sandbox(
+            Limits(wall_s=300, cpu_s=300), isolation=args.isolation, hide=[args.predictions_dir], workers=args.workers
+        ) as sandbox:
             sandbox.wait_ready()  # worker start-up (interpreter + solver imports, once per worker) is not per-program time
             run = evaluate(benchmark, client, sandbox, form="orlm", workers=args.workers, progress=False)
             isolation = sandbox.isolation
@@ -88,17 +90,28 @@ def main() -> None:
         failures = build_report(run, Rule.STRICT).failures
         baseline = None
         if args.baseline:
-            baseline = baseline_programs_per_s([record.record["to_run_script"] for record in client.records], args.workers)
+            baseline = baseline_programs_per_s(
+                [record.record["to_run_script"] for record in client.records], args.workers
+            )
         rows.append((name, len(benchmark), published, scores, run, isolation, failures, baseline, sandbox_cpu))
 
     print()
-    print("| set | programs | lenient (published) | mamo 1e-4 (published) | strict 1e-6 (published) | failures | programs/s | wall s | isolation |" + " CPU ms/program |" + (" plain subprocess programs/s | sandbox / plain | plain CPU ms/program |" if args.baseline else ""))
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if args.baseline else ""))
+    print(
+        "| set | programs | lenient (published) | mamo 1e-4 (published) | strict 1e-6 (published) | failures | programs/s | wall s | isolation |"
+        + " CPU ms/program |"
+        + (" plain subprocess programs/s | sandbox / plain | plain CPU ms/program |" if args.baseline else "")
+    )
+    print(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        + (" --- | --- | --- |" if args.baseline else "")
+    )
     for name, size, published, scores, run, isolation, failures, baseline, sandbox_cpu in rows:
         cells = [f"{scores[rule]:.1f}% ({published[rule]:.1f}%)" for rule in (Rule.LENIENT, Rule.MAMO, Rule.STRICT)]
         failure_text = ", ".join(f"{kind} {count}" for kind, count in failures.items()) or "none"
-        line = (f"| {name.split('.executed')[0]} | {size} | {' | '.join(cells)} | {failure_text} | {run.programs_per_s:.2f} | "
-                f"{run.execution_wall_s:.1f} | {isolation} | {1000 * sandbox_cpu:.0f} |")
+        line = (
+            f"| {name.split('.executed')[0]} | {size} | {' | '.join(cells)} | {failure_text} | {run.programs_per_s:.2f} | "
+            f"{run.execution_wall_s:.1f} | {isolation} | {1000 * sandbox_cpu:.0f} |"
+        )
         if args.baseline:
             rate, plain_cpu = baseline
             line += f" {rate:.2f} | {run.programs_per_s / rate:.1f}x | {1000 * plain_cpu:.0f} |"

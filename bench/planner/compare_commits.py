@@ -49,8 +49,12 @@ print(json.dumps({"seconds": time.perf_counter() - started, "best": result.best.
 
 def _run(root: Path, here: Path, model: str) -> dict:
     cluster, devices, seq, gbs = CASES[model]
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(here), model, cluster, str(devices), str(seq), str(gbs)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(root), str(here), model, cluster, str(devices), str(seq), str(gbs)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode:
         raise SystemExit(f"{model} in {root}: {done.stderr.strip()[-800:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -60,13 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="the commit to compare this checkout against")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--models", default="deepseek-v3,qwen3-235b-a22b", help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument(
+        "--models", default="deepseek-v3,qwen3-235b-a22b", help=f"comma-separated, of {', '.join(CASES)}"
+    )
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in CASES]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
-    here = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip())
+    here = Path(
+        subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     with tempfile.TemporaryDirectory(prefix="trex-old-") as tmp:
         old = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", "-q", str(old), args.old], check=True)
@@ -77,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                     for label, root in (("old", old), ("new", here)):
                         r = _run(root, here, model)
                         times.setdefault((model, label), []).append(r["seconds"])
-                        print(f"{model:18s} {label}: {r['seconds']:6.1f} s  best {r['best']}  step {r['step_s']:.6f} s", flush=True)
+                        print(
+                            f"{model:18s} {label}: {r['seconds']:6.1f} s  best {r['best']}  step {r['step_s']:.6f} s",
+                            flush=True,
+                        )
         finally:
             subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force", str(old)], check=False)
     print()

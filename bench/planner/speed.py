@@ -44,15 +44,51 @@ def main() -> None:
             times.append(time.perf_counter() - started)
         stats = result.search.stats
         best = result.best
-        rows.append({"model": model, "cluster": cluster_name, "devices": devices, "seq": seq, "gbs": gbs, "search_s": stats.seconds,
-                     "plan_parallel_s": times, "space": stats.space_size, "layer_choices": stats.layer_choices, "layer_pricings": stats.layer_pricings,
-                     "splits": stats.splits, "priced": stats.candidates_priced, "pruned": stats.pruned, "rejected_memory": stats.rejected_memory,
-                     "optimality_gap": stats.optimality_gap, "best": best.parallel.label() + f",mbs={best.parallel.mbs},{best.parallel.recompute}",
-                     "step_s": best.prediction.step_time_s, "mfu": best.prediction.mfu,
-                     "baseline": result.baseline.recipe.name if result.baseline else None,
-                     "baseline_step_s": result.baseline.plan.prediction.step_time_s if result.baseline and result.baseline.feasible else None})
-    command = [sys.executable, "-m", "trex", "plan", "--model", CASES[0][0], "--cluster", CASES[0][1], "--devices", str(CASES[0][2]), "--seq",
-               str(CASES[0][3]), "--gbs", str(CASES[0][4]), "--json", "--workers", str(args.workers)]
+        rows.append(
+            {
+                "model": model,
+                "cluster": cluster_name,
+                "devices": devices,
+                "seq": seq,
+                "gbs": gbs,
+                "search_s": stats.seconds,
+                "plan_parallel_s": times,
+                "space": stats.space_size,
+                "layer_choices": stats.layer_choices,
+                "layer_pricings": stats.layer_pricings,
+                "splits": stats.splits,
+                "priced": stats.candidates_priced,
+                "pruned": stats.pruned,
+                "rejected_memory": stats.rejected_memory,
+                "optimality_gap": stats.optimality_gap,
+                "best": best.parallel.label() + f",mbs={best.parallel.mbs},{best.parallel.recompute}",
+                "step_s": best.prediction.step_time_s,
+                "mfu": best.prediction.mfu,
+                "baseline": result.baseline.recipe.name if result.baseline else None,
+                "baseline_step_s": result.baseline.plan.prediction.step_time_s
+                if result.baseline and result.baseline.feasible
+                else None,
+            }
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "trex",
+        "plan",
+        "--model",
+        CASES[0][0],
+        "--cluster",
+        CASES[0][1],
+        "--devices",
+        str(CASES[0][2]),
+        "--seq",
+        str(CASES[0][3]),
+        "--gbs",
+        str(CASES[0][4]),
+        "--json",
+        "--workers",
+        str(args.workers),
+    ]
     walls = []
     for _ in range(args.repeat):
         started = time.perf_counter()

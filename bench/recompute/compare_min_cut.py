@@ -195,11 +195,15 @@ def policy_nodes(joint: torch.fx.GraphModule, policy: str) -> list[torch.fx.Node
         region = node.meta.get("trex_moe")
         if policy == "core_attn" and path.endswith("self_attn") and layer_of(node) != "outside the decoder layers":
             chosen.append(node)  # the attention core: ops of the attention module itself, not its projections
-        elif policy == "moe_act" and region is not None and region.role == "activation":
-            chosen.append(node)
-        elif policy == "mla_up_proj" and any(p in path for p in ("q_b_proj", "kv_b_proj", "q_up", "kv_up")):
-            chosen.append(node)
-        elif policy == "layernorm" and ("norm" in path.rsplit(".", 1)[-1]):
+        elif (
+            policy == "moe_act"
+            and region is not None
+            and region.role == "activation"
+            or policy == "mla_up_proj"
+            and any(p in path for p in ("q_b_proj", "kv_b_proj", "q_up", "kv_up"))
+            or policy == "layernorm"
+            and ("norm" in path.rsplit(".", 1)[-1])
+        ):
             chosen.append(node)
     return [n for n in chosen if "nondeterministic_seeded" not in str(getattr(n.target, "tags", ""))]
 

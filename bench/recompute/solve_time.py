@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     for kind in capture.kinds:
         problem = problem_for(kind.graph.joint, args.target)
         values = sum(len(k.representative.values) for k in problem.kinds)
-        print(f"{kind.name} (x{kind.count}): {values} forward values, save-everything "
-              f"{problem.save_everything_bytes / 2**30:.2f} GiB", flush=True)
+        print(
+            f"{kind.name} (x{kind.count}): {values} forward values, save-everything "
+            f"{problem.save_everything_bytes / 2**30:.2f} GiB",
+            flush=True,
+        )
         for budget in (float(b) for b in args.budgets.split(",")):
             try:
                 solution, _ = choose(problem, MemoryBudget(fraction=budget))

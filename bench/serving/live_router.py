@@ -82,7 +82,7 @@ async def wait_ready(endpoints: list[Endpoint], deadline_s: float = 600.0) -> No
                 status, _ = await request_json(endpoint, "GET", "/health", timeout=2.0)
                 if status == 200:
                     break
-            except (OSError, asyncio.TimeoutError, Exception):
+            except (TimeoutError, OSError, Exception):
                 pass
             if time.time() - start > deadline_s:
                 raise RuntimeError(f"worker {endpoint.url} did not come up within {deadline_s:.0f} s")
@@ -125,7 +125,7 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
                     count += 1
                     first = first or time.perf_counter()
             response.close()
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             failures += 1
             return
         if count != request.output_tokens:

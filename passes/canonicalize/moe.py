@@ -22,7 +22,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from trex.ops import moe as moe_ops
 from trex.pass_manager import Decision, PassContext, PassResult
 
-PROVENANCE_KEYS = ("nn_module_stack", "stack_trace", "seq_nr", "source_fn_stack", "fwd_nn_module_stack", "fwd_source_fn_stack", "partitioner_tag")
+PROVENANCE_KEYS = (
+    "nn_module_stack",
+    "stack_trace",
+    "seq_nr",
+    "source_fn_stack",
+    "fwd_nn_module_stack",
+    "fwd_source_fn_stack",
+    "partitioner_tag",
+)
 
 _ROLES = {
     torch.ops.trex.moe_dispatch.default: "dispatch",
@@ -51,7 +59,7 @@ def experts_module_path(node: fx.Node) -> str:
     path, _ = list(stack.values())[-1]
     for prefix in ("L['self'].", "L['self']", "L['fn']."):
         if path.startswith(prefix):
-            path = path[len(prefix):]
+            path = path[len(prefix) :]
     # Dynamo writes submodule indices as `layers[0]` or `layers.0` depending on the version.
     return path.replace("[", ".").replace("]", "").replace("'", "")
 
@@ -59,7 +67,11 @@ def experts_module_path(node: fx.Node) -> str:
 def _forward_of(backward: fx.Node) -> fx.Node | None:
     """The fused forward node whose saved outputs a fused backward node consumes."""
     for arg in backward.args:
-        if isinstance(arg, fx.Node) and arg.target is operator.getitem and getattr(arg.args[0], "target", None) is moe_ops.FUSED_FORWARD:
+        if (
+            isinstance(arg, fx.Node)
+            and arg.target is operator.getitem
+            and getattr(arg.args[0], "target", None) is moe_ops.FUSED_FORWARD
+        ):
             return arg.args[0]
     return None
 
@@ -77,15 +89,25 @@ class CanonicalizeMoe:
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         decisions = []
-        fused = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (moe_ops.FUSED_FORWARD, moe_ops.FUSED_BACKWARD)]
-        layers = {n: experts_module_path(n if n.target is moe_ops.FUSED_FORWARD else (_forward_of(n) or n)) for n in fused}
+        fused = [
+            n
+            for n in gm.graph.nodes
+            if n.op == "call_function" and n.target in (moe_ops.FUSED_FORWARD, moe_ops.FUSED_BACKWARD)
+        ]
+        layers = {
+            n: experts_module_path(n if n.target is moe_ops.FUSED_FORWARD else (_forward_of(n) or n)) for n in fused
+        }
         for node in fused:
             if not ctx.fuel.take():
                 break
             phase = "forward" if node.target is moe_ops.FUSED_FORWARD else "backward"
             name, facts, reason = node.name, _shape_facts(node), _reason(node, layers[node], phase)
             added = _inline(gm, node, layers[node], phase)
-            decisions.append(Decision("decompose", name, reason, {"layer": layers[node], "phase": phase, "nodes_added": added, **facts}))
+            decisions.append(
+                Decision(
+                    "decompose", name, reason, {"layer": layers[node], "phase": phase, "nodes_added": added, **facts}
+                )
+            )
         if decisions:
             gm.graph.eliminate_dead_code()
         return PassResult(modified=bool(decisions), decisions=decisions)
@@ -97,7 +119,14 @@ def _shape_facts(node: fx.Node) -> dict[str, Any]:
     else:  # (grad_out, hidden, top_k_weights, gate_up_proj, ...); top_k_weights is shaped like the index
         hidden, top_k_index, gate_up_proj = (node.args[i].meta["val"] for i in (1, 2, 3))
     experts, two_intermediate = gate_up_proj.shape[0], gate_up_proj.shape[1]
-    return {"tokens": int(hidden.shape[0]), "top_k": int(top_k_index.shape[-1]), "experts": int(experts), "hidden": int(hidden.shape[-1]), "gate_up_width": int(two_intermediate), "dtype": str(gate_up_proj.dtype).removeprefix("torch.")}
+    return {
+        "tokens": int(hidden.shape[0]),
+        "top_k": int(top_k_index.shape[-1]),
+        "experts": int(experts),
+        "hidden": int(hidden.shape[-1]),
+        "gate_up_width": int(two_intermediate),
+        "dtype": str(gate_up_proj.dtype).removeprefix("torch."),
+    }
 
 
 def _reason(node: fx.Node, layer: str, phase: str) -> str:
@@ -111,7 +140,11 @@ def _reason(node: fx.Node, layer: str, phase: str) -> str:
 
 def _reference_for(node: fx.Node):
     """The reference function with its trailing non-tensor attributes bound, and the tensor arguments."""
-    reference = moe_ops.moe_experts_reference if node.target is moe_ops.FUSED_FORWARD else moe_ops.moe_experts_backward_reference
+    reference = (
+        moe_ops.moe_experts_reference
+        if node.target is moe_ops.FUSED_FORWARD
+        else moe_ops.moe_experts_backward_reference
+    )
     *tensors, activation, swiglu_limit, weights_transposed = node.args
 
     def bound(*tensor_values):
@@ -139,12 +172,16 @@ def _inline(gm: fx.GraphModule, node: fx.Node, layer: str, phase: str) -> int:
                 outputs = fx.node.map_arg(sub_node.args[0], lambda n: env[n])
             else:
                 if sub_node.op == "get_attr":
-                    raise RuntimeError(f"the MoE reference traced a tensor constant ({sub_node.target}); it must be written with its inputs only")
+                    raise RuntimeError(
+                        f"the MoE reference traced a tensor constant ({sub_node.target}); it must be written with its inputs only"
+                    )
                 new = graph.node_copy(sub_node, lambda n: env[n])
                 for key in PROVENANCE_KEYS:
                     if key in node.meta:
                         new.meta[key] = node.meta[key]
-                new.meta["trex_moe"] = MoeRegion(layer, phase, _ROLES.get(new.target, "activation" if phase == "forward" else "activation_backward"))
+                new.meta["trex_moe"] = MoeRegion(
+                    layer, phase, _ROLES.get(new.target, "activation" if phase == "forward" else "activation_backward")
+                )
                 env[sub_node] = new
                 added += 1
     for user in list(node.users):

@@ -11,10 +11,20 @@ import importlib
 import sys
 import warnings
 
-warnings.warn("trex.passes.parallel is deprecated; import trex.planner instead (same names)", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "trex.passes.parallel is deprecated; import trex.planner instead (same names)", DeprecationWarning, stacklevel=2
+)
 
-_SUBMODULES = {"baselines": "baselines", "planner": "planning", "pricing": "pricing", "reasons": "reasons", "search": "search",
-               "space": "space", "stage_split": "stage_split", "topology": "topology"}
+_SUBMODULES = {
+    "baselines": "baselines",
+    "planner": "planning",
+    "pricing": "pricing",
+    "reasons": "reasons",
+    "search": "search",
+    "space": "space",
+    "stage_split": "stage_split",
+    "topology": "topology",
+}
 
 for _old, _new in _SUBMODULES.items():
     sys.modules[f"{__name__}.{_old}"] = importlib.import_module(f"trex.planner.{_new}")

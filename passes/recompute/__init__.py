@@ -18,4 +18,13 @@ from trex.passes.recompute.selection import (
     problem_for,
 )
 
-__all__ = ["MemoryBudget", "Recompute", "RecomputeBudgetError", "apply_choice", "choose", "format_bytes", "pipeline_with_budget", "problem_for"]
+__all__ = [
+    "MemoryBudget",
+    "Recompute",
+    "RecomputeBudgetError",
+    "apply_choice",
+    "choose",
+    "format_bytes",
+    "pipeline_with_budget",
+    "problem_for",
+]

@@ -124,7 +124,8 @@ def test_reserved_and_nameless_backends_are_refused():
 def test_entry_point_group_trex_backends_is_discovered(tmp_path):
     """A pip-installed plugin: a dist-info declaring [trex.backends] is enough, no import needed."""
     package = tmp_path / "toy_plugin.py"
-    package.write_text(textwrap.dedent('''
+    package.write_text(
+        textwrap.dedent("""
         from trex.backends import Backend
 
         class Plugin(Backend):
@@ -133,13 +134,20 @@ def test_entry_point_group_trex_backends_is_discovered(tmp_path):
                 return False
             def lower(self, gm, example_inputs):
                 return gm
-    '''))
+    """)
+    )
     dist = tmp_path / "toy_plugin-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[trex.backends]\ntoy_plugin = toy_plugin:Plugin\n")
     code = "import trex; b = trex.get_backend('toy_plugin'); print(type(b).__name__, 'toy_plugin' in trex.available_backends())"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": ""}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["Plugin", "True"]
 

@@ -45,11 +45,19 @@ def test_three_adamw_steps_match_eager(family, dtype):
         loss.backward()
         expected = reference(input_ids=input_ids, labels=input_ids, use_cache=False).loss
         expected.backward()
-        torch.testing.assert_close(loss, expected, rtol=TOLERANCES[dtype][0] * 10, atol=1e-5 if dtype == torch.float32 else 1e-2, msg=lambda m: f"step {step} loss: {m}")
+        torch.testing.assert_close(
+            loss,
+            expected,
+            rtol=TOLERANCES[dtype][0] * 10,
+            atol=1e-5 if dtype == torch.float32 else 1e-2,
+            msg=lambda m: f"step {step} loss: {m}",
+        )
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert (p.grad is None) == (q.grad is None), f"step {step}: {name} has a gradient in only one of trex/eager"
             if p.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"step {step} grad of {n}: {m}")
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"step {step} grad of {n}: {m}"
+                )
         optimizer.step()
         reference_optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -79,8 +87,12 @@ def test_every_node_of_the_joint_graph_carries_fake_tensor_metadata():
         if node.op == "output":
             continue
         values = node.meta["val"] if isinstance(node.meta["val"], (tuple, list)) else [node.meta["val"]]
-        assert all(isinstance(v, (FakeTensor, int, float, bool, torch.SymInt)) or v is None for v in values), node.format_node()
-    assert any(n.name.startswith("tangents") for n in joint.graph.find_nodes(op="placeholder")), "the joint graph holds the backward"
+        assert all(isinstance(v, (FakeTensor, int, float, bool, torch.SymInt)) or v is None for v in values), (
+            node.format_node()
+        )
+    assert any(n.name.startswith("tangents") for n in joint.graph.find_nodes(op="placeholder")), (
+        "the joint graph holds the backward"
+    )
 
 
 def test_inference_under_no_grad_runs_the_pipeline_on_a_forward_graph():

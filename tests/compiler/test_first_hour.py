@@ -15,8 +15,8 @@ import torch
 import trex
 from trex.cli import main
 
-
 # -- bad model configs ---------------------------------------------------------------------------------
+
 
 def _config(tmp_path, data) -> str:
     path = tmp_path / "config.json"
@@ -24,8 +24,19 @@ def _config(tmp_path, data) -> str:
     return str(path)
 
 
-QWEN = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "vocab_size": 128, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+QWEN = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
 
 
 def test_a_config_that_is_not_an_object_is_named(tmp_path, capsys):
@@ -33,7 +44,10 @@ def test_a_config_that_is_not_an_object_is_named(tmp_path, capsys):
     assert "one JSON object" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("field", "value"), [("num_attention_heads", 0), ("hidden_size", -64), ("num_hidden_layers", 0), ("num_experts", -1)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("num_attention_heads", 0), ("hidden_size", -64), ("num_hidden_layers", 0), ("num_experts", -1)],
+)
 def test_zero_or_negative_sizes_name_the_field_and_value(tmp_path, capsys, field, value):
     assert main(["capture", _config(tmp_path, {**QWEN, field: value})]) == 2
     err = capsys.readouterr().err
@@ -54,7 +68,9 @@ def test_a_priced_only_model_cannot_be_captured_and_says_what_it_can_do(capsys):
 
 
 def test_a_priced_only_config_file_is_estimated(tmp_path, capsys):
-    path = _config(tmp_path, {"model_type": "gpt", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8})
+    path = _config(
+        tmp_path, {"model_type": "gpt", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8}
+    )
     assert main(["estimate", "--model", path, "--cluster", "a100", "--devices", "8", "--plan", "tp=8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
 
@@ -69,13 +85,29 @@ def test_a_dense_model_is_refused_with_the_way_to_capture_it_anyway(tmp_path, ca
 
 # -- options that do nothing, plans that say a thing twice -----------------------------------------------
 
+
 def test_a_plan_string_naming_a_key_twice_is_an_error(capsys):
-    assert main(["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=2,pp=2,tp=4"]) == 2
+    assert (
+        main(["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=2,pp=2,tp=4"]) == 2
+    )
     assert "names tp twice" in capsys.readouterr().err
 
 
 def test_an_fp8_recipe_at_bf16_says_it_has_no_effect(capsys):
-    argv = ["estimate", "--model", "gpt-22b", "--cluster", "h100", "--devices", "8", "--plan", "tp=8", "--set", "fp8_recipe=tensorwise", "--json"]
+    argv = [
+        "estimate",
+        "--model",
+        "gpt-22b",
+        "--cluster",
+        "h100",
+        "--devices",
+        "8",
+        "--plan",
+        "tp=8",
+        "--set",
+        "fp8_recipe=tensorwise",
+        "--json",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "no effect at precision bf16" in captured.err
@@ -101,6 +133,7 @@ def test_help_shows_the_defaults(command, capsys):
 
 
 # -- small conveniences -------------------------------------------------------------------------------
+
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as exited:
@@ -162,7 +195,8 @@ def test_a_backend_whose_supports_raises_is_named_in_a_warning():
 
 def test_a_reproducer_replays_a_pass_defined_in_the_users_script(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f'''
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         import torch
         import trex
@@ -179,11 +213,14 @@ def test_a_reproducer_replays_a_pass_defined_in_the_users_script(tmp_path):
             compiled(torch.randn(2, 4)).sum().backward()
         except trex.PassError:
             sys.exit(3)
-    '''))
+    """)
+    )
     first = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert first.returncode == 3, first.stderr
     repro = tmp_path / "dump" / "repro_graph_0_joint_explodes" / "repro.py"
-    again = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=tmp_path / "dump")
+    again = subprocess.run(
+        [sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=tmp_path / "dump"
+    )
     assert again.returncode != 0
     assert "boom from my script" in again.stderr
     assert "TRAINING SCRIPT RAN" not in again.stdout

@@ -25,11 +25,18 @@ def test_deepseek_v4_flash_captures_three_layer_kinds_with_counts_and_parameter_
         nodes = kind.node_counts()
         assert nodes["joint"] > nodes["forward"] > 0 and nodes["backward"] > 0
         joint = kind.graph.joint
-        assert all(p.meta["val"].device.type == "meta" for p in joint.graph.find_nodes(op="placeholder") if isinstance(p.meta.get("val"), torch.Tensor))
+        assert all(
+            p.meta["val"].device.type == "meta"
+            for p in joint.graph.find_nodes(op="placeholder")
+            if isinstance(p.meta.get("val"), torch.Tensor)
+        )
     moe_kind = kinds["attention=compressed_sparse_attention, mlp=moe"]
     gemms = [n for n in moe_kind.graph.joint.graph.nodes if n.target == torch.ops.trex.grouped_mm.default]
     assert len(gemms) == 4 and gemms[0].meta["val"].shape[0] == 4096 * 6  # tokens x top-6 rows
-    assert sum(k.params_per_layer * k.count for k in capture.kinds if k.name != ENDS) + kinds[ENDS].params_per_layer == capture.total_params
+    assert (
+        sum(k.params_per_layer * k.count for k in capture.kinds if k.name != ENDS) + kinds[ENDS].params_per_layer
+        == capture.total_params
+    )
 
 
 def test_deepseek_v3_separates_dense_and_moe_layers():
@@ -56,7 +63,10 @@ def test_any_transformers_config_json_path_captures(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(tiny_config("deepseek-v3").to_dict()))
     capture = capture_model(path, seq=32)
-    assert {k.name: k.count for k in capture.kinds if k.name != ENDS} == {"mlp=DeepseekV3MLP": 1, "mlp=DeepseekV3MoE": 3}
+    assert {k.name: k.count for k in capture.kinds if k.name != ENDS} == {
+        "mlp=DeepseekV3MLP": 1,
+        "mlp=DeepseekV3MoE": 3,
+    }
 
 
 def test_bad_model_inputs_are_explained(tmp_path):
@@ -86,7 +96,9 @@ def test_capture_does_not_depend_on_what_was_captured_before():
     missing = [node.name for node in graph_inputs if "val" not in node.meta]
     assert missing == [], f"graph inputs without a FakeTensor value: {missing}"
     values = [node.meta["val"] for node in graph_inputs]
-    assert all(isinstance(v, torch.Tensor) for v in values), [type(v).__name__ for v in values]  # a dynamic size would come in as a SymInt input
+    assert all(isinstance(v, torch.Tensor) for v in values), [
+        type(v).__name__ for v in values
+    ]  # a dynamic size would come in as a SymInt input
     shapes = [tuple(v.shape) for v in values]
     assert all(type(size) is int for shape in shapes for size in shape), shapes
     assert any(256 in shape for shape in shapes), shapes  # the activations carry the static sequence length

@@ -71,7 +71,9 @@ def test_primitives_compose_to_the_fused_op_with_identical_gradients():
     hidden, index, weights, gate_up, down = _case(torch.float32)
     fused = ops.moe_experts(hidden, index, weights, gate_up, down, "silu", 0.0, False)[0]
     sorted_hidden, perm, offsets = ops.moe_dispatch(hidden, index, 4)
-    activated = moe_ops._gated_activation(ops.grouped_mm(sorted_hidden, gate_up.transpose(-2, -1), offsets), "silu", 0.0)
+    activated = moe_ops._gated_activation(
+        ops.grouped_mm(sorted_hidden, gate_up.transpose(-2, -1), offsets), "silu", 0.0
+    )
     composed = ops.moe_combine(ops.grouped_mm(activated, down.transpose(-2, -1), offsets), perm, weights)
     grad = torch.randn_like(fused)
     fused_grads = torch.autograd.grad(fused, (hidden, weights, gate_up, down), grad)
@@ -84,7 +86,16 @@ def test_primitives_compose_to_the_fused_op_with_identical_gradients():
 def test_transposed_expert_weights_give_the_same_result():
     hidden, index, weights, gate_up, down = _case(torch.float32)
     plain = ops.moe_experts(hidden, index, weights, gate_up, down, "silu", 0.0, False)[0]
-    transposed = ops.moe_experts(hidden, index, weights, gate_up.transpose(-2, -1).contiguous(), down.transpose(-2, -1).contiguous(), "silu", 0.0, True)[0]
+    transposed = ops.moe_experts(
+        hidden,
+        index,
+        weights,
+        gate_up.transpose(-2, -1).contiguous(),
+        down.transpose(-2, -1).contiguous(),
+        "silu",
+        0.0,
+        True,
+    )[0]
     torch.testing.assert_close(transposed, plain)
 
 
@@ -127,4 +138,8 @@ def test_fake_implementation_gives_static_shapes_for_fp32_capture():
             hidden, index, torch.empty(10, 3), torch.empty(5, 24, 16), torch.empty(5, 16, 12), "silu", 0.0, False
         )
     assert (tuple(out.shape), tuple(perm.shape), tuple(offsets.shape)) == ((10, 16), (30,), (5,))
-    assert (tuple(sorted_hidden.shape), tuple(gate_up_out.shape), tuple(expert_out.shape)) == ((30, 16), (30, 24), (30, 16))
+    assert (tuple(sorted_hidden.shape), tuple(gate_up_out.shape), tuple(expert_out.shape)) == (
+        (30, 16),
+        (30, 24),
+        (30, 16),
+    )

@@ -44,20 +44,53 @@ def test_unwritable_location_is_refused():
 
 
 def test_estimate_trace_into_a_directory_fails_before_pricing(tmp_path, capsys):
-    code = main(["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=8", "--trace", str(tmp_path)])
+    code = main(
+        [
+            "estimate",
+            "--model",
+            "gpt-22b",
+            "--cluster",
+            "a100",
+            "--devices",
+            "8",
+            "--plan",
+            "tp=8",
+            "--trace",
+            str(tmp_path),
+        ]
+    )
     assert code == 2 and "--trace" in capsys.readouterr().err
 
 
 def test_estimate_trace_creates_its_parent_directories(tmp_path, capsys):
     trace = tmp_path / "deep" / "er" / "step.json"
-    assert main(["estimate", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--plan", "tp=8", "--trace", str(trace)]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "gpt-22b",
+                "--cluster",
+                "a100",
+                "--devices",
+                "8",
+                "--plan",
+                "tp=8",
+                "--trace",
+                str(trace),
+            ]
+        )
+        == 0
+    )
     assert trace.is_file()
 
 
 def test_plan_out_under_a_file_fails_before_the_search(tmp_path, capsys):
     blocker = tmp_path / "plans"
     blocker.write_text("")
-    code = main(["plan", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--out", str(blocker / "best.json")])
+    code = main(
+        ["plan", "--model", "gpt-22b", "--cluster", "a100", "--devices", "8", "--out", str(blocker / "best.json")]
+    )
     assert code == 2 and "--out" in capsys.readouterr().err
 
 

@@ -9,8 +9,14 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDER_TO_PACKAGE = {"trex_compiler": "trex", "passes": "trex/passes", "backends": "trex/backends", "runtime": "trex/runtime",
-                     "cost_model": "trex/cost_model", "workloads": "trex/workloads"}
+FOLDER_TO_PACKAGE = {
+    "trex_compiler": "trex",
+    "passes": "trex/passes",
+    "backends": "trex/backends",
+    "runtime": "trex/runtime",
+    "cost_model": "trex/cost_model",
+    "workloads": "trex/workloads",
+}
 
 
 def test_the_wheel_holds_every_file_of_the_package_folders(tmp_path):
@@ -23,8 +29,23 @@ def test_the_wheel_holds_every_file_of_the_package_folders(tmp_path):
         shutil.copy(ROOT / name, source / name)
     for folder in FOLDER_TO_PACKAGE:
         shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("trex_compiler-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())

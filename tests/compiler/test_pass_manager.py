@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import trex
-from trex.repro import load_dumped_graph
 from trex.pass_manager import PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
 from trex.passes import DEFAULT_PIPELINE, resolve_pipeline
+from trex.repro import load_dumped_graph
 
 
 def _train_once(compiled, x):
@@ -45,7 +45,9 @@ def test_dump_dir_holds_runnable_graph_after_every_pass_and_decisions(small_moe,
     header = (graph_dir / "001_canonicalize_moe.py").read_text().splitlines()[:2]
     assert "canonicalize_moe" in header[0]
     assert "took" in header[1] and "ms" in header[1] and "nodes" in header[1] and "(+" in header[1]
-    decisions = [json.loads(line) for line in (graph_dir / "001_canonicalize_moe.decisions.jsonl").read_text().splitlines()]
+    decisions = [
+        json.loads(line) for line in (graph_dir / "001_canonicalize_moe.decisions.jsonl").read_text().splitlines()
+    ]
     assert len(decisions) == 4  # 2 layers x (forward, backward)
     assert {d["data"]["phase"] for d in decisions} == {"forward", "backward"}
     assert all(d["pass"] == "canonicalize_moe" and d["reason"] for d in decisions)
@@ -110,7 +112,14 @@ def test_fuel_bounds_the_number_of_rewrites(small_moe, monkeypatch):
     assert len(fused) == 3  # one of the four fused nodes was inlined
 
 
-@pytest.mark.parametrize(("environ", "message"), [({"TREX_PASSES": "canonicalize_moe"}, "starts with '-'"), ({"TREX_FUEL": "lots"}, "not an integer"), ({"TREX_FUEL": "-1"}, "negative")])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"TREX_PASSES": "canonicalize_moe"}, "starts with '-'"),
+        ({"TREX_FUEL": "lots"}, "not an integer"),
+        ({"TREX_FUEL": "-1"}, "negative"),
+    ],
+)
 def test_malformed_environment_settings_are_explained(environ, message):
     with pytest.raises(trex.TrexError, match=message):
         disabled_from_env(environ) if "TREX_PASSES" in environ else fuel_from_env(environ)
@@ -144,7 +153,9 @@ def test_failing_pass_is_named_with_the_passes_before_it_and_a_reproducer(small_
     repro = tmp_path / "repro_graph_0_joint_explodes"
     assert (repro / "pipeline.txt").read_text().strip() == "explodes"
     gm, _ = load_dumped_graph(repro / "graph.py")
-    assert not any(n.target == torch.ops.trex.moe_experts.default for n in gm.graph.nodes), "the input of the failing pass, after canonicalize_moe"
+    assert not any(n.target == torch.ops.trex.moe_experts.default for n in gm.graph.nodes), (
+        "the input of the failing pass, after canonicalize_moe"
+    )
 
 
 def test_reproducer_script_replays_the_failure(small_moe, tmp_path):

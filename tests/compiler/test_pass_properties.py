@@ -29,11 +29,16 @@ def test_pass_preserves_semantics_on_random_joint_graphs_with_moe(pass_, case):
 
 @given(case=graphs(joint=True, require_moe=True))
 def test_canonicalize_moe_leaves_no_fused_op_and_tags_every_inlined_node(case):
-    fused = sum(n.target in (torch.ops.trex.moe_experts.default, torch.ops.trex.moe_experts_backward.default) for n in case.gm.graph.nodes)
+    fused = sum(
+        n.target in (torch.ops.trex.moe_experts.default, torch.ops.trex.moe_experts_backward.default)
+        for n in case.gm.graph.nodes
+    )
     record = assert_pass_preserves_semantics(CanonicalizeMoe(), case.gm, case.inputs)
     assert len(record.decisions) == fused
     targets = [n.target for n in case.gm.graph.nodes]
-    assert torch.ops.trex.moe_experts.default not in targets and torch.ops.trex.moe_experts_backward.default not in targets
+    assert (
+        torch.ops.trex.moe_experts.default not in targets and torch.ops.trex.moe_experts_backward.default not in targets
+    )
     for node in case.gm.graph.nodes:
         if str(node.target).startswith("trex."):
             assert isinstance(node.meta.get("trex_moe"), MoeRegion), node.format_node()

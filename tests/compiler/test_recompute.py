@@ -242,8 +242,8 @@ def test_a_plans_recompute_policy_becomes_the_fraction_of_saved_bytes_it_keeps()
     import dataclasses
 
     from trex.cost_model.model_spec import spec_from_config
-    from trex.planner import plan_parallel
     from trex.passes.recompute.policy import budget_for_plan
+    from trex.planner import plan_parallel
 
     config = tiny_config("deepseek-v3")
     plan = plan_parallel(spec_from_config(config, "tiny-deepseek-v3"), "cpu", 1, seq=32, gbs=2, baseline=None).best

@@ -63,7 +63,9 @@ def test_unknown_model_lists_the_valid_names(capsys):
 def test_demo_trains_and_writes_the_dump_directory(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "trex", "demo", "--steps", "3", "--dump", str(tmp_path / "dump")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     losses = [float(line.split("loss")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("step")]

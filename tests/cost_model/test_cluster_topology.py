@@ -72,20 +72,42 @@ def test_cluster_files_round_trip(tmp_path):
 
 
 def test_a_cluster_file_may_name_a_builtin_device():
-    cluster = cluster_from_dict({"device": "h800", "cluster": {"name": "mine", "tiers": [
-        {"name": "nvlink", "size": 8, "bandwidth_gbs": 160, "latency_us": 3},
-        {"name": "ib", "bandwidth_gbs": 40, "latency_us": 8}]}})
+    cluster = cluster_from_dict(
+        {
+            "device": "h800",
+            "cluster": {
+                "name": "mine",
+                "tiers": [
+                    {"name": "nvlink", "size": 8, "bandwidth_gbs": 160, "latency_us": 3},
+                    {"name": "ib", "bandwidth_gbs": 40, "latency_us": 8},
+                ],
+            },
+        }
+    )
     assert cluster.device.name == "h800" and cluster.tiers[-1].size is None
 
 
-@pytest.mark.parametrize("tiers, message", [
-    ([{"name": "a", "size": 8, "bandwidth_gbs": 100, "latency_us": 1}, {"name": "b", "size": 12, "bandwidth_gbs": 10, "latency_us": 1}],
-     r"tiers\[1\].size' \(12\) is not a multiple of the tier inside it \(8\)"),
-    ([{"name": "a", "size": 8, "latency_us": 1}], r"tiers\[0\].bandwidth_gbs' is missing"),
-    ([{"name": "a", "size": 8, "bandwidth_gbs": 100, "latency_us": 1, "topology": "torus"}], r"tiers\[0\].topology' is 'torus'; use 'switch' or 'full_mesh'"),
-    ([{"name": "a", "bandwidth_gbs": 100, "latency_us": 1}, {"name": "b", "bandwidth_gbs": 10, "latency_us": 1}],
-     r"tiers\[0\].size' is missing; only the outermost tier may omit"),
-])
+@pytest.mark.parametrize(
+    "tiers, message",
+    [
+        (
+            [
+                {"name": "a", "size": 8, "bandwidth_gbs": 100, "latency_us": 1},
+                {"name": "b", "size": 12, "bandwidth_gbs": 10, "latency_us": 1},
+            ],
+            r"tiers\[1\].size' \(12\) is not a multiple of the tier inside it \(8\)",
+        ),
+        ([{"name": "a", "size": 8, "latency_us": 1}], r"tiers\[0\].bandwidth_gbs' is missing"),
+        (
+            [{"name": "a", "size": 8, "bandwidth_gbs": 100, "latency_us": 1, "topology": "torus"}],
+            r"tiers\[0\].topology' is 'torus'; use 'switch' or 'full_mesh'",
+        ),
+        (
+            [{"name": "a", "bandwidth_gbs": 100, "latency_us": 1}, {"name": "b", "bandwidth_gbs": 10, "latency_us": 1}],
+            r"tiers\[0\].size' is missing; only the outermost tier may omit",
+        ),
+    ],
+)
 def test_bad_cluster_files_name_the_tier_field(tiers, message):
     with pytest.raises(TrexError, match=message):
         cluster_from_dict({"device": "h100", "cluster": {"name": "bad", "tiers": tiers}})

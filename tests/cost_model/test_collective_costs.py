@@ -37,14 +37,18 @@ def test_uneven_all_to_all_waits_for_the_busiest_rank():
     skewed = [row[:] for row in even]
     skewed[0][2] = 8e6  # rank 0 sends 8 MB across the node boundary
     assert collectives.all_to_all_v(skewed, ranks, cluster) > collectives.all_to_all_v(even, ranks, cluster)
-    assert collectives.all_to_all_v(skewed, ranks, cluster) == pytest.approx(IB.latency_s + 9e6 / cluster.tiers[1].bandwidth(3))
+    assert collectives.all_to_all_v(skewed, ranks, cluster) == pytest.approx(
+        IB.latency_s + 9e6 / cluster.tiers[1].bandwidth(3)
+    )
 
 
 def test_equal_splits_price_like_the_uniform_all_to_all():
     cluster = get_cluster("h100", 8)
     placement = cluster.placement(range(8))
     send = [[0.0 if i == j else 1e6 for j in range(8)] for i in range(8)]
-    assert collectives.all_to_all_v(send, list(range(8)), cluster) == pytest.approx(collectives.all_to_all(8e6, placement))
+    assert collectives.all_to_all_v(send, list(range(8)), cluster) == pytest.approx(
+        collectives.all_to_all(8e6, placement)
+    )
 
 
 def test_send_recv_is_latency_plus_bytes_over_bandwidth():
@@ -53,22 +57,38 @@ def test_send_recv_is_latency_plus_bytes_over_bandwidth():
 
 tier_strategy = st.builds(
     lambda bw, lat, eff: (bw, lat, eff),
-    st.floats(min_value=1.0, max_value=1000.0), st.floats(min_value=0.1, max_value=50.0), st.floats(min_value=0.3, max_value=1.0),
+    st.floats(min_value=1.0, max_value=1000.0),
+    st.floats(min_value=0.1, max_value=50.0),
+    st.floats(min_value=0.3, max_value=1.0),
 )
 
 
-@given(small=st.floats(min_value=0, max_value=1e9), extra=st.floats(min_value=1, max_value=1e9),
-       kind=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]),
-       inner=st.sampled_from([2, 4, 8]), outer=st.sampled_from([1, 2, 4, 16]))
+@given(
+    small=st.floats(min_value=0, max_value=1e9),
+    extra=st.floats(min_value=1, max_value=1e9),
+    kind=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]),
+    inner=st.sampled_from([2, 4, 8]),
+    outer=st.sampled_from([1, 2, 4, 16]),
+)
 def test_every_collective_costs_more_for_more_bytes(small, extra, kind, inner, outer):
     levels = (Level(NVLINK, inner),) + ((Level(IB, outer),) if outer > 1 else ())
     placement = Placement(inner * outer, levels)
-    assert collectives.collective_time(kind, small + extra, placement) >= collectives.collective_time(kind, small, placement)
+    assert collectives.collective_time(kind, small + extra, placement) >= collectives.collective_time(
+        kind, small, placement
+    )
 
 
-@given(inner_tier=tier_strategy, outer_tier=tier_strategy, inner=st.integers(2, 16), outer=st.integers(2, 64),
-       nbytes=st.floats(min_value=1.0, max_value=1e10), kind=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
-def test_hierarchical_never_worse_than_a_flat_ring_on_the_slowest_tier(inner_tier, outer_tier, inner, outer, nbytes, kind):
+@given(
+    inner_tier=tier_strategy,
+    outer_tier=tier_strategy,
+    inner=st.integers(2, 16),
+    outer=st.integers(2, 64),
+    nbytes=st.floats(min_value=1.0, max_value=1e10),
+    kind=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]),
+)
+def test_hierarchical_never_worse_than_a_flat_ring_on_the_slowest_tier(
+    inner_tier, outer_tier, inner, outer, nbytes, kind
+):
     (bw_in, lat_in, eff_in), (bw_out, lat_out, eff_out) = inner_tier, outer_tier
     # the inner tier is at least as fast and as quick as the outer one, as in every real cluster
     fast = Tier("fast", inner, max(bw_in, bw_out), min(lat_in, lat_out), max(eff_in, eff_out))

@@ -23,8 +23,10 @@ def test_store_holds_every_full_size_model_as_transformers_builds_it() -> None:
         stored.pop("transformers_version", None)
         fresh = dict(built[name])
         fresh.pop("transformers_version", None)
-        assert stored == fresh, (f"{name}: data/model_configs.json differs from transformers {transformers.__version__} "
-                                 f"(stored with {config_cache.stored_transformers_version()}); regenerate with `{config_cache.REGENERATE}`")
+        assert stored == fresh, (
+            f"{name}: data/model_configs.json differs from transformers {transformers.__version__} "
+            f"(stored with {config_cache.stored_transformers_version()}); regenerate with `{config_cache.REGENERATE}`"
+        )
 
 
 def test_specs_from_stored_dicts_equal_specs_from_config_objects() -> None:
@@ -40,11 +42,13 @@ def test_stored_config_is_a_copy() -> None:
 
 
 def test_estimate_and_planner_import_neither_transformers_nor_torch() -> None:
-    code = ("import sys, json\n"
-            "from trex.cost_model import get_model_spec, get_cluster, parse_plan, estimate_step\n"
-            "import trex.planner\n"
-            "e = estimate_step(get_model_spec('qwen3-235b-a22b'), get_cluster('h100', 256),\n"
-            "                  parse_plan('tp=2,pp=8,vpp=4,ep=32', seq=4096, gbs=2048))\n"
-            "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n")
+    code = (
+        "import sys, json\n"
+        "from trex.cost_model import get_model_spec, get_cluster, parse_plan, estimate_step\n"
+        "import trex.planner\n"
+        "e = estimate_step(get_model_spec('qwen3-235b-a22b'), get_cluster('h100', 256),\n"
+        "                  parse_plan('tp=2,pp=8,vpp=4,ep=32', seq=4096, gbs=2048))\n"
+        "print(json.dumps(sorted(m for m in ('torch', 'transformers') if m in sys.modules)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == []

@@ -128,8 +128,9 @@ def test_fused_causal_attention_counts_the_same_blocks_on_both_sides():
 
     seq = 640  # five 128-key blocks: the diagonal ones are computed whole
     shape = (1, 4, seq, 32)
-    gm = make_fx(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
-                 tracing_mode="fake")(*(torch.randn(shape, dtype=torch.bfloat16) for _ in range(3)))
+    gm = make_fx(
+        lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), tracing_mode="fake"
+    )(*(torch.randn(shape, dtype=torch.bfloat16) for _ in range(3)))
     annotate(gm, "h100")
     (graph,) = [n.meta["cost"] for n in gm.graph.nodes if "cost" in n.meta and n.meta["cost"].kind == "attention"]
     spec = LayerCost()

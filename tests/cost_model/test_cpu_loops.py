@@ -90,7 +90,9 @@ def test_accelerator_profiles_pay_no_loop_overheads():
 
 
 def test_a_python_number_operand_uses_its_own_measured_fixed_cost():
-    profile = dataclasses.replace(get_device("cpu"), op_overhead_us={"aten.add.Tensor": 1.5, "aten.add.Tensor[scalar]": 3.3})
+    profile = dataclasses.replace(
+        get_device("cpu"), op_overhead_us={"aten.add.Tensor": 1.5, "aten.add.Tensor[scalar]": 3.3}
+    )
     tensor = _tiny_graph(torch.add, torch.rand(8), torch.rand(8))
     scalar = _tiny_graph(lambda x: torch.add(x, 0.5), torch.rand(8))
     assert _time(scalar, profile) - _time(tensor, profile) == pytest.approx(1.8e-6, rel=0.05)

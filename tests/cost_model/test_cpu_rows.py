@@ -29,13 +29,21 @@ def _node(graph, name):
 def test_a_softmax_over_rows_shorter_than_a_vector_runs_all_its_elements_scalar():
     short = _graph(lambda x: aten._softmax(x, -1, False), torch.rand(512, 8))
     assert scalar_softmax_elements(_node(short, "aten._softmax"), "aten._softmax", 16) == (4096.0, "forward")
-    assert scalar_softmax_elements(_node(short, "aten._softmax"), "aten._softmax", 8) == (0.0, "")  # a full vector per row
+    assert scalar_softmax_elements(_node(short, "aten._softmax"), "aten._softmax", 8) == (
+        0.0,
+        "",
+    )  # a full vector per row
     assert scalar_softmax_elements(_node(short, "aten._softmax"), "aten._softmax", 0) == (0.0, "")  # not modelled
     # over an outer dimension the kernel vectorises across the rows instead
     outer = _graph(lambda x: aten._softmax(x, 0, False), torch.rand(8, 512))
     assert scalar_softmax_elements(_node(outer, "aten._softmax"), "aten._softmax", 16) == (0.0, "")
-    backward = _graph(lambda g, y: aten._softmax_backward_data(g, y, -1, torch.float32), torch.rand(256, 2), torch.rand(256, 2))
-    assert scalar_softmax_elements(_node(backward, "aten._softmax_backward"), "aten._softmax_backward_data", 16) == (512.0, "backward")
+    backward = _graph(
+        lambda g, y: aten._softmax_backward_data(g, y, -1, torch.float32), torch.rand(256, 2), torch.rand(256, 2)
+    )
+    assert scalar_softmax_elements(_node(backward, "aten._softmax_backward"), "aten._softmax_backward_data", 16) == (
+        512.0,
+        "backward",
+    )
 
 
 def test_a_reduction_counts_its_outputs_and_whether_it_reads_contiguous_rows():
@@ -59,8 +67,12 @@ def _time(graph, profile) -> float:
 
 def test_annotate_charges_the_scalar_softmax_and_the_per_output_reduction_on_a_cpu_profile():
     plain = get_device("cpu")
-    profile = dataclasses.replace(plain, vector_lanes=16, scalar_softmax_ns={"forward": 18.0, "backward": 6.0},
-                                  reduce_output_ns={"contiguous": 4.0, "strided": 10.0})
+    profile = dataclasses.replace(
+        plain,
+        vector_lanes=16,
+        scalar_softmax_ns={"forward": 18.0, "backward": 6.0},
+        reduce_output_ns={"contiguous": 4.0, "strided": 10.0},
+    )
     router = _graph(lambda x: aten._softmax(x, -1, False), torch.rand(512, 8))
     assert _time(router, profile) - _time(router, plain) == pytest.approx(4096 * 18e-9)
     wide = _graph(lambda x: aten._softmax(x, -1, False), torch.rand(32, 128))  # same bytes, vector rows
@@ -70,7 +82,9 @@ def test_annotate_charges_the_scalar_softmax_and_the_per_output_reduction_on_a_c
     # accelerators: no row costs, whatever the shapes
     h100 = get_cluster("h100", 8)
     annotate(router, h100)
-    assert _node(router, "aten._softmax").meta["cost"].time_s == pytest.approx(h100.device.op_time("aten._softmax", "softmax", *_work(router)))
+    assert _node(router, "aten._softmax").meta["cost"].time_s == pytest.approx(
+        h100.device.op_time("aten._softmax", "softmax", *_work(router))
+    )
 
 
 def _work(graph):
@@ -79,12 +93,19 @@ def _work(graph):
 
 
 def test_row_cost_tables_round_trip_and_are_validated():
-    profile = dataclasses.replace(get_device("cpu"), vector_lanes=8, scalar_softmax_ns={"forward": 15.0, "backward": 5.0},
-                                  reduce_output_ns={"contiguous": 3.0, "strided": 9.0})
+    profile = dataclasses.replace(
+        get_device("cpu"),
+        vector_lanes=8,
+        scalar_softmax_ns={"forward": 15.0, "backward": 5.0},
+        reduce_output_ns={"contiguous": 3.0, "strided": 9.0},
+    )
     data = device_profile_to_dict(profile)
     assert device_profile_from_dict(data) == profile
     data["device"]["scalar_softmax_ns"]["sideways"] = 1.0
-    with pytest.raises(TrexError, match="'device.scalar_softmax_ns.sideways' is not a profile field; valid fields here: backward, forward"):
+    with pytest.raises(
+        TrexError,
+        match="'device.scalar_softmax_ns.sideways' is not a profile field; valid fields here: backward, forward",
+    ):
         device_profile_from_dict(data)
 
 
@@ -94,9 +115,16 @@ def test_a_measured_grouped_gemm_costs_its_arithmetic_plus_its_measured_call_ove
     import trex.ops  # noqa: F401
 
     plain = get_device("cpu")
-    profile = dataclasses.replace(plain, op_overhead_us={**plain.op_overhead_us, "trex.grouped_mm": 25.0},
-                                  op_bandwidth_gbs={**plain.op_bandwidth_gbs, "trex.grouped_mm": 0.5})
-    graph = _graph(lambda x, w, o: torch.ops.trex.grouped_mm(x, w, o), torch.rand(1024, 64), torch.rand(8, 64, 64),
-                   torch.arange(128, 1025, 128, dtype=torch.int32))
+    profile = dataclasses.replace(
+        plain,
+        op_overhead_us={**plain.op_overhead_us, "trex.grouped_mm": 25.0},
+        op_bandwidth_gbs={**plain.op_bandwidth_gbs, "trex.grouped_mm": 0.5},
+    )
+    graph = _graph(
+        lambda x, w, o: torch.ops.trex.grouped_mm(x, w, o),
+        torch.rand(1024, 64),
+        torch.rand(8, 64, 64),
+        torch.arange(128, 1025, 128, dtype=torch.int32),
+    )
     seconds = _time(graph, profile)
     assert seconds == pytest.approx(profile.gemm_time(128, 64, 64, "fp32", 8) + 25e-6)

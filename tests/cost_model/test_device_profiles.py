@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trex.cost_model.devices import (
-    BUILTIN_DEVICES, MAMF, device_profile_from_dict, device_profile_to_dict, get_device, load_device_profile, save_device_profile,
+    BUILTIN_DEVICES,
+    MAMF,
+    device_profile_from_dict,
+    device_profile_to_dict,
+    get_device,
+    load_device_profile,
+    save_device_profile,
 )
 from trex.cost_model.toml_writer import dumps
 from trex.errors import TrexError, UnknownNameError
@@ -61,7 +67,10 @@ def test_split_accumulation_stretches_only_the_fp8_main_loop():
     # Hopper FP8 GEMMs that promote partial sums to FP32 (per-tensor recipes' dgrad/wgrad) run 1.15x the
     # main loop of a fast-accumulating one; a large GEMM is main-loop bound, so it takes ~1.15x as long
     assert H100.gemm.split_accumulation == pytest.approx(1.15)
-    fast, split = H100.gemm_time(8192, 8192, 8192, "fp8"), H100.gemm_time(8192, 8192, 8192, "fp8", split_accumulation=True)
+    fast, split = (
+        H100.gemm_time(8192, 8192, 8192, "fp8"),
+        H100.gemm_time(8192, 8192, 8192, "fp8", split_accumulation=True),
+    )
     assert split / fast == pytest.approx(1.15, rel=0.02)
     assert H100.gemm_time(8192, 8192, 8192, "bf16", split_accumulation=True) == H100.gemm_time(8192, 8192, 8192, "bf16")
     assert BUILTIN_DEVICES["a100"].gemm.split_accumulation == 1.0  # no FP8 there
@@ -98,14 +107,32 @@ def _h100_table() -> dict:
     "edit, message",
     [
         (lambda d: d["device"].pop("memory_gib"), "'device.memory_gib' is missing"),
-        (lambda d: d["device"].__setitem__("hbm_bandwidth_gbs", -3), "'device.hbm_bandwidth_gbs' must be a positive number"),
-        (lambda d: d["device"]["gemm"]["efficiency"].__setitem__("bf16", 1.7), "'device.gemm.efficiency.bf16' must be at most 1"),
-        (lambda d: d["device"].__setitem__("memroy_gib", 80), "'device.memroy_gib' is not a profile field; valid fields here:.*memory_gib"),
-        (lambda d: d["device"]["peak_tflops"].__setitem__("int4", 10.0), "'device.peak_tflops.int4' is not a known dtype"),
-        (lambda d: d["device"]["gemm"].__setitem__("compute_units", 0), "'device.gemm.compute_units' must be a positive integer"),
+        (
+            lambda d: d["device"].__setitem__("hbm_bandwidth_gbs", -3),
+            "'device.hbm_bandwidth_gbs' must be a positive number",
+        ),
+        (
+            lambda d: d["device"]["gemm"]["efficiency"].__setitem__("bf16", 1.7),
+            "'device.gemm.efficiency.bf16' must be at most 1",
+        ),
+        (
+            lambda d: d["device"].__setitem__("memroy_gib", 80),
+            "'device.memroy_gib' is not a profile field; valid fields here:.*memory_gib",
+        ),
+        (
+            lambda d: d["device"]["peak_tflops"].__setitem__("int4", 10.0),
+            "'device.peak_tflops.int4' is not a known dtype",
+        ),
+        (
+            lambda d: d["device"]["gemm"].__setitem__("compute_units", 0),
+            "'device.gemm.compute_units' must be a positive integer",
+        ),
         (lambda d: d["device"]["gemm"]["efficiency"].pop("fp8"), "'device.gemm.efficiency' lacks fp8"),
         (lambda d: d["device"].__setitem__("name", 7), "'device.name' has type int"),
-        (lambda d: d["device"]["gemm"].__setitem__("split_accumulation", 0.9), "'device.gemm.split_accumulation' must be >= 1"),
+        (
+            lambda d: d["device"]["gemm"].__setitem__("split_accumulation", 0.9),
+            "'device.gemm.split_accumulation' must be >= 1",
+        ),
     ],
 )
 def test_bad_profiles_name_the_field_and_the_fix(tmp_path, edit, message):
@@ -119,7 +146,7 @@ def test_bad_profiles_name_the_field_and_the_fix(tmp_path, edit, message):
 
 def test_a_syntax_error_in_a_profile_says_where(tmp_path):
     path = tmp_path / "broken.toml"
-    path.write_text("[device]\nname = \"x\"\nmemory_gib = = 3\n")
+    path.write_text('[device]\nname = "x"\nmemory_gib = = 3\n')
     with pytest.raises(TrexError, match=r"broken.toml: not valid TOML \(.*line 3"):
         load_device_profile(path)
     json_path = tmp_path / "broken.json"
@@ -139,7 +166,16 @@ def test_toml_writer_output_reads_back_identically():
 
 
 def test_a_user_profile_without_optional_tables_gets_defaults():
-    profile = device_profile_from_dict({"device": {"name": "npu-x", "memory_gib": 32, "hbm_bandwidth_gbs": 1000,
-                                                   "peak_tflops": {"bf16": 200}, "gemm": {"compute_units": 30, "efficiency": {"bf16": 0.7}}}})
+    profile = device_profile_from_dict(
+        {
+            "device": {
+                "name": "npu-x",
+                "memory_gib": 32,
+                "hbm_bandwidth_gbs": 1000,
+                "peak_tflops": {"bf16": 200},
+                "gemm": {"compute_units": 30, "efficiency": {"bf16": 0.7}},
+            }
+        }
+    )
     assert profile.attention.forward_efficiency > 0 and profile.gemm.tile_m == 128
     assert profile.gemm_efficiency(4096, 4096, 4096) < 0.7

@@ -11,7 +11,10 @@ def test_a_linear_costs_two_flops_per_multiply_accumulate():
     assert Linear("w", 512, 1024, groups=8).flops_per_token == 2 * 8 * 512 * 1024
 
 
-@pytest.mark.parametrize("name, layers, hidden", [("gpt-22b", 48, 6144), ("gpt-175b", 96, 12288), ("gpt-530b", 105, 20480), ("gpt-1t", 128, 25600)])
+@pytest.mark.parametrize(
+    "name, layers, hidden",
+    [("gpt-22b", 48, 6144), ("gpt-175b", 96, 12288), ("gpt-530b", 105, 20480), ("gpt-1t", 128, 25600)],
+)
 def test_megatron_gpt_formula_without_causal_halving(name, layers, hidden):
     spec = get_model_spec(name)
     per_iteration = megatron_flops_per_token(spec, 2048, causal_halving=False) * 4 * 2048

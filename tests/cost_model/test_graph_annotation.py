@@ -12,8 +12,8 @@ from trex.cost_model import collectives
 from trex.cost_model.annotate import annotate
 from trex.cost_model.catalog import get_cluster
 from trex.cost_model.devices import BUILTIN_DEVICES
-from trex.explain import explain
 from trex.cost_model.model_spec import spec_from_config
+from trex.explain import explain
 
 
 def _graph(fn, *shapes, dtype=torch.float32):
@@ -31,7 +31,9 @@ def test_a_gemm_is_two_flops_per_multiply_accumulate_and_timed_by_the_tile_model
     assert cost.flops == 2 * 512 * 1024 * 256
     assert cost.bytes == (512 * 1024 + 1024 * 256 + 512 * 256) * 2
     assert cost.time_s == pytest.approx(BUILTIN_DEVICES["h100"].gemm_time(512, 256, 1024, "bf16"))
-    assert cost.formula == 2 * sympy.Symbol("M", positive=True, integer=True) * sympy.Symbol("N", positive=True, integer=True) * sympy.Symbol("K", positive=True, integer=True)
+    assert cost.formula == 2 * sympy.Symbol("M", positive=True, integer=True) * sympy.Symbol(
+        "N", positive=True, integer=True
+    ) * sympy.Symbol("K", positive=True, integer=True)
     assert cost.bindings["M"] == 512 and "flops = 2*K*M*N" in cost.describe()
 
 
@@ -71,7 +73,9 @@ def test_collectives_are_priced_over_the_cluster_group():
     def fn(x):
         reduced = torch.ops._c10d_functional.all_reduce.default(x, "sum", "tp")
         gathered = torch.ops._c10d_functional.all_gather_into_tensor.default(x, 8, "dp")
-        return torch.ops._c10d_functional.wait_tensor.default(reduced), torch.ops._c10d_functional.wait_tensor.default(gathered)
+        return torch.ops._c10d_functional.wait_tensor.default(reduced), torch.ops._c10d_functional.wait_tensor.default(
+            gathered
+        )
 
     gm = _graph(fn, (1024, 1024), dtype=torch.bfloat16)
     cluster = get_cluster("h100", 64)
@@ -79,7 +83,9 @@ def test_collectives_are_priced_over_the_cluster_group():
     (reduce,) = _costs(gm, "_c10d_functional.all_reduce")
     assert reduce.time_s == pytest.approx(collectives.all_reduce(2 * 1024 * 1024, cluster.placement(range(8))))
     (gather,) = _costs(gm, "_c10d_functional.all_gather_into_tensor")
-    assert gather.time_s == pytest.approx(collectives.all_gather(8 * 2 * 1024 * 1024, cluster.placement(range(0, 64, 8))))
+    assert gather.time_s == pytest.approx(
+        collectives.all_gather(8 * 2 * 1024 * 1024, cluster.placement(range(0, 64, 8)))
+    )
     assert all(c.time_s == 0 and c.kind == "sync" for c in _costs(gm, "_c10d_functional.wait_tensor"))
 
 
@@ -125,7 +131,9 @@ def test_every_node_of_a_captured_qwen3_moe_graph_is_priced(qwen3_moe):
     assert report.unpriced == {}
     calls = [n for n in joint.graph.nodes if n.op == "call_function"]
     assert all("cost" in n.meta for n in calls) and report.priced == len(calls)
-    assert {"trex.grouped_mm", "trex.moe_dispatch", "trex.moe_combine", "trex.grouped_mm_weight_grad"} <= set(report.count_by_op)
+    assert {"trex.grouped_mm", "trex.moe_dispatch", "trex.moe_combine", "trex.grouped_mm_weight_grad"} <= set(
+        report.count_by_op
+    )
 
 
 def test_captured_gemm_flops_equal_three_times_the_model_spec_forward(qwen3_moe):
@@ -133,8 +141,14 @@ def test_captured_gemm_flops_equal_three_times_the_model_spec_forward(qwen3_moe)
     annotate(joint, "h100")
     gemm = sum(n.meta["cost"].flops for n in joint.graph.nodes if "cost" in n.meta and n.meta["cost"].kind == "gemm")
     spec, tokens = spec_from_config(config), 2 * 16
-    forward = sum(tokens * sum(lin.flops_per_token for lin in layer.linears) + (tokens * layer.moe.expert_flops_per_token(spec.hidden_size) if layer.moe else 0)
-                  for layer in spec.layers) + 2 * tokens * spec.hidden_size * spec.vocab_size
+    forward = (
+        sum(
+            tokens * sum(lin.flops_per_token for lin in layer.linears)
+            + (tokens * layer.moe.expert_flops_per_token(spec.hidden_size) if layer.moe else 0)
+            for layer in spec.layers
+        )
+        + 2 * tokens * spec.hidden_size * spec.vocab_size
+    )
     assert gemm == pytest.approx(3 * forward)  # forward, data gradient, weight gradient
 
 
@@ -142,7 +156,11 @@ def test_grouped_mm_nodes_cost_two_s_k_n(qwen3_moe):
     _, joint = qwen3_moe
     annotate(joint, "h100")
     for node in joint.graph.nodes:
-        if node.op == "call_function" and "grouped_mm.default" in str(node.target) and "weight_grad" not in str(node.target):
+        if (
+            node.op == "call_function"
+            and "grouped_mm.default" in str(node.target)
+            and "weight_grad" not in str(node.target)
+        ):
             rows, k = node.args[0].meta["val"].shape
             n = node.args[1].meta["val"].shape[-1]
             assert node.meta["cost"].flops == 2 * rows * k * n

@@ -58,7 +58,9 @@ def test_recompute_reissues_the_forward_ops_it_reruns():
 def test_moe_forwards_synchronise_the_host_unless_the_plan_says_otherwise():
     assert _layer(QWEN_PLAN, 10.0).syncs_host
     assert not _layer(dataclasses.replace(QWEN_PLAN, moe_host_sync=False), 10.0).syncs_host
-    dense = layer_cost(GPT.layers[0], GPT.hidden_size, CostContext.of(GPT_PLAN.with_devices(64), get_cluster("a100", 64)))
+    dense = layer_cost(
+        GPT.layers[0], GPT.hidden_size, CostContext.of(GPT_PLAN.with_devices(64), get_cluster("a100", 64))
+    )
     assert not dense.syncs_host
 
 
@@ -85,11 +87,15 @@ def test_breakdown_adds_up_when_the_host_is_the_bottleneck():
     estimate = estimate_step(QWEN3, _cluster("h100", 256, 60.0), QWEN_PLAN)
     b = estimate.breakdown
     assert b.host_wait_s > 0
-    assert b.compute_s + b.exposed_comm_s + b.host_wait_s + b.bubble_s + b.optimizer_s == pytest.approx(estimate.step_time_s, rel=1e-6)
+    assert b.compute_s + b.exposed_comm_s + b.host_wait_s + b.bubble_s + b.optimizer_s == pytest.approx(
+        estimate.step_time_s, rel=1e-6
+    )
 
 
 def _priced(host_f: float, device_f: float, host_b: float, device_b: float, syncs: bool) -> LayerCost:
-    return LayerCost(forward_s=device_f, backward_s=device_b, host_forward_s=host_f, host_backward_s=host_b, syncs_host=syncs)
+    return LayerCost(
+        forward_s=device_f, backward_s=device_b, host_forward_s=host_f, host_backward_s=host_b, syncs_host=syncs
+    )
 
 
 def test_a_sync_stops_host_slack_from_one_layer_covering_another():
@@ -98,7 +104,10 @@ def test_a_sync_stops_host_slack_from_one_layer_covering_another():
     synced = chunk_host_wait([(_priced(2e-3, 1e-3, 1e-3, 2e-3, syncs=True), 1)])
     free_two = chunk_host_wait([(_priced(2e-3, 1e-3, 0.0, 0.0, False), 1), (_priced(0.0, 2e-3, 0.0, 0.0, False), 1)])
     synced_two = chunk_host_wait([(_priced(2e-3, 1e-3, 0.0, 0.0, True), 1), (_priced(0.0, 2e-3, 0.0, 0.0, True), 1)])
-    assert free == (pytest.approx(1e-3), 0.0) and synced == (pytest.approx(1e-3), 0.0)  # forward and backward never share a stretch
+    assert free == (pytest.approx(1e-3), 0.0) and synced == (
+        pytest.approx(1e-3),
+        0.0,
+    )  # forward and backward never share a stretch
     assert free_two == (0.0, 0.0)  # the second layer's device time covers the first layer's host time
     assert synced_two == (pytest.approx(1e-3), 0.0)  # the sync between them does not let it
 
@@ -128,8 +137,10 @@ def test_synchronising_never_makes_a_chunk_faster(parts):
 @given(st.floats(min_value=0.0, max_value=80.0), st.floats(min_value=0.0, max_value=80.0))
 def test_step_time_never_decreases_with_the_host_cost_per_op(a, b):
     low, high = sorted((a, b))
-    assert estimate_step(QWEN3, _cluster("h100", 256, high), QWEN_PLAN).step_time_s >= \
-        estimate_step(QWEN3, _cluster("h100", 256, low), QWEN_PLAN).step_time_s
+    assert (
+        estimate_step(QWEN3, _cluster("h100", 256, high), QWEN_PLAN).step_time_s
+        >= estimate_step(QWEN3, _cluster("h100", 256, low), QWEN_PLAN).step_time_s
+    )
 
 
 def test_host_cost_per_op_round_trips_through_a_profile_file_and_is_validated():
@@ -145,7 +156,10 @@ def test_every_built_in_layer_has_a_stored_op_count_with_its_provenance():
     for name in ("gpt-175b", "pangu-ultra-135b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v4-flash"):
         spec = get_model_spec(name)
         for layer in (*spec.layers, *spec.mtp_layers):
-            assert layer.host_ops is not None and layer.host_ops.source.startswith("trex.meta_capture"), (name, layer.kind)
+            assert layer.host_ops is not None and layer.host_ops.source.startswith("trex.meta_capture"), (
+                name,
+                layer.kind,
+            )
     with pytest.raises(TrexError, match="no host-op count for layer structure 'nope'"):
         host_ops_for("nope")
 
@@ -175,5 +189,9 @@ def test_stored_counts_match_a_fresh_capture(structure):
     (kind,) = [k for k in capture.kinds if f"{family}.{module.kind_key(family, k.name)}" == structure]
     fresh = count_host_ops(kind.graph.forward, kind.graph.backward)
     stored = host_ops_for(structure)
-    assert (fresh.forward, fresh.backward, fresh.expert_gemms_forward, fresh.expert_gemms_backward) == \
-        (stored.forward, stored.backward, stored.expert_gemms_forward, stored.expert_gemms_backward)
+    assert (fresh.forward, fresh.backward, fresh.expert_gemms_forward, fresh.expert_gemms_backward) == (
+        stored.forward,
+        stored.backward,
+        stored.expert_gemms_forward,
+        stored.expert_gemms_backward,
+    )

@@ -35,21 +35,42 @@ def test_full_recompute_keeps_only_the_layer_input():
     assert _saved("full") == pytest.approx(2 * S * B * H / T)
 
 
-params = st.builds(ParamCounts, dense=st.floats(1e6, 1e11), expert=st.floats(0, 1e12), muon=st.just(0.0), fp8_gemm=st.just(0.0))
+params = st.builds(
+    ParamCounts, dense=st.floats(1e6, 1e11), expert=st.floats(0, 1e12), muon=st.just(0.0), fp8_gemm=st.just(0.0)
+)
 
 
-@given(params=params, dp=st.integers(2, 512), edp=st.integers(1, 64), precision=st.sampled_from(["bf16", "fp8", "fp32"]))
+@given(
+    params=params, dp=st.integers(2, 512), edp=st.integers(1, 64), precision=st.sampled_from(["bf16", "fp8", "fp32"])
+)
 def test_memory_never_grows_with_the_zero_stage(params, dp, edp, precision):
-    totals = [sum(static_memory(params, dp=dp, edp=edp, zero=zero, precision=precision, grad_dtype="fp32", state_dtype="fp32", muon=False))
-              for zero in range(4)]
+    totals = [
+        sum(
+            static_memory(
+                params,
+                dp=dp,
+                edp=edp,
+                zero=zero,
+                precision=precision,
+                grad_dtype="fp32",
+                state_dtype="fp32",
+                muon=False,
+            )
+        )
+        for zero in range(4)
+    ]
     assert totals == sorted(totals, reverse=True)
     assert totals[3] < totals[0]
 
 
 def test_mixed_precision_adam_is_18_bytes_per_parameter_and_zero1_shards_12():
     p = ParamCounts(dense=1e9)
-    assert sum(static_memory(p, dp=1, edp=1, zero=0, precision="bf16", grad_dtype="fp32", state_dtype="fp32", muon=False)) == pytest.approx(18e9)
-    assert sum(static_memory(p, dp=8, edp=1, zero=1, precision="bf16", grad_dtype="fp32", state_dtype="fp32", muon=False)) == pytest.approx(6e9 + 12e9 / 8)
+    assert sum(
+        static_memory(p, dp=1, edp=1, zero=0, precision="bf16", grad_dtype="fp32", state_dtype="fp32", muon=False)
+    ) == pytest.approx(18e9)
+    assert sum(
+        static_memory(p, dp=8, edp=1, zero=1, precision="bf16", grad_dtype="fp32", state_dtype="fp32", muon=False)
+    ) == pytest.approx(6e9 + 12e9 / 8)
 
 
 def test_muon_keeps_one_moment_instead_of_two():

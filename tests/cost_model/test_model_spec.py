@@ -10,17 +10,20 @@ from trex.cost_model.model_spec import AttentionCore, get_model_spec, spec_from_
 from trex.errors import TrexError, UnknownNameError
 
 
-@pytest.mark.parametrize("name, total, active", [
-    ("deepseek-v3", 671e9, 37e9),  # DeepSeek-V3 report: 671B total, 37B activated
-    ("qwen3-235b-a22b", 235e9, 22e9),  # Qwen3 model card
-    ("deepseek-v4-flash", 284e9, 13e9),  # devices.md: ~284B / ~13B
-    ("deepseek-v4-pro", 1.6e12, 49e9),  # ~1.6T / ~49B
-    ("gpt-175b", 175e9, 175e9),
-    ("gpt-1t", 1.0e12, 1.0e12),
-    ("pangu-ultra-135b", 135e9, 135e9),
-    ("llama3-70b", 70.6e9, 70.6e9),  # Llama 3 model card: 70.6B
-    ("llama3.1-405b", 405.9e9, 405.9e9),  # 405.9B
-])
+@pytest.mark.parametrize(
+    "name, total, active",
+    [
+        ("deepseek-v3", 671e9, 37e9),  # DeepSeek-V3 report: 671B total, 37B activated
+        ("qwen3-235b-a22b", 235e9, 22e9),  # Qwen3 model card
+        ("deepseek-v4-flash", 284e9, 13e9),  # devices.md: ~284B / ~13B
+        ("deepseek-v4-pro", 1.6e12, 49e9),  # ~1.6T / ~49B
+        ("gpt-175b", 175e9, 175e9),
+        ("gpt-1t", 1.0e12, 1.0e12),
+        ("pangu-ultra-135b", 135e9, 135e9),
+        ("llama3-70b", 70.6e9, 70.6e9),  # Llama 3 model card: 70.6B
+        ("llama3.1-405b", 405.9e9, 405.9e9),  # 405.9B
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(name, total, active):
     spec = get_model_spec(name)
     assert spec.total_params == pytest.approx(total, rel=0.03)
@@ -47,8 +50,16 @@ def test_deepseek_v4_layer_kinds_follow_the_config_schedule():
 
 
 def test_a_transformers_config_json_is_accepted(tmp_path):
-    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "num_hidden_layers": 32, "vocab_size": 128256, "tie_word_embeddings": False}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 32,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     spec = get_model_spec(path)
@@ -101,8 +112,12 @@ def test_an_unsupported_family_says_which_are_supported():
         spec_from_config({"model_type": "whisper", "d_model": 512})
 
 
-@given(seq=st.integers(1, 600), window=st.one_of(st.none(), st.integers(1, 200)), rate=st.one_of(st.none(), st.integers(1, 16)),
-       topk=st.one_of(st.none(), st.integers(1, 40)))
+@given(
+    seq=st.integers(1, 600),
+    window=st.one_of(st.none(), st.integers(1, 200)),
+    rate=st.one_of(st.none(), st.integers(1, 16)),
+    topk=st.one_of(st.none(), st.integers(1, 40)),
+)
 def test_keys_per_query_equals_the_mask_count(seq, window, rate, topk):
     core = AttentionCore("a", 1, 1, 8, 8, window=window, compress_rate=rate, compress_topk=topk if rate else None)
     brute = 0
@@ -116,8 +131,14 @@ def test_keys_per_query_equals_the_mask_count(seq, window, rate, topk):
 def test_an_unknown_family_is_priced_as_llama_like_and_every_estimate_says_so():
     from trex.cost_model import estimate_step, get_cluster, parse_plan
 
-    config = {"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12, "vocab_size": 30522,
-              "intermediate_size": 3072}
+    config = {
+        "model_type": "bert",
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "vocab_size": 30522,
+        "intermediate_size": 3072,
+    }
     spec = spec_from_config(config, "bert-like")
     (assumed,) = spec.assumptions
     assert "model_type 'bert' is not a family trex knows" in assumed and "Llama-like decoder" in assumed

@@ -4,7 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trex.cost_model.pipeline import closed_form_makespan, default_layers_per_chunk, device_chunks, in_flight, makespan, simulate
+from trex.cost_model.pipeline import (
+    closed_form_makespan,
+    default_layers_per_chunk,
+    device_chunks,
+    in_flight,
+    makespan,
+    simulate,
+)
 
 
 @pytest.mark.parametrize("pp, vpp, m", [(4, 1, 8), (4, 2, 8), (8, 4, 64), (8, 3, 24), (2, 1, 1), (1, 1, 5)])
@@ -18,12 +25,16 @@ def test_uniform_stages_match_narayanans_bubble(pp, vpp, m):
     assert (simulated - ideal) / ideal == pytest.approx((pp - 1) / (vpp * m))  # bubble fraction (p-1)/(v m)
 
 
-@given(pp=st.integers(2, 6), vpp=st.integers(1, 3), groups=st.integers(1, 4),
-       times=st.lists(st.floats(min_value=0.1, max_value=3.0), min_size=36, max_size=36))
+@given(
+    pp=st.integers(2, 6),
+    vpp=st.integers(1, 3),
+    groups=st.integers(1, 4),
+    times=st.lists(st.floats(min_value=0.1, max_value=3.0), min_size=36, max_size=36),
+)
 def test_no_schedule_beats_the_slowest_device_and_the_closed_form_stays_close(pp, vpp, groups, times):
     m = pp * groups
     chunks = pp * vpp
-    forward, backward = times[:chunks], [2 * t for t in times[chunks:2 * chunks]]
+    forward, backward = times[:chunks], [2 * t for t in times[chunks : 2 * chunks]]
     per_device = [sum(forward[c] + backward[c] for c in device_chunks(d, pp, vpp)) for d in range(pp)]
     simulated = makespan(simulate(forward, backward, pp, vpp, m))
     assert simulated >= m * max(per_device) - 1e-9

@@ -150,7 +150,11 @@ def test_explain_prints_one_row_as_priced_down_to_its_ops(capsys):
     assert main(["--explain", "Q3-C"]) == 0
     out = capsys.readouterr().out
     assert "Q3-C: published 167 TFLOP/s" in out and "dispatcher=deepep" in out and "per layer execution" in out
-    assert "pipeline: 8 devices x 4 chunks" in out and "layer moe (x94 in the model)" in out and "experts.grouped_mm" in out
+    assert (
+        "pipeline: 8 devices x 4 chunks" in out
+        and "layer moe (x94 in the model)" in out
+        and "experts.grouped_mm" in out
+    )
     assert main(["--explain", "L70-NB2604"]) == 0  # further rows too
     assert "tp_comm_overlap=True" in capsys.readouterr().out
     assert main(["--explain", "Q3-Z"]) == 2

@@ -9,8 +9,18 @@ from trex.cost_model.step import estimate_step
 
 DSV3 = get_model_spec("deepseek-v3")
 H100 = get_cluster("h100", 1024)
-PLAN = ParallelConfig(tp=2, pp=8, vpp=4, ep=64, seq=4096, gbs=8192, precision="fp8", recompute="selective:mla_up_proj+mlp",
-                      dispatcher="deepep", layers_per_chunk=(1,) + (2,) * 30 + (0,))
+PLAN = ParallelConfig(
+    tp=2,
+    pp=8,
+    vpp=4,
+    ep=64,
+    seq=4096,
+    gbs=8192,
+    precision="fp8",
+    recompute="selective:mla_up_proj+mlp",
+    dispatcher="deepep",
+    layers_per_chunk=(1,) + (2,) * 30 + (0,),
+)
 
 
 def _with(**changes):
@@ -24,20 +34,33 @@ def estimate():
 
 def test_breakdown_adds_up_to_the_step_time(estimate):
     b = estimate.breakdown
-    assert b.compute_s + b.exposed_comm_s + b.host_wait_s + b.bubble_s + b.optimizer_s == pytest.approx(estimate.step_time_s, rel=1e-6)
+    assert b.compute_s + b.exposed_comm_s + b.host_wait_s + b.bubble_s + b.optimizer_s == pytest.approx(
+        estimate.step_time_s, rel=1e-6
+    )
     assert 0 < b.recompute_s < b.compute_s
 
 
 def test_throughput_metrics_are_consistent(estimate):
     assert estimate.tokens_per_s == pytest.approx(8192 * 4096 / estimate.step_time_s)
-    assert estimate.model_tflops_per_device == pytest.approx(estimate.flops_per_token * estimate.tokens_per_s_per_device / 1e12)
+    assert estimate.model_tflops_per_device == pytest.approx(
+        estimate.flops_per_token * estimate.tokens_per_s_per_device / 1e12
+    )
     assert estimate.mfu == pytest.approx(estimate.model_tflops_per_device * 1e12 / 989.4e12)
     assert estimate.hfu > estimate.mfu  # recompute and duplicated down-projections are executed, not counted
 
 
 def test_json_shape_has_what_the_cli_promises(estimate):
     data = estimate.to_dict()
-    for key in ("step_time_s", "tokens_per_s_per_device", "model_tflops_per_device", "mfu", "mfu_6n", "memory_per_device_gib", "flops_per_token", "breakdown"):
+    for key in (
+        "step_time_s",
+        "tokens_per_s_per_device",
+        "model_tflops_per_device",
+        "mfu",
+        "mfu_6n",
+        "memory_per_device_gib",
+        "flops_per_token",
+        "breakdown",
+    ):
         assert key in data
     assert set(data["breakdown"]) >= {"compute", "exposed_communication", "bubble", "optimizer"}
 
@@ -59,7 +82,11 @@ def test_fp8_recipes_are_priced_by_what_their_kernels_do():
     layer = llama.layers[0]
 
     def cost(recipe):
-        return layer_cost(layer, llama.hidden_size, CostContext.of(ParallelConfig(**{**plan.to_dict(), "fp8_recipe": recipe}), cluster))
+        return layer_cost(
+            layer,
+            llama.hidden_size,
+            CostContext.of(ParallelConfig(**{**plan.to_dict(), "fp8_recipe": recipe}), cluster),
+        )
 
     delayed, current, block = cost("delayed"), cost("tensorwise"), cost("blockwise")
     # per-tensor recipes run the gradient GEMMs with split accumulation; blockwise is at its own ceiling in every pass
@@ -75,7 +102,9 @@ def test_fp8_recipes_are_priced_by_what_their_kernels_do():
     from trex.cost_model.caveats import FP8_RECIPE_PRICING
     from trex.cost_model.parallel import Fp8Recipe
 
-    assert set(FP8_RECIPE_PRICING) == set(typing.get_args(Fp8Recipe))  # every recipe the plan accepts says how it is priced
+    assert set(FP8_RECIPE_PRICING) == set(
+        typing.get_args(Fp8Recipe)
+    )  # every recipe the plan accepts says how it is priced
     with pytest.raises(InfeasiblePlan, match="fp8_recipe='mxfp4': use one of delayed, tensorwise, blockwise"):
         estimate_step(llama, cluster, ParallelConfig(**{**plan.to_dict(), "fp8_recipe": "mxfp4"}))
 
@@ -87,12 +116,18 @@ def test_estimates_whose_experts_get_few_rows_say_they_are_optimistic():
     cluster = get_cluster("h100", 256)
 
     def notes(**degrees):
-        return [n for n in estimate_step(qwen, cluster, ParallelConfig(**degrees, seq=4096, gbs=2048)).notes if "rows per micro-batch" in n]
+        return [
+            n
+            for n in estimate_step(qwen, cluster, ParallelConfig(**degrees, seq=4096, gbs=2048)).notes
+            if "rows per micro-batch" in n
+        ]
 
     (note,) = notes(tp=4, pp=8, vpp=4, ep=8)
     assert "each local expert gets 512 rows" in note and "optimistic" in note
     assert notes(tp=2, pp=8, vpp=4, ep=32) == []
-    dense = estimate_step(get_model_spec("llama3-70b"), get_cluster("h100", 64), ParallelConfig(tp=4, pp=8, seq=8192, gbs=128))
+    dense = estimate_step(
+        get_model_spec("llama3-70b"), get_cluster("h100", 64), ParallelConfig(tp=4, pp=8, seq=8192, gbs=128)
+    )
     assert not any("rows per micro-batch" in n for n in dense.notes)
 
 
@@ -137,7 +172,9 @@ def test_inconsistent_plan_raises_with_every_violation():
 
 
 def test_a_plan_that_does_not_fit_reports_the_shortfall_per_component():
-    estimate = estimate_step(get_model_spec("gpt-1t"), get_cluster("a100", 8), ParallelConfig(tp=8, seq=2048, gbs=8, recompute="full"))
+    estimate = estimate_step(
+        get_model_spec("gpt-1t"), get_cluster("a100", 8), ParallelConfig(tp=8, seq=2048, gbs=8, recompute="full")
+    )
     assert not estimate.feasible
     (problem,) = estimate.memory_violations()
     assert "exceeds the 77.0 GiB usable on a100" in problem and "optimizer" in problem
@@ -146,12 +183,16 @@ def test_a_plan_that_does_not_fit_reports_the_shortfall_per_component():
 
 def test_fp8_on_a100_is_infeasible():
     with pytest.raises(InfeasiblePlan, match="fp8 is not supported by a100"):
-        estimate_step(get_model_spec("gpt-22b"), get_cluster("a100", 8), ParallelConfig(tp=8, gbs=4, mbs=4, precision="fp8"))
+        estimate_step(
+            get_model_spec("gpt-22b"), get_cluster("a100", 8), ParallelConfig(tp=8, gbs=4, mbs=4, precision="fp8")
+        )
 
 
 def test_deepseek_v4_pro_on_cloudmatrix_is_priced():
     spec = get_model_spec("deepseek-v4-pro")
-    estimate = estimate_step(spec, get_cluster("cloudmatrix384", 1024), ParallelConfig(tp=4, pp=8, vpp=2, ep=64, seq=4096, gbs=1024))
+    estimate = estimate_step(
+        spec, get_cluster("cloudmatrix384", 1024), ParallelConfig(tp=4, pp=8, vpp=2, ep=64, seq=4096, gbs=1024)
+    )
     assert 0 < estimate.mfu < 1 and estimate.memory.total > 0
 
 
@@ -159,8 +200,14 @@ def _exposed_expert_traffic(cluster_name: str, overlap: bool) -> tuple[float, fl
     from trex.cost_model.layer_cost import CostContext, layer_cost
 
     spec = get_model_spec("deepseek-v4-pro")
-    plan = ParallelConfig(tp=1, pp=16, ep=64, seq=4096, gbs=1024, dispatcher="deepep", ep_comm_overlap=overlap).with_devices(1024)
-    cost = layer_cost(spec.layer_kinds["csa+moe"], spec.hidden_size, CostContext.of(plan, get_cluster(cluster_name, 1024), detail=True))
+    plan = ParallelConfig(
+        tp=1, pp=16, ep=64, seq=4096, gbs=1024, dispatcher="deepep", ep_comm_overlap=overlap
+    ).with_devices(1024)
+    cost = layer_cost(
+        spec.layer_kinds["csa+moe"],
+        spec.hidden_size,
+        CostContext.of(plan, get_cluster(cluster_name, 1024), detail=True),
+    )
     (ep,) = [op for op in cost.ops if op.category == "ep_comm"]
     return ep.forward_s + ep.backward_s, cost.compute_s
 
@@ -195,7 +242,9 @@ def test_sharded_gradients_are_reduced_once_per_micro_batch(zero, grows):
 def _exposure(zero, *, m=4, prefetch=True, overlap_reduce=True, grad_sync=1.0, gather=0.5, forward=0.6, backward=1.2):
     from trex.cost_model.step import data_parallel_exposure
 
-    plan = _with(zero=zero, gbs=64 * m, overlap_param_gather=prefetch, overlap_grad_reduce=overlap_reduce).with_devices(1024)
+    plan = _with(zero=zero, gbs=64 * m, overlap_param_gather=prefetch, overlap_grad_reduce=overlap_reduce).with_devices(
+        1024
+    )
     assert plan.microbatches == m
     return data_parallel_exposure(plan, grad_sync, gather, forward, backward)
 
@@ -233,7 +282,9 @@ def test_hiding_the_all_to_all_costs_the_compute_beside_it_the_sms_it_holds():
     layer = spec.layers[0]
 
     def cost(overlap, cl):
-        return layer_cost(layer, spec.hidden_size, CostContext.of(replace(plan, ep_comm_overlap=overlap), cl, detail=True))
+        return layer_cost(
+            layer, spec.hidden_size, CostContext.of(replace(plan, ep_comm_overlap=overlap), cl, detail=True)
+        )
 
     blocking, hidden = cost(False, cluster), cost(True, cluster)
     assert cluster.device.comm_units == 20  # Megatron-Core's DeepEP SM default
@@ -252,8 +303,17 @@ def _llama_layer(tp_comm_overlap, detail=True, **plan_fields):
     from trex.cost_model.layer_cost import CostContext, layer_cost
 
     spec = get_model_spec("llama3-70b")
-    plan = ParallelConfig(tp=4, pp=8, vpp=5, seq=8192, gbs=256, precision="bf16", recompute="none",
-                          tp_comm_overlap=tp_comm_overlap, **plan_fields).with_devices(64)
+    plan = ParallelConfig(
+        tp=4,
+        pp=8,
+        vpp=5,
+        seq=8192,
+        gbs=256,
+        precision="bf16",
+        recompute="none",
+        tp_comm_overlap=tp_comm_overlap,
+        **plan_fields,
+    ).with_devices(64)
     ctx = CostContext.of(plan, get_cluster("h100", 64), detail=detail)
     return spec, ctx, layer_cost(spec.layers[0], spec.hidden_size, ctx)
 
@@ -269,10 +329,14 @@ def test_tp_overlap_runs_the_forward_gemms_as_one_sub_gemm_per_peer():
     # column-parallel fc1: forward in 4 sub-GEMMs of tokens/4 rows; data gradient whole (bulk overlap)
     assert by_name["mlp.fc1"].forward_s == pytest.approx(4 * device.gemm_time(tokens / 4, n1, fc1.in_features, "bf16"))
     wgrad1 = device.gemm_time(fc1.in_features, n1, tokens, "bf16", 1, ctx.wgrad_out_bytes)
-    assert by_name["mlp.fc1"].backward_s == pytest.approx(device.gemm_time(tokens, fc1.in_features, n1, "bf16") + wgrad1)
+    assert by_name["mlp.fc1"].backward_s == pytest.approx(
+        device.gemm_time(tokens, fc1.in_features, n1, "bf16") + wgrad1
+    )
     # row-parallel fc2: the data gradient follows the all-gather of the incoming gradient, in 4 pieces too
     wgrad2 = device.gemm_time(k2, fc2.out_features, tokens, "bf16", 1, ctx.wgrad_out_bytes)
-    assert by_name["mlp.fc2"].backward_s == pytest.approx(4 * device.gemm_time(tokens / 4, k2, fc2.out_features, "bf16") + wgrad2)
+    assert by_name["mlp.fc2"].backward_s == pytest.approx(
+        4 * device.gemm_time(tokens / 4, k2, fc2.out_features, "bf16") + wgrad2
+    )
     # smaller GEMMs fill the device less: the GEMMs get slower, the collectives disappear
     assert ring.forward_s > blocking.forward_s
     assert blocking.comm_s > 0 and ring.comm_s == pytest.approx(0.0)
@@ -284,7 +348,9 @@ def test_tp_overlap_window_is_the_same_with_and_without_the_per_op_detail():
     _, _, plain = _llama_layer(True, detail=False)
     assert detailed.tp_gemm_forward_s > 0
     assert plain.tp_gemm_forward_s == pytest.approx(detailed.tp_gemm_forward_s)
-    assert (plain.comm_forward_s, plain.comm_backward_s) == pytest.approx((detailed.comm_forward_s, detailed.comm_backward_s))
+    assert (plain.comm_forward_s, plain.comm_backward_s) == pytest.approx(
+        (detailed.comm_forward_s, detailed.comm_backward_s)
+    )
     gemms = sum(op.forward_s for op in detailed.ops if op.category == "gemm")
     assert detailed.tp_gemm_forward_s == pytest.approx(gemms)  # every GEMM of a Llama layer is tensor-parallel
 
@@ -300,7 +366,9 @@ def test_tp_overlap_shows_what_its_window_cannot_hide():
     plan = ParallelConfig(tp=4, pp=8, vpp=5, seq=8192, gbs=256, recompute="none").with_devices(64)
 
     def cost(overlap):
-        return layer_cost(spec.layers[0], spec.hidden_size, CostContext.of(replace(plan, tp_comm_overlap=overlap), slow))
+        return layer_cost(
+            spec.layers[0], spec.hidden_size, CostContext.of(replace(plan, tp_comm_overlap=overlap), slow)
+        )
 
     blocking, ring = cost(False), cost(True)
     assert blocking.comm_forward_s > ring.tp_gemm_forward_s > 0  # 5 GB/s: the collectives outlast the GEMMs

@@ -13,7 +13,9 @@ from trex.cost_model.trace import trace_events, validate_trace, write_trace
 
 @pytest.fixture(scope="module")
 def estimate():
-    return estimate_step(get_model_spec("gpt-175b"), get_cluster("a100", 64), ParallelConfig(tp=8, pp=8, vpp=3, seq=2048, gbs=64))
+    return estimate_step(
+        get_model_spec("gpt-175b"), get_cluster("a100", 64), ParallelConfig(tp=8, pp=8, vpp=3, seq=2048, gbs=64)
+    )
 
 
 def test_trace_is_valid_trace_event_json(estimate, tmp_path):
@@ -38,7 +40,14 @@ def test_timeline_ends_at_the_estimated_step_time(estimate):
 
 
 def test_a_broken_trace_is_reported():
-    problems = validate_trace({"traceEvents": [{"ph": "X", "name": "x", "pid": 0, "tid": 1, "ts": 0, "dur": -1}, {"ph": "Q", "name": 3, "pid": "a"}]})
+    problems = validate_trace(
+        {
+            "traceEvents": [
+                {"ph": "X", "name": "x", "pid": 0, "tid": 1, "ts": 0, "dur": -1},
+                {"ph": "Q", "name": 3, "pid": "a"},
+            ]
+        }
+    )
     assert any("dur must be a non-negative number" in p for p in problems)
     assert any("unknown phase 'Q'" in p for p in problems) and any("pid must be an integer" in p for p in problems)
     assert validate_trace({}) == ["top-level 'traceEvents' list is missing"]

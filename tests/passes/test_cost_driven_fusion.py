@@ -10,8 +10,8 @@ from torch import fx
 
 import trex
 from trex.backends import Backend
-from trex.backends.lowering import assign_nodes
 from trex.backends.eager import EagerBackend
+from trex.backends.lowering import assign_nodes
 from trex.pass_manager import PassContext
 from trex.passes import CostDrivenFusion
 

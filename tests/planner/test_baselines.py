@@ -49,14 +49,18 @@ def test_a_model_without_a_public_layout_gets_the_scaled_stand_in_and_says_what_
 def test_recipes_of_published_runs_report_the_software_their_run_used():
     from dataclasses import replace
 
-    from trex.cost_model.validation import compare_all
+    from trex.cost_model.validation import compare_all, extra_published_runs
     from trex.planner.baselines import published_software, software_differences
-
-    from trex.cost_model.validation import extra_published_runs
 
     rows = {row["id"] for row in (*published_runs(), *extra_published_runs())}
     for recipe in recipes().values():
-        linked = recipe.published_row.values() if isinstance(recipe.published_row, dict) else [recipe.published_row] if recipe.published_row else []
+        linked = (
+            recipe.published_row.values()
+            if isinstance(recipe.published_row, dict)
+            else [recipe.published_row]
+            if recipe.published_row
+            else []
+        )
         assert set(linked) <= rows, recipe.name
     qwen = get_recipe("megatron-moe-modelzoo-qwen3")
     spec = get_model_spec("qwen3-235b-a22b")
@@ -72,13 +76,20 @@ def test_recipes_of_published_runs_report_the_software_their_run_used():
     assert estimate_step(spec, get_cluster("h100", 256), plan).step_time_s == pytest.approx(validated.step_time_s)
     # a recipe may name a further published row: the Llama 3 70B FP8 recipe ran with TP overlap and BF16 gradients
     llama = get_recipe("megatron-bridge-llama3-70b-h100-fp8")
-    assert published_software(llama, "llama3-70b") == {"fp8_recipe": "tensorwise", "overlap_p2p": True, "tp_comm_overlap": True, "grad_dtype": "bf16"}
+    assert published_software(llama, "llama3-70b") == {
+        "fp8_recipe": "tensorwise",
+        "overlap_p2p": True,
+        "tp_comm_overlap": True,
+        "grad_dtype": "bf16",
+    }
     # how FP8 is scaled is named only for plans that run FP8
     llama_spec = get_model_spec("llama3-70b")
     for precision, named in (("bf16", False), ("fp8", True)):
         plan, _ = baseline_plan(llama, llama_spec, 64, ParallelConfig(seq=8192, gbs=128, precision=precision))
         differences = software_differences(llama, "llama3-70b", plan)
-        assert any("fp8_recipe=tensorwise" in d and "--set fp8_recipe=tensorwise" in d for d in differences) == named, differences
+        assert any("fp8_recipe=tensorwise" in d and "--set fp8_recipe=tensorwise" in d for d in differences) == named, (
+            differences
+        )
 
 
 def test_the_recipe_written_for_the_planned_precision_is_tried_first():
@@ -87,9 +98,18 @@ def test_the_recipe_written_for_the_planned_precision_is_tried_first():
     spec = get_model_spec("llama3-70b")
     assert [r.name for r in recipes_for(spec, "bf16")][0] == "megatron-bridge-llama3-70b-h100-bf16"
     assert [r.name for r in recipes_for(spec, "fp8")][0] == "megatron-bridge-llama3-70b-h100-fp8"
-    assert [r.name for r in recipes_for(spec)] == ["megatron-bridge-llama3-70b-h100-bf16", "megatron-bridge-llama3-70b-h100-fp8"]
+    assert [r.name for r in recipes_for(spec)] == [
+        "megatron-bridge-llama3-70b-h100-bf16",
+        "megatron-bridge-llama3-70b-h100-fp8",
+    ]
     # models with one recipe keep it whatever the precision
     assert [r.name for r in recipes_for(get_model_spec("deepseek-v3"), "fp8")] == ["megatron-bridge-dsv3-h100"]
     qwen = get_model_spec("qwen3-235b-a22b")
-    assert [r.name for r in recipes_for(qwen, "fp8")] == ["megatron-bridge-qwen3-235b-h100-fp8", "megatron-moe-modelzoo-qwen3"]
-    assert [r.name for r in recipes_for(qwen, "bf16")] == ["megatron-moe-modelzoo-qwen3", "megatron-bridge-qwen3-235b-h100-fp8"]
+    assert [r.name for r in recipes_for(qwen, "fp8")] == [
+        "megatron-bridge-qwen3-235b-h100-fp8",
+        "megatron-moe-modelzoo-qwen3",
+    ]
+    assert [r.name for r in recipes_for(qwen, "bf16")] == [
+        "megatron-moe-modelzoo-qwen3",
+        "megatron-bridge-qwen3-235b-h100-fp8",
+    ]

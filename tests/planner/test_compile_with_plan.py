@@ -17,7 +17,14 @@ def tiny_plans():
     spec = spec_from_config(tiny_config("deepseek-v4"), "tiny-deepseek-v4")
     one = plan_parallel(spec, "cpu", 1, seq=32, gbs=2, baseline=None).best
     two = plan_parallel(spec, "cpu", 2, seq=32, gbs=2, baseline=None).best
-    deeper = plan_parallel(spec_from_config(tiny_config("deepseek-v4", num_layers=6), "tiny-deepseek-v4-6"), "cpu", 1, seq=32, gbs=2, baseline=None).best
+    deeper = plan_parallel(
+        spec_from_config(tiny_config("deepseek-v4", num_layers=6), "tiny-deepseek-v4-6"),
+        "cpu",
+        1,
+        seq=32,
+        gbs=2,
+        baseline=None,
+    ).best
     return one, two, deeper
 
 
@@ -52,6 +59,8 @@ def test_experts_not_divisible_by_the_plans_ep_are_refused(tiny_plans):
     import dataclasses
 
     one, _, _ = tiny_plans
-    odd = dataclasses.replace(one, parallel=dataclasses.replace(one.parallel, ep=3), model=dataclasses.replace(one.model, num_experts=8))
+    odd = dataclasses.replace(
+        one, parallel=dataclasses.replace(one.parallel, ep=3), model=dataclasses.replace(one.model, num_experts=8)
+    )
     with pytest.raises(TrexError, match="ep=3 does not divide the 8 experts"):
         trex.compile(build_model(tiny_config("deepseek-v4")), plan=odd)

@@ -33,7 +33,10 @@ def test_layer_kinds_and_counts_match_the_built_model(name):
     spec = get_model_spec(name)
     _, layers = built(name)
     assert spec.num_layers == len(layers)
-    shapes = [tuple(sorted((n, tuple(t.shape)) for n, t in (*layer.named_parameters(), *layer.named_buffers()))) for layer in layers]
+    shapes = [
+        tuple(sorted((n, tuple(t.shape)) for n, t in (*layer.named_parameters(), *layer.named_buffers())))
+        for layer in layers
+    ]
     assert partition(layer.kind for layer in spec.layers) == partition(shapes)
 
 
@@ -53,6 +56,8 @@ def test_captured_layer_kinds_are_the_planners_layer_kinds():
 
     spec = get_model_spec("deepseek-v4-flash")
     capture = capture_model("deepseek-v4-flash")
-    assert partition(layer.kind for layer in spec.layers) == {frozenset(k.layer_indices) for k in capture.kinds if k.name != ENDS}
+    assert partition(layer.kind for layer in spec.layers) == {
+        frozenset(k.layer_indices) for k in capture.kinds if k.name != ENDS
+    }
     ends = next(k for k in capture.kinds if k.name == ENDS)
     assert ends.params_per_layer == spec.embedding_params + spec.head_params + spec.final_norm_params

@@ -28,14 +28,35 @@ def v3_plans(draw) -> Plan:
     chunks = pp * vpp
     cuts = sorted(draw(st.lists(st.integers(0, 61), min_size=chunks - 1, max_size=chunks - 1)))
     split = tuple(b - a for a, b in zip([0, *cuts], [*cuts, 61]))
-    parallel = ParallelConfig(tp=tp, pp=pp, vpp=vpp, ep=draw(st.sampled_from([1, 8, 64])), etp=1, cp=1, dp=1024 // (tp * pp), zero=draw(st.integers(0, 3)),
-                              seq=draw(st.sampled_from([2048, 4096])), gbs=draw(st.sampled_from([1024, 8192])), mbs=draw(st.sampled_from([1, 2])),
-                              recompute=draw(st.sampled_from(["none", "full", "selective:mla_up_proj+mlp"])), layers_per_chunk=split,
-                              dispatcher=draw(st.sampled_from(["alltoall", "deepep"])), moe_imbalance=draw(st.floats(1.0, 2.0)))
+    parallel = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        ep=draw(st.sampled_from([1, 8, 64])),
+        etp=1,
+        cp=1,
+        dp=1024 // (tp * pp),
+        zero=draw(st.integers(0, 3)),
+        seq=draw(st.sampled_from([2048, 4096])),
+        gbs=draw(st.sampled_from([1024, 8192])),
+        mbs=draw(st.sampled_from([1, 2])),
+        recompute=draw(st.sampled_from(["none", "full", "selective:mla_up_proj+mlp"])),
+        layers_per_chunk=split,
+        dispatcher=draw(st.sampled_from(["alltoall", "deepep"])),
+        moe_imbalance=draw(st.floats(1.0, 2.0)),
+    )
     prediction = None
     if draw(st.booleans()):
-        prediction = Prediction(draw(st.floats(0.1, 100)), draw(st.floats(0, 1)), 0.3, 1234.5, 300.0, {"total": 60.5, "capacity": 77.0, "weights": 10.0},
-                                {"compute": 10.0, "bubble": 0.5}, draw(st.booleans()))
+        prediction = Prediction(
+            draw(st.floats(0.1, 100)),
+            draw(st.floats(0, 1)),
+            0.3,
+            1234.5,
+            300.0,
+            {"total": 60.5, "capacity": 77.0, "weights": 10.0},
+            {"compute": 10.0, "bubble": 0.5},
+            draw(st.booleans()),
+        )
     return plan_for(parallel, prediction=prediction)
 
 
@@ -59,10 +80,14 @@ def test_a_plan_prints_degrees_stages_and_prediction():
     spec, cluster = get_model_spec("deepseek-v3"), get_cluster("h100", 1024)
     parallel = ParallelConfig(tp=2, pp=8, vpp=4, ep=64, seq=4096, gbs=8192, precision="fp8").with_devices(1024)
     estimate = estimate_step(spec, cluster, parallel)
-    plan = Plan(ModelShape.of(spec), cluster.name, 1024, cluster.device.name, estimate.plan, Prediction.of(estimate), "test")
+    plan = Plan(
+        ModelShape.of(spec), cluster.name, 1024, cluster.device.name, estimate.plan, Prediction.of(estimate), "test"
+    )
     text = str(plan)
     assert "tp=2" in text and "pp=8, vpp=4" in text and "ep=64" in text and "dp=64" in text and "ZeRO-1" in text
-    assert "stage 0   4 chunks: layers 0, 15-16, 31-32, 47-48 +embedding" in text  # Megatron's even split: 32 chunks of 1-2 layers
+    assert (
+        "stage 0   4 chunks: layers 0, 15-16, 31-32, 47-48 +embedding" in text
+    )  # Megatron's even split: 32 chunks of 1-2 layers
     assert f"{estimate.step_time_s:.3f} s/step" in text and f"MFU {estimate.mfu:.1%}" in text
     assert len(plan.stages()) == 8 and all(len(chunks) == 4 for chunks in plan.stages())
 
@@ -110,8 +135,8 @@ def test_a_plan_for_another_model_is_rejected_with_the_reason():
 
 def test_plan_and_the_planner_are_exported_from_trex():
     import trex
-    from trex.planner import plan_parallel
     from trex.plan import Plan as PlanType
+    from trex.planner import plan_parallel
 
     assert trex.Plan is PlanType and trex.plan_parallel is plan_parallel
     assert {"Plan", "plan_parallel"} <= set(trex.__all__)

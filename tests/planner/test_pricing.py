@@ -36,10 +36,18 @@ def plans(draw):
     moe = any(layer.moe for layer in spec.layers)
     tp = draw(st.sampled_from([1, 2, 4, 8]))
     plan = dataclasses.replace(
-        template, tp=tp, cp=draw(st.sampled_from([1, 1, 2])), pp=draw(st.sampled_from([1, 2, 4, 8])), vpp=draw(st.sampled_from([1, 2, 3])),
-        ep=draw(st.sampled_from([1, 8, 32, 64])) if moe else 1, etp=draw(st.sampled_from([1, tp])) if moe else 1, mbs=draw(st.sampled_from([1, 2])),
-        zero=draw(st.sampled_from([0, 1, 2, 3])), recompute=draw(st.sampled_from(["none", "selective", "full", "selective:layernorm+moe_act"])),
-        overlap_p2p=draw(st.booleans()))
+        template,
+        tp=tp,
+        cp=draw(st.sampled_from([1, 1, 2])),
+        pp=draw(st.sampled_from([1, 2, 4, 8])),
+        vpp=draw(st.sampled_from([1, 2, 3])),
+        ep=draw(st.sampled_from([1, 8, 32, 64])) if moe else 1,
+        etp=draw(st.sampled_from([1, tp])) if moe else 1,
+        mbs=draw(st.sampled_from([1, 2])),
+        zero=draw(st.sampled_from([0, 1, 2, 3])),
+        recompute=draw(st.sampled_from(["none", "selective", "full", "selective:layernorm+moe_act"])),
+        overlap_p2p=draw(st.booleans()),
+    )
     try:
         plan = plan.with_devices(cluster.devices)
     except Exception:
@@ -49,7 +57,9 @@ def plans(draw):
 
 
 def layout_of(spec, cluster, plan) -> Layout:
-    layers = PricedLayers(spec, cluster, plan, LayerChoice(plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.recompute))
+    layers = PricedLayers(
+        spec, cluster, plan, LayerChoice(plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.recompute)
+    )
     return Layout(layers, plan.pp, plan.vpp, plan.zero, cluster.devices)
 
 
@@ -65,11 +75,22 @@ def test_chunk_times_and_memory_equal_estimate_step(case):
         start += n
     memories = [layout.device_memory(d, r) for d, r in enumerate(chunk_ranges(plan.layers_per_chunk, plan.pp))]
     assert max(m.total for m in memories) == pytest.approx(estimate.memory.total, rel=1e-9)
-    pipeline = pipeline_time(layout, tuple(sum(layout.chunk_time(a, b, d + j * plan.pp) for j, (a, b) in enumerate(r))
-                                           for d, r in enumerate(chunk_ranges(plan.layers_per_chunk, plan.pp))))
-    assert pipeline == pytest.approx(estimate.step_time_s - estimate.breakdown.dp_sync_s - estimate.breakdown.optimizer_s, rel=1e-9)
-    for d, r in enumerate(chunk_ranges(plan.layers_per_chunk, plan.pp)):  # the splitter's fast path: the same number up to rounding
-        assert layout.excess(d, r) == pytest.approx(memories[d].total - memories[d].capacity, rel=1e-12, abs=1e-12 * memories[d].capacity)
+    pipeline = pipeline_time(
+        layout,
+        tuple(
+            sum(layout.chunk_time(a, b, d + j * plan.pp) for j, (a, b) in enumerate(r))
+            for d, r in enumerate(chunk_ranges(plan.layers_per_chunk, plan.pp))
+        ),
+    )
+    assert pipeline == pytest.approx(
+        estimate.step_time_s - estimate.breakdown.dp_sync_s - estimate.breakdown.optimizer_s, rel=1e-9
+    )
+    for d, r in enumerate(
+        chunk_ranges(plan.layers_per_chunk, plan.pp)
+    ):  # the splitter's fast path: the same number up to rounding
+        assert layout.excess(d, r) == pytest.approx(
+            memories[d].total - memories[d].capacity, rel=1e-12, abs=1e-12 * memories[d].capacity
+        )
         assert layout.excess(d, r) == layout.excess(d, r)  # asked again: from the per-chunk memo
 
 

@@ -12,7 +12,7 @@ from trex.cost_model import ParallelConfig, estimate_step, get_cluster, get_mode
 from trex.cost_model.model_spec import spec_from_config
 from trex.models import tiny_config
 from trex.planner import SearchSpace, plan_parallel, search
-from trex.planner.pricing import LayerChoice, Layout, PricedLayers
+from trex.planner.pricing import Layout, PricedLayers
 from trex.planner.search import solve_split
 from trex.planner.space import layer_choices, pipeline_options, recompute_options, zero_options
 from trex.planner.stage_split import even_split
@@ -29,23 +29,39 @@ def exhaustive_best(spec, cluster, template, space) -> float:
             for option in pipeline_options(spec, cluster, template, space, choice):
                 for zero in zero_options(space, choice, option):
                     layout = Layout(layers, option.pp, option.vpp, zero, cluster.devices)
-                    plan = dataclasses.replace(template, tp=choice.tp, cp=choice.cp, ep=choice.ep, etp=choice.etp, mbs=choice.mbs, recompute=policy,
-                                               pp=option.pp, vpp=option.vpp, dp=option.dp, zero=zero)
+                    plan = dataclasses.replace(
+                        template,
+                        tp=choice.tp,
+                        cp=choice.cp,
+                        ep=choice.ep,
+                        etp=choice.etp,
+                        mbs=choice.mbs,
+                        recompute=policy,
+                        pp=option.pp,
+                        vpp=option.vpp,
+                        dp=option.dp,
+                        zero=zero,
+                    )
                     splits = {even_split(spec.num_layers, option.pp * option.vpp)}
                     split = solve_split(layout, memory=True, node_budget=0, thorough=True)
                     if split is not None:
                         splits.add(split.layers_per_chunk)
                     for layers_per_chunk in splits:
-                        estimate = estimate_step(spec, cluster, dataclasses.replace(plan, layers_per_chunk=layers_per_chunk))
+                        estimate = estimate_step(
+                            spec, cluster, dataclasses.replace(plan, layers_per_chunk=layers_per_chunk)
+                        )
                         if estimate.feasible:
                             best = min(best, estimate.step_time_s)
     return best
 
 
-@pytest.mark.parametrize("name, cluster, devices, seq, gbs, fix", [
-    ("gpt-22b", "a100", 16, 2048, 16, "mbs=1/2,vpp=1/2/3"),
-    ("tiny-deepseek-v3", "h100", 8, 256, 16, "vpp=1/2,mbs=1/2"),
-])
+@pytest.mark.parametrize(
+    "name, cluster, devices, seq, gbs, fix",
+    [
+        ("gpt-22b", "a100", 16, 2048, 16, "mbs=1/2,vpp=1/2/3"),
+        ("tiny-deepseek-v3", "h100", 8, 256, 16, "vpp=1/2,mbs=1/2"),
+    ],
+)
 def test_branch_and_bound_finds_the_plan_exhaustive_pricing_finds(name, cluster, devices, seq, gbs, fix):
     spec = spec_from_config(tiny_config("deepseek-v3"), name) if name.startswith("tiny") else get_model_spec(name)
     target = get_cluster(cluster, devices)
@@ -62,8 +78,12 @@ def returned(result):
 
 
 @settings(max_examples=8)
-@given(st.sampled_from(["deepseek-v3", "qwen3-moe", "deepseek-v4"]), st.sampled_from([("h100", 8), ("h100", 16), ("ascend-910b", 16), ("cloudmatrix384", 32)]),
-       st.sampled_from([8, 16, 48]), st.sampled_from(["", "recompute=none/full", "zero=1"]))
+@given(
+    st.sampled_from(["deepseek-v3", "qwen3-moe", "deepseek-v4"]),
+    st.sampled_from([("h100", 8), ("h100", 16), ("ascend-910b", 16), ("cloudmatrix384", 32)]),
+    st.sampled_from([8, 16, 48]),
+    st.sampled_from(["", "recompute=none/full", "zero=1"]),
+)
 def test_every_returned_plan_is_valid_fits_memory_and_is_placed_well(family, target, gbs, fix):
     spec = spec_from_config(tiny_config(family), f"tiny-{family}")
     cluster = get_cluster(*target)
@@ -99,7 +119,9 @@ def test_when_nothing_fits_the_closest_plan_and_its_shortfall_are_reported():
 
 
 def test_a_faster_plan_that_does_not_fit_is_shown_losing_on_memory():
-    result = plan_parallel("qwen3-235b-a22b", "h100", 64, seq=4096, gbs=256, baseline=None, space=SearchSpace.parse("mbs=1"))
+    result = plan_parallel(
+        "qwen3-235b-a22b", "h100", 64, seq=4096, gbs=256, baseline=None, space=SearchSpace.parse("mbs=1")
+    )
     assert result.best is not None
     for loser in result.too_big:
         assert loser.reason.startswith("does not fit:") and loser.at_least_s < result.best.prediction.step_time_s

@@ -16,8 +16,12 @@ from trex.planner.topology import placement_problems
 MODELS = ["gpt-22b", "qwen3-235b-a22b", "deepseek-v3", "deepseek-v4-flash"]
 
 
-@given(st.sampled_from(MODELS), st.sampled_from([("h100", 64), ("a100", 32), ("cloudmatrix384", 256), ("ascend-910b", 64)]),
-       st.sampled_from([2048, 4096]), st.sampled_from([64, 96, 256]))
+@given(
+    st.sampled_from(MODELS),
+    st.sampled_from([("h100", 64), ("a100", 32), ("cloudmatrix384", 256), ("ascend-910b", 64)]),
+    st.sampled_from([2048, 4096]),
+    st.sampled_from([64, 96, 256]),
+)
 def test_every_enumerated_candidate_satisfies_every_constraint(name, target, seq, gbs):
     spec = get_model_spec(name)
     cluster = get_cluster(*target)
@@ -27,21 +31,40 @@ def test_every_enumerated_candidate_satisfies_every_constraint(name, target, seq
         assert placement_problems(cluster, choice.tp, choice.ep, choice.etp) == []
         for option in pipeline_options(spec, cluster, template, space, choice):
             for zero in zero_options(space, choice, option):
-                plan = dataclasses.replace(template, tp=choice.tp, cp=choice.cp, ep=choice.ep, etp=choice.etp, mbs=choice.mbs, pp=option.pp,
-                                           vpp=option.vpp, dp=option.dp, zero=zero)
+                plan = dataclasses.replace(
+                    template,
+                    tp=choice.tp,
+                    cp=choice.cp,
+                    ep=choice.ep,
+                    etp=choice.etp,
+                    mbs=choice.mbs,
+                    pp=option.pp,
+                    vpp=option.vpp,
+                    dp=option.dp,
+                    zero=zero,
+                )
                 assert validate(plan, spec, cluster.devices) == []
 
 
 def test_recompute_policies_with_the_same_effect_on_a_model_are_tried_once():
     gpt = recompute_options(get_model_spec("gpt-22b"), SearchSpace(), ParallelConfig())
     # GPT has no MLA or MoE: those modules drop nothing, so policies collapse and are named by what they drop
-    assert gpt == ["none", "selective:core_attn", "selective:layernorm", "selective:mlp", "selective:layernorm+mlp", "full"]
+    assert gpt == [
+        "none",
+        "selective:core_attn",
+        "selective:layernorm",
+        "selective:mlp",
+        "selective:layernorm+mlp",
+        "full",
+    ]
     v4 = recompute_options(get_model_spec("deepseek-v4-pro"), SearchSpace(), ParallelConfig())
     assert "selective:mla_up_proj" in v4 and "selective:moe_act+moe" in v4 and len(v4) == len(set(v4))
 
 
 def test_the_template_recompute_policy_is_always_tried():
-    options = recompute_options(get_model_spec("deepseek-v3"), SearchSpace(), ParallelConfig(recompute="selective:mlp+layernorm+mla_up_proj"))
+    options = recompute_options(
+        get_model_spec("deepseek-v3"), SearchSpace(), ParallelConfig(recompute="selective:mlp+layernorm+mla_up_proj")
+    )
     assert "selective:mla_up_proj+layernorm+mlp" in options
 
 
@@ -64,16 +87,29 @@ def test_min_expert_rows_keeps_only_layouts_whose_experts_get_that_many_rows():
     kept = list(layer_choices(spec, cluster, template, space))
 
     def rows(c):
-        return rows_per_local_expert(spec, dataclasses.replace(template, tp=c.tp, cp=c.cp, ep=c.ep, etp=c.etp, mbs=c.mbs))
+        return rows_per_local_expert(
+            spec, dataclasses.replace(template, tp=c.tp, cp=c.cp, ep=c.ep, etp=c.etp, mbs=c.mbs)
+        )
 
     assert kept and set(kept) == {c for c in every if rows(c) >= 2048} and len(kept) < len(every)
     # a dense model has no experts to starve: the filter keeps everything
     dense, dense_cluster = get_model_spec("gpt-22b"), get_cluster("a100", 16)
-    assert list(layer_choices(dense, dense_cluster, template, space)) == list(layer_choices(dense, dense_cluster, template, SearchSpace()))
+    assert list(layer_choices(dense, dense_cluster, template, space)) == list(
+        layer_choices(dense, dense_cluster, template, SearchSpace())
+    )
 
 
-@pytest.mark.parametrize("text, message", [("tp", "not key=value"), ("tq=2", "--fix: unknown key 'tq'"), ("tp=two", "must be integers"),
-                                           ("zero=-1", ">= 0"), ("pp=0", "positive"), ("min_expert_rows=2k", "one non-negative integer")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("tp", "not key=value"),
+        ("tq=2", "--fix: unknown key 'tq'"),
+        ("tp=two", "must be integers"),
+        ("zero=-1", ">= 0"),
+        ("pp=0", "positive"),
+        ("min_expert_rows=2k", "one non-negative integer"),
+    ],
+)
 def test_bad_fix_strings_say_what_is_wrong(text, message):
     with pytest.raises(TrexError, match=message):
         SearchSpace.parse(text)

@@ -46,7 +46,11 @@ class LinearMemory:
         return (self.pp - device) + (self.vpp - 1 - j)
 
     def usage(self, device: int, ranges) -> float:
-        return sum(self.weights[i] + self.activations[i] * self.in_flight(device, j) for j, (a, b) in enumerate(ranges) for i in range(a, b))
+        return sum(
+            self.weights[i] + self.activations[i] * self.in_flight(device, j)
+            for j, (a, b) in enumerate(ranges)
+            for i in range(a, b)
+        )
 
     def fits(self, device, ranges):
         return self.usage(device, ranges) <= self.capacity
@@ -163,7 +167,9 @@ def test_deepseek_v3_dense_first_layers_move_the_first_stage_boundary():
     assert split.optimal
     even = (8, 8, 8, 8, 8, 7, 7, 7)
     assert split.bottleneck < max(device_times(problem, even))
-    assert split.layers_per_chunk[0] > split.layers_per_chunk[-1]  # the dense layers' stage takes more, the head's fewer
+    assert (
+        split.layers_per_chunk[0] > split.layers_per_chunk[-1]
+    )  # the dense layers' stage takes more, the head's fewer
 
 
 def test_an_empty_middle_chunk_is_never_produced():

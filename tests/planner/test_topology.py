@@ -7,7 +7,9 @@ from trex.planner.topology import group_placement, holding_tier, placement_probl
 def test_an_expert_group_that_would_span_two_cloudmatrix_supernodes_is_rejected():
     # 1024 dies: one full 768-die supernode and a third of a second; the EP group at rank 512 would cross
     cluster = get_cluster("cloudmatrix384", 1024)
-    assert placement_problems(cluster, tp=1, ep=512, etp=1) == ["ep groups of 512 (stride 1): 1 instance(s) cross a unified-bus domain boundary"]
+    assert placement_problems(cluster, tp=1, ep=512, etp=1) == [
+        "ep groups of 512 (stride 1): 1 instance(s) cross a unified-bus domain boundary"
+    ]
     assert placement_problems(cluster, tp=1, ep=256, etp=1) == []
     assert group_placement(cluster, "ep", 256, 1).tier.name == "unified-bus"
 

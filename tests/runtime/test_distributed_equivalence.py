@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from trex.runtime.launcher import launch_function, run_jobs
 from trex.runtime.trainer import TrainJob, execute
 

@@ -31,12 +31,21 @@ HOSTILE: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "network_connect": (CONNECT, True, ("network_denied",)),
     "network_kernel": (CONNECT, False, ("syscall_denied",)),
     "kill_parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", True, ("signal_denied",)),
-    "kill_parent_kernel": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')\n", False,
-                           ("syscall_denied",)),
-    "ptrace_kernel": (LIBC + "result = libc.ptrace(16, os.getppid(), 0, 0)\n" + RAISE_ERRNO, False,
-                      ("syscall_denied",)),
-    "mount_kernel": (LIBC + "result = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n" + RAISE_ERRNO, False,
-                     ("syscall_denied",)),
+    "kill_parent_kernel": (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')\n",
+        False,
+        ("syscall_denied",),
+    ),
+    "ptrace_kernel": (
+        LIBC + "result = libc.ptrace(16, os.getppid(), 0, 0)\n" + RAISE_ERRNO,
+        False,
+        ("syscall_denied",),
+    ),
+    "mount_kernel": (
+        LIBC + "result = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n" + RAISE_ERRNO,
+        False,
+        ("syscall_denied",),
+    ),
     "unshare_kernel": (LIBC + "result = libc.unshare(0x10000000)\n" + RAISE_ERRNO, False, ("syscall_denied",)),
 }
 
@@ -56,8 +65,10 @@ def run_suite(secret_dir: str, isolations: list[str]) -> dict:
     for isolation in isolations:
         results: dict = {}
         try:
-            sandboxes = {guard: Sandbox(limits, isolation=isolation, hide=[secret_dir], guard=guard, workers=1)
-                         for guard in (True, False)}
+            sandboxes = {
+                guard: Sandbox(limits, isolation=isolation, hide=[secret_dir], guard=guard, workers=1)
+                for guard in (True, False)
+            }
         except SandboxConfigError as error:
             report[isolation] = {"unavailable": str(error)}
             continue
@@ -66,9 +77,12 @@ def run_suite(secret_dir: str, isolations: list[str]) -> dict:
                 if isolation == "process" and name in PROCESS_UNCONTAINED:
                     continue
                 execution = sandboxes[guard].run(program.format(secret=secret, outside=outside))
-                results[name] = {"failure": None if execution.failure is None else execution.failure.value,
-                                 "detail": execution.detail, "isolation": execution.isolation,
-                                 "leaked": "TOP-SECRET" in execution.stdout + execution.stderr}
+                results[name] = {
+                    "failure": None if execution.failure is None else execution.failure.value,
+                    "detail": execution.detail,
+                    "isolation": execution.isolation,
+                    "leaked": "TOP-SECRET" in execution.stdout + execution.stderr,
+                }
             good = sandboxes[True].run("print(6 * 7)")
             results["still_works"] = good.ok and good.stdout.strip() == "42"
             results["outside_written"] = os.path.exists(outside)

@@ -65,5 +65,7 @@ def test_a_report_of_other_settings_is_kept_and_the_new_one_written_alongside(ca
     alongside = [p for p in out_dir.glob("report.*.json")]
     assert len(alongside) == 1 and json.loads(alongside[0].read_text())["rule"] == "lenient"
     assert "kept" in err
-    assert _eval(capsys, "--predictions", predictions, "--out", str(out_dir))[0] == 0  # same settings: rewrites report.json
+    assert (
+        _eval(capsys, "--predictions", predictions, "--out", str(out_dir))[0] == 0
+    )  # same settings: rewrites report.json
     assert json.loads((out_dir / "report.json").read_text())["rule"] == "strict"

@@ -59,9 +59,23 @@ def predictions(tmp_path_factory) -> Path:
 
 
 def _eval_command(predictions: Path, out: Path) -> list[str]:
-    return _trex("eval", "--client", "replay", "--predictions", str(predictions), "--form", "pyscipopt",
-                 "--out", str(out),
-                 "--workers", "2", "--isolation", "process", "--json", "--no-progress")
+    return _trex(
+        "eval",
+        "--client",
+        "replay",
+        "--predictions",
+        str(predictions),
+        "--form",
+        "pyscipopt",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--isolation",
+        "process",
+        "--json",
+        "--no-progress",
+    )
 
 
 def _records(out: Path) -> bytes:
@@ -128,9 +142,25 @@ def test_eval_interrupted_at_other_points_matches_the_clean_run(predictions, cle
 
 
 def _synth_command(out: Path, workers: int) -> list[str]:
-    return _trex("data", "synth", "--n", "12", "--out", str(out), "--seed", "3", "--shard-size", "3",
-                 "--workers", str(workers),
-                 "--no-progress", "--no-decontaminate", "--isolation", "process", "--json")
+    return _trex(
+        "data",
+        "synth",
+        "--n",
+        "12",
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--shard-size",
+        "3",
+        "--workers",
+        str(workers),
+        "--no-progress",
+        "--no-decontaminate",
+        "--isolation",
+        "process",
+        "--json",
+    )
 
 
 def _synth_outputs(out: Path) -> dict[str, bytes]:
@@ -200,6 +230,7 @@ def test_an_aborted_run_raises_instead_of_returning_a_result(warm):
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.monotonic() + 30
+
         def running() -> bool:
             return bool(sandbox._in_flight or (sandbox._pool is not None and sandbox._pool._busy))
 

@@ -46,7 +46,12 @@ def test_optibench_keeps_named_quantities_ids_and_categories():
     first = benchmark.items[0]
     assert first.answer == Quantities((("The maximum profit you can get", 3600.0),))
     assert first.category == "linear-notable"
-    assert {item.category for item in benchmark.items} == {"linear-notable", "nonlinear-notable", "linear-table", "nonlinear-table"}
+    assert {item.category for item in benchmark.items} == {
+        "linear-notable",
+        "nonlinear-notable",
+        "linear-table",
+        "nonlinear-table",
+    }
 
 
 def test_jsonl_and_json_array_files_give_the_same_items_with_line_numbers(tmp_path):

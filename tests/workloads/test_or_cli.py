@@ -46,7 +46,9 @@ def test_json_report_has_the_documented_fields(capsys, predictions):
 
 def test_markdown_report_names_rule_and_version_and_is_written_to_out(capsys, predictions, tmp_path):
     out_dir = tmp_path / "run"
-    code, out, _ = run_cli(capsys, "--client", "replay", "--predictions", predictions, "--rule", "lenient", "--out", str(out_dir))
+    code, out, _ = run_cli(
+        capsys, "--client", "replay", "--predictions", predictions, "--rule", "lenient", "--out", str(out_dir)
+    )
     assert code == 0
     assert out.startswith("# predictions: pass@1 50.0% (lenient)")
     assert "sha256:" in out and "round both to integers" in out
@@ -60,7 +62,10 @@ def test_malformed_benchmark_fails_with_file_line_and_field(capsys, predictions,
     bench.write_text('{"question": "q0", "answer": 3}\n{"question": "q1", "answer": "three"}\n')
     code, _, err = run_cli(capsys, "--bench", str(bench), "--client", "replay", "--predictions", predictions)
     assert code == 2
-    assert err.strip() == f"trex eval: error: {bench}:2: field 'answer': 'three' is neither a number nor 'No Best Solution'"
+    assert (
+        err.strip()
+        == f"trex eval: error: {bench}:2: field 'answer': 'three' is neither a number nor 'No Best Solution'"
+    )
 
 
 def test_replay_needs_a_predictions_file(capsys):
@@ -78,7 +83,9 @@ def test_unreachable_server_fails_fast_with_the_url(capsys, predictions):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     started = time.monotonic()
-    code, _, err = run_cli(capsys, "--bench", predictions, "--client", "openai", "--base-url", f"http://127.0.0.1:{port}", "--model", "m")
+    code, _, err = run_cli(
+        capsys, "--bench", predictions, "--client", "openai", "--base-url", f"http://127.0.0.1:{port}", "--model", "m"
+    )
     assert code == 2
     assert f"cannot reach the model server at http://127.0.0.1:{port}/v1/models" in err
     assert time.monotonic() - started < 10
@@ -86,11 +93,29 @@ def test_unreachable_server_fails_fast_with_the_url(capsys, predictions):
 
 def test_openai_client_end_to_end_with_pass_at_k(capsys, tmp_path, fake_server):
     bench = write_jsonl(tmp_path / "bench.jsonl", [{"id": "a", "question": "Find 6 times 7.", "answer": 42}])
-    replies = iter(["```python\nprint('Optimal objective value: 42')\n```", "```python\nprint('Optimal objective value: 41')\n```"])
+    replies = iter(
+        ["```python\nprint('Optimal objective value: 42')\n```", "```python\nprint('Optimal objective value: 41')\n```"]
+    )
     server = fake_server(respond=lambda prompt: next(replies))
     code, out, err = run_cli(
-        capsys, "--bench", bench, "--client", "openai", "--base-url", server.url, "--model", "m",
-        "--samples", "2", "--k", "1,2", "--temperature", "0.7", "--concurrency", "1", "--json",
+        capsys,
+        "--bench",
+        bench,
+        "--client",
+        "openai",
+        "--base-url",
+        server.url,
+        "--model",
+        "m",
+        "--samples",
+        "2",
+        "--k",
+        "1,2",
+        "--temperature",
+        "0.7",
+        "--concurrency",
+        "1",
+        "--json",
     )
     assert code == 0, err
     report = json.loads(out)

@@ -8,15 +8,19 @@ import time
 
 import pytest
 
-from trex.workloads.or_eval import Item, Objective
-from trex.workloads.or_eval.replay_client import ReplayClient
 from trex.workloads.llm_clients import GenerationRequest, OpenAIClient
+from trex.workloads.or_eval import Item, Objective
 from trex.workloads.or_eval.errors import ClientError, DataFormatError
+from trex.workloads.or_eval.replay_client import ReplayClient
 
 
 def requests_for(count: int) -> list[GenerationRequest]:
     return [
-        GenerationRequest(item=Item(id=str(i), question=f"q{i}", answer=Objective(i), category="c", line=i + 1), sample=0, prompt=f"prompt {i}")
+        GenerationRequest(
+            item=Item(id=str(i), question=f"q{i}", answer=Objective(i), category="c", line=i + 1),
+            sample=0,
+            prompt=f"prompt {i}",
+        )
         for i in range(count)
     ]
 
@@ -129,8 +133,18 @@ def test_orlm_records_replay_their_program_and_carry_the_benchmark(tmp_path):
     path = write_jsonl(
         tmp_path / "x.executed.jsonl",
         [
-            {"en_question": "Q one", "en_answer": "3", "en_math_model_coptpy_code": "text", "to_run_script": "print(3)"},
-            {"en_question": "Q two", "en_answer": "No Best Solution", "en_math_model_coptpy_code": "text", "to_run_script": "print(0)"},
+            {
+                "en_question": "Q one",
+                "en_answer": "3",
+                "en_math_model_coptpy_code": "text",
+                "to_run_script": "print(3)",
+            },
+            {
+                "en_question": "Q two",
+                "en_answer": "No Best Solution",
+                "en_math_model_coptpy_code": "text",
+                "to_run_script": "print(0)",
+            },
         ],
     )
     client = ReplayClient(path)
@@ -162,13 +176,21 @@ def test_replay_matches_records_to_benchmark_items_by_question_text(tmp_path):
 
 
 def test_replay_refuses_conflicting_answers_for_one_question(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer": 1, "output": "a"}, {"question": "q", "answer": 2, "output": "b"}])
-    with pytest.raises(DataFormatError, match=r"p.jsonl:2: field 'answer': differs from the same question's answer at line 1"):
+    path = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"question": "q", "answer": 1, "output": "a"}, {"question": "q", "answer": 2, "output": "b"}],
+    )
+    with pytest.raises(
+        DataFormatError, match=r"p.jsonl:2: field 'answer': differs from the same question's answer at line 1"
+    ):
         ReplayClient(path).as_benchmark()
 
 
 def test_replay_names_the_line_of_a_non_text_output(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"question": "q", "answer": 1, "output": "a"}, {"question": "r", "answer": 1, "output": 5}])
+    path = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"question": "q", "answer": 1, "output": "a"}, {"question": "r", "answer": 1, "output": 5}],
+    )
     client = ReplayClient(path)
     benchmark = client.as_benchmark()
     with pytest.raises(DataFormatError, match=r"p.jsonl:2: field 'output': expected text, found int"):
@@ -195,9 +217,20 @@ def tiny_moe():
     tokenizer = character_tokenizer(words)
     torch.manual_seed(0)
     config = Qwen3MoeConfig(
-        vocab_size=len(words), hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_experts=4,
-        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        max_position_embeddings=256, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
     )
     return Qwen3MoeForCausalLM(config).eval(), tokenizer
 
@@ -209,7 +242,7 @@ def reference_tokens(model, tokenizer, prompt: str, new_tokens: int) -> list[int
     tokenizer.padding_side = "left"
     encoded = tokenizer([prompt], return_tensors="pt")
     generated = model.generate(**encoded, max_new_tokens=new_tokens, do_sample=False)
-    return generated[0, encoded["input_ids"].shape[1]:].tolist()
+    return generated[0, encoded["input_ids"].shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -217,7 +250,9 @@ def test_greedy_decoding_matches_transformers_generate(tiny_moe, use_cache):
     from trex.workloads.llm_clients.local import TransformersClient
 
     model, tokenizer = tiny_moe
-    client = TransformersClient("tiny", compile=False, model=model, tokenizer=tokenizer, max_new_tokens=10, use_cache=use_cache)
+    client = TransformersClient(
+        "tiny", compile=False, model=model, tokenizer=tokenizer, max_new_tokens=10, use_cache=use_cache
+    )
     assert client.generate_tokens(PROMPTS) == [reference_tokens(model, tokenizer, p, 10) for p in PROMPTS]
 
 
@@ -238,7 +273,16 @@ def test_sampling_is_reproducible_from_the_seed(tiny_moe):
     model, tokenizer = tiny_moe
 
     def sample(seed: int) -> list[list[int]]:
-        client = TransformersClient("tiny", compile=False, model=model, tokenizer=tokenizer, max_new_tokens=12, temperature=1.5, top_p=0.9, seed=seed)
+        client = TransformersClient(
+            "tiny",
+            compile=False,
+            model=model,
+            tokenizer=tokenizer,
+            max_new_tokens=12,
+            temperature=1.5,
+            top_p=0.9,
+            seed=seed,
+        )
         return client.generate_tokens(PROMPTS)
 
     assert sample(1) == sample(1)

@@ -12,6 +12,7 @@ import pytest
 from test_or_data_support import runner, tiny_lm_dir, verified  # noqa: F401 - fixtures
 from workload_helpers import FakeOpenAIServer
 
+from trex.workloads.llm_clients import OpenAIClient
 from trex.workloads.or_data.agreement import check_candidate
 from trex.workloads.or_data.dta import DtaPipeline
 from trex.workloads.or_data.judge import ClientJudge, JudgePanel, ProgrammaticJudge, Review
@@ -20,7 +21,6 @@ from trex.workloads.or_data.selection import SelectionPolicy, select, signal_of
 from trex.workloads.or_data.style import StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import build_task
 from trex.workloads.or_data.teachers import PROGRAMMATIC, Candidate, ClientTeacher, ProgrammaticTeacher, teacher_prompt
-from trex.workloads.llm_clients import OpenAIClient
 
 STYLE = StyleTemplate()
 
@@ -29,11 +29,25 @@ STYLE = StyleTemplate()
 def tasks(runner):
     """Two text-to-code tasks and one text-to-model task on verified instances."""
     made = []
-    for number, (family, category, variant) in enumerate((("production_planning", "text_to_code", "code"),
-                                                          ("blending", "text_to_code", "code"),
-                                                          ("knapsack", "text_to_model", "model"))):
+    for number, (family, category, variant) in enumerate(
+        (
+            ("production_planning", "text_to_code", "code"),
+            ("blending", "text_to_code", "code"),
+            ("knapsack", "text_to_model", "model"),
+        )
+    ):
         problem = verified(family, 30 + number, runner)
-        made.append(build_task(f"task-{number}", problem, category, variant, text_rng=random.Random(number), task_rng=random.Random(number), runner=runner))
+        made.append(
+            build_task(
+                f"task-{number}",
+                problem,
+                category,
+                variant,
+                text_rng=random.Random(number),
+                task_rng=random.Random(number),
+                runner=runner,
+            )
+        )
     return made
 
 
@@ -63,6 +77,7 @@ def responder(tasks, correct_ids):
             if task.prompt in prompt:
                 return free_form(task, correct=task.id in correct_ids)
         return "I do not know."
+
     return respond
 
 
@@ -82,7 +97,9 @@ def test_an_endpoint_teacher_is_rewritten_into_the_style_and_disagreement_is_kep
         decisions = DtaPipeline([ProgrammaticTeacher(STYLE), teacher], runner).run(tasks, rngs(tasks))
     finally:
         server.stop()
-    assert sorted(request["messages"][-1]["content"] for request in server.requests) == sorted(teacher_prompt(task) for task in tasks)
+    assert sorted(request["messages"][-1]["content"] for request in server.requests) == sorted(
+        teacher_prompt(task) for task in tasks
+    )
     right, wrong, lp_task = decisions
     # the model got it right: unanimous, and the model's own (rewritten) answer is emitted
     assert right.selection.signal == "unanimous" and right.selection.chosen == "openai-1"
@@ -124,7 +141,9 @@ def _tiny_teacher_decision(tasks, runner, tiny_lm_dir, *, compile: bool):
 
     client = TransformersClient(tiny_lm_dir, compile=compile, max_new_tokens=4 if compile else 12)
     assert client.identity()["compile"] is compile
-    decisions = DtaPipeline([ProgrammaticTeacher(STYLE), ClientTeacher("tiny", client)], runner).run(tasks[:1], rngs(tasks))
+    decisions = DtaPipeline([ProgrammaticTeacher(STYLE), ClientTeacher("tiny", client)], runner).run(
+        tasks[:1], rngs(tasks)
+    )
     tiny_check = next(check for check in decisions[0].checks if check.teacher == "tiny")
     assert tiny_check.failure.startswith("no_program")  # it answered, but random weights write no program
     assert tiny_check.reached is None and not tiny_check.correct
@@ -152,7 +171,13 @@ def test_without_any_passing_answer_the_task_is_dropped(tasks, runner):
 
 
 def test_the_reflection_judge_reads_the_verdict_and_fails_answers_without_one(tasks, runner):
-    replies = iter(["Looks right.\nVERDICT: PASS", "The capacity row is wrong.\nVERDICT: FAIL because of capacity", "no verdict here"])
+    replies = iter(
+        [
+            "Looks right.\nVERDICT: PASS",
+            "The capacity row is wrong.\nVERDICT: FAIL because of capacity",
+            "no verdict here",
+        ]
+    )
     server = FakeOpenAIServer(respond=lambda prompt: next(replies))
     try:
         judge = ClientJudge(OpenAIClient(server.url, "judge", concurrency=1))
@@ -206,10 +231,17 @@ def test_rewrite_keeps_the_teachers_substance_and_takes_decisions_from_its_run()
 
 
 def test_selection_signals_follow_the_agreement_of_passing_answers():
-    assert [signal_of(p) for p in ([True], [True, True], [True, False], [False, False])] == ["single", "unanimous", "contested", "unverified"]
+    assert [signal_of(p) for p in ([True], [True, True], [True, False], [False, False])] == [
+        "single",
+        "unanimous",
+        "contested",
+        "unverified",
+    ]
     chosen = select(["programmatic", "a", "b"], [True, False, True], SelectionPolicy(), random.Random(0))
     assert chosen.chosen == "b"  # model teachers before the programmatic one
-    preferred = select(["programmatic", "a", "b"], [True, True, True], SelectionPolicy(prefer=("programmatic",)), random.Random(0))
+    preferred = select(
+        ["programmatic", "a", "b"], [True, True, True], SelectionPolicy(prefer=("programmatic",)), random.Random(0)
+    )
     assert preferred.chosen == "programmatic"
     with pytest.raises(ValueError):
         SelectionPolicy(keep_unanimous=1.5)

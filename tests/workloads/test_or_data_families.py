@@ -21,8 +21,21 @@ NON_OPTIMAL = [(name, status) for name in NAMES for status in FAMILIES[name].sta
 
 
 def test_at_least_twelve_families_cover_the_issues_list():
-    required = {"production_planning", "blending", "transportation", "assignment", "knapsack", "facility_location", "set_covering",
-                "shift_scheduling", "machine_scheduling", "network_flow", "lot_sizing", "bin_packing", "resource_allocation"}
+    required = {
+        "production_planning",
+        "blending",
+        "transportation",
+        "assignment",
+        "knapsack",
+        "facility_location",
+        "set_covering",
+        "shift_scheduling",
+        "machine_scheduling",
+        "network_flow",
+        "lot_sizing",
+        "bin_packing",
+        "resource_allocation",
+    }
     assert required <= set(FAMILIES) and len(FAMILIES) >= 12
 
 
@@ -100,7 +113,9 @@ def test_structure_check_catches_a_model_that_quantifies_over_the_wrong_set(runn
     # "for every route" instead of "for every plant": the LP file has a supply row per plant
     problem = verified("transportation", 11, runner)
     supply = problem.math.constraints[0]
-    wrong = dataclasses.replace(problem.math, constraints=(dataclasses.replace(supply, over=("A",)), *problem.math.constraints[1:]))
+    wrong = dataclasses.replace(
+        problem.math, constraints=(dataclasses.replace(supply, over=("A",)), *problem.math.constraints[1:])
+    )
     result = check_structure(wrong, problem.model)
     assert not result.ok and "supply" in result.problems[0]
 
@@ -130,7 +145,10 @@ def test_generators_reach_the_status_they_are_built_for_across_seeds(name, statu
     from trex.workloads.or_data.solve import solve_model
 
     family = FAMILIES[name]
-    statuses = [solve_model(family.linear_model(family.generate(stream(seed, 0, f"sweep:{status}"), status).data)).status for seed in range(12)]
+    statuses = [
+        solve_model(family.linear_model(family.generate(stream(seed, 0, f"sweep:{status}"), status).data)).status
+        for seed in range(12)
+    ]
     assert statuses == [status] * 12
 
 

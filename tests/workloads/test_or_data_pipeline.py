@@ -58,7 +58,11 @@ def test_status_shares_follow_the_configuration():
     statuses = Counter(plan(config, index).status for index in range(3000))
     assert 0.08 < statuses["infeasible"] / 3000 < 0.12
     assert 0.035 < statuses["unbounded"] / 3000 < 0.065
-    assert all(plan(config, index).variant not in ("repair", "what_if") for index in range(3000) if plan(config, index).status != "optimal")
+    assert all(
+        plan(config, index).variant not in ("repair", "what_if")
+        for index in range(3000)
+        if plan(config, index).status != "optimal"
+    )
 
 
 def test_every_output_record_follows_the_schema_and_re_verifies(run_dir, runner):
@@ -175,10 +179,30 @@ def test_shard_files_appear_whole_and_leftovers_of_killed_writers_are_cleaned(tm
 
 
 def _synth(out: Path, workers: int, hash_seed: str) -> subprocess.Popen:
-    command = [sys.executable, "-c", "import sys; from trex.cli import main; sys.exit(main(sys.argv[1:]))", "data", "synth", "--n", "16", "--out", str(out), "--seed", "4",
-               "--shard-size", "3", "--workers", str(workers), "--no-progress", "--no-decontaminate", "--json"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from trex.cli import main; sys.exit(main(sys.argv[1:]))",
+        "data",
+        "synth",
+        "--n",
+        "16",
+        "--out",
+        str(out),
+        "--seed",
+        "4",
+        "--shard-size",
+        "3",
+        "--workers",
+        str(workers),
+        "--no-progress",
+        "--no-decontaminate",
+        "--json",
+    ]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -240,10 +264,16 @@ def test_a_config_travels_to_worker_processes_unchanged():
     from trex.workloads.or_data.selection import SelectionPolicy
 
     config = SynthConfig(
-        seed=5, families=("knapsack", "lot_sizing"), shard_size=7,
-        teachers=(PROGRAMMATIC_TEACHER, TeacherSpec("openai", "openai-1", {"base_url": "http://h:1", "model": "m", "api_key_env": "K"})),
+        seed=5,
+        families=("knapsack", "lot_sizing"),
+        shard_size=7,
+        teachers=(
+            PROGRAMMATIC_TEACHER,
+            TeacherSpec("openai", "openai-1", {"base_url": "http://h:1", "model": "m", "api_key_env": "K"}),
+        ),
         reflection=TeacherSpec("transformers", "reflection", {"model_path": "/models/judge"}),
-        policy=SelectionPolicy(keep_unanimous=0.25, prefer=("openai-1",)), isolation="process",
+        policy=SelectionPolicy(keep_unanimous=0.25, prefer=("openai-1",)),
+        isolation="process",
     )
     assert SynthConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     assert "isolation" not in config.identity()

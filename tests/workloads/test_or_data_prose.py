@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from trex.workloads.or_data.code_style import IMPORTS, MODEL_NAMES, REPORTS, CodeStyle, restyle
 from trex.workloads.or_data.config import SynthConfig
 from trex.workloads.or_data.diversity import code_style_key, overlap, skeleton
@@ -186,5 +187,8 @@ def test_merger_caps_how_often_a_prompt_skeleton_is_used():
 
 
 def test_agreement_leaves_a_capital_a_inside_a_name_alone():
-    assert agree("Terminal B, Terminal A and Pump Station 1 only pass oil on.") == "Terminal B, Terminal A and Pump Station 1 only pass oil on."
+    assert (
+        agree("Terminal B, Terminal A and Pump Station 1 only pass oil on.")
+        == "Terminal B, Terminal A and Pump Station 1 only pass oil on."
+    )
     assert agree("A analyzer runs. (A apple)") == "An analyzer runs. (An apple)"

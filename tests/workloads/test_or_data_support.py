@@ -47,8 +47,17 @@ def tiny_lm_dir(tmp_path_factory) -> Path:
     tokenizer = character_tokenizer(words)
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=8192, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=8192,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
     )
     directory = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(config).eval().save_pretrained(directory)

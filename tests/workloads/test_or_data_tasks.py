@@ -17,7 +17,9 @@ STYLE = StyleTemplate()
 
 
 def task_for(problem, category, variant, runner, seed=1):
-    return build_task("t", problem, category, variant, text_rng=random.Random(seed), task_rng=random.Random(seed + 1), runner=runner)
+    return build_task(
+        "t", problem, category, variant, text_rng=random.Random(seed), task_rng=random.Random(seed + 1), runner=runner
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,9 @@ def problem(runner):
 def test_every_variant_renders_its_reference_answer_in_the_students_layout(problem, runner, category, variant):
     task = task_for(problem, category, variant, runner)
     answer = STYLE.render(task.category, task.variant, task.reference)
-    assert [heading for heading in split_sections(answer) if heading] == STYLE.headings_of(task.category, task.variant, task.truth)
+    assert [heading for heading in split_sections(answer) if heading] == STYLE.headings_of(
+        task.category, task.variant, task.truth
+    )
     assert answer.rstrip().endswith(task.truth.marker_line())
     assert task.prompt.strip()
 
@@ -83,7 +87,7 @@ def test_variants_that_need_an_optimum_fall_back_on_infeasible_instances(runner)
     assert task_for(problem, "solve_analyze", "what_if", runner).fallback == "what_if->decision"
 
 
-PROGRAM = '''from pyscipopt import Model, quicksum
+PROGRAM = """from pyscipopt import Model, quicksum
 
 # Data
 items = ['a', 'b']
@@ -109,10 +113,13 @@ model.setObjective(quicksum(value[i] * pick[i] for i in items) + extra, sense="m
 
 model.hideOutput()
 model.optimize()
-'''
+"""
 
 
-MODELLING_BUGS = ("wrong_big_m", "missing_linking")  # need a big-M or a linking constraint; tested on family programs below
+MODELLING_BUGS = (
+    "wrong_big_m",
+    "missing_linking",
+)  # need a big-M or a linking constraint; tested on family programs below
 
 
 @pytest.mark.parametrize("kind", [kind for kind in BUG_KINDS if kind not in MODELLING_BUGS])
@@ -128,14 +135,17 @@ def test_each_bug_kind_makes_the_mistake_its_name_says(kind):
         "objective_sense": lambda: any('sense="minimize"' in line for line in changed),
         "relaxed_integrality": lambda: any('vtype="C"' in line for line in changed),
         "swapped_indices": lambda: any("size[i, d]" in line for line in changed),
-        "dropped_objective_term": lambda: any("setObjective" in line and "+ extra" not in line for line in changed) or any("setObjective(extra" in line for line in changed),
+        "dropped_objective_term": lambda: (
+            any("setObjective" in line and "+ extra" not in line for line in changed)
+            or any("setObjective(extra" in line for line in changed)
+        ),
         "missing_optimize": lambda: "model.optimize()" in removed,
     }[kind]
     assert expected(), (kind, changed, removed)
     assert diagnosis.strip()
 
 
-REDUNDANT = '''from pyscipopt import Model, quicksum
+REDUNDANT = """from pyscipopt import Model, quicksum
 
 # Data
 limit = 100
@@ -155,7 +165,7 @@ model.hideOutput()
 model.optimize()
 status = model.getStatus()
 print(f"Optimal objective value: {model.getObjVal():.10g}" if status == "optimal" else f"Optimal objective value: {status}")
-'''
+"""
 
 
 def test_a_mutation_that_does_not_change_the_result_is_not_counted_as_a_bug(runner):
@@ -171,7 +181,10 @@ def test_what_if_answer_shows_both_plans_and_a_reason(problem, runner):
     analysis = task.reference.analysis
     assert "Original optimal plan" in analysis and "Optimal plan after the change" in analysis
     assert problem.decisions()[0] in analysis and task.target.decisions()[0] in analysis
-    assert any(word in analysis for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan"))
+    assert any(
+        word in analysis
+        for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan")
+    )
 
 
 def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):
@@ -184,7 +197,11 @@ def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):
 def test_lp_input_translate_and_decisions_in_code_answers(problem, runner):
     sources = {task_for(problem, "model_to_code", "translate", runner, seed=seed).source for seed in range(12)}
     assert sources == {"", "lp"}
-    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    lp_task = next(
+        t
+        for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12))
+        if t.source == "lp"
+    )
     assert "```lp" in lp_task.prompt and lp_task.inputs == ("lp",)
     answer = STYLE.render("text_to_code", "code", task_for(problem, "text_to_code", "code", runner).reference)
     assert "## Optimal decision" in answer
@@ -203,17 +220,33 @@ def test_modelling_bugs_break_the_big_m_and_the_linking(problem, runner):
 
     lines = problem.program.rstrip("\n").split("\n")
     buggy, diagnosis = MUTATIONS["missing_linking"](lines, random.Random(0))
-    assert "capacity[s] * is_open[s]" in problem.program and "capacity[s] * is_open[s]" not in buggy and "linked" in diagnosis
+    assert (
+        "capacity[s] * is_open[s]" in problem.program
+        and "capacity[s] * is_open[s]" not in buggy
+        and "linked" in diagnosis
+    )
     bug = inject_bug(problem.program, problem.outcome, random.Random(0), runner, kinds=("missing_linking",))
-    assert bug is not None and bug.kind == "missing_linking"  # without the link, closed sites serve for free: the cost falls
+    assert (
+        bug is not None and bug.kind == "missing_linking"
+    )  # without the link, closed sites serve for free: the cost falls
     family = FAMILIES["machine_scheduling"]
-    program = next(p for p in (family.program(family.generate(stream(seed, 0, "data"), "optimal").data) for seed in range(40)) if "big_m = " in p)
+    program = next(
+        p
+        for p in (family.program(family.generate(stream(seed, 0, "data"), "optimal").data) for seed in range(40))
+        if "big_m = " in p
+    )
     buggy, diagnosis = MUTATIONS["wrong_big_m"](program.split("\n"), random.Random(0))
     assert "big_m = max(duration.values())" in buggy and "latest possible completion" in diagnosis
 
 
 def test_lp_input_answer_reads_the_model_from_the_lp_file(problem, runner):
-    lp_task = next(t for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12)) if t.source == "lp")
+    lp_task = next(
+        t
+        for t in (task_for(problem, "model_to_code", "translate", runner, seed=s) for s in range(12))
+        if t.source == "lp"
+    )
     reasoning = lp_task.reference.reasoning
-    assert "`open`" in reasoning and "`serve`" in reasoning and "`capacity`" in reasoning and "mixed-integer" in reasoning
+    assert (
+        "`open`" in reasoning and "`serve`" in reasoning and "`capacity`" in reasoning and "mixed-integer" in reasoning
+    )
     assert "warehouse" not in reasoning  # story words the LP file does not give

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from trex.workloads.or_eval import Item, NoSolution, Objective, Quantities, Rule, is_correct
 from trex.workloads.llm_clients import Completion
+from trex.workloads.or_eval import Item, NoSolution, Objective, Quantities, Rule, is_correct
 from trex.workloads.or_eval.execute import MISSING_PREDICTION, NO_ANSWER, NO_OBJECTIVE, NO_PROGRAM, evaluate_completion
 from trex.workloads.or_eval.prompts import FORMS, build_prompt
 
-ITEM = Item(id="1", question="Maximize 3x + 2y subject to x + 2y <= 12, x <= 10 integer, y <= 4.5.", answer=Objective(32.0), category="c", line=1)
+ITEM = Item(
+    id="1",
+    question="Maximize 3x + 2y subject to x + 2y <= 12, x <= 10 integer, y <= 4.5.",
+    answer=Objective(32.0),
+    category="c",
+    line=1,
+)
 LP_OUTPUT = """Here is the model.
 ```lp
 Maximize
@@ -59,19 +65,31 @@ def test_outputs_without_a_program_or_objective_fail_with_their_own_kinds(sandbo
 
 
 def test_a_stored_program_takes_precedence_over_the_output_text(sandboxes):
-    completion = Completion(key="1#0", text="```python\nprint('Optimal objective value: 1')\n```", program="print('Optimal objective value: 32')")
+    completion = Completion(
+        key="1#0",
+        text="```python\nprint('Optimal objective value: 1')\n```",
+        program="print('Optimal objective value: 32')",
+    )
     assert run(sandboxes, completion, "coptpy").prediction.objective == 32.0
 
 
 def test_named_quantities_are_read_from_printed_lines(sandboxes):
-    item = Item(id="q", question="q", answer=Quantities((("Total profit", 655.0), ("Number of cars", 3.0))), category="c", line=1)
+    item = Item(
+        id="q",
+        question="q",
+        answer=Quantities((("Total profit", 655.0), ("Number of cars", 3.0))),
+        category="c",
+        line=1,
+    )
     program = "print('Number of cars: 3')\nprint('Total profit: 655.00')\nprint('Optimal objective value: 655')"
     result = run(sandboxes, Completion(key="q#0", text=None, program=program), "pyscipopt", item)
     assert is_correct(result.prediction, item.answer, Rule.STRICT)
 
 
 def test_infeasible_programs_answer_no_best_solution(sandboxes):
-    program = "import pyscipopt\nm = pyscipopt.Model(); m.hideOutput()\nx = m.addVar(lb=0); m.addCons(x <= -1); m.optimize()"
+    program = (
+        "import pyscipopt\nm = pyscipopt.Model(); m.hideOutput()\nx = m.addVar(lb=0); m.addCons(x <= -1); m.optimize()"
+    )
     item = Item(id="n", question="q", answer=NoSolution(), category="c", line=1)
     result = run(sandboxes, Completion(key="n#0", text=None, program=program), "pyscipopt", item)
     assert result.prediction.no_solution

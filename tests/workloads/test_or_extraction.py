@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from workload_helpers import ORLM_DIR, requires_data
 from hypothesis import given
 from hypothesis import strategies as st
+from workload_helpers import ORLM_DIR, requires_data
 
 from trex.workloads.or_eval.extraction import (
     extract_code,
@@ -98,7 +98,9 @@ def test_marker_line_beats_the_solver_record():
 
 def test_orlm_markers_are_read():
     assert prediction_from_run("Just print the best solution: 1160.0\n", []).objective == 1160.0
-    no_best = prediction_from_run("No optimal solution found.\nNo Best Solution\n", [SolveRecord("coptpy", "optimal", 3.0)])
+    no_best = prediction_from_run(
+        "No optimal solution found.\nNo Best Solution\n", [SolveRecord("coptpy", "optimal", 3.0)]
+    )
     assert no_best.no_solution and no_best.objective is None
 
 
@@ -121,7 +123,10 @@ def test_printed_objective_is_the_last_resort():
 
 
 def test_labelled_numbers_keep_the_last_value_of_each_label():
-    assert labelled_numbers("Total profit: 5\nx: y\nTotal profit: 655.0\nCars = 3\n") == {"Total profit": 655.0, "Cars": 3.0}
+    assert labelled_numbers("Total profit: 5\nx: y\nTotal profit: 655.0\nCars = 3\n") == {
+        "Total profit": 655.0,
+        "Cars": 3.0,
+    }
 
 
 @requires_data

@@ -22,7 +22,9 @@ from trex.workloads.sandbox import Limits, Sandbox
 
 pytestmark = [
     requires_data,
-    pytest.mark.skipif(importlib.util.find_spec("coptpy") is None, reason="ORLM's programs need coptpy (pip install coptpy==8.0.7)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("coptpy") is None, reason="ORLM's programs need coptpy (pip install coptpy==8.0.7)"
+    ),
 ]
 
 PUBLISHED = {  # file -> {rule: pass@1 in percent}
@@ -75,10 +77,16 @@ def test_rerun_programs_agree_with_orlms_recorded_results_item_by_item(tmp_path,
         elif reference == "No Best Solution":
             agree += prediction is not None and prediction.no_solution
         else:
-            agree += prediction is not None and prediction.objective is not None and values_match(prediction.objective, float(reference), Rule.STRICT)
+            agree += (
+                prediction is not None
+                and prediction.objective is not None
+                and values_match(prediction.objective, float(reference), Rule.STRICT)
+            )
     assert agree >= 0.95 * len(recorded), f"{agree} of {len(recorded)} programs reproduce ORLM's recorded result"
     for rule in Rule:
-        assert build_report(run, rule).pass_at_1 * 100 == pytest.approx(recorded_score(path, rule), abs=100 / len(recorded) + 1e-9)
+        assert build_report(run, rule).pass_at_1 * 100 == pytest.approx(
+            recorded_score(path, rule), abs=100 / len(recorded) + 1e-9
+        )
 
 
 def test_orlm_answers_are_objectives():

@@ -12,10 +12,10 @@ import time
 import pytest
 from workload_helpers import FAST_LIMITS
 
-from trex.workloads.or_eval import Rule, build_report, evaluate
-from trex.workloads.or_eval.replay_client import ReplayClient
 from trex.workloads.llm_clients import OpenAIClient
+from trex.workloads.or_eval import Rule, build_report, evaluate
 from trex.workloads.or_eval.errors import ClientError, RunStateError
+from trex.workloads.or_eval.replay_client import ReplayClient
 from trex.workloads.sandbox import Sandbox
 
 HOSTILE = {
@@ -41,7 +41,12 @@ def test_hostile_programs_fail_with_their_kind_and_the_run_goes_on(tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["trex"].__file__)))
     programs = [("print('Optimal objective value: 10')", 10)]
     programs += [(source.format(repo=repo), 1) for source, _ in HOSTILE.values()]
-    programs += [("import pyscipopt\nm = pyscipopt.Model(); m.hideOutput()\nx = m.addVar(ub=4); m.setObjective(x, 'maximize'); m.optimize()", 4)]
+    programs += [
+        (
+            "import pyscipopt\nm = pyscipopt.Model(); m.hideOutput()\nx = m.addVar(ub=4); m.setObjective(x, 'maximize'); m.optimize()",
+            4,
+        )
+    ]
     client = ReplayClient(replay_file(tmp_path / "hostile.jsonl", programs))
     benchmark = client.as_benchmark()
     with Sandbox(FAST_LIMITS) as sandbox:
@@ -56,18 +61,38 @@ def test_hostile_programs_fail_with_their_kind_and_the_run_goes_on(tmp_path):
 
 def slow_programs(count: int) -> list[tuple[str, object]]:
     """Programs that take a moment each, half of them right (answer i) and half wrong."""
-    return [(f"import time\ntime.sleep(0.3)\nprint('Optimal objective value: {i}')", i if i % 2 == 0 else i + 1) for i in range(count)]
+    return [
+        (f"import time\ntime.sleep(0.3)\nprint('Optimal objective value: {i}')", i if i % 2 == 0 else i + 1)
+        for i in range(count)
+    ]
 
 
 def test_a_killed_run_loses_nothing_and_the_rerun_finishes_the_rest(tmp_path):
     predictions = replay_file(tmp_path / "slow.jsonl", slow_programs(24))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "trex", "eval", "--client", "replay", "--predictions", predictions,
-               "--out", str(out), "--workers", "2", "--no-progress", "--isolation", "process"]
+    command = [
+        sys.executable,
+        "-m",
+        "trex",
+        "eval",
+        "--client",
+        "replay",
+        "--predictions",
+        predictions,
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--no-progress",
+        "--isolation",
+        "process",
+    ]
     scratch = tmp_path / "scratch"  # the killed evaluator cannot remove its sandbox directory
     scratch.mkdir()
     environment = {**os.environ, "TMPDIR": str(scratch)}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=environment)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=environment
+    )
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from trex.workloads.or_eval import NoSolution, Objective, Prediction, Quantities, Rule, is_correct, pass_at_k, values_match
+from trex.workloads.or_eval import (
+    NoSolution,
+    Objective,
+    Prediction,
+    Quantities,
+    Rule,
+    is_correct,
+    pass_at_k,
+    values_match,
+)
 
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 
@@ -82,7 +91,10 @@ def test_named_quantities_must_all_be_present_and_match():
     assert not is_correct(Prediction(quantities={**printed, "total profit": 600.0}), answer, Rule.STRICT)
 
 
-@pytest.mark.parametrize("n, c, k, expected", [(1, 1, 1, 1.0), (1, 0, 1, 0.0), (8, 2, 1, 0.25), (4, 1, 2, 0.5), (5, 0, 3, 0.0), (5, 3, 3, 1.0)])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [(1, 1, 1, 1.0), (1, 0, 1, 0.0), (8, 2, 1, 0.25), (4, 1, 2, 0.5), (5, 0, 3, 0.0), (5, 3, 3, 1.0)],
+)
 def test_pass_at_k_examples(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 

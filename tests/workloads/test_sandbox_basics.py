@@ -7,9 +7,9 @@ import os
 import signal
 
 import pytest
-from workload_helpers import ISOLATIONS
 from hypothesis import given
 from hypothesis import strategies as st
+from workload_helpers import ISOLATIONS
 
 from trex.workloads.sandbox import FailureKind, Limits, Sandbox, SandboxConfigError
 from trex.workloads.sandbox.execution import RawOutcome, classify
@@ -79,7 +79,10 @@ def test_recorder_reports_the_optimal_objective_of_each_solver_api(sandboxes, ap
 @pytest.mark.parametrize(
     "program, api",
     [
-        ("import pyscipopt as ps\nm = ps.Model(); m.hideOutput(); x = m.addVar(lb=0); m.addCons(x <= -1); m.optimize()", "pyscipopt"),
+        (
+            "import pyscipopt as ps\nm = ps.Model(); m.hideOutput(); x = m.addVar(lb=0); m.addCons(x <= -1); m.optimize()",
+            "pyscipopt",
+        ),
         (
             "import coptpy as cp\nm = cp.Envr().createModel(); m.setParam('Logging', 0)\n"
             "x = m.addVar(lb=0); m.addConstr(x <= -1); m.setObjective(x); m.solve()",
@@ -177,7 +180,17 @@ def test_os_isolation_refused_with_the_reason_when_unavailable():
 
 
 def _raw(**overrides) -> RawOutcome:
-    values = dict(timed_out=False, exit_code=0, signal=None, cpu_s=0.1, stderr="", events=[], setup_error=None, limits_cpu_s=10, limits_memory_bytes=1 << 30)
+    values = dict(
+        timed_out=False,
+        exit_code=0,
+        signal=None,
+        cpu_s=0.1,
+        stderr="",
+        events=[],
+        setup_error=None,
+        limits_cpu_s=10,
+        limits_memory_bytes=1 << 30,
+    )
     values.update(overrides)
     return RawOutcome(**values)
 
@@ -229,8 +242,11 @@ def as_path(parts: list[str]) -> str:
 def test_policy_longest_matching_rule_decides(allow, deny, query):
     policy = PathPolicy(read_allow=(as_path(allow),), read_deny=(as_path(deny),))
     path = as_path(query)
-    matches = [(len(rule), verdict) for rule, verdict in ((as_path(allow), True), (as_path(deny), False))
-               if path == rule or path.startswith(rule + "/")]
+    matches = [
+        (len(rule), verdict)
+        for rule, verdict in ((as_path(allow), True), (as_path(deny), False))
+        if path == rule or path.startswith(rule + "/")
+    ]
     expected = max(matches, key=lambda match: (match[0], not match[1]))[1] if matches else False
     assert policy.may_read(path) is expected
 

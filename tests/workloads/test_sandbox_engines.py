@@ -46,8 +46,11 @@ def test_os_is_still_accepted_as_the_name_of_namespaces():
     [
         ("import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)\n", "socket"),
         ("import os\nos.setsid()\n", "setsid"),
-        ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nif libc.unshare(0x40000000) != 0:\n"
-         "    raise OSError(ctypes.get_errno(), 'unshare')\n", "unshare"),
+        (
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nif libc.unshare(0x40000000) != 0:\n"
+            "    raise OSError(ctypes.get_errno(), 'unshare')\n",
+            "unshare",
+        ),
     ],
     ids=["socket", "setsid", "unshare"],
 )
@@ -239,8 +242,14 @@ def _as_unprivileged_user(command: list[str]) -> list[str]:
                 argv += ["--perms", "0755", "--tmpfs", ancestor, *_traversable_parents(path, made)]
                 argv += ["--ro-bind", path, path]
                 break
-    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-               "--bounding-set=-all"]
+    setpriv = [
+        "setpriv",
+        f"--reuid={NOBODY}",
+        f"--regid={NOBODY}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ]
     return [*argv, "--setenv", "HOME", "/tmp", "--", *setpriv, *command]
 
 

@@ -39,7 +39,9 @@ def marked_sandbox(isolation: str, **options) -> tuple[Sandbox, bytes]:
     """A sandbox whose programs carry a unique environment entry, to find what they leave behind
     (other tests may run sandboxes at the same time)."""
     mark = uuid.uuid4().hex
-    return Sandbox(FAST_LIMITS, isolation=isolation, env={"TREX_TEST_MARK": mark}, **options), f"TREX_TEST_MARK={mark}".encode()
+    return Sandbox(
+        FAST_LIMITS, isolation=isolation, env={"TREX_TEST_MARK": mark}, **options
+    ), f"TREX_TEST_MARK={mark}".encode()
 
 
 def processes_left(mark: bytes) -> list[int]:
@@ -101,7 +103,9 @@ class TestHostilePrograms:
         sandbox = sandboxes(isolation)
         execution = sandbox.run("while True:\n    pass\n")
         assert execution.failure is FailureKind.CPU_LIMIT, execution.detail
-        assert execution.wall_s < FAST_LIMITS.wall_s  # the CPU limit stopped it, not the wall clock (no timing: shared cores)
+        assert (
+            execution.wall_s < FAST_LIMITS.wall_s
+        )  # the CPU limit stopped it, not the wall clock (no timing: shared cores)
         assert_still_works(sandbox)
 
     def test_fork_storm_is_refused_and_leaves_no_process(self, isolation):
@@ -156,7 +160,9 @@ class TestHostilePrograms:
         answers = tmp_path / "answers.json"
         answers.write_text('{"answer": "SECRET-4242"}')
         with Sandbox(FAST_LIMITS, isolation=isolation, hide=[tmp_path]) as sandbox:
-            execution = sandbox.run(f"import os\nprint(os.listdir({str(tmp_path)!r}))\nprint(open({str(answers)!r}).read())\n")
+            execution = sandbox.run(
+                f"import os\nprint(os.listdir({str(tmp_path)!r}))\nprint(open({str(answers)!r}).read())\n"
+            )
         assert execution.failure is FailureKind.FILE_DENIED, execution.detail
         assert "SECRET-4242" not in execution.stdout + execution.stderr
         assert "answers.json" not in execution.stdout
@@ -237,8 +243,11 @@ class TestKernelAlone:
         assert execution.ok, execution.detail
         listing, exists = execution.stdout.splitlines()
         # its own base, and the way to the interpreter when that lives under /tmp (a checkout in /tmp)
-        interpreter = {Path(p).resolve().relative_to("/tmp").parts[0] for p in (sys.prefix, sys.base_prefix, sys.executable)
-                       if Path(p).resolve().is_relative_to("/tmp")}
+        interpreter = {
+            Path(p).resolve().relative_to("/tmp").parts[0]
+            for p in (sys.prefix, sys.base_prefix, sys.executable)
+            if Path(p).resolve().is_relative_to("/tmp")
+        }
         entries = ast.literal_eval(listing)
         own = [e for e in entries if e.startswith("trex-sandbox-")]
         assert len(own) == 1 and set(entries) - set(own) <= interpreter, entries
@@ -253,7 +262,9 @@ class TestKernelAlone:
     def test_signals_cannot_reach_outside_the_sandbox(self, bare):
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         try:
-            execution = bare.run(f"import os, signal\nos.kill({sleeper.pid}, signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)")
+            execution = bare.run(
+                f"import os, signal\nos.kill({sleeper.pid}, signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)"
+            )
             assert not execution.ok
             assert sleeper.poll() is None  # still running
         finally:
@@ -261,7 +272,9 @@ class TestKernelAlone:
             sleeper.wait()
 
     def test_program_runs_under_its_own_uid_and_sees_only_its_processes(self, bare):
-        execution = bare.run("import os\nprint(os.getuid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+        execution = bare.run(
+            "import os\nprint(os.getuid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+        )
         assert execution.ok, execution.detail
         uid, pids = execution.stdout.split(" ", 1)
         assert int(uid) >= UID_BASE

@@ -37,7 +37,9 @@ def _os_isolation_reason() -> str | None:
 
 
 OS_UNAVAILABLE = _os_isolation_reason()
-requires_os_isolation = pytest.mark.skipif(OS_UNAVAILABLE is not None, reason=f"namespaces isolation unavailable: {OS_UNAVAILABLE}")
+requires_os_isolation = pytest.mark.skipif(
+    OS_UNAVAILABLE is not None, reason=f"namespaces isolation unavailable: {OS_UNAVAILABLE}"
+)
 requires_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason=f"benchmark data not found at {DATA_DIR}")
 
 
@@ -50,7 +52,9 @@ def _bwrap_reason() -> str | None:
 
 
 BWRAP_UNAVAILABLE = _bwrap_reason()
-requires_bwrap = pytest.mark.skipif(BWRAP_UNAVAILABLE is not None, reason=f"bwrap isolation unavailable: {BWRAP_UNAVAILABLE}")
+requires_bwrap = pytest.mark.skipif(
+    BWRAP_UNAVAILABLE is not None, reason=f"bwrap isolation unavailable: {BWRAP_UNAVAILABLE}"
+)
 
 ISOLATIONS = [
     pytest.param("bwrap", marks=requires_bwrap),
@@ -169,4 +173,6 @@ def character_tokenizer(words: list[str]):
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )

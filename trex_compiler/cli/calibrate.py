@@ -14,10 +14,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run microbenchmarks on this machine and write the cpu profile (TOML, or JSON by suffix). "
         "Afterwards --cluster cpu, target='cpu' and trex.explain(..., target='cpu') use the measurements.",
     )
-    parser.add_argument("--out", help="where to write the profile (default: $TREX_CACHE_DIR/cpu.toml or ~/.cache/trex/cpu.toml)")
-    parser.add_argument("--fast", action="store_true", help="small sizes and few repetitions (a few seconds; for tests)")
-    parser.add_argument("--no-collectives", action="store_true", help="skip the gloo collective benchmarks (no subprocesses)")
-    parser.add_argument("--threads", type=int, help="intra-op threads to measure with (default: torch's current setting)")
+    parser.add_argument(
+        "--out", help="where to write the profile (default: $TREX_CACHE_DIR/cpu.toml or ~/.cache/trex/cpu.toml)"
+    )
+    parser.add_argument(
+        "--fast", action="store_true", help="small sizes and few repetitions (a few seconds; for tests)"
+    )
+    parser.add_argument(
+        "--no-collectives", action="store_true", help="skip the gloo collective benchmarks (no subprocesses)"
+    )
+    parser.add_argument(
+        "--threads", type=int, help="intra-op threads to measure with (default: torch's current setting)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -51,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("element-wise arithmetic", f"{profile.vector_flops() / 1e9:.1f} GFLOP/s")
     for kind, micros in sorted(profile.op_overhead_us.items()):
         table.add_row(f"per-call overhead {kind}", f"{micros:.2f} us")
-    table.add_row("attention efficiency fwd / bwd", f"{profile.attention.forward_efficiency:.3f} / {profile.attention.backward_efficiency:.3f}")
+    table.add_row(
+        "attention efficiency fwd / bwd",
+        f"{profile.attention.forward_efficiency:.3f} / {profile.attention.backward_efficiency:.3f}",
+    )
     if result.collectives:
         table.add_row("gloo latency", f"{tier.latency_us:.1f} us")
         table.add_row("gloo bandwidth", f"{tier.bandwidth_gbs:.2f} GB/s")

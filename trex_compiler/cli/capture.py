@@ -26,16 +26,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", metavar="MODEL", nargs="?", help="built-in name (see --list), tiny-<family>, or a path to a transformers config.json")
-    parser.add_argument("--meta", action="store_true", help="build on the meta device and capture one graph per distinct layer kind")
-    parser.add_argument("--dump", metavar="DIR", type=Path, help="write every graph after every pass, and the decisions, here")
-    parser.add_argument("--seq", type=int, default=4096, help="sequence length of the captured step (default 4096 with --meta, 16 otherwise)")
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?",
+        help="built-in name (see --list), tiny-<family>, or a path to a transformers config.json",
+    )
+    parser.add_argument(
+        "--meta", action="store_true", help="build on the meta device and capture one graph per distinct layer kind"
+    )
+    parser.add_argument(
+        "--dump", metavar="DIR", type=Path, help="write every graph after every pass, and the decisions, here"
+    )
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=4096,
+        help="sequence length of the captured step (default 4096 with --meta, 16 otherwise)",
+    )
     parser.add_argument("--batch", type=int, default=1, help="micro-batch size of the captured step (default 1)")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="parameter dtype (default bfloat16)")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="parameter dtype (default bfloat16)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--list", action="store_true", help="list the built-in model names and exit")
-    parser.add_argument("--fallback", choices=("eager",), help="without --meta: run a model with graph breaks region by region instead of failing")
-    parser.add_argument("--allow-dense", action="store_true", help="capture a model without mixture-of-experts layers anyway")
+    parser.add_argument(
+        "--fallback",
+        choices=("eager",),
+        help="without --meta: run a model with graph breaks region by region instead of failing",
+    )
+    parser.add_argument(
+        "--allow-dense", action="store_true", help="capture a model without mixture-of-experts layers anyway"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(run=run)
 
@@ -46,11 +68,17 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name in model_names():
             entry = MODELS.get(name)
-            kind = "tiny, random init" if name.startswith(TINY_PREFIX) else ("capture with --meta" if entry.capturable else "priced only")
+            kind = (
+                "tiny, random init"
+                if name.startswith(TINY_PREFIX)
+                else ("capture with --meta" if entry.capturable else "priced only")
+            )
             print(f"{name:20} {kind}")
         return 0
     if args.model is None:
-        raise TrexError("name a MODEL to capture (a built-in name, tiny-<family> or a config.json); `trex capture --list` lists the names")
+        raise TrexError(
+            "name a MODEL to capture (a built-in name, tiny-<family> or a config.json); `trex capture --list` lists the names"
+        )
     if args.seq <= 0 or args.batch <= 0:
         raise TrexError(f"--seq and --batch must be positive (got --seq {args.seq}, --batch {args.batch})")
     if args.dump is not None:
@@ -77,8 +105,10 @@ def _check_moe(args: argparse.Namespace) -> None:
     load_config(name)  # unknown names, unknown or priced-only model types are refused with what works
     data = read_config_dict(name)
     if not is_moe_config(data) and not args.allow_dense:
-        raise TrexError(f"{name}: model_type {data['model_type']!r} has no mixture-of-experts layers (none of n_routed_experts, num_experts, "
-                        "num_local_experts is set); trex's capture is built for MoE models. Pass --allow-dense to capture it anyway")
+        raise TrexError(
+            f"{name}: model_type {data['model_type']!r} has no mixture-of-experts layers (none of n_routed_experts, num_experts, "
+            "num_local_experts is set); trex's capture is built for MoE models. Pass --allow-dense to capture it anyway"
+        )
 
 
 def _run_meta(args: argparse.Namespace) -> int:
@@ -87,7 +117,9 @@ def _run_meta(args: argparse.Namespace) -> int:
     from trex.meta_capture import ENDS, capture_model
 
     args.say(f"capturing {args.model} on the meta device, one graph per distinct layer kind")
-    capture = capture_model(args.model, batch=args.batch, seq=args.seq, dtype=getattr(torch, args.dtype), dump_dir=args.dump)
+    capture = capture_model(
+        args.model, batch=args.batch, seq=args.seq, dtype=getattr(torch, args.dtype), dump_dir=args.dump
+    )
     if args.json:
         print(json.dumps(_meta_json(capture), indent=2))
         return 0
@@ -95,8 +127,20 @@ def _run_meta(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(width=None if sys.stdout.isatty() else 200)  # pipes and logs keep whole rows
-    table = Table(title=f"{capture.model}: {capture.num_layers} decoder layers in {sum(k.name != ENDS for k in capture.kinds)} kinds (batch {capture.batch}, seq {capture.seq}, {args.dtype}, meta device)")
-    for column in ("layer kind", "count", "layers", "dynamo nodes", "joint nodes", "fwd / bwd nodes", "params / layer", "active / layer", "capture s"):
+    table = Table(
+        title=f"{capture.model}: {capture.num_layers} decoder layers in {sum(k.name != ENDS for k in capture.kinds)} kinds (batch {capture.batch}, seq {capture.seq}, {args.dtype}, meta device)"
+    )
+    for column in (
+        "layer kind",
+        "count",
+        "layers",
+        "dynamo nodes",
+        "joint nodes",
+        "fwd / bwd nodes",
+        "params / layer",
+        "active / layer",
+        "capture s",
+    ):
         table.add_column(column, justify="left" if column in ("layer kind", "layers") else "right")
     for kind in capture.kinds:
         nodes = kind.node_counts()
@@ -112,8 +156,12 @@ def _run_meta(args: argparse.Namespace) -> int:
             f"{kind.seconds:.1f}",
         )
     console.print(table)
-    console.print(f"total parameters {_billions(capture.total_params)}, active per token {_billions(capture.active_params)}")
-    console.print(f"time: build {capture.seconds['build']:.1f} s, meta run {capture.seconds['meta_run']:.1f} s, capture {capture.seconds['capture']:.1f} s, total {capture.seconds['total']:.1f} s")
+    console.print(
+        f"total parameters {_billions(capture.total_params)}, active per token {_billions(capture.active_params)}"
+    )
+    console.print(
+        f"time: build {capture.seconds['build']:.1f} s, meta run {capture.seconds['meta_run']:.1f} s, capture {capture.seconds['capture']:.1f} s, total {capture.seconds['total']:.1f} s"
+    )
     if args.dump:
         console.print(f"dumps written to {args.dump.resolve()}")
     return 0
@@ -129,7 +177,15 @@ def _meta_json(capture) -> dict:
         "num_layers": capture.num_layers,
         "seconds": capture.seconds,
         "kinds": [
-            {"name": k.name, "count": k.count, "layers": k.layer_indices, "nodes": k.node_counts(), "params_per_layer": k.params_per_layer, "active_params_per_layer": k.active_params_per_layer, "seconds": k.seconds}
+            {
+                "name": k.name,
+                "count": k.count,
+                "layers": k.layer_indices,
+                "nodes": k.node_counts(),
+                "params_per_layer": k.params_per_layer,
+                "active_params_per_layer": k.active_params_per_layer,
+                "seconds": k.seconds,
+            }
             for k in capture.kinds
         ],
     }
@@ -163,22 +219,45 @@ def _run_materialized(args: argparse.Namespace) -> int:
     try:
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
     except trex.CaptureError as error:
-        raise TrexError(f"{error}\ntrex captures whole the MoE families it is tested on ({', '.join(TESTED_FAMILIES)}); "
-                        f"run this model region by region with `trex capture {args.model} --fallback eager`") from None
+        raise TrexError(
+            f"{error}\ntrex captures whole the MoE families it is tested on ({', '.join(TESTED_FAMILIES)}); "
+            f"run this model region by region with `trex capture {args.model} --fallback eager`"
+        ) from None
     loss.backward()
     session = compiled.trex
     if args.json:
-        print(json.dumps({
-            "model": args.model, "batch": args.batch, "seq": seq, "total_params": total, "active_params": active,
-            "loss": loss.item(), "graphs": [{"graph": g.graph_id, "phase": g.phase, "dynamo_nodes": len(g.dynamo_graph.graph.nodes),
-            "joint_nodes": len(g.joint.graph.nodes) if g.joint is not None else None, "seconds": g.seconds} for g in session.graphs],
-            "graph_breaks": len(session.graph_breaks), "first_call_seconds": session.first_call_seconds,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "batch": args.batch,
+                    "seq": seq,
+                    "total_params": total,
+                    "active_params": active,
+                    "loss": loss.item(),
+                    "graphs": [
+                        {
+                            "graph": g.graph_id,
+                            "phase": g.phase,
+                            "dynamo_nodes": len(g.dynamo_graph.graph.nodes),
+                            "joint_nodes": len(g.joint.graph.nodes) if g.joint is not None else None,
+                            "seconds": g.seconds,
+                        }
+                        for g in session.graphs
+                    ],
+                    "graph_breaks": len(session.graph_breaks),
+                    "first_call_seconds": session.first_call_seconds,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(session.summary())
     for graph in session.graphs:
         print(graph.report.summary())
-    print(f"parameters {_billions(total)}, active per token {_billions(active)}; one training step: loss {loss.item():.4f}")
+    print(
+        f"parameters {_billions(total)}, active per token {_billions(active)}; one training step: loss {loss.item():.4f}"
+    )
     return 0
 
 
@@ -196,7 +275,11 @@ def _ranges(indices: list[int]) -> str:
         steps = {b - a for a, b in zip(indices, indices[1:])}
         if len(steps) == 1:
             step = steps.pop()
-            return f"{indices[0]}-{indices[-1]}" if step == 1 else f"{indices[0]}-{indices[-1]} step {step} ({len(indices)} layers)"
+            return (
+                f"{indices[0]}-{indices[-1]}"
+                if step == 1
+                else f"{indices[0]}-{indices[-1]} step {step} ({len(indices)} layers)"
+            )
     parts, start = [], 0
     for position in range(1, len(indices) + 1):
         if position == len(indices) or indices[position] != indices[position - 1] + 1:

@@ -23,12 +23,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    parser.add_argument("--family", default="deepseek-v4", help="tiny model family: deepseek-v4 (default), deepseek-v3, qwen3-moe")
+    parser.add_argument(
+        "--family", default="deepseek-v4", help="tiny model family: deepseek-v4 (default), deepseek-v3, qwen3-moe"
+    )
     parser.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
     parser.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
-    parser.add_argument("--dump", metavar="DIR", type=Path, default=Path("trex_dump") / "demo", help="dump directory (default ./trex_dump/demo)")
+    parser.add_argument(
+        "--dump",
+        metavar="DIR",
+        type=Path,
+        default=Path("trex_dump") / "demo",
+        help="dump directory (default ./trex_dump/demo)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr while the model is built and compiled")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on stderr while the model is built and compiled"
+    )
     parser.set_defaults(run=run)
 
 
@@ -51,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     config = tiny_config(args.family)
     model = build_model(config, seed=args.seed)
     total = sum(p.numel() for p in model.parameters())
-    print(f"trex demo: tiny {args.family} ({config.num_hidden_layers} layers, {getattr(config, 'n_routed_experts', getattr(config, 'num_experts', '?'))} experts, top-{config.num_experts_per_tok}, {total / 1e6:.2f}M parameters), CPU")
+    print(
+        f"trex demo: tiny {args.family} ({config.num_hidden_layers} layers, {getattr(config, 'n_routed_experts', getattr(config, 'num_experts', '?'))} experts, top-{config.num_experts_per_tok}, {total / 1e6:.2f}M parameters), CPU"
+    )
 
     start = time.perf_counter()
     compiled = trex.compile(model, dump_dir=args.dump, progress=say)

@@ -21,17 +21,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "MFU uses Megatron's per-GEMM model-FLOP count over the dense BF16 peak; mfu_6n uses 6*N_active + attention.",
     )
     add_training_arguments(parser, required=True)
-    parser.add_argument("--plan", default="", help='parallel degrees, e.g. "tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1" (dp derived when omitted)')
+    parser.add_argument(
+        "--plan",
+        default="",
+        help='parallel degrees, e.g. "tp=8,pp=8,vpp=3,ep=1,etp=1,cp=1,dp=1,zero=1" (dp derived when omitted)',
+    )
     parser.add_argument("--mbs", type=int, default=1, help="micro-batch size in sequences (default 1)")
-    parser.add_argument("--recompute", default="selective", help="(default selective) none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused "
-                        "--set fp8_recipe=tensorwise (delayed, tensorwise, blockwise)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)")
-    parser.add_argument("--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)")
-    parser.add_argument("--layers", action="store_true",
-                        help="also show where the time goes: each pipeline device's chunks, time and memory, and each layer kind op by op "
-                        "(GEMMs, attention, pointwise, exposed communication) for one micro-batch")
+    parser.add_argument(
+        "--recompute",
+        default="selective",
+        help="(default selective) none | selective | full | selective:<module>+<module> (core_attn, mla_up_proj, layernorm, moe_act, mlp, moe, shared_experts)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any other plan field, e.g. --set dispatcher=deepep --set moe_imbalance=1.2 --set attention_kernel=unfused "
+        "--set fp8_recipe=tensorwise (delayed, tensorwise, blockwise)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (infeasible plans are reported as data)"
+    )
+    parser.add_argument(
+        "--trace", metavar="OUT.json", help="write a Chrome-trace timeline of one step (open in ui.perfetto.dev)"
+    )
+    parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="also show where the time goes: each pipeline device's chunks, time and memory, and each layer kind op by op "
+        "(GEMMs, attention, pointwise, exposed communication) for one micro-batch",
+    )
     parser.set_defaults(run=run)
 
 
@@ -64,9 +84,17 @@ def build_plan(args: argparse.Namespace):
 
     from trex.cost_model.parallel import PLAN_STRING_KEYS, parse_plan
 
-    plan = parse_plan(args.plan, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision, recompute=args.recompute)
-    own_option = {**{key: "--plan" for key in PLAN_STRING_KEYS}, "seq": "--seq", "gbs": "--gbs", "mbs": "--mbs", "precision": "--precision",
-                  "recompute": "--recompute"}
+    plan = parse_plan(
+        args.plan, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision, recompute=args.recompute
+    )
+    own_option = {
+        **{key: "--plan" for key in PLAN_STRING_KEYS},
+        "seq": "--seq",
+        "gbs": "--gbs",
+        "mbs": "--mbs",
+        "precision": "--precision",
+        "recompute": "--recompute",
+    }
     return dataclasses.replace(plan, **parse_sets(args.set, plan, own_option))
 
 
@@ -88,7 +116,10 @@ def parse_sets(items: list[str], base, own_option: dict[str, str]) -> dict:
         if key not in fields:
             raise TrexError(f"--set: unknown plan field {key!r}; fields: {', '.join(sorted(fields))}")
         if key in own_option:
-            raise TrexError(f"--set {key}=...: {key} is set with {own_option[key]}" + (f' (e.g. --plan "{key}={raw}")' if own_option[key] == "--plan" else ""))
+            raise TrexError(
+                f"--set {key}=...: {key} is set with {own_option[key]}"
+                + (f' (e.g. --plan "{key}={raw}")' if own_option[key] == "--plan" else "")
+            )
         current = getattr(base, key)
         value = _coerce(key, raw, current if current is not None else 0)
         if key in updates and updates[key] != value:
@@ -119,8 +150,20 @@ def run(args: argparse.Namespace) -> int:
         estimate = estimate_step(spec, cluster, plan)
     except InfeasiblePlan as error:
         if args.json:
-            print(json.dumps({"model": spec.name, "cluster": cluster.name, "devices": cluster.devices, "plan": plan.to_dict(),
-                              "feasible": False, "violations": error.violations, "settings_without_effect": notes}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "model": spec.name,
+                        "cluster": cluster.name,
+                        "devices": cluster.devices,
+                        "plan": plan.to_dict(),
+                        "feasible": False,
+                        "violations": error.violations,
+                        "settings_without_effect": notes,
+                    },
+                    indent=2,
+                )
+            )
             return 1
         raise
     if args.trace:
@@ -161,8 +204,10 @@ def print_stages(estimate) -> None:
 
     stages = estimate.stages()
     slowest = max(stage["time_per_microbatch_s"] for stage in stages)
-    table = Table(title=f"pipeline: {estimate.plan.pp} devices x {estimate.plan.vpp} chunks, {estimate.plan.microbatches} micro-batches",
-                  show_header=True)
+    table = Table(
+        title=f"pipeline: {estimate.plan.pp} devices x {estimate.plan.vpp} chunks, {estimate.plan.microbatches} micro-batches",
+        show_header=True,
+    )
     table.add_column("device", justify="right")
     table.add_column("layers per chunk", overflow="fold")
     table.add_column("ms / micro-batch", justify="right")
@@ -171,9 +216,13 @@ def print_stages(estimate) -> None:
     for stage in stages:
         extras = ("E " if stage["holds_embedding"] else "") + ("H" if stage["holds_head"] else "")
         time_ms = stage["time_per_microbatch_s"] * 1e3
-        table.add_row(str(stage["device"]), " ".join(map(str, stage["layers_per_chunk"])) + (f"  +{extras.strip()}" if extras else ""),
-                      f"{time_ms:.2f}" + (" *" if stage["time_per_microbatch_s"] == slowest else ""),
-                      f"{stage['host_wait_per_microbatch_s'] * 1e3:.2f}", "-" if stage["memory_gib"] is None else f"{stage['memory_gib']:.1f}")
+        table.add_row(
+            str(stage["device"]),
+            " ".join(map(str, stage["layers_per_chunk"])) + (f"  +{extras.strip()}" if extras else ""),
+            f"{time_ms:.2f}" + (" *" if stage["time_per_microbatch_s"] == slowest else ""),
+            f"{stage['host_wait_per_microbatch_s'] * 1e3:.2f}",
+            "-" if stage["memory_gib"] is None else f"{stage['memory_gib']:.1f}",
+        )
     Console(file=sys.stdout).print(table)
     print("  * the slowest device sets the pipeline's pace; E / H: holds the embedding / the output head")
 
@@ -190,20 +239,39 @@ def print_layers(layers, spec) -> None:
         return f"{seconds * 1e3:.3f}" if seconds else "-"
 
     for kind, cost in layers.items():
-        table = Table(title=f"layer {kind} (x{counts.get(kind, 0)} in the model): one micro-batch on one device", show_header=True)
+        table = Table(
+            title=f"layer {kind} (x{counts.get(kind, 0)} in the model): one micro-batch on one device", show_header=True
+        )
         table.add_column("op", no_wrap=True, min_width=26)
         table.add_column("kind", no_wrap=True)
         for column in ("fwd ms", "bwd ms", "redo ms", "TFLOP/s"):
             table.add_column(column, justify="right", no_wrap=True)
         for op in cost.ops:
             rate = op.to_dict()["tflops"]
-            table.add_row(op.name, op.category, ms(op.forward_s), ms(op.backward_s), ms(op.recompute_s), f"{rate:.0f}" if rate else "")
+            table.add_row(
+                op.name,
+                op.category,
+                ms(op.forward_s),
+                ms(op.backward_s),
+                ms(op.recompute_s),
+                f"{rate:.0f}" if rate else "",
+            )
         rate = cost.flops / cost.compute_s / 1e12 if cost.compute_s else 0.0
-        table.add_row("total", "", ms(cost.device_forward_s), ms(cost.backward_s + cost.comm_backward_s), ms(cost.recompute_s),
-                      f"{rate:.0f}" if rate else "", style="bold")
+        table.add_row(
+            "total",
+            "",
+            ms(cost.device_forward_s),
+            ms(cost.backward_s + cost.comm_backward_s),
+            ms(cost.recompute_s),
+            f"{rate:.0f}" if rate else "",
+            style="bold",
+        )
         console.print(table)
-        console.print(f"  exposed communication {ms(cost.comm_s)} ms of {ms(cost.comm_total_s)} ms; host issues it in "
-                      f"{ms(cost.host_forward_s)} + {ms(cost.host_backward_s)} ms" + ("; its forward waits for the device once" if cost.syncs_host else ""))
+        console.print(
+            f"  exposed communication {ms(cost.comm_s)} ms of {ms(cost.comm_total_s)} ms; host issues it in "
+            f"{ms(cost.host_forward_s)} + {ms(cost.host_backward_s)} ms"
+            + ("; its forward waits for the device once" if cost.syncs_host else "")
+        )
 
 
 def print_estimate(estimate, spec, trace_path: str | None = None) -> None:
@@ -214,9 +282,11 @@ def print_estimate(estimate, spec, trace_path: str | None = None) -> None:
     console = Console(file=sys.stdout)
     data = estimate.to_dict()
     console.print(f"[bold]{spec.describe()}[/bold]")
-    console.print(f"{estimate.cluster}: {estimate.devices} x {estimate.device}   plan {estimate.plan.label()}   "
-                  f"seq {estimate.plan.seq}, gbs {estimate.plan.gbs}, mbs {estimate.plan.mbs}, {estimate.plan.precision}, "
-                  f"recompute {estimate.plan.recompute}, {estimate.plan.microbatches} micro-batches")
+    console.print(
+        f"{estimate.cluster}: {estimate.devices} x {estimate.device}   plan {estimate.plan.label()}   "
+        f"seq {estimate.plan.seq}, gbs {estimate.plan.gbs}, mbs {estimate.plan.mbs}, {estimate.plan.precision}, "
+        f"recompute {estimate.plan.recompute}, {estimate.plan.microbatches} micro-batches"
+    )
     table = Table(title="step estimate", show_header=True)
     table.add_column("quantity")
     table.add_column("value", justify="right")
@@ -227,7 +297,10 @@ def print_estimate(estimate, spec, trace_path: str | None = None) -> None:
         ("MFU (Megatron per-GEMM)", f"{estimate.mfu:.1%}"),
         ("MFU (6N + attention)", f"{estimate.mfu_6n:.1%}"),
         ("HFU (executed FLOPs)", f"{estimate.hfu:.1%}"),
-        ("FLOPs per token", f"{estimate.flops_per_token / 1e9:.1f} GFLOP (6N: {estimate.flops_per_token_6n / 1e9:.1f})"),
+        (
+            "FLOPs per token",
+            f"{estimate.flops_per_token / 1e9:.1f} GFLOP (6N: {estimate.flops_per_token_6n / 1e9:.1f})",
+        ),
     ]
     for key, value in data["breakdown"].items():
         rows.append((f"  {key.replace('_', ' ')}", f"{value:.3f} s"))

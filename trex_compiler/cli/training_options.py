@@ -19,14 +19,30 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
 
 def add_training_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
     """--model --cluster --devices --device --seq --gbs --precision, as both commands take them."""
-    parser.add_argument("--model", required=required,
-                        help="built-in model (e.g. deepseek-v4-pro, deepseek-v3, gpt-175b; `trex capture --list`) or a transformers config.json")
-    parser.add_argument("--cluster", required=required, help=f"named cluster ({', '.join(cluster_names())}) or a TOML/JSON cluster file")
-    parser.add_argument("--devices", type=int, required=required, help="number of devices (accelerators, or dies on Ascend 910C)")
-    parser.add_argument("--device", help="override the cluster's device profile (a built-in name or a TOML/JSON profile)")
+    parser.add_argument(
+        "--model",
+        required=required,
+        help="built-in model (e.g. deepseek-v4-pro, deepseek-v3, gpt-175b; `trex capture --list`) or a transformers config.json",
+    )
+    parser.add_argument(
+        "--cluster", required=required, help=f"named cluster ({', '.join(cluster_names())}) or a TOML/JSON cluster file"
+    )
+    parser.add_argument(
+        "--devices", type=int, required=required, help="number of devices (accelerators, or dies on Ascend 910C)"
+    )
+    parser.add_argument(
+        "--device", help="override the cluster's device profile (a built-in name or a TOML/JSON profile)"
+    )
     parser.add_argument("--seq", type=int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
-    parser.add_argument("--gbs", type=int, default=DEFAULT_GBS, help=f"global batch size in sequences (default {DEFAULT_GBS})")
-    parser.add_argument("--precision", default=DEFAULT_PRECISION, choices=PRECISIONS, help=f"training precision (default {DEFAULT_PRECISION})")
+    parser.add_argument(
+        "--gbs", type=int, default=DEFAULT_GBS, help=f"global batch size in sequences (default {DEFAULT_GBS})"
+    )
+    parser.add_argument(
+        "--precision",
+        default=DEFAULT_PRECISION,
+        choices=PRECISIONS,
+        help=f"training precision (default {DEFAULT_PRECISION})",
+    )
 
 
 def check_sizes(args: argparse.Namespace) -> None:

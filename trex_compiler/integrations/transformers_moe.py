@@ -77,14 +77,18 @@ def experts_layout(module: nn.Module) -> ExpertsLayout:
         return unsupported("transformers' own expert parallelism is active")
     activation = _activation_name(getattr(module, "act_fn", None))
     if activation is None:
-        return unsupported(f"activation {type(getattr(module, 'act_fn', None)).__name__} is not one of {sorted(moe_ops.ACTIVATIONS)}")
+        return unsupported(
+            f"activation {type(getattr(module, 'act_fn', None)).__name__} is not one of {sorted(moe_ops.ACTIVATIONS)}"
+        )
     limit = _gate_limit(module)
     if limit is None:
         return unsupported(f"{type(module).__name__}._apply_gate is a gate trex does not know")
     return ExpertsLayout(activation, limit, bool(getattr(module, "is_transposed", False)))
 
 
-def trex_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+def trex_experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The "trex" experts implementation: one `trex.moe_experts` op (or transformers' grouped_mm)."""
     from transformers.integrations.moe import grouped_mm_experts_forward
 

@@ -101,7 +101,9 @@ def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
 @grouped_mm.register_fake
 def _(input, weight, offsets):
     torch._check(input.dim() == 2 and weight.dim() == 3, lambda: "grouped_mm takes input [S,K] and weight [E,K,N]")
-    torch._check(input.size(1) == weight.size(1), lambda: f"grouped_mm: input K={input.size(1)} but weight K={weight.size(1)}")
+    torch._check(
+        input.size(1) == weight.size(1), lambda: f"grouped_mm: input K={input.size(1)} but weight K={weight.size(1)}"
+    )
     torch._check(offsets.numel() == weight.size(0), lambda: "grouped_mm: one offset per expert")
     return input.new_empty(input.size(0), weight.size(2))
 
@@ -146,7 +148,9 @@ def _(expert_out, perm, top_k_weights):
 
 
 @torch.library.custom_op("trex::moe_combine_backward", mutates_args=())
-def moe_combine_backward(grad_out: Tensor, expert_out: Tensor, perm: Tensor, top_k_weights: Tensor) -> tuple[Tensor, Tensor]:
+def moe_combine_backward(
+    grad_out: Tensor, expert_out: Tensor, perm: Tensor, top_k_weights: Tensor
+) -> tuple[Tensor, Tensor]:
     top_k = top_k_weights.size(-1)
     grad_rows = grad_out.index_select(0, perm // top_k)  # d(weighted) for every sorted row
     weight_rows = top_k_weights.reshape(-1)[perm]
@@ -248,7 +252,9 @@ def moe_experts_backward_reference(
     w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     # The output was cast to hidden's dtype; the combine ran in the promoted dtype.
     combine_dtype = torch.promote_types(expert_out.dtype, top_k_weights.dtype)
-    grad_expert_out, grad_weights = ops.moe_combine_backward(grad_out.to(combine_dtype), expert_out, perm, top_k_weights)
+    grad_expert_out, grad_weights = ops.moe_combine_backward(
+        grad_out.to(combine_dtype), expert_out, perm, top_k_weights
+    )
     grad_activated = ops.grouped_mm(grad_expert_out, w_down.transpose(-2, -1), offsets)
     grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
     activated = _gated_activation(gate_up_out, activation, swiglu_limit)  # recomputed: pointwise, cheap
@@ -267,7 +273,9 @@ def moe_experts_backward_reference(
 # The fused ops ARE the reference functions (schemas inferred from their annotations); the plain
 # functions stay importable, which is what canonicalization traces.
 moe_experts = torch.library.custom_op("trex::moe_experts", mutates_args=())(moe_experts_reference)
-moe_experts_backward = torch.library.custom_op("trex::moe_experts_backward", mutates_args=())(moe_experts_backward_reference)
+moe_experts_backward = torch.library.custom_op("trex::moe_experts_backward", mutates_args=())(
+    moe_experts_backward_reference
+)
 
 
 @moe_experts.register_fake
@@ -285,7 +293,21 @@ def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, s
 
 
 @moe_experts_backward.register_fake
-def _(grad_out, hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, sorted_hidden, gate_up_out, expert_out, activation, swiglu_limit, weights_transposed):
+def _(
+    grad_out,
+    hidden,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    perm,
+    offsets,
+    sorted_hidden,
+    gate_up_out,
+    expert_out,
+    activation,
+    swiglu_limit,
+    weights_transposed,
+):
     return (
         torch.empty_like(hidden),
         torch.empty_like(top_k_weights),
@@ -297,7 +319,9 @@ def _(grad_out, hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, s
 def _setup_context(ctx, inputs, output):
     hidden, _, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed = inputs
     _, perm, offsets, sorted_hidden, gate_up_out, expert_out = output
-    ctx.save_for_backward(hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, sorted_hidden, gate_up_out, expert_out)
+    ctx.save_for_backward(
+        hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, sorted_hidden, gate_up_out, expert_out
+    )
     ctx.attributes = (activation, swiglu_limit, weights_transposed)
 
 
@@ -354,5 +378,12 @@ FUSED_FORWARD = torch.ops.trex.moe_experts.default
 FUSED_BACKWARD = torch.ops.trex.moe_experts_backward.default
 PRIMITIVES = tuple(
     getattr(torch.ops.trex, name).default
-    for name in ("moe_dispatch", "grouped_mm", "grouped_mm_weight_grad", "moe_combine", "moe_combine_backward", "moe_dispatch_backward")
+    for name in (
+        "moe_dispatch",
+        "grouped_mm",
+        "grouped_mm_weight_grad",
+        "moe_combine",
+        "moe_combine_backward",
+        "moe_dispatch_backward",
+    )
 )

@@ -20,7 +20,9 @@ TOLERANCES = {
 }
 
 
-def assert_outputs_close(actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, context: str = "") -> None:
+def assert_outputs_close(
+    actual: Any, expected: Any, *, rtol: float | None = None, atol: float | None = None, context: str = ""
+) -> None:
     actual_leaves, actual_spec = tree_flatten(actual)
     expected_leaves, expected_spec = tree_flatten(expected)
     if actual_spec != expected_spec:
@@ -30,7 +32,14 @@ def assert_outputs_close(actual: Any, expected: Any, *, rtol: float | None = Non
             if not isinstance(a, torch.Tensor):
                 raise AssertionError(f"{context}output {index} was a tensor, now {type(a).__name__}")
             default_rtol, default_atol = TOLERANCES.get(e.dtype, (0.0, 0.0))
-            torch.testing.assert_close(a, e, rtol=default_rtol if rtol is None else rtol, atol=default_atol if atol is None else atol, equal_nan=True, msg=lambda m, i=index: f"{context}output {i}: {m}")
+            torch.testing.assert_close(
+                a,
+                e,
+                rtol=default_rtol if rtol is None else rtol,
+                atol=default_atol if atol is None else atol,
+                equal_nan=True,
+                msg=lambda m, i=index: f"{context}output {i}: {m}",
+            )
         elif a != e:
             raise AssertionError(f"{context}output {index}: {e!r} -> {a!r}")
 

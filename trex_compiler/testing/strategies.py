@@ -86,7 +86,9 @@ class Program:
         return tuple(values[i] for i in self.outputs)
 
     def __str__(self) -> str:
-        lines = [f"program(dtype={self.dtype}, tokens={self.tokens}, hidden={self.hidden}, experts={self.experts}, top_k={self.top_k})"]
+        lines = [
+            f"program(dtype={self.dtype}, tokens={self.tokens}, hidden={self.hidden}, experts={self.experts}, top_k={self.top_k})"
+        ]
         lines += [f"  v{i + 1} = {s}" for i, s in enumerate(self.steps)]
         lines.append(f"  return {', '.join(f'v{i}' for i in self.outputs)}")
         return "\n".join(lines)
@@ -98,7 +100,9 @@ def _route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Ten
     return index, (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
 
 
-def _apply(step: Step, values: list[torch.Tensor], w, router, gate_up_proj, down_proj, program: Program) -> torch.Tensor:
+def _apply(
+    step: Step, values: list[torch.Tensor], w, router, gate_up_proj, down_proj, program: Program
+) -> torch.Tensor:
     a = values[step.args[0]]
     if step.op in UNARY:
         return UNARY[step.op](a)
@@ -118,13 +122,17 @@ def _apply(step: Step, values: list[torch.Tensor], w, router, gate_up_proj, down
         return torch.zeros_like(a).index_add(0, order, a.index_select(0, order) * 0.5)
     if step.op == "moe":
         index, weights = _route(a, router, program.top_k)
-        out, *_ = torch.ops.trex.moe_experts(a, index, weights, gate_up_proj, down_proj, step.args[1], step.args[2], False)
+        out, *_ = torch.ops.trex.moe_experts(
+            a, index, weights, gate_up_proj, down_proj, step.args[1], step.args[2], False
+        )
         return out
     raise ValueError(f"unknown op {step.op}")
 
 
 @st.composite
-def programs(draw, *, max_steps: int = 8, dtypes: tuple[torch.dtype, ...] = DTYPES, moe: bool = True, require_moe: bool = False) -> Program:
+def programs(
+    draw, *, max_steps: int = 8, dtypes: tuple[torch.dtype, ...] = DTYPES, moe: bool = True, require_moe: bool = False
+) -> Program:
     """Programs of 1..max_steps steps; `require_moe` makes the last step a fused MoE layer."""
     program = Program(
         dtype=draw(st.sampled_from(dtypes)),
@@ -134,7 +142,9 @@ def programs(draw, *, max_steps: int = 8, dtypes: tuple[torch.dtype, ...] = DTYP
         top_k=1,
     )
     program.top_k = draw(st.integers(1, min(2, program.experts)))
-    ops = [*UNARY, *BINARY, *REDUCTIONS, "matmul", "softmax", "topk_gather", "permute_rows"] + (["moe"] * 3 if moe else [])
+    ops = [*UNARY, *BINARY, *REDUCTIONS, "matmul", "softmax", "topk_gather", "permute_rows"] + (
+        ["moe"] * 3 if moe else []
+    )
     num_steps = draw(st.integers(1, max_steps))
     for length in range(1, num_steps + 1):
         op = "moe" if require_moe and length == num_steps else draw(st.sampled_from(ops))
@@ -170,6 +180,7 @@ class GraphCase:
 def trace_program(program: Program, *, joint: bool = False, seed: int = 0) -> GraphCase:
     """Trace `program` to an aten graph; with `joint`, also its gradients w.r.t. every input."""
     if joint:
+
         def fn(x, w, router, gate_up_proj, down_proj, *cotangents):
             inputs = (x, w, router, gate_up_proj, down_proj)
             outputs = program.run(*inputs)
@@ -183,6 +194,7 @@ def trace_program(program: Program, *, joint: bool = False, seed: int = 0) -> Gr
         cotangents = [torch.randn(o.shape, generator=generator).to(o.dtype) for o in outputs]
         inputs = [*primals, *cotangents]
     else:
+
         def fn(x, w, router, gate_up_proj, down_proj):
             return program.run(x, w, router, gate_up_proj, down_proj)
 
@@ -193,7 +205,15 @@ def trace_program(program: Program, *, joint: bool = False, seed: int = 0) -> Gr
 
 
 @st.composite
-def graphs(draw, *, joint: bool | None = None, max_steps: int = 8, dtypes: tuple[torch.dtype, ...] = DTYPES, moe: bool = True, require_moe: bool = False) -> GraphCase:
+def graphs(
+    draw,
+    *,
+    joint: bool | None = None,
+    max_steps: int = 8,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+    moe: bool = True,
+    require_moe: bool = False,
+) -> GraphCase:
     """Random valid aten graphs (forward-only or joint forward+backward) with FakeTensor metadata."""
     program = draw(programs(max_steps=max_steps, dtypes=dtypes, moe=moe, require_moe=require_moe))
     is_joint = draw(st.booleans()) if joint is None else joint
@@ -212,7 +232,13 @@ class TinyMoeCase:
     def config(self):
         from trex.models import tiny_config
 
-        return tiny_config(self.family, num_experts=self.num_experts, top_k=self.top_k, hidden_size=self.hidden_size, num_layers=self.num_layers)
+        return tiny_config(
+            self.family,
+            num_experts=self.num_experts,
+            top_k=self.top_k,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+        )
 
     def build(self, seed: int = 0):
         from trex.models import build_model
@@ -221,7 +247,9 @@ class TinyMoeCase:
 
 
 @st.composite
-def moe_configs(draw, *, families: tuple[str, ...] = TINY_FAMILIES, dtypes: tuple[torch.dtype, ...] = DTYPES) -> TinyMoeCase:
+def moe_configs(
+    draw, *, families: tuple[str, ...] = TINY_FAMILIES, dtypes: tuple[torch.dtype, ...] = DTYPES
+) -> TinyMoeCase:
     """Tiny configurations of DeepSeek-V4, DeepSeek-V3 and Qwen3-MoE (every structural feature)."""
     num_experts = draw(st.sampled_from((2, 4, 8)))
     return TinyMoeCase(

@@ -111,7 +111,7 @@ class TransformersClient:
 
     def generate(self, requests: Sequence[GenerationRequest]) -> Iterator[Completion]:
         for start in range(0, len(requests), self.batch_size):
-            batch = requests[start:start + self.batch_size]
+            batch = requests[start : start + self.batch_size]
             texts = self.generate_texts([self.render(request.prompt) for request in batch], seed_offset=start)
             for request, text in zip(batch, texts, strict=True):
                 yield Completion(key=request.key, text=text)
@@ -157,7 +157,9 @@ class TransformersClient:
                 if bool(finished.all()):
                     break
                 attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=-1)
-                step_ids = next_token.unsqueeze(-1) if self.use_cache else torch.cat([step_ids, next_token.unsqueeze(-1)], -1)
+                step_ids = (
+                    next_token.unsqueeze(-1) if self.use_cache else torch.cat([step_ids, next_token.unsqueeze(-1)], -1)
+                )
         return new_tokens
 
     def _choose(self, logits: Any, generator: Any) -> Any:

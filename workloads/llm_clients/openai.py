@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import threading
 import urllib.error
 import urllib.request
@@ -59,7 +58,9 @@ class OpenAIClient:
         if api not in APIS:
             raise ClientError(f"unknown api {api!r}; valid: {', '.join(APIS)}")
         if concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise ClientError(f"need concurrency >= 1, max_retries >= 0, timeout > 0 (got {concurrency}, {max_retries}, {timeout_s})")
+            raise ClientError(
+                f"need concurrency >= 1, max_retries >= 0, timeout > 0 (got {concurrency}, {max_retries}, {timeout_s})"
+            )
         self.root = api_root(base_url)
         self.model, self.api, self.api_key = model, api, api_key
         self.temperature, self.top_p, self.max_tokens, self.seed = temperature, top_p, max_tokens, seed
@@ -148,7 +149,7 @@ class OpenAIClient:
                 if error.code not in RETRYABLE_STATUS:
                     raise ClientError(f"{self.endpoint} refused the request: {last_error}") from None
                 retry_after = _retry_after(error.headers.get("Retry-After"))
-            except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as error:
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
                 last_error = str(getattr(error, "reason", error)) or type(error).__name__
             if attempt < self.max_retries:
                 self._stop.wait(retry_after if retry_after is not None else self._backoff(attempt))
@@ -163,7 +164,9 @@ class OpenAIClient:
             choice = data["choices"][0]
             text = choice["message"]["content"] if self.api == "chat" else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError) as error:
-            raise ClientError(f"{self.endpoint} answered something that is not a completion ({error!r}): {raw[:300]!r}") from None
+            raise ClientError(
+                f"{self.endpoint} answered something that is not a completion ({error!r}): {raw[:300]!r}"
+            ) from None
         return text if isinstance(text, str) else ""
 
     # -- Client --------------------------------------------------------------------------------

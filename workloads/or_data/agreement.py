@@ -52,11 +52,15 @@ def check_candidate(candidate: Candidate, task: Task, runner: ProgramRunner) -> 
         run, via = runner.run(program), "program"
     else:
         what = "an LP model" if task.variant == "model" else "a Python program"
-        return CandidateCheck(candidate.teacher, None, stated, "", f"no_program: the answer holds no {what}", "", "", "", False)
+        return CandidateCheck(
+            candidate.teacher, None, stated, "", f"no_program: the answer holds no {what}", "", "", "", False
+        )
     reached = run.outcome
     correct = reached is not None and reached.matches(task.truth) and (stated is None or stated.matches(task.truth))
     failure = "" if reached is not None else f"{run.failure}: {run.detail}"
-    return CandidateCheck(candidate.teacher, reached, stated, via, failure, run.stdout, program or "", lp or "", correct)
+    return CandidateCheck(
+        candidate.teacher, reached, stated, via, failure, run.stdout, program or "", lp or "", correct
+    )
 
 
 @dataclass(frozen=True)
@@ -83,4 +87,7 @@ class Agreement:
 
 
 def agreement(checks: Sequence[CandidateCheck]) -> Agreement:
-    return Agreement({check.teacher: check.answer_key() for check in checks}, tuple(check.teacher for check in checks if check.correct))
+    return Agreement(
+        {check.teacher: check.answer_key() for check in checks},
+        tuple(check.teacher for check in checks if check.correct),
+    )

@@ -57,7 +57,9 @@ class Bug:
     symptom: str  # what the buggy program does when run ("prints ... 1250", "fails: KeyError ...")
 
     def diff(self) -> str:
-        lines = difflib.unified_diff(self.buggy.splitlines(), self.fixed.splitlines(), "buggy.py", "fixed.py", n=1, lineterm="")
+        lines = difflib.unified_diff(
+            self.buggy.splitlines(), self.fixed.splitlines(), "buggy.py", "fixed.py", n=1, lineterm=""
+        )
         return "\n".join(lines)
 
 
@@ -88,13 +90,17 @@ Mutation = tuple[str, str]  # (buggy source, diagnosis)
 
 
 def _flipped_inequality(lines: list[str], rng: random.Random) -> Mutation | None:
-    options = [(block, i) for block in _blocks(lines) for i in range(block.start, block.end)
-               if "addCons(" in lines[i] and (" <= " in lines[i]) != (" >= " in lines[i])]
+    options = [
+        (block, i)
+        for block in _blocks(lines)
+        for i in range(block.start, block.end)
+        if "addCons(" in lines[i] and (" <= " in lines[i]) != (" >= " in lines[i])
+    ]
     if not options:
         return None
     block, i = rng.choice(options)
     old, new = (" <= ", " >= ") if " <= " in lines[i] else (" >= ", " <= ")
-    mutated = lines[:i] + [lines[i].replace(old, new, 1)] + lines[i + 1:]
+    mutated = lines[:i] + [lines[i].replace(old, new, 1)] + lines[i + 1 :]
     return "\n".join(mutated), (
         f"The `{block.label}` constraints use `{new.strip()}` where the model needs `{old.strip()}` "
         f"({block.description}), so the program solves a different problem."
@@ -102,12 +108,17 @@ def _flipped_inequality(lines: list[str], rng: random.Random) -> Mutation | None
 
 
 def _loosened_equality(lines: list[str], rng: random.Random) -> Mutation | None:
-    options = [(block, i) for block in _blocks(lines) for i in range(block.start, block.end) if "addCons(" in lines[i] and " == " in lines[i]]
+    options = [
+        (block, i)
+        for block in _blocks(lines)
+        for i in range(block.start, block.end)
+        if "addCons(" in lines[i] and " == " in lines[i]
+    ]
     if not options:
         return None
     block, i = rng.choice(options)
     new = rng.choice((" <= ", " >= "))
-    mutated = lines[:i] + [lines[i].replace(" == ", new, 1)] + lines[i + 1:]
+    mutated = lines[:i] + [lines[i].replace(" == ", new, 1)] + lines[i + 1 :]
     return "\n".join(mutated), (
         f"The `{block.label}` constraints must hold with equality ({block.description}), but the program writes "
         f"`{new.strip()}`, which lets the solver move away from the required value."
@@ -120,7 +131,7 @@ def _missing_constraint(lines: list[str], rng: random.Random) -> Mutation | None
         return None
     block = rng.choice(blocks)
     end = block.end + 1 if block.end < len(lines) and not lines[block.end].strip() else block.end
-    mutated = lines[:block.start] + lines[end:]
+    mutated = lines[: block.start] + lines[end:]
     return "\n".join(mutated), (
         f"The program never adds the `{block.label}` constraints ({block.description}); without them the "
         "solver is free to choose plans the problem forbids."
@@ -131,7 +142,7 @@ def _objective_sense(lines: list[str], rng: random.Random) -> Mutation | None:
     for i, line in enumerate(lines):
         if "setObjective(" in line and ('sense="minimize"' in line or 'sense="maximize"' in line):
             right, wrong = ("minimize", "maximize") if 'sense="minimize"' in line else ("maximize", "minimize")
-            mutated = lines[:i] + [line.replace(f'sense="{right}"', f'sense="{wrong}"')] + lines[i + 1:]
+            mutated = lines[:i] + [line.replace(f'sense="{right}"', f'sense="{wrong}"')] + lines[i + 1 :]
             return "\n".join(mutated), f"The objective is set to `{wrong}`, but the problem asks to {right} it."
     return None
 
@@ -143,9 +154,9 @@ def _relaxed_integrality(lines: list[str], rng: random.Random) -> Mutation | Non
     i = rng.choice(options)
     kind = "integer" if 'vtype="I"' in lines[i] else "binary"
     variable = lines[i].split("=", 1)[0].strip()
-    mutated = lines[:i] + [re.sub(r'vtype="[IB]"', 'vtype="C"', lines[i])] + lines[i + 1:]
+    mutated = lines[:i] + [re.sub(r'vtype="[IB]"', 'vtype="C"', lines[i])] + lines[i + 1 :]
     return "\n".join(mutated), (
-        f"`{variable}` is declared continuous (`vtype=\"C\"`), but the decisions it stands for are {kind}; "
+        f'`{variable}` is declared continuous (`vtype="C"`), but the decisions it stands for are {kind}; '
         f"the solver returns a fractional plan."
     )
 
@@ -166,8 +177,8 @@ def _swapped_indices(lines: list[str], rng: random.Random) -> Mutation | None:
         return None
     i, match = rng.choice(options)
     name, first, second = match.groups()
-    line = lines[i][: match.start()] + f"{name}[{second}, {first}]" + lines[i][match.end():]
-    mutated = lines[:i] + [line] + lines[i + 1:]
+    line = lines[i][: match.start()] + f"{name}[{second}, {first}]" + lines[i][match.end() :]
+    mutated = lines[:i] + [line] + lines[i + 1 :]
     return "\n".join(mutated), (
         f"`{name}` is keyed by `({first}, {second})`, but one line looks it up as `{name}[{second}, {first}]`; "
         "the keys must come in the order the data uses."
@@ -187,8 +198,10 @@ def _dropped_objective_term(lines: list[str], rng: random.Random) -> Mutation | 
         dropped = rng.randrange(len(terms))
         kept = [term for k, term in enumerate(terms) if k != dropped]
         expression = kept[0][1] + "".join(f" {sign} {term}" for sign, term in kept[1:])
-        mutated = lines[:i] + [line[: match.start(1)] + expression + line[match.end(1):]] + lines[i + 1:]
-        return "\n".join(mutated), f"The objective leaves out the term `{terms[dropped][1]}`, so part of the cost or profit is not counted."
+        mutated = lines[:i] + [line[: match.start(1)] + expression + line[match.end(1) :]] + lines[i + 1 :]
+        return "\n".join(
+            mutated
+        ), f"The objective leaves out the term `{terms[dropped][1]}`, so part of the cost or profit is not counted."
     return None
 
 
@@ -200,7 +213,7 @@ def _split_top_level(expression: str) -> list[tuple[str, str]]:
         char = expression[index]
         depth += char in "([{"
         depth -= char in ")]}"
-        if depth == 0 and expression[index:index + 3] in (" + ", " - "):
+        if depth == 0 and expression[index : index + 3] in (" + ", " - "):
             terms.append((sign, current.strip()))
             sign, current = expression[index + 1], ""
             index += 3
@@ -215,7 +228,10 @@ def _missing_optimize(lines: list[str], rng: random.Random) -> Mutation | None:
     if "model.optimize()" not in lines:
         return None
     mutated = [line for line in lines if line != "model.optimize()"]
-    return "\n".join(mutated), "The program builds the model but never calls `model.optimize()`, so nothing is solved and no objective value exists."
+    return (
+        "\n".join(mutated),
+        "The program builds the model but never calls `model.optimize()`, so nothing is solved and no objective value exists.",
+    )
 
 
 def _wrong_big_m(lines: list[str], rng: random.Random) -> Mutation | None:
@@ -223,7 +239,7 @@ def _wrong_big_m(lines: list[str], rng: random.Random) -> Mutation | None:
     but is not larger than every possible schedule."""
     for i, line in enumerate(lines):
         if line.startswith("big_m = ") and "duration" in line:
-            mutated = lines[:i] + ["big_m = max(duration.values())"] + lines[i + 1:]
+            mutated = lines[:i] + ["big_m = max(duration.values())"] + lines[i + 1 :]
             return "\n".join(mutated), (
                 "`big_m` is set to the longest single processing time, which is not large enough: when an order indicator "
                 "switches a disjunction off, the constraint must hold for any start times, so M has to exceed the latest "
@@ -237,12 +253,14 @@ _LINKED = re.compile(r"(<= )(\w+(?:\[\w+\])?) \* (\w+)\[(\w+)\]")
 
 
 def _missing_linking(lines: list[str], rng: random.Random) -> Mutation | None:
-    options = [(i, match) for i, line in enumerate(lines) if "addCons(" in line for match in [_LINKED.search(line)] if match]
+    options = [
+        (i, match) for i, line in enumerate(lines) if "addCons(" in line for match in [_LINKED.search(line)] if match
+    ]
     if not options:
         return None
     i, match = rng.choice(options)
-    line = lines[i][: match.start()] + match.group(1) + match.group(2) + lines[i][match.end():]
-    mutated = lines[:i] + [line] + lines[i + 1:]
+    line = lines[i][: match.start()] + match.group(1) + match.group(2) + lines[i][match.end() :]
+    mutated = lines[:i] + [line] + lines[i + 1 :]
     indicator = f"{match.group(3)}[{match.group(4)}]"
     return "\n".join(mutated), (
         f"The capacity on the right-hand side is no longer multiplied by `{indicator}`, so the yes/no decision is not linked to "
@@ -297,7 +315,11 @@ def inject_bug(
         tried += 1
         if run.outcome is None:
             last = run.stdout.strip().splitlines()[-1:] or [""]
-            symptom = f"it fails ({run.failure}: {run.detail})" if run.failure != "no_objective" else f"it prints `{last[0]}` and no objective value"
+            symptom = (
+                f"it fails ({run.failure}: {run.detail})"
+                if run.failure != "no_objective"
+                else f"it prints `{last[0]}` and no objective value"
+            )
             return Bug(kind, diagnosis, buggy, program, symptom)
         if not run.outcome.matches(truth):
             return Bug(kind, diagnosis, buggy, program, f"it reports `{run.outcome.marker_line()}`")

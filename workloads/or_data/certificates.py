@@ -125,7 +125,9 @@ class Certificate:
     point: dict[str, float] = field(default_factory=dict)
 
 
-def _dual_model(model: LinearModel, costs: Mapping[str, float], *, normalize: bool) -> tuple[LinearModel, dict[str, tuple[str, float]]]:
+def _dual_model(
+    model: LinearModel, costs: Mapping[str, float], *, normalize: bool
+) -> tuple[LinearModel, dict[str, tuple[str, float]]]:
     """The LP dual of min costs·x over the relaxation, with variables `y_<i>` per row (split
     into signed parts) and `p_/q_` per finite bound. With `normalize`, every dual variable is at
     most 1, which keeps a Farkas search bounded. Returns the model and, per dual variable that
@@ -204,7 +206,9 @@ def find_dual(model: LinearModel, objective: float) -> Certificate | None:
 
 def find_ray(model: LinearModel) -> Certificate | None:
     """A checked feasible point plus an integral improving direction, or None."""
-    feasibility = ModelBuilder(f"{model.name}_point", "minimize", dict((v.name, v) for v in model.variables), list(model.rows))
+    feasibility = ModelBuilder(
+        f"{model.name}_point", "minimize", dict((v.name, v) for v in model.variables), list(model.rows)
+    )
     point = solve_model(feasibility.build())
     if point.status != "optimal":
         return None
@@ -254,7 +258,11 @@ def check_ray(model: LinearModel, ray: Mapping[str, int]) -> bool:
             return False
     for row in model.rows:
         activity = sum(Fraction(coef) * ray.get(name, 0) for name, coef in row.terms)
-        if (row.sense == "<=" and activity > 0) or (row.sense == ">=" and activity < 0) or (row.sense == "==" and activity != 0):
+        if (
+            (row.sense == "<=" and activity > 0)
+            or (row.sense == ">=" and activity < 0)
+            or (row.sense == "==" and activity != 0)
+        ):
             return False
     gain = sum(Fraction(coef) * ray.get(name, 0) for name, coef in model.objective)
     return gain > 0 if model.sense == "maximize" else gain < 0

@@ -88,7 +88,11 @@ class SynthConfig:
         unknown = [name for name in self.families if name not in FAMILIES]
         if unknown or not self.families:
             raise TrexError(f"unknown families {unknown}; valid: {', '.join(FAMILIES)}")
-        if not (0 <= self.infeasible_share and 0 <= self.unbounded_share and self.infeasible_share + self.unbounded_share < 0.5):
+        if not (
+            self.infeasible_share >= 0
+            and self.unbounded_share >= 0
+            and self.infeasible_share + self.unbounded_share < 0.5
+        ):
             raise TrexError(
                 f"infeasible ({self.infeasible_share}) and unbounded ({self.unbounded_share}) shares must be non-negative "
                 "and together below 0.5: they are the labelled minority"

@@ -44,7 +44,7 @@ def _digest(gram: tuple[str, ...]) -> int:
 def ngram_digests(text: str, n: int) -> Iterator[tuple[int, tuple[str, ...]]]:
     tokens = words(text)
     for start in range(len(tokens) - n + 1):
-        gram = tuple(tokens[start:start + n])
+        gram = tuple(tokens[start : start + n])
         yield _digest(gram), gram
 
 
@@ -79,7 +79,9 @@ class BenchmarkIndex:
         if not root.is_dir():
             from trex.errors import TrexError
 
-            raise TrexError(f"benchmark directory {root} does not exist; pass --bench-dir (the OR benchmarks, e.g. ../shared/data/or_bench)")
+            raise TrexError(
+                f"benchmark directory {root} does not exist; pass --bench-dir (the OR benchmarks, e.g. ../shared/data/or_bench)"
+            )
         index = cls(n=n, root=str(root))
         paths = sorted(path for path in root.rglob("*") if path.is_file() and path.suffix in (".json", ".jsonl"))
         if not paths:
@@ -137,13 +139,15 @@ class BenchmarkIndex:
             table = json.loads(archive["table"].tobytes().decode())
             digests, counts = archive["digests"].tolist(), archive["counts"].tolist()
         if table["n"] != n:
-            raise TrexError(f"the benchmark index {path} holds {table['n']}-grams, and {n}-grams were asked for; index the benchmark files "
-                            f"themselves for another n (--bench-dir DIR)")
+            raise TrexError(
+                f"the benchmark index {path} holds {table['n']}-grams, and {n}-grams were asked for; index the benchmark files "
+                f"themselves for another n (--bench-dir DIR)"
+            )
         index = cls(n=n, root=str(path), files=dict(table["files"]))
         position = 0
         for (file, line, name), count in zip(table["sources"], counts):
             source = Source(file, line, name)
-            for digest in digests[position:position + count]:
+            for digest in digests[position : position + count]:
                 index.grams[digest] = source
             position += count
         return index
@@ -185,7 +189,16 @@ class ContaminationReport:
             self.ngrams[match.ngram] += 1
         if len(self.examples) < 20:
             first = found[0]
-            self.examples.append({"id": sample_id, "output": kind, "ngram": first.ngram, "file": first.source.file, "line": first.source.line, "field": first.source.field})
+            self.examples.append(
+                {
+                    "id": sample_id,
+                    "output": kind,
+                    "ngram": first.ngram,
+                    "file": first.source.file,
+                    "line": first.source.line,
+                    "field": first.source.field,
+                }
+            )
 
     def to_json(self) -> dict:
         return {

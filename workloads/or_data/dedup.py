@@ -38,7 +38,7 @@ def exact_key(text: str) -> str:
 
 def _shingles(text: str) -> np.ndarray:
     tokens = _WORD.findall(text.lower())
-    grams = {" ".join(tokens[i:i + SHINGLE]) for i in range(max(1, len(tokens) - SHINGLE + 1))}
+    grams = {" ".join(tokens[i : i + SHINGLE]) for i in range(max(1, len(tokens) - SHINGLE + 1))}
     digests = [int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=8).digest(), "big") % _PRIME for gram in grams]
     return np.array(digests, dtype=np.uint64)
 
@@ -66,7 +66,7 @@ class NearDuplicateIndex:
         """The first kept text this signature nearly duplicates, with the estimated similarity."""
         seen: set[int] = set()
         for band in range(BANDS):
-            key = (band, signature[band * ROWS:(band + 1) * ROWS].tobytes())
+            key = (band, signature[band * ROWS : (band + 1) * ROWS].tobytes())
             for position in self.buckets.get(key, ()):
                 if position in seen:
                     continue
@@ -81,4 +81,4 @@ class NearDuplicateIndex:
         self.signatures.append(signature)
         self.ids.append(item_id)
         for band in range(BANDS):
-            self.buckets.setdefault((band, signature[band * ROWS:(band + 1) * ROWS].tobytes()), []).append(position)
+            self.buckets.setdefault((band, signature[band * ROWS : (band + 1) * ROWS].tobytes()), []).append(position)

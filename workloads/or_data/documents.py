@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import random
 
-from trex.workloads.or_data.phrasing import pick
 from trex.workloads.or_data.explain import element_words
 from trex.workloads.or_data.outcome import format_objective
+from trex.workloads.or_data.phrasing import pick
 from trex.workloads.or_data.tasks import no_solution_explanation, understanding
 from trex.workloads.or_data.verify import Problem
 
@@ -70,9 +70,21 @@ def _section(section: str, problem: Problem, statement: str, rng: random.Random)
 
 def concept_document(problem: Problem, statement: str, rng: random.Random) -> str:
     """A conceptual note on one instance (see the module docstring)."""
-    title = pick(rng, ("Why this model works", "Reading a formulation", "Modeling notes", "From a story to a model, and what the solver proves"))
-    parts = [f"# {title}: {problem.family.title.lower()}", f"## The situation\n\n{statement}",
-             f"## The modeling idea\n\n{understanding(problem.math, rng)}", f"## The formulation\n\n{problem.math.to_markdown(with_data=True)}"]
+    title = pick(
+        rng,
+        (
+            "Why this model works",
+            "Reading a formulation",
+            "Modeling notes",
+            "From a story to a model, and what the solver proves",
+        ),
+    )
+    parts = [
+        f"# {title}: {problem.family.title.lower()}",
+        f"## The situation\n\n{statement}",
+        f"## The modeling idea\n\n{understanding(problem.math, rng)}",
+        f"## The formulation\n\n{problem.math.to_markdown(with_data=True)}",
+    ]
     if problem.status == "infeasible":
         parts.append(f"## Why no plan exists\n\n{no_solution_explanation(problem)}")
     elif problem.status == "unbounded":
@@ -89,8 +101,13 @@ def _relaxation_text(problem: Problem) -> str:
 
     from trex.workloads.or_data.solve import solve_model
 
-    relaxed = replace(problem.model, variables=tuple(replace(v, kind="continuous", lower=v.lower, upper=1.0 if v.kind == "binary" else v.upper)
-                                                      for v in problem.model.variables))
+    relaxed = replace(
+        problem.model,
+        variables=tuple(
+            replace(v, kind="continuous", lower=v.lower, upper=1.0 if v.kind == "binary" else v.upper)
+            for v in problem.model.variables
+        ),
+    )
     result = solve_model(relaxed)
     optimum = problem.outcome.objective
     if result.status != "optimal" or result.objective is None or optimum is None:
@@ -98,14 +115,18 @@ def _relaxation_text(problem: Problem) -> str:
     bound = result.objective
     side = "upper" if problem.model.sense == "maximize" else "lower"
     gap = abs(bound - optimum) / max(abs(optimum), 1e-9) * 100
-    text = (f"Dropping the whole-number requirements turns the model into a linear program, its LP relaxation. Every integer plan is "
-            f"also a plan of the relaxation, so the relaxation's optimum, {format_objective(bound)}, is an {side} bound on the integer "
-            f"optimum, {format_objective(optimum)}. ")
+    text = (
+        f"Dropping the whole-number requirements turns the model into a linear program, its LP relaxation. Every integer plan is "
+        f"also a plan of the relaxation, so the relaxation's optimum, {format_objective(bound)}, is an {side} bound on the integer "
+        f"optimum, {format_objective(optimum)}. "
+    )
     if gap < 1e-6:
         text += "Here the bound is tight: the relaxation already reaches the integer optimum, so the branch-and-bound search only has to confirm it."
     else:
-        text += (f"The integrality gap is {gap:.1f}%: branch and bound has to close it by splitting on fractional variables, which "
-                 "is why tight formulations (small big-M values, strong linking constraints) matter.")
+        text += (
+            f"The integrality gap is {gap:.1f}%: branch and bound has to close it by splitting on fractional variables, which "
+            "is why tight formulations (small big-M values, strong linking constraints) matter."
+        )
     return text
 
 
@@ -118,10 +139,18 @@ def _duality_text(problem: Problem) -> str:
     lines = []
     for name, multiplier in sorted(certificate.rows.items(), key=lambda item: -abs(item[1]))[:6]:
         what, whom = element_words(name, problem.math)
-        lines.append(f"- {what}" + (f" for {whom}" if whom else "") + f": shadow price {format_objective(sign * multiplier)} per unit of right-hand side")
-    binding = "\n".join(lines) if lines else "- no constraint carries a nonzero price: the optimum sits at variable bounds"
-    return (f"Every constraint of a linear program has a dual value (shadow price): how much the optimum would change per unit of "
-            f"extra right-hand side, as long as the same constraints stay binding. For this instance:\n\n{binding}\n\n"
-            f"Weighting the constraints by these prices and adding them up gives a bound of {format_objective(certificate.bound if certificate.bound is not None else optimum)} "
-            f"on the objective, equal to the optimum {format_objective(optimum)} found by the solver, so no better plan exists: that "
-            "equality is the certificate of optimality. Constraints with slack have price 0: loosening them changes nothing.")
+        lines.append(
+            f"- {what}"
+            + (f" for {whom}" if whom else "")
+            + f": shadow price {format_objective(sign * multiplier)} per unit of right-hand side"
+        )
+    binding = (
+        "\n".join(lines) if lines else "- no constraint carries a nonzero price: the optimum sits at variable bounds"
+    )
+    return (
+        f"Every constraint of a linear program has a dual value (shadow price): how much the optimum would change per unit of "
+        f"extra right-hand side, as long as the same constraints stay binding. For this instance:\n\n{binding}\n\n"
+        f"Weighting the constraints by these prices and adding them up gives a bound of {format_objective(certificate.bound if certificate.bound is not None else optimum)} "
+        f"on the objective, equal to the optimum {format_objective(optimum)} found by the solver, so no better plan exists: that "
+        "equality is the certificate of optimality. Constraints with slack have price 0: loosening them changes nothing."
+    )

@@ -91,19 +91,32 @@ class DtaPipeline:
         verdicts = self._review(flat)
         decisions, cursor = [], 0
         for task, row in zip(tasks, reviews, strict=True):
-            task_verdicts = verdicts[cursor:cursor + len(row)]
+            task_verdicts = verdicts[cursor : cursor + len(row)]
             cursor += len(row)
-            passed = [verdict.passed and review.check.correct for review, verdict in zip(row, task_verdicts, strict=True)]
-            selection = select([teacher.name for teacher in self.teachers], passed, self.policy, selection_rngs[task.id])
-            chosen = next((review for review, teacher in zip(row, self.teachers, strict=True) if teacher.name == selection.chosen), None)
-            decisions.append(Decision(
-                task,
-                chosen.text if chosen is not None and selection.kept else None,
-                chosen.parts if chosen is not None and selection.kept else None,
-                selection,
-                tuple(review.check for review in row),
-                tuple(task_verdicts),
-            ))
+            passed = [
+                verdict.passed and review.check.correct for review, verdict in zip(row, task_verdicts, strict=True)
+            ]
+            selection = select(
+                [teacher.name for teacher in self.teachers], passed, self.policy, selection_rngs[task.id]
+            )
+            chosen = next(
+                (
+                    review
+                    for review, teacher in zip(row, self.teachers, strict=True)
+                    if teacher.name == selection.chosen
+                ),
+                None,
+            )
+            decisions.append(
+                Decision(
+                    task,
+                    chosen.text if chosen is not None and selection.kept else None,
+                    chosen.parts if chosen is not None and selection.kept else None,
+                    selection,
+                    tuple(review.check for review in row),
+                    tuple(task_verdicts),
+                )
+            )
         return decisions
 
     def _review(self, reviews: Sequence[Review]) -> list[Verdict]:

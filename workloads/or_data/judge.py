@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from trex.workloads.llm_clients.base import Client
 from trex.workloads.or_data.agreement import CandidateCheck
 from trex.workloads.or_data.outcome import Outcome, outcome_from_text
 from trex.workloads.or_data.program import OBJECTIVE_MARKER
@@ -29,7 +30,6 @@ from trex.workloads.or_data.solve import lp_file, solve_lp_text_highs
 from trex.workloads.or_data.style import AnswerParts, StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import Task
 from trex.workloads.or_data.teachers import ask
-from trex.workloads.llm_clients.base import Client
 
 MAX_LP_CHARS = 400_000
 
@@ -84,7 +84,9 @@ class ProgrammaticJudge:
             problems.append(f"re-solving reaches {check.reached.text()}, the verified answer is {task.truth.text()}")
         stated = outcome_from_text(item.text)
         if stated is None or check.reached is None or not stated.matches(check.reached):
-            problems.append(f"the final line states {stated.text() if stated else 'nothing'}, re-solving reaches {check.answer_key()}")
+            problems.append(
+                f"the final line states {stated.text() if stated else 'nothing'}, re-solving reaches {check.answer_key()}"
+            )
         problems += self._structure(item)
         problems += [f"prose: {flag}" for flag in check_prose(item.text)]
         return problems
@@ -117,14 +119,18 @@ def _lp_structure(lp: str, task: Task) -> list[str]:
     problems = []
     highs = solve_lp_text_highs(lp)
     if highs.status == "other" or not Outcome(highs.status, highs.objective).matches(task.truth):
-        problems.append(f"HiGHS re-solves the LP file to {highs.status} {highs.objective!r} ({highs.solver_status}), the verified answer is {task.truth.text()}")
+        problems.append(
+            f"HiGHS re-solves the LP file to {highs.status} {highs.objective!r} ({highs.solver_status}), the verified answer is {task.truth.text()}"
+        )
     counts = _lp_counts(lp)
     truth = task.target.model
     expected = (len(truth.variables), sum(variable.integral for variable in truth.variables))
     if counts is None:
         problems.append("SCIP cannot read the LP file")
     elif counts != expected:
-        problems.append(f"the LP file has {counts[0]} variables ({counts[1]} integer), the problem has {expected[0]} ({expected[1]} integer)")
+        problems.append(
+            f"the LP file has {counts[0]} variables ({counts[1]} integer), the problem has {expected[0]} ({expected[1]} integer)"
+        )
     return problems
 
 
@@ -149,9 +155,13 @@ def _program_structure(program: str) -> list[str]:
         tree = ast.parse(program)
     except SyntaxError as error:
         return [f"the program does not parse: line {error.lineno}: {error.msg}"]
-    imports = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imports = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imports |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    calls = {
+        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
     problems = []
     if "pyscipopt" not in imports:
         problems.append("the program does not use pyscipopt")
@@ -185,7 +195,10 @@ class ClientJudge:
         self.client, self.name = client, name
 
     def review(self, items: Sequence[Review]) -> list[Verdict]:
-        prompts = [(f"{item.task.id}:{index}", item.task, _JUDGE_PROMPT.format(task=item.task.prompt, answer=item.text)) for index, item in enumerate(items)]
+        prompts = [
+            (f"{item.task.id}:{index}", item.task, _JUDGE_PROMPT.format(task=item.task.prompt, answer=item.text))
+            for index, item in enumerate(items)
+        ]
         texts, error = ask(self.client, prompts)
         verdicts = []
         for text in texts:
@@ -198,7 +211,7 @@ class ClientJudge:
             elif found[-1].upper() == "PASS":
                 verdicts.append(Verdict(self.name, True))
             else:
-                tail = text[text.upper().rfind("VERDICT"):][:300]
+                tail = text[text.upper().rfind("VERDICT") :][:300]
                 verdicts.append(Verdict(self.name, False, (f"reflection: {tail.strip()}",)))
         return verdicts
 
@@ -221,5 +234,7 @@ class JudgePanel:
                 break
             for index, verdict in zip(open_items, judge.review([items[index] for index in open_items]), strict=True):
                 if not verdict.passed:
-                    verdicts[index] = Verdict(self.name, False, tuple(f"{judge.name}: {reason}" for reason in verdict.reasons))
+                    verdicts[index] = Verdict(
+                        self.name, False, tuple(f"{judge.name}: {reason}" for reason in verdict.reasons)
+                    )
         return verdicts

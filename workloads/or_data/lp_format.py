@@ -55,7 +55,9 @@ def write_lp(model: LinearModel) -> str:
     lines.append("Subject To")
     sense_text = {"<=": "<=", ">=": ">=", "==": "="}
     for row in model.rows:
-        lines += _wrap(f" {row.name}:", _expression(row.terms, first), f"{sense_text[row.sense]} {format_number(row.rhs)}")
+        lines += _wrap(
+            f" {row.name}:", _expression(row.terms, first), f"{sense_text[row.sense]} {format_number(row.rhs)}"
+        )
     bounds = []
     for variable in model.variables:
         if variable.kind == "binary":

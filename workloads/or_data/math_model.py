@@ -106,7 +106,9 @@ class MathModel:
         lines += ["", "**Parameters**", ""]
         tables: list[str] = []
         for param in self.params:
-            lines.append(f"- ${param.symbol}$: {agree(param.description)}{self._inline_values(param) if with_data else ''}")
+            lines.append(
+                f"- ${param.symbol}$: {agree(param.description)}{self._inline_values(param) if with_data else ''}"
+            )
             if with_data and len(param.over) == 2 and not _sparse(param):
                 tables.append(self._table(param))
         if tables:
@@ -116,10 +118,20 @@ class MathModel:
             quantifier = self._quantifier(var.over, "")
             lines.append(f"- ${var.symbol} {var.domain}{quantifier}$: {agree(var.description)}")
         verb = "\\min" if self.sense == "minimize" else "\\max"
-        lines += ["", f"**Objective** ({self.objective_description})", "", f"$$ {verb} \\; {self.objective} $$", "", "**Constraints**", ""]
+        lines += [
+            "",
+            f"**Objective** ({self.objective_description})",
+            "",
+            f"$$ {verb} \\; {self.objective} $$",
+            "",
+            "**Constraints**",
+            "",
+        ]
         for number_, constraint in enumerate(self.constraints, start=1):
             quantifier = self._quantifier(constraint.over, constraint.condition)
-            lines.append(f"{number_}. {constraint.label} ({agree(constraint.description)}): $${constraint.latex}{quantifier}$$")
+            lines.append(
+                f"{number_}. {constraint.label} ({agree(constraint.description)}): $${constraint.latex}{quantifier}$$"
+            )
         for note in self.notes:
             lines += ["", note]
         return "\n".join(lines).strip() + "\n"
@@ -139,8 +151,12 @@ class MathModel:
         rows_set, columns_set = (self.set(symbol) for symbol in param.over)
         values = param.values
         assert isinstance(values, Mapping)
-        body = [[row, *(values.get((row, column), "–") for column in columns_set.elements)] for row in rows_set.elements]
-        return f"${param.symbol}$:\n\n" + table([f"{rows_set.index} \\ {columns_set.index}", *columns_set.elements], body)
+        body = [
+            [row, *(values.get((row, column), "–") for column in columns_set.elements)] for row in rows_set.elements
+        ]
+        return f"${param.symbol}$:\n\n" + table(
+            [f"{rows_set.index} \\ {columns_set.index}", *columns_set.elements], body
+        )
 
 
 def _text(value: object) -> str:
@@ -170,7 +186,9 @@ def check_structure(math: MathModel, model: LinearModel) -> StructureCheck:
     declared_columns = {var.lp_family: math.expected_count(var.over, var.count) for var in math.variables}
     declared_rows: dict[str, int] = {}
     for constraint in math.constraints:
-        declared_rows[constraint.lp_family] = declared_rows.get(constraint.lp_family, 0) + math.expected_count(constraint.over, constraint.count)
+        declared_rows[constraint.lp_family] = declared_rows.get(constraint.lp_family, 0) + math.expected_count(
+            constraint.over, constraint.count
+        )
     for kind, declared, actual in (("variable", declared_columns, columns), ("constraint", declared_rows, rows)):
         for family in sorted(set(declared) | set(actual)):
             if declared.get(family, 0) != actual.get(family, 0):

@@ -10,13 +10,13 @@ unbounded problem infeasible is wrong here. Objectives compare under the evaluat
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
+from trex.workloads.or_data.program import OBJECTIVE_MARKER
 from trex.workloads.or_eval.extraction import extract_final_answer, prediction_from_run, strip_reasoning
 from trex.workloads.or_eval.scoring import Rule, values_match
-from trex.workloads.or_data.program import OBJECTIVE_MARKER
 from trex.workloads.sandbox import SolveRecord
 
 _MARKER = re.compile(rf"^\s*{OBJECTIVE_MARKER}\s*[:=]\s*(?P<value>.+?)\s*$", re.IGNORECASE | re.MULTILINE)
@@ -33,11 +33,17 @@ class Outcome:
             return False
         if self.status != "optimal":
             return True
-        return self.objective is not None and truth.objective is not None and values_match(self.objective, truth.objective, Rule.STRICT)
+        return (
+            self.objective is not None
+            and truth.objective is not None
+            and values_match(self.objective, truth.objective, Rule.STRICT)
+        )
 
     def text(self) -> str:
         """`1160`, `267.5`, `infeasible`: how answers state it."""
-        return format_objective(self.objective) if self.status == "optimal" and self.objective is not None else self.status
+        return (
+            format_objective(self.objective) if self.status == "optimal" and self.objective is not None else self.status
+        )
 
     def marker_line(self) -> str:
         return f"{OBJECTIVE_MARKER}: {self.text()}"

@@ -78,6 +78,7 @@ def join(items: Sequence[str], rng: random.Random | None = None, conjunction: st
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table; numbers are written with `number`."""
+
     def cell(value: object) -> str:
         return number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
@@ -95,7 +96,7 @@ def capitalize(text: str) -> str:
 
 
 def decapitalize(text: str) -> str:
-    """"The board of Helix" -> "the board of Helix"; names stay as they are."""
+    """ "The board of Helix" -> "the board of Helix"; names stay as they are."""
     first = text.split(" ", 1)[0]
     return text[:1].lower() + text[1:] if first in ("A", "An", "The") else text
 
@@ -130,7 +131,18 @@ FRAMINGS = (
     "Below is a decision problem.",
 )
 # Ways of setting the question apart at the end.
-QUESTION_LEADS = ("", "", "", "Question: ", "Task: ", "Your job: ", "The question: ", "Goal: ", "To decide: ", "Asked: ")
+QUESTION_LEADS = (
+    "",
+    "",
+    "",
+    "Question: ",
+    "Task: ",
+    "Your job: ",
+    "The question: ",
+    "Goal: ",
+    "To decide: ",
+    "Asked: ",
+)
 
 
 @dataclass

@@ -66,7 +66,9 @@ def plan(config: SynthConfig, index: int) -> Plan:
     if "unbounded" in FAMILIES[family_name].statuses:
         unbounded = min(0.3, config.unbounded_share * len(config.families) / len(can_be_unbounded))
     draw = stream(config.seed, index, "status").random()
-    status = "unbounded" if draw < unbounded else "infeasible" if draw < unbounded + config.infeasible_share else "optimal"
+    status = (
+        "unbounded" if draw < unbounded else "infeasible" if draw < unbounded + config.infeasible_share else "optimal"
+    )
     if status != "optimal" and variant in _NEEDS_OPTIMUM:
         variant = _NEEDS_OPTIMUM[variant]
     return Plan(index, family_name, status, category, variant)
@@ -94,11 +96,25 @@ class ShardContext:
 
 
 def _rejected(plan_: Plan, stage: str, detail: str, started: float) -> dict[str, Any]:
-    return {**_plan_json(plan_), "result": "rejected", "stage": stage, "detail": detail[:500], "seconds": round(time.monotonic() - started, 4), "sft": None, "cpt": None}
+    return {
+        **_plan_json(plan_),
+        "result": "rejected",
+        "stage": stage,
+        "detail": detail[:500],
+        "seconds": round(time.monotonic() - started, 4),
+        "sft": None,
+        "cpt": None,
+    }
 
 
 def _plan_json(plan_: Plan) -> dict[str, Any]:
-    return {"index": plan_.index, "family": plan_.family, "planned_status": plan_.status, "category": plan_.category, "variant": plan_.variant}
+    return {
+        "index": plan_.index,
+        "family": plan_.family,
+        "planned_status": plan_.status,
+        "category": plan_.category,
+        "variant": plan_.variant,
+    }
 
 
 def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, Any]]:
@@ -114,8 +130,13 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
             generated = family.generate(stream(config.seed, index, "data"), plan_.status)
             problem = verify_problem(family, generated.data, generated.status, generated.note, context.runner)
             task = build_task(
-                sample_id(config.seed, index), problem, plan_.category, plan_.variant,
-                text_rng=stream(config.seed, index, "text"), task_rng=stream(config.seed, index, "task"), runner=context.runner,
+                sample_id(config.seed, index),
+                problem,
+                plan_.category,
+                plan_.variant,
+                text_rng=stream(config.seed, index, "text"),
+                task_rng=stream(config.seed, index, "task"),
+                runner=context.runner,
             )
         except VerificationFailed as failure:
             results[index] = _rejected(plan_, failure.check, failure.detail, started)
@@ -123,7 +144,9 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         except RunIncomplete:
             raise  # interrupted, or the sandbox failed: no verdict on this index, the shard is redone
         except Exception as error:  # noqa: BLE001 - a generator bug must not end the run; it is counted and reported
-            results[index] = _rejected(plan_, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}", started)
+            results[index] = _rejected(
+                plan_, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}", started
+            )
             continue
         tasks.append((plan_, task, time.monotonic() - started))
 
@@ -133,11 +156,36 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         decisions = context.dta.run([task for _, task, _ in tasks], rngs)
         dta_seconds = (time.monotonic() - started) / len(tasks)
         for (plan_, task, seconds), decision in zip(tasks, decisions, strict=True):
-            base = {**_plan_json(plan_), "variant": task.variant, "fallback": task.fallback or None, "seconds": round(seconds + dta_seconds, 4)}
+            base = {
+                **_plan_json(plan_),
+                "variant": task.variant,
+                "fallback": task.fallback or None,
+                "seconds": round(seconds + dta_seconds, 4),
+            }
             if decision.answer is None:
-                results[plan_.index] = {**base, "result": "rejected", "stage": "selection", "detail": decision.selection.reason, "signal": decision.selection.signal, "sft": None, "cpt": None}
+                results[plan_.index] = {
+                    **base,
+                    "result": "rejected",
+                    "stage": "selection",
+                    "detail": decision.selection.reason,
+                    "signal": decision.selection.signal,
+                    "sft": None,
+                    "cpt": None,
+                }
                 continue
             record = sft_record(decision, context.style, seed=config.seed, index=plan_.index)
-            document = cpt_document(task.problem, task.problem.statement(stream(config.seed, plan_.index, "cpt_text")), stream(config.seed, plan_.index, "cpt_layout"))
-            results[plan_.index] = {**base, "result": "emitted", "stage": None, "detail": "", "signal": decision.selection.signal, "sft": record, "cpt": {"text": document}}
+            document = cpt_document(
+                task.problem,
+                task.problem.statement(stream(config.seed, plan_.index, "cpt_text")),
+                stream(config.seed, plan_.index, "cpt_layout"),
+            )
+            results[plan_.index] = {
+                **base,
+                "result": "emitted",
+                "stage": None,
+                "detail": "",
+                "signal": decision.selection.signal,
+                "sft": record,
+                "cpt": {"text": document},
+            }
     return [results[index] for index in indices]

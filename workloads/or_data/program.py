@@ -99,6 +99,8 @@ else:
 '''
 
 
-def assemble(name: str, data: Sequence[tuple[str, object]] | Mapping[str, object], body: str, report: Sequence[str]) -> str:
+def assemble(
+    name: str, data: Sequence[tuple[str, object]] | Mapping[str, object], body: str, report: Sequence[str]
+) -> str:
     """A whole program: header, data, `model = Model(name)`, the family's body, the ending."""
     return "\n".join([HEADER, data_block(data), f'model = Model("{name}")\n', body.strip("\n") + "\n", ending(report)])

@@ -62,7 +62,9 @@ class ProgramRunner:
 
     def run(self, source: str, files: Mapping[str, str] | None = None) -> ProgramRun:
         files = dict(files or {})
-        digest = hashlib.sha256("\0".join([source, *(f"{k}\0{v}" for k, v in sorted(files.items()))]).encode()).hexdigest()
+        digest = hashlib.sha256(
+            "\0".join([source, *(f"{k}\0{v}" for k, v in sorted(files.items()))]).encode()
+        ).hexdigest()
         cached = self._cache.get(digest)
         if cached is not None:
             self._cache.move_to_end(digest)
@@ -91,7 +93,9 @@ class ProgramRunner:
             self.hits += 1
             return cached
         if len(lp_text) > MAX_LP_CHARS:
-            result = ProgramRun(None, "lp_too_large", f"the LP file has {len(lp_text)} characters, more than {MAX_LP_CHARS}", "")
+            result = ProgramRun(
+                None, "lp_too_large", f"the LP file has {len(lp_text)} characters, more than {MAX_LP_CHARS}", ""
+            )
         else:
             try:
                 with descriptor_to_devnull(2):

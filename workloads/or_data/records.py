@@ -97,20 +97,30 @@ def sft_record(decision: Decision, style: StyleTemplate, *, seed: int, index: in
 def validate_sft_record(record: Any) -> list[str]:
     """Schema problems of one `sft.jsonl` record (empty when it conforms)."""
     if not isinstance(record, dict) or set(record) != {"messages", "meta"}:
-        return [f"a record has exactly the keys messages and meta, got {sorted(record) if isinstance(record, dict) else type(record).__name__}"]
+        return [
+            f"a record has exactly the keys messages and meta, got {sorted(record) if isinstance(record, dict) else type(record).__name__}"
+        ]
     problems = []
     messages = record["messages"]
-    if not isinstance(messages, list) or [m.get("role") if isinstance(m, dict) else None for m in messages] != list(ROLES):
+    if not isinstance(messages, list) or [m.get("role") if isinstance(m, dict) else None for m in messages] != list(
+        ROLES
+    ):
         problems.append("messages must be system, user, assistant in that order")
     else:
         for message in messages:
-            if set(message) != {"role", "content"} or not isinstance(message["content"], str) or not message["content"].strip():
+            if (
+                set(message) != {"role", "content"}
+                or not isinstance(message["content"], str)
+                or not message["content"].strip()
+            ):
                 problems.append(f"the {message.get('role')} message needs exactly role and non-empty string content")
     meta = record["meta"]
     if not isinstance(meta, dict):
         return [*problems, "meta must be an object"]
     if set(meta) != set(META_FIELDS):
-        problems.append(f"meta keys differ: missing {sorted(set(META_FIELDS) - set(meta))}, extra {sorted(set(meta) - set(META_FIELDS))}")
+        problems.append(
+            f"meta keys differ: missing {sorted(set(META_FIELDS) - set(meta))}, extra {sorted(set(meta) - set(META_FIELDS))}"
+        )
     for name, kind in META_FIELDS.items():
         if name in meta and (not isinstance(meta[name], kind) or (kind is int and isinstance(meta[name], bool))):
             problems.append(f"meta.{name} has type {type(meta[name]).__name__}")

@@ -42,10 +42,14 @@ def reverify_record(record: dict[str, Any], runner: ProgramRunner) -> list[str]:
     truth = Outcome(meta["status"], meta["objective"])
     run = runner.run(meta["program"])
     if run.outcome is None or not run.outcome.matches(truth):
-        problems.append(f"meta.program reaches {run.outcome.text() if run.outcome else run.failure}, meta says {truth.text()}")
+        problems.append(
+            f"meta.program reaches {run.outcome.text() if run.outcome else run.failure}, meta says {truth.text()}"
+        )
     scip = runner.solve_lp(meta["lp"])
     if scip.outcome is None or not scip.outcome.matches(truth):
-        problems.append(f"meta.lp re-solves (SCIP) to {scip.outcome.text() if scip.outcome else scip.failure}, meta says {truth.text()}")
+        problems.append(
+            f"meta.lp re-solves (SCIP) to {scip.outcome.text() if scip.outcome else scip.failure}, meta says {truth.text()}"
+        )
     highs = solve_lp_text_highs(meta["lp"])
     if not Outcome(highs.status, highs.objective).matches(truth):
         problems.append(f"meta.lp re-solves (HiGHS) to {highs.status} {highs.objective!r}, meta says {truth.text()}")
@@ -62,7 +66,9 @@ def reverify_record(record: dict[str, Any], runner: ProgramRunner) -> list[str]:
     if reached is None:
         problems.append("the answer holds no program or LP file to re-solve")
     elif reached.outcome is None or not reached.outcome.matches(truth):
-        problems.append(f"the answer's own {'LP file' if meta['variant'] == 'model' else 'program'} reaches {reached.outcome.text() if reached.outcome else reached.failure}, meta says {truth.text()}")
+        problems.append(
+            f"the answer's own {'LP file' if meta['variant'] == 'model' else 'program'} reaches {reached.outcome.text() if reached.outcome else reached.failure}, meta says {truth.text()}"
+        )
     return problems
 
 

@@ -52,11 +52,21 @@ def rewrite(candidate: Candidate, check: CandidateCheck, task: Task) -> AnswerPa
     outcome = check.reached
     if task.variant == "repair":
         assert task.bug is not None
-        diff = "\n".join(difflib.unified_diff(task.bug.buggy.splitlines(), check.program.splitlines(), "buggy.py", "fixed.py", n=1, lineterm=""))
+        diff = "\n".join(
+            difflib.unified_diff(
+                task.bug.buggy.splitlines(), check.program.splitlines(), "buggy.py", "fixed.py", n=1, lineterm=""
+            )
+        )
         return AnswerParts(diagnosis=prose, diff=diff, program=check.program, outcome=outcome)
     if task.variant == "what_if":
         middle = "\n\n".join(paragraphs[1:-1])
-        return AnswerParts(reasoning=reasoning, math=middle, program=check.program, analysis=paragraphs[-1] if len(paragraphs) > 1 else "", outcome=outcome)
+        return AnswerParts(
+            reasoning=reasoning,
+            math=middle,
+            program=check.program,
+            analysis=paragraphs[-1] if len(paragraphs) > 1 else "",
+            outcome=outcome,
+        )
     return AnswerParts(
         reasoning=reasoning,
         math=rest,

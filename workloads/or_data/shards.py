@@ -54,7 +54,9 @@ class ShardStore:
         with open(self.path(shard), encoding="utf-8") as file:
             results = [json.loads(line) for line in file if line.strip()]
         if [result["index"] for result in results] != list(self.indices(shard)):
-            raise TrexError(f"{self.path(shard)} does not hold indices {self.indices(shard).start}..{self.indices(shard).stop - 1}; delete it to redo the shard")
+            raise TrexError(
+                f"{self.path(shard)} does not hold indices {self.indices(shard).start}..{self.indices(shard).stop - 1}; delete it to redo the shard"
+            )
         return results
 
     def clean_temporaries(self) -> None:

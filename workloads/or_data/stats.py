@@ -40,9 +40,18 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
     if not values:
         return {"count": 0}
     ordered = sorted(values)
+
     def at(share: float) -> int:
         return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-    return {"count": len(ordered), "mean": round(sum(ordered) / len(ordered), 1), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1]}
+
+    return {
+        "count": len(ordered),
+        "mean": round(sum(ordered) / len(ordered), 1),
+        "p50": at(0.5),
+        "p90": at(0.9),
+        "p99": at(0.99),
+        "max": ordered[-1],
+    }
 
 
 def prose_rejections(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -51,7 +60,11 @@ def prose_rejections(results: list[dict[str, Any]]) -> dict[str, Any]:
     kinds: Counter = Counter()
     for detail in details:
         kinds.update(kind for kind in re.findall(r"(?:^|; )(\w+): ", detail) if kind in PROSE_KINDS)
-    return {"rejected": len(details), "share": round(len(details) / len(results), 4) if results else 0.0, "flags": dict(sorted(kinds.items()))}
+    return {
+        "rejected": len(details),
+        "share": round(len(details) / len(results), 4) if results else 0.0,
+        "flags": dict(sorted(kinds.items())),
+    }
 
 
 def build_stats(merger: Merger, count_tokens: Callable[[str], int], tokenizer_name: str) -> dict[str, Any]:
@@ -122,7 +135,10 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     ]
     prose = stats.get("prose")
     if prose is not None:
-        lines += [f"Rejected by the prose checker: {prose['rejected']} ({prose['share']:.2%} of instances); flags: {prose['flags'] or 'none'}", ""]
+        lines += [
+            f"Rejected by the prose checker: {prose['rejected']} ({prose['share']:.2%} of instances); flags: {prose['flags'] or 'none'}",
+            "",
+        ]
     lines += _counts_table("family", stats["families"])
     lines += _counts_table("task", stats["tasks"])
     lines += _counts_table("task/variant", stats["variants"])
@@ -135,9 +151,16 @@ def stats_markdown(stats: dict[str, Any]) -> str:
     if stats.get("diversity"):
         lines += diversity_markdown(stats["diversity"])
     tokens = stats["tokens"]
-    lines += [f"Token lengths ({tokens['counted_with']}):", "", "| text | mean | p50 | p90 | p99 | max |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        f"Token lengths ({tokens['counted_with']}):",
+        "",
+        "| text | mean | p50 | p90 | p99 | max |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name in ("prompt", "answer", "sample", "cpt_document"):
         summary = tokens[name]
         if summary.get("count"):
-            lines.append(f"| {name} | {summary['mean']} | {summary['p50']} | {summary['p90']} | {summary['p99']} | {summary['max']} |")
+            lines.append(
+                f"| {name} | {summary['mean']} | {summary['p50']} | {summary['p90']} | {summary['p99']} | {summary['max']} |"
+            )
     return "\n".join(lines).rstrip() + "\n"

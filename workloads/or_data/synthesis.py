@@ -113,7 +113,9 @@ def synthesize(
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     if (teachers is not None or judge is not None) and workers != 1:
-        raise ValueError("prebuilt teachers or judges run in-process only: use workers=1, or teacher specs in the config")
+        raise ValueError(
+            "prebuilt teachers or judges run in-process only: use workers=1, or teacher specs in the config"
+        )
     started = time.monotonic()
     root = Path(out_dir)
     open_manifest(root, config.identity())
@@ -189,7 +191,9 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
         return made, reused
 
     spawn = multiprocessing.get_context("spawn")  # no forked copies of solver or torch state
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(config.to_json(), hide))
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=spawn, initializer=_init_worker, initargs=(config.to_json(), hide)
+    )
     pending: dict[Future, int] = {}
     try:
         while not merger.full:
@@ -235,11 +239,15 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
             pass
 
 
-def _write_outputs(root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None) -> dict[str, Any]:
+def _write_outputs(
+    root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None
+) -> dict[str, Any]:
     _write_jsonl(root / "sft.jsonl", merger.sft)
     _write_jsonl(root / "cpt.jsonl", merger.cpt)
     report = merger.contamination.to_json()
-    report["benchmarks"] = {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
+    report["benchmarks"] = (
+        {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
+    )
     _write_text(root / "decontamination.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
     count, name = token_counter(tokenizer_dir)
     stats = build_stats(merger, count, name)

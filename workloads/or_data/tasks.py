@@ -166,18 +166,32 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     whole numbers. `rng` picks among equivalent phrasings."""
     rng = rng or random.Random(0)
     decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
-    lead = pick(rng, ("The decisions are {x}.", "We have to decide {x}.", "The model chooses {x}.", "What is to be decided: {x}."))
+    lead = pick(
+        rng,
+        ("The decisions are {x}.", "We have to decide {x}.", "The model chooses {x}.", "What is to be decided: {x}."),
+    )
     goal_verb = "minimize" if math.sense == "minimize" else "maximize"
     extreme = "as low" if math.sense == "minimize" else "as high"
-    goal = pick(rng, (
-        f"The goal is to {goal_verb} the {math.objective_description}.",
-        f"We want the {math.objective_description} {extreme} as possible.",
-        f"The objective is to {goal_verb} the {math.objective_description}.",
-    ))
+    goal = pick(
+        rng,
+        (
+            f"The goal is to {goal_verb} the {math.objective_description}.",
+            f"We want the {math.objective_description} {extreme} as possible.",
+            f"The objective is to {goal_verb} the {math.objective_description}.",
+        ),
+    )
     paragraphs = [f"{lead.format(x=join(decisions))} {goal}"]
     if math.constraints:
-        intro = pick(rng, ("The constraints, and why each is needed:", "What restricts the plan, and why:", "Each rule of the model comes from the problem:",
-                           "Why the model has the constraints it has:", "The constraints follow from the story:"))
+        intro = pick(
+            rng,
+            (
+                "The constraints, and why each is needed:",
+                "What restricts the plan, and why:",
+                "Each rule of the model comes from the problem:",
+                "Why the model has the constraints it has:",
+                "The constraints follow from the story:",
+            ),
+        )
         as_list = rng.random() < 0.6
         bullet = pick(rng, ("- {label}: {why}.", "- {label} — {why}.", "- **{label}**: {why}."))  # one format per list
         lines = []
@@ -186,7 +200,9 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
             if as_list:
                 line = bullet.format(label=constraint.label, why=why)
             else:
-                lead = ("The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))) + f"{constraint.label.lower()} constraint"
+                lead = (
+                    "The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))
+                ) + f"{constraint.label.lower()} constraint"
                 line = f"{lead} is there because {why}."
             if constraint.technique:
                 line += f" {constraint.technique}"
@@ -195,28 +211,45 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     else:
         paragraphs.append("No constraint links the decisions: each quantity is limited only by its own bounds.")
     if any(_has_bound(variable.symbol, variable.domain) for variable in math.variables):
-        paragraphs.append(pick(rng, (
-            "Limits on a single quantity (minimums, caps) are written as bounds on its variable rather than as separate constraints.",
-            "Minimums and caps that concern one variable only are bounds on that variable, not constraints.",
-        )))
+        paragraphs.append(
+            pick(
+                rng,
+                (
+                    "Limits on a single quantity (minimums, caps) are written as bounds on its variable rather than as separate constraints.",
+                    "Minimums and caps that concern one variable only are bounds on that variable, not constraints.",
+                ),
+            )
+        )
     integral, binary = [], []
     for variable in math.variables:
         if r"\{0, 1\}" in variable.domain:
             binary.append(variable.indicator or f"the {variable.noun}")
         elif "mathbb{Z}" in variable.domain:
-            integral.append(f"the {variable.noun} must be whole numbers" + (f" because {variable.whole}" if variable.whole else ", as the problem states"))
+            integral.append(
+                f"the {variable.noun} must be whole numbers"
+                + (f" because {variable.whole}" if variable.whole else ", as the problem states")
+            )
     sentences = []
     if binary:
-        sentences.append(f"{capitalize(join(binary))} {'is a yes/no choice' if len(binary) == 1 else 'are yes/no choices'}, modelled with binary (0/1) variables.")
+        sentences.append(
+            f"{capitalize(join(binary))} {'is a yes/no choice' if len(binary) == 1 else 'are yes/no choices'}, modelled with binary (0/1) variables."
+        )
     if integral:
         sentences.append(capitalize(join(integral)) + ".")
     if sentences:
-        sentences.append(pick(rng, ("So this is a mixed-integer program.", "This makes it a mixed-integer program (MIP).")))
+        sentences.append(
+            pick(rng, ("So this is a mixed-integer program.", "This makes it a mixed-integer program (MIP)."))
+        )
     else:
-        sentences.append(pick(rng, (
-            "Every quantity may take fractional values, so this is a linear program.",
-            "Nothing has to be a whole number, so this is a linear program (LP) and its optimum is proven by LP duality.",
-        )))
+        sentences.append(
+            pick(
+                rng,
+                (
+                    "Every quantity may take fractional values, so this is a linear program.",
+                    "Nothing has to be a whole number, so this is a linear program (LP) and its optimum is proven by LP duality.",
+                ),
+            )
+        )
     paragraphs.append(" ".join(sentences))
     return agree("\n\n".join(paragraphs))
 
@@ -241,14 +274,28 @@ def lp_reading(model) -> str:
         family = family_of(row.name)
         number_, senses = rows.get(family, (0, set()))
         rows[family] = (number_ + 1, senses | {row.sense})
-    variables = join([f"`{family}` ({counts[family]} {'variable' if counts[family] == 1 else 'variables'}, "
-                      f"{'/'.join(sorted(kinds[family]))})" for family in counts])
-    constraints = join([f"`{family}` ({number_} {'row' if number_ == 1 else 'rows'}, {' and '.join(sorted(senses))})"
-                        for family, (number_, senses) in rows.items()]) or "no rows"
+    variables = join(
+        [
+            f"`{family}` ({counts[family]} {'variable' if counts[family] == 1 else 'variables'}, "
+            f"{'/'.join(sorted(kinds[family]))})"
+            for family in counts
+        ]
+    )
+    constraints = (
+        join(
+            [
+                f"`{family}` ({number_} {'row' if number_ == 1 else 'rows'}, {' and '.join(sorted(senses))})"
+                for family, (number_, senses) in rows.items()
+            ]
+        )
+        or "no rows"
+    )
     size = f"{len(model.variables)} {'variable' if len(model.variables) == 1 else 'variables'}"
-    text = (f"The LP file {model.sense}s a linear objective over {size} in the families {variables}; "
-            f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
-            "constraints in the program, with the keys taken from the names after the double underscore.")
+    text = (
+        f"The LP file {model.sense}s a linear objective over {size} in the families {variables}; "
+        f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
+        "constraints in the program, with the keys taken from the names after the double underscore."
+    )
     if bounded:
         text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become `lb`/`ub` of `addVar`."
     integral = sorted(family for family, found in kinds.items() if found & {"integer", "binary"})
@@ -289,7 +336,10 @@ def no_solution_explanation(problem: Problem) -> str:
     for name in sorted(ray)[:6]:
         what, whom = element_words(name, problem.math)
         grouped.setdefault(what, []).append(whom)
-    moves = [f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "") for what, whoms in grouped.items()]
+    moves = [
+        f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "")
+        for what, whoms in grouped.items()
+    ]
     return agree(
         f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} together "
         "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit, "
@@ -315,7 +365,9 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     change = f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
     blocks = [f"The change: {change}.", _plan_block("Original optimal plan", base)]
     if changed.outcome.status != "optimal":
-        blocks.append(f"After the change the problem becomes {changed.outcome.status}. {no_solution_explanation(changed)}")
+        blocks.append(
+            f"After the change the problem becomes {changed.outcome.status}. {no_solution_explanation(changed)}"
+        )
         return "\n\n".join(blocks)
     blocks.append(_plan_block("Optimal plan after the change", changed))
     before, after = base.outcome.objective, changed.outcome.objective
@@ -350,32 +402,49 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             multiplier = base.certificate.rows.get(row.name, 0.0)
             price = multiplier if base.model.sense == "minimize" else -multiplier
             if abs(price) < 1e-9:
-                return (f"The {label} had slack in the original plan ({format_objective(max(slack, 0.0))} unused), so its shadow price "
-                        "is 0 and the change does not move the optimum." if abs(delta) < 1e-9 else
-                        f"The {label} had a shadow price of 0 in the original plan, but the change is larger than its slack, so another plan takes over.")
+                return (
+                    f"The {label} had slack in the original plan ({format_objective(max(slack, 0.0))} unused), so its shadow price "
+                    "is 0 and the change does not move the optimum."
+                    if abs(delta) < 1e-9
+                    else f"The {label} had a shadow price of 0 in the original plan, but the change is larger than its slack, so another plan takes over."
+                )
             predicted = price * step
             agree_ = abs(predicted - delta) <= 1e-6 * (1 + abs(delta))
-            return (f"The {label} is binding in the original plan, with a shadow price (dual value) of {format_objective(price)} per unit: "
-                    f"changing it by {format_objective(step)} predicts a change of {format_objective(predicted)} in the optimum"
-                    + (", which is what re-solving gives (the same constraints stay binding)." if agree_ else
-                       f"; re-solving gives {format_objective(delta)}, so the change is large enough that another limit takes over."))
+            return (
+                f"The {label} is binding in the original plan, with a shadow price (dual value) of {format_objective(price)} per unit: "
+                f"changing it by {format_objective(step)} predicts a change of {format_objective(predicted)} in the optimum"
+                + (
+                    ", which is what re-solving gives (the same constraints stay binding)."
+                    if agree_
+                    else f"; re-solving gives {format_objective(delta)}, so the change is large enough that another limit takes over."
+                )
+            )
         if slack > 1e-6 and abs(delta) < 1e-9:
-            return f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
+            return (
+                f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
+            )
         if slack <= 1e-6:
             return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
         return f"The {label} had {format_objective(slack)} unused in the original plan, but with whole-number decisions a different combination becomes better."
     if {v.name for v in base.model.variables} != {v.name for v in changed.model.variables}:
-        return ("The change alters which decision options exist (the model is rebuilt from the new data, e.g. other cutting "
-                "patterns), so the plan is re-optimized from the new options rather than adjusted.")
-    rows_changed = [row.name for row in base.model.rows if row.name in new_rows and new_rows[row.name].terms != row.terms]
+        return (
+            "The change alters which decision options exist (the model is rebuilt from the new data, e.g. other cutting "
+            "patterns), so the plan is re-optimized from the new options rather than adjusted."
+        )
+    rows_changed = [
+        row.name for row in base.model.rows if row.name in new_rows and new_rows[row.name].terms != row.terms
+    ]
     if rows_changed:
         check = check_solution(changed.model, base.values)
         what, whom = element_words(rows_changed[0], base.math)
         where = f"{what.lower()}" + (f" for {whom}" if whom else "")
         if check.feasible:
             kept = changed.model.objective_value(base.values)
-            return (f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
-                    f"{format_objective(kept)}, " + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}."))
+            return (
+                f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
+                f"{format_objective(kept)}, "
+                + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}.")
+            )
         return f"The change alters coefficients of the {where} constraint, and the original plan no longer satisfies it, so the plan has to change."
     new_variables = {variable.name: variable for variable in changed.model.variables}
     for variable in base.model.variables:
@@ -384,14 +453,25 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             continue
         level = base.values.get(variable.name, 0.0)
         subject = variable_phrase(variable.name, base.math)
-        at_bound = (variable.upper is not None and abs(level - variable.upper) < 1e-6) or abs(level - variable.lower) < 1e-6
+        at_bound = (variable.upper is not None and abs(level - variable.upper) < 1e-6) or abs(
+            level - variable.lower
+        ) < 1e-6
         if at_bound and (variable.lower > 0 or variable.upper is not None):
             return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
-        return f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change " + (
-            "leaves the optimum where it was." if abs(delta) < 1e-9 else "matters only because the new bound cuts off that level.")
+        return (
+            f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change "
+            + (
+                "leaves the optimum where it was."
+                if abs(delta) < 1e-9
+                else "matters only because the new bound cuts off that level."
+            )
+        )
     old_costs, new_costs = dict(base.model.objective), dict(changed.model.objective)
-    changes = [(name, old_costs.get(name, 0.0), new_costs.get(name, 0.0)) for name in sorted(set(old_costs) | set(new_costs))
-               if old_costs.get(name, 0.0) != new_costs.get(name, 0.0)]
+    changes = [
+        (name, old_costs.get(name, 0.0), new_costs.get(name, 0.0))
+        for name in sorted(set(old_costs) | set(new_costs))
+        if old_costs.get(name, 0.0) != new_costs.get(name, 0.0)
+    ]
     if not changes:
         return ""
     kept = math.fsum((new - old) * base.values.get(name, 0.0) for name, old, new in changes)
@@ -406,8 +486,10 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
         arithmetic = f"the coefficient change times their original levels, {format_objective(kept)}"
     if same_plan:
         return f"{used}; the plan stays optimal, so the optimum moves by exactly {arithmetic}."
-    return (f"{used}; keeping the original plan would change the objective by {arithmetic}, but re-optimizing finds a plan that does "
-            f"at least as well ({format_objective(delta)} in total), so the plan changes.")
+    return (
+        f"{used}; keeping the original plan would change the objective by {arithmetic}, but re-optimizing finds a plan that does "
+        f"at least as well ({format_objective(delta)} in total), so the plan changes."
+    )
 
 
 def build_task(
@@ -437,7 +519,15 @@ def _without_framing(statement: str) -> str:
 
 def _reference_texts(parts: AnswerParts) -> list[str]:
     program = f"```python\n{parts.program}\n```" if parts.program else ""
-    return [parts.reasoning, parts.math, parts.diagnosis, parts.explanation, parts.analysis, program, "\n".join(parts.decisions)]
+    return [
+        parts.reasoning,
+        parts.math,
+        parts.diagnosis,
+        parts.explanation,
+        parts.analysis,
+        program,
+        "\n".join(parts.decisions),
+    ]
 
 
 def _build_task(
@@ -461,7 +551,9 @@ def _build_task(
         bug = inject_bug(problem.program, problem.outcome, task_rng, runner) if problem.status == "optimal" else None
         if bug is not None:
             symptom_clause = pick(task_rng, (f"when I run it {bug.symptom}", "its result is wrong", f"{bug.symptom}"))
-            prompt = pick(task_rng, _PROMPTS["repair"]).format(math=math_full, buggy=bug.buggy, symptom_clause=symptom_clause)
+            prompt = pick(task_rng, _PROMPTS["repair"]).format(
+                math=math_full, buggy=bug.buggy, symptom_clause=symptom_clause
+            )
             parts = AnswerParts(
                 diagnosis=f"{bug.diagnosis} When it runs, {bug.symptom}.",
                 diff=bug.diff(),
@@ -484,7 +576,9 @@ def _build_task(
                 analysis=what_if_analysis(problem, changed, what_if),
                 outcome=changed.outcome,
             )
-            return Task(task_id, category, variant, prompt, problem, changed, parts, statement=statement, what_if=what_if)
+            return Task(
+                task_id, category, variant, prompt, problem, changed, parts, statement=statement, what_if=what_if
+            )
         variant, fallback = "decision", "what_if->decision"
     else:
         fallback = ""
@@ -497,8 +591,13 @@ def _build_task(
         template = pick(task_rng, _PROMPTS[variant])
     if not template.startswith("{"):
         statement = _without_framing(statement)  # the template's own lead-in frames it
-    prompt = template.format(statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model"))
-    solved = dict(decisions=tuple(problem.decisions()), explanation=no_solution_explanation(problem) if problem.status != "optimal" else "")
+    prompt = template.format(
+        statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model")
+    )
+    solved = dict(
+        decisions=tuple(problem.decisions()),
+        explanation=no_solution_explanation(problem) if problem.status != "optimal" else "",
+    )
     if variant == "model":
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "code":
@@ -510,7 +609,18 @@ def _build_task(
     else:  # decision
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
     uses_statement = variant in ("model", "code", "decision")
-    return Task(task_id, category, variant, prompt, problem, problem, parts, statement=statement if uses_statement else "", fallback=fallback, source=source)
+    return Task(
+        task_id,
+        category,
+        variant,
+        prompt,
+        problem,
+        problem,
+        parts,
+        statement=statement if uses_statement else "",
+        fallback=fallback,
+        source=source,
+    )
 
 
 # A what-if whose change makes the problem infeasible or unbounded is kept with this probability
@@ -520,7 +630,9 @@ NON_OPTIMAL_WHAT_IF = 0.1
 WHAT_IF_DRAWS = 3
 
 
-def _what_if_change(problem: Problem, rng: random.Random, runner: ProgramRunner) -> tuple[WhatIf | None, Problem | None]:
+def _what_if_change(
+    problem: Problem, rng: random.Random, runner: ProgramRunner
+) -> tuple[WhatIf | None, Problem | None]:
     """A verified what-if change of `problem` (see `NON_OPTIMAL_WHAT_IF`), or (None, None)."""
     from trex.workloads.or_data.solve import solve_model
 
@@ -553,4 +665,8 @@ def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -
 def _changed_note(problem: Problem, what_if: WhatIf, status: str) -> str:
     if status == "optimal":
         return ""
-    return f"with {what_if.parameter} = {format_objective(what_if.new)} the constraints can no longer all be met" if status == "infeasible" else f"with {what_if.parameter} = {format_objective(what_if.new)} nothing limits the objective"
+    return (
+        f"with {what_if.parameter} = {format_objective(what_if.new)} the constraints can no longer all be met"
+        if status == "infeasible"
+        else f"with {what_if.parameter} = {format_objective(what_if.new)} nothing limits the objective"
+    )

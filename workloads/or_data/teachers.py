@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from trex.workloads.llm_clients.base import Client, GenerationRequest
 from trex.workloads.or_data.style import AnswerParts, StyleTemplate
 from trex.workloads.or_data.tasks import Task
 from trex.workloads.or_eval.answers import NoSolution, Objective
 from trex.workloads.or_eval.benchmarks import Item
-from trex.workloads.llm_clients.base import Client, GenerationRequest
 from trex.workloads.or_eval.errors import ClientError
 
 PROGRAMMATIC = "programmatic"
@@ -62,7 +62,12 @@ class ProgrammaticTeacher:
         return {"teacher": self.name, "kind": "programmatic"}
 
     def propose(self, tasks: Sequence[Task]) -> list[Candidate]:
-        return [Candidate(self.name, task.id, self.style.render(task.category, task.variant, task.reference), task.reference) for task in tasks]
+        return [
+            Candidate(
+                self.name, task.id, self.style.render(task.category, task.variant, task.reference), task.reference
+            )
+            for task in tasks
+        ]
 
     def close(self) -> None:
         pass
@@ -97,7 +102,9 @@ def ask(client: Client, prompts: Sequence[tuple[str, Task, str]]) -> tuple[list[
     for request_id, task, prompt in prompts:
         truth = task.truth
         answer = Objective(truth.objective) if truth.objective is not None else NoSolution()
-        item = Item(id=request_id, question=task.prompt, answer=answer, category=f"{task.category}/{task.variant}", line=0)
+        item = Item(
+            id=request_id, question=task.prompt, answer=answer, category=f"{task.category}/{task.variant}", line=0
+        )
         requests.append(GenerationRequest(item=item, sample=0, prompt=prompt))
     texts: dict[str, str] = {}
     error = ""

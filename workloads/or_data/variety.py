@@ -28,7 +28,7 @@ def distinct_ngram_share(texts: Iterable[str], n: int = 4) -> float:
     total = 0
     for text in texts:
         words = masked_words(text)
-        grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
         total += len(grams)
         seen.update(grams)
     return len(seen) / total if total else 0.0

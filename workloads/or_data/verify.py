@@ -21,7 +21,14 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from trex.workloads.or_data.certificates import OPTIMALITY_TOL, Certificate, check_solution, find_dual, find_farkas, find_ray
+from trex.workloads.or_data.certificates import (
+    OPTIMALITY_TOL,
+    Certificate,
+    check_solution,
+    find_dual,
+    find_farkas,
+    find_ray,
+)
 from trex.workloads.or_data.code_style import restyle
 from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
@@ -97,7 +104,10 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
             raise VerificationFailed("solution", "; ".join(solution.violations[:3]))
         assert result.objective is not None
         if abs(solution.objective - result.objective) > OPTIMALITY_TOL * (1 + abs(result.objective)):
-            raise VerificationFailed("solution", f"objective recomputed from the values is {solution.objective!r}, SCIP reports {result.objective!r}")
+            raise VerificationFailed(
+                "solution",
+                f"objective recomputed from the values is {solution.objective!r}, SCIP reports {result.objective!r}",
+            )
         values = solution.values
         outcome = Outcome("optimal", tidy_objective(solution.objective))
         certificate = find_dual(model, solution.objective) if not model.is_mip else None
@@ -107,20 +117,50 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
         outcome = Outcome(status)
         certificate = find_farkas(model) if status == "infeasible" else find_ray(model)
         if certificate is None:
-            what = "Farkas combination proving infeasibility" if status == "infeasible" else "feasible point and improving ray"
+            what = (
+                "Farkas combination proving infeasibility"
+                if status == "infeasible"
+                else "feasible point and improving ray"
+            )
             raise VerificationFailed("certificate", f"no checked {what}")
 
     lp = write_lp(model)
     for check, solve_lp in (("lp_scip", solve_lp_text_scip), ("lp_highs", solve_lp_text_highs)):
         read_back = solve_lp(lp)
         if not _same(read_back, outcome):
-            raise VerificationFailed(check, f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}")
+            raise VerificationFailed(
+                check,
+                f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}",
+            )
 
     program = restyle(family.program(data))
     run = runner.run(program)
     if run.outcome is None or not run.outcome.matches(outcome):
         said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"
-        raise VerificationFailed("program", f"the program reports {said}, expected {outcome.text()}; stdout tail: {run.stdout[-300:]!r}")
+        raise VerificationFailed(
+            "program", f"the program reports {said}, expected {outcome.text()}; stdout tail: {run.stdout[-300:]!r}"
+        )
 
-    checks = ("structure", "solve", "solution" if status == "optimal" else "", certificate.kind if certificate else "", "lp_scip", "lp_highs", "program")
-    return Problem(family, data, status, note, model, math, lp, program, outcome, values, certificate, tuple(c for c in checks if c))
+    checks = (
+        "structure",
+        "solve",
+        "solution" if status == "optimal" else "",
+        certificate.kind if certificate else "",
+        "lp_scip",
+        "lp_highs",
+        "program",
+    )
+    return Problem(
+        family,
+        data,
+        status,
+        note,
+        model,
+        math,
+        lp,
+        program,
+        outcome,
+        values,
+        certificate,
+        tuple(c for c in checks if c),
+    )

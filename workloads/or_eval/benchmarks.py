@@ -153,7 +153,9 @@ def benchmark_from_records(
         answer = parse_answer(_required(path_text, line, record, chosen.answer), path_text, line, chosen.answer)
         item_id = str(_required(path_text, line, record, chosen.id)) if chosen.id else str(ordinal)
         if item_id in seen:
-            raise DataFormatError(path_text, line, f"id {item_id!r} repeats the record at line {seen[item_id]}", chosen.id)
+            raise DataFormatError(
+                path_text, line, f"id {item_id!r} repeats the record at line {seen[item_id]}", chosen.id
+            )
         seen[item_id] = line
         category = str(record.get(chosen.category, name)) if chosen.category else name
         items.append(Item(id=item_id, question=question.strip(), answer=answer, category=category, line=line))
@@ -166,7 +168,9 @@ def _choose_fields(path: str, line: int, record: dict, fields: FieldNames) -> Fi
     def pick(given: str | None, options: tuple[str, ...], what: str, required: bool) -> str | None:
         if given is not None:
             if given not in record:
-                raise DataFormatError(path, line, f"the {what} field {given!r} is missing (fields: {', '.join(record)})")
+                raise DataFormatError(
+                    path, line, f"the {what} field {given!r} is missing (fields: {', '.join(record)})"
+                )
             return given
         for option in options:
             if option in record:

@@ -1,8 +1,8 @@
 """`trex eval`: zero-shot pass@k on OR benchmarks, model-written programs run in a sandbox.
 
-    trex eval --bench nl4opt --client openai --base-url http://localhost:8000 --model my-model --out runs/a
-    trex eval --client replay --predictions ORLM/NL4OPT.executed.jsonl --rule lenient --json
-    trex eval --bench mamo_complexlp --client transformers --model ./checkpoints/tiny --form pyscipopt
+trex eval --bench nl4opt --client openai --base-url http://localhost:8000 --model my-model --out runs/a
+trex eval --client replay --predictions ORLM/NL4OPT.executed.jsonl --rule lenient --json
+trex eval --bench mamo_complexlp --client transformers --model ./checkpoints/tiny --form pyscipopt
 """
 
 from __future__ import annotations
@@ -27,8 +27,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     data = parser.add_argument_group("benchmark")
-    data.add_argument("--bench", metavar="NAME_OR_PATH", help="nl4opt, mamo_easylp, mamo_complexlp, optmath_bench, optibench, or a JSON/JSONL file; optional with a replay file that carries questions and answers")
-    data.add_argument("--data-dir", metavar="DIR", help="where benchmark names are looked up (default: $TREX_OR_BENCH_DIR or ../shared/data/or_bench)")
+    data.add_argument(
+        "--bench",
+        metavar="NAME_OR_PATH",
+        help="nl4opt, mamo_easylp, mamo_complexlp, optmath_bench, optibench, or a JSON/JSONL file; optional with a replay file that carries questions and answers",
+    )
+    data.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="where benchmark names are looked up (default: $TREX_OR_BENCH_DIR or ../shared/data/or_bench)",
+    )
     data.add_argument("--question-field", metavar="FIELD")
     data.add_argument("--answer-field", metavar="FIELD")
     data.add_argument("--id-field", metavar="FIELD")
@@ -37,14 +45,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     model = parser.add_argument_group("model")
     model.add_argument("--client", choices=CLIENTS, required=True)
-    model.add_argument("--predictions", metavar="FILE", help="replay: JSON/JSONL predictions (ORLM's executed.jsonl works as is)")
-    model.add_argument("--replay-source", choices=("auto", "program", "output"), default="auto", help="replay: run the stored program (to_run_script) or extract one from the stored output (default: the program when present)")
+    model.add_argument(
+        "--predictions", metavar="FILE", help="replay: JSON/JSONL predictions (ORLM's executed.jsonl works as is)"
+    )
+    model.add_argument(
+        "--replay-source",
+        choices=("auto", "program", "output"),
+        default="auto",
+        help="replay: run the stored program (to_run_script) or extract one from the stored output (default: the program when present)",
+    )
     model.add_argument("--base-url", metavar="URL", help="openai: server root, e.g. http://localhost:8000")
-    model.add_argument("--model", metavar="NAME_OR_DIR", help="openai: the served model name; transformers: a local model directory")
-    model.add_argument("--api", choices=("chat", "completions"), default="chat", help="openai: endpoint (default: chat)")
-    model.add_argument("--api-key-env", metavar="VAR", default="OPENAI_API_KEY", help="openai: environment variable holding the API key, if any")
+    model.add_argument(
+        "--model", metavar="NAME_OR_DIR", help="openai: the served model name; transformers: a local model directory"
+    )
+    model.add_argument(
+        "--api", choices=("chat", "completions"), default="chat", help="openai: endpoint (default: chat)"
+    )
+    model.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        default="OPENAI_API_KEY",
+        help="openai: environment variable holding the API key, if any",
+    )
     model.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight (default: 8)")
-    model.add_argument("--request-timeout", type=float, default=600.0, metavar="S", help="openai: seconds per request (default: 600)")
+    model.add_argument(
+        "--request-timeout", type=float, default=600.0, metavar="S", help="openai: seconds per request (default: 600)"
+    )
     model.add_argument("--max-retries", type=int, default=5, help="openai: retries per request (default: 5)")
     model.add_argument("--system-prompt", metavar="TEXT")
     model.add_argument("--temperature", type=float, default=0.0)
@@ -59,17 +85,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--dtype", default="float32", help="transformers: torch dtype")
 
     scoring = parser.add_argument_group("prompting and scoring")
-    scoring.add_argument("--form", help="answer form: coptpy, pyscipopt, gurobipy, pyomo, pulp, orlm (ORLM's template), lp, answer (default: pyscipopt; replay of an ORLM file: orlm)")
-    scoring.add_argument("--samples", type=int, metavar="N", help="samples per item (default: 1; replay: records per item)")
+    scoring.add_argument(
+        "--form",
+        help="answer form: coptpy, pyscipopt, gurobipy, pyomo, pulp, orlm (ORLM's template), lp, answer (default: pyscipopt; replay of an ORLM file: orlm)",
+    )
+    scoring.add_argument(
+        "--samples", type=int, metavar="N", help="samples per item (default: 1; replay: records per item)"
+    )
     scoring.add_argument("--k", default="1", metavar="K[,K...]", help="pass@k values to report (default: 1)")
-    scoring.add_argument("--rule", choices=RULES, default="strict", help="strict (default), mamo (1e-4 relative) or lenient (ORLM)")
+    scoring.add_argument(
+        "--rule", choices=RULES, default="strict", help="strict (default), mamo (1e-4 relative) or lenient (ORLM)"
+    )
 
     running = parser.add_argument_group("execution")
     running.add_argument("--workers", type=int, metavar="N", help="programs run at once (default: CPU cores)")
-    running.add_argument("--timeout", type=float, default=60.0, metavar="S", help="wall-clock seconds per program (default: 60)")
-    running.add_argument("--cpu-limit", type=float, metavar="S", help="CPU seconds per program (default: the --timeout)")
+    running.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="wall-clock seconds per program (default: 60)"
+    )
+    running.add_argument(
+        "--cpu-limit", type=float, metavar="S", help="CPU seconds per program (default: the --timeout)"
+    )
     running.add_argument("--memory-mb", type=int, default=4096, help="address space per program in MiB (default: 4096)")
-    running.add_argument("--isolation", choices=ISOLATION_CHOICES, default="auto", help="sandbox isolation: bwrap (warm workers in bubblewrap + seccomp), namespaces (root; fresh interpreter per program; 'os' is an alias), process (limits + audit hook only); auto picks the first that works here")
+    running.add_argument(
+        "--isolation",
+        choices=ISOLATION_CHOICES,
+        default="auto",
+        help="sandbox isolation: bwrap (warm workers in bubblewrap + seccomp), namespaces (root; fresh interpreter per program; 'os' is an alias), process (limits + audit hook only); auto picks the first that works here",
+    )
     running.add_argument("--out", metavar="DIR", help="store results here as they finish; re-running resumes")
     running.add_argument("--json", action="store_true", help="print the report as one JSON object")
     running.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -140,23 +182,31 @@ def run(args: argparse.Namespace) -> int:
         raise TrexError(f"unknown --form {args.form!r}; valid: {', '.join(FORMS)}")
     ks = _ks(args.k)
     if args.limit is not None and args.limit < 1:
-        raise TrexError(f"--limit {args.limit}: evaluates nothing; give a positive number of items (or leave --limit out for all)")
+        raise TrexError(
+            f"--limit {args.limit}: evaluates nothing; give a positive number of items (or leave --limit out for all)"
+        )
     if args.samples is not None and args.samples < 1:
         raise TrexError(f"--samples {args.samples}: give at least 1 sample per item")
     if args.out:
         from trex.outputs import output_dir
 
         output_dir(args.out, "--out")
-    fields = FieldNames(question=args.question_field, answer=args.answer_field, id=args.id_field, category=args.category_field)
+    fields = FieldNames(
+        question=args.question_field, answer=args.answer_field, id=args.id_field, category=args.category_field
+    )
     client = _client(args, fields)
-    form = args.form or ("orlm" if getattr(client, "output_field", None) == "en_math_model_coptpy_code" else "pyscipopt")
+    form = args.form or (
+        "orlm" if getattr(client, "output_field", None) == "en_math_model_coptpy_code" else "pyscipopt"
+    )
     notes: list[str] = []
     if args.bench:
         benchmark = load_benchmark(args.bench, data_dir=args.data_dir, fields=fields)
         if args.client == "replay":
             client.match(benchmark)
             if client.unmatched:
-                notes.append(f"{len(client.unmatched)} prediction record(s) matched no benchmark item (lines {client.unmatched[:10]}{'...' if len(client.unmatched) > 10 else ''})")
+                notes.append(
+                    f"{len(client.unmatched)} prediction record(s) matched no benchmark item (lines {client.unmatched[:10]}{'...' if len(client.unmatched) > 10 else ''})"
+                )
     elif args.client == "replay":
         benchmark = client.as_benchmark()
         notes.append("ground truths are the answers carried in the predictions file")
@@ -167,8 +217,10 @@ def run(args: argparse.Namespace) -> int:
         raise TrexError(f"benchmark {benchmark.name} ({benchmark.path}) has no items: nothing to evaluate")
     too_large = [k for k in ks if k > samples]
     if too_large:
-        raise TrexError(f"--k {args.k}: pass@{too_large[0]} needs at least {too_large[0]} samples per item, and this run has {samples} "
-                        f"(raise --samples to {max(too_large)}, or drop k > {samples})")
+        raise TrexError(
+            f"--k {args.k}: pass@{too_large[0]} needs at least {too_large[0]} samples per item, and this run has {samples} "
+            f"(raise --samples to {max(too_large)}, or drop k > {samples})"
+        )
 
     limits = Limits(
         wall_s=args.timeout,
@@ -184,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
         hidden.append(args.out)
     with Sandbox(limits, isolation=args.isolation, hide=hidden, workers=args.workers) as sandbox:
         if sandbox.isolation == "process":
-            notes.append("sandbox isolation 'process': limits and an audit-hook guard only, not a boundary against deliberately hostile code")
+            notes.append(
+                "sandbox isolation 'process': limits and an audit-hook guard only, not a boundary against deliberately hostile code"
+            )
         result = evaluate(
             benchmark,
             client,
@@ -201,7 +255,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         written = write_report(args.out, report)
         if written.name != "report.json":
-            print(f"trex eval: {args.out}/report.json holds a report of other settings and is kept; this one is {written}", file=sys.stderr)
+            print(
+                f"trex eval: {args.out}/report.json holds a report of other settings and is kept; this one is {written}",
+                file=sys.stderr,
+            )
     if args.json:
         json.dump(report.to_json(), sys.stdout)
         sys.stdout.write("\n")

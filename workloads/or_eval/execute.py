@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from trex.workloads.llm_clients.base import Completion
 from trex.workloads.or_eval.answers import Prediction, Quantities
 from trex.workloads.or_eval.benchmarks import Item
-from trex.workloads.llm_clients.base import Completion
 from trex.workloads.or_eval.extraction import (
     extract_code,
     extract_final_answer,
@@ -87,11 +87,15 @@ def evaluate_completion(item: Item, sample: int, completion: Completion, form: s
     base = {"key": completion.key, "item_id": item.id, "sample": sample, "origin": completion.origin}
     wants_quantities = isinstance(item.answer, Quantities)
     if completion.text is None and completion.program is None:
-        return SampleResult(**base, prediction=None, failure=MISSING_PREDICTION, detail="no prediction for this sample", executed=False)
+        return SampleResult(
+            **base, prediction=None, failure=MISSING_PREDICTION, detail="no prediction for this sample", executed=False
+        )
     if form == "answer" and completion.program is None:
         prediction = extract_final_answer(completion.text or "", quantities=wants_quantities)
         if prediction.empty:
-            return SampleResult(**base, prediction=None, failure=NO_ANSWER, detail="no boxed or stated final value", executed=False)
+            return SampleResult(
+                **base, prediction=None, failure=NO_ANSWER, detail="no boxed or stated final value", executed=False
+            )
         return SampleResult(**base, prediction=prediction, failure=None, detail="", executed=False)
 
     files: dict[str, str] = {}
@@ -107,7 +111,9 @@ def evaluate_completion(item: Item, sample: int, completion: Completion, form: s
         raise ValueError(f"unknown answer form {form!r}")
     if program is None:
         what = "an LP model" if form == "lp" else "a Python code block"
-        return SampleResult(**base, prediction=None, failure=NO_PROGRAM, detail=f"the output holds no {what}", executed=False)
+        return SampleResult(
+            **base, prediction=None, failure=NO_PROGRAM, detail=f"the output holds no {what}", executed=False
+        )
 
     execution = sandbox.run(program, files=files)
     digest = hashlib.sha256((program + "".join(files.values())).encode()).hexdigest()
@@ -123,5 +129,7 @@ def evaluate_completion(item: Item, sample: int, completion: Completion, form: s
         return SampleResult(**base, prediction=None, failure=execution.failure.value, detail=execution.detail, **run)
     prediction = prediction_from_run(execution.stdout, execution.solves, quantities=wants_quantities)
     if prediction.empty:
-        return SampleResult(**base, prediction=None, failure=NO_OBJECTIVE, detail="ran, but printed and solved no objective", **run)
+        return SampleResult(
+            **base, prediction=None, failure=NO_OBJECTIVE, detail="ran, but printed and solved no objective", **run
+        )
     return SampleResult(**base, prediction=prediction, failure=None, detail="", **run)

@@ -26,7 +26,19 @@ from collections.abc import Sequence
 from trex.workloads.or_eval.answers import NO_SOLUTION_WORDS, Prediction, parse_number
 from trex.workloads.sandbox import SolveRecord
 
-SOLVER_MODULES = ("coptpy", "pyscipopt", "gurobipy", "pyomo", "pulp", "highspy", "docplex", "ortools", "scipy", "cvxpy", "mip")
+SOLVER_MODULES = (
+    "coptpy",
+    "pyscipopt",
+    "gurobipy",
+    "pyomo",
+    "pulp",
+    "highspy",
+    "docplex",
+    "ortools",
+    "scipy",
+    "cvxpy",
+    "mip",
+)
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _SOLVER_IMPORT = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(SOLVER_MODULES) + r")\b", re.MULTILINE)
@@ -104,7 +116,7 @@ def extract_lp(text: str) -> str | None:
     if start is None:
         return None
     end = _LP_END.search(body, start.end())
-    return body[start.start(): end.end() if end else len(body)].strip() + "\n"
+    return body[start.start() : end.end() if end else len(body)].strip() + "\n"
 
 
 def lp_runner_program(file_name: str = "model.lp") -> str:

@@ -26,7 +26,7 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     except UnicodeDecodeError as error:
         raise DataFormatError(str(path), None, f"not UTF-8 text ({error.reason} at byte {error.start})") from None
     start = len(text) - len(text.lstrip())
-    if text[start:start + 1] == "[":
+    if text[start : start + 1] == "[":
         yield from _array_records(str(path), text, start)
     else:
         yield from _line_records(str(path), text)
@@ -53,7 +53,7 @@ def _array_records(path: str, text: str, start: int) -> Iterator[tuple[int, dict
         if position >= len(text):
             raise DataFormatError(path, text.count("\n", 0, position) + 1, "the JSON array is not closed")
         if text[position] == "]":
-            if text[position + 1:].strip():
+            if text[position + 1 :].strip():
                 raise DataFormatError(path, text.count("\n", 0, position) + 1, "text after the closing ]")
             return
         line = text.count("\n", 0, position) + 1
@@ -68,7 +68,9 @@ def _array_records(path: str, text: str, start: int) -> Iterator[tuple[int, dict
         if position < len(text) and text[position] == ",":
             position += 1
         elif position < len(text) and text[position] != "]":
-            raise DataFormatError(path, text.count("\n", 0, position) + 1, f"expected ',' or ']', found {text[position]!r}")
+            raise DataFormatError(
+                path, text.count("\n", 0, position) + 1, f"expected ',' or ']', found {text[position]!r}"
+            )
 
 
 def _skip_blank(text: str, position: int) -> int:
@@ -106,7 +108,9 @@ class JsonlLog:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataFormatError(str(self.path), number, f"not valid JSON ({error.msg}); move the file away to start over") from None
+                raise DataFormatError(
+                    str(self.path), number, f"not valid JSON ({error.msg}); move the file away to start over"
+                ) from None
             if not isinstance(record, dict):
                 raise DataFormatError(str(self.path), number, "expected a JSON object")
             self.records.append(record)

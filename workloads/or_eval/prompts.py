@@ -95,5 +95,7 @@ def build_prompt(item: Item, form: str) -> str:
     if form == "lp":
         return _LP_TEMPLATE.format(question=item.question)
     if form == "answer":
-        return _ANSWER_TEMPLATE.format(question=item.question, quantities=_quantity_lines(item, "Before the boxed value, state"))
+        return _ANSWER_TEMPLATE.format(
+            question=item.question, quantities=_quantity_lines(item, "Before the boxed value, state")
+        )
     raise ValueError(f"unknown answer form {form!r}; valid: {', '.join(FORMS)}")

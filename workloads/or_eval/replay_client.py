@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trex.workloads.llm_clients.base import Completion, GenerationRequest
 from trex.workloads.or_eval.answers import parse_answer
 from trex.workloads.or_eval.benchmarks import (
     ANSWER_FIELDS,
@@ -29,7 +30,6 @@ from trex.workloads.or_eval.benchmarks import (
     benchmark_from_records,
     file_sha256,
 )
-from trex.workloads.llm_clients.base import Completion, GenerationRequest
 from trex.workloads.or_eval.errors import DataFormatError
 from trex.workloads.or_eval.jsonio import read_records
 
@@ -53,11 +53,11 @@ class ReplayClient:
 
     persist_generations = False
 
-    def __init__(self, path: str | Path, *, source: str = "auto", fields: FieldNames = FieldNames()):
+    def __init__(self, path: str | Path, *, source: str = "auto", fields: FieldNames | None = None):
         if source not in REPLAY_SOURCES:
             raise ValueError(f"replay source {source!r}; valid: {', '.join(REPLAY_SOURCES)}")
         self.path = str(path)
-        self.fields = fields
+        self.fields = fields if fields is not None else FieldNames()
         self.records = [ReplayRecord(line, record) for line, record in read_records(self.path)]
         if not self.records:
             raise DataFormatError(self.path, None, "holds no predictions")
@@ -66,7 +66,9 @@ class ReplayClient:
         self.program_field = _first_present(first.record, PROGRAM_FIELDS) if source in ("auto", "program") else None
         self.output_field = _first_present(first.record, OUTPUT_FIELDS) if source in ("auto", "output") else None
         if source == "program" and self.program_field is None:
-            raise DataFormatError(self.path, first.line, f"no program field; expected one of {', '.join(PROGRAM_FIELDS)}")
+            raise DataFormatError(
+                self.path, first.line, f"no program field; expected one of {', '.join(PROGRAM_FIELDS)}"
+            )
         if self.program_field is None and self.output_field is None:
             raise DataFormatError(
                 self.path,
@@ -78,7 +80,12 @@ class ReplayClient:
         self.unmatched: list[int] = []  # lines of records no benchmark item claimed
 
     def identity(self) -> dict:
-        return {"client": "replay", "predictions": self.path, "sha256": self.sha256, "field": self.program_field or self.output_field}
+        return {
+            "client": "replay",
+            "predictions": self.path,
+            "sha256": self.sha256,
+            "field": self.program_field or self.output_field,
+        }
 
     def as_benchmark(self) -> Benchmark:
         """The file as its own benchmark (it must carry questions and answers); one item per
@@ -101,7 +108,10 @@ class ReplayClient:
                 answer = parse_answer(replay.record[answer_field], self.path, replay.line, answer_field)
                 if answer != item.answer:
                     raise DataFormatError(
-                        self.path, replay.line, f"differs from the same question's answer at line {group[0].line}", answer_field
+                        self.path,
+                        replay.line,
+                        f"differs from the same question's answer at line {group[0].line}",
+                        answer_field,
                     )
         return benchmark
 
@@ -118,7 +128,9 @@ class ReplayClient:
             if id_field is not None and id_field in replay.record:
                 item_id = index.get(str(replay.record[id_field]))
             if item_id is None:
-                question = replay.record.get(self.fields.question or _first_present(replay.record, QUESTION_FIELDS) or "")
+                question = replay.record.get(
+                    self.fields.question or _first_present(replay.record, QUESTION_FIELDS) or ""
+                )
                 if isinstance(question, str):
                     item_id = questions.get(normalize_question(question))
             if item_id is None:
@@ -143,7 +155,9 @@ class ReplayClient:
         output = replay.record.get(self.output_field) if self.output_field else None
         for field_name, value in ((self.program_field, program), (self.output_field, output)):
             if value is not None and not isinstance(value, str):
-                raise DataFormatError(self.path, replay.line, f"expected text, found {type(value).__name__}", field_name)
+                raise DataFormatError(
+                    self.path, replay.line, f"expected text, found {type(value).__name__}", field_name
+                )
         if isinstance(program, str) and program.strip():
             return Completion(key=key, text=output, program=program, origin=f"replay:{self.program_field}")
         return Completion(key=key, text=output or "", origin=f"replay:{self.output_field or self.program_field}")

@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trex.workloads.or_eval.benchmarks import Item
 from trex.workloads.llm_clients.base import sample_key
+from trex.workloads.or_eval.benchmarks import Item
 from trex.workloads.or_eval.runner import RunResult
 from trex.workloads.or_eval.scoring import Rule, is_correct, pass_at_k
 
@@ -107,7 +107,9 @@ def _describe(client: dict) -> str:
     return ", ".join(f"{key}={value}" for key, value in client.items() if value is not None)
 
 
-def build_report(run: RunResult, rule: Rule, *, ks: tuple[int, ...] = (1,), isolation: str = "", notes: list[str] | None = None) -> Report:
+def build_report(
+    run: RunResult, rule: Rule, *, ks: tuple[int, ...] = (1,), isolation: str = "", notes: list[str] | None = None
+) -> Report:
     """Score `run` under `rule`; pass@k for each k in `ks` that the sample count allows."""
     per_item: dict[str, tuple[int, int]] = {}
     failures: Counter[str] = Counter()
@@ -164,7 +166,9 @@ def build_report(run: RunResult, rule: Rule, *, ks: tuple[int, ...] = (1,), isol
     )
 
 
-def _group(name: str, items: tuple[Item, ...] | list[Item], per_item: dict[str, tuple[int, int]], ks: tuple[int, ...]) -> GroupScore:
+def _group(
+    name: str, items: tuple[Item, ...] | list[Item], per_item: dict[str, tuple[int, int]], ks: tuple[int, ...]
+) -> GroupScore:
     scored = [per_item[item.id] for item in items if item.id in per_item]
     pass_at = {}
     for k in ks:

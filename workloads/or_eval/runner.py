@@ -15,8 +15,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from trex.workloads.or_eval.benchmarks import Benchmark, Item
 from trex.workloads.llm_clients.base import Client, Completion, GenerationRequest, sample_key
+from trex.workloads.or_eval.benchmarks import Benchmark, Item
 from trex.workloads.or_eval.errors import ClientError
 from trex.workloads.or_eval.execute import SampleResult, evaluate_completion
 from trex.workloads.or_eval.prompts import FORMS, build_prompt

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from trex.workloads.llm_clients.base import Completion
@@ -66,7 +66,7 @@ class RunStore:
                     "use another --out directory"
                 )
         else:
-            created = {**self.manifest, "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            created = {**self.manifest, "created_utc": datetime.now(UTC).isoformat(timespec="seconds")}
             temporary = manifest_path.with_suffix(".json.tmp")
             temporary.write_text(json.dumps(created, indent=2, default=str) + "\n", encoding="utf-8")
             os.replace(temporary, manifest_path)
@@ -84,7 +84,10 @@ class RunStore:
         self._generations_log = JsonlLog(generations)
         for record in self._generations_log.records:
             completion = Completion(
-                key=str(record["key"]), text=record.get("text"), program=record.get("program"), origin=str(record.get("origin", "generated"))
+                key=str(record["key"]),
+                text=record.get("text"),
+                program=record.get("program"),
+                origin=str(record.get("origin", "generated")),
             )
             self.generations[completion.key] = completion
 
@@ -95,7 +98,12 @@ class RunStore:
                 self._generations_log = JsonlLog(self.out_dir / "generations.jsonl")
         if self._generations_log is not None:
             self._generations_log.append(
-                {"key": completion.key, "text": completion.text, "program": completion.program, "origin": completion.origin}
+                {
+                    "key": completion.key,
+                    "text": completion.text,
+                    "program": completion.program,
+                    "origin": completion.origin,
+                }
             )
 
     def add_result(self, result: SampleResult) -> None:

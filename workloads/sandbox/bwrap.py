@@ -62,8 +62,16 @@ def worker_argv(
 ) -> list[str]:
     """The bwrap command line that runs `command` in a worker's container (see the module doc)."""
     if os.geteuid() == 0:  # every namespace but the user's: programs get real uids of their own
-        argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                "--cap-drop", "ALL"]
+        argv = [
+            bwrap,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+        ]
         for cap in ROOT_WORKER_CAPS:
             argv += ["--cap-add", cap]
     else:  # a user namespace comes with --unshare-all
@@ -92,8 +100,18 @@ def worker_argv(
             argv += ["--tmpfs", path, "--remount-ro", path]
         elif os.path.lexists(path):
             argv += ["--ro-bind", "/dev/null", path]
-    argv += ["--proc", "/proc", "--dev", "/dev", *_traversable_parents(io_dir, made), "--bind", io_dir, io_dir,
-             "--chdir", WORK_ROOT]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *_traversable_parents(io_dir, made),
+        "--bind",
+        io_dir,
+        io_dir,
+        "--chdir",
+        WORK_ROOT,
+    ]
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return [*argv, "--", *command]
@@ -131,8 +149,16 @@ def _probe(python: str) -> str | None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="trex-bwrap-probe-") as io_dir:
-        argv = worker_argv(binary, needed=paths.needed, runtime=io_dir, io_dir=io_dir, hidden=(), work_bytes=1 << 20,
-                           env={"PATH": "/usr/bin:/bin"}, command=[python, "-I", "-S", "-c", "print('ok')"])
+        argv = worker_argv(
+            binary,
+            needed=paths.needed,
+            runtime=io_dir,
+            io_dir=io_dir,
+            hidden=(),
+            work_bytes=1 << 20,
+            env={"PATH": "/usr/bin:/bin"},
+            command=[python, "-I", "-S", "-c", "print('ok')"],
+        )
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as error:

@@ -140,7 +140,10 @@ def classify(raw: RawOutcome) -> tuple[FailureKind | None, str]:
         if sig == signal.SIGXFSZ:
             return FailureKind.OUTPUT_LIMIT, "wrote more than the file-size limit"
         if _mentions_memory(raw.stderr):
-            return FailureKind.MEMORY_LIMIT, f"ran out of its {raw.limits_memory_bytes >> 20} MiB address space ({name})"
+            return (
+                FailureKind.MEMORY_LIMIT,
+                f"ran out of its {raw.limits_memory_bytes >> 20} MiB address space ({name})",
+            )
         return FailureKind.KILLED, f"terminated by {name}"
     for event in raw.events:
         if event["event"] == "syntax_error":
@@ -164,7 +167,10 @@ def _classify_exception(event: dict, raw: RawOutcome) -> tuple[FailureKind, str]
     if code == errno_codes.ENOSPC:
         return FailureKind.OUTPUT_LIMIT, f"the work directory is full ({text})"
     if kind == "MemoryError":
-        return FailureKind.MEMORY_LIMIT, f"MemoryError under the {raw.limits_memory_bytes >> 20} MiB address-space limit"
+        return (
+            FailureKind.MEMORY_LIMIT,
+            f"MemoryError under the {raw.limits_memory_bytes >> 20} MiB address-space limit",
+        )
     if code == errno_codes.EAGAIN and kind in ("BlockingIOError", "OSError"):
         return FailureKind.PROCESS_LIMIT, text  # fork/clone refused by RLIMIT_NPROC
     if code == errno_codes.EFBIG:
@@ -178,4 +184,6 @@ def _classify_exception(event: dict, raw: RawOutcome) -> tuple[FailureKind, str]
 
 def _mentions_memory(stderr: str) -> bool:
     tail = stderr[-4000:]
-    return any(marker in tail for marker in ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory"))
+    return any(
+        marker in tail for marker in ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory")
+    )

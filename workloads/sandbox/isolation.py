@@ -46,6 +46,7 @@ def warm_uid_base(slot: int) -> int:
     evaluator process and worker slot, and apart from the cold launcher's `UID_BASE + pid`."""
     return WARM_UID_BASE + (os.getpid() % 20_000) * 100_000 + slot * 10_000
 
+
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
 

@@ -99,7 +99,7 @@ def _first_blocked_directory(needed: list[str]) -> str | None:
 def _children_towards(directory: str, needed: list[str]) -> list[str]:
     """Entries of `directory` that are needed paths or lie on the way to one."""
     names = {
-        path[len(directory):].lstrip("/").split("/")[0]
+        path[len(directory) :].lstrip("/").split("/")[0]
         for path in needed
         if policy.is_within(path, directory) and path != directory
     }

@@ -47,7 +47,19 @@ SYSTEM_READ_DENY: tuple[str, ...] = ("/etc/shadow", "/etc/gshadow", "/etc/sudoer
 # The top-level directories a program sees under `os` isolation (read-only). Every other entry
 # of / (/home, /root, /tmp, /var, /srv, /mnt, /opt, a /work or /data of the machine, ...) is
 # masked, except the paths the interpreter needs and the program's own work directory.
-VISIBLE_ROOTS: tuple[str, ...] = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev")
+VISIBLE_ROOTS: tuple[str, ...] = (
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/bin",
+    "/sbin",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+)
 
 # Device files any program may open for writing.
 WRITABLE_DEVICES: tuple[str, ...] = ("/dev/null",)

@@ -157,6 +157,7 @@ def _patch_coptpy(module: Any, log: SolveLog) -> None:
 
     def read_all() -> None:
         for model in models:
+
             def read(model: Any = model) -> None:
                 raw = model.status
                 if raw == 0:  # COPT.UNSTARTED: never solved

@@ -36,7 +36,14 @@ from trex.workloads.sandbox.warm import WarmPool, WarmWorker
 
 # Files copied into the runtime directory: the code that runs inside the sandbox's process tree.
 _RUNTIME_FILES = (
-    "launcher.py", "linux.py", "policy.py", "bootstrap.py", "guard.py", "recorders.py", "seccomp_filter.py", "worker.py",
+    "launcher.py",
+    "linux.py",
+    "policy.py",
+    "bootstrap.py",
+    "guard.py",
+    "recorders.py",
+    "seccomp_filter.py",
+    "worker.py",
 )
 # At most this much of stdout and of stderr is kept (the end of it: objectives are printed last).
 MAX_KEPT_OUTPUT = 1 << 20
@@ -234,7 +241,13 @@ class Sandbox:
             "allow_fork": self.allow_fork,
             "policy": self.policy_for(work_dir).to_json(),
         }
-        argv = [self.interpreter.executable, "-I", "-B", os.path.join(self._runtime, "bootstrap.py"), json.dumps(bootstrap_config)]
+        argv = [
+            self.interpreter.executable,
+            "-I",
+            "-B",
+            os.path.join(self._runtime, "bootstrap.py"),
+            json.dumps(bootstrap_config),
+        ]
         launcher_config = {
             "mode": "os" if self.isolation == "namespaces" else "process",
             "status_fd": status_write,
@@ -299,7 +312,9 @@ class Sandbox:
         events = parse_events(_read_tail(events_path))
         setup_error = status.get("setup_error")
         if setup_error is None and not timed_out and "exit" not in status and "signal" not in status:
-            setup_error = f"the launcher ended without a status (exit {process.returncode}): {stderr_text.strip()[-300:]}"
+            setup_error = (
+                f"the launcher ended without a status (exit {process.returncode}): {stderr_text.strip()[-300:]}"
+            )
         raw = RawOutcome(
             timed_out=timed_out,
             exit_code=status.get("exit"),
@@ -371,13 +386,28 @@ class Sandbox:
         }
         worker_py = os.path.join(self._runtime, "worker.py")
         command = [self.interpreter.executable, "-I", "-B", worker_py, json.dumps(config)]
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
-               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "MALLOC_ARENA_MAX": "2",
+        }
         if bwrap:
             from trex.workloads.sandbox.bwrap import bwrap_binary, worker_argv
 
-            argv = worker_argv(bwrap_binary(), needed=self.interpreter.needed, runtime=self._runtime, io_dir=io_root,
-                               hidden=self.hidden, work_bytes=self.limits.work_dir_bytes, env=env, command=command)
+            argv = worker_argv(
+                bwrap_binary(),
+                needed=self.interpreter.needed,
+                runtime=self._runtime,
+                io_dir=io_root,
+                hidden=self.hidden,
+                work_bytes=self.limits.work_dir_bytes,
+                env=env,
+                command=command,
+            )
         else:
             argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *command]
         return WarmWorker(argv, io_root, os.path.join(worker_dir, "worker.log"))
@@ -389,8 +419,10 @@ class Sandbox:
         request = {
             "id": run_id,
             "source": source,
-            "files": {name: content if isinstance(content, str) else {"base64": base64.b64encode(content).decode()}
-                      for name, content in files.items()},
+            "files": {
+                name: content if isinstance(content, str) else {"base64": base64.b64encode(content).decode()}
+                for name, content in files.items()
+            },
             "limits": limits.to_json(),
             "env": self._environment("", token),
         }
@@ -413,9 +445,16 @@ class Sandbox:
                 _remove_tree(io_dir)
         if answer.worker_died is not None:
             detail = f"{answer.worker_died}: the program took its worker down"
-            return Execution(failure=FailureKind.KILLED, detail=detail,
-                             exit_code=None, signal=None, stdout=stdout_text, stderr=stderr_text,
-                             solves=solves_from(events), isolation=self.isolation)
+            return Execution(
+                failure=FailureKind.KILLED,
+                detail=detail,
+                exit_code=None,
+                signal=None,
+                stdout=stdout_text,
+                stderr=stderr_text,
+                solves=solves_from(events),
+                isolation=self.isolation,
+            )
         raw = RawOutcome(
             timed_out=bool(status.get("timed_out")),
             exit_code=status.get("exit"),
@@ -441,8 +480,12 @@ class Sandbox:
             cpu_s=raw.cpu_s,
             max_rss_bytes=int(status.get("max_rss_bytes", 0)),
             isolation=self.isolation,
-            warnings=self._seccomp_warning() + (() if self._pool.info.get("seccomp") or not self.seccomp
-                                                else (f"no seccomp filter: {self._pool.info.get('seccomp_error')}",)),
+            warnings=self._seccomp_warning()
+            + (
+                ()
+                if self._pool.info.get("seccomp") or not self.seccomp
+                else (f"no seccomp filter: {self._pool.info.get('seccomp_error')}",)
+            ),
         )
 
     def _environment(self, work_dir: str, token: str) -> dict[str, str]:
@@ -473,13 +516,17 @@ def _default_python() -> str:
 
 def _invisible_roots() -> list[str]:
     """The entries of / that `os` isolation masks (see `VISIBLE_ROOTS`)."""
-    return [os.path.join("/", entry) for entry in sorted(os.listdir("/")) if os.path.join("/", entry) not in VISIBLE_ROOTS]
+    return [
+        os.path.join("/", entry) for entry in sorted(os.listdir("/")) if os.path.join("/", entry) not in VISIBLE_ROOTS
+    ]
 
 
 def _check_input_name(name: str) -> PurePosixPath:
     relative = PurePosixPath(name)
     if relative.is_absolute() or ".." in relative.parts or not relative.parts or relative.name == "program.py":
-        raise SandboxConfigError(f"input file name {name!r} must be a relative path inside the work directory, not program.py")
+        raise SandboxConfigError(
+            f"input file name {name!r} must be a relative path inside the work directory, not program.py"
+        )
     return relative
 
 

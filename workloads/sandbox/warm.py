@@ -50,8 +50,16 @@ class _Spawner:
             argv, log_path, reply = self._requests.get()
             try:
                 with open(log_path, "ab") as log:
-                    reply.put(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                               start_new_session=True, close_fds=True))
+                    reply.put(
+                        subprocess.Popen(
+                            argv,
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            stderr=log,
+                            start_new_session=True,
+                            close_fds=True,
+                        )
+                    )
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 reply.put(error)
 

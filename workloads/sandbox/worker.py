@@ -97,8 +97,10 @@ class Worker:
         io_dir = os.path.join(self.config["io_root"], f"run-{run_id}")
         uid = self.config["uid_base"] + run_id % 10_000 if self.switch_uid else None
         limits = request["limits"]
-        opened = [os.open(os.path.join(io_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                  for name in ("stdout", "stderr", "events.jsonl", "setup_error")]
+        opened = [
+            os.open(os.path.join(io_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            for name in ("stdout", "stderr", "events.jsonl", "setup_error")
+        ]
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
@@ -112,8 +114,13 @@ class Worker:
         wall = time.monotonic() - started
         _kill_group(pid)
         self._kill_leftovers(request["env"].get("TREX_SANDBOX_TOKEN", ""))
-        answer: dict = {"id": run_id, "timed_out": timed_out, "wall_s": wall,
-                        "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_bytes": usage.ru_maxrss * 1024}
+        answer: dict = {
+            "id": run_id,
+            "timed_out": timed_out,
+            "wall_s": wall,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "max_rss_bytes": usage.ru_maxrss * 1024,
+        }
         if os.WIFSIGNALED(wait_status):
             answer["signal"] = os.WTERMSIG(wait_status)
         else:
@@ -145,7 +152,7 @@ class Worker:
             if uid is not None:
                 # files before their directory: without CAP_DAC_OVERRIDE a 0700 directory handed to
                 # the uid can no longer be entered
-                for directory, subdirectories, names in os.walk(work_dir, topdown=False):
+                for directory, _subdirectories, names in os.walk(work_dir, topdown=False):
                     for name in names:
                         os.chown(os.path.join(directory, name), uid, uid)
                     os.chown(directory, uid, uid)
@@ -189,8 +196,9 @@ class Worker:
         os.close(SETUP_FD)  # the program runs in this process: it must not be able to write setup errors
         code = 1
         try:
-            code = bootstrap.run_program(request["source"], events, config,
-                                         confine=None if self.filter is None else self.filter.load)
+            code = bootstrap.run_program(
+                request["source"], events, config, confine=None if self.filter is None else self.filter.load
+            )
         except SystemExit as exit_:
             code = _exit_code(exit_.code)
         except BaseException:  # noqa: BLE001 - reported like an uncaught exception of the program
@@ -301,16 +309,27 @@ def main() -> None:
     os.dup2(null, 0)
     os.dup2(null, 1)  # nothing a solver prints while loading reaches the answer channel
     worker = Worker(config)
-    answers.write(json.dumps({"ready": True, "preloaded": worker.preloaded, "seccomp": worker.filter is not None,
-                              "seccomp_error": worker.seccomp_error}) + "\n")
+    answers.write(
+        json.dumps(
+            {
+                "ready": True,
+                "preloaded": worker.preloaded,
+                "seccomp": worker.filter is not None,
+                "seccomp_error": worker.seccomp_error,
+            }
+        )
+        + "\n"
+    )
     answers.flush()
     for line in requests:
         try:
             request = json.loads(line)
             answer = worker.run(request)
         except Exception as error:  # noqa: BLE001 - answer, and stay up for the next program
-            answer = {"id": request.get("id") if isinstance(request, dict) else None,
-                      "setup_error": f"worker: {type(error).__name__}: {error}"}
+            answer = {
+                "id": request.get("id") if isinstance(request, dict) else None,
+                "setup_error": f"worker: {type(error).__name__}: {error}",
+            }
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 

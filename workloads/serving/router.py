@@ -155,7 +155,7 @@ class Router:
         try:
             status, body = await request_json(slot.endpoint, "GET", "/health", timeout=min(2.0, self.request_timeout))
             slot.load.healthy = status == 200 and isinstance(body, dict)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ServingError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ServingError):
             slot.load.healthy = False
 
     # -- serving ------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class Router:
         try:
             try:
                 request = await read_request(reader, timeout=30.0)
-            except (asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.LimitOverrunError, ServingError):
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ServingError):
                 return
             if request.method == "GET" and request.path == "/health":
                 healthy = sum(slot.load.healthy for slot in self.slots)
@@ -273,7 +273,7 @@ class Router:
                 await self._attempt(slot, path, payload, info, writer, started)
                 slot.completed += 1
                 return True
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ServingError, _Garbage) as error:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ServingError, _Garbage) as error:
                 reason = _describe(error, self.request_timeout)
                 slot.failures += 1
                 slot.last_error = reason

@@ -131,7 +131,7 @@ class Worker:
         try:
             try:
                 request = await read_request(reader, timeout=30.0)
-            except (asyncio.IncompleteReadError, asyncio.TimeoutError, asyncio.LimitOverrunError):
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 return
             if request.method == "GET" and request.path == "/health":
                 await write_json(writer, 200, {"status": "ok", "model": self.name, "served": self.served})

@@ -6,9 +6,9 @@ four independent writers (linear model, pyscipopt program, mathematical model, s
 
 from __future__ import annotations
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf
 from trex.workloads.or_data.families.allocation import ResourceAllocation
 from trex.workloads.or_data.families.assignment import Assignment
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf
 from trex.workloads.or_data.families.blending import Blending
 from trex.workloads.or_data.families.covering import SetCovering
 from trex.workloads.or_data.families.facility import FacilityLocation
@@ -40,7 +40,6 @@ FAMILIES: dict[str, Family] = {
         Transportation(),
     )
 }
-
 
 
 def _proper_names() -> set[str]:

@@ -30,26 +30,75 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(("LinguaPro", "Babel Services", "Wordsmith Agency"), ("translator", "translators"), ("document", "documents"),
-             ("Ana", "Bruno", "Chen", "Dana", "Emre", "Farah", "Gita"), ("contract", "manual", "brochure", "website", "patent", "report", "subtitles"),
-             "hours needed", "hours", False, (3, 20, 1), "does not read the source language",
-             ("The agency works in 14 languages.", "Most clients are law firms.", "Invoices are sent monthly.")),
-    Scenario(("St. Mary's Hospital", "City Clinic", "Riverside Medical Center"), ("nurse", "nurses"), ("ward", "wards"),
-             ("Nurse Adams", "Nurse Brooks", "Nurse Costa", "Nurse Diaz", "Nurse Evans", "Nurse Fox"), ("ICU", "pediatrics", "maternity", "oncology", "emergency", "surgery"),
-             "placement cost", "dollars", False, (120, 480, 10), "lacks the required certification",
-             ("The hospital has 320 beds.", "Visiting hours end at 8 p.m.", "The cafeteria was renovated recently.")),
-    Scenario(("FastFleet", "Metro Deliveries", "QuickRoute"), ("driver", "drivers"), ("route", "routes"),
-             ("Ivan", "Jade", "Kofi", "Lena", "Marco", "Nadia", "Omar"), ("north loop", "harbor run", "airport shuttle", "downtown", "suburbs east", "industrial park"),
-             "hours to complete", "hours", False, (2, 9, 0.5), "has no licence for that vehicle",
-             ("Vans are washed every Friday.", "Drivers start at 7 a.m.", "The depot has 40 parking spaces.")),
-    Scenario(("Apex Consulting", "Brightpath Advisors", "Keystone Partners"), ("consultant", "consultants"), ("client project", "client projects"),
-             ("Avery", "Blake", "Casey", "Devon", "Emery", "Finley"), ("bank audit", "retail strategy", "IT migration", "supply chain review", "merger study", "pricing study"),
-             "expected client rating", "points", True, (55, 98, 1), "has a conflict of interest with that client",
-             ("The firm was founded by two former engineers.", "Consultants travel on Mondays.", "The office is in a converted warehouse.")),
-    Scenario(("Precision Works", "Alloy Machining", "Delta Fabrication"), ("machine", "machines"), ("job", "jobs"),
-             ("lathe 1", "lathe 2", "mill A", "mill B", "CNC center", "grinder"), ("shaft", "bracket", "gear blank", "housing", "flange", "spindle", "bushing"),
-             "processing cost", "dollars", False, (40, 260, 5), "cannot hold that part",
-             ("The shop floor is 2,000 square meters.", "Coolant is changed monthly.", "Two apprentices joined this year.")),
+    Scenario(
+        ("LinguaPro", "Babel Services", "Wordsmith Agency"),
+        ("translator", "translators"),
+        ("document", "documents"),
+        ("Ana", "Bruno", "Chen", "Dana", "Emre", "Farah", "Gita"),
+        ("contract", "manual", "brochure", "website", "patent", "report", "subtitles"),
+        "hours needed",
+        "hours",
+        False,
+        (3, 20, 1),
+        "does not read the source language",
+        ("The agency works in 14 languages.", "Most clients are law firms.", "Invoices are sent monthly."),
+    ),
+    Scenario(
+        ("St. Mary's Hospital", "City Clinic", "Riverside Medical Center"),
+        ("nurse", "nurses"),
+        ("ward", "wards"),
+        ("Nurse Adams", "Nurse Brooks", "Nurse Costa", "Nurse Diaz", "Nurse Evans", "Nurse Fox"),
+        ("ICU", "pediatrics", "maternity", "oncology", "emergency", "surgery"),
+        "placement cost",
+        "dollars",
+        False,
+        (120, 480, 10),
+        "lacks the required certification",
+        ("The hospital has 320 beds.", "Visiting hours end at 8 p.m.", "The cafeteria was renovated recently."),
+    ),
+    Scenario(
+        ("FastFleet", "Metro Deliveries", "QuickRoute"),
+        ("driver", "drivers"),
+        ("route", "routes"),
+        ("Ivan", "Jade", "Kofi", "Lena", "Marco", "Nadia", "Omar"),
+        ("north loop", "harbor run", "airport shuttle", "downtown", "suburbs east", "industrial park"),
+        "hours to complete",
+        "hours",
+        False,
+        (2, 9, 0.5),
+        "has no licence for that vehicle",
+        ("Vans are washed every Friday.", "Drivers start at 7 a.m.", "The depot has 40 parking spaces."),
+    ),
+    Scenario(
+        ("Apex Consulting", "Brightpath Advisors", "Keystone Partners"),
+        ("consultant", "consultants"),
+        ("client project", "client projects"),
+        ("Avery", "Blake", "Casey", "Devon", "Emery", "Finley"),
+        ("bank audit", "retail strategy", "IT migration", "supply chain review", "merger study", "pricing study"),
+        "expected client rating",
+        "points",
+        True,
+        (55, 98, 1),
+        "has a conflict of interest with that client",
+        (
+            "The firm was founded by two former engineers.",
+            "Consultants travel on Mondays.",
+            "The office is in a converted warehouse.",
+        ),
+    ),
+    Scenario(
+        ("Precision Works", "Alloy Machining", "Delta Fabrication"),
+        ("machine", "machines"),
+        ("job", "jobs"),
+        ("lathe 1", "lathe 2", "mill A", "mill B", "CNC center", "grinder"),
+        ("shaft", "bracket", "gear blank", "housing", "flange", "spindle", "bushing"),
+        "processing cost",
+        "dollars",
+        False,
+        (40, 260, 5),
+        "cannot hold that part",
+        ("The shop floor is 2,000 square meters.", "Coolant is changed monthly.", "Two apprentices joined this year."),
+    ),
 )
 
 
@@ -124,8 +173,15 @@ for w in {ws}:
 # Objective: {sense} the total {sc.measure}
 model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sense="{sense}")
 '''
-        values = [(ws, list(data.workers)), (ts, list(data.tasks)), ("value", data.value), (f"max_per_{identifier(sc.worker[0])}", data.capacity)]
-        return assemble("assignment", values, body, ["for (w, t), var in assign.items():", '    show(f"assign[{w}, {t}]", var)'])
+        values = [
+            (ws, list(data.workers)),
+            (ts, list(data.tasks)),
+            ("value", data.value),
+            (f"max_per_{identifier(sc.worker[0])}", data.capacity),
+        ]
+        return assemble(
+            "assignment", values, body, ["for (w, t), var in assign.items():", '    show(f"assign[{w}, {t}]", var)']
+        )
 
     def math_model(self, data: AssignmentData) -> MathModel:
         sc = data.scenario
@@ -139,61 +195,122 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
             sets=(
                 SetDef("W", "w", sc.worker[1], data.workers),
                 SetDef("T", "t", sc.task[1], data.tasks),
-                SetDef("A", "(w,t)", "qualified pairs", pairs, display=r"$W \times T$" + (f" without {missing}" if missing else "")),
+                SetDef(
+                    "A",
+                    "(w,t)",
+                    "qualified pairs",
+                    pairs,
+                    display=r"$W \times T$" + (f" without {missing}" if missing else ""),
+                ),
             ),
             params=(
                 ParamDef("v_{wt}", f"{sc.measure} when $w$ takes $t$ (– = not qualified)", data.value, ("W", "T")),
                 ParamDef("k", f"most {sc.task[1]} per {sc.worker[0]}", data.capacity),
             ),
-            variables=(VarDef("x_{wt}", f"1 if {sc.worker[0]} $w$ takes {sc.task[0]} $t$", r"\in \{0, 1\}", "assign", ("A",),
-                               indicator=f"which {sc.task[1]} each {sc.worker[0]} takes (among the pairs that are allowed)"),),
+            variables=(
+                VarDef(
+                    "x_{wt}",
+                    f"1 if {sc.worker[0]} $w$ takes {sc.task[0]} $t$",
+                    r"\in \{0, 1\}",
+                    "assign",
+                    ("A",),
+                    indicator=f"which {sc.task[1]} each {sc.worker[0]} takes (among the pairs that are allowed)",
+                ),
+            ),
             constraints=(
-                ConstraintDef("Cover", f"each {sc.task[0]} is assigned exactly once", r"\sum_{w:(w,t) \in A} x_{wt} = 1", "cover", ("T",),
-                              why=f"every {sc.task[0]} has to be done, and done by one {sc.worker[0]} only, so the choices for it sum to exactly one"),
-                ConstraintDef("Load", f"each {sc.worker[0]} takes at most $k$ {sc.task[1]}", r"\sum_{t:(w,t) \in A} x_{wt} \le k", "load", ("W",),
-                              why=f"a {sc.worker[0]} has limited time, so the number of {sc.task[1]} given to one {sc.worker[0]} is capped"),
+                ConstraintDef(
+                    "Cover",
+                    f"each {sc.task[0]} is assigned exactly once",
+                    r"\sum_{w:(w,t) \in A} x_{wt} = 1",
+                    "cover",
+                    ("T",),
+                    why=f"every {sc.task[0]} has to be done, and done by one {sc.worker[0]} only, so the choices for it sum to exactly one",
+                ),
+                ConstraintDef(
+                    "Load",
+                    f"each {sc.worker[0]} takes at most $k$ {sc.task[1]}",
+                    r"\sum_{t:(w,t) \in A} x_{wt} \le k",
+                    "load",
+                    ("W",),
+                    why=f"a {sc.worker[0]} has limited time, so the number of {sc.task[1]} given to one {sc.worker[0]} is capped",
+                ),
             ),
         )
 
     def statement(self, data: AssignmentData, rng: random.Random) -> str:
         sc = data.scenario
         st = Statement(rng)
-        limit = "exactly one" if data.capacity == 1 and len(data.tasks) == len(data.workers) else ("at most one" if data.capacity == 1 else f"at most {data.capacity}")
-        st.add(pick(rng, (
-            f"{data.organization} must assign {len(data.tasks)} {sc.task[1]} ({join(data.tasks, rng)}) to its {len(data.workers)} {sc.worker[1]}: {join(data.workers, rng)}.",
-            f"At {data.organization}, {len(data.workers)} {sc.worker[1]} are available this week: {join(data.workers, rng)}. They have to cover the {sc.task[1]} {join(data.tasks, rng)}.",
-            f"The scheduler at {data.organization} pairs {sc.worker[1]} with {sc.task[1]}. Today there are {len(data.tasks)} {sc.task[1]} and {len(data.workers)} {sc.worker[1]}.",
-        )))
-        st.add(pick(rng, (
-            f"Every {sc.task[0]} must be handled by exactly one {sc.worker[0]}, and each {sc.worker[0]} can take {limit} {sc.task[0] if data.capacity == 1 else sc.task[1]}.",
-            f"Each {sc.worker[0]} handles {limit} {sc.task[0] if data.capacity == 1 else sc.task[1]}; no {sc.task[0]} may be left unassigned or split.",
-        )))
+        limit = (
+            "exactly one"
+            if data.capacity == 1 and len(data.tasks) == len(data.workers)
+            else ("at most one" if data.capacity == 1 else f"at most {data.capacity}")
+        )
+        st.add(
+            pick(
+                rng,
+                (
+                    f"{data.organization} must assign {len(data.tasks)} {sc.task[1]} ({join(data.tasks, rng)}) to its {len(data.workers)} {sc.worker[1]}: {join(data.workers, rng)}.",
+                    f"At {data.organization}, {len(data.workers)} {sc.worker[1]} are available this week: {join(data.workers, rng)}. They have to cover the {sc.task[1]} {join(data.tasks, rng)}.",
+                    f"The scheduler at {data.organization} pairs {sc.worker[1]} with {sc.task[1]}. Today there are {len(data.tasks)} {sc.task[1]} and {len(data.workers)} {sc.worker[1]}.",
+                ),
+            )
+        )
+        st.add(
+            pick(
+                rng,
+                (
+                    f"Every {sc.task[0]} must be handled by exactly one {sc.worker[0]}, and each {sc.worker[0]} can take {limit} {sc.task[0] if data.capacity == 1 else sc.task[1]}.",
+                    f"Each {sc.worker[0]} handles {limit} {sc.task[0] if data.capacity == 1 else sc.task[1]}; no {sc.task[0]} may be left unassigned or split.",
+                ),
+            )
+        )
         unit = f" ({sc.unit})" if sc.unit else ""
-        rows = [[w, *(number(data.value[w, t]) if (w, t) in data.value else "–" for t in data.tasks)] for w in data.workers]
-        intro = pick(rng, (f"The table gives the {sc.measure}{unit} for each pair:", f"{capitalize(sc.measure)}{unit} by {sc.worker[0]} and {sc.task[0]}:"))
+        rows = [
+            [w, *(number(data.value[w, t]) if (w, t) in data.value else "–" for t in data.tasks)] for w in data.workers
+        ]
+        intro = pick(
+            rng,
+            (
+                f"The table gives the {sc.measure}{unit} for each pair:",
+                f"{capitalize(sc.measure)}{unit} by {sc.worker[0]} and {sc.task[0]}:",
+            ),
+        )
         if data.forbidden:
             intro += pick(rng, (" A dash means the pairing is impossible.", " – marks pairs that cannot be used."))
         st.add(intro + "\n\n" + table([f"{capitalize(sc.worker[0])} \\ {sc.task[0]}", *data.tasks], rows))
         if data.forbidden and rng.random() < 0.6:
             w, t = data.forbidden[0]
-            st.add(f"For example, {w} cannot take the {t} {sc.task[0]} because {'they' if sc.worker[0] in ('translator', 'nurse', 'driver', 'consultant') else 'it'} {sc.unqualified}.")
+            st.add(
+                f"For example, {w} cannot take the {t} {sc.task[0]} because {'they' if sc.worker[0] in ('translator', 'nurse', 'driver', 'consultant') else 'it'} {sc.unqualified}."
+            )
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
         goal = "maximizes the total" if sc.maximize else "minimizes the total"
-        st.question = pick(rng, (
-            f"Find the assignment that {goal} {sc.measure}.",
-            f"Which {sc.worker[0]} should take which {sc.task[0]}? Report the optimal total {sc.measure}.",
-            f"Formulate and solve the assignment problem; what is the best achievable total {sc.measure}?",
-        ))
+        st.question = pick(
+            rng,
+            (
+                f"Find the assignment that {goal} {sc.measure}.",
+                f"Which {sc.worker[0]} should take which {sc.task[0]}? Report the optimal total {sc.measure}.",
+                f"Formulate and solve the assignment problem; what is the best achievable total {sc.measure}?",
+            ),
+        )
         return st.text()
 
     def decisions(self, data: AssignmentData, values: Mapping[str, float]) -> list[str]:
         sc = data.scenario
-        return [f"{capitalize(w)} takes the {t} {sc.task[0]} ({number(data.value[w, t])}{' ' + sc.unit if sc.unit else ''})."
-                for (w, t) in data.value if values[lp_name("assign", w, t)] > 0.5]
+        return [
+            f"{capitalize(w)} takes the {t} {sc.task[0]} ({number(data.value[w, t])}{' ' + sc.unit if sc.unit else ''})."
+            for (w, t) in data.value
+            if values[lp_name("assign", w, t)] > 0.5
+        ]
 
     def what_if(self, data: AssignmentData, rng: random.Random) -> WhatIf:
         sc = data.scenario
         pair = pick(rng, sorted(data.value))
         new = scale(data.value[pair], pick(rng, (0.5, 0.7, 1.3, 1.6)), integer=False, step=sc.value_range[2])
-        return WhatIf(f"What if the {sc.measure} for {pair[0]} on the {pair[1]} {sc.task[0]} were {number(new)} instead of {number(data.value[pair])}?",
-                      replace(data, value={**data.value, pair: new}), f"value[{pair[0]},{pair[1]}]", data.value[pair], new)
+        return WhatIf(
+            f"What if the {sc.measure} for {pair[0]} on the {pair[1]} {sc.task[0]} were {number(new)} instead of {number(data.value[pair])}?",
+            replace(data, value={**data.value, pair: new}),
+            f"value[{pair[0]},{pair[1]}]",
+            data.value[pair],
+            new,
+        )

@@ -11,9 +11,19 @@ from dataclasses import dataclass, replace
 from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
-from trex.workloads.or_data.phrasing import Currency, Statement, capitalize, currency, generic_distractors, join, number, pick, present
-from trex.workloads.or_data.prose import article
+from trex.workloads.or_data.phrasing import (
+    Currency,
+    Statement,
+    capitalize,
+    currency,
+    generic_distractors,
+    join,
+    number,
+    pick,
+    present,
+)
 from trex.workloads.or_data.program import assemble, identifier
+from trex.workloads.or_data.prose import article
 
 
 @dataclass(frozen=True)
@@ -30,22 +40,148 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(("The county fire department", "A regional safety board", "The city's emergency office"), ("fire station", "fire stations"), ("neighborhood", "neighborhoods"),
-             ("Elm Street", "Harbor", "Hill Road", "Market Square", "North Gate", "Old Town", "Park Lane", "Quarry", "Ridge", "Station Road"),
-             ("Ashgrove", "Beacon", "Cedar Hill", "Dockside", "Eastfield", "Foxley", "Greenway", "Highbury", "Ivy Bank", "Juniper", "Kingsmead", "Larkfield"),
-             "within an eight-minute drive", (1.5, 6, 0.1), (2000, 25000), ("The department has 140 firefighters.", "Response times are published monthly.", "A new ladder truck was bought last year.")),
-    Scenario(("A mobile operator", "TelcoNet", "A rural broadband program"), ("cell tower", "cell towers"), ("village", "villages"),
-             ("Hilltop A", "Hilltop B", "Water Tower", "Church Spire", "Silo", "Ridge Mast", "Farm Mast", "Quarry Mast", "Forest Edge"),
-             ("Alder", "Birchwood", "Coldbrook", "Dunmoor", "Eskdale", "Fernhill", "Gorse", "Hawthorn", "Ingleby", "Kelso", "Linton"),
-             "in radio range", (80, 350, 5), (300, 6000), ("Towers are inspected twice a year.", "Most customers use prepaid plans.", "The operator launched 5G last year.")),
-    Scenario(("The ambulance service", "A health authority", "An emergency-care planner"), ("ambulance base", "ambulance bases"), ("district", "districts"),
-             ("Central", "Bridgeport", "Mill Lane", "Riverside", "Summit", "Westgate", "Bayfront", "Orchard", "Canal Street"),
-             ("Ardley", "Bexford", "Carrow", "Denholm", "Elston", "Farrow", "Gilling", "Harlow", "Ixworth", "Jarrow", "Kirby"),
-             "reachable within 12 minutes", (0.4, 2.5, 0.05), (3000, 40000), ("Crews work twelve-hour shifts.", "Calls peak on Friday nights.", "Each base has two vehicles.")),
-    Scenario(("A retail chain", "A parcel-locker company", "A bike-sharing operator"), ("kiosk site", "kiosk sites"), ("block", "blocks"),
-             ("Mall Entrance", "Metro Exit", "Library", "Gym", "Supermarket", "Bus Hub", "Campus Gate", "Office Park", "Stadium"),
-             ("Block 1", "Block 2", "Block 3", "Block 4", "Block 5", "Block 6", "Block 7", "Block 8", "Block 9", "Block 10", "Block 11"),
-             "within a five-minute walk", (5, 30, 0.5), (200, 3000), ("Kiosks are restocked at night.", "The app has 50,000 users.", "Rent is paid quarterly.")),
+    Scenario(
+        ("The county fire department", "A regional safety board", "The city's emergency office"),
+        ("fire station", "fire stations"),
+        ("neighborhood", "neighborhoods"),
+        (
+            "Elm Street",
+            "Harbor",
+            "Hill Road",
+            "Market Square",
+            "North Gate",
+            "Old Town",
+            "Park Lane",
+            "Quarry",
+            "Ridge",
+            "Station Road",
+        ),
+        (
+            "Ashgrove",
+            "Beacon",
+            "Cedar Hill",
+            "Dockside",
+            "Eastfield",
+            "Foxley",
+            "Greenway",
+            "Highbury",
+            "Ivy Bank",
+            "Juniper",
+            "Kingsmead",
+            "Larkfield",
+        ),
+        "within an eight-minute drive",
+        (1.5, 6, 0.1),
+        (2000, 25000),
+        (
+            "The department has 140 firefighters.",
+            "Response times are published monthly.",
+            "A new ladder truck was bought last year.",
+        ),
+    ),
+    Scenario(
+        ("A mobile operator", "TelcoNet", "A rural broadband program"),
+        ("cell tower", "cell towers"),
+        ("village", "villages"),
+        (
+            "Hilltop A",
+            "Hilltop B",
+            "Water Tower",
+            "Church Spire",
+            "Silo",
+            "Ridge Mast",
+            "Farm Mast",
+            "Quarry Mast",
+            "Forest Edge",
+        ),
+        (
+            "Alder",
+            "Birchwood",
+            "Coldbrook",
+            "Dunmoor",
+            "Eskdale",
+            "Fernhill",
+            "Gorse",
+            "Hawthorn",
+            "Ingleby",
+            "Kelso",
+            "Linton",
+        ),
+        "in radio range",
+        (80, 350, 5),
+        (300, 6000),
+        (
+            "Towers are inspected twice a year.",
+            "Most customers use prepaid plans.",
+            "The operator launched 5G last year.",
+        ),
+    ),
+    Scenario(
+        ("The ambulance service", "A health authority", "An emergency-care planner"),
+        ("ambulance base", "ambulance bases"),
+        ("district", "districts"),
+        (
+            "Central",
+            "Bridgeport",
+            "Mill Lane",
+            "Riverside",
+            "Summit",
+            "Westgate",
+            "Bayfront",
+            "Orchard",
+            "Canal Street",
+        ),
+        (
+            "Ardley",
+            "Bexford",
+            "Carrow",
+            "Denholm",
+            "Elston",
+            "Farrow",
+            "Gilling",
+            "Harlow",
+            "Ixworth",
+            "Jarrow",
+            "Kirby",
+        ),
+        "reachable within 12 minutes",
+        (0.4, 2.5, 0.05),
+        (3000, 40000),
+        ("Crews work twelve-hour shifts.", "Calls peak on Friday nights.", "Each base has two vehicles."),
+    ),
+    Scenario(
+        ("A retail chain", "A parcel-locker company", "A bike-sharing operator"),
+        ("kiosk site", "kiosk sites"),
+        ("block", "blocks"),
+        (
+            "Mall Entrance",
+            "Metro Exit",
+            "Library",
+            "Gym",
+            "Supermarket",
+            "Bus Hub",
+            "Campus Gate",
+            "Office Park",
+            "Stadium",
+        ),
+        (
+            "Block 1",
+            "Block 2",
+            "Block 3",
+            "Block 4",
+            "Block 5",
+            "Block 6",
+            "Block 7",
+            "Block 8",
+            "Block 9",
+            "Block 10",
+            "Block 11",
+        ),
+        "within a five-minute walk",
+        (5, 30, 0.5),
+        (200, 3000),
+        ("Kiosks are restocked at night.", "The app has 50,000 users.", "Rent is paid quarterly."),
+    ),
 )
 
 
@@ -88,18 +224,39 @@ class SetCovering(Family):
                 required[z] = 2
         population = {z: nice(rng, *sc.population_range, 100 if sc.population_range[1] > 5000 else 10) for z in zones}
         budget = float(round(sum(cost.values()) * rng.uniform(0.3, 0.55), 2))
-        scale_word = {"fire station": "million", "ambulance base": "million", "cell tower": "thousand", "kiosk site": "thousand"}[sc.site[0]]
-        data = CoverData(sc, pick(rng, sc.planner), currency(rng), scale_word, structure, sites, zones,
-                         {s: tuple(z for z in zones if z in covers[s]) for s in sites}, cost, required if structure == "cover" else {},
-                         population if structure == "max_coverage" else {}, budget if structure == "max_coverage" else 0.0)
+        scale_word = {
+            "fire station": "million",
+            "ambulance base": "million",
+            "cell tower": "thousand",
+            "kiosk site": "thousand",
+        }[sc.site[0]]
+        data = CoverData(
+            sc,
+            pick(rng, sc.planner),
+            currency(rng),
+            scale_word,
+            structure,
+            sites,
+            zones,
+            {s: tuple(z for z in zones if z in covers[s]) for s in sites},
+            cost,
+            required if structure == "cover" else {},
+            population if structure == "max_coverage" else {},
+            budget if structure == "max_coverage" else 0.0,
+        )
         if status == "infeasible":
             z = next((zone for zone in zones if len(data.reaching(zone)) == 1), None)
             if z is None:
                 z = pick(rng, zones)
                 keep = data.reaching(z)[0]
-                data = replace(data, covers={s: tuple(x for x in reached if x != z or s == keep) for s, reached in data.covers.items()})
+                data = replace(
+                    data,
+                    covers={s: tuple(x for x in reached if x != z or s == keep) for s, reached in data.covers.items()},
+                )
             data = replace(data, required={**data.required, z: 2})
-            note = f"{z} must be covered twice, but only one candidate {sc.site[0]} ({data.reaching(z)[0]}) can reach it"
+            note = (
+                f"{z} must be covered twice, but only one candidate {sc.site[0]} ({data.reaching(z)[0]}) can reach it"
+            )
             return Generated(data, "infeasible", note)
         return Generated(data, "optimal")
 
@@ -124,7 +281,7 @@ class SetCovering(Family):
         sc = data.scenario
         sites, zones = identifier(sc.site[1]), identifier(sc.zone[1])
         if data.structure == "cover":
-            body = f'''# build[s] = 1 when a {sc.site[0]} is built at s
+            body = f"""# build[s] = 1 when a {sc.site[0]} is built at s
 build = {{s: model.addVar(vtype="B", name=f"build[{{s}}]") for s in {sites}}}
 
 # cover: each {sc.zone[0]} is reached by as many {sc.site[1]} as it requires
@@ -133,12 +290,17 @@ for z in {zones}:
 
 # Objective: minimize the total building cost
 model.setObjective(quicksum(cost[s] * build[s] for s in {sites}), sense="minimize")
-'''
-            values: list[tuple[str, object]] = [(sites, list(data.sites)), (zones, list(data.zones)), ("reaches", {s: list(z) for s, z in data.covers.items()}),
-                                                ("cost", data.cost), ("required", data.required)]
+"""
+            values: list[tuple[str, object]] = [
+                (sites, list(data.sites)),
+                (zones, list(data.zones)),
+                ("reaches", {s: list(z) for s, z in data.covers.items()}),
+                ("cost", data.cost),
+                ("required", data.required),
+            ]
             report = ["for s, var in build.items():", '    show(f"build[{s}]", var)']
         else:
-            body = f'''# build[s] = 1 when a {sc.site[0]} is built at s
+            body = f"""# build[s] = 1 when a {sc.site[0]} is built at s
 build = {{s: model.addVar(vtype="B", name=f"build[{{s}}]") for s in {sites}}}
 
 # covered[z] = 1 when {sc.zone[0]} z is within reach of a built {sc.site[0]}
@@ -153,10 +315,21 @@ model.addCons(quicksum(cost[s] * build[s] for s in {sites}) <= budget, name="bud
 
 # Objective: maximize the population covered
 model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense="maximize")
-'''
-            values = [(sites, list(data.sites)), (zones, list(data.zones)), ("reaches", {s: list(z) for s, z in data.covers.items()}),
-                      ("cost", data.cost), ("population", data.population), ("budget", data.budget)]
-            report = ["for s, var in build.items():", '    show(f"build[{s}]", var)', "for z, var in covered.items():", '    show(f"covered[{z}]", var)']
+"""
+            values = [
+                (sites, list(data.sites)),
+                (zones, list(data.zones)),
+                ("reaches", {s: list(z) for s, z in data.covers.items()}),
+                ("cost", data.cost),
+                ("population", data.population),
+                ("budget", data.budget),
+            ]
+            report = [
+                "for s, var in build.items():",
+                '    show(f"build[{s}]", var)',
+                "for z, var in covered.items():",
+                '    show(f"covered[{z}]", var)',
+            ]
         return assemble("set_covering", values, body, report)
 
     def math_model(self, data: CoverData) -> MathModel:
@@ -175,13 +348,32 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 objective=r"\sum_{s \in S} c_s y_s",
                 objective_description="total building cost",
                 sets=sets,
-                params=(ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
-                        ParamDef("r_z", f"how many {sc.site[1]} must reach $z$", data.required, ("Z",)), reach_param),
-                variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",),
-                                  indicator=f"whether to build {article(sc.site[0])} at each candidate site"),),
-                constraints=(ConstraintDef("Coverage", f"each {sc.zone[0]} is reached often enough", r"\sum_{s \in N_z} y_s \ge r_z", "cover", ("Z",),
-                                           why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
-                                               f"counting the built sites among those that reach it gives that number"),),
+                params=(
+                    ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
+                    ParamDef("r_z", f"how many {sc.site[1]} must reach $z$", data.required, ("Z",)),
+                    reach_param,
+                ),
+                variables=(
+                    VarDef(
+                        "y_s",
+                        f"1 if a {sc.site[0]} is built at $s$",
+                        r"\in \{0, 1\}",
+                        "build",
+                        ("S",),
+                        indicator=f"whether to build {article(sc.site[0])} at each candidate site",
+                    ),
+                ),
+                constraints=(
+                    ConstraintDef(
+                        "Coverage",
+                        f"each {sc.zone[0]} is reached often enough",
+                        r"\sum_{s \in N_z} y_s \ge r_z",
+                        "cover",
+                        ("Z",),
+                        why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
+                        f"counting the built sites among those that reach it gives that number",
+                    ),
+                ),
             )
         return MathModel(
             title="Maximum coverage model",
@@ -189,59 +381,150 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
             objective=r"\sum_{z \in Z} p_z u_z",
             objective_description="population covered",
             sets=sets,
-            params=(ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
-                    ParamDef("p_z", f"population of {sc.zone[0]} $z$", data.population, ("Z",)),
-                    ParamDef("B", f"budget ({money})", data.budget), reach_param),
-            variables=(VarDef("y_s", f"1 if a {sc.site[0]} is built at $s$", r"\in \{0, 1\}", "build", ("S",),
-                              indicator=f"whether to build {article(sc.site[0])} at each candidate site"),
-                       VarDef("u_z", f"1 if {sc.zone[0]} $z$ is covered", r"\in \{0, 1\}", "covered", ("Z",),
-                              indicator=f"whether each {sc.zone[0]} counts as covered")),
-            constraints=(ConstraintDef("Reach", f"a {sc.zone[0]} is covered only by a built site that reaches it", r"u_z \le \sum_{s \in N_z} y_s", "reach", ("Z",),
-                                       why=f"the objective rewards covered population, so without this link every {sc.zone[0]} would claim to be covered",
-                                       technique=f"This is a linking constraint: the coverage indicator may be 1 only when at least one built {sc.site[0]} "
-                                                 "reaches the zone, which ties the yes/no coverage flag to the building decisions."),
-                         ConstraintDef("Budget", "building costs stay within budget", r"\sum_{s \in S} c_s y_s \le B", "budget", (),
-                                       why="there is only a fixed amount of money for construction")),
+            params=(
+                ParamDef("c_s", f"cost of building at $s$ ({money})", data.cost, ("S",)),
+                ParamDef("p_z", f"population of {sc.zone[0]} $z$", data.population, ("Z",)),
+                ParamDef("B", f"budget ({money})", data.budget),
+                reach_param,
+            ),
+            variables=(
+                VarDef(
+                    "y_s",
+                    f"1 if a {sc.site[0]} is built at $s$",
+                    r"\in \{0, 1\}",
+                    "build",
+                    ("S",),
+                    indicator=f"whether to build {article(sc.site[0])} at each candidate site",
+                ),
+                VarDef(
+                    "u_z",
+                    f"1 if {sc.zone[0]} $z$ is covered",
+                    r"\in \{0, 1\}",
+                    "covered",
+                    ("Z",),
+                    indicator=f"whether each {sc.zone[0]} counts as covered",
+                ),
+            ),
+            constraints=(
+                ConstraintDef(
+                    "Reach",
+                    f"a {sc.zone[0]} is covered only by a built site that reaches it",
+                    r"u_z \le \sum_{s \in N_z} y_s",
+                    "reach",
+                    ("Z",),
+                    why=f"the objective rewards covered population, so without this link every {sc.zone[0]} would claim to be covered",
+                    technique=f"This is a linking constraint: the coverage indicator may be 1 only when at least one built {sc.site[0]} "
+                    "reaches the zone, which ties the yes/no coverage flag to the building decisions.",
+                ),
+                ConstraintDef(
+                    "Budget",
+                    "building costs stay within budget",
+                    r"\sum_{s \in S} c_s y_s \le B",
+                    "budget",
+                    (),
+                    why="there is only a fixed amount of money for construction",
+                ),
+            ),
         )
 
     def statement(self, data: CoverData, rng: random.Random) -> str:
         sc, money = data.scenario, data.money
         scale_word = f" {data.money_scale}" if data.money_scale else ""
         st = Statement(rng)
-        st.add(pick(rng, (
-            f"{data.planner} is choosing where to build {sc.site[1]} to serve {len(data.zones)} {sc.zone[1]}: {join(data.zones, rng)}.",
-            f"{data.planner} has {len(data.sites)} candidate sites for new {sc.site[1]} ({join(data.sites, rng)}).",
-            f"There are {len(data.zones)} {sc.zone[1]} that {data.planner[0].lower() + data.planner[1:]} wants to serve with new {sc.site[1]}.",
-        )))
-        st.add(pick(rng, (f"A {sc.zone[0]} is covered by a {sc.site[0]} if it is {sc.reach} of it.", f"Coverage means being {sc.reach}.")))
-        st.add(present(
-            rng, ["Site", f"Cost ({money.code}{scale_word})", f"{capitalize(sc.zone[1])} covered"],
-            [(s, number(data.cost[s]), ", ".join(data.covers[s])) for s in data.sites],
-            lambda row: pick(rng, (f"a {sc.site[0]} at {row[0]} would cost {row[1]}{scale_word} ({money.code}) and cover {row[2]}",
-                                   f"{row[0]} costs {row[1]}{scale_word} {money.code} and reaches {row[2]}")),
-            intro=("Candidate sites:", f"Costs and coverage of the candidate {sc.site[1]}:"),
-        ))
+        st.add(
+            pick(
+                rng,
+                (
+                    f"{data.planner} is choosing where to build {sc.site[1]} to serve {len(data.zones)} {sc.zone[1]}: {join(data.zones, rng)}.",
+                    f"{data.planner} has {len(data.sites)} candidate sites for new {sc.site[1]} ({join(data.sites, rng)}).",
+                    f"There are {len(data.zones)} {sc.zone[1]} that {data.planner[0].lower() + data.planner[1:]} wants to serve with new {sc.site[1]}.",
+                ),
+            )
+        )
+        st.add(
+            pick(
+                rng,
+                (
+                    f"A {sc.zone[0]} is covered by a {sc.site[0]} if it is {sc.reach} of it.",
+                    f"Coverage means being {sc.reach}.",
+                ),
+            )
+        )
+        st.add(
+            present(
+                rng,
+                ["Site", f"Cost ({money.code}{scale_word})", f"{capitalize(sc.zone[1])} covered"],
+                [(s, number(data.cost[s]), ", ".join(data.covers[s])) for s in data.sites],
+                lambda row: pick(
+                    rng,
+                    (
+                        f"a {sc.site[0]} at {row[0]} would cost {row[1]}{scale_word} ({money.code}) and cover {row[2]}",
+                        f"{row[0]} costs {row[1]}{scale_word} {money.code} and reaches {row[2]}",
+                    ),
+                ),
+                intro=("Candidate sites:", f"Costs and coverage of the candidate {sc.site[1]}:"),
+            )
+        )
         if data.structure == "cover":
             twice = [z for z, r in data.required.items() if r > 1]
-            st.add(pick(rng, (f"Every {sc.zone[0]} must be covered by at least one {sc.site[0]}.", f"All {sc.zone[1]} need coverage.")))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"Every {sc.zone[0]} must be covered by at least one {sc.site[0]}.",
+                        f"All {sc.zone[1]} need coverage.",
+                    ),
+                )
+            )
             if twice:
-                st.add(pick(rng, (f"Because of their size, {join(twice, rng)} must be covered by at least two {sc.site[1]}.",
-                                  f"{capitalize(join(twice, rng))} {'needs' if len(twice) == 1 else 'need'} backup coverage: two {sc.site[1]} within reach.")))
-            question = (f"Which sites should be chosen to cover all {sc.zone[1]} at minimum cost?", "What is the cheapest set of sites meeting every coverage requirement, and its cost?")
+                st.add(
+                    pick(
+                        rng,
+                        (
+                            f"Because of their size, {join(twice, rng)} must be covered by at least two {sc.site[1]}.",
+                            f"{capitalize(join(twice, rng))} {'needs' if len(twice) == 1 else 'need'} backup coverage: two {sc.site[1]} within reach.",
+                        ),
+                    )
+                )
+            question = (
+                f"Which sites should be chosen to cover all {sc.zone[1]} at minimum cost?",
+                "What is the cheapest set of sites meeting every coverage requirement, and its cost?",
+            )
         else:
-            st.add(present(
-                rng, [capitalize(sc.zone[0]), "Population"], [(z, number(data.population[z])) for z in data.zones],
-                lambda row: f"{row[0]} has {row[1]} residents", intro=("Populations:", f"The {sc.zone[1]} have these populations:"), allowed=("list", "table", "prose"),
-            ))
-            st.add(pick(rng, (f"The budget is {number(data.budget)}{scale_word} {money.code}.", f"No more than {number(data.budget)}{scale_word} {money.code} can be spent.")))
-            question = ("Which sites should be built to cover as many residents as possible within the budget?", "How many residents can be covered at most, and with which sites?")
+            st.add(
+                present(
+                    rng,
+                    [capitalize(sc.zone[0]), "Population"],
+                    [(z, number(data.population[z])) for z in data.zones],
+                    lambda row: f"{row[0]} has {row[1]} residents",
+                    intro=("Populations:", f"The {sc.zone[1]} have these populations:"),
+                    allowed=("list", "table", "prose"),
+                )
+            )
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"The budget is {number(data.budget)}{scale_word} {money.code}.",
+                        f"No more than {number(data.budget)}{scale_word} {money.code} can be spent.",
+                    ),
+                )
+            )
+            question = (
+                "Which sites should be built to cover as many residents as possible within the budget?",
+                "How many residents can be covered at most, and with which sites?",
+            )
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
         st.question = pick(rng, question)
         return st.text()
 
     def decisions(self, data: CoverData, values: Mapping[str, float]) -> list[str]:
         built = [s for s in data.sites if values[lp_name("build", s)] > 0.5]
-        lines = [f"Build {data.scenario.site[1] if len(built) > 1 else 'a ' + data.scenario.site[0]} at {join(built)}."] if built else ["Build nothing."]
+        lines = (
+            [f"Build {data.scenario.site[1] if len(built) > 1 else 'a ' + data.scenario.site[0]} at {join(built)}."]
+            if built
+            else ["Build nothing."]
+        )
         if data.structure == "max_coverage":
             covered = [z for z in data.zones if values[lp_name("covered", z)] > 0.5]
             lines.append(f"This covers {join(covered)}." if covered else "No zone is covered.")
@@ -250,8 +533,19 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
     def what_if(self, data: CoverData, rng: random.Random) -> WhatIf:
         if data.structure == "max_coverage" and rng.random() < 0.6:
             new = float(round(data.budget * pick(rng, (0.75, 0.9, 1.2, 1.4)), 2))
-            return WhatIf(f"What if the budget were {number(new)} instead of {number(data.budget)}?", replace(data, budget=new), "budget", data.budget, new)
+            return WhatIf(
+                f"What if the budget were {number(new)} instead of {number(data.budget)}?",
+                replace(data, budget=new),
+                "budget",
+                data.budget,
+                new,
+            )
         s = pick(rng, data.sites)
         new = scale(data.cost[s], pick(rng, (0.5, 0.75, 1.3, 1.6)), integer=False, step=data.scenario.cost_range[2])
-        return WhatIf(f"What if building at {s} cost {number(new)} instead of {number(data.cost[s])}?",
-                      replace(data, cost={**data.cost, s: new}), f"cost[{s}]", data.cost[s], new)
+        return WhatIf(
+            f"What if building at {s} cost {number(new)} instead of {number(data.cost[s])}?",
+            replace(data, cost={**data.cost, s: new}),
+            f"cost[{s}]",
+            data.cost[s],
+            new,
+        )

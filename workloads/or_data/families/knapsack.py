@@ -11,7 +11,18 @@ from dataclasses import dataclass, replace
 from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
-from trex.workloads.or_data.phrasing import Currency, Statement, capitalize, currency, decapitalize, generic_distractors, join, number, pick, present
+from trex.workloads.or_data.phrasing import (
+    Currency,
+    Statement,
+    capitalize,
+    currency,
+    decapitalize,
+    generic_distractors,
+    join,
+    number,
+    pick,
+    present,
+)
 from trex.workloads.or_data.program import assemble
 
 
@@ -36,31 +47,140 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(("The board of Helix Pharma", "A city council", "The R&D office of Vantor"), "the project portfolio for next year",
-             ("project", "projects"), ("new warehouse", "CRM upgrade", "solar roof", "staff training", "lab expansion", "website relaunch", "fleet renewal", "data center", "market study", "patent filing", "robotics pilot", "safety audit"),
-             "expected net benefit", True, (20, 400, 5),
-             (Dimension("budget", "thousand dollars", (30, 250, 5)), Dimension("engineers", "engineers", (1, 8, 1)), Dimension("management time", "days", (2, 20, 1))),
-             ("The portfolio is reviewed every quarter.", "Two projects from last year are still running.", "The company's fiscal year starts in April.")),
-    Scenario(("A cargo airline", "A shipping broker", "A freight forwarder"), "a cargo hold",
-             ("shipment", "shipments"), ("machine parts", "textiles", "medical kits", "electronics", "wine crates", "auto parts", "books", "furniture", "toys", "coffee beans", "solar panels", "spare tires"),
-             "freight revenue", True, (300, 4000, 50),
-             (Dimension("weight", "kg", (80, 900, 10)), Dimension("volume", "cubic meters", (0.5, 6, 0.5))),
-             ("The aircraft flies twice a week.", "Customs clearance takes about a day.", "Fuel surcharges are billed separately.")),
-    Scenario(("A space agency", "A satellite startup", "A university lab"), "the payload of a small satellite",
-             ("instrument", "instruments"), ("camera", "spectrometer", "magnetometer", "radio beacon", "star tracker", "particle detector", "laser altimeter", "thermal imager", "radiometer", "gyroscope test"),
-             "science value", False, (5, 60, 1),
-             (Dimension("mass", "kg", (1, 12, 0.5)), Dimension("power", "watts", (2, 40, 1)), Dimension("data rate", "Mbit/s", (1, 15, 1))),
-             ("Launch is planned for the autumn.", "The satellite will orbit at 550 km.", "The team has 14 members.")),
-    Scenario(("A hiker", "A mountain guide", "An expedition member"), "a backpack for a long trek",
-             ("item", "items"), ("tent", "stove", "water filter", "first-aid kit", "camera", "extra jacket", "book", "trekking poles", "solar charger", "binoculars", "fishing rod", "hammock"),
-             "usefulness score", False, (3, 30, 1),
-             (Dimension("weight", "kg", (0.2, 3, 0.1)), Dimension("volume", "liters", (0.5, 12, 0.5))),
-             ("The trek takes six days.", "The trail passes three huts.", "The weather forecast is good.")),
-    Scenario(("A marketing team", "The brand manager of Lumo", "An agency planning a launch"), "the campaign plan",
-             ("campaign", "campaigns"), ("TV spot", "podcast ads", "billboards", "influencer deal", "search ads", "newsletter", "trade fair", "radio", "cinema ads", "social video", "print magazine", "sponsorship"),
-             "expected new customers", False, (100, 2500, 50),
-             (Dimension("budget", "thousand euros", (10, 120, 5)), Dimension("staff hours", "hours", (20, 300, 10))),
-             ("The brand turns ten this year.", "Its slogan was chosen by customers.", "The launch date is fixed.")),
+    Scenario(
+        ("The board of Helix Pharma", "A city council", "The R&D office of Vantor"),
+        "the project portfolio for next year",
+        ("project", "projects"),
+        (
+            "new warehouse",
+            "CRM upgrade",
+            "solar roof",
+            "staff training",
+            "lab expansion",
+            "website relaunch",
+            "fleet renewal",
+            "data center",
+            "market study",
+            "patent filing",
+            "robotics pilot",
+            "safety audit",
+        ),
+        "expected net benefit",
+        True,
+        (20, 400, 5),
+        (
+            Dimension("budget", "thousand dollars", (30, 250, 5)),
+            Dimension("engineers", "engineers", (1, 8, 1)),
+            Dimension("management time", "days", (2, 20, 1)),
+        ),
+        (
+            "The portfolio is reviewed every quarter.",
+            "Two projects from last year are still running.",
+            "The company's fiscal year starts in April.",
+        ),
+    ),
+    Scenario(
+        ("A cargo airline", "A shipping broker", "A freight forwarder"),
+        "a cargo hold",
+        ("shipment", "shipments"),
+        (
+            "machine parts",
+            "textiles",
+            "medical kits",
+            "electronics",
+            "wine crates",
+            "auto parts",
+            "books",
+            "furniture",
+            "toys",
+            "coffee beans",
+            "solar panels",
+            "spare tires",
+        ),
+        "freight revenue",
+        True,
+        (300, 4000, 50),
+        (Dimension("weight", "kg", (80, 900, 10)), Dimension("volume", "cubic meters", (0.5, 6, 0.5))),
+        (
+            "The aircraft flies twice a week.",
+            "Customs clearance takes about a day.",
+            "Fuel surcharges are billed separately.",
+        ),
+    ),
+    Scenario(
+        ("A space agency", "A satellite startup", "A university lab"),
+        "the payload of a small satellite",
+        ("instrument", "instruments"),
+        (
+            "camera",
+            "spectrometer",
+            "magnetometer",
+            "radio beacon",
+            "star tracker",
+            "particle detector",
+            "laser altimeter",
+            "thermal imager",
+            "radiometer",
+            "gyroscope test",
+        ),
+        "science value",
+        False,
+        (5, 60, 1),
+        (
+            Dimension("mass", "kg", (1, 12, 0.5)),
+            Dimension("power", "watts", (2, 40, 1)),
+            Dimension("data rate", "Mbit/s", (1, 15, 1)),
+        ),
+        ("Launch is planned for the autumn.", "The satellite will orbit at 550 km.", "The team has 14 members."),
+    ),
+    Scenario(
+        ("A hiker", "A mountain guide", "An expedition member"),
+        "a backpack for a long trek",
+        ("item", "items"),
+        (
+            "tent",
+            "stove",
+            "water filter",
+            "first-aid kit",
+            "camera",
+            "extra jacket",
+            "book",
+            "trekking poles",
+            "solar charger",
+            "binoculars",
+            "fishing rod",
+            "hammock",
+        ),
+        "usefulness score",
+        False,
+        (3, 30, 1),
+        (Dimension("weight", "kg", (0.2, 3, 0.1)), Dimension("volume", "liters", (0.5, 12, 0.5))),
+        ("The trek takes six days.", "The trail passes three huts.", "The weather forecast is good."),
+    ),
+    Scenario(
+        ("A marketing team", "The brand manager of Lumo", "An agency planning a launch"),
+        "the campaign plan",
+        ("campaign", "campaigns"),
+        (
+            "TV spot",
+            "podcast ads",
+            "billboards",
+            "influencer deal",
+            "search ads",
+            "newsletter",
+            "trade fair",
+            "radio",
+            "cinema ads",
+            "social video",
+            "print magazine",
+            "sponsorship",
+        ),
+        "expected new customers",
+        False,
+        (100, 2500, 50),
+        (Dimension("budget", "thousand euros", (10, 120, 5)), Dimension("staff hours", "hours", (20, 300, 10))),
+        ("The brand turns ten this year.", "Its slogan was chosen by customers.", "The launch date is fixed."),
+    ),
 )
 
 
@@ -89,17 +209,35 @@ class Knapsack(Family):
         dimensions = tuple(rng.sample(sc.dimensions, rng.randint(1, len(sc.dimensions))))
         value = {i: nice(rng, *sc.value_range) for i in items}
         size = {(d.name, i): nice(rng, *d.span) for d in dimensions for i in items}
-        capacity = {d.name: _tidy(sum(size[d.name, i] for i in items) * rng.uniform(0.35, 0.6), d.span[2]) for d in dimensions}
+        capacity = {
+            d.name: _tidy(sum(size[d.name, i] for i in items) * rng.uniform(0.35, 0.6), d.span[2]) for d in dimensions
+        }
         pairs = [(a, b) for a in items for b in items if a < b]
         conflicts = tuple(rng.sample(pairs, rng.randint(0, 2)))
-        requires = tuple((a, b) for a, b in rng.sample(pairs, rng.randint(0, 2)) if (a, b) not in conflicts and (b, a) not in conflicts)
+        requires = tuple(
+            (a, b)
+            for a, b in rng.sample(pairs, rng.randint(0, 2))
+            if (a, b) not in conflicts and (b, a) not in conflicts
+        )
         mandatory: tuple[str, ...] = ()
         free = [i for i in items if all(i not in pair for pair in (*conflicts, *requires))]
         if free and rng.random() < 0.3:
             must = pick(rng, free)
             if all(size[d.name, must] <= capacity[d.name] for d in dimensions):
                 mandatory = (must,)
-        data = KnapsackData(sc, pick(rng, sc.who), currency(rng), items, dimensions, value, size, capacity, conflicts, requires, mandatory)
+        data = KnapsackData(
+            sc,
+            pick(rng, sc.who),
+            currency(rng),
+            items,
+            dimensions,
+            value,
+            size,
+            capacity,
+            conflicts,
+            requires,
+            mandatory,
+        )
         if status == "infeasible":
             d = pick(rng, dimensions)
             ranked = sorted(free or list(items), key=lambda i: -size[d.name, i])
@@ -120,7 +258,12 @@ class Knapsack(Family):
         b = ModelBuilder("knapsack")
         pick_ = {i: b.var(lp_name("select", i), "binary") for i in data.items}
         for d in data.dimensions:
-            b.row(lp_name("capacity", d.name), {pick_[i]: data.size[d.name, i] for i in data.items}, "<=", data.capacity[d.name])
+            b.row(
+                lp_name("capacity", d.name),
+                {pick_[i]: data.size[d.name, i] for i in data.items},
+                "<=",
+                data.capacity[d.name],
+            )
         for first, second in data.conflicts:
             b.row(lp_name("conflict", first, second), {pick_[first]: 1, pick_[second]: 1}, "<=", 1)
         for first, second in data.requires:
@@ -132,36 +275,41 @@ class Knapsack(Family):
 
     def program(self, data: KnapsackData) -> str:
         sc = data.scenario
-        body = f'''# select[i] = 1 when {sc.item[0]} i is chosen
+        body = f"""# select[i] = 1 when {sc.item[0]} i is chosen
 select = {{i: model.addVar(vtype="B", name=f"select[{{i}}]") for i in items}}
 
 # capacity: the chosen {sc.item[1]} fit within every limit
 for d in limits:
     model.addCons(quicksum(size[d, i] * select[i] for i in items) <= limits[d], name=f"capacity[{{d}}]")
-'''
+"""
         if data.conflicts:
-            body += '''
+            body += """
 # conflict: at most one of each conflicting pair
 for a, b in conflicts:
     model.addCons(select[a] + select[b] <= 1, name=f"conflict[{a},{b}]")
-'''
+"""
         if data.requires:
-            body += '''
+            body += """
 # requires: an item is chosen only together with its prerequisite
 for a, b in requires:
     model.addCons(select[a] <= select[b], name=f"requires[{a},{b}]")
-'''
+"""
         if data.mandatory:
-            body += '''
+            body += """
 # mandatory: these must be chosen
 for i in mandatory:
     model.addCons(select[i] >= 1, name=f"mandatory[{i}]")
-'''
-        body += f'''
+"""
+        body += f"""
 # Objective: maximize the total {sc.value_word}
 model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximize")
-'''
-        values: list[tuple[str, object]] = [("items", list(data.items)), ("value", data.value), ("size", data.size), ("limits", data.capacity)]
+"""
+        values: list[tuple[str, object]] = [
+            ("items", list(data.items)),
+            ("value", data.value),
+            ("size", data.size),
+            ("limits", data.capacity),
+        ]
         for name, entries in (("conflicts", data.conflicts), ("requires", data.requires)):
             if entries:
                 values.append((name, [list(pair) for pair in entries]))
@@ -174,24 +322,68 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
         params = [
             ParamDef("v_i", f"{sc.value_word} of {sc.item[0]} $i$", data.value, ("I",)),
             ParamDef("w_{di}", f"use of limit $d$ by {sc.item[0]} $i$", data.size, ("D", "I")),
-            ParamDef("C_d", "capacity of limit $d$ (" + ", ".join(f"{d.name} in {d.unit}" for d in data.dimensions) + ")", data.capacity, ("D",)),
+            ParamDef(
+                "C_d",
+                "capacity of limit $d$ (" + ", ".join(f"{d.name} in {d.unit}" for d in data.dimensions) + ")",
+                data.capacity,
+                ("D",),
+            ),
         ]
-        sets = [SetDef("I", "i", sc.item[1], data.items), SetDef("D", "d", "limits", tuple(d.name for d in data.dimensions))]
-        constraints = [ConstraintDef("Capacity", "the selection fits every limit", r"\sum_{i \in I} w_{di} y_i \le C_d", "capacity", ("D",),
-                                     why="each limit (money, time or space) has a fixed amount, and every chosen item uses part of it")]
+        sets = [
+            SetDef("I", "i", sc.item[1], data.items),
+            SetDef("D", "d", "limits", tuple(d.name for d in data.dimensions)),
+        ]
+        constraints = [
+            ConstraintDef(
+                "Capacity",
+                "the selection fits every limit",
+                r"\sum_{i \in I} w_{di} y_i \le C_d",
+                "capacity",
+                ("D",),
+                why="each limit (money, time or space) has a fixed amount, and every chosen item uses part of it",
+            )
+        ]
         if data.conflicts:
             sets.append(SetDef("K", "(i,j)", "conflicting pairs", tuple(f"({a}, {b})" for a, b in data.conflicts)))
-            constraints.append(ConstraintDef("Conflicts", "at most one of a conflicting pair", r"y_i + y_j \le 1", "conflict", ("K",),
-                                             why="some items exclude each other; with yes/no variables, 'not both' is a sum of at most one"))
+            constraints.append(
+                ConstraintDef(
+                    "Conflicts",
+                    "at most one of a conflicting pair",
+                    r"y_i + y_j \le 1",
+                    "conflict",
+                    ("K",),
+                    why="some items exclude each other; with yes/no variables, 'not both' is a sum of at most one",
+                )
+            )
         if data.requires:
-            sets.append(SetDef("R", "(i,j)", "prerequisite pairs ($i$ needs $j$)", tuple(f"({a}, {b})" for a, b in data.requires)))
-            constraints.append(ConstraintDef("Prerequisites", "an item is chosen only with its prerequisite", r"y_i \le y_j", "requires", ("R",),
-                                             why="an item that depends on another is only useful when that one is chosen too, which the inequality "
-                                                 "between the two yes/no variables expresses"))
+            sets.append(
+                SetDef(
+                    "R", "(i,j)", "prerequisite pairs ($i$ needs $j$)", tuple(f"({a}, {b})" for a, b in data.requires)
+                )
+            )
+            constraints.append(
+                ConstraintDef(
+                    "Prerequisites",
+                    "an item is chosen only with its prerequisite",
+                    r"y_i \le y_j",
+                    "requires",
+                    ("R",),
+                    why="an item that depends on another is only useful when that one is chosen too, which the inequality "
+                    "between the two yes/no variables expresses",
+                )
+            )
         if data.mandatory:
             sets.append(SetDef("M", "i", f"mandatory {sc.item[1]}", data.mandatory))
-            constraints.append(ConstraintDef("Mandatory", "mandatory items are chosen", r"y_i = 1", "mandatory", ("M",),
-                                             why="some items are already committed to and must be in any selection"))
+            constraints.append(
+                ConstraintDef(
+                    "Mandatory",
+                    "mandatory items are chosen",
+                    r"y_i = 1",
+                    "mandatory",
+                    ("M",),
+                    why="some items are already committed to and must be in any selection",
+                )
+            )
         return MathModel(
             title="Multi-dimensional knapsack model",
             sense="maximize",
@@ -199,8 +391,16 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
             objective_description=f"total {sc.value_word}",
             sets=tuple(sets),
             params=tuple(params),
-            variables=(VarDef("y_i", f"1 if {sc.item[0]} $i$ is chosen", r"\in \{0, 1\}", "select", ("I",),
-                               indicator=f"whether to choose each {sc.item[0]}"),),
+            variables=(
+                VarDef(
+                    "y_i",
+                    f"1 if {sc.item[0]} $i$ is chosen",
+                    r"\in \{0, 1\}",
+                    "select",
+                    ("I",),
+                    indicator=f"whether to choose each {sc.item[0]}",
+                ),
+            ),
             constraints=tuple(constraints),
         )
 
@@ -209,37 +409,77 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
         money = data.money
         worth = (lambda v: money(v)) if sc.value_money else number
         st = Statement(rng)
-        st.add(pick(rng, (
-            f"{data.who} is choosing {sc.context} from {len(data.items)} candidate {sc.item[1]}.",
-            f"{data.who} must decide which {sc.item[1]} to include in {sc.context}. The candidates are {join(data.items, rng)}.",
-            f"For {sc.context}, {decapitalize(data.who)} can pick any subset of these {sc.item[1]}: {join(data.items, rng)}.",
-        )))
+        st.add(
+            pick(
+                rng,
+                (
+                    f"{data.who} is choosing {sc.context} from {len(data.items)} candidate {sc.item[1]}.",
+                    f"{data.who} must decide which {sc.item[1]} to include in {sc.context}. The candidates are {join(data.items, rng)}.",
+                    f"For {sc.context}, {decapitalize(data.who)} can pick any subset of these {sc.item[1]}: {join(data.items, rng)}.",
+                ),
+            )
+        )
         dims = data.dimensions
         header = [capitalize(sc.item[0]), capitalize(sc.value_word), *(f"{d.name} ({d.unit})" for d in dims)]
         rows = [(i, worth(data.value[i]), *(number(data.size[d.name, i]) for d in dims)) for i in data.items]
-        st.add(present(
-            rng, header, rows,
-            lambda row: f"{row[0]}: {sc.value_word} {row[1]}, " + ", ".join(f"{d.name} {row[2 + k]} {d.unit}" for k, d in enumerate(dims)),
-            intro=(f"Data for each {sc.item[0]}:", f"The {sc.item[1]} are described below.", f"Each {sc.item[0]} has a value and uses resources:"),
-            allowed=("list", "table"),
-        ))
-        st.add(" ".join(pick(rng, (
-            f"The total {d.name} cannot exceed {number(data.capacity[d.name])} {d.unit}.",
-            f"Only {number(data.capacity[d.name])} {d.unit} of {d.name} are available.",
-            f"There is a limit of {number(data.capacity[d.name])} {d.unit} on {d.name}.",
-        )) for d in dims))
+        st.add(
+            present(
+                rng,
+                header,
+                rows,
+                lambda row: (
+                    f"{row[0]}: {sc.value_word} {row[1]}, "
+                    + ", ".join(f"{d.name} {row[2 + k]} {d.unit}" for k, d in enumerate(dims))
+                ),
+                intro=(
+                    f"Data for each {sc.item[0]}:",
+                    f"The {sc.item[1]} are described below.",
+                    f"Each {sc.item[0]} has a value and uses resources:",
+                ),
+                allowed=("list", "table"),
+            )
+        )
+        st.add(
+            " ".join(
+                pick(
+                    rng,
+                    (
+                        f"The total {d.name} cannot exceed {number(data.capacity[d.name])} {d.unit}.",
+                        f"Only {number(data.capacity[d.name])} {d.unit} of {d.name} are available.",
+                        f"There is a limit of {number(data.capacity[d.name])} {d.unit} on {d.name}.",
+                    ),
+                )
+                for d in dims
+            )
+        )
         for a, b in data.conflicts:
-            st.add(pick(rng, (f"{capitalize(a)} and {b} cannot both be chosen.", f"At most one of {a} and {b} can be included.")))
+            st.add(
+                pick(
+                    rng,
+                    (f"{capitalize(a)} and {b} cannot both be chosen.", f"At most one of {a} and {b} can be included."),
+                )
+            )
         for a, b in data.requires:
-            st.add(pick(rng, (f"{capitalize(a)} can only be chosen if {b} is chosen too.", f"Including {a} requires including {b}.")))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{capitalize(a)} can only be chosen if {b} is chosen too.",
+                        f"Including {a} requires including {b}.",
+                    ),
+                )
+            )
         for item in data.mandatory:
             st.add(pick(rng, (f"{capitalize(item)} must be included.", f"{capitalize(item)} is mandatory.")))
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
-        st.question = pick(rng, (
-            f"Which {sc.item[1]} should be chosen to maximize the total {sc.value_word}?",
-            f"Select the {sc.item[1]} with the greatest total {sc.value_word} and report that total.",
-            f"What is the maximum total {sc.value_word} achievable?",
-        )) + pick(rng, ("", f" Each {sc.item[0]} is either taken whole or not at all."))
+        st.question = pick(
+            rng,
+            (
+                f"Which {sc.item[1]} should be chosen to maximize the total {sc.value_word}?",
+                f"Select the {sc.item[1]} with the greatest total {sc.value_word} and report that total.",
+                f"What is the maximum total {sc.value_word} achievable?",
+            ),
+        ) + pick(rng, ("", f" Each {sc.item[0]} is either taken whole or not at all."))
         return st.text()
 
     def decisions(self, data: KnapsackData, values: Mapping[str, float]) -> list[str]:
@@ -251,8 +491,13 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
         new = _tidy(data.capacity[d.name] * pick(rng, (0.8, 0.9, 1.15, 1.3)), d.span[2])
         if new == data.capacity[d.name]:
             new = data.capacity[d.name] + d.span[2]
-        return WhatIf(f"What if the {d.name} limit were {number(new)} {d.unit} instead of {number(data.capacity[d.name])}?",
-                      replace(data, capacity={**data.capacity, d.name: new}), f"limits[{d.name}]", data.capacity[d.name], new)
+        return WhatIf(
+            f"What if the {d.name} limit were {number(new)} {d.unit} instead of {number(data.capacity[d.name])}?",
+            replace(data, capacity={**data.capacity, d.name: new}),
+            f"limits[{d.name}]",
+            data.capacity[d.name],
+            new,
+        )
 
 
 def _tidy(value: float, step: float) -> float:

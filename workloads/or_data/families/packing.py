@@ -31,21 +31,108 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("bins", ("SwiftMove", "CargoPro", "Relocate Ltd"), ("crate", "crates"), ("truck", "trucks"), "weight", "kg", (800, 2000, 100), (0.15, 0.6),
-             ("piano", "books", "kitchenware", "tools", "wardrobe", "bicycles", "garden set", "desk", "boxes of toys", "washing machine"),
-             ("Movers work in teams of three.", "Trucks are refueled at night.", "The company has a five-star rating online.")),
-    Scenario("bins", ("CloudNine", "HostWorks", "ServerFarm"), ("virtual machine", "virtual machines"), ("server", "servers"), "memory", "GB", (64, 256, 32), (0.1, 0.55),
-             ("web-1", "web-2", "db-main", "db-replica", "cache", "analytics", "mail", "ci-runner", "search", "queue"),
-             ("Servers are replaced every four years.", "The data center is in Frankfurt.", "Backups run nightly.")),
-    Scenario("bins", ("ArchiveIT", "DataVault", "BackupBox"), ("folder", "folders"), ("disk", "disks"), "size", "GB", (500, 2000, 100), (0.1, 0.5),
-             ("photos 2019", "photos 2020", "invoices", "videos", "source code", "email archive", "design files", "scans", "music", "logs"),
-             ("Disks are stored in a fireproof safe.", "Copies are verified monthly.", "Old tapes were discarded last year.")),
-    Scenario("cutting", ("SteelCo", "Metalform", "BarWorks"), ("bar piece", "bar pieces"), ("steel bar", "steel bars"), "length", "cm", (600, 1200, 100), (0.12, 0.45),
-             ("A", "B", "C", "D"), ("Offcuts are sold as scrap.", "The saw blade is replaced weekly.", "Orders arrive by email.")),
-    Scenario("cutting", ("PaperMill North", "RollTech", "Kraft Works"), ("roll", "rolls"), ("jumbo roll", "jumbo rolls"), "width", "cm", (200, 500, 50), (0.12, 0.45),
-             ("A", "B", "C", "D"), ("The mill recycles its water.", "Rolls are wrapped in plastic film.", "The mill runs 24 hours a day.")),
-    Scenario("cutting", ("TimberYard", "Lumber & Co", "Woodcraft"), ("board", "boards"), ("plank", "planks"), "length", "cm", (300, 600, 50), (0.12, 0.45),
-             ("A", "B", "C", "D"), ("The yard sells firewood too.", "Planks are kiln-dried.", "Deliveries go out twice a day.")),
+    Scenario(
+        "bins",
+        ("SwiftMove", "CargoPro", "Relocate Ltd"),
+        ("crate", "crates"),
+        ("truck", "trucks"),
+        "weight",
+        "kg",
+        (800, 2000, 100),
+        (0.15, 0.6),
+        (
+            "piano",
+            "books",
+            "kitchenware",
+            "tools",
+            "wardrobe",
+            "bicycles",
+            "garden set",
+            "desk",
+            "boxes of toys",
+            "washing machine",
+        ),
+        (
+            "Movers work in teams of three.",
+            "Trucks are refueled at night.",
+            "The company has a five-star rating online.",
+        ),
+    ),
+    Scenario(
+        "bins",
+        ("CloudNine", "HostWorks", "ServerFarm"),
+        ("virtual machine", "virtual machines"),
+        ("server", "servers"),
+        "memory",
+        "GB",
+        (64, 256, 32),
+        (0.1, 0.55),
+        ("web-1", "web-2", "db-main", "db-replica", "cache", "analytics", "mail", "ci-runner", "search", "queue"),
+        ("Servers are replaced every four years.", "The data center is in Frankfurt.", "Backups run nightly."),
+    ),
+    Scenario(
+        "bins",
+        ("ArchiveIT", "DataVault", "BackupBox"),
+        ("folder", "folders"),
+        ("disk", "disks"),
+        "size",
+        "GB",
+        (500, 2000, 100),
+        (0.1, 0.5),
+        (
+            "photos 2019",
+            "photos 2020",
+            "invoices",
+            "videos",
+            "source code",
+            "email archive",
+            "design files",
+            "scans",
+            "music",
+            "logs",
+        ),
+        (
+            "Disks are stored in a fireproof safe.",
+            "Copies are verified monthly.",
+            "Old tapes were discarded last year.",
+        ),
+    ),
+    Scenario(
+        "cutting",
+        ("SteelCo", "Metalform", "BarWorks"),
+        ("bar piece", "bar pieces"),
+        ("steel bar", "steel bars"),
+        "length",
+        "cm",
+        (600, 1200, 100),
+        (0.12, 0.45),
+        ("A", "B", "C", "D"),
+        ("Offcuts are sold as scrap.", "The saw blade is replaced weekly.", "Orders arrive by email."),
+    ),
+    Scenario(
+        "cutting",
+        ("PaperMill North", "RollTech", "Kraft Works"),
+        ("roll", "rolls"),
+        ("jumbo roll", "jumbo rolls"),
+        "width",
+        "cm",
+        (200, 500, 50),
+        (0.12, 0.45),
+        ("A", "B", "C", "D"),
+        ("The mill recycles its water.", "Rolls are wrapped in plastic film.", "The mill runs 24 hours a day."),
+    ),
+    Scenario(
+        "cutting",
+        ("TimberYard", "Lumber & Co", "Woodcraft"),
+        ("board", "boards"),
+        ("plank", "planks"),
+        "length",
+        "cm",
+        (300, 600, 50),
+        (0.12, 0.45),
+        ("A", "B", "C", "D"),
+        ("The yard sells firewood too.", "Planks are kiln-dried.", "Deliveries go out twice a day."),
+    ),
 )
 
 
@@ -156,7 +243,12 @@ class BinPacking(Family):
         patterns = data.patterns
         cut = {p: b.var(lp_name("cut", p + 1), "integer") for p in range(len(patterns))}
         for t in data.items:
-            b.row(lp_name("order", t), {cut[p]: pattern.get(t, 0) for p, pattern in enumerate(patterns)}, ">=", data.demand[t])
+            b.row(
+                lp_name("order", t),
+                {cut[p]: pattern.get(t, 0) for p, pattern in enumerate(patterns)},
+                ">=",
+                data.demand[t],
+            )
         b.minimize({cut[p]: 1 for p in range(len(patterns))})
         return b.build()
 
@@ -164,7 +256,7 @@ class BinPacking(Family):
         sc = data.scenario
         items, bins = identifier(sc.item[1]), identifier(sc.bin[1])
         if sc.structure == "bins":
-            body = f'''# use[k] = 1 when {sc.bin[0]} k is used; put[i, k] = 1 when {sc.item[0]} i goes into {sc.bin[0]} k
+            body = f"""# use[k] = 1 when {sc.bin[0]} k is used; put[i, k] = 1 when {sc.item[0]} i goes into {sc.bin[0]} k
 use = {{k: model.addVar(vtype="B", name=f"use[{{k}}]") for k in {bins}}}
 put = {{(i, k): model.addVar(vtype="B", name=f"put[{{i}},{{k}}]") for i in {items} for k in {bins}}}
 
@@ -182,12 +274,16 @@ for k in range(1, len({bins})):
 
 # Objective: minimize the number of {sc.bin[1]} used
 model.setObjective(quicksum(use[k] for k in {bins}), sense="minimize")
-'''
-            values: list[tuple[str, object]] = [(items, list(data.items)), (identifier(sc.size_word), data.size), ("capacity", data.capacity),
-                                                (bins, [k + 1 for k in range(data.bins)])]
+"""
+            values: list[tuple[str, object]] = [
+                (items, list(data.items)),
+                (identifier(sc.size_word), data.size),
+                ("capacity", data.capacity),
+                (bins, [k + 1 for k in range(data.bins)]),
+            ]
             report = ["for (i, k), var in put.items():", '    show(f"put[{i}, {k}]", var)']
             return assemble("bin_packing", values, body, report)
-        body = f'''# patterns: every maximal way to cut one {sc.bin[0]} (no further piece fits in the rest)
+        body = f"""# patterns: every maximal way to cut one {sc.bin[0]} (no further piece fits in the rest)
 def maximal_patterns(names, remaining, counts):
     if not names:
         if all({identifier(sc.size_word)}[t] > remaining for t in {items}) and any(counts.values()):
@@ -210,8 +306,13 @@ for t in {items}:
 
 # Objective: minimize the number of {sc.bin[1]} used
 model.setObjective(quicksum(cut), sense="minimize")
-'''
-        values = [(items, list(data.items)), (identifier(sc.size_word), data.size), (f"stock_{identifier(sc.size_word)}", data.capacity), ("ordered", data.demand)]
+"""
+        values = [
+            (items, list(data.items)),
+            (identifier(sc.size_word), data.size),
+            (f"stock_{identifier(sc.size_word)}", data.capacity),
+            ("ordered", data.demand),
+        ]
         report = ["for p, var in enumerate(cut):", '    show(f"cut[{p + 1}] {patterns[p]}", var)']
         return assemble("cutting_stock", values, body, report)
 
@@ -224,67 +325,185 @@ model.setObjective(quicksum(cut), sense="minimize")
                 sense="minimize",
                 objective=r"\sum_{k \in K} u_k",
                 objective_description=f"number of {sc.bin[1]} used",
-                sets=(SetDef("I", "i", sc.item[1], data.items), SetDef("K", "k", f"available {sc.bin[1]} (an upper bound from first-fit decreasing)", slots)),
-                params=(ParamDef("s_i", f"{sc.size_word} of {sc.item[0]} $i$ ({sc.unit})", data.size, ("I",)), ParamDef("C", f"capacity of a {sc.bin[0]} ({sc.unit})", data.capacity)),
-                variables=(VarDef("u_k", f"1 if {sc.bin[0]} $k$ is used", r"\in \{0, 1\}", "use", ("K",), indicator=f"whether each available {sc.bin[0]} is used"),
-                           VarDef("z_{ik}", f"1 if {sc.item[0]} $i$ goes into {sc.bin[0]} $k$", r"\in \{0, 1\}", "put", ("I", "K"),
-                                  indicator=f"which {sc.bin[0]} each {sc.item[0]} goes into")),
+                sets=(
+                    SetDef("I", "i", sc.item[1], data.items),
+                    SetDef("K", "k", f"available {sc.bin[1]} (an upper bound from first-fit decreasing)", slots),
+                ),
+                params=(
+                    ParamDef("s_i", f"{sc.size_word} of {sc.item[0]} $i$ ({sc.unit})", data.size, ("I",)),
+                    ParamDef("C", f"capacity of a {sc.bin[0]} ({sc.unit})", data.capacity),
+                ),
+                variables=(
+                    VarDef(
+                        "u_k",
+                        f"1 if {sc.bin[0]} $k$ is used",
+                        r"\in \{0, 1\}",
+                        "use",
+                        ("K",),
+                        indicator=f"whether each available {sc.bin[0]} is used",
+                    ),
+                    VarDef(
+                        "z_{ik}",
+                        f"1 if {sc.item[0]} $i$ goes into {sc.bin[0]} $k$",
+                        r"\in \{0, 1\}",
+                        "put",
+                        ("I", "K"),
+                        indicator=f"which {sc.bin[0]} each {sc.item[0]} goes into",
+                    ),
+                ),
                 constraints=(
-                    ConstraintDef("Placement", f"each {sc.item[0]} goes into one {sc.bin[0]}", r"\sum_{k \in K} z_{ik} = 1", "place", ("I",), why=f"every {sc.item[0]} must be packed, and it cannot be split between {sc.bin[1]}"),
-                    ConstraintDef("Capacity", f"a used {sc.bin[0]} holds at most $C$", r"\sum_{i \in I} s_i z_{ik} \le C u_k", "fill", ("K",), why=f"the {sc.item[1]} in one {sc.bin[0]} must fit its capacity, and an unused {sc.bin[0]} holds nothing",
-                                  technique=f"Multiplying the capacity by the usage indicator links packing to usage: putting anything into a {sc.bin[0]} "
-                                            "forces its indicator to 1, which is what the objective counts."),
-                    ConstraintDef("Symmetry", f"{sc.bin[1]} are used in order", r"u_k \le u_{k-1}", "order", ("K",), max(0, data.bins - 1), r"k \ge 2",
-                                  why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions that only differ "
-                                      "by renumbering; it is not needed for correctness, but it speeds up the search"),
+                    ConstraintDef(
+                        "Placement",
+                        f"each {sc.item[0]} goes into one {sc.bin[0]}",
+                        r"\sum_{k \in K} z_{ik} = 1",
+                        "place",
+                        ("I",),
+                        why=f"every {sc.item[0]} must be packed, and it cannot be split between {sc.bin[1]}",
+                    ),
+                    ConstraintDef(
+                        "Capacity",
+                        f"a used {sc.bin[0]} holds at most $C$",
+                        r"\sum_{i \in I} s_i z_{ik} \le C u_k",
+                        "fill",
+                        ("K",),
+                        why=f"the {sc.item[1]} in one {sc.bin[0]} must fit its capacity, and an unused {sc.bin[0]} holds nothing",
+                        technique=f"Multiplying the capacity by the usage indicator links packing to usage: putting anything into a {sc.bin[0]} "
+                        "forces its indicator to 1, which is what the objective counts.",
+                    ),
+                    ConstraintDef(
+                        "Symmetry",
+                        f"{sc.bin[1]} are used in order",
+                        r"u_k \le u_{k-1}",
+                        "order",
+                        ("K",),
+                        max(0, data.bins - 1),
+                        r"k \ge 2",
+                        why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions that only differ "
+                        "by renumbering; it is not needed for correctness, but it speeds up the search",
+                    ),
                 ),
             )
         patterns = data.patterns
-        pattern_text = {f"p{k + 1}": ", ".join(f"{count} × {t}" for t, count in pattern.items()) for k, pattern in enumerate(patterns)}
+        pattern_text = {
+            f"p{k + 1}": ", ".join(f"{count} × {t}" for t, count in pattern.items())
+            for k, pattern in enumerate(patterns)
+        }
         return MathModel(
             title="Cutting stock model (pattern formulation)",
             sense="minimize",
             objective=r"\sum_{p \in P} x_p",
             objective_description=f"number of {sc.bin[1]} cut",
-            sets=(SetDef("T", "t", "piece types", data.items), SetDef("P", "p", f"maximal cutting patterns of one {sc.bin[0]}", tuple(pattern_text))),
-            params=(ParamDef("l_t", f"{sc.size_word} of piece type $t$ ({sc.unit})", data.size, ("T",)),
-                    ParamDef("L", f"{sc.size_word} of a {sc.bin[0]} ({sc.unit})", data.capacity),
-                    ParamDef("q_t", "pieces ordered", data.demand, ("T",)),
-                    ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$ (patterns listed)", pattern_text, ("P",))),
-            variables=(VarDef("x_p", f"{sc.bin[1]} cut with pattern $p$", r"\in \mathbb{Z}_{\ge 0}", "cut", ("P",), noun=f"{sc.bin[1]} to cut with each pattern", whole=f"a {sc.bin[0]} is cut whole according to one pattern"),),
-            constraints=(ConstraintDef("Orders", "enough pieces of each type", r"\sum_{p \in P} a_{tp} x_p \ge q_t", "order", ("T",), why="each piece type must be produced at least in the quantity ordered; extra pieces are waste but allowed"),),
-            notes=(f"A pattern is maximal when no further piece fits into the remaining {sc.size_word}; the others are dominated.",),
+            sets=(
+                SetDef("T", "t", "piece types", data.items),
+                SetDef("P", "p", f"maximal cutting patterns of one {sc.bin[0]}", tuple(pattern_text)),
+            ),
+            params=(
+                ParamDef("l_t", f"{sc.size_word} of piece type $t$ ({sc.unit})", data.size, ("T",)),
+                ParamDef("L", f"{sc.size_word} of a {sc.bin[0]} ({sc.unit})", data.capacity),
+                ParamDef("q_t", "pieces ordered", data.demand, ("T",)),
+                ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$ (patterns listed)", pattern_text, ("P",)),
+            ),
+            variables=(
+                VarDef(
+                    "x_p",
+                    f"{sc.bin[1]} cut with pattern $p$",
+                    r"\in \mathbb{Z}_{\ge 0}",
+                    "cut",
+                    ("P",),
+                    noun=f"{sc.bin[1]} to cut with each pattern",
+                    whole=f"a {sc.bin[0]} is cut whole according to one pattern",
+                ),
+            ),
+            constraints=(
+                ConstraintDef(
+                    "Orders",
+                    "enough pieces of each type",
+                    r"\sum_{p \in P} a_{tp} x_p \ge q_t",
+                    "order",
+                    ("T",),
+                    why="each piece type must be produced at least in the quantity ordered; extra pieces are waste but allowed",
+                ),
+            ),
+            notes=(
+                f"A pattern is maximal when no further piece fits into the remaining {sc.size_word}; the others are dominated.",
+            ),
         )
 
     def statement(self, data: PackingData, rng: random.Random) -> str:
         sc = data.scenario
         st = Statement(rng)
         if sc.structure == "bins":
-            st.add(pick(rng, (
-                f"{data.company} must pack {len(data.items)} {sc.item[1]} into {sc.bin[1]} with a {sc.size_word} capacity of {number(data.capacity)} {sc.unit} each.",
-                f"{data.company} has {len(data.items)} {sc.item[1]} to place. Every {sc.bin[0]} can take {number(data.capacity)} {sc.unit}.",
-            )))
-            st.add(present(
-                rng, [capitalize(sc.item[0]), f"{capitalize(sc.size_word)} ({sc.unit})"], [(i, number(data.size[i])) for i in data.items],
-                lambda row: f"{row[0]} needs {row[1]} {sc.unit}", intro=(f"The {sc.item[1]}:", f"{capitalize(sc.size_word)} of each {sc.item[0]}:"),
-            ))
-            st.add(pick(rng, (f"{data.bins} {sc.bin[1] if data.bins > 1 else sc.bin[0]} are available, and an {sc.item[0]} cannot be split.",
-                              f"There are {data.bins} {sc.bin[1] if data.bins > 1 else sc.bin[0]} to choose from; each {sc.item[0]} must go into exactly one.")))
-            st.question = pick(rng, (f"What is the smallest number of {sc.bin[1]} that can hold all {sc.item[1]}, and how should they be packed?",
-                                     f"Minimize the number of {sc.bin[1]} used."))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{data.company} must pack {len(data.items)} {sc.item[1]} into {sc.bin[1]} with a {sc.size_word} capacity of {number(data.capacity)} {sc.unit} each.",
+                        f"{data.company} has {len(data.items)} {sc.item[1]} to place. Every {sc.bin[0]} can take {number(data.capacity)} {sc.unit}.",
+                    ),
+                )
+            )
+            st.add(
+                present(
+                    rng,
+                    [capitalize(sc.item[0]), f"{capitalize(sc.size_word)} ({sc.unit})"],
+                    [(i, number(data.size[i])) for i in data.items],
+                    lambda row: f"{row[0]} needs {row[1]} {sc.unit}",
+                    intro=(f"The {sc.item[1]}:", f"{capitalize(sc.size_word)} of each {sc.item[0]}:"),
+                )
+            )
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{data.bins} {sc.bin[1] if data.bins > 1 else sc.bin[0]} are available, and an {sc.item[0]} cannot be split.",
+                        f"There are {data.bins} {sc.bin[1] if data.bins > 1 else sc.bin[0]} to choose from; each {sc.item[0]} must go into exactly one.",
+                    ),
+                )
+            )
+            st.question = pick(
+                rng,
+                (
+                    f"What is the smallest number of {sc.bin[1]} that can hold all {sc.item[1]}, and how should they be packed?",
+                    f"Minimize the number of {sc.bin[1]} used.",
+                ),
+            )
         else:
-            st.add(pick(rng, (
-                f"{data.company} cuts {sc.item[1]} from {sc.bin[1]} that are {number(data.capacity)} {sc.unit} {'wide' if sc.size_word == 'width' else 'long'}.",
-                f"At {data.company}, every order is cut from standard {sc.bin[1]} of {number(data.capacity)} {sc.unit}.",
-            )))
-            st.add(present(
-                rng, ["Piece", f"{capitalize(sc.size_word)} ({sc.unit})", "Ordered"], [(t, number(data.size[t]), number(data.demand[t])) for t in data.items],
-                lambda row: f"{number(float(row[2]))} {'piece' if row[2] == 1 else 'pieces'} of type {row[0]} ({row[1]} {sc.unit}) {'is' if row[2] == 1 else 'are'} ordered", intro=("This week's orders:", "Orders:"),
-            ))
-            st.add(pick(rng, ("Leftover material from a cut is scrap; at least the ordered number of pieces must be produced.",
-                              f"Any combination of pieces that fits into one {sc.bin[0]} can be cut from it; offcuts cannot be joined.")))
-            st.question = pick(rng, (f"How many {sc.bin[1]} are needed at least, and how should they be cut?",
-                                     f"Find the cutting plan that uses the fewest {sc.bin[1]}."))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{data.company} cuts {sc.item[1]} from {sc.bin[1]} that are {number(data.capacity)} {sc.unit} {'wide' if sc.size_word == 'width' else 'long'}.",
+                        f"At {data.company}, every order is cut from standard {sc.bin[1]} of {number(data.capacity)} {sc.unit}.",
+                    ),
+                )
+            )
+            st.add(
+                present(
+                    rng,
+                    ["Piece", f"{capitalize(sc.size_word)} ({sc.unit})", "Ordered"],
+                    [(t, number(data.size[t]), number(data.demand[t])) for t in data.items],
+                    lambda row: (
+                        f"{number(float(row[2]))} {'piece' if row[2] == 1 else 'pieces'} of type {row[0]} ({row[1]} {sc.unit}) {'is' if row[2] == 1 else 'are'} ordered"
+                    ),
+                    intro=("This week's orders:", "Orders:"),
+                )
+            )
+            st.add(
+                pick(
+                    rng,
+                    (
+                        "Leftover material from a cut is scrap; at least the ordered number of pieces must be produced.",
+                        f"Any combination of pieces that fits into one {sc.bin[0]} can be cut from it; offcuts cannot be joined.",
+                    ),
+                )
+            )
+            st.question = pick(
+                rng,
+                (
+                    f"How many {sc.bin[1]} are needed at least, and how should they be cut?",
+                    f"Find the cutting plan that uses the fewest {sc.bin[1]}.",
+                ),
+            )
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
         return st.text()
 
@@ -315,5 +534,15 @@ model.setObjective(quicksum(cut), sense="minimize")
             new = data.capacity + step
         if sc.structure == "bins":
             new = max(new, max(data.size.values()))
-        label = f"{sc.bin[1]} held {number(new)} {sc.unit}" if sc.structure == "bins" else f"the {sc.bin[1]} were {number(new)} {sc.unit} {'wide' if sc.size_word == 'width' else 'long'}"
-        return WhatIf(f"What if {label} instead of {number(data.capacity)}?", replace(data, capacity=new), "capacity", data.capacity, new)
+        label = (
+            f"{sc.bin[1]} held {number(new)} {sc.unit}"
+            if sc.structure == "bins"
+            else f"the {sc.bin[1]} were {number(new)} {sc.unit} {'wide' if sc.size_word == 'width' else 'long'}"
+        )
+        return WhatIf(
+            f"What if {label} instead of {number(data.capacity)}?",
+            replace(data, capacity=new),
+            "capacity",
+            data.capacity,
+            new,
+        )

@@ -11,7 +11,17 @@ from dataclasses import dataclass, replace
 from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
-from trex.workloads.or_data.phrasing import Currency, Statement, capitalize, currency, generic_distractors, join, number, pick, present
+from trex.workloads.or_data.phrasing import (
+    Currency,
+    Statement,
+    capitalize,
+    currency,
+    generic_distractors,
+    join,
+    number,
+    pick,
+    present,
+)
 from trex.workloads.or_data.program import assemble
 
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -29,16 +39,54 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario(("A call center", "The support desk of Telvia", "An insurance hotline"), ("agent", "agents"), "blocks", (4, 40), (90, 180, 5),
-             ("The center answers calls in four languages.", "Average call length is six minutes.", "Headsets were replaced in March.")),
-    Scenario(("A city police district", "A campus security office", "A port authority"), ("officer", "officers"), "blocks", (3, 22), (150, 320, 10),
-             ("The district covers 40 square kilometers.", "Patrol cars are serviced monthly.", "A new radio system is being tested.")),
-    Scenario(("A hospital emergency department", "A nursing home", "A children's hospital"), ("nurse", "nurses"), "week", (6, 30), (900, 1500, 25),
-             ("The hospital has 12 operating rooms.", "Visiting hours end at 8 p.m.", "Staff can use a free gym.")),
-    Scenario(("A bus company", "A regional rail operator", "A ferry line"), ("driver", "drivers"), "week", (8, 45), (700, 1200, 25),
-             ("The fleet has 60 vehicles.", "Tickets can be bought in an app.", "Routes were redesigned two years ago.")),
-    Scenario(("A restaurant chain", "A hotel kitchen", "A stadium caterer"), ("cook", "cooks"), "blocks", (2, 16), (70, 140, 5),
-             ("The menu changes every season.", "The kitchen has two walk-in freezers.", "Most orders are placed online.")),
+    Scenario(
+        ("A call center", "The support desk of Telvia", "An insurance hotline"),
+        ("agent", "agents"),
+        "blocks",
+        (4, 40),
+        (90, 180, 5),
+        (
+            "The center answers calls in four languages.",
+            "Average call length is six minutes.",
+            "Headsets were replaced in March.",
+        ),
+    ),
+    Scenario(
+        ("A city police district", "A campus security office", "A port authority"),
+        ("officer", "officers"),
+        "blocks",
+        (3, 22),
+        (150, 320, 10),
+        (
+            "The district covers 40 square kilometers.",
+            "Patrol cars are serviced monthly.",
+            "A new radio system is being tested.",
+        ),
+    ),
+    Scenario(
+        ("A hospital emergency department", "A nursing home", "A children's hospital"),
+        ("nurse", "nurses"),
+        "week",
+        (6, 30),
+        (900, 1500, 25),
+        ("The hospital has 12 operating rooms.", "Visiting hours end at 8 p.m.", "Staff can use a free gym."),
+    ),
+    Scenario(
+        ("A bus company", "A regional rail operator", "A ferry line"),
+        ("driver", "drivers"),
+        "week",
+        (8, 45),
+        (700, 1200, 25),
+        ("The fleet has 60 vehicles.", "Tickets can be bought in an app.", "Routes were redesigned two years ago."),
+    ),
+    Scenario(
+        ("A restaurant chain", "A hotel kitchen", "A stadium caterer"),
+        ("cook", "cooks"),
+        "blocks",
+        (2, 16),
+        (70, 140, 5),
+        ("The menu changes every season.", "The kitchen has two walk-in freezers.", "Most orders are placed online."),
+    ),
 )
 
 
@@ -99,7 +147,9 @@ class ShiftScheduling(Family):
             reachable = sum(cap.get(shift, float("inf")) for shift, worked in covers.items() if p in worked)
             if reachable < need[p]:
                 cap = {shift: c for shift, c in cap.items() if p not in covers[shift]}
-        data = StaffingData(sc, pick(rng, sc.organization), currency(rng), periods, tuple(covers), covers, need, cost, cap)
+        data = StaffingData(
+            sc, pick(rng, sc.organization), currency(rng), periods, tuple(covers), covers, need, cost, cap
+        )
         if status == "infeasible":
             p = pick(rng, periods)
             covering = [shift for shift, worked in covers.items() if p in worked]
@@ -121,7 +171,7 @@ class ShiftScheduling(Family):
 
     def program(self, data: StaffingData) -> str:
         sc = data.scenario
-        body = f'''# staff[s]: {sc.staff[1]} working shift s (whole people, at most the shift's cap)
+        body = f"""# staff[s]: {sc.staff[1]} working shift s (whole people, at most the shift's cap)
 staff = {{s: model.addVar(vtype="I", lb=0, ub=cap.get(s), name=f"staff[{{s}}]") for s in shifts}}
 
 # need: every period is staffed by the shifts working in it
@@ -130,10 +180,18 @@ for p in periods:
 
 # Objective: minimize the total wage cost
 model.setObjective(quicksum(cost[s] * staff[s] for s in shifts), sense="minimize")
-'''
-        values = [("periods", list(data.periods)), ("shifts", list(data.shifts)), ("works", {s: list(p) for s, p in data.covers.items()}),
-                  ("need", data.need), ("cost", data.cost), ("cap", data.cap)]
-        return assemble("shift_scheduling", values, body, ["for s, var in staff.items():", '    show(f"staff[{s}]", var)'])
+"""
+        values = [
+            ("periods", list(data.periods)),
+            ("shifts", list(data.shifts)),
+            ("works", {s: list(p) for s, p in data.covers.items()}),
+            ("need", data.need),
+            ("cost", data.cost),
+            ("cap", data.cap),
+        ]
+        return assemble(
+            "shift_scheduling", values, body, ["for s, var in staff.items():", '    show(f"staff[{s}]", var)']
+        )
 
     def math_model(self, data: StaffingData) -> MathModel:
         sc = data.scenario
@@ -154,58 +212,123 @@ model.setObjective(quicksum(cost[s] * staff[s] for s in shifts), sense="minimize
             objective_description="total wage cost",
             sets=(SetDef("P", "p", "periods", data.periods), SetDef("S", "s", "shifts", data.shifts)),
             params=tuple(params),
-            variables=(VarDef("x_s", f"{sc.staff[1]} assigned to shift $s$", domain, "staff", ("S",), noun=f"{sc.staff[1]} to put on each shift",
-                               whole=f"{sc.staff[1]} are people and cannot be split"),),
-            constraints=(ConstraintDef("Coverage", "each period has enough staff", r"\sum_{s \in S: p \in W_s} x_s \ge n_p", "need", ("P",),
-                                           why="shifts overlap several periods, so the staff present in a period is the sum over the shifts "
-                                               "working then, and that sum must reach the period's need"),),
+            variables=(
+                VarDef(
+                    "x_s",
+                    f"{sc.staff[1]} assigned to shift $s$",
+                    domain,
+                    "staff",
+                    ("S",),
+                    noun=f"{sc.staff[1]} to put on each shift",
+                    whole=f"{sc.staff[1]} are people and cannot be split",
+                ),
+            ),
+            constraints=(
+                ConstraintDef(
+                    "Coverage",
+                    "each period has enough staff",
+                    r"\sum_{s \in S: p \in W_s} x_s \ge n_p",
+                    "need",
+                    ("P",),
+                    why="shifts overlap several periods, so the staff present in a period is the sum over the shifts "
+                    "working then, and that sum must reach the period's need",
+                ),
+            ),
         )
 
     def statement(self, data: StaffingData, rng: random.Random) -> str:
         sc, money = data.scenario, data.money
         st = Statement(rng)
         if sc.structure == "blocks":
-            st.add(pick(rng, (
-                f"{data.organization} divides the day into six four-hour blocks and needs a minimum number of {sc.staff[1]} in each.",
-                f"{data.organization} must staff its operation around the clock. The day is split into blocks of four hours.",
-            )))
-            st.add(pick(rng, (
-                f"Each {sc.staff[0]} works one eight-hour shift, i.e. two consecutive blocks; shifts start at the beginning of any block, and the 20:00 shift runs past midnight into the first block.",
-                "A shift lasts eight hours (two consecutive blocks) and can start at 00:00, 04:00, 08:00, 12:00, 16:00 or 20:00; the last one ends at 04:00 the next day.",
-            )))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{data.organization} divides the day into six four-hour blocks and needs a minimum number of {sc.staff[1]} in each.",
+                        f"{data.organization} must staff its operation around the clock. The day is split into blocks of four hours.",
+                    ),
+                )
+            )
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"Each {sc.staff[0]} works one eight-hour shift, i.e. two consecutive blocks; shifts start at the beginning of any block, and the 20:00 shift runs past midnight into the first block.",
+                        "A shift lasts eight hours (two consecutive blocks) and can start at 00:00, 04:00, 08:00, 12:00, 16:00 or 20:00; the last one ends at 04:00 the next day.",
+                    ),
+                )
+            )
             unit = "per shift"
         else:
-            st.add(pick(rng, (
-                f"{data.organization} needs a minimum number of {sc.staff[1]} on duty each day of the week.",
-                f"{data.organization} is planning the weekly roster of its {sc.staff[1]}.",
-            )))
-            st.add(pick(rng, (
-                f"Every {sc.staff[0]} works five consecutive days and then has two days off; the pattern can start on any day and repeats every week.",
-                "Contracts require five consecutive working days followed by two rest days, starting on any day of the week.",
-            )))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"{data.organization} needs a minimum number of {sc.staff[1]} on duty each day of the week.",
+                        f"{data.organization} is planning the weekly roster of its {sc.staff[1]}.",
+                    ),
+                )
+            )
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"Every {sc.staff[0]} works five consecutive days and then has two days off; the pattern can start on any day and repeats every week.",
+                        "Contracts require five consecutive working days followed by two rest days, starting on any day of the week.",
+                    ),
+                )
+            )
             unit = "per week"
-        st.add(present(
-            rng, ["Period", f"{capitalize(sc.staff[1])} needed"], [(p, number(data.need[p])) for p in data.periods],
-            lambda row: pick(rng, (f"{row[0]} requires {row[1]} {sc.staff[1]}", f"at least {row[1]} {sc.staff[1]} are needed for {row[0]}")),
-            intro=("Minimum staffing:", f"The {sc.staff[1]} required are:", "Requirements:"),
-        ))
+        st.add(
+            present(
+                rng,
+                ["Period", f"{capitalize(sc.staff[1])} needed"],
+                [(p, number(data.need[p])) for p in data.periods],
+                lambda row: pick(
+                    rng,
+                    (
+                        f"{row[0]} requires {row[1]} {sc.staff[1]}",
+                        f"at least {row[1]} {sc.staff[1]} are needed for {row[0]}",
+                    ),
+                ),
+                intro=("Minimum staffing:", f"The {sc.staff[1]} required are:", "Requirements:"),
+            )
+        )
         costs = sorted(set(data.cost.values()))
         if len(costs) == 1:
             st.add(f"Every {sc.staff[0]} costs {money(costs[0])} {unit}.")
         else:
-            st.add(present(
-                rng, ["Shift", f"Cost {unit}"], [(s, money(data.cost[s])) for s in data.shifts],
-                lambda row: f"the {row[0]} costs {row[1]} {unit} per {sc.staff[0]}",
-                intro=(f"Wages differ by shift because of premiums ({unit}, per {sc.staff[0]}):", "Cost per person:"),
-            ))
+            st.add(
+                present(
+                    rng,
+                    ["Shift", f"Cost {unit}"],
+                    [(s, money(data.cost[s])) for s in data.shifts],
+                    lambda row: f"the {row[0]} costs {row[1]} {unit} per {sc.staff[0]}",
+                    intro=(
+                        f"Wages differ by shift because of premiums ({unit}, per {sc.staff[0]}):",
+                        "Cost per person:",
+                    ),
+                )
+            )
         for s, limit in data.cap.items():
-            st.add(pick(rng, (f"At most {number(limit)} {sc.staff[1]} can be assigned to the {s}.", f"The {s} has room for no more than {number(limit)} {sc.staff[1]}.")))
+            st.add(
+                pick(
+                    rng,
+                    (
+                        f"At most {number(limit)} {sc.staff[1]} can be assigned to the {s}.",
+                        f"The {s} has room for no more than {number(limit)} {sc.staff[1]}.",
+                    ),
+                )
+            )
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
-        st.question = pick(rng, (
-            f"How many {sc.staff[1]} should start each shift to meet all requirements at minimum cost?",
-            "Find the cheapest roster and its total cost.",
-            f"What is the minimum total cost of staffing, and how many {sc.staff[1]} work each shift?",
-        ))
+        st.question = pick(
+            rng,
+            (
+                f"How many {sc.staff[1]} should start each shift to meet all requirements at minimum cost?",
+                "Find the cheapest roster and its total cost.",
+                f"What is the minimum total cost of staffing, and how many {sc.staff[1]} work each shift?",
+            ),
+        )
         return st.text()
 
     def decisions(self, data: StaffingData, values: Mapping[str, float]) -> list[str]:
@@ -222,9 +345,19 @@ model.setObjective(quicksum(cost[s] * staff[s] for s in shifts), sense="minimize
         if rng.random() < 0.6:
             p = pick(rng, data.periods)
             new = scale(data.need[p], pick(rng, (0.7, 1.25, 1.5)))
-            return WhatIf(f"What if {p} needed {number(new)} {sc.staff[1]} instead of {number(data.need[p])}?",
-                          replace(data, need={**data.need, p: new}), f"need[{p}]", data.need[p], new)
+            return WhatIf(
+                f"What if {p} needed {number(new)} {sc.staff[1]} instead of {number(data.need[p])}?",
+                replace(data, need={**data.need, p: new}),
+                f"need[{p}]",
+                data.need[p],
+                new,
+            )
         s = pick(rng, data.shifts)
         new = scale(data.cost[s], pick(rng, (0.85, 1.15, 1.3)), step=sc.cost_range[2])
-        return WhatIf(f"What if a {sc.staff[0]} on the {s} cost {data.money(new)} instead of {data.money(data.cost[s])}?",
-                      replace(data, cost={**data.cost, s: new}), f"cost[{s}]", data.cost[s], new)
+        return WhatIf(
+            f"What if a {sc.staff[0]} on the {s} cost {data.money(new)} instead of {data.money(data.cost[s])}?",
+            replace(data, cost={**data.cost, s: new}),
+            f"cost[{s}]",
+            data.cost[s],
+            new,
+        )
