@@ -25,6 +25,7 @@ Regions (forward and backward of training graphs after `passes.canonicalize.moe`
 
 from __future__ import annotations
 
+import abc
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,13 +148,16 @@ class Match:
     extra_ops: list[str] = field(default_factory=list)
 
 
-class Pattern:
+class Pattern(abc.ABC):
+    """A region shape anchored at one of `anchors`, lowered to the torch_npu operator `op`."""
+
     name: str
     op: str
     anchors: tuple[Any, ...]
 
-    def match(self, node: fx.Node) -> Match | None:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def match(self, node: fx.Node) -> Match | None:
+        """The region anchored at `node` when it has this pattern's shape, else None."""
 
 
 # ---------------------------------------------------------------------------------------------
