@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     compiled = trex.compile(model, dump_dir=args.dump, progress=say)
-    say("first step: Dynamo capture, AOTAutograd joint trace, passes, partition and lowering (with the default Inductor backend "
-        "about 2 minutes cold on 2 cores: it compiles C++ for the forward and the backward)")
+    say(
+        "first step: Dynamo capture, AOTAutograd joint trace, passes, partition and lowering (with the default Inductor backend "
+        "about 2 minutes cold on 2 cores: it compiles C++ for the forward and the backward)"
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(args.seed)
     input_ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=generator)
