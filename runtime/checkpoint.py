@@ -59,6 +59,9 @@ class CheckpointStore:
             "data": job.data,
             "seq": job.parallel.seq,
             "gbs": job.parallel.gbs,
+            "recipe": {"source": getattr(job, "source", None), **getattr(job, "source_args", {})}
+            if getattr(job, "source", None)
+            else None,
         }
 
     # -- what a checkpoint holds ---------------------------------------------------------------
@@ -151,14 +154,14 @@ class CheckpointStore:
             )
         differing = [
             f"{key} {meta.get(key)!r} -> {self.identity[key]!r}"
-            for key in ("seed", "data", "seq", "gbs")
+            for key in ("seed", "data", "seq", "gbs", "recipe")
             if meta.get(key) != self.identity[key]
         ]
         if differing:
             raise TrexError(
                 f"--resume: the data order would differ from the saved run ({'; '.join(differing)}); resume "
                 "with the saved "
-                "--seed/--data/--seq/--gbs (the plan may differ)"
+                "--seed/--data/--seq/--gbs and data options (the plan may differ)"
             )
         step = int(meta["step"])
         state = self._state(applied, step)

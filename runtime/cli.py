@@ -23,13 +23,31 @@ from trex.errors import TrexError
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a model under a parallel plan on N local ranks (gloo on CPU)",
+        help="train a model under a parallel plan on N local ranks (gloo on CPU); modes: "
+        + ", ".join(sorted(train_modes())),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model", required=True, help="built-in model name, tiny-<family>, or a transformers config.json"
+    add_training_flags(parser)
+    parser.set_defaults(run=run, mode=None)
+    modes = parser.add_subparsers(
+        dest="mode", metavar="MODE", title="modes (each takes the flags above, after the mode's name)"
     )
+    for _, register in sorted(train_modes().items()):
+        register(modes, add_training_flags)
+
+
+def train_modes() -> dict:
+    """Training recipes registered by workloads (entry-point group `trex.train_modes`): name -> register
+    function `register(modes_subparsers, add_training_flags)`."""
+    from importlib.metadata import entry_points
+
+    return {entry.name: entry.load() for entry in entry_points(group="trex.train_modes")}
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every `trex train` mode takes (plain next-token training and the registered modes)."""
+    parser.add_argument("--model", help="built-in model name, tiny-<family>, or a transformers config.json (required)")
     parser.add_argument(
         "--plan",
         default="",
@@ -67,15 +85,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="each rank keeps rank<R>.json here (pid, current step) for supervisors; default: a temporary directory",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
-    parser.set_defaults(run=run)
 
 
-def build_job(args: argparse.Namespace):
-    """Everything checked before a process starts: model, plan vs model and --nproc, flags, checkpoint dir."""
+def build_job(args: argparse.Namespace, config=None, **fields):
+    """Everything checked before a process starts: model, plan vs model and --nproc, flags, checkpoint dir.
+
+    A training mode passes its model `config` (when it changed it, e.g. the vocabulary for a tokenizer)
+    and the extra `TrainJob` fields of its recipe (`source=` replaces --data's token source)."""
     from trex.models import load_config
     from trex.runtime.run_plan import resolve_plan
     from trex.runtime.trainer import TrainJob
 
+    if not args.model:
+        raise TrexError("--model is required (a built-in name, tiny-<family>, or a transformers config.json)")
     for name in ("steps", "seq", "gbs", "mbs"):
         if getattr(args, name) < 1:
             raise TrexError(f"--{name} must be a positive integer, got {getattr(args, name)}")
@@ -85,11 +107,11 @@ def build_job(args: argparse.Namespace):
         raise TrexError("--save-every needs --checkpoint-dir")
     if args.resume and args.checkpoint_dir is None:
         raise TrexError("--resume needs --checkpoint-dir (the directory an earlier run saved into)")
-    config = load_config(args.model)
+    config = config if config is not None else load_config(args.model)
     plan = resolve_plan(
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
     )
-    if args.data != "synthetic":
+    if args.data != "synthetic" and not fields.get("source"):
         from trex.runtime.data import TokenSource
 
         TokenSource(
@@ -123,6 +145,7 @@ def build_job(args: argparse.Namespace):
         timeout_s=args.timeout,
         verbose=not args.json,
         progress_dir=str(args.progress_dir) if args.progress_dir else None,
+        **fields,
     )
     return job, config, plan
 

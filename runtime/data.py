@@ -25,7 +25,29 @@ from trex.errors import TrexError
 @dataclass(frozen=True)
 class Batch:
     inputs: torch.Tensor  # [rows, seq] token ids
-    targets: torch.Tensor  # [rows, seq] the next token of each input position
+    targets: torch.Tensor  # [rows, seq] the next token of each input position (-100: not scored)
+    position_ids: torch.Tensor | None = None  # [rows, seq] when documents are packed (restart at each one)
+
+    def to(self, device: torch.device) -> Batch:
+        moved = None if self.position_ids is None else self.position_ids.to(device)
+        return Batch(self.inputs.to(device), self.targets.to(device), moved)
+
+    def rows(self, start: int, end: int) -> Batch:
+        positions = None if self.position_ids is None else self.position_ids[start:end].contiguous()
+        return Batch(self.inputs[start:end].contiguous(), self.targets[start:end].contiguous(), positions)
+
+    def replica_rows(self, replica: int, replicas: int) -> Batch:
+        """The rows data-parallel replica `replica` trains on (contiguous blocks, as `replica_rows`)."""
+        count = self.inputs.size(0) // replicas
+        return self.rows(replica * count, (replica + 1) * count)
+
+
+def as_global_batch(batch) -> Batch:
+    """A source's global batch as a `Batch`: token rows [gbs, seq+1] (next-token training), or any object
+    with inputs/targets (and optionally position_ids) of [gbs, seq] (labelled or packed data)."""
+    if isinstance(batch, torch.Tensor):
+        return Batch(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())
+    return Batch(batch.inputs, batch.targets, getattr(batch, "position_ids", None))
 
 
 class TokenSource:
@@ -59,11 +81,9 @@ def replica_rows(tokens: torch.Tensor, replica: int, replicas: int) -> torch.Ten
     return tokens[replica * rows : (replica + 1) * rows]
 
 
-def micro_batches(rows: torch.Tensor, mbs: int) -> list[Batch]:
-    return [
-        Batch(rows[i : i + mbs, :-1].contiguous(), rows[i : i + mbs, 1:].contiguous())
-        for i in range(0, rows.size(0), mbs)
-    ]
+def micro_batches(rows: torch.Tensor | Batch, mbs: int) -> list[Batch]:
+    batch = as_global_batch(rows)
+    return [batch.rows(i, i + mbs) for i in range(0, batch.inputs.size(0), mbs)]
 
 
 def _jsonl_windows(path: Path, window: int, vocab_size: int) -> torch.Tensor:

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 
+IGNORE_INDEX = -100  # a target that is not scored: context tokens of SFT, padding, document boundaries
+
 
 @dataclass(frozen=True)
 class TrainJob:
@@ -48,6 +50,16 @@ class TrainJob:
     timeout_s: float = 300.0  # a collective that waits longer fails (a peer is gone)
     gather_gradients: bool = False  # return the first step's full gradients (equivalence tests)
     verbose: bool = True  # rank 0 prints each step's loss to stderr
+    # -- recipes beyond next-token training (the OR post-training loop sets these) -------------------
+    source: str | None = None  # "module:function" building the batch source in each rank: f(job, config)
+    source_args: dict[str, Any] = field(default_factory=dict)  # plain data for `source`
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. vocab_size to fit a tokenizer
+    warmup_steps: int = 0  # learning rate: linear warmup, then cosine to min_lr_ratio*lr at decay_steps
+    decay_steps: int = 0  # 0: constant learning rate after warmup
+    min_lr_ratio: float = 0.1
+    clip_grad_norm: float = 0.0  # 0: no clipping
+    export_dir: str | None = None  # rank 0 writes the final model here with save_pretrained
+    init_dir: str | None = None  # start from these weights (a save_pretrained directory) instead of the seed's
 
     @classmethod
     def create(
@@ -87,6 +99,9 @@ class RankResult:
     captured_ops: dict[str, int] = field(
         default_factory=dict
     )  # distributed op -> nodes in the captured graphs (--compile)
+    tokens_trained: list[int] = field(default_factory=list)  # targets scored per step (padding and context excluded)
+    grad_norms: list[float] = field(default_factory=list)  # global gradient norm per step, before clipping
+    learning_rates: list[float] = field(default_factory=list)
 
 
 def device_and_backend() -> tuple[torch.device, str]:
@@ -188,12 +203,22 @@ class Trainer:
 
         plan = self.plan
         self.config = load_config(self.job.model)
+        for key, value in self.job.config_overrides.items():
+            setattr(self.config, key, value)
         model = build_model(self.config, seed=self.job.seed)
+        if self.job.init_dir:
+            load_weights(model, Path(self.job.init_dir))
         model.train()
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        self.source = TokenSource(
-            self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed
-        )
+        if self.job.source:
+            import importlib
+
+            module, _, function = self.job.source.partition(":")
+            self.source = getattr(importlib.import_module(module), function)(self.job, self.config)
+        else:
+            self.source = TokenSource(
+                self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed
+            )
         self.applied = parallelize(model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay)
         self.model = self.applied.model
         self.forward = self.model
@@ -208,36 +233,47 @@ class Trainer:
                 route_through_ep(self.model)
 
     # -- one step -------------------------------------------------------------------------------
-    def loss_of(self, inputs: torch.Tensor, targets: torch.Tensor, normalizer: int) -> torch.Tensor:
+    def loss_of(self, batch, normalizer: int) -> torch.Tensor:
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
         )
+        extra = {} if batch.position_ids is None else {"position_ids": batch.position_ids}
         with autocast:
-            logits = self.forward(input_ids=inputs, use_cache=False).logits
+            logits = self.forward(input_ids=batch.inputs, use_cache=False, **extra).logits
         with self.applied.loss_context():
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), batch.targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+            )
         return loss / normalizer
 
     def train_step(self, step: int) -> float:
-        from trex.runtime.data import micro_batches, replica_rows
+        from trex.runtime.data import as_global_batch, micro_batches
+        from trex.runtime.optimization import clip_gradients, set_learning_rate
 
-        plan = self.plan
-        tokens = self.source.global_batch(step).to(self.device)
-        rows = replica_rows(tokens, self.applied.replica_index, self.applied.replicas)
-        normalizer = plan.gbs * plan.seq
+        batch = as_global_batch(self.source.global_batch(step)).to(self.device)
+        rows = batch.replica_rows(self.applied.replica_index, self.applied.replicas)
+        # The loss is the mean over the global batch's scored targets, whatever the plan: every replica
+        # divides its token sum by the same global count, so the summed gradients are the 1-rank run's.
+        normalizer = max(1, int((batch.targets != IGNORE_INDEX).sum()))
+        self.tokens_trained.append(normalizer)
         local = torch.zeros((), device=self.device, dtype=torch.float64)
-        batches = micro_batches(rows, plan.mbs)
-        for i, batch in enumerate(batches):
+        batches = micro_batches(rows, self.plan.mbs)
+        for i, micro in enumerate(batches):
             self.applied.before_micro_batch(last=i == len(batches) - 1)
             # Saved activations are the same every step: count them in the first step only (no hooks later).
             with self.activations.counting() if self.count_activations else nullcontext():
-                loss = self.loss_of(batch.inputs, batch.targets, normalizer)
+                loss = self.loss_of(micro, normalizer)
             with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
                 (loss * self.applied.loss_scale if self.applied.loss_scale != 1.0 else loss).backward()
             local += _plain(loss.detach()).double()
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:
             self.gathered = self.applied.full_gradients()
+        if self.job.clip_grad_norm > 0 or self.job.source:
+            self.grad_norms.append(clip_gradients(self.applied, self.job.clip_grad_norm))
+        lr = self.schedule.learning_rate(step)
+        self.learning_rates.append(lr)
+        set_learning_rate(self.applied.optimizer.optimizer, lr)
         self.applied.optimizer.step()
         if self.applied.replica_group is not None:
             dist.all_reduce(local, group=self.applied.replica_group)
@@ -247,9 +283,12 @@ class Trainer:
     def run(self) -> RankResult:
         from trex.runtime.checkpoint import CheckpointStore
         from trex.runtime.memory_accounting import SavedActivations
+        from trex.runtime.optimization import Schedule
 
         self.progress.at(None)
         self.build()
+        self.schedule = Schedule(self.job.lr, self.job.warmup_steps, self.job.decay_steps, self.job.min_lr_ratio)
+        self.tokens_trained, self.grad_norms, self.learning_rates = [], [], []
         self.activations = SavedActivations(self.model)
         self.gathered = None
         store = (
@@ -280,6 +319,8 @@ class Trainer:
             if store is not None and self.job.save_every and (step + 1) % self.job.save_every == 0:
                 store.save(self.applied, step + 1)
         self.progress.at(self.job.steps)
+        if self.job.export_dir:
+            self.export(Path(self.job.export_dir))
         memory = self.applied.memory_bytes()
         memory["activations"] = self.activations.peak_bytes
         memory["total"] = sum(memory.values())
@@ -295,7 +336,34 @@ class Trainer:
             self.gathered,
             self.applied.notes,
             self.captured_ops(),
+            self.tokens_trained,
+            self.grad_norms,
+            self.learning_rates,
         )
+
+    def export(self, directory: Path) -> None:
+        """The trained model, whole, in transformers' format (`save_pretrained`), written by rank 0.
+
+        Every rank takes part in gathering the shards (a collective); the weights are copied into a fresh
+        model of the same config on the CPU, so the export loads anywhere with `from_pretrained`."""
+        from torch.distributed.tensor import DTensor
+
+        from trex.models import build_model
+
+        state = {}
+        for name, tensor in self.applied.model_state().items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            state[name] = whole.detach().to("cpu", torch.float32)
+        if self.progress.rank != 0:
+            return
+        model = build_model(self.config, seed=self.job.seed)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if m in dict(model.named_parameters())]:
+            raise TrexError(
+                f"export: state does not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(directory), safe_serialization=True)
 
     def captured_ops(self) -> dict[str, int]:
         """With --compile: how many nodes of each distributed op the captured joint graphs hold."""
@@ -308,6 +376,29 @@ class Trainer:
                 if node.op == "call_function" and ("moe_experts" in name or "c10d" in name):
                     counts[name] = counts.get(name, 0) + 1
         return counts
+
+
+def load_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Copy the weights of a `save_pretrained` directory into `model` (same architecture and shapes).
+
+    They are read with transformers' own `from_pretrained`, which undoes any checkpoint-format mapping
+    `save_pretrained` applied, then copied by name; a mismatch names the first differing parameters."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        source = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError) as error:
+        raise TrexError(f"--init {directory}: cannot load a model from it: {error}") from None
+    theirs, ours = source.state_dict(), model.state_dict()
+    differing = [
+        name for name in ours if name not in theirs or tuple(theirs[name].shape) != tuple(ours[name].shape)
+    ] + [name for name in theirs if name not in ours]
+    if differing:
+        raise TrexError(
+            f"--init {directory}: its weights do not fit --model (first differences: {differing[:4]}); pass the "
+            "model the weights were trained as"
+        )
+    model.load_state_dict(theirs)
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:

@@ -267,6 +267,22 @@ def test_generation_through_trex_compile_matches_eager(tiny_moe):
     assert compiled.generate_tokens(PROMPTS) == eager.generate_tokens(PROMPTS)
 
 
+def test_long_compiled_generation_uses_few_graphs_and_matches_eager(tiny_moe):
+    """A decode of 34 tokens is 34 different lengths; compiled decoding pads them to power-of-two buckets."""
+    import torch
+
+    from trex.workloads.llm_clients.local import TransformersClient
+
+    model, tokenizer = tiny_moe
+    torch._dynamo.reset()
+    compiled = TransformersClient("tiny", compile=True, model=model, tokenizer=tokenizer, max_new_tokens=34)
+    eager = TransformersClient("tiny", compile=False, model=model, tokenizer=tokenizer, max_new_tokens=34)
+    tokens = compiled.generate_tokens(PROMPTS)
+    assert tokens == eager.generate_tokens(PROMPTS)
+    assert max(len(t) for t in tokens) > 32  # crossed a bucket boundary
+    assert len(compiled.forward.trex.graphs) <= 3
+
+
 def test_sampling_is_reproducible_from_the_seed(tiny_moe):
     from trex.workloads.llm_clients.local import TransformersClient
 

@@ -62,6 +62,11 @@ class TransformersClient:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        if compile:
+            # trex.compile specialises its graphs to their shapes (the cost model prices concrete sizes), and a
+            # KV cache grows by one token a step: every step would be a new graph. Compiled decoding therefore
+            # recomputes the sequence, left-padded to a power-of-two length, so a few graphs serve every step.
+            self.use_cache = False
         self.forward = self._compiled() if compile else self.model
         # transformers 5 names the KV cache `cache`; earlier versions `past_key_values`
         parameters = inspect.signature(self.model.forward).parameters
@@ -83,8 +88,12 @@ class TransformersClient:
         return model, tokenizer
 
     def _compiled(self) -> Any:
+        import torch
+
         import trex
 
+        # One graph per (length bucket, batch size): 32..8192 tokens and a smaller last batch stay within it.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 24)
         compile_fn = getattr(trex, "compile", None)
         if compile_fn is None:
             raise ClientError("trex.compile is not available in this trex build; pass compile=False (--no-compile)")
@@ -140,6 +149,8 @@ class TransformersClient:
                 if self.use_cache and past is not None:
                     positions = positions[:, -1:]
                 kwargs: dict[str, Any] = {"input_ids": step_ids, "attention_mask": attention, "position_ids": positions}
+                if self.compile:
+                    kwargs.update(_left_padded_to_bucket(step_ids, attention, positions, self.tokenizer.pad_token_id))
                 if self.use_cache:
                     kwargs.update({self._cache_arg: past, "use_cache": True})
                 else:
@@ -178,6 +189,24 @@ class TransformersClient:
 
     def close(self) -> None:
         pass
+
+
+def _left_padded_to_bucket(ids: Any, attention: Any, positions: Any, pad_id: int, smallest: int = 32) -> dict[str, Any]:
+    """The step's inputs left-padded (masked out) to the next power-of-two length: same logits at the last
+    position, and a handful of distinct shapes for the compiled graph instead of one per step."""
+    import torch
+
+    length = ids.shape[1]
+    bucket = max(smallest, 1 << (length - 1).bit_length())
+    pad = bucket - length
+    if pad == 0:
+        return {"input_ids": ids, "attention_mask": attention, "position_ids": positions}
+    rows = ids.shape[0]
+    return {
+        "input_ids": torch.cat([ids.new_full((rows, pad), pad_id), ids], dim=-1),
+        "attention_mask": torch.cat([attention.new_zeros((rows, pad)), attention], dim=-1),
+        "position_ids": torch.cat([positions.new_zeros((rows, pad)), positions], dim=-1),
+    }
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
