@@ -100,6 +100,7 @@ class DataParallelAdamW:
         betas: tuple[float, float],
         weight_decay: float,
         eps: float = 1e-8,
+        optimizer: str = "adamw",
     ):
         if zero not in (0, 1, 2):
             raise ValueError(f"DataParallelAdamW runs ZeRO stages 0-2, got {zero}")
@@ -120,9 +121,16 @@ class DataParallelAdamW:
                 # ZeRO-2: reduce-scatter each gradient as soon as it is accumulated, keeping only the shard.
                 param.register_post_accumulate_grad_hook(lambda p, slot=slot: self._scatter_now(slot))
         # foreach=False: the per-tensor kernel, so every plan performs the same elementwise arithmetic.
-        self.optimizer = torch.optim.AdamW(
-            [s.master for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, foreach=False
-        )
+        if optimizer == "muon":
+            from trex.runtime.muon import MuonWithAdamW
+
+            self.optimizer = MuonWithAdamW(
+                [(s.name, s.master) for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(
+                [s.master for s in self.slots], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, foreach=False
+            )
 
     # -- gradients ------------------------------------------------------------------------------
     def _scatter_now(self, slot: ShardedParam) -> None:
@@ -167,11 +175,25 @@ class DataParallelAdamW:
     def ensure_state(self) -> None:
         """Create AdamW's state (zeros) for every parameter, as its first step would."""
         for slot in self.slots:
-            state = self.optimizer.state[slot.master]
+            if self._is_muon(slot):
+                part = next(p for p in self.optimizer.parts if isinstance(p, torch.optim.Muon))
+                if not part.state[slot.master]:
+                    part.state[slot.master]["momentum_buffer"] = torch.zeros_like(slot.master)
+                continue
+            state = self._adamw_state(slot)
             if not state:
                 state["step"] = torch.tensor(0.0)
                 state["exp_avg"] = torch.zeros_like(slot.master, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(slot.master, memory_format=torch.preserve_format)
+
+    def _is_muon(self, slot: ShardedParam) -> bool:
+        return hasattr(self.optimizer, "is_muon") and self.optimizer.is_muon(slot.master)
+
+    def _adamw_state(self, slot: ShardedParam) -> dict:
+        if hasattr(self.optimizer, "parts"):
+            part = next(p for p in self.optimizer.parts if isinstance(p, torch.optim.AdamW))
+            return part.state[slot.master]
+        return self.optimizer.state[slot.master]
 
     def global_view(self, slot: ShardedParam, local: torch.Tensor) -> torch.Tensor | DTensor:
         """`local` (this replica's shard of an optimizer tensor of `slot`) as a DTensor of the whole parameter."""
@@ -190,9 +212,9 @@ class DataParallelAdamW:
         out: dict[str, torch.Tensor] = {}
         for slot in self.slots:
             state = self.optimizer.state[slot.master]
-            out[f"{slot.name}.exp_avg"] = self.global_view(slot, state["exp_avg"])
-            out[f"{slot.name}.exp_avg_sq"] = self.global_view(slot, state["exp_avg_sq"])
-            out[f"{slot.name}.step"] = state["step"]
+            for key, value in state.items():  # AdamW: exp_avg, exp_avg_sq, step; Muon: momentum_buffer
+                same_shape = isinstance(value, torch.Tensor) and value.shape == slot.master.shape
+                out[f"{slot.name}.{key}"] = self.global_view(slot, value) if same_shape else value
         return out
 
     def state_bytes(self) -> int:

@@ -174,17 +174,32 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def parallelize(
-    model: nn.Module, plan: ParallelConfig, device: torch.device, *, lr: float, weight_decay: float
+    model: nn.Module,
+    plan: ParallelConfig,
+    device: torch.device,
+    *,
+    lr: float,
+    weight_decay: float,
+    optimizer: str = "adamw",
 ) -> AppliedPlan:
     model.to(device)
+    if optimizer == "muon":
+        from trex.runtime.muon import check_muon_plan
+
+        check_muon_plan(plan.tp, plan.zero, plan.data_parallel)
     world = dist.get_world_size() if dist.is_initialized() else 1
     notes: list[str] = []
     if world == 1:
         homes = {name: ParamHome(None, (Replicate(),), tuple(p.shape)) for name, p in model.named_parameters()}
-        optimizer = DataParallelAdamW(
-            [(n, p, homes[n]) for n, p in model.named_parameters()], 0, lr=lr, betas=BETAS, weight_decay=weight_decay
+        stepper = DataParallelAdamW(
+            [(n, p, homes[n]) for n, p in model.named_parameters()],
+            0,
+            lr=lr,
+            betas=BETAS,
+            weight_decay=weight_decay,
+            optimizer=optimizer,
         )
-        return AppliedPlan(model, plan, optimizer, None, homes, notes)
+        return AppliedPlan(model, plan, stepper, None, homes, notes)
     meshes = build_meshes(plan, device.type)
     global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     if plan.tp > 1:
@@ -225,14 +240,15 @@ def parallelize(
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
         else:
             homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
-    optimizer = DataParallelAdamW(
+    stepper = DataParallelAdamW(
         [(n, p, homes[n]) for n, p in model.named_parameters()],
         plan.zero,
         lr=lr,
         betas=BETAS,
         weight_decay=weight_decay,
+        optimizer=optimizer,
     )
-    return AppliedPlan(model, plan, optimizer, meshes, homes, notes)
+    return AppliedPlan(model, plan, stepper, meshes, homes, notes)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

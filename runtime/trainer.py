@@ -59,6 +59,7 @@ class TrainJob:
     min_lr_ratio: float = 0.1
     clip_grad_norm: float = 0.0  # 0: no clipping
     export_dir: str | None = None  # rank 0 writes the final model here with save_pretrained
+    optimizer: str = "adamw"  # or "muon" (matrices; AdamW for the rest), see runtime/muon.py
     init_dir: str | None = None  # start from these weights (a save_pretrained directory) instead of the seed's
 
     @classmethod
@@ -219,7 +220,9 @@ class Trainer:
             self.source = TokenSource(
                 self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed
             )
-        self.applied = parallelize(model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay)
+        self.applied = parallelize(
+            model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay, optimizer=self.job.optimizer
+        )
         self.model = self.applied.model
         self.forward = self.model
         self.count_activations = True

@@ -257,3 +257,18 @@ def test_pipeline_runs_cpt_sft_eval_and_resumes_finished_phases(tmp_path, capsys
     assert any("pass@1 near 0" in note for note in report["notes"])
     again = run_json(capsys, [*args, "--bench", "nl4opt", "--json", "--resume"])
     assert again["phases"]["sft"]["losses"] == report["phases"]["sft"]["losses"]  # read back, not re-run
+
+
+def test_muon_is_plan_independent_and_resumes_under_another_plan(tmp_path, capsys):
+    data = write_chat_set(tmp_path / "data", n=40)
+    common = ["train", "sft", *SFT, "--data", str(data), "--mbs", "2", "--optimizer", "muon", "--no-compile"]
+    common += ["--min-lr-ratio", "1"]  # a constant learning rate: the runs below stop at different --steps
+    whole = run_json(capsys, [*common, "--steps", "4"])
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "2"]
+    first = run_json(capsys, [*common, "--steps", "2", "--nproc", "2", "--plan", "ep=2,zero=0", *ckpt])
+    rest = run_json(capsys, [*common, "--steps", "4", *ckpt, "--resume"])  # one rank resumes the 2-rank run
+    assert rest["first_step"] == 2
+    for a, b in zip(whole["losses"], first["losses"] + rest["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a)
+    assert main([*common, "--steps", "2", "--nproc", "2", "--plan", "zero=1"]) != 0
+    assert "orthogonalises whole weight matrices" in capsys.readouterr().err

@@ -74,11 +74,24 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         "--min-lr-ratio", type=float, default=0.1, help="the cosine ends at this fraction of --lr (default 0.1)"
     )
     recipe.add_argument(
+        "--optimizer",
+        choices=("adamw", "muon"),
+        default="adamw",
+        help="adamw (default), or muon for the weight matrices with AdamW for the rest (needs tp=1, zero=0)",
+    )
+    recipe.add_argument(
         "--clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off; default 1)"
     )
     recipe.add_argument(
         "--init", type=Path, help="start from these weights (a save_pretrained directory, e.g. RUN/cpt/hf)"
     )
+    recipe.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="run the model eagerly (default: each rank's model goes through trex.compile)",
+    )
+    parser.set_defaults(compile=True)
     recipe.add_argument("--dry-run", action="store_true", help="print the plan and predictions only; no weights")
     recipe.add_argument("--cluster", help="--dry-run: the cluster to plan for (e.g. cloudmatrix384)")
     recipe.add_argument("--devices", type=int, help="--dry-run: devices of the cluster")
@@ -222,7 +235,12 @@ def train(args: argparse.Namespace, kind: str, *, out: Path | None = None) -> di
         clip_grad_norm=args.clip,
         export_dir=str(out / "hf") if out is not None else None,
         init_dir=str(args.init) if args.init else None,
+        optimizer=args.optimizer,
     )
+    if args.optimizer == "muon":
+        from trex.runtime.muon import check_muon_plan
+
+        check_muon_plan(plan.tp, plan.zero, plan.data_parallel)
     result = launch(job, args.nproc)
     if started_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0:
         return {}
