@@ -73,6 +73,8 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
 
     if nproc < 1:
         raise PlanRefused([f"--nproc={nproc} must be a positive integer"])
+    if text.strip() == "auto":
+        text = planned_degrees(config, nproc, **training)
     if text.endswith(".json") or Path(text).is_file():
         text = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
@@ -92,6 +94,44 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     if problems:
         raise PlanRefused(problems)
     return plan
+
+
+def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1, precision: str = "fp32") -> str:
+    """`--plan auto`: the planner's fastest plan for `nproc` devices of the machine this runs on (the
+    calibrated `cpu` cluster on CPU), among the layouts this runtime executes (pp, cp, etp = 1; tp only
+    for the families it shards), as a plan string. The first of the best and its runners-up that the
+    runtime accepts is taken, so the answer always runs."""
+    import sys
+
+    import torch
+
+    from trex.cost_model.catalog import get_cluster
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.planner import SearchSpace, plan_parallel
+
+    model_type = getattr(config, "model_type", "")
+    fixed = f"pp=1,vpp=1,cp=1,etp=1,mbs={mbs}" + ("" if model_type in TENSOR_PARALLEL_FAMILIES else ",tp=1")
+    cluster = "h100" if torch.cuda.is_available() else "cpu"
+    spec = spec_from_config(config, model_type or "model")
+    result = plan_parallel(
+        spec, get_cluster(cluster, nproc), seq=seq, gbs=gbs, precision=precision, space=SearchSpace.parse(fixed), top=8,
+        baseline=None,
+    )  # fmt: skip
+    candidates = ([result.best] if result.best is not None else []) + [r.plan for r in result.runners_up]
+    for candidate in candidates:
+        p = candidate.parallel
+        text = ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "ep", "dp", "zero"))
+        plan = dataclasses.replace(
+            parse_plan(text, seq=seq, gbs=gbs, mbs=mbs, precision=precision), sequence_parallel=p.tp > 1
+        )
+        if not runtime_limits(plan, model_type) and not validate(plan, spec, nproc):
+            print(
+                f"trex train: --plan auto chose {text} (predicted {candidate.prediction.step_time_s:.3g} s per step "
+                f"on {nproc} x {cluster})",
+                file=sys.stderr,
+            )
+            return text
+    raise PlanRefused([f"--plan auto: no plan the runtime executes fits {nproc} device(s) ({fixed}); give --plan"])
 
 
 def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> str:

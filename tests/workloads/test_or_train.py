@@ -272,3 +272,13 @@ def test_muon_is_plan_independent_and_resumes_under_another_plan(tmp_path, capsy
         assert abs(a - b) <= 1e-5 * abs(a)
     assert main([*common, "--steps", "2", "--nproc", "2", "--plan", "zero=1"]) != 0
     assert "orthogonalises whole weight matrices" in capsys.readouterr().err
+
+
+def test_plan_auto_is_the_planners_choice_among_runnable_plans():
+    from trex.models import tiny_config
+    from trex.runtime.run_plan import resolve_plan, runtime_limits
+
+    for family in ("deepseek-v4", "qwen3-moe"):
+        config = tiny_config(family)
+        plan = resolve_plan("auto", config, 2, seq=64, gbs=8, mbs=1, precision="fp32")
+        assert plan.devices == 2 and not runtime_limits(plan, config.model_type)

@@ -91,7 +91,7 @@ def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="run the model eagerly (default: each rank's model goes through trex.compile)",
     )
-    parser.set_defaults(compile=True)
+    parser.set_defaults(compile=True, plan="auto")  # the planner's plan for --nproc devices unless --plan is given
     recipe.add_argument("--dry-run", action="store_true", help="print the plan and predictions only; no weights")
     recipe.add_argument("--cluster", help="--dry-run: the cluster to plan for (e.g. cloudmatrix384)")
     recipe.add_argument("--devices", type=int, help="--dry-run: devices of the cluster")

@@ -34,7 +34,7 @@ def dry_run(args: argparse.Namespace, kind: str) -> int:
     epochs = args.epochs if args.epochs is not None else 1.0
     cluster = get_cluster(args.cluster, args.devices)
     precision = "bf16" if args.precision == "fp32" and args.cluster != "cpu" else args.precision
-    if args.plan:
+    if args.plan and args.plan != "auto":
         best = _priced_plan(args, cluster, precision)
     else:
         from trex.planner import plan_parallel
