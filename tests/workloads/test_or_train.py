@@ -153,6 +153,10 @@ def test_sft_learns_exports_and_reports(tmp_path, capsys):
     tokenizer = AutoTokenizer.from_pretrained(out / "sft" / "hf")
     assert model.config.vocab_size == len(tokenizer) == 262
     assert json.loads((out / "sft" / "rejected.jsonl").read_text())["text"] == "garbage"
+    evaluation = ["eval", "--bench", "nl4opt", "--client", "transformers", "--model", str(out / "sft" / "hf")]
+    evaluation += ["--limit", "2", "--max-tokens", "8", "--no-compile", "--no-progress", "--json"]
+    report = run_json(capsys, evaluation)  # the exported checkpoint is what trex eval reads
+    assert report["n"] == 2 and report["correct"] + sum(report["failures"].values()) == 2
 
 
 def test_losses_equal_across_plans_on_two_ranks(tmp_path, capsys):
