@@ -16,8 +16,12 @@ import sys
 def _import_inflect():
     if "inflect" in sys.modules:
         return sys.modules["inflect"]
-    import typeguard
+    try:
+        import typeguard
+    except ImportError:  # an inflect that no longer uses it
+        import inflect
 
+        return inflect
     original = typeguard.typechecked
 
     def unchecked(target=None, **_options):

@@ -44,6 +44,7 @@ CONTROLLERS = ("memory", "pids", "cpu")
 WORKER_MEMORY_MARGIN = 768 << 20
 WORKER_TASK_MARGIN = 32
 CPU_PERIOD_US = 100_000
+JOIN_SHELL = "/bin/sh"  # moves itself into a leaf, then execs the command (`RunCgroup.join_command`)
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class RunCgroup:
         """`argv` behind a shell that first moves itself into leaf `name`: everything the command
         starts is born inside it (no fork can slip out between spawn and move)."""
         procs = os.path.join(self.leaf(name), "cgroup.procs")
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
+        return [JOIN_SHELL, "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv]
 
     def remove_leaf(self, name: str) -> None:
         """Kill what is left in leaf `name` and remove it (a cold run's, once it has ended)."""

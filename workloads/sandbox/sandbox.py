@@ -172,6 +172,8 @@ class Sandbox:
         support = cgroups.probe()
         if support.parent is None:
             return support
+        if not os.access(cgroups.JOIN_SHELL, os.X_OK):
+            return cgroups.CgroupSupport(None, (), f"no {cgroups.JOIN_SHELL} to start the workers in their cgroup")
         try:
             self._cgroup = cgroups.RunCgroup.create(support, self.limits.to_json())
         except OSError as error:
