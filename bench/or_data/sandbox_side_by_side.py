@@ -120,10 +120,11 @@ def main() -> int:
             f"| {label} | {isolation} | {samples} | {args.workers} | {meter.wall_s:.1f} | {samples / meter.wall_s:.2f} | "
             f"{meter.cpu_s:.1f} | {1000 * per_sample:.1f} | {cores / per_sample:.1f} | {meter.how} |"
         )
+    print(f"\nwarm output: {warm_out}")
     identical = True
     if not args.no_cold:
         identical = same_outputs(warm_out, results["cold"][2])
-        print(f"\nwarm and cold outputs identical: {identical}")
+        print(f"warm and cold outputs identical: {identical}")
     if args.reference is not None:
         matches = same_outputs(warm_out, args.reference)
         identical = identical and matches

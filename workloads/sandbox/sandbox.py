@@ -65,10 +65,9 @@ class Sandbox:
     imports before forking (default: every one of `worker.PRELOAD` that is installed); name only
     the ones the programs use (e.g. `("coptpy",)`): each preloaded library makes every program's
     fork slower, and a program importing one that is not preloaded still works. `cgroup=False`
-    leaves the cgroup-v2 limits out (`cgroups`; `cgroup_support.summary()` says what is enforced
-    and why the rest is not). `run` is
-    thread-safe: an evaluator runs many programs at once from a thread pool; each run is its own
-    process, so threads only wait.
+    leaves the cgroup-v2 limits out (`cgroups`; `cgroup` says what is enforced and why the rest is
+    not). `run` is thread-safe: an evaluator runs many programs at once from a thread pool; each
+    run is its own process, so threads only wait.
     """
 
     def __init__(

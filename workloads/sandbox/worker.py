@@ -84,6 +84,10 @@ class Worker:
                 self.preloaded.append(name)
             except Exception:  # noqa: BLE001 - not installed, or fails to load: programs import it themselves
                 continue
+        # what every program's bootstrap needs (its failure path, the guard, __main__), loaded once here
+        # instead of in each child
+        for name in ("traceback", "types", "ctypes"):
+            importlib.import_module(name)
         self.filter = None
         self.seccomp_error = None
         if config["seccomp"]:
