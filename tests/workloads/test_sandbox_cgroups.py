@@ -15,7 +15,14 @@ import pytest
 from workload_helpers import FAST_LIMITS, ISOLATIONS
 
 from trex.workloads.sandbox import FailureKind, Limits, Sandbox
-from trex.workloads.sandbox.cgroups import CONTROLLERS, probe, remove_abandoned_cgroups
+from trex.workloads.sandbox.cgroups import (
+    CONTROLLERS,
+    WORKER_MEMORY_MARGIN,
+    WORKER_TASK_MARGIN,
+    RunCgroup,
+    probe,
+    remove_abandoned_cgroups,
+)
 from trex.workloads.sandbox.execution import RawOutcome, classify
 
 SUPPORT = probe()
@@ -153,3 +160,26 @@ def test_resident_memory_beyond_the_cgroup_limit_is_a_memory_limit_failure():
         assert execution.failure is FailureKind.MEMORY_LIMIT, (execution.failure, execution.detail)
         assert "cgroup memory limit" in execution.detail and "ok" not in execution.stdout
         assert sandbox.run("print(2)").ok  # the next program runs (on a fresh worker if the old one died)
+
+
+def test_a_leaf_gets_the_limit_files_of_a_program_and_rewrites_them_for_other_limits(tmp_path):
+    # cgroupfs creates a leaf's files itself; a plain directory with them stands in for it here, so
+    # what is written where is checked on every machine (the kernel's enforcement is tested above)
+    leaf = tmp_path / "worker-0"
+    leaf.mkdir()
+    for name in ("memory.max", "memory.swap.max", "pids.max", "cpu.max"):
+        (leaf / name).write_text("max\n")
+    (leaf / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+    (tmp_path / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    limits = Limits(memory_bytes=1 << 30, work_dir_bytes=64 << 20, max_processes=40)
+    run = RunCgroup(str(tmp_path), ("memory", "pids"), limits.to_json())  # no cpu controller delegated
+    run.leaf("worker-0")
+    assert int((leaf / "memory.max").read_text()) == (1 << 30) + (64 << 20) + WORKER_MEMORY_MARGIN
+    assert (leaf / "memory.swap.max").read_text() == "0"
+    assert (leaf / "pids.max").read_text() == str(40 + WORKER_TASK_MARGIN)
+    assert (leaf / "cpu.max").read_text() == "max\n"  # its controller is not enabled: left alone
+    bigger = Limits(memory_bytes=4 << 30, work_dir_bytes=64 << 20, max_processes=40)
+    run.set_limits("worker-0", bigger.to_json())
+    assert int((leaf / "memory.max").read_text()) == (4 << 30) + (64 << 20) + WORKER_MEMORY_MARGIN
+    assert run.oom_kills("worker-0") == 2 and run.cpu_s() == 1.5
+    assert "memory.max=" in run.limit_text("worker-0")
