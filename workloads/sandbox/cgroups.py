@@ -3,12 +3,13 @@
 rlimits bound one process (address space, CPU seconds, its uid's task count); a cgroup bounds a
 worker and everything its programs start together, in the units the kernel accounts: resident
 memory including the tmpfs work directory's pages (`memory.max`, swap off), tasks (`pids.max`),
-and CPU bandwidth (`cpu.max`, one core per worker; a cold run under `namespaces` gets a leaf of its own). It also counts the CPU time of the whole tree
+and CPU bandwidth (`cpu.max`, one core per worker; a cold run under `namespaces` gets a leaf of
+its own, removed after it). It also counts the CPU time of the whole tree
 (`cpu.stat`, present in every cgroup v2 directory, controllers or not), which the evaluator's
 RUSAGE_CHILDREN never sees for a bubblewrap container, and kills the whole tree at once
 (`cgroup.kill`).
 
-    support = probe()              # where runs go, which of memory/pids/cpu can be enforced, and why not
+    support = probe()                             # where runs go, what can be enforced, why not the rest
     run = RunCgroup.create(support, limits)       # <own cgroup>/trex-sandbox-<pid>-<start>-<n>/
     argv = run.join_command("worker-0", argv)     # the command moves itself into that leaf, then execs
     run.oom_kills("worker-0")                     # memory.events oom_kill: programs killed by memory.max
@@ -16,7 +17,7 @@ RUSAGE_CHILDREN never sees for a bubblewrap container, and kills the whole tree 
 
 Layout: the run directory enables the controllers for its children (`cgroup.subtree_control`; it
 holds no process itself, as cgroup v2 requires), each worker has a leaf `worker-<slot>` carrying
-the limits. The run directory is named after the evaluator's pid and kernel start time (as the
+the limits (a cold run's leaf is `run-<n>`). The run directory is named after the evaluator's pid and kernel start time (as the
 sandbox directories are, `cleanup`), so the next `Sandbox` removes what a SIGKILLed evaluator left
 (`remove_abandoned_cgroups`).
 
