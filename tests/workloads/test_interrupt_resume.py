@@ -133,6 +133,34 @@ def test_eval_interrupted_while_programs_run_then_resumed_matches_the_clean_run(
     assert _report_scores(tmp_path) == _report_scores(clean_eval)
 
 
+def _recorded_keys(out: Path) -> set[str]:
+    keys = set()
+    for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            keys.add(json.loads(line)["key"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line the kill cut short is not a record
+    return keys
+
+
+def test_eval_sigkilled_mid_run_then_resumed_executes_only_what_was_not_recorded(predictions, clean_eval, tmp_path):
+    command = _eval_command(predictions, tmp_path)
+    command[command.index("process")] = "auto"  # warm workers in bubblewrap where it runs
+    evaluator = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while _lines(tmp_path / "results.jsonl") < 3 and evaluator.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    evaluator.kill()  # SIGKILL: no handler runs, nothing is cleaned up by the evaluator itself
+    evaluator.wait()
+    recorded = _recorded_keys(tmp_path)
+    assert 3 <= len(recorded) < ITEMS
+    resumed = subprocess.run(command, check=True, capture_output=True, timeout=300)
+    report = json.loads(resumed.stdout)
+    assert report["programs_executed"] == ITEMS - len(recorded)  # only the unrecorded items ran again
+    assert _records(tmp_path) == _records(clean_eval)
+    assert _report_scores(tmp_path) == _report_scores(clean_eval)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("after_results", [0, 1, 6, 9])
 def test_eval_interrupted_at_other_points_matches_the_clean_run(predictions, clean_eval, tmp_path, after_results):

@@ -42,6 +42,7 @@ def test_json_report_has_the_documented_fields(capsys, predictions):
     assert report["wrong_answer"] == 1
     assert report["programs_per_s"] > 0
     assert report["benchmark_sha256"] and report["benchmark_version"].startswith("sha256:")
+    assert report["isolation"] and report["cgroup"]  # the cgroup limits in force, or why there are none
 
 
 def test_markdown_report_names_rule_and_version_and_is_written_to_out(capsys, predictions, tmp_path):

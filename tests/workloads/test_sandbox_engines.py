@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from hostile_suite import HOSTILE, PROCESS_UNCONTAINED
-from workload_helpers import FAST_LIMITS, ISOLATIONS, requires_bwrap
+from workload_helpers import FAST_LIMITS, ISOLATIONS, requires_bwrap, requires_os_isolation
 
 from trex.workloads.sandbox import FailureKind, Sandbox
 from trex.workloads.sandbox.cleanup import BASE_PREFIX, remove_abandoned_directories
@@ -123,17 +123,25 @@ def test_bad_programs_fail_each_in_its_own_way_and_the_run_goes_on(sandboxes, is
     assert silent.ok and silent.stdout == "" and silent.solves == ()
     one_big_file = sandbox.run("open('big.bin', 'wb').write(b'\\0' * (1 << 30))\n")
     assert one_big_file.failure in (FailureKind.OUTPUT_LIMIT, FailureKind.MEMORY_LIMIT), one_big_file.detail
+    streamed = sandbox.run(  # 1 GiB written to one file in 1 MiB pieces: no memory needed, the size cap stops it
+        "chunk = b'\\0' * (1 << 20)\nwith open('big.bin', 'wb') as f:\n    for _ in range(1024):\n"
+        "        f.write(chunk)\nprint('wrote 1 GiB')\n"
+    )
+    assert streamed.failure is FailureKind.OUTPUT_LIMIT and "wrote 1 GiB" not in streamed.stdout, streamed.detail
     good = sandbox.run("print(6 * 7)")
     assert good.ok and good.stdout == "42\n"
 
 
-@requires_bwrap
-def test_a_work_directory_filled_file_by_file_stops_at_its_size_cap(sandboxes):
+@pytest.mark.parametrize(
+    "isolation",
+    [pytest.param("bwrap", marks=requires_bwrap), pytest.param("namespaces", marks=requires_os_isolation)],
+)
+def test_a_work_directory_filled_file_by_file_stops_at_its_size_cap(sandboxes, isolation):
     program = (
         "chunk = b'\\0' * (4 << 20)\nfor i in range(256):\n    open(f'part{i}.bin', 'wb').write(chunk)\n"
         "print('wrote 1 GiB')\n"
     )
-    execution = sandboxes("bwrap").run(program)
+    execution = sandboxes(isolation).run(program)
     assert execution.failure is FailureKind.OUTPUT_LIMIT, execution.detail
     assert "full" in execution.detail and "wrote 1 GiB" not in execution.stdout
 

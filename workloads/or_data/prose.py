@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 
-import inflect
+from trex.workloads.or_data.inflect_engine import inflect
 
 _ENGINE = inflect.engine()
 # Words inflect reads as plurals that name one thing (or a mass) in these problems.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -68,6 +69,9 @@ def _init_worker(config_json: dict, hide: tuple[str, ...]) -> None:
 
         torch.set_num_threads(1)  # a local model must not take every core in every worker
     _worker_context = ShardContext(config, hide=hide)
+    # pool workers end through os._exit, past atexit: close the sandbox (its workers, directories
+    # and cgroup) through multiprocessing's own exit hooks
+    multiprocessing.util.Finalize(_worker_context, _worker_context.close, exitpriority=10)
 
 
 def _exit_with_parent(parent: int) -> None:

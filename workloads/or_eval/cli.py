@@ -18,6 +18,16 @@ CLIENTS = ("replay", "openai", "transformers")
 ISOLATION_CHOICES = ("auto", "bwrap", "namespaces", "process", "os")
 RULES = ("strict", "mamo", "lenient")
 
+# The module a warm sandbox worker preloads for programs of each answer form (ORLM's template is coptpy).
+SOLVER_MODULES = {
+    "coptpy": ("coptpy",),
+    "orlm": ("coptpy",),
+    "pyscipopt": ("pyscipopt",),
+    "pyomo": ("pyomo.environ",),
+    "pulp": ("pulp",),
+    "gurobipy": (),
+}
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -234,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
         hidden.append(os.path.dirname(os.path.abspath(args.predictions)))
     if args.out:
         hidden.append(args.out)
-    with Sandbox(limits, isolation=args.isolation, hide=hidden, workers=args.workers) as sandbox:
+    preload = SOLVER_MODULES.get(form)  # the form's solver only: every preloaded library slows each fork
+    with Sandbox(limits, isolation=args.isolation, hide=hidden, workers=args.workers, preload=preload) as sandbox:
         if sandbox.isolation == "process":
             notes.append(
                 "sandbox isolation 'process': limits and an audit-hook guard only, not a boundary against deliberately hostile code"
@@ -250,7 +261,9 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=not args.no_progress,
         )
-        report = build_report(result, Rule(args.rule), ks=ks, isolation=sandbox.isolation, notes=notes)
+        report = build_report(
+            result, Rule(args.rule), ks=ks, isolation=sandbox.isolation, cgroup=sandbox.cgroup, notes=notes
+        )
     client.close()
     if args.out:
         written = write_report(args.out, report)

@@ -56,6 +56,7 @@ class Report:
     programs_per_s: float | None
     execution_wall_s: float
     isolation: str = ""
+    cgroup: str = ""  # the sandbox's cgroup limits: what was enforced, and why the rest was not
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -79,6 +80,7 @@ class Report:
             + (f" ({self.programs_per_s:.2f} programs/s)" if self.programs_per_s else "")
             + (f", sandbox isolation `{self.isolation}`" if self.isolation else "")
             + " |",
+            *([f"| cgroup limits | {cell(self.cgroup)} |"] if self.cgroup else []),
             "",
             "| pass@k | score |",
             "| --- | --- |",
@@ -108,7 +110,13 @@ def _describe(client: dict) -> str:
 
 
 def build_report(
-    run: RunResult, rule: Rule, *, ks: tuple[int, ...] = (1,), isolation: str = "", notes: list[str] | None = None
+    run: RunResult,
+    rule: Rule,
+    *,
+    ks: tuple[int, ...] = (1,),
+    isolation: str = "",
+    cgroup: str = "",
+    notes: list[str] | None = None,
 ) -> Report:
     """Score `run` under `rule`; pass@k for each k in `ks` that the sample count allows."""
     per_item: dict[str, tuple[int, int]] = {}
@@ -162,6 +170,7 @@ def build_report(
         programs_per_s=None if run.programs_per_s is None else round(run.programs_per_s, 3),
         execution_wall_s=round(run.execution_wall_s, 3),
         isolation=isolation,
+        cgroup=cgroup,
         notes=list(notes or []),
     )
 

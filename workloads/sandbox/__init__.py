@@ -23,11 +23,14 @@ works): `bwrap` (bubblewrap containers, any user where it runs; a uid per progra
 `namespaces` (root; the hand-made launcher, the fallback) and `process` (limits, seccomp and the
 guard only: it contains mistakes and naive hostile code, not code written to escape an audit
 hook). Under `bwrap` and `process` programs run in warm workers (`worker.py`, `warm.py`): the
-solver libraries are imported once per worker and each program is a fresh forked child, so a run
-costs milliseconds instead of an interpreter start. Forbidden actions fail the same way at every
+solver libraries are imported once per worker (`preload=`: only those the programs use, since
+each makes every fork slower) and each program is a fresh forked child, so a run costs
+milliseconds instead of an interpreter start. Where the machine delegates cgroup v2 controllers,
+each worker (and each cold run) also gets a cgroup with memory, pids and CPU limits (`cgroups`);
+`Sandbox.cgroup` says what is enforced and why the rest is not. Forbidden actions fail the same way at every
 level and are reported as a `FailureKind` (`file_denied`, `network_denied`, `process_limit`,
 `signal_denied`, `syscall_denied`, ...). A killed evaluator leaves no process behind, and the
-next `Sandbox` removes the directory it left (`cleanup`).
+next `Sandbox` removes the directory and the cgroup it left (`cleanup`, `cgroups`).
 
 A run the caller stops (`Sandbox.abort()`, e.g. on Ctrl-C) raises `RunInterrupted`: it is not an
 outcome of the program and must not be recorded (`trex.workloads.sandbox.interruption`).

@@ -18,7 +18,7 @@ BASE_PREFIX = "trex-sandbox-"
 OWNER_FILE = "owner"
 
 
-def _start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
             fields = stat_file.read().rsplit(")", 1)[1].split()
@@ -30,7 +30,7 @@ def _start_time(pid: int) -> str | None:
 def mark_owner(directory: str) -> None:
     """Record this process as the owner of `directory`."""
     with open(os.path.join(directory, OWNER_FILE), "w", encoding="ascii") as owner:
-        owner.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        owner.write(f"{os.getpid()} {process_start_time(os.getpid())}\n")
 
 
 def owner_alive(directory: str) -> bool | None:
@@ -41,7 +41,7 @@ def owner_alive(directory: str) -> bool | None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    return _start_time(pid) == started
+    return process_start_time(pid) == started
 
 
 def remove_abandoned_directories(root: str | None = None) -> list[str]:

@@ -87,6 +87,7 @@ class RawOutcome:
     setup_error: str | None
     limits_cpu_s: float
     limits_memory_bytes: int
+    oom_detail: str | None = None  # set when the cgroup's memory.max killed a process of the run
 
 
 _NETWORK_ERRNOS = {errno_codes.ENETUNREACH, errno_codes.ENETDOWN, errno_codes.EHOSTUNREACH, errno_codes.ECONNREFUSED}
@@ -135,6 +136,8 @@ def classify(raw: RawOutcome) -> tuple[FailureKind | None, str]:
     sig = raw.signal
     if sig is not None:
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if raw.oom_detail is not None and sig == signal.SIGKILL:
+            return FailureKind.MEMORY_LIMIT, raw.oom_detail
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and raw.cpu_s >= raw.limits_cpu_s - 0.05):
             return FailureKind.CPU_LIMIT, f"used {raw.cpu_s:.1f} s of CPU, the limit is {raw.limits_cpu_s:g} s"
         if sig == signal.SIGXFSZ:

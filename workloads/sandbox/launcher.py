@@ -8,7 +8,8 @@ directory), and it needs no `preexec_fn`, which is unsafe in the evaluator's thr
     launcher (evaluator's uid, outside the namespaces)
       unshare(mount, network, pid, ipc, uts)                       [os isolation only]
       fork ──► reaper = pid 1 of the new pid namespace              [os isolation only]
-               private mounts: expose the interpreter, mask hidden paths,
+               private mounts: the work directory on a size-limited tmpfs,
+               expose the interpreter, mask hidden paths,
                everything read-only except the work directory, fresh /proc
                fork ──► program: rlimits; a uid/gid of its own; no_new_privs;
                │                 parent-death signal; execve(python -I -B bootstrap.py ...)
@@ -173,10 +174,30 @@ def _read_only_except(work_dir: str) -> list[str]:
     return refused
 
 
+def _work_dir_on_tmpfs(work_dir: str, size: int) -> None:
+    """Replace the work directory by a tmpfs of `size` bytes holding the same files: everything
+    a program writes there together is capped (ENOSPC past it), not only each file (RLIMIT_FSIZE),
+    and nothing it writes reaches the host's disk."""
+    inputs = {}
+    for directory, _, names in os.walk(work_dir):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as file:
+                inputs[os.path.relpath(path, work_dir)] = file.read()
+    flags = linux.MS_NOSUID | linux.MS_NODEV
+    linux.mount("tmpfs", work_dir, "tmpfs", flags, f"size={max(size, 1 << 20)},mode=0700")
+    for relative, content in inputs.items():
+        path = os.path.join(work_dir, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as file:
+            file.write(content)
+
+
 def _isolate(config: dict, uid: int) -> None:
     """Build the program's view of the machine (runs as pid 1 of the new namespaces, as root)."""
     work_dir = config["work_dir"]
     linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)  # never leak to the host
+    _work_dir_on_tmpfs(work_dir, config["limits"]["work_dir_bytes"])
     _expose(config["needed"])
     for path in config["hide"]:
         _hide(path, config["needed"], config["empty_file"])

@@ -23,7 +23,8 @@ class Limits:
     counts processes and threads (RLIMIT_NPROC, under `os` isolation where the program has a uid
     of its own; solvers start threads, so leave headroom). `work_dir_bytes` caps the work
     directory as a whole under `bwrap` (a size-limited tmpfs, shared by a worker's runs one at a
-    time): writing past it fails with ENOSPC, reported as `output_limit`.
+    time) and `namespaces` (a tmpfs of its own per run): writing past it fails with ENOSPC,
+    reported as `output_limit`. Under `process` only each file is capped (`file_size_bytes`).
     """
 
     wall_s: float = 60.0

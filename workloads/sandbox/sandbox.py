@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-from trex.workloads.sandbox import seccomp_filter
+from trex.workloads.sandbox import cgroups, seccomp_filter
 from trex.workloads.sandbox.cleanup import BASE_PREFIX, mark_owner, remove_abandoned_directories
 from trex.workloads.sandbox.execution import Execution, FailureKind, RawOutcome, classify, parse_events, solves_from
 from trex.workloads.sandbox.interruption import RunInterrupted
@@ -61,8 +61,13 @@ class Sandbox:
     always hidden. `isolation` is "auto", "bwrap", "namespaces" ("os") or "process" (see
     `trex.workloads.sandbox.isolation`). Under bwrap and process, `workers` warm workers (default:
     one per core) run the programs (`warm=False` starts a fresh interpreter per program instead);
-    `seccomp=False` leaves the seccomp filter out. `run` is thread-safe: an evaluator runs many
-    programs at once from a thread pool; each run is its own process, so threads only wait.
+    `seccomp=False` leaves the seccomp filter out. `preload` names the solver modules a warm worker
+    imports before forking (default: every one of `worker.PRELOAD` that is installed); name only
+    the ones the programs use (e.g. `("coptpy",)`): each preloaded library makes every program's
+    fork slower, and a program importing one that is not preloaded still works. `cgroup=False`
+    leaves the cgroup-v2 limits out (`cgroups`; `cgroup` says what is enforced and why the rest is
+    not). `run` is thread-safe: an evaluator runs many programs at once from a thread pool; each
+    run is its own process, so threads only wait.
     """
 
     def __init__(
@@ -79,6 +84,8 @@ class Sandbox:
         warm: bool = True,
         workers: int | None = None,
         seccomp: bool = True,
+        preload: Iterable[str] | None = None,
+        cgroup: bool = True,
     ):
         self.limits = limits or Limits()
         self.guard = guard
@@ -86,6 +93,10 @@ class Sandbox:
         self.allow_fork = allow_fork
         self.extra_env = dict(env or {})
         self.seccomp = seccomp
+        self.preload = None if preload is None else tuple(preload)
+        for name in self.preload or ():
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise SandboxConfigError(f"preload: {name!r} is not a module name")
         canonical_isolation(isolation)
         if workers is not None and workers < 1:
             raise SandboxConfigError(f"workers must be at least 1, got {workers}")
@@ -98,6 +109,7 @@ class Sandbox:
         self._aborted = False
         self._in_flight: set[int] = set()  # process groups of the runs under way
         self._pool: WarmPool | None = None
+        self._cgroup: cgroups.RunCgroup | None = None
         self._base = tempfile.mkdtemp(prefix=BASE_PREFIX)
         try:
             os.chmod(self._base, 0o711)  # traversable by the sandbox uid, not listable
@@ -106,6 +118,7 @@ class Sandbox:
             self._install_runtime()
             self.isolation = resolve_isolation(isolation, self._launcher, self.interpreter, self._base)
             self.seccomp_note = seccomp_filter.available() if seccomp else "the seccomp filter is off"
+            self.cgroup_support = self._make_cgroup(cgroup)
             if warm and self.isolation in ("bwrap", "process"):
                 self._pool = WarmPool(workers or os.cpu_count() or 1, self._start_worker)
         except BaseException:
@@ -140,8 +153,31 @@ class Sandbox:
     @property
     def worker_cpu_s(self) -> float:
         """CPU seconds the warm workers have used, their start-up and programs included (0 without
-        them): a bwrap container's CPU time does not reach this process's RUSAGE_CHILDREN."""
-        return 0.0 if self._pool is None else self._pool.cpu_s
+        them): a bwrap container's CPU time does not reach this process's RUSAGE_CHILDREN. Read
+        from the run's cgroup where there is one (bwrap itself included), else as the workers
+        reported it in their last answers."""
+        if self._pool is None:
+            return 0.0
+        return self._cgroup.cpu_s() if self._cgroup is not None else self._pool.cpu_s
+
+    @property
+    def cgroup(self) -> str:
+        """The cgroup limits of this run, for reports: what is enforced and why the rest is not."""
+        return self.cgroup_support.summary()
+
+    def _make_cgroup(self, wanted: bool) -> cgroups.CgroupSupport:
+        if not wanted:
+            return cgroups.CgroupSupport(None, (), "cgroup limits are off")
+        support = cgroups.probe()
+        if support.parent is None:
+            return support
+        if not os.access(cgroups.JOIN_SHELL, os.X_OK):
+            return cgroups.CgroupSupport(None, (), f"no {cgroups.JOIN_SHELL} to start the workers in their cgroup")
+        try:
+            self._cgroup = cgroups.RunCgroup.create(support, self.limits.to_json())
+        except OSError as error:
+            return cgroups.CgroupSupport(None, (), f"cannot create a cgroup in {support.parent}: {error.strerror}")
+        return support
 
     @property
     def warm(self) -> bool:
@@ -153,6 +189,9 @@ class Sandbox:
             self.abort()  # never pull the directories from under running programs
         if getattr(self, "_pool", None) is not None:
             self._pool.close()
+        if getattr(self, "_cgroup", None) is not None:
+            self._cgroup.close()  # what is left of the workers' process trees, then the directories
+            self._cgroup = None
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -262,11 +301,17 @@ class Sandbox:
             "empty_file": os.path.join(self._runtime, "masked"),
         }
         stdout_path, stderr_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+        command = [self.interpreter.executable, "-I", "-S", self._launcher, json.dumps(launcher_config)]
+        leaf, oom_before = os.path.basename(run_dir), 0
+        if self._cgroup is not None:  # a leaf of its own, limited like a worker's, removed after the run
+            self._cgroup.set_limits(leaf, limits.to_json())
+            oom_before = self._cgroup.oom_kills(leaf)
+            command = self._cgroup.join_command(leaf, command)
         started = time.monotonic()
         try:
             with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
                 process = subprocess.Popen(
-                    [self.interpreter.executable, "-I", "-S", self._launcher, json.dumps(launcher_config)],
+                    command,
                     stdin=subprocess.DEVNULL,
                     stdout=stdout,
                     stderr=stderr,
@@ -301,6 +346,10 @@ class Sandbox:
                 _kill_group(process.pid)  # stragglers a program left in its process group
                 if self.isolation == "process":
                     _kill_marked(token)  # and those that left the group with setsid()
+                oom = None
+                if self._cgroup is not None:
+                    oom = self._oom_detail(leaf, oom_before)
+                    self._cgroup.remove_leaf(leaf)  # and whatever else is left of the run
             wall = time.monotonic() - started
             if aborted:
                 raise RunInterrupted("the program was stopped by an interrupt before it ended; it is not a result")
@@ -325,6 +374,7 @@ class Sandbox:
             setup_error=setup_error,
             limits_cpu_s=limits.cpu_s,
             limits_memory_bytes=limits.memory_bytes,
+            oom_detail=oom,
         )
         failure, detail = classify(raw)
         return Execution(
@@ -384,6 +434,8 @@ class Sandbox:
             "guard": self.guard,
             "allow_fork": self.allow_fork,
         }
+        if self.preload is not None:
+            config["preload"] = list(self.preload)
         worker_py = os.path.join(self._runtime, "worker.py")
         command = [self.interpreter.executable, "-I", "-B", worker_py, json.dumps(config)]
         env = {
@@ -410,7 +462,9 @@ class Sandbox:
             )
         else:
             argv = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *command]
-        return WarmWorker(argv, io_root, os.path.join(worker_dir, "worker.log"))
+        if self._cgroup is not None:
+            argv = self._cgroup.join_command(f"worker-{slot}", argv)
+        return WarmWorker(argv, io_root, os.path.join(worker_dir, "worker.log"), slot)
 
     def _run_warm(self, run_id: int, source: str, files: Mapping[str, str | bytes], limits: Limits) -> Execution:
         for name in files:
@@ -427,11 +481,16 @@ class Sandbox:
             "env": self._environment("", token),
         }
         io_dirs: list[str] = []
+        leaves: list[tuple[str, int]] = []  # the worker's cgroup leaf and its OOM kills before the run
 
         def prepare(worker: WarmWorker) -> None:
             io_dir = os.path.join(worker.io_dir, f"run-{run_id}")
             os.mkdir(io_dir, 0o700)
             io_dirs.append(io_dir)
+            if self._cgroup is not None:
+                leaf = f"worker-{worker.slot}"
+                self._cgroup.set_limits(leaf, limits.to_json())
+                leaves.append((leaf, self._cgroup.oom_kills(leaf)))
 
         try:
             answer = self._pool.run(request, limits.wall_s, prepare)
@@ -443,11 +502,12 @@ class Sandbox:
         finally:
             for io_dir in io_dirs:
                 _remove_tree(io_dir)
+        oom = self._oom_detail(*leaves[0]) if leaves else None
         if answer.worker_died is not None:
             detail = f"{answer.worker_died}: the program took its worker down"
             return Execution(
-                failure=FailureKind.KILLED,
-                detail=detail,
+                failure=FailureKind.KILLED if oom is None else FailureKind.MEMORY_LIMIT,
+                detail=detail if oom is None else f"{oom} (it took its worker down)",
                 exit_code=None,
                 signal=None,
                 stdout=stdout_text,
@@ -465,6 +525,7 @@ class Sandbox:
             setup_error=status.get("setup_error"),
             limits_cpu_s=limits.cpu_s,
             limits_memory_bytes=limits.memory_bytes,
+            oom_detail=oom,
         )
         failure, detail = classify(raw)
         return Execution(
@@ -487,6 +548,12 @@ class Sandbox:
                 else (f"no seccomp filter: {self._pool.info.get('seccomp_error')}",)
             ),
         )
+
+    def _oom_detail(self, leaf: str, before: int) -> str | None:
+        """Set when the cgroup's memory.max killed a process of `leaf` since `before` was read."""
+        if self._cgroup is None or self._cgroup.oom_kills(leaf) <= before:
+            return None
+        return f"killed by the cgroup memory limit ({self._cgroup.limit_text(leaf)})"
 
     def _environment(self, work_dir: str, token: str) -> dict[str, str]:
         env = {

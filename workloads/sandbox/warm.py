@@ -87,7 +87,8 @@ def _spawn(argv: list[str], log_path: str) -> subprocess.Popen:
 class WarmWorker:
     """One worker process and its request/answer pipes."""
 
-    def __init__(self, argv: list[str], io_dir: str, log_path: str):
+    def __init__(self, argv: list[str], io_dir: str, log_path: str, slot: int = 0):
+        self.slot = slot  # its place in the pool (its cgroup leaf is named after it)
         self.io_dir = io_dir
         self.log_path = log_path
         self.process = _spawn(argv, log_path)
