@@ -680,4 +680,6 @@ def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, 
     return torch.empty_like(self)
 
 
+from trex.backends.ascend import emulation_attention, emulation_gating  # noqa: E402, F401 - register their ops
+
 EMULATED = tuple(sorted(_defined))

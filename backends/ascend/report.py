@@ -27,6 +27,7 @@ class AscendGraphReport:
     moe_fused_s: float = 0.0
     unpriced: int = 0
     node_seconds: dict[str, float] = field(default_factory=dict)  # node name -> predicted seconds
+    node_ops: dict[str, str] = field(default_factory=dict)  # node name -> its op (e.g. "aten.bmm.default")
     moe_nodes: set[str] = field(default_factory=set)
     fused_nodes: set[str] = field(default_factory=set)
     emitted: Counter = field(default_factory=Counter)
@@ -46,6 +47,15 @@ class AscendGraphReport:
     def moe_share(self) -> float:
         return self.moe_fused_s / self.moe_total_s if self.moe_total_s else 0.0
 
+    def unfused_by_op(self, *, moe_only: bool = False) -> Counter:
+        """Predicted seconds per op of the nodes no fused op took over (where the rest of the time goes)."""
+        left: Counter = Counter()
+        for name, seconds in self.node_seconds.items():
+            if name in self.fused_nodes or (moe_only and name not in self.moe_nodes):
+                continue
+            left[self.node_ops.get(name, "?")] += seconds
+        return left
+
 
 def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
     """Price every call node of `graph` on `target` (kept apart from the pipeline's own costs)."""
@@ -63,6 +73,7 @@ def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
             if not cost.priced:
                 report.unpriced += 1
             report.node_seconds[node.name] = cost.time_s
+            report.node_ops[node.name] = str(node.target)
             report.total_s += cost.time_s
             if node.meta.get("trex_moe") is not None:
                 report.moe_nodes.add(node.name)
