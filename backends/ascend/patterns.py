@@ -73,6 +73,9 @@ class Emitter:
         self.emulate = emulate
         self.check = check
         self.emitted: list[str] = []
+        self.glue: list[fx.Node] = []  # aten nodes emitted around the fused calls (casts, views, masks)
+        self._casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+        self._constants: list[fx.Node] = []
         self.replaced: dict[fx.Node, fx.Node] = {}  # region node -> the value now standing for it
 
     def resolve(self, value: Any) -> Any:
@@ -112,7 +115,23 @@ class Emitter:
         return node
 
     def aten(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
-        return self._call(target, args, kwargs)
+        node = self._call(target, args, kwargs)
+        self.glue.append(node)
+        return node
+
+    def constant(self, value: torch.Tensor, name: str) -> fx.Node:
+        """A tensor constant of the lowered module (a buffer read by get_attr: no kernel at run time)."""
+        from torch._guards import detect_fake_mode
+
+        module = self.graph.owning_module
+        target = f"_trex_ascend_{name}_{len(self._constants)}"
+        module.register_buffer(target, value, persistent=False)
+        node = self.graph.get_attr(target)
+        self._constants.append(node)
+        fakes = [n.meta.get("val") for n in self.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        fake_mode = detect_fake_mode(fakes)
+        node.meta["val"] = fake_mode.from_tensor(value) if fake_mode is not None else value
+        return node
 
     def item(self, node: fx.Node, index: int) -> fx.Node:
         return self._call(operator.getitem, (node, index), {})
@@ -121,7 +140,11 @@ class Emitter:
         """`node` converted to `dtype` (no node when `like`, the value's known dtype, already is it)."""
         if dtype is None or like == dtype:
             return node
-        return self._call(aten._to_copy.default, (node,), {"dtype": dtype})
+        node = self.resolve(node)
+        key = (node, dtype)
+        if key not in self._casts:  # one conversion per value and dtype (offsets feed several GEMMs)
+            self._casts[key] = self.aten(aten._to_copy.default, node, dtype=dtype)
+        return self._casts[key]
 
 
 def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
@@ -608,7 +631,8 @@ class ClippedSwiGluBackward(Pattern):
              g * silu(clamp(gate, max=L)) * ((up >= -L) & (up <= L))], -1)
     torch_npu has no backward op for npu_clipped_swiglu, but the clamp is the identity where its
     mask is true, so this is npu_swiglu_backward on the clamped input times the clamp's mask:
-        xc = cat([clamp(gate, max=L), clamp(up, -L, L)]); dx = npu_swiglu_backward(g, xc) * (xc == x)."""
+        xc = clamp(x, low, high); dx = npu_swiglu_backward(g, xc) * (xc == x)
+    with constant bounds low = [-inf]*n + [-L]*n, high = [L]*2n (one clamp for both halves)."""
 
     name, op = "clipped_swiglu_backward", "npu_swiglu_backward"
     anchors = (aten.cat.default,)
@@ -652,12 +676,12 @@ class ClippedSwiGluBackward(Pattern):
         if _dtype(node) != _dtype(x) or _dtype(grad) != _dtype(x):
             return None
 
-        def emit(e: Emitter, x=x, gate=gate, up=up, grad=grad, limit=float(limit)):
-            clamped = e.aten(
-                aten.cat.default,
-                [e.aten(aten.clamp.default, gate, None, limit), e.aten(aten.clamp.default, up, -limit, limit)],
-                -1,
-            )
+        def emit(e: Emitter, x=x, grad=grad, limit=float(limit)):
+            half, like = _val(x).size(-1) // 2, _val(x)
+            low = torch.cat([torch.full((half,), float("-inf")), torch.full((half,), -limit)]).to(like.dtype)
+            high = torch.full((2 * half,), limit, dtype=like.dtype)
+            bounds = [e.constant(t.to(like.device), n) for t, n in ((low, "clamp_low"), (high, "clamp_high"))]
+            clamped = e.aten(aten.clamp.Tensor, x, *bounds)  # gate half clamped above, up half both ways
             dx = e.npu("npu_swiglu_backward", (grad, clamped), {"dim": -1})
             return {node: e.aten(aten.mul.Tensor, dx, e.aten(aten.eq.Tensor, clamped, x))}
 

@@ -71,7 +71,7 @@ def _check_session(compiled, family):
     backend = next(b for b in session.options.backends if b.name == "ascend")
     reports = [r for r in backend.reports if r.moe_total_s > 0]
     assert reports, "no graph had MoE-layer nodes to price"
-    moe_share = sum(r.moe_fused_s for r in reports) / sum(r.moe_total_s for r in reports)
+    moe_share = sum(r.moe_fused_s for r in reports) / sum(r.moe_total_s + r.moe_glue_s for r in reports)
     return moe_share
 
 
