@@ -210,6 +210,15 @@ class RmsNorm(Pattern):
             if list(_val(node).shape) != list(xv.shape):
                 continue
 
+            if upcast is None and _dtype(x) == torch.float32:  # what RmsNormBackward may rely on (fp32 form)
+                token = f"rms_norm {id(_val(rsqrt))}"
+                normalized = next(n for n in region if _is(n, aten.mul.Tensor))
+                for saved, role in ((x, "x"), (weight, "gamma"), (rsqrt, "rstd"), (normalized, "normed")):
+                    _note_fact(saved, f"{token} {role}")
+                for user in rsqrt.users:
+                    if _is(user, aten.detach.default):
+                        _note_fact(user, f"{token} rstd")
+
             def emit(e: Emitter, x=x, weight=weight, eps=eps, rsqrt=rsqrt):
                 fused = e.npu("npu_rms_norm", (x, weight), {"epsilon": float(eps)})
                 return {node: e.item(fused, 0), rsqrt: e.item(fused, 1)}
@@ -690,6 +699,107 @@ class ClippedSwiGluBackward(Pattern):
         return Match(self.name, self.op, region, emit)
 
 
+def _roles(node: Any) -> dict[str, str]:
+    """role -> token of the RMSNorm forward matches that proved what this saved value is."""
+    found = {}
+    for fact in _facts(node):
+        if fact.startswith("rms_norm "):
+            _, ident, role = fact.split()
+            found[role] = ident
+    return found
+
+
+def _strip_detach(node: Any) -> Any:
+    while _is(node, aten.detach.default):
+        node = node.args[0]
+    return node
+
+
+class RmsNormBackward(Pattern):
+    """The fp32 RMSNorm backward autograd writes for y = w * (x * rstd), rstd = rsqrt(mean(x^2) + eps):
+        gw = g * w;  dx = gw * rstd + (sum(gw * x, -1) * -0.5 * rstd^3 / D) * 2x
+        dgamma = sum(g * (x * rstd)) over the leading dims
+    -> npu_rms_norm_backward(g, x, w, rstd). x, w, rstd and the normalized x are the values the
+    forward's RMSNorm match proved to be its input, weight, rstd and x * rstd (saved for the backward)."""
+
+    name, op = "rms_norm_backward", "npu_rms_norm_backward"
+    anchors = (aten.add.Tensor,)
+
+    def match(self, node):
+        for direct, spread in (node.args, node.args[::-1]):
+            found = self._match(node, direct, spread)
+            if found is not None:
+                return found
+        return None
+
+    def _match(self, node, direct, spread):
+        if not (_is(direct, aten.mul.Tensor) and _is(spread, aten.mul.Tensor)):
+            return None
+        gw, rstd = direct.args
+        if not _is(gw, aten.mul.Tensor):
+            return None
+        grad, weight = gw.args
+        token = _roles(rstd).get("rstd")
+        if token is None or _roles(weight).get("gamma") != token:
+            return None
+        scaled, doubled = spread.args
+        if not (_is(scaled, aten.div.Scalar) and _is(doubled, aten.mul.Scalar) and doubled.args[1] == 2.0):
+            return None
+        power = doubled.args[0]
+        if not (_is(power, aten.pow.Tensor_Scalar) and power.args[1] == 1.0):
+            return None
+        x = power.args[0]
+        if _roles(x).get("x") != token or scaled.args[1] != _val(x).size(-1):
+            return None
+        expand = scaled.args[0]
+        if not _is(expand, aten.expand.default):
+            return None
+        times_cube = expand.args[0]
+        if not _is(times_cube, aten.mul.Tensor):
+            return None
+        half, cube = times_cube.args
+        if not (_is(half, aten.mul.Scalar) and half.args[1] == -0.5 and _is(cube, aten.pow.Tensor_Scalar)):
+            return None
+        if cube.args[1] != 3 or _roles(_strip_detach(cube.args[0])).get("rstd") != token:
+            return None
+        row_sum = half.args[0]
+        if not (_is(row_sum, aten.sum.dim_IntList) and _is(row_sum.args[0], aten.mul.Tensor)):
+            return None
+        if set(row_sum.args[0].args) != {gw, x} or not _last_dim(x, row_sum.args[1][0]):
+            return None
+        detaches = [n for n in (cube.args[0],) if _is(n, aten.detach.default)]
+        region = [gw, direct, row_sum.args[0], row_sum, *detaches, cube, half, times_cube, expand, scaled, power]
+        region += [doubled, spread, node]
+        dgamma = self._weight_grad(grad, token, _val(x).dim())
+        if dgamma is not None:
+            region += dgamma[1]
+
+        def emit(e: Emitter):
+            fused = e.npu("npu_rms_norm_backward", (grad, x, weight, rstd))
+            replaced = {node: e.item(fused, 0)}
+            if dgamma is not None:
+                replaced[dgamma[0]] = e.item(fused, 1)
+            return replaced
+
+        return Match(self.name, self.op, region, emit)
+
+    def _weight_grad(self, grad, token, rank):
+        """(node holding dgamma, its region) when sum(g * normed, leading dims) -> view [D] is there."""
+        for product in grad.users:
+            if not _is(product, aten.mul.Tensor) or len(product.args) != 2:
+                continue
+            other = product.args[1] if product.args[0] is grad else product.args[0]
+            if _roles(other).get("normed") != token:
+                continue
+            for total in product.users:
+                if not (_is(total, aten.sum.dim_IntList) and sorted(total.args[1]) == list(range(rank - 1))):
+                    continue
+                views = [u for u in total.users if _is(u, aten.view.default) and _val(u).dim() == 1]
+                if len(views) == 1 and len(total.users) == 1 and len(product.users) == 1:
+                    return views[0], [product, total, views[0]]
+        return None
+
+
 # FakeTensor of a saved value -> what a forward match proved about it, for the backward graph's match
 # (the forward and backward graphs AOTAutograd partitions from one joint graph share these values).
 # (keyed by identity: tensors compare elementwise, so they cannot be weak dictionary keys)
@@ -1051,6 +1161,7 @@ PATTERNS: tuple[Pattern, ...] = (
     FlashAttentionBackward(),
     GroupLimitedGating(),
     GroupLimitedGatingBackward(),
+    RmsNormBackward(),
 )
 
 
