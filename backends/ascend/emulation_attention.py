@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trex.backends.ascend.emulation import NAMESPACE, _fake, _implement, _library
+from trex.backends.ascend.emulation_library import NAMESPACE, _fake, _implement, _library
 from trex.backends.ascend.schemas import AscendSchemaError
 
 STAT_WIDTH = 8  # softmax_max / softmax_sum repeat each row's value 8 times (torch_npu's layout)

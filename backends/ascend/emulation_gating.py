@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trex.backends.ascend.emulation import _fake, _implement, _library
+from trex.backends.ascend.emulation_library import _fake, _implement, _library
 from trex.backends.ascend.schemas import AscendSchemaError
 
 
