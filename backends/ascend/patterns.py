@@ -111,7 +111,7 @@ class Emitter:
     def _call(self, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         args, kwargs = self.resolve((tuple(args), dict(kwargs)))
         node = self.graph.call_function(target, args, kwargs)
-        node.meta["val"] = _fake_value(target, args, kwargs)
+        node.meta["val"] = _fake_value(target, args, kwargs, self.graph)
         return node
 
     def aten(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
@@ -121,15 +121,13 @@ class Emitter:
 
     def constant(self, value: torch.Tensor, name: str) -> fx.Node:
         """A tensor constant of the lowered module (a buffer read by get_attr: no kernel at run time)."""
-        from torch._guards import detect_fake_mode
 
         module = self.graph.owning_module
         target = f"_trex_ascend_{name}_{len(self._constants)}"
         module.register_buffer(target, value, persistent=False)
         node = self.graph.get_attr(target)
         self._constants.append(node)
-        fakes = [n.meta.get("val") for n in self.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-        fake_mode = detect_fake_mode(fakes)
+        fake_mode = _graph_fake_mode(self.graph)
         node.meta["val"] = fake_mode.from_tensor(value) if fake_mode is not None else value
         return node
 
@@ -147,7 +145,14 @@ class Emitter:
         return self._casts[key]
 
 
-def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
+def _graph_fake_mode(graph: fx.Graph) -> Any:
+    """The fake mode of the values already in `graph` (for nodes with no tensor inputs, e.g. zeros)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([v for n in graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)])
+
+
+def _fake_value(target: Any, args: tuple, kwargs: dict, graph: fx.Graph | None = None) -> Any:
     """The FakeTensor value of a new node, computed in the fake mode of its inputs' values."""
     from torch._guards import detect_fake_mode
 
@@ -155,6 +160,8 @@ def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
     if target is operator.getitem:
         return values[0][0][values[0][1]]
     fake_mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
+    if fake_mode is None and graph is not None:
+        fake_mode = _graph_fake_mode(graph)
     if fake_mode is None:
         return None
     with fake_mode:

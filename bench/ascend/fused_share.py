@@ -96,6 +96,18 @@ def full(family: str, layers: int, seq: int):
     return _reports(lowerings), _emitted(lowerings), [k.name for k in capture.kinds]
 
 
+def _where(reports) -> str:
+    """Where the MoE layers' time that is not in fused ops goes: unfused ops and glue (us)."""
+    from collections import Counter
+
+    left, glue = Counter(), Counter()
+    for r in reports:
+        left.update(r.unfused_by_op(moe_only=True))
+        glue.update(r.glue_by_op)
+    fmt = lambda c: ", ".join(f"{k.removeprefix('aten.')} {v * 1e6:.0f}" for k, v in c.most_common(6) if v > 0)  # noqa: E731
+    return f"<!-- MoE unfused: {fmt(left) or 'none'}; glue (all): {fmt(glue) or 'none'} -->"
+
+
 def _row(family: str, setting: str, reports, seconds: float) -> str:
     moe, moe_us, whole, whole_us = _shares(reports)
     return (
@@ -119,13 +131,13 @@ def main() -> None:
             start = time.perf_counter()
             reports, ops = tiny(family)
             print(_row(family, "tiny, batch 2 x 16", reports, time.perf_counter() - start), flush=True)
-            print(f"<!-- {family} tiny emitted: {ops} -->", flush=True)
+            print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}", flush=True)
         if not args.skip_full:
             start = time.perf_counter()
             reports, ops, kinds = full(family, args.full_layers, args.full_seq)
             setting = f"{FULL_NAMES[family]}, {args.full_layers} layers ({'; '.join(kinds)}), batch 1 x {args.full_seq}"
             print(_row(family, setting, reports, time.perf_counter() - start), flush=True)
-            print(f"<!-- {family} full emitted: {ops} -->", flush=True)
+            print(f"<!-- {family} full emitted: {ops} -->\n{_where(reports)}", flush=True)
 
 
 if __name__ == "__main__":
