@@ -49,8 +49,8 @@ class _GraphState:
 class AscendBackend(Backend):
     name: ClassVar[str] = "ascend"
     description: ClassVar[str] = (
-        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, MoE gating/permute/unpermute, grouped GEMMs), "
-        "checked against torch_npu's schemas; CPU emulation without an NPU"
+        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, flash attention, MoE gating/permute/unpermute, "
+        "grouped GEMMs; forward and backward), checked against torch_npu's schemas; CPU emulation without an NPU"
     )
 
     def __init__(
