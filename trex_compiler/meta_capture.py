@@ -178,8 +178,12 @@ def capture_model(
     passes: Any = None,
     dump_dir: str | Path | None = None,
     include_ends: bool = True,
+    backend: Any = None,
 ) -> ModelCapture:
-    """Capture every distinct layer kind of a full-size model on the meta device (see module doc)."""
+    """Capture every distinct layer kind of a full-size model on the meta device (see module doc).
+
+    `backend` (as `trex.compile`'s) lowers the captured graphs, e.g. ["ascend"] to price what its
+    fused ops cover at full size; None keeps the default."""
     from trex.integrations.transformers_moe import use_trex_experts
     from trex.models import build_model, load_config
 
@@ -237,7 +241,7 @@ def capture_model(
             args = tuple(_requiring_grad(a) for a in args)
             kwargs = {k: _requiring_grad(v) if k == "hidden_states" else v for k, v in kwargs.items()}
             options = CompileOptions.build(
-                passes=passes, dump_dir=Path(dump_dir) / f"kind_{number}" if dump_dir else None
+                passes=passes, backend=backend, dump_dir=Path(dump_dir) / f"kind_{number}" if dump_dir else None
             )
             kind.graph = _capture_module(layers[kind.layer_indices[0]], args, kwargs, options)
             kind.seconds = time.perf_counter() - start

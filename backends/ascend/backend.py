@@ -49,8 +49,8 @@ class _GraphState:
 class AscendBackend(Backend):
     name: ClassVar[str] = "ascend"
     description: ClassVar[str] = (
-        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, MoE gating/permute/unpermute, grouped GEMMs), "
-        "checked against torch_npu's schemas; CPU emulation without an NPU"
+        "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, flash attention, MoE gating/permute/unpermute, "
+        "grouped GEMMs; forward and backward), checked against torch_npu's schemas; CPU emulation without an NPU"
     )
 
     def __init__(
@@ -95,10 +95,13 @@ class AscendBackend(Backend):
         gm = copy_graph_module(gm)
         matches = find_matches(gm.graph, self.patterns)
         emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
+        glue_of: list[tuple[Match, list[fx.Node]]] = []
         for match in matches:
             anchor = match.nodes[-1]
+            first_glue = len(emitter.glue)
             with gm.graph.inserting_after(anchor):
                 emitter.replace(match.emit(emitter))
+            glue_of.append((match, emitter.glue[first_glue:]))
         fused_nodes = {n.name for m in matches for n in m.nodes}
         _topological_sort(gm.graph)
         gm.graph.eliminate_dead_code()
@@ -108,6 +111,10 @@ class AscendBackend(Backend):
         report = self._current.report if self._current is not None else None
         if report is not None:
             report.record_fused(fused_nodes - remaining, emitter.emitted)
+            live = set(gm.graph.nodes)
+            for match, glue in glue_of:
+                in_moe = any(n.name in report.moe_nodes for n in match.nodes)
+                report.record_glue([n for n in glue if n in live], moe=in_moe)
         return AscendLoweredModule(gm, emitter.emitted, matches, report)
 
 

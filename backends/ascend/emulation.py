@@ -22,36 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trex.backends.ascend.schemas import AscendSchemaError, read_data_file
-
-NAMESPACE = "npu_emul"
-
-_library = torch.library.Library(NAMESPACE, "FRAGMENT")
-_schemas = read_data_file()[1]
-_defined: set[str] = set()
-
-
-def _define(name: str) -> str:
-    """Define npu_emul::name with torch_npu's schema; returns the qualified name."""
-    schema = _schemas[name]
-    if name not in _defined:
-        _library.define(schema)
-        _defined.add(name)
-    return f"{NAMESPACE}::{name}"
-
-
-def _implement(name: str):
-    qualified = _define(name)
-
-    def wrap(function):
-        torch.library.impl(qualified, "default", lib=_library)(function)
-        return function
-
-    return wrap
-
-
-def _fake(name: str):
-    return torch.library.register_fake(f"{NAMESPACE}::{name}", lib=_library)
+from trex.backends.ascend.emulation_library import NAMESPACE, _defined, _fake, _implement, _library
+from trex.backends.ascend.schemas import AscendSchemaError
 
 
 @functools.cache
@@ -679,5 +651,7 @@ def npu_grouped_matmul_add(
 def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
     return torch.empty_like(self)
 
+
+from trex.backends.ascend import emulation_attention, emulation_gating  # noqa: E402, F401 - register their ops
 
 EMULATED = tuple(sorted(_defined))

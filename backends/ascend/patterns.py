@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,9 @@ class Emitter:
         self.emulate = emulate
         self.check = check
         self.emitted: list[str] = []
+        self.glue: list[fx.Node] = []  # aten nodes emitted around the fused calls (casts, views, masks)
+        self._casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+        self._constants: list[fx.Node] = []
         self.replaced: dict[fx.Node, fx.Node] = {}  # region node -> the value now standing for it
 
     def resolve(self, value: Any) -> Any:
@@ -107,11 +111,25 @@ class Emitter:
     def _call(self, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         args, kwargs = self.resolve((tuple(args), dict(kwargs)))
         node = self.graph.call_function(target, args, kwargs)
-        node.meta["val"] = _fake_value(target, args, kwargs)
+        node.meta["val"] = _fake_value(target, args, kwargs, self.graph)
         return node
 
     def aten(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
-        return self._call(target, args, kwargs)
+        node = self._call(target, args, kwargs)
+        self.glue.append(node)
+        return node
+
+    def constant(self, value: torch.Tensor, name: str) -> fx.Node:
+        """A tensor constant of the lowered module (a buffer read by get_attr: no kernel at run time)."""
+
+        module = self.graph.owning_module
+        target = f"_trex_ascend_{name}_{len(self._constants)}"
+        module.register_buffer(target, value, persistent=False)
+        node = self.graph.get_attr(target)
+        self._constants.append(node)
+        fake_mode = _graph_fake_mode(self.graph)
+        node.meta["val"] = fake_mode.from_tensor(value) if fake_mode is not None else value
+        return node
 
     def item(self, node: fx.Node, index: int) -> fx.Node:
         return self._call(operator.getitem, (node, index), {})
@@ -120,10 +138,21 @@ class Emitter:
         """`node` converted to `dtype` (no node when `like`, the value's known dtype, already is it)."""
         if dtype is None or like == dtype:
             return node
-        return self._call(aten._to_copy.default, (node,), {"dtype": dtype})
+        node = self.resolve(node)
+        key = (node, dtype)
+        if key not in self._casts:  # one conversion per value and dtype (offsets feed several GEMMs)
+            self._casts[key] = self.aten(aten._to_copy.default, node, dtype=dtype)
+        return self._casts[key]
 
 
-def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
+def _graph_fake_mode(graph: fx.Graph) -> Any:
+    """The fake mode of the values already in `graph` (for nodes with no tensor inputs, e.g. zeros)."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([v for n in graph.nodes if isinstance(v := n.meta.get("val"), torch.Tensor)])
+
+
+def _fake_value(target: Any, args: tuple, kwargs: dict, graph: fx.Graph | None = None) -> Any:
     """The FakeTensor value of a new node, computed in the fake mode of its inputs' values."""
     from torch._guards import detect_fake_mode
 
@@ -131,6 +160,8 @@ def _fake_value(target: Any, args: tuple, kwargs: dict) -> Any:
     if target is operator.getitem:
         return values[0][0][values[0][1]]
     fake_mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
+    if fake_mode is None and graph is not None:
+        fake_mode = _graph_fake_mode(graph)
     if fake_mode is None:
         return None
     with fake_mode:
@@ -185,6 +216,15 @@ class RmsNorm(Pattern):
                 continue
             if list(_val(node).shape) != list(xv.shape):
                 continue
+
+            if upcast is None and _dtype(x) == torch.float32:  # what RmsNormBackward may rely on (fp32 form)
+                token = f"rms_norm {id(_val(rsqrt))}"
+                normalized = next(n for n in region if _is(n, aten.mul.Tensor))
+                for saved, role in ((x, "x"), (weight, "gamma"), (rsqrt, "rstd"), (normalized, "normed")):
+                    _note_fact(saved, f"{token} {role}")
+                for user in rsqrt.users:
+                    if _is(user, aten.detach.default):
+                        _note_fact(user, f"{token} rstd")
 
             def emit(e: Emitter, x=x, weight=weight, eps=eps, rsqrt=rsqrt):
                 fused = e.npu("npu_rms_norm", (x, weight), {"epsilon": float(eps)})
@@ -597,6 +637,519 @@ class MoeDispatchBackward(Pattern):
         return Match(self.name, self.op, [node], emit)
 
 
+# ---------------------------------------------------------------------------------------------
+# Backward regions of the forward patterns above, attention, and group-limited sigmoid gating.
+
+
+class ClippedSwiGluBackward(Pattern):
+    """The gradient of DeepSeek-V4's clamped SwiGLU w.r.t. its input, as autograd writes it:
+        cat([silu_backward(g * clamp(up, -L, L), clamp(gate, max=L)) * (gate <= L),
+             g * silu(clamp(gate, max=L)) * ((up >= -L) & (up <= L))], -1)
+    torch_npu has no backward op for npu_clipped_swiglu, but the clamp is the identity where its
+    mask is true, so this is npu_swiglu_backward on the clamped input times the clamp's mask:
+        xc = clamp(x, low, high); dx = npu_swiglu_backward(g, xc) * (xc == x)
+    with constant bounds low = [-inf]*n + [-L]*n, high = [L]*2n (one clamp for both halves)."""
+
+    name, op = "clipped_swiglu_backward", "npu_swiglu_backward"
+    anchors = (aten.cat.default,)
+
+    def match(self, node):
+        parts = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if len(parts) != 2 or not _last_dim(node, dim):
+            return None
+        masked_gate, masked_up = parts
+        if not (_is(masked_gate, aten.mul.Tensor) and _is(masked_up, aten.mul.Tensor)):
+            return None
+        silu_bwd, gate_mask = masked_gate.args
+        grad_up, up_mask = masked_up.args
+        if not (_is(silu_bwd, aten.silu_backward.default) and _is(gate_mask, aten.le.Scalar)):
+            return None
+        g_up, clamped_gate = silu_bwd.args
+        gate_bounds = _clamp_bounds(clamped_gate)
+        if gate_bounds is None or not _is(g_up, aten.mul.Tensor):
+            return None
+        gate, gate_low, limit = gate_bounds
+        if gate_low is not None or not isinstance(limit, (int, float)) or gate_mask.args != (gate, limit):
+            return None
+        halves = _halves(gate)
+        if halves is None or halves[2] is not gate:
+            return None
+        x, split, _, up = halves
+        clamped_up = next((a for a in g_up.args if _clamp_bounds(a) == (up, -limit, limit)), None)
+        if clamped_up is None:
+            return None
+        grad = g_up.args[1] if g_up.args[0] is clamped_up else g_up.args[0]
+        # the up half: g * silu(clamp(gate)) masked by -L <= up <= L
+        if not (_is(grad_up, aten.mul.Tensor) and _is(up_mask, aten.bitwise_and.Tensor, aten.logical_and.default)):
+            return None
+        silu = next((a for a in grad_up.args if _is(a, aten.silu.default) and a.args[0] is clamped_gate), None)
+        if silu is None or grad not in grad_up.args:
+            return None
+        bounds = {(n.target, n.args) for n in up_mask.args if isinstance(n, fx.Node)}
+        if bounds != {(aten.ge.Scalar, (up, -limit)), (aten.le.Scalar, (up, limit))}:
+            return None
+        if _dtype(node) != _dtype(x) or _dtype(grad) != _dtype(x):
+            return None
+
+        def emit(e: Emitter, x=x, grad=grad, limit=float(limit)):
+            half, like = _val(x).size(-1) // 2, _val(x)
+            low = torch.cat([torch.full((half,), float("-inf")), torch.full((half,), -limit)]).to(like.dtype)
+            high = torch.full((2 * half,), limit, dtype=like.dtype)
+            bounds = [e.constant(t.to(like.device), n) for t, n in ((low, "clamp_low"), (high, "clamp_high"))]
+            clamped = e.aten(aten.clamp.Tensor, x, *bounds)  # gate half clamped above, up half both ways
+            dx = e.npu("npu_swiglu_backward", (grad, clamped), {"dim": -1})
+            return {node: e.aten(aten.mul.Tensor, dx, e.aten(aten.eq.Tensor, clamped, x))}
+
+        region = [split, gate, up, clamped_gate, clamped_up, g_up, silu_bwd, gate_mask, masked_gate, silu, grad_up]
+        region += [a for a in up_mask.args if isinstance(a, fx.Node)] + [up_mask, masked_up, node]
+        return Match(self.name, self.op, region, emit)
+
+
+def _roles(node: Any) -> dict[str, str]:
+    """role -> token of the RMSNorm forward matches that proved what this saved value is."""
+    found = {}
+    for fact in _facts(node):
+        if fact.startswith("rms_norm "):
+            _, ident, role = fact.split()
+            found[role] = ident
+    return found
+
+
+def _strip_detach(node: Any) -> Any:
+    while _is(node, aten.detach.default):
+        node = node.args[0]
+    return node
+
+
+class RmsNormBackward(Pattern):
+    """The fp32 RMSNorm backward autograd writes for y = w * (x * rstd), rstd = rsqrt(mean(x^2) + eps):
+        gw = g * w;  dx = gw * rstd + (sum(gw * x, -1) * -0.5 * rstd^3 / D) * 2x
+        dgamma = sum(g * (x * rstd)) over the leading dims
+    -> npu_rms_norm_backward(g, x, w, rstd). x, w, rstd and the normalized x are the values the
+    forward's RMSNorm match proved to be its input, weight, rstd and x * rstd (saved for the backward)."""
+
+    name, op = "rms_norm_backward", "npu_rms_norm_backward"
+    anchors = (aten.add.Tensor,)
+
+    def match(self, node):
+        for direct, spread in (node.args, node.args[::-1]):
+            found = self._match(node, direct, spread)
+            if found is not None:
+                return found
+        return None
+
+    def _match(self, node, direct, spread):
+        if not (_is(direct, aten.mul.Tensor) and _is(spread, aten.mul.Tensor)):
+            return None
+        gw, rstd = direct.args
+        if not _is(gw, aten.mul.Tensor):
+            return None
+        grad, weight = gw.args
+        token = _roles(rstd).get("rstd")
+        if token is None or _roles(weight).get("gamma") != token:
+            return None
+        scaled, doubled = spread.args
+        if not (_is(scaled, aten.div.Scalar) and _is(doubled, aten.mul.Scalar) and doubled.args[1] == 2.0):
+            return None
+        power = doubled.args[0]
+        if not (_is(power, aten.pow.Tensor_Scalar) and power.args[1] == 1.0):
+            return None
+        x = power.args[0]
+        if _roles(x).get("x") != token or scaled.args[1] != _val(x).size(-1):
+            return None
+        expand = scaled.args[0]
+        if not _is(expand, aten.expand.default):
+            return None
+        times_cube = expand.args[0]
+        if not _is(times_cube, aten.mul.Tensor):
+            return None
+        half, cube = times_cube.args
+        if not (_is(half, aten.mul.Scalar) and half.args[1] == -0.5 and _is(cube, aten.pow.Tensor_Scalar)):
+            return None
+        if cube.args[1] != 3 or _roles(_strip_detach(cube.args[0])).get("rstd") != token:
+            return None
+        row_sum = half.args[0]
+        if not (_is(row_sum, aten.sum.dim_IntList) and _is(row_sum.args[0], aten.mul.Tensor)):
+            return None
+        if set(row_sum.args[0].args) != {gw, x} or not _last_dim(x, row_sum.args[1][0]):
+            return None
+        detaches = [n for n in (cube.args[0],) if _is(n, aten.detach.default)]
+        region = [gw, direct, row_sum.args[0], row_sum, *detaches, cube, half, times_cube, expand, scaled, power]
+        region += [doubled, spread, node]
+        dgamma = self._weight_grad(grad, token, _val(x).dim())
+        if dgamma is not None:
+            region += dgamma[1]
+
+        def emit(e: Emitter):
+            fused = e.npu("npu_rms_norm_backward", (grad, x, weight, rstd))
+            replaced = {node: e.item(fused, 0)}
+            if dgamma is not None:
+                replaced[dgamma[0]] = e.item(fused, 1)
+            return replaced
+
+        return Match(self.name, self.op, region, emit)
+
+    def _weight_grad(self, grad, token, rank):
+        """(node holding dgamma, its region) when sum(g * normed, leading dims) -> view [D] is there."""
+        for product in grad.users:
+            if not _is(product, aten.mul.Tensor) or len(product.args) != 2:
+                continue
+            other = product.args[1] if product.args[0] is grad else product.args[0]
+            if _roles(other).get("normed") != token:
+                continue
+            for total in product.users:
+                if not (_is(total, aten.sum.dim_IntList) and sorted(total.args[1]) == list(range(rank - 1))):
+                    continue
+                views = [u for u in total.users if _is(u, aten.view.default) and _val(u).dim() == 1]
+                if len(views) == 1 and len(total.users) == 1 and len(product.users) == 1:
+                    return views[0], [product, total, views[0]]
+        return None
+
+
+# FakeTensor of a saved value -> what a forward match proved about it, for the backward graph's match
+# (the forward and backward graphs AOTAutograd partitions from one joint graph share these values).
+# (keyed by identity: tensors compare elementwise, so they cannot be weak dictionary keys)
+_SAVED_FACTS: dict[int, tuple[weakref.ref, set[str]]] = {}
+BOOLEAN_ADDITIVE_MASK = "additive mask: 0 where kept, -inf where masked"
+
+
+def _facts(node: Any) -> set[str]:
+    value = _val(node)
+    entry = _SAVED_FACTS.get(id(value)) if isinstance(value, torch.Tensor) else None
+    return entry[1] if entry is not None and entry[0]() is value else set()
+
+
+def _note_fact(node: Any, fact: str) -> None:
+    value = _val(node)
+    if not isinstance(value, torch.Tensor):
+        return
+    key = id(value)
+    if key not in _SAVED_FACTS or _SAVED_FACTS[key][0]() is not value:
+        _SAVED_FACTS[key] = (weakref.ref(value, lambda _, key=key: _SAVED_FACTS.pop(key, None)), set())
+    _SAVED_FACTS[key][1].add(fact)
+
+
+def _has_fact(node: Any, fact: str) -> bool:
+    return fact in _facts(node)
+
+
+def _boolean_additive_mask(mask: Any) -> fx.Node | None:
+    """The bool `keep` tensor of mask = where(keep, 0, -inf), else None."""
+    if not _is(mask, aten.where.self) or _dtype(mask.args[0]) != torch.bool:
+        return None
+    keep, zero, neg_inf = mask.args
+    values = []
+    for v in (zero, neg_inf):
+        if _is(v, aten.scalar_tensor.default):
+            v = v.args[0]
+        values.append(v)
+    return keep if values == [0.0, float("-inf")] else None
+
+
+def _attention_mask_ok(mask: Any, q: Any) -> bool:
+    value, query = _val(mask), _val(q)
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 4
+        and value.size(1) in (1, query.size(1))
+        and value.size(0) in (1, query.size(0))
+        and list(value.shape[2:]) == [query.size(2), value.size(3)]
+    )
+
+
+def _flash_options(node: fx.Node, first_option: int) -> tuple[bool, Any, float] | None:
+    """(is_causal, attn_mask, scale) of a CPU flash attention call (dropout must be 0)."""
+    args = list(node.args) + [None] * 4
+    dropout = args[first_option] if args[first_option] is not None else node.kwargs.get("dropout_p", 0.0)
+    causal = args[first_option + 1] if args[first_option + 1] is not None else node.kwargs.get("is_causal", False)
+    if dropout:
+        return None
+    mask = node.kwargs.get("attn_mask")
+    scale = node.kwargs.get("scale")
+    query = _val(node.args[first_option - 3 if first_option == 3 else 1])
+    if scale is None:
+        scale = query.size(-1) ** -0.5
+    return bool(causal), mask, float(scale)
+
+
+def _npu_mask(e: Emitter, causal: bool, mask: Any, device: torch.device) -> tuple[Any, int]:
+    """(atten_mask, sparse_mode): torch_npu masks True where masked. is_causal is top-left causal
+    (sparse_mode=2 with the compressed 2048x2048 upper triangle); a verified 0/-inf additive mask
+    becomes its bool complement (sparse_mode=0, B1SS or BNSS as given)."""
+    if causal:
+        ones = e.aten(aten.ones.default, [2048, 2048], dtype=torch.bool, device=device)
+        return e.aten(aten.triu.default, ones, 1), 2
+    if mask is None:
+        return None, 0
+    return e.aten(aten.eq.Scalar, mask, float("-inf")), 0
+
+
+class FlashAttention(Pattern):
+    """aten's scaled-dot-product flash attention (the op SDPA lowers to on CPU) -> npu_fusion_attention.
+
+    Called in layout BSND on transposed views of aten's BNSD tensors (its output, BSND-contiguous,
+    transposed back has the strides aten's kernel gives, which later views rely on); torch's is_causal -> sparse_mode=2 (leftUpCausal), an additive mask proven to be
+    where(keep, 0, -inf) -> atten_mask = ~keep (sparse_mode=0). The logsumexp the backward reads is
+    softmax_max + log(softmax_sum) of the fused op's statistics."""
+
+    name, op = "flash_attention", "npu_fusion_attention"
+    anchors = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+    def match(self, node):
+        q, k, v = node.args[:3]
+        options = _flash_options(node, 3)
+        if options is None:
+            return None
+        causal, mask, scale = options
+        qv, kv = _val(q), _val(k)
+        if causal and qv.size(2) != kv.size(2):
+            return None
+        # the mask's producer may sit outside the partition being lowered: then the whole-graph match proved it
+        proven = mask is not None and (
+            _boolean_additive_mask(mask) is not None or _has_fact(mask, BOOLEAN_ADDITIVE_MASK)
+        )
+        if mask is not None and (causal or not proven or not _attention_mask_ok(mask, q)):
+            return None
+        if qv.size(1) % kv.size(1) or _dtype(q) != _dtype(k) or _dtype(q) != _dtype(v):
+            return None
+        items = _getitems(node)
+        if mask is not None:
+            _note_fact(mask, BOOLEAN_ADDITIVE_MASK)
+
+        def emit(e: Emitter):
+            atten_mask, sparse_mode = _npu_mask(e, causal, mask, qv.device)
+            bsnd = [e.aten(aten.transpose.int, t, 1, 2) for t in (q, k, v)]
+            fused = e.npu(
+                "npu_fusion_attention",
+                (*bsnd, qv.size(1), "BSND"),
+                {"atten_mask": atten_mask, "scale": scale, "keep_prob": 1.0, "sparse_mode": sparse_mode},
+                allowed={"keep_prob": [1.0], "sparse_mode": [0, 2]},
+            )
+            replaced = {}
+            if 0 in items:  # BSND-contiguous, as aten's CPU flash kernel lays its output out
+                replaced[items[0]] = e.aten(aten.transpose.int, e.item(fused, 0), 1, 2)
+            if 1 in items:
+                stats_max = e.aten(aten.select.int, e.item(fused, 1), -1, 0)
+                stats_sum = e.aten(aten.select.int, e.item(fused, 2), -1, 0)
+                lse = e.aten(aten.add.Tensor, stats_max, e.aten(aten.log.default, stats_sum))
+                replaced[items[1]] = e.cast(lse, _dtype(items[1]), torch.float32)
+            return replaced
+
+        return Match(self.name, self.op, [node, *items.values()], emit)
+
+
+class FlashAttentionBackward(Pattern):
+    """aten's flash attention backward -> npu_fusion_attention_grad, fed the saved logsumexp as
+    softmax_max (softmax_sum = 1), which gives the same probabilities exp(s - lse)."""
+
+    name, op = "flash_attention_backward", "npu_fusion_attention_grad"
+    anchors = (aten._scaled_dot_product_flash_attention_for_cpu_backward.default,)
+
+    def match(self, node):
+        grad, q, k, v, out, lse = node.args[:6]
+        options = _flash_options(node, 6)
+        if options is None:
+            return None
+        causal, mask, scale = options
+        qv, kv = _val(q), _val(k)
+        if causal and qv.size(2) != kv.size(2):
+            return None
+        if mask is not None and (causal or not _has_fact(mask, BOOLEAN_ADDITIVE_MASK)):
+            return None
+        if qv.size(1) % kv.size(1) or _dtype(lse) != torch.float32:
+            return None
+        items = _getitems(node)
+        b, n, s = _val(lse).shape
+
+        def emit(e: Emitter):
+            atten_mask, sparse_mode = _npu_mask(e, causal, mask, qv.device)
+            stats_max = e.aten(
+                aten.clone.default, e.aten(aten.expand.default, e.aten(aten.unsqueeze.default, lse, -1), [b, n, s, 8])
+            )
+            stats_sum = e.aten(aten.ones.default, [b, n, s, 8], dtype=torch.float32, device=_val(lse).device)
+            q_, k_, v_, grad_, out_ = (e.aten(aten.transpose.int, t, 1, 2) for t in (q, k, v, grad, out))
+            grads = e.npu(
+                "npu_fusion_attention_grad",
+                (q_, k_, v_, grad_, qv.size(1), "BSND"),
+                {
+                    "atten_mask": atten_mask,
+                    "softmax_max": stats_max,
+                    "softmax_sum": stats_sum,
+                    "attention_in": out_,
+                    "scale_value": scale,
+                    "keep_prob": 1.0,
+                    "sparse_mode": sparse_mode,
+                },
+                allowed={"keep_prob": [1.0], "sparse_mode": [0, 2]},
+            )
+            return {items[i]: e.aten(aten.transpose.int, e.item(grads, i), 1, 2) for i in (0, 1, 2) if i in items}
+
+        return Match(self.name, self.op, [node, *items.values()], emit)
+
+
+def _through(node: Any, *targets: Any) -> tuple[Any, list[fx.Node]]:
+    """Follow single-input view/copy nodes of the given kinds up to the first other node."""
+    passed = []
+    while _is(node, *targets):
+        passed.append(node)
+        node = node.args[0]
+    return node, passed
+
+
+class GroupLimitedGating(Pattern):
+    """DeepSeek-V3's noaux_tc routing -> npu_moe_gating_top_k(norm_type=1 (sigmoid), group_select_mode=1):
+        s = sigmoid(logits); c = s + e_score_correction_bias
+        groups: top-2 sum of c per group, keep top k_group groups (others -inf)
+        idx = topk(c, k); w = s[idx] / (sum(s[idx]) + eps) * routed_scaling_factor
+    The sigmoid is replaced by the op's norm_out (out_flag=True), the indices and weights by its outputs."""
+
+    name, op = "group_limited_gating", "npu_moe_gating_top_k"
+    anchors = (aten.mul.Tensor,)
+    _VIEWS = (
+        aten._to_copy.default,
+        aten._unsafe_view.default,
+        aten.view.default,
+        aten.clone.default,
+        aten.expand.default,
+        aten.unsqueeze.default,
+    )
+
+    def match(self, node):
+        div, scaling = node.args
+        if not (_is(div, aten.div.Tensor) and isinstance(scaling, (int, float))):
+            return None
+        gathered, denominator = div.args
+        if not (_is(gathered, aten.gather.default) and _is(denominator, aten.add.Tensor)):
+            return None
+        total, eps = denominator.args
+        if not (_is(total, aten.sum.dim_IntList) and total.args[0] is gathered and isinstance(eps, float)):
+            return None
+        norm, gather_dim, index_item = gathered.args
+        if not (_is(norm, aten.sigmoid.default) and gather_dim in (1, -1) and _is(index_item, operator.getitem)):
+            return None
+        x = norm.args[0]
+        topk = index_item.args[0]
+        if not _is(topk, aten.topk.default) or index_item.args[1] != 1:
+            return None
+        masked, k = topk.args[:2]
+        if not _is(masked, aten.masked_fill.Scalar) or masked.args[2] != float("-inf"):
+            return None
+        choice, not_kept = masked.args[:2]
+        bias = None
+        if _is(choice, aten.add.Tensor) and choice.args[0] is norm and isinstance(choice.args[1], fx.Node):
+            bias = choice.args[1]
+        elif choice is not norm:
+            return None
+        if not _is(not_kept, aten.bitwise_not.default):
+            return None
+        scatter, views = _through(not_kept.args[0], *self._VIEWS)
+        if not (_is(scatter, aten.scatter.value) and scatter.args[3] == 1 and scatter.args[1] in (1, -1)):
+            return None
+        zeros, _, group_item = scatter.args[:3]
+        group_topk = group_item.args[0] if _is(group_item, operator.getitem) else None
+        if not (_is(zeros, aten.zeros_like.default) and _is(group_topk, aten.topk.default)):
+            return None
+        group_scores, k_group = group_topk.args[:2]
+        if zeros.args[0] is not group_scores or not _is(group_scores, aten.sum.dim_IntList):
+            return None
+        top2_item = group_scores.args[0]
+        top2 = top2_item.args[0] if _is(top2_item, operator.getitem) else None
+        if not (_is(top2, aten.topk.default) and top2.args[1] == 2 and _is(top2.args[0], aten.view.default)):
+            return None
+        grouped = top2.args[0]
+        xv = _val(x)
+        if grouped.args[0] is not choice or xv.dim() != 2:
+            return None
+        group_count = _val(grouped).size(1)
+        if bias is not None and (_dtype(bias) != _dtype(x) or list(_val(bias).shape) != [xv.size(1)]):
+            return None
+        index_items = _getitems(topk)
+        region = [norm, grouped, top2, top2_item, group_scores, group_topk, group_item, zeros, scatter, *views]
+        region += [not_kept, masked, topk, *index_items.values(), gathered, total, denominator, div, node]
+        if bias is not None:
+            region.append(choice)
+        _note_fact(denominator, f"gating eps {eps!r}")
+
+        def emit(e: Emitter):
+            fused = e.npu(
+                "npu_moe_gating_top_k",
+                (x, int(k)),
+                {
+                    "bias": bias,
+                    "k_group": int(k_group),
+                    "group_count": int(group_count),
+                    "group_select_mode": 1,
+                    "renorm": 0,
+                    "norm_type": 1,
+                    "out_flag": True,
+                    "routed_scaling_factor": float(scaling),
+                    "eps": eps,
+                },
+                allowed={"renorm": [0], "norm_type": [1]},
+            )
+            replaced = {
+                node: e.cast(e.item(fused, 0), _dtype(node), _dtype(x)),
+                norm: e.cast(e.item(fused, 2), _dtype(norm), torch.float32),
+            }
+            replaced[index_item] = e.cast(e.item(fused, 1), _dtype(index_item), torch.int32)
+            return replaced
+
+        return Match(self.name, self.op, region, emit)
+
+
+class GroupLimitedGatingBackward(Pattern):
+    """The gradient of the gating weights w.r.t. the router logits, as autograd writes it:
+        g2 = g * rsf; dw = g2 / d - sum(g2 * (w_raw / d) / d); ds = scatter_add(zeros, 1, idx, dw)
+        dx = sigmoid_backward(ds, s)
+    -> npu_moe_gating_top_k_backward(s, g, idx, norm_type=1, routed_scaling_factor=rsf, eps)."""
+
+    name, op = "group_limited_gating_backward", "npu_moe_gating_top_k_backward"
+    anchors = (aten.sigmoid_backward.default,)
+
+    def match(self, node):
+        scattered, norm = node.args
+        if not _is(scattered, aten.scatter_add.default) or scattered.args[1] not in (1, -1):
+            return None
+        zeros, _, index, grad_w = scattered.args
+        if not (_is(zeros, aten.new_zeros.default) and _is(grad_w, aten.add.Tensor)):
+            return None
+        direct, spread = grad_w.args
+        if not (_is(direct, aten.div.Tensor) and _is(spread, aten.expand.default)):
+            return None
+        scaled, denominator = direct.args
+        if not (_is(scaled, aten.mul.Tensor) and isinstance(scaled.args[1], (int, float))):
+            return None
+        grad, scaling = scaled.args
+        eps = next((float(f.split()[-1]) for f in _facts(denominator) if f.startswith("gating eps")), None)
+        row_sum = spread.args[0]
+        if eps is None or not _is(row_sum, aten.sum.dim_IntList):
+            return None
+        product = row_sum.args[0]
+        if not _is(product, aten.mul.Tensor):
+            return None
+        negated, ratio = product.args
+        if not (_is(negated, aten.neg.default) and negated.args[0] is scaled and _is(ratio, aten.div.Tensor)):
+            return None
+        inner = ratio.args[0]
+        if not (_is(inner, aten.div.Tensor) and inner.args[1] is denominator and ratio.args[1] is denominator):
+            return None
+        if _val(norm).dim() != 2 or _dtype(norm) != torch.float32:
+            return None
+
+        def emit(e: Emitter):
+            dx = e.npu(
+                "npu_moe_gating_top_k_backward",
+                (norm, grad, e.cast(index, torch.int32, _dtype(index))),
+                {"renorm": 0, "norm_type": 1, "routed_scaling_factor": float(scaling), "eps": eps},
+                allowed={"renorm": [0], "norm_type": [1]},
+            )
+            return {node: e.cast(dx, _dtype(node), _dtype(grad))}
+
+        region = [zeros, scattered, direct, spread, scaled, row_sum, product, negated, ratio, inner, grad_w, node]
+        return Match(self.name, self.op, region, emit)
+
+
 PATTERNS: tuple[Pattern, ...] = (
     MoeDispatch(),
     GroupedMm(),
@@ -610,6 +1163,12 @@ PATTERNS: tuple[Pattern, ...] = (
     SwiGluBackward(),
     Rotary(),
     GatingTopK(),
+    ClippedSwiGluBackward(),
+    FlashAttention(),
+    FlashAttentionBackward(),
+    GroupLimitedGating(),
+    GroupLimitedGatingBackward(),
+    RmsNormBackward(),
 )
 
 

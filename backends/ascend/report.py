@@ -3,8 +3,12 @@
 Every node of the graph the backend sees is priced on the target (`trex.cost_model.annotate`, the
 cost stored as `node.meta["ascend_cost"]` so the pipeline's own `meta["cost"]` stays as it was).
 After lowering, a region node counts as fused when the rewrite removed it (its work is done by the
-fused op); region nodes still needed elsewhere stay in the graph and count as not fused. MoE-layer
-nodes (tagged `meta["trex_moe"]` by canonicalization) are also summed on their own.
+fused op); region nodes still needed elsewhere stay in the graph and count as not fused. The aten glue
+a rewrite adds around a fused call (casts, transposes, masks) is priced too and counts as not fused:
+share = fused / (original graph + glue). A fused op is assumed to take the time of the nodes it
+replaced (the cost model has no formula of its own for torch_npu's kernels). MoE-layer nodes (tagged
+`meta["trex_moe"]` by canonicalization) are also summed on their own; `unfused_by_op` says where the
+rest of the time goes.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ class AscendGraphReport:
     moe_fused_s: float = 0.0
     unpriced: int = 0
     node_seconds: dict[str, float] = field(default_factory=dict)  # node name -> predicted seconds
+    node_ops: dict[str, str] = field(default_factory=dict)  # node name -> its op (e.g. "aten.bmm.default")
     moe_nodes: set[str] = field(default_factory=set)
     fused_nodes: set[str] = field(default_factory=set)
     emitted: Counter = field(default_factory=Counter)
+    glue_s: float = 0.0  # the aten glue the rewrites added (casts, views, masks), priced on the target
+    moe_glue_s: float = 0.0
+    glue_by_op: Counter = field(default_factory=Counter)  # op -> predicted seconds of the glue nodes
 
     def record_fused(self, nodes: set[str], emitted: list[str]) -> None:
         new = nodes - self.fused_nodes
@@ -38,13 +46,40 @@ class AscendGraphReport:
         self.moe_fused_s += sum(self.node_seconds.get(n, 0.0) for n in new if n in self.moe_nodes)
         self.emitted.update(emitted)
 
+    def record_glue(self, nodes: list[fx.Node], *, moe: bool) -> None:
+        """Price the aten nodes a rewrite added; they count as time not spent in fused ops."""
+        from trex.cost_model.annotate import annotate_node, cluster_of
+
+        cluster = cluster_of(self.target)
+        for node in nodes:
+            cost = annotate_node(node, cluster)
+            seconds = cost.time_s if cost is not None else 0.0
+            self.glue_s += seconds
+            self.glue_by_op[str(node.target)] += seconds
+            if moe:
+                self.moe_glue_s += seconds
+            if cost is not None and not cost.priced:
+                self.unpriced += 1
+
     @property
     def share(self) -> float:
-        return self.fused_s / self.total_s if self.total_s else 0.0
+        """Fused-op time over the lowered graph's time: the original nodes plus the glue added."""
+        total = self.total_s + self.glue_s
+        return self.fused_s / total if total else 0.0
 
     @property
     def moe_share(self) -> float:
-        return self.moe_fused_s / self.moe_total_s if self.moe_total_s else 0.0
+        total = self.moe_total_s + self.moe_glue_s
+        return self.moe_fused_s / total if total else 0.0
+
+    def unfused_by_op(self, *, moe_only: bool = False) -> Counter:
+        """Predicted seconds per op of the nodes no fused op took over (where the rest of the time goes)."""
+        left: Counter = Counter()
+        for name, seconds in self.node_seconds.items():
+            if name in self.fused_nodes or (moe_only and name not in self.moe_nodes):
+                continue
+            left[self.node_ops.get(name, "?")] += seconds
+        return left
 
 
 def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
@@ -63,6 +98,7 @@ def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
             if not cost.priced:
                 report.unpriced += 1
             report.node_seconds[node.name] = cost.time_s
+            report.node_ops[node.name] = str(node.target)
             report.total_s += cost.time_s
             if node.meta.get("trex_moe") is not None:
                 report.moe_nodes.add(node.name)
@@ -80,14 +116,15 @@ def describe(reports: list[AscendGraphReport]) -> list[str]:
     reports = [r for r in reports if r.total_s > 0]
     if not reports:
         return []
-    total = sum(r.total_s for r in reports)
+    total = sum(r.total_s + r.glue_s for r in reports)
     fused = sum(r.fused_s for r in reports)
-    moe_total = sum(r.moe_total_s for r in reports)
+    moe_total = sum(r.moe_total_s + r.moe_glue_s for r in reports)
     moe_fused = sum(r.moe_fused_s for r in reports)
     target = reports[0].target
+    glue = sum(r.glue_s for r in reports)
     line = (
         f"ascend: torch_npu fused ops take {100 * fused / total:.1f}% of the predicted time on {target} "
-        f"({fused * 1e6:.1f} of {total * 1e6:.1f} us)"
+        f"({fused * 1e6:.1f} of {total * 1e6:.1f} us, which include {glue * 1e6:.1f} us of glue the rewrites added)"
     )
     if moe_total:
         line += f"; MoE layers: {100 * moe_fused / moe_total:.1f}% ({moe_fused * 1e6:.1f} of {moe_total * 1e6:.1f} us)"
@@ -95,4 +132,12 @@ def describe(reports: list[AscendGraphReport]) -> list[str]:
     for r in reports:
         ops.update(r.emitted)
     lines = [line, "ascend: emitted " + ", ".join(f"{name} x{count}" for name, count in sorted(ops.items()))]
+    for moe_only, what in ((True, "MoE layers"), (False, "whole graph")):
+        left: Counter = Counter()
+        for r in reports:
+            left.update(r.unfused_by_op(moe_only=moe_only))
+        top = [(op, s) for op, s in left.most_common(6) if s > 0]
+        if top:
+            listed = ", ".join(f"{op.removeprefix('aten.')} {s * 1e6:.1f} us" for op, s in top)
+            lines.append(f"ascend: left unfused ({what}, largest first): {listed}")
     return lines

@@ -28,8 +28,8 @@ DATA_FILE = Path(__file__).parent / "data" / "torch_npu_schemas.txt"
 YAML_IN_WHEEL = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 TORCH_NPU_VERSION = "2.13.0"
 
-# The operators this backend emits, and the backward operators its emulations' autograd calls
-# (npu_rms_norm_backward, npu_rotary_mul_backward); torch_npu's names.
+# The operators this backend emits (forward and backward regions) and the backward operators its
+# emulations' autograd calls; torch_npu's names.
 EMITTED_OPS: tuple[str, ...] = (
     "npu_rms_norm",
     "npu_rms_norm_backward",
@@ -46,6 +46,10 @@ EMITTED_OPS: tuple[str, ...] = (
     "npu_moe_compute_expert_tokens",
     "npu_grouped_matmul",
     "npu_grouped_matmul_add",
+    "npu_fusion_attention",
+    "npu_fusion_attention_grad",
+    "npu_moe_gating_top_k",
+    "npu_moe_gating_top_k_backward",
 )
 
 _FUNC_LINE = re.compile(r"^\s*(?:-\s*)?func:\s*(?P<schema>\S.*?)\s*$")

@@ -124,3 +124,95 @@ def test_clipped_swiglu_with_alpha_1_bias_0_is_deepseek_v4_clamped_swiglu():
     torch.testing.assert_close(out, ref)
     grad = torch.randn_like(out)
     torch.testing.assert_close(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(ref, x, grad)[0])
+
+
+def _attention_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 10, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 10, 8, generator=g, requires_grad=True)  # GQA: 2 key/value heads for 4 query heads
+    v = torch.randn(2, 2, 10, 8, generator=g, requires_grad=True)
+    return q, k, v
+
+
+def _sdpa(q, k, v, keep):
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), keep, scale=0.3)
+
+
+def test_fusion_attention_and_its_grad_equal_sdpa_with_an_explicit_mask():
+    q, k, v = _attention_inputs()
+    keep = (torch.rand(2, 1, 10, 10, generator=torch.Generator().manual_seed(3)) > 0.4) | torch.eye(
+        10, dtype=torch.bool
+    )
+    out, softmax_max, softmax_sum, _, *_ = npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~keep, scale=0.3)
+    assert softmax_max.shape == softmax_sum.shape == (2, 4, 10, 8) and softmax_max.dtype == torch.float32
+    expected = _sdpa(q, k, v, keep)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    want = torch.autograd.grad(expected, (q, k, v), grad)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), want):
+        torch.testing.assert_close(a, b)
+    # the backward op fed logsumexp as softmax_max and ones as softmax_sum gives the same gradients
+    lse = (softmax_max + softmax_sum.log())[..., :1].expand(2, 4, 10, 8)
+    grads = npu.npu_fusion_attention_grad(
+        q,
+        k,
+        v,
+        grad,
+        4,
+        "BNSD",
+        atten_mask=~keep,
+        softmax_max=lse,
+        softmax_sum=torch.ones_like(lse),
+        attention_in=out,
+        scale_value=0.3,
+    )
+    for a, b in zip(grads[:3], want):
+        torch.testing.assert_close(a, b)
+
+
+def test_fusion_attention_sparse_modes_give_causal_and_band_masks():
+    q, k, v = _attention_inputs(1)
+    compressed = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    i = torch.arange(10)
+    causal = i[None, :] <= i[:, None]
+    for mode in (2, 3):  # square: top-left and bottom-right causal coincide
+        out = npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=compressed, scale=0.3, sparse_mode=mode)[0]
+        torch.testing.assert_close(out, _sdpa(q, k, v, causal))
+    band = causal & (i[None, :] > i[:, None] - 4)  # a sliding window of 4 keys
+    out = npu.npu_fusion_attention(
+        q, k, v, 4, "BNSD", atten_mask=compressed, scale=0.3, sparse_mode=4, pre_tockens=3, next_tockens=0
+    )[0]
+    torch.testing.assert_close(out, _sdpa(q, k, v, band))
+    bsnd = npu.npu_fusion_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), 4, "BSND", atten_mask=compressed, scale=0.3, sparse_mode=2
+    )[0]
+    torch.testing.assert_close(bsnd.transpose(1, 2), _sdpa(q, k, v, causal))
+
+
+def test_moe_gating_top_k_equals_deepseek_v3_group_limited_routing_forward_and_backward():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 8, generator=g, requires_grad=True)
+    bias = torch.randn(8, generator=g) * 0.1
+    y, index, norm = npu.npu_moe_gating_top_k(
+        x,
+        2,
+        bias=bias,
+        k_group=1,
+        group_count=2,
+        group_select_mode=1,
+        norm_type=1,
+        out_flag=True,
+        routed_scaling_factor=2.5,
+    )
+    scores = x.sigmoid()
+    choice = scores + bias
+    groups = choice.view(12, 2, 4).topk(2, -1)[0].sum(-1).topk(1, -1)[1]
+    kept = torch.zeros(12, 2).scatter(1, groups, 1).unsqueeze(-1).expand(12, 2, 4).reshape(12, 8).bool()
+    expected_index = choice.masked_fill(~kept, float("-inf")).topk(2, -1)[1]
+    weights = scores.gather(1, expected_index)
+    weights = weights / (weights.sum(-1, keepdim=True) + 1e-20) * 2.5
+    assert index.dtype == torch.int32 and torch.equal(index.long(), expected_index)
+    torch.testing.assert_close(y, weights)
+    torch.testing.assert_close(norm, scores.detach())
+    grad = torch.randn_like(y)
+    torch.testing.assert_close(torch.autograd.grad(y, x, grad)[0], torch.autograd.grad(weights, x, grad)[0])

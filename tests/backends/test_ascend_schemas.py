@@ -90,6 +90,10 @@ def test_emulated_ops_are_registered_with_the_shipped_schemas():
             {"padded_mode": True},
             "'padded_mode'",
         ),
+        ("npu_fusion_attention", (torch.ones(1, 2, 4, 8),) * 3 + (2, "BNSD"), {"scale_value": 0.5}, "'scale_value'"),
+        ("npu_fusion_attention_grad", (torch.ones(1, 2, 4, 8),) * 4 + (2, "BNSD", None), {}, "keyword-only"),
+        ("npu_moe_gating_top_k", (torch.ones(4, 8), 2), {"norm_type": 1.0}, "'norm_type'"),
+        ("npu_moe_gating_top_k", (torch.ones(4, 8),), {"k": 2, "group_num": 2}, "'group_num'"),
         ("npu_no_such_op", (), {}, "npu_no_such_op"),
     ],
 )
@@ -145,7 +149,8 @@ def test_the_right_lowering_of_the_same_model_runs_and_matches_eager():
     compiled = trex.compile(model, backend=["ascend"])
     out = compiled(x)
     out.backward()
-    assert compiled.trex.lowered_ops() == {"ascend": ["npu_rms_norm"]}
+    # the forward graph calls npu_rms_norm, the backward graph npu_rms_norm_backward
+    assert compiled.trex.lowered_ops() == {"ascend": ["npu_rms_norm", "npu_rms_norm_backward"]}
     grad = x.grad.clone()
     x.grad = None
     expected = model(x)

@@ -1,0 +1,144 @@
+"""Share of the predicted time on ascend-910c that goes to torch_npu fused ops, per model.
+
+Two settings, both priced by trex's cost model (predictions: nothing runs on an NPU):
+  * tiny: `trex.models.tiny_config(family)` with random weights, compiled with backend=["ascend"],
+    one fp32 training step (batch 2 x 16) on CPU through the emulations;
+  * full: the full-size config (`trex.models.load_config`), decoder layers cut to `--full-layers`
+    (widths, experts and sequence stay full size), captured on the meta device with backend=["ascend"]
+    (`trex.meta_capture.capture_model` lowers each layer kind's forward; its backward, which a meta
+    capture never runs, is lowered here with the same backend).
+For each: the share of the MoE layers' predicted time (nodes canonicalization tags `trex_moe`) and of
+the whole graphs' time that the fused ops took; the aten glue the rewrites add counts as not fused.
+
+    python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
+                                       [--skip-tiny] [--skip-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+FULL_NAMES = {"deepseek-v4": "deepseek-v4-flash", "deepseek-v3": "deepseek-v3", "qwen3-moe": "qwen3-235b-a22b"}
+
+
+def _lowerings(graphs) -> list:
+    return [lowering for graph in graphs for lowering in graph.lowerings.values()]
+
+
+def _compiled_children(lowerings):
+    for lowering in lowerings:
+        for child in lowering.module.children():
+            compiled = getattr(child, "compiled", None)
+            if compiled is not None:
+                yield compiled
+
+
+def _reports(lowerings) -> list:
+    reports = {}
+    for compiled in _compiled_children(lowerings):
+        report = getattr(compiled, "report", None)
+        if report is not None:
+            reports[id(report)] = report
+    return list(reports.values())
+
+
+def _emitted(lowerings) -> list[str]:
+    ops = set()
+    for compiled in _compiled_children(lowerings):
+        module = getattr(compiled, "module", None)
+        nodes = module.graph.nodes if module is not None else ()
+        ops |= {n.meta["trex_npu_op"] for n in nodes if "trex_npu_op" in n.meta}
+    return sorted(ops)
+
+
+def _shares(reports) -> tuple[float, float, float, float]:
+    total = sum(r.total_s + r.glue_s for r in reports)
+    moe = sum(r.moe_total_s + r.moe_glue_s for r in reports)
+    fused = sum(r.fused_s for r in reports)
+    moe_fused = sum(r.moe_fused_s for r in reports)
+    return moe_fused / moe if moe else 0.0, moe * 1e6, fused / total if total else 0.0, total * 1e6
+
+
+def tiny(family: str):
+    import trex
+    from trex.models import build_model, tiny_config
+
+    config = tiny_config(family)
+    model = build_model(config, dtype=torch.float32, seed=1)
+    compiled = trex.compile(model, backend=["ascend"])
+    ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    lowerings = _lowerings(compiled.trex.graphs)
+    return _reports(lowerings), _emitted(lowerings)
+
+
+def full(family: str, layers: int, seq: int):
+    from trex.backends import get_backend, lower_graph
+    from trex.meta_capture import capture_model
+    from trex.models import load_config
+    from trex.targets import get_target
+
+    config = load_config(FULL_NAMES[family])
+    config.num_hidden_layers = layers
+    for name in ("layer_types", "mlp_layer_types"):
+        if isinstance(getattr(config, name, None), list):
+            setattr(config, name, getattr(config, name)[:layers])
+    capture = capture_model(config, batch=1, seq=seq, include_ends=False, backend=["ascend"])
+    graphs = [k.graph for k in capture.kinds if k.graph is not None]
+    lowerings = _lowerings(graphs)
+    for graph in graphs:
+        if "backward" not in graph.lowerings and graph.backward is not None:
+            backends = [get_backend("ascend"), get_backend("eager")]
+            lowerings.append(lower_graph(graph.backward, backends, get_target("cpu")))
+    return _reports(lowerings), _emitted(lowerings), [k.name for k in capture.kinds]
+
+
+def _where(reports) -> str:
+    """Where the MoE layers' time that is not in fused ops goes: unfused ops and glue (us)."""
+    from collections import Counter
+
+    left, glue = Counter(), Counter()
+    for r in reports:
+        left.update(r.unfused_by_op(moe_only=True))
+        glue.update(r.glue_by_op)
+    fmt = lambda c: ", ".join(f"{k.removeprefix('aten.')} {v * 1e6:.0f}" for k, v in c.most_common(6) if v > 0)  # noqa: E731
+    return f"<!-- MoE unfused: {fmt(left) or 'none'}; glue (all): {fmt(glue) or 'none'} -->"
+
+
+def _row(family: str, setting: str, reports, seconds: float) -> str:
+    moe, moe_us, whole, whole_us = _shares(reports)
+    return (
+        f"| {family} | {setting} | {100 * moe:.1f}% ({moe_us:.0f}) | {100 * whole:.1f}% ({whole_us:.0f}) "
+        f"| {seconds:.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", default=list(FULL_NAMES))
+    parser.add_argument("--full-layers", type=int, default=5)  # V4-Flash: 3 hash-MoE layers, then MoE ones
+    parser.add_argument("--full-seq", type=int, default=4096)
+    parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--skip-full", action="store_true")
+    args = parser.parse_args()
+    print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
+    print("|---|---|---|---|---|")
+    for family in args.families:
+        if not args.skip_tiny:
+            start = time.perf_counter()
+            reports, ops = tiny(family)
+            print(_row(family, "tiny, batch 2 x 16", reports, time.perf_counter() - start), flush=True)
+            print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}", flush=True)
+        if not args.skip_full:
+            start = time.perf_counter()
+            reports, ops, kinds = full(family, args.full_layers, args.full_seq)
+            setting = f"{FULL_NAMES[family]}, {args.full_layers} layers ({'; '.join(kinds)}), batch 1 x {args.full_seq}"
+            print(_row(family, setting, reports, time.perf_counter() - start), flush=True)
+            print(f"<!-- {family} full emitted: {ops} -->\n{_where(reports)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The attention, gating and backward lowerings on small modules: each emits the torch_npu op it names
+(forward and backward graph), the result and every gradient equal eager, and a lowering that passes an
+argument torch_npu's schema does not have is caught."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import trex
+from trex.backends.ascend import AscendBackend
+from trex.backends.ascend.patterns import PATTERNS, FlashAttention, Match
+from trex.errors import BackendError
+
+
+def _compare(model, *inputs, expect_ops):
+    """Compile `model` for Ascend, run forward+backward, compare with eager; return the emitted ops."""
+    reference = copy.deepcopy(model)
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    ref_leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    compiled = trex.compile(model, backend=["ascend"])
+    out = compiled(*leaves)
+    out.backward()
+    expected = reference(*ref_leaves)
+    expected.backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(leaves, ref_leaves):
+        if a.grad is not None or b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    emitted = compiled.trex.lowered_ops()["ascend"]
+    assert expect_ops <= set(emitted), (expect_ops - set(emitted), emitted)
+    return emitted
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, causal: bool, heads=4, kv_heads=2, dim=8):
+        super().__init__()
+        self.causal, self.heads, self.kv_heads, self.dim = causal, heads, kv_heads, dim
+        self.qkv = torch.nn.Linear(16, (heads + 2 * kv_heads) * dim, bias=False)
+
+    def forward(self, x, keep=None):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], -1)
+        q = q.view(b, s, self.heads, self.dim).transpose(1, 2)
+        k, v = (t.view(b, s, self.kv_heads, self.dim).transpose(1, 2) for t in (k, v))
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=self.causal, scale=0.3)
+        return (out.transpose(1, 2).reshape(b, s, -1) * torch.arange(out.numel() // b // s)).sum()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["is_causal", "bool_mask"])
+def test_sdpa_forward_and_backward_lower_to_npu_fusion_attention(causal):
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    keep = None if causal else (torch.rand(2, 1, 6, 6) > 0.3) | torch.eye(6, dtype=torch.bool)
+    inputs = (x,) if causal else (x, keep)
+    emitted = _compare(_Attention(causal), *inputs, expect_ops={"npu_fusion_attention", "npu_fusion_attention_grad"})
+    assert emitted.count("npu_fusion_attention") == 1 and emitted.count("npu_fusion_attention_grad") == 1
+
+
+class _FlashWithGradScaleName(FlashAttention):
+    """Deliberately wrong: passes the backward op's `scale_value=` to npu_fusion_attention (its name is `scale`)."""
+
+    def match(self, node):
+        good = super().match(node)
+        if good is None:
+            return None
+        q, k, v = node.args[:3]
+
+        def emit(e):
+            fused = e.npu("npu_fusion_attention", (q, k, v, 4, "BNSD"), {"scale_value": 0.3})
+            return {good.nodes[1]: e.item(fused, 0)}
+
+        return Match(good.pattern, good.op, good.nodes, emit)
+
+
+def test_a_wrong_attention_lowering_is_caught_naming_op_and_argument():
+    patterns = [p for p in PATTERNS if not isinstance(p, FlashAttention)] + [_FlashWithGradScaleName()]
+    compiled = trex.compile(_Attention(causal=True), backend=[AscendBackend(patterns=patterns)])
+    with pytest.raises(BackendError) as raised:
+        compiled(torch.randn(2, 6, 16))
+    assert "npu_fusion_attention" in str(raised.value) and "'scale_value'" in str(raised.value)
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(16) + 0.5)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.proj(x)
+        normed = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+        return (normed * torch.linspace(-1, 1, 16)).sum()
+
+
+def test_rms_norm_backward_graph_uses_npu_rms_norm_backward():
+    emitted = _compare(_Norm(), torch.randn(3, 5, 16), expect_ops={"npu_rms_norm", "npu_rms_norm_backward"})
+    assert emitted == ["npu_rms_norm", "npu_rms_norm_backward"]
+
+
+class _ClampedExperts(torch.nn.Module):
+    """Routed experts with DeepSeek-V4's clamped SwiGLU, through trex's fused experts op (as trex.compile
+    routes transformers' experts): canonicalization writes its backward, the region the lowering matches."""
+
+    def __init__(self, experts=4, hidden=8, inner=8, limit=0.5):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(experts, 2 * inner, hidden))
+        self.down_proj = torch.nn.Parameter(torch.randn(experts, hidden, inner) * 0.3)
+        self.limit = limit
+
+    def forward(self, x, index, weights):
+        import trex.ops.moe  # noqa: F401 - registers torch.ops.trex
+
+        out = torch.ops.trex.moe_experts(
+            x, index, weights, self.gate_up_proj, self.down_proj, "silu", self.limit, False
+        )
+        return (out[0] * torch.linspace(-1, 1, x.size(-1))).sum()
+
+
+def test_clamped_swiglu_backward_lowers_to_npu_swiglu_backward_and_the_clamp_mask():
+    torch.manual_seed(0)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(10)])
+    ops = {"npu_clipped_swiglu", "npu_swiglu_backward", "npu_grouped_matmul", "npu_moe_token_permute"}
+    _compare(_ClampedExperts(), torch.randn(10, 8), index, torch.rand(10, 2), expect_ops=ops)
+
+
+class _GroupLimitedRouter(torch.nn.Module):
+    """DeepSeek-V3's noaux_tc routing (sigmoid scores, e_score_correction_bias for the choice only,
+    top-2-sum group scores, k_group groups kept, normalised weights times routed_scaling_factor)."""
+
+    def __init__(self, experts=8, groups=2, k_group=1, top_k=2, scaling=2.5):
+        super().__init__()
+        self.gate = torch.nn.Linear(16, experts, bias=False)
+        self.register_buffer("bias", torch.linspace(-0.1, 0.1, experts))
+        self.experts, self.groups, self.k_group, self.top_k, self.scaling = experts, groups, k_group, top_k, scaling
+
+    def forward(self, x):
+        scores = self.gate(x).sigmoid()
+        choice = scores + self.bias
+        group_scores = choice.view(-1, self.groups, self.experts // self.groups).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=self.k_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, self.groups, self.experts // self.groups).reshape(-1, 8)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        index = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, index)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * self.scaling
+        routed = torch.zeros_like(scores).scatter(1, index, weights)  # order-free use of (index, weight)
+        return (routed * torch.linspace(-1, 1, 8)).sum()
+
+
+def test_v3_group_limited_gating_lowers_to_npu_moe_gating_top_k_and_its_backward():
+    torch.manual_seed(0)
+    _compare(
+        _GroupLimitedRouter(),
+        torch.randn(10, 16),
+        expect_ops={"npu_moe_gating_top_k", "npu_moe_gating_top_k_backward"},
+    )
