@@ -187,10 +187,16 @@ def parallelize(
         return AppliedPlan(model, plan, optimizer, None, homes, notes)
     meshes = build_meshes(plan, device.type)
     global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    tp_shards: dict[str, int] = {}  # plain parameters split over tp (head-parallel attention): name -> dim
     if plan.tp > 1:
-        from trex.runtime.tensor_parallel import apply_tensor_parallel
+        from trex.runtime import tensor_parallel_heads
 
-        apply_tensor_parallel(model, meshes.world["tp"])
+        if getattr(model.config, "model_type", None) in tensor_parallel_heads.FAMILIES:
+            tp_shards = tensor_parallel_heads.apply_head_parallel(model, meshes.world["tp"])
+        else:
+            from trex.runtime.tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(model, meshes.world["tp"])
     expert_names: set[str] = set()
     if plan.ep > 1:
         from trex.runtime.expert_parallel import shard_experts
@@ -221,6 +227,8 @@ def parallelize(
             homes[name] = ParamHome(meshes.experts, (Replicate(), Shard(0)), global_shapes[name])
         elif isinstance(param, DTensor):
             homes[name] = ParamHome(meshes.world, (Replicate(), param.placements[0]), global_shapes[name])
+        elif name in tp_shards:  # this rank's heads / MLP columns: the whole shard's gradient, summed over dp
+            homes[name] = ParamHome(meshes.world, (Replicate(), Shard(tp_shards[name])), global_shapes[name])
         elif plan.tp > 1:  # computed on this rank's tokens only: summed over tp and dp
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
         else:

@@ -1,8 +1,8 @@
 """Every plan gives the losses and gradients of the 1-rank run (same model, seed and batch).
 
 Default run: one start of 2 gloo ranks runs the 2-rank plans of tiny Qwen3-MoE one after the other
-(dp2 with ZeRO-0/1/2/3, ep2, tp2 with sequence parallelism) and a resume under another plan of a
-checkpoint the 1-rank run saved. Slow: all three families, 4 ranks (ep4, tp2 x dp2, ...).
+(dp2 with ZeRO-0/1/2/3, ep2, tp2 with sequence parallelism), a resume under another plan of a
+checkpoint the 1-rank run saved, and tp2 of tiny DeepSeek-V3 (MLA) and V4 (CSA/HCA, indexer). Slow: all three families, 4 ranks (ep4, tp2 x dp2, ...).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def assert_same_run(result: dict, ref: dict, label: str) -> None:
 
 
 TWO_RANK_PLANS = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "tp=2", "tp=2,ep=2"]
+HEAD_PARALLEL_MODELS = ["tiny-deepseek-v3", "tiny-deepseek-v4"]
 
 
 def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp_path):
@@ -63,8 +64,17 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
     resumed = TrainJob.create(
         model, "zero=2", 2, **SHAPE, steps=STEPS, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, verbose=False
     )
-    results = launch_function(run_jobs, (jobs_for(model, TWO_RANK_PLANS, 2) + [resumed],), 2)
-    by_rank = [results[0], results[1]]
+    # DeepSeek-V3 (MLA) and V4 (CSA/HCA + indexer) attention split by heads, in the same start of 2 ranks.
+    head_parallel = [
+        (family, TrainJob.create(family, "tp=2", 2, **SHAPE, steps=STEPS, gather_gradients=True, verbose=False))
+        for family in HEAD_PARALLEL_MODELS
+    ]
+    results = launch_function(
+        run_jobs, (jobs_for(model, TWO_RANK_PLANS, 2) + [resumed] + [j for _, j in head_parallel],), 2
+    )
+    for (family, _), result in zip(head_parallel, results[0][-len(head_parallel) :]):
+        assert_same_run(result, reference(family), f"{family} tp=2")
+    by_rank = [results[0][: -len(head_parallel)], results[1][: -len(head_parallel)]]
     for plan, result in zip(TWO_RANK_PLANS, by_rank[0]):
         assert result["world_size"] == 2
         assert_same_run(result, ref, f"{model} {plan}")
@@ -87,8 +97,8 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
 
 FOUR_RANK_CASES = {
     "tiny-qwen3-moe": ["ep=4", "tp=2,zero=1", "tp=2,ep=2", "tp=2,zero=2", "tp=2,zero=3", "zero=3", "ep=2,zero=1"],
-    "tiny-deepseek-v3": ["ep=4", "ep=2,zero=2", "zero=3"],
-    "tiny-deepseek-v4": ["ep=4", "ep=2,zero=2", "zero=3"],
+    "tiny-deepseek-v3": ["ep=4", "ep=2,zero=2", "zero=3", "tp=2,ep=2", "tp=2,zero=1", "tp=2,ep=2,zero=2", "tp=4"],
+    "tiny-deepseek-v4": ["ep=4", "ep=2,zero=2", "zero=3", "tp=2,ep=2", "tp=2,zero=1", "tp=2,ep=2,zero=2"],
 }
 
 
@@ -105,7 +115,7 @@ def test_four_rank_plans_match_the_one_rank_run(model):
 @pytest.mark.parametrize("model", ["tiny-deepseek-v3", "tiny-deepseek-v4"])
 def test_two_rank_plans_of_mla_families_match(model):
     ref = reference(model)
-    plans = ["zero=1", "zero=2", "zero=3", "ep=2"]
+    plans = ["zero=1", "zero=2", "zero=3", "ep=2", "tp=2,zero=2"]
     results = launch_function(run_jobs, (jobs_for(model, plans, 2),), 2)[0]
     for plan, result in zip(plans, results):
         assert_same_run(result, ref, f"{model} {plan}")
