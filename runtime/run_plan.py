@@ -88,7 +88,15 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     if text.endswith(".json") or Path(text).is_file():
         text = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
-    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1)
+    if "recompute" in text:
+        raise PlanRefused(
+            [
+                f"{text!r}: activation recompute is not executed by the runtime (it keeps every activation); drop "
+                "recompute= from the plan"
+            ]
+        )
+    # What the runtime executes: no recompute (the prediction then keeps every activation, as the run does).
+    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1, recompute="none")
     per_replica = plan.tp * plan.pp * plan.cp
     if plan.dp is None:
         if nproc % per_replica:
