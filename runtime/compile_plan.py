@@ -12,7 +12,6 @@ result (`AppliedPlan`) is kept as `compiled.trex.applied`; the training loop use
                      `optimizer.optimizer.param_groups`)
   replica_index/replicas   which rows of the global batch this rank feeds (ranks of one tp group feed the same)
   loss_context()     around the loss and its backward (vocabulary-parallel cross-entropy under tp)
-  loss_scale         multiply the loss by it before `backward()` (ZeRO-3: FSDP's mean becomes the sum)
 
 The loss each rank back-propagates must be normalised by the tokens of the *global* batch (the
 gradients are summed over replicas), as `runtime.trainer` does.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from trex.cost_model.parallel import ParallelConfig
@@ -24,14 +25,44 @@ BETAS = (0.9, 0.95)
 
 class FullyShardedAdamW:
     """ZeRO-3 through FSDP2: `fully_shard` reduce-scatters gradients itself (summed: the loss is already
-    normalized by the global batch); AdamW steps the sharded DTensor parameters."""
+    normalized by the global batch); AdamW steps the sharded DTensor parameters.
 
-    def __init__(self, model: nn.Module, *, lr: float, weight_decay: float):
+    Under ep, routed experts are FSDP-sharded over the expert-data-parallel group on dim 1 (their dim 0
+    is already split over ep), so each expert tensor is one 2-D DTensor on the expert mesh,
+    (Shard(1) over edp, Shard(0) over ep): `global_view` gives it, for checkpoints and gathered gradients.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        lr: float,
+        weight_decay: float,
+        experts_mesh: DeviceMesh | None = None,
+        expert_shapes: dict[str, tuple[int, ...]] | None = None,
+    ):
         self.named = list(model.named_parameters())
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False
         )
         self.held_gradient_bytes = 0
+        self.experts_mesh = experts_mesh
+        self.expert_shapes = expert_shapes or {}
+
+    def global_view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (a parameter of `name`, its gradient or an optimizer moment) as a DTensor of the whole
+        parameter; FSDP's own DTensor for dense parameters."""
+        shape = self.expert_shapes.get(name)
+        if shape is None or not isinstance(tensor, DTensor):
+            return tensor
+        return DTensor.from_local(
+            tensor.to_local(),
+            self.experts_mesh,
+            [Shard(1), Shard(0)],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=_contiguous_stride(shape),
+        )
 
     tp_partial: set[str] = set()
     tp_group: dist.ProcessGroup | None = None
@@ -63,8 +94,8 @@ class FullyShardedAdamW:
             state = self.optimizer.state[p]
             out.update(
                 {
-                    f"{name}.exp_avg": state["exp_avg"],
-                    f"{name}.exp_avg_sq": state["exp_avg_sq"],
+                    f"{name}.exp_avg": self.global_view(name, state["exp_avg"]),
+                    f"{name}.exp_avg_sq": self.global_view(name, state["exp_avg_sq"]),
                     f"{name}.step": state["step"],
                 }
             )
@@ -85,9 +116,10 @@ class FullyShardedAdamW:
         out = {}
         for name, p in self.named:
             if p.grad is None:  # no gradient reached it (the 1-rank run reports zeros for those)
-                out[name] = torch.zeros(p.shape, dtype=p.dtype)
+                out[name] = torch.zeros(self.expert_shapes.get(name, p.shape), dtype=p.dtype)
             else:
-                out[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+                grad = self.global_view(name, p.grad)
+                out[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad.clone()
         return out
 
 
@@ -119,11 +151,6 @@ class AppliedPlan:
             return loss_parallel()
         return nullcontext()
 
-    @property
-    def loss_scale(self) -> float:
-        """FSDP2 averages gradients over dp; multiplying the loss by dp turns that into the sum."""
-        return float(self.replicas) if isinstance(self.optimizer, FullyShardedAdamW) else 1.0
-
     def before_micro_batch(self, last: bool) -> None:
         """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""
 
@@ -142,7 +169,10 @@ class AppliedPlan:
         out = {}
         for name, param in self.model.named_parameters():
             home = self.homes.get(name)
-            if isinstance(self.optimizer, FullyShardedAdamW) or home is None or home.mesh is None:
+            if isinstance(self.optimizer, FullyShardedAdamW):
+                out[name] = self.optimizer.global_view(name, param) if isinstance(param, DTensor) else param.data
+                continue
+            if home is None or home.mesh is None:
                 out[name] = param.data if not isinstance(param, DTensor) else param
                 continue
             shape = home.global_shape
@@ -206,18 +236,39 @@ def parallelize(
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         dp_mesh = meshes.world["dp"]
-        # Under tp, parameters that are not DTensors (router, q/k norms, experts) see only this rank's
-        # tokens or heads: their gradients are summed over tp as well (FSDP reduces over dp only).
-        tp_partial = [name for name, p in model.named_parameters() if plan.tp > 1 and not isinstance(p, DTensor)]
+        # Under tp, parameters that are not DTensors (router, q/k norms) see only this rank's tokens or
+        # heads: their gradients are summed over tp as well (FSDP reduces over dp only). Routed experts
+        # under ep already hold every token of their ep group: they are summed over edp only.
+        tp_partial = [
+            name
+            for name, p in model.named_parameters()
+            if plan.tp > 1 and not isinstance(p, DTensor) and name not in expert_names
+        ]
+        expert_shapes = {}
+        if expert_names:
+            from trex.integrations.transformers_moe import experts_modules
+
+            edp_mesh = meshes.experts["edp"]
+            expert_shapes = {name: global_shapes[name] for name in expert_names}
+            for _, module in experts_modules(model):
+                # dim 0 (experts) is split over ep already: FSDP splits dim 1 over the edp ranks
+                fully_shard(module, mesh=edp_mesh, shard_placement_fn=lambda _param: Shard(1))
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                # Plain SUM reduce-scatter (gloo has no PREMUL_SUM/AVG); FSDP then divides by dp, which
-                # `loss_scale` undoes: the loss is already normalized by the global batch.
+                # Plain SUM reduce-scatter, divided by 1 (gloo has no PREMUL_SUM/AVG): the loss is already
+                # normalized by the global batch, so replicas' gradients add up.
                 module.set_force_sum_reduction_for_comms(True)
-        optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay)
+                module.set_gradient_divide_factor(1.0)
+        optimizer = FullyShardedAdamW(
+            model,
+            lr=lr,
+            weight_decay=weight_decay,
+            experts_mesh=meshes.experts if expert_names else None,
+            expert_shapes=expert_shapes,
+        )
         optimizer.tp_partial = set(tp_partial)
         optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
         return AppliedPlan(model, plan, optimizer, meshes, {}, notes)

@@ -67,11 +67,6 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
             f"zero=3 with tp={plan.tp} is executed for qwen3_moe only; {model_type}'s head-parallel attention runs "
             "with zero=0, 1 or 2 under tp (or zero=3 with tp=1)"
         )
-    if plan.zero == 3 and plan.ep > 1:
-        problems.append(
-            f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
-            "use zero=1 or zero=2 with tp/ep"
-        )
     return problems
 
 

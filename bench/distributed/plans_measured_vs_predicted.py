@@ -24,7 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
-PLANS_4 = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "ep=4", "ep=4,zero=2", "tp=2", "tp=2,zero=2", "tp=4"]
+PLANS_4 = [
+    "zero=0",
+    "zero=1",
+    "zero=2",
+    "zero=3",
+    "ep=2",
+    "ep=4",
+    "ep=4,zero=2",
+    "ep=2,zero=3",
+    "tp=2",
+    "tp=2,zero=2",
+    "tp=4",
+]
 PLANS_2 = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "ep=2,zero=2", "tp=2", "tp=2,zero=2"]
 
 
