@@ -28,6 +28,7 @@ from trex.cost_model.devices import DeviceProfile
 from trex.cost_model.op_formulas import (
     COLLECTIVE_KIND,
     B,
+    Bytes_in,
     E,
     H,
     K,
@@ -238,7 +239,7 @@ def _time(
         )
         if name.endswith("backward"):
             gemms = 2 * gemms
-        exchange = values.get(sympy.Symbol("bytes_in"), 0.0)
+        exchange = values.get(Bytes_in, 0.0)
         if not exchange:
             return gemms + device.memory_time(moved, 6), ""
         # the expert-parallel op: its two all-to-alls (dispatch + combine, or their gradients) over its group
