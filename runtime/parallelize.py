@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from trex.cost_model.parallel import ParallelConfig
 from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
@@ -23,45 +24,48 @@ from trex.runtime.mesh import PlanMeshes, build_meshes
 BETAS = (0.9, 0.95)
 
 
+@dataclass(frozen=True)
+class GlobalLayout:
+    """How one FSDP-managed local tensor sits in its whole parameter: a 2-D mesh and a placement per dim."""
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    shape: tuple[int, ...]
+
+
 class FullyShardedAdamW:
     """ZeRO-3 through FSDP2: `fully_shard` reduce-scatters gradients itself (summed: the loss is already
     normalized by the global batch); AdamW steps the sharded DTensor parameters.
 
-    Under ep, routed experts are FSDP-sharded over the expert-data-parallel group on dim 1 (their dim 0
-    is already split over ep), so each expert tensor is one 2-D DTensor on the expert mesh,
-    (Shard(1) over edp, Shard(0) over ep): `global_view` gives it, for checkpoints and gathered gradients.
+    Parameters FSDP shards that are already a plain shard of something larger (routed experts split over
+    ep, head-parallel attention weights split over tp) have a `GlobalLayout`: FSDP splits another dim
+    where the tensor has one (experts: dim 1 over edp, dim 0 being split over ep), so the whole
+    parameter is one 2-D DTensor; `global_view` gives it, for checkpoints and gathered gradients.
     """
 
     def __init__(
-        self,
-        model: nn.Module,
-        *,
-        lr: float,
-        weight_decay: float,
-        experts_mesh: DeviceMesh | None = None,
-        expert_shapes: dict[str, tuple[int, ...]] | None = None,
+        self, model: nn.Module, *, lr: float, weight_decay: float, layouts: dict[str, GlobalLayout] | None = None
     ):
         self.named = list(model.named_parameters())
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False
         )
         self.held_gradient_bytes = 0
-        self.experts_mesh = experts_mesh
-        self.expert_shapes = expert_shapes or {}
+        self.layouts = layouts or {}
 
     def global_view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` (a parameter of `name`, its gradient or an optimizer moment) as a DTensor of the whole
-        parameter; FSDP's own DTensor for dense parameters."""
-        shape = self.expert_shapes.get(name)
-        if shape is None or not isinstance(tensor, DTensor):
+        parameter; FSDP's own DTensor for the others."""
+        layout = self.layouts.get(name)
+        if layout is None or not isinstance(tensor, DTensor):
             return tensor
         return DTensor.from_local(
             tensor.to_local(),
-            self.experts_mesh,
-            [Shard(1), Shard(0)],
+            layout.mesh,
+            list(layout.placements),
             run_check=False,
-            shape=torch.Size(shape),
-            stride=_contiguous_stride(shape),
+            shape=torch.Size(layout.shape),
+            stride=_contiguous_stride(layout.shape),
         )
 
     tp_partial: set[str] = set()
@@ -116,7 +120,8 @@ class FullyShardedAdamW:
         out = {}
         for name, p in self.named:
             if p.grad is None:  # no gradient reached it (the 1-rank run reports zeros for those)
-                out[name] = torch.zeros(self.expert_shapes.get(name, p.shape), dtype=p.dtype)
+                layout = self.layouts.get(name)
+                out[name] = torch.zeros(layout.shape if layout else p.shape, dtype=p.dtype)
             else:
                 grad = self.global_view(name, p.grad)
                 out[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad.clone()
@@ -242,33 +247,44 @@ def parallelize(
         tp_partial = [
             name
             for name, p in model.named_parameters()
-            if plan.tp > 1 and not isinstance(p, DTensor) and name not in expert_names
+            if plan.tp > 1 and not isinstance(p, DTensor) and name not in expert_names and name not in tp_shards
         ]
-        expert_shapes = {}
+        layouts: dict[str, GlobalLayout] = {}
+        fsdp_dim: dict[int, int] = {}  # id(param) -> the dim FSDP splits over its data-parallel group
+        for name, p in model.named_parameters():
+            if name in expert_names:  # dim 0 (experts) is split over ep: FSDP splits dim 1 over edp
+                fsdp_dim[id(p)] = 1
+                layouts[name] = GlobalLayout(meshes.experts, (Shard(1), Shard(0)), global_shapes[name])
+            elif name in tp_shards:  # a head/column shard over tp: FSDP splits another dim over dp
+                tp_dim = tp_shards[name]
+                free = next((d for d in range(p.dim()) if d != tp_dim), None)
+                if free is None:  # 1-D (V4's sinks): FSDP splits the tp shard itself, a strided shard
+                    fsdp_dim[id(p)] = 0
+                    dp_placement = _StridedShard(0, split_factor=plan.tp)
+                else:
+                    fsdp_dim[id(p)] = free
+                    dp_placement = Shard(free)
+                layouts[name] = GlobalLayout(meshes.world, (dp_placement, Shard(tp_dim)), global_shapes[name])
+
+        def placement(param: nn.Parameter) -> Shard:
+            return Shard(fsdp_dim.get(id(param), 0))
+
         if expert_names:
             from trex.integrations.transformers_moe import experts_modules
 
             edp_mesh = meshes.experts["edp"]
-            expert_shapes = {name: global_shapes[name] for name in expert_names}
             for _, module in experts_modules(model):
-                # dim 0 (experts) is split over ep already: FSDP splits dim 1 over the edp ranks
-                fully_shard(module, mesh=edp_mesh, shard_placement_fn=lambda _param: Shard(1))
+                fully_shard(module, mesh=edp_mesh, shard_placement_fn=placement)
         for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, shard_placement_fn=placement)
+        fully_shard(model, mesh=dp_mesh, shard_placement_fn=placement)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 # Plain SUM reduce-scatter, divided by 1 (gloo has no PREMUL_SUM/AVG): the loss is already
                 # normalized by the global batch, so replicas' gradients add up.
                 module.set_force_sum_reduction_for_comms(True)
                 module.set_gradient_divide_factor(1.0)
-        optimizer = FullyShardedAdamW(
-            model,
-            lr=lr,
-            weight_decay=weight_decay,
-            experts_mesh=meshes.experts if expert_names else None,
-            expert_shapes=expert_shapes,
-        )
+        optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay, layouts=layouts)
         optimizer.tp_partial = set(tp_partial)
         optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
         return AppliedPlan(model, plan, optimizer, meshes, {}, notes)

@@ -62,11 +62,6 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
             f"tp={plan.tp} with sequence parallelism splits the {plan.seq} tokens of --seq; use a --seq divisible "
             f"by {plan.tp}"
         )
-    if plan.tp > 1 and plan.zero == 3 and model_type in HEAD_PARALLEL_FAMILIES:
-        problems.append(
-            f"zero=3 with tp={plan.tp} is executed for qwen3_moe only; {model_type}'s head-parallel attention runs "
-            "with zero=0, 1 or 2 under tp (or zero=3 with tp=1)"
-        )
     return problems
 
 

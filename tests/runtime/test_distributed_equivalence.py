@@ -120,6 +120,7 @@ FOUR_RANK_CASES = {
         "tp=2,ep=2",
         "tp=2,zero=1",
         "tp=2,ep=2,zero=2",
+        "tp=2,zero=3",
         "tp=4",
     ],
     "tiny-deepseek-v4": [
@@ -130,6 +131,7 @@ FOUR_RANK_CASES = {
         "tp=2,ep=2",
         "tp=2,zero=1",
         "tp=2,ep=2,zero=2",
+        "tp=2,zero=3",
     ],
 }
 
@@ -147,7 +149,7 @@ def test_four_rank_plans_match_the_one_rank_run(model):
 @pytest.mark.parametrize("model", ["tiny-deepseek-v3", "tiny-deepseek-v4"])
 def test_two_rank_plans_of_mla_families_match(model):
     ref = reference(model)
-    plans = ["zero=1", "zero=2", "zero=3", "ep=2", "tp=2,zero=2"]
+    plans = ["zero=1", "zero=2", "zero=3", "ep=2", "tp=2,zero=2", "tp=2,zero=3"]
     results = launch_function(run_jobs, (jobs_for(model, plans, 2),), 2)[0]
     for plan, result in zip(plans, results):
         assert_same_run(result, ref, f"{model} {plan}")

@@ -56,8 +56,7 @@ def test_head_parallel_attention_refusals_carry_the_numbers():
         "tp=4", 4, family="deepseek-v4", gbs=4
     )
     assert "use a --seq divisible by 2" in refusal("tp=2", 2, family="deepseek-v3", seq=15)
-    assert "zero=3 with tp=2 is executed for qwen3_moe only" in refusal("tp=2,zero=3", 4, family="deepseek-v3")
-    resolve_plan("tp=2", tiny_config("deepseek-v4"), 2, seq=16, gbs=4, mbs=1)  # accepted
+    resolve_plan("tp=2,zero=3", tiny_config("deepseek-v4"), 4, seq=16, gbs=4, mbs=1)  # accepted
 
 
 def test_batch_that_does_not_split_over_replicas_is_refused():
