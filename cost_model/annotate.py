@@ -28,6 +28,7 @@ from trex.cost_model.devices import DeviceProfile
 from trex.cost_model.op_formulas import (
     COLLECTIVE_KIND,
     B,
+    Bytes_in,
     E,
     H,
     K,
@@ -200,6 +201,9 @@ def _loops(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> tuple[
     return 1, 1
 
 
+_EXPERTS_OPS = ("trex.moe_experts", "trex.moe_experts_backward", "trex.moe_experts_ep", "trex.moe_experts_ep_backward")
+
+
 def _time(
     node: fx.Node,
     formula: OpFormula,
@@ -226,7 +230,7 @@ def _time(
         keys = values[L_k] * values[causal]
         backward = name.endswith("backward")
         return device.attention_time(flops, keys, backward), ""
-    if kind == "moe" and name in ("trex.moe_experts", "trex.moe_experts_backward"):
+    if kind == "moe" and name in _EXPERTS_OPS:
         dtype = _dtype(node, device)
         experts = max(1, int(values[E]))
         rows = values[S] / experts
@@ -235,7 +239,18 @@ def _time(
         )
         if name.endswith("backward"):
             gemms = 2 * gemms
-        return gemms + device.memory_time(moved, 6), ""
+        exchange = values.get(Bytes_in, 0.0)
+        if not exchange:
+            return gemms + device.memory_time(moved, 6), ""
+        # the expert-parallel op: its two all-to-alls (dispatch + combine, or their gradients) over its group
+        size, ranks = _group_size(node, groups, world_size)
+        if size <= 0:
+            return 0.0, "expert-parallel group size unknown: pass groups= or world_size="
+        a2a = 0.0
+        if size > 1:
+            placement = cluster.placement(ranks) if ranks else cluster.strided_placement(size, 1)
+            a2a = 2 * collectives.collective_time("all_to_all", exchange, placement)
+        return gemms + device.memory_time(moved - 2 * exchange, 6) + a2a, ""
     if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
         return device.op_time(measured, kind, flops, moved), ""
     if kind == "collective":

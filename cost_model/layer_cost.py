@@ -191,6 +191,12 @@ class CostContext:
         return "fp32" if self.plan.precision == "fp32" else "bf16"
 
     @property
+    def activation_scale(self) -> float:
+        """Saved-activation sizes in the model spec are per BF16 element (`model_spec.A`); an FP32 run keeps
+        every activation at 4 bytes, twice that."""
+        return DTYPE_BYTES[self.activation_dtype] / 2.0
+
+    @property
     def fp8_split_backward(self) -> bool:
         """Per-tensor FP8 recipes run the data- and weight-gradient GEMMs with split accumulation."""
         return self.plan.precision == "fp8" and self.plan.fp8_recipe in ("delayed", "tensorwise")
@@ -333,7 +339,7 @@ def _attention(core: AttentionCore, ctx: CostContext, cost: LayerCost, recompute
         per_element = 9.0 if core.dropout else 4.0  # scale-mask-softmax r/w (+ dropout r/w and its mask)
         forward += device.memory_time(per_element * elements, 2 if core.dropout else 1)
         backward += device.memory_time(2 * per_element * elements, 2 if core.dropout else 1) if core.backward else 0.0
-        stored = (5.0 if core.dropout else 2.0) * elements if core.backward else 0.0
+        stored = (5.0 if core.dropout else 2.0) * elements * ctx.activation_scale if core.backward else 0.0
     else:
         forward = device.attention_time(forward_flops, keys, backward=False)
         backward = device.attention_time(backward_flops, keys, backward=True)
@@ -519,7 +525,11 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
     for s in layer.saved:
         tokens = ctx.sp_tokens if s.tp_sharded else float(ctx.tokens)
         nbytes = (
-            s.bytes_per_token * tokens * (imbalance if s.moe_rows else 1.0) * (0.5 if fp8 and s.gemm_input else 1.0)
+            s.bytes_per_token
+            * tokens
+            * (imbalance if s.moe_rows else 1.0)
+            * (0.5 if fp8 and s.gemm_input else 1.0)
+            * ctx.activation_scale
         )
         all_saved += nbytes
         dropped = s.tag and (s.tag in modules or (s.tag == "moe_act" and "moe" in modules))
@@ -527,7 +537,7 @@ def layer_cost(layer: LayerSpec, hidden: int, ctx: CostContext) -> LayerCost:
             kept += nbytes
     if full:
         cost.transient_bytes = all_saved + cost.saved_bytes
-        cost.saved_bytes = layer.input_bytes_per_token * ctx.sp_tokens
+        cost.saved_bytes = layer.input_bytes_per_token * ctx.sp_tokens * ctx.activation_scale
     else:
         cost.saved_bytes += kept
     _host(layer, ctx, cost)
@@ -574,7 +584,7 @@ def head_cost(spec: ModelSpec, ctx: CostContext, predictions: int) -> LayerCost:
         backward = device.memory_time(logits * 2.0 * 2, 2)
         cost.forward_s += forward
         cost.backward_s += backward
-        cost.saved_bytes += logits * 2.0 + ctx.sp_tokens * spec.hidden_size * 2.0
+        cost.saved_bytes += (logits * 2.0 + ctx.sp_tokens * spec.hidden_size * 2.0) * ctx.activation_scale
         cost.transient_bytes = max(cost.transient_bytes, logits * 4.0)
         if plan.tp > 1:
             nbytes = ctx.tokens * spec.hidden_size * 2.0

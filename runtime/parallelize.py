@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from trex.cost_model.parallel import ParallelConfig
 from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
@@ -22,16 +24,49 @@ from trex.runtime.mesh import PlanMeshes, build_meshes
 BETAS = (0.9, 0.95)
 
 
+@dataclass(frozen=True)
+class GlobalLayout:
+    """How one FSDP-managed local tensor sits in its whole parameter: a 2-D mesh and a placement per dim."""
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    shape: tuple[int, ...]
+
+
 class FullyShardedAdamW:
     """ZeRO-3 through FSDP2: `fully_shard` reduce-scatters gradients itself (summed: the loss is already
-    normalized by the global batch); AdamW steps the sharded DTensor parameters."""
+    normalized by the global batch); AdamW steps the sharded DTensor parameters.
 
-    def __init__(self, model: nn.Module, *, lr: float, weight_decay: float):
+    Parameters FSDP shards that are already a plain shard of something larger (routed experts split over
+    ep, head-parallel attention weights split over tp) have a `GlobalLayout`: FSDP splits another dim
+    where the tensor has one (experts: dim 1 over edp, dim 0 being split over ep), so the whole
+    parameter is one 2-D DTensor; `global_view` gives it, for checkpoints and gathered gradients.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, lr: float, weight_decay: float, layouts: dict[str, GlobalLayout] | None = None
+    ):
         self.named = list(model.named_parameters())
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.named], lr=lr, betas=BETAS, weight_decay=weight_decay, foreach=False
         )
         self.held_gradient_bytes = 0
+        self.layouts = layouts or {}
+
+    def global_view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (a parameter of `name`, its gradient or an optimizer moment) as a DTensor of the whole
+        parameter; FSDP's own DTensor for the others."""
+        layout = self.layouts.get(name)
+        if layout is None or not isinstance(tensor, DTensor):
+            return tensor
+        return DTensor.from_local(
+            tensor.to_local(),
+            layout.mesh,
+            list(layout.placements),
+            run_check=False,
+            shape=torch.Size(layout.shape),
+            stride=_contiguous_stride(layout.shape),
+        )
 
     tp_partial: set[str] = set()
     tp_group: dist.ProcessGroup | None = None
@@ -63,8 +98,8 @@ class FullyShardedAdamW:
             state = self.optimizer.state[p]
             out.update(
                 {
-                    f"{name}.exp_avg": state["exp_avg"],
-                    f"{name}.exp_avg_sq": state["exp_avg_sq"],
+                    f"{name}.exp_avg": self.global_view(name, state["exp_avg"]),
+                    f"{name}.exp_avg_sq": self.global_view(name, state["exp_avg_sq"]),
                     f"{name}.step": state["step"],
                 }
             )
@@ -85,9 +120,11 @@ class FullyShardedAdamW:
         out = {}
         for name, p in self.named:
             if p.grad is None:  # no gradient reached it (the 1-rank run reports zeros for those)
-                out[name] = torch.zeros(p.shape, dtype=p.dtype)
+                layout = self.layouts.get(name)
+                out[name] = torch.zeros(layout.shape if layout else p.shape, dtype=p.dtype)
             else:
-                out[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+                grad = self.global_view(name, p.grad)
+                out[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad.clone()
         return out
 
 
@@ -119,11 +156,6 @@ class AppliedPlan:
             return loss_parallel()
         return nullcontext()
 
-    @property
-    def loss_scale(self) -> float:
-        """FSDP2 averages gradients over dp; multiplying the loss by dp turns that into the sum."""
-        return float(self.replicas) if isinstance(self.optimizer, FullyShardedAdamW) else 1.0
-
     def before_micro_batch(self, last: bool) -> None:
         """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""
 
@@ -142,7 +174,10 @@ class AppliedPlan:
         out = {}
         for name, param in self.model.named_parameters():
             home = self.homes.get(name)
-            if isinstance(self.optimizer, FullyShardedAdamW) or home is None or home.mesh is None:
+            if isinstance(self.optimizer, FullyShardedAdamW):
+                out[name] = self.optimizer.global_view(name, param) if isinstance(param, DTensor) else param.data
+                continue
+            if home is None or home.mesh is None:
                 out[name] = param.data if not isinstance(param, DTensor) else param
                 continue
             shape = home.global_shape
@@ -202,10 +237,16 @@ def parallelize(
         return AppliedPlan(model, plan, stepper, None, homes, notes)
     meshes = build_meshes(plan, device.type)
     global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    tp_shards: dict[str, int] = {}  # plain parameters split over tp (head-parallel attention): name -> dim
     if plan.tp > 1:
-        from trex.runtime.tensor_parallel import apply_tensor_parallel
+        from trex.runtime import tensor_parallel_heads
 
-        apply_tensor_parallel(model, meshes.world["tp"])
+        if getattr(model.config, "model_type", None) in tensor_parallel_heads.FAMILIES:
+            tp_shards = tensor_parallel_heads.apply_head_parallel(model, meshes.world["tp"])
+        else:
+            from trex.runtime.tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(model, meshes.world["tp"])
     expert_names: set[str] = set()
     if plan.ep > 1:
         from trex.runtime.expert_parallel import shard_experts
@@ -215,18 +256,50 @@ def parallelize(
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         dp_mesh = meshes.world["dp"]
-        # Under tp, parameters that are not DTensors (router, q/k norms, experts) see only this rank's
-        # tokens or heads: their gradients are summed over tp as well (FSDP reduces over dp only).
-        tp_partial = [name for name, p in model.named_parameters() if plan.tp > 1 and not isinstance(p, DTensor)]
+        # Under tp, parameters that are not DTensors (router, q/k norms) see only this rank's tokens or
+        # heads: their gradients are summed over tp as well (FSDP reduces over dp only). Routed experts
+        # under ep already hold every token of their ep group: they are summed over edp only.
+        tp_partial = [
+            name
+            for name, p in model.named_parameters()
+            if plan.tp > 1 and not isinstance(p, DTensor) and name not in expert_names and name not in tp_shards
+        ]
+        layouts: dict[str, GlobalLayout] = {}
+        fsdp_dim: dict[int, int] = {}  # id(param) -> the dim FSDP splits over its data-parallel group
+        for name, p in model.named_parameters():
+            if name in expert_names:  # dim 0 (experts) is split over ep: FSDP splits dim 1 over edp
+                fsdp_dim[id(p)] = 1
+                layouts[name] = GlobalLayout(meshes.experts, (Shard(1), Shard(0)), global_shapes[name])
+            elif name in tp_shards:  # a head/column shard over tp: FSDP splits another dim over dp
+                tp_dim = tp_shards[name]
+                free = next((d for d in range(p.dim()) if d != tp_dim), None)
+                if free is None:  # 1-D (V4's sinks): FSDP splits the tp shard itself, a strided shard
+                    fsdp_dim[id(p)] = 0
+                    dp_placement = _StridedShard(0, split_factor=plan.tp)
+                else:
+                    fsdp_dim[id(p)] = free
+                    dp_placement = Shard(free)
+                layouts[name] = GlobalLayout(meshes.world, (dp_placement, Shard(tp_dim)), global_shapes[name])
+
+        def placement(param: nn.Parameter) -> Shard:
+            return Shard(fsdp_dim.get(id(param), 0))
+
+        if expert_names:
+            from trex.integrations.transformers_moe import experts_modules
+
+            edp_mesh = meshes.experts["edp"]
+            for _, module in experts_modules(model):
+                fully_shard(module, mesh=edp_mesh, shard_placement_fn=placement)
         for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, shard_placement_fn=placement)
+        fully_shard(model, mesh=dp_mesh, shard_placement_fn=placement)
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                # Plain SUM reduce-scatter (gloo has no PREMUL_SUM/AVG); FSDP then divides by dp, which
-                # `loss_scale` undoes: the loss is already normalized by the global batch.
+                # Plain SUM reduce-scatter, divided by 1 (gloo has no PREMUL_SUM/AVG): the loss is already
+                # normalized by the global batch, so replicas' gradients add up.
                 module.set_force_sum_reduction_for_comms(True)
-        optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay)
+                module.set_gradient_divide_factor(1.0)
+        optimizer = FullyShardedAdamW(model, lr=lr, weight_decay=weight_decay, layouts=layouts)
         optimizer.tp_partial = set(tp_partial)
         optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
         return AppliedPlan(model, plan, optimizer, meshes, {}, notes)
@@ -236,6 +309,8 @@ def parallelize(
             homes[name] = ParamHome(meshes.experts, (Replicate(), Shard(0)), global_shapes[name])
         elif isinstance(param, DTensor):
             homes[name] = ParamHome(meshes.world, (Replicate(), param.placements[0]), global_shapes[name])
+        elif name in tp_shards:  # this rank's heads / MLP columns: the whole shard's gradient, summed over dp
+            homes[name] = ParamHome(meshes.world, (Replicate(), Shard(tp_shards[name])), global_shapes[name])
         elif plan.tp > 1:  # computed on this rank's tokens only: summed over tp and dp
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
         else:

@@ -3,6 +3,7 @@ cluster (or the named one), for the model's spec and the resolved plan."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from trex.cost_model.parallel import ParallelConfig
@@ -18,6 +19,9 @@ def predict(config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu")
 
     try:
         spec = spec_from_config(config, getattr(config, "model_type", "model"))
+        # transformers builds no multi-token-prediction layers (num_nextn_predict_layers is read only by
+        # other frameworks): the runtime trains what is built, so the prediction leaves MTP out
+        spec = dataclasses.replace(spec, mtp_layers=())
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}

@@ -17,7 +17,9 @@ from trex.cost_model.parallel import ParallelConfig, parse_plan, validate
 from trex.errors import TrexError
 
 # Model families (transformers `model_type`) whose attention and MLP this runtime shards with tensor parallelism.
-TENSOR_PARALLEL_FAMILIES = ("qwen3_moe",)
+TENSOR_PARALLEL_FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
+# Families whose attention is split by heads with explicit functional collectives (runtime.tensor_parallel_heads).
+HEAD_PARALLEL_FAMILIES = ("deepseek_v3", "deepseek_v4")
 SUPPORTED_SUMMARY = (
     "dp (zero=0,1,2,3), ep (expert parallelism over the tp*dp ranks, etp=1), "
     f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})"
@@ -53,12 +55,12 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
     if plan.tp > 1 and model_type not in TENSOR_PARALLEL_FAMILIES:
         problems.append(
             f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
-            f"{model_type} (MLA / compressed attention) runs with tp=1 - use ep and dp for it"
+            f"run {model_type} with tp=1 - use ep and dp for it"
         )
-    if plan.zero == 3 and plan.ep > 1:
+    if plan.tp > 1 and plan.seq % plan.tp:
         problems.append(
-            f"zero=3 (FSDP2) is executed with tp=1 and ep=1 only (this plan: tp={plan.tp}, ep={plan.ep}); "
-            "use zero=1 or zero=2 with tp/ep"
+            f"tp={plan.tp} with sequence parallelism splits the {plan.seq} tokens of --seq; use a --seq divisible "
+            f"by {plan.tp}"
         )
     return problems
 
@@ -78,7 +80,15 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     if text.endswith(".json") or Path(text).is_file():
         text = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
-    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1)
+    if "recompute" in text:
+        raise PlanRefused(
+            [
+                f"{text!r}: activation recompute is not executed by the runtime (it keeps every activation); drop "
+                "recompute= from the plan"
+            ]
+        )
+    # What the runtime executes: no recompute (the prediction then keeps every activation, as the run does).
+    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1, recompute="none")
     per_replica = plan.tp * plan.pp * plan.cp
     if plan.dp is None:
         if nproc % per_replica:
@@ -89,6 +99,14 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
     spec = spec_from_config(config, getattr(config, "model_type", "model"))
     problems = validate(plan, spec, nproc)
     problems += [p for p in runtime_limits(plan, getattr(config, "model_type", "")) if p not in problems]
+    if plan.tp > 1 and getattr(config, "model_type", "") in HEAD_PARALLEL_FAMILIES:
+        from trex.runtime.tensor_parallel_heads import check_divisible
+
+        problems += [
+            p
+            for p in check_divisible(config, plan.tp)
+            if "attention heads" not in p or not any("heads" in q for q in problems)
+        ]
     if plan.ep > 1 and plan.edp < 1:
         problems.append(f"ep={plan.ep} exceeds the {plan.stage_ranks} data-parallel ranks")
     if problems:

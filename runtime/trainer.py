@@ -267,7 +267,7 @@ class Trainer:
             with self.activations.counting() if self.count_activations else nullcontext():
                 loss = self.loss_of(micro, normalizer)
             with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
-                (loss * self.applied.loss_scale if self.applied.loss_scale != 1.0 else loss).backward()
+                loss.backward()
             local += _plain(loss.detach()).double()
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:

@@ -39,6 +39,7 @@ class CompileSession:
         self.experts_coverage = experts_coverage  # experts module -> None (fused trex op) or why not
         self.first_call_seconds: float | None = None
         self.plan: Plan | None = None  # the parallel plan compiled for (`compile(..., plan=)`)
+        self.applied: Any = None  # degrees > 1: the plan applied on this rank (`trex.runtime.compile_plan`)
 
     @property
     def graphs(self) -> list[CapturedGraph]:
@@ -198,8 +199,10 @@ def compile(
     fallback: None (default) raises `CaptureError` listing every graph break; "eager" runs the model
               region by region, each region compiled by trex, and warns once with the breaks.
     plan:     a `trex.plan.Plan` or a plan file (`trex plan --out`); it is checked against the model
-              (layer count, experts and heads divisible by its degrees) and kept as `.trex.plan`. Until
-              distributed execution lands, only plans whose degrees are all 1 run. Its recompute policy
+              (layer count, experts and heads divisible by its degrees) and kept as `.trex.plan`. A plan
+              for N > 1 processes runs inside an initialised process group of N ranks (torchrun): it is
+              applied to the model before capture and its optimizer and loss conventions are kept as
+              `.trex.applied` (`trex.runtime.compile_plan`). Its recompute policy
               becomes a memory budget when `memory_budget` is not given (`trex.passes.recompute`).
     memory_budget: saved-activation budget for the backward: a fraction of the save-everything bytes
               (0.4) or an amount ("3GiB"); the `recompute` pass picks what to recompute within it.
@@ -224,10 +227,20 @@ def compile(
 
     from trex.integrations.transformers_moe import experts_coverage, use_trex_experts
 
+    applied = None
+    if accepted is not None and accepted.world_size > 1:
+        from trex.runtime.compile_plan import apply_in_process_group
+
+        applied = apply_in_process_group(model, accepted)
     previous = use_trex_experts(model)
+    if applied is not None and accepted.parallel.ep > 1:  # this rank's experts go through the EP op
+        from trex.runtime.expert_parallel import route_through_ep
+
+        route_through_ep(model)
     compiler = TrexCompiler(options)
     session = CompileSession(compiler, previous, experts_coverage(model))
     session.plan = accepted
+    session.applied = applied
     compiled = torch.compile(model, backend=compiler, fullgraph=fallback is None)
     return CompiledModule(model, compiled, session, fallback)
 
@@ -236,8 +249,8 @@ def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
     """Check a plan against a model about to be compiled; return it when this process can run it.
 
     The model's structure comes from its transformers config (or, without one, its decoder stack).
-    A plan for more than one process is valid but runs through the distributed runtime
-    (`trex train`), not in this one process.
+    A plan for more than one process is applied by `compile` inside an initialised process group
+    (`trex.runtime.compile_plan` refuses it, naming torchrun, when there is none).
     """
     plan = load_plan(plan)
     config = getattr(model, "config", None)
@@ -256,12 +269,5 @@ def plan_for_module(plan: Plan | str | Path, model: torch.nn.Module) -> Plan:
     if problems:
         raise TrexError(
             f"plan for {plan.model.name} does not match this {type(model).__name__}: " + "; ".join(problems)
-        )
-    if plan.world_size > 1:
-        p = plan.parallel
-        raise TrexError(
-            f"this plan needs {plan.world_size} processes (tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp}); trex.compile runs in "
-            "one process, so it takes only plans whose degrees are all 1; run multi-process plans with "
-            f'`trex train --plan "{p.label()}" --nproc {plan.world_size}` (trex.runtime)'
         )
     return plan

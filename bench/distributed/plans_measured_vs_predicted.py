@@ -24,7 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
-PLANS_4 = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "ep=4", "ep=4,zero=2", "tp=2", "tp=2,zero=2", "tp=4"]
+PLANS_4 = [
+    "zero=0",
+    "zero=1",
+    "zero=2",
+    "zero=3",
+    "ep=2",
+    "ep=4",
+    "ep=4,zero=2",
+    "ep=2,zero=3",
+    "tp=2",
+    "tp=2,zero=2",
+    "tp=4",
+]
 PLANS_2 = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "ep=2,zero=2", "tp=2", "tp=2,zero=2"]
 
 
@@ -176,12 +188,13 @@ def main() -> int:
         )
         plain_times.append(statistics.median(plain_step_seconds(model, args.seq, args.gbs, args.mbs, 3)[1:]))
     ratios = [t / p for t, p in zip(trex_times, plain_times)]
-    print(
-        f"1-rank overhead trex/plain step: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, max "
-        f"{max(ratios):.3f} "
-        f"(trex median {statistics.median(trex_times) * 1e3:.1f} ms, plain "
-        f"{statistics.median(plain_times) * 1e3:.1f} ms)"
-    )
+    if ratios:
+        print(
+            f"1-rank overhead trex/plain step: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, max "
+            f"{max(ratios):.3f} "
+            f"(trex median {statistics.median(trex_times) * 1e3:.1f} ms, plain "
+            f"{statistics.median(plain_times) * 1e3:.1f} ms)"
+        )
     if args.out:
         args.out.write_text(
             json.dumps(

@@ -1,4 +1,5 @@
-"""trex.compile(model, plan=...): a plan is checked against the model and kept; one process runs today."""
+"""trex.compile(model, plan=...): a plan is checked against the model and kept (multi-process plans:
+tests/runtime/test_compile_in_process_group.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_a_single_process_plan_compiles_runs_and_is_recorded(tmp_path):
 
 def test_a_plan_needing_more_processes_is_refused_with_its_world_size(tiny_plans):
     _, two, _ = tiny_plans
-    with pytest.raises(TrexError, match=r"needs 2 processes .*run multi-process plans with `trex train"):
+    with pytest.raises(TrexError, match=r"needs 2 processes .*torchrun --nproc-per-node 2.*`trex train"):
         trex.compile(build_model(tiny_config("deepseek-v4")), plan=two)
 
 

@@ -1,8 +1,8 @@
 """Every plan gives the losses and gradients of the 1-rank run (same model, seed and batch).
 
 Default run: one start of 2 gloo ranks runs the 2-rank plans of tiny Qwen3-MoE one after the other
-(dp2 with ZeRO-0/1/2/3, ep2, tp2 with sequence parallelism) and a resume under another plan of a
-checkpoint the 1-rank run saved. Slow: all three families, 4 ranks (ep4, tp2 x dp2, ...).
+(dp2 with ZeRO-0/1/2/3, ep2, tp2 with sequence parallelism, ZeRO-3 x ep2), resumes under other plans
+(ZeRO-2, ZeRO-3 x ep2) of a checkpoint the 1-rank run saved, and tp2 of tiny DeepSeek-V3 (MLA) and V4 (CSA/HCA, indexer). Slow: all three families, 4 ranks (ep4, tp2 x dp2, ...).
 """
 
 from __future__ import annotations
@@ -49,23 +49,36 @@ def assert_same_run(result: dict, ref: dict, label: str) -> None:
         assert error <= GRAD_TOL, f"{label}: {name} gradient differs by {error:.2e} (relative to its max)"
 
 
-TWO_RANK_PLANS = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "tp=2", "tp=2,ep=2"]
+TWO_RANK_PLANS = ["zero=0", "zero=1", "zero=2", "zero=3", "ep=2", "tp=2", "tp=2,ep=2", "ep=2,zero=3"]
+HEAD_PARALLEL_MODELS = ["tiny-deepseek-v3", "tiny-deepseek-v4"]
 
 
 def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp_path):
     model = "tiny-qwen3-moe"
     ref = reference(model)
-    # The 1-rank run saves after step 1; a 2-rank ZeRO-2 run resumes it and must continue exactly.
+    # The 1-rank run saves after step 1; 2-rank ZeRO-2 and ZeRO-3 x ep2 runs resume it and must continue exactly.
     saved = TrainJob.create(
         model, "", 1, **SHAPE, steps=1, checkpoint_dir=str(tmp_path / "ckpt"), save_every=1, verbose=False
     )
     execute(saved)
-    resumed = TrainJob.create(
-        model, "zero=2", 2, **SHAPE, steps=STEPS, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, verbose=False
+    resumed = [
+        TrainJob.create(
+            model, plan, 2, **SHAPE, steps=STEPS, checkpoint_dir=str(tmp_path / "ckpt"), resume=True, verbose=False
+        )
+        for plan in ("zero=2", "ep=2,zero=3")
+    ]
+    # DeepSeek-V3 (MLA) and V4 (CSA/HCA + indexer) attention split by heads, in the same start of 2 ranks.
+    head_parallel = [
+        (family, TrainJob.create(family, "tp=2", 2, **SHAPE, steps=STEPS, gather_gradients=True, verbose=False))
+        for family in HEAD_PARALLEL_MODELS
+    ]
+    results = launch_function(
+        run_jobs, (jobs_for(model, TWO_RANK_PLANS, 2) + resumed + [j for _, j in head_parallel],), 2
     )
-    results = launch_function(run_jobs, (jobs_for(model, TWO_RANK_PLANS, 2) + [resumed],), 2)
-    by_rank = [results[0], results[1]]
-    for plan, result in zip(TWO_RANK_PLANS, by_rank[0]):
+    for (family, _), result in zip(head_parallel, results[0][-len(head_parallel) :]):
+        assert_same_run(result, reference(family), f"{family} tp=2")
+    by_rank = [results[0][: -len(head_parallel)], results[1][: -len(head_parallel)]]
+    for plan, result in zip(TWO_RANK_PLANS, by_rank[0][: len(TWO_RANK_PLANS)]):
         assert result["world_size"] == 2
         assert_same_run(result, ref, f"{model} {plan}")
     # ranks agree with each other, too
@@ -79,16 +92,47 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
     assert memory["zero=1"]["gradients"] == full["gradients"]
     assert memory["zero=2"]["gradients"] == pytest.approx(full["gradients"] / 2, rel=0.02)
     assert memory["zero=3"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.02)
+    assert memory["ep=2,zero=3"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.02)
     assert memory["zero=2"]["parameters"] == full["parameters"]
-    resume = by_rank[0][-1]
-    assert resume["first_step"] == 1
-    assert resume["losses"] == pytest.approx(ref["losses"][1:], rel=LOSS_RTOL)
+    for resume in by_rank[0][-2:]:
+        assert resume["first_step"] == 1
+        assert resume["losses"] == pytest.approx(ref["losses"][1:], rel=LOSS_RTOL)
 
 
 FOUR_RANK_CASES = {
-    "tiny-qwen3-moe": ["ep=4", "tp=2,zero=1", "tp=2,ep=2", "tp=2,zero=2", "tp=2,zero=3", "zero=3", "ep=2,zero=1"],
-    "tiny-deepseek-v3": ["ep=4", "ep=2,zero=2", "zero=3"],
-    "tiny-deepseek-v4": ["ep=4", "ep=2,zero=2", "zero=3"],
+    "tiny-qwen3-moe": [
+        "ep=4",
+        "tp=2,zero=1",
+        "tp=2,ep=2",
+        "tp=2,zero=2",
+        "tp=2,zero=3",
+        "zero=3",
+        "ep=2,zero=1",
+        "ep=2,zero=3",
+        "ep=4,zero=3",
+        "tp=2,ep=2,zero=3",
+    ],
+    "tiny-deepseek-v3": [
+        "ep=4",
+        "ep=2,zero=2",
+        "zero=3",
+        "ep=2,zero=3",
+        "tp=2,ep=2",
+        "tp=2,zero=1",
+        "tp=2,ep=2,zero=2",
+        "tp=2,zero=3",
+        "tp=4",
+    ],
+    "tiny-deepseek-v4": [
+        "ep=4",
+        "ep=2,zero=2",
+        "zero=3",
+        "ep=2,zero=3",
+        "tp=2,ep=2",
+        "tp=2,zero=1",
+        "tp=2,ep=2,zero=2",
+        "tp=2,zero=3",
+    ],
 }
 
 
@@ -105,7 +149,7 @@ def test_four_rank_plans_match_the_one_rank_run(model):
 @pytest.mark.parametrize("model", ["tiny-deepseek-v3", "tiny-deepseek-v4"])
 def test_two_rank_plans_of_mla_families_match(model):
     ref = reference(model)
-    plans = ["zero=1", "zero=2", "zero=3", "ep=2"]
+    plans = ["zero=1", "zero=2", "zero=3", "ep=2", "tp=2,zero=2", "tp=2,zero=3"]
     results = launch_function(run_jobs, (jobs_for(model, plans, 2),), 2)[0]
     for plan, result in zip(plans, results):
         assert_same_run(result, ref, f"{model} {plan}")
@@ -128,13 +172,14 @@ def test_compiled_ranks_capture_the_expert_parallel_op_and_match():
 
 @pytest.mark.slow
 def test_checkpoint_of_one_plan_resumes_under_another(tmp_path):
-    """ep=2 saves after step 1; ZeRO-3 (FSDP2) resumes it on the same ranks; then one rank resumes ZeRO-3's save."""
+    """ep=2 saves after step 1; ZeRO-3 x ep (FSDP2 experts over edp) resumes it on the same ranks; then one rank
+    resumes that save."""
     model = "tiny-deepseek-v3"
     ref = reference(model, steps=3)
     first = str(tmp_path / "a")
     save = TrainJob.create(model, "ep=2", 2, **SHAPE, steps=1, checkpoint_dir=first, save_every=1, verbose=False)
     resume = TrainJob.create(
-        model, "zero=3", 2, **SHAPE, steps=2, checkpoint_dir=first, resume=True, save_every=1, verbose=False
+        model, "ep=2,zero=3", 2, **SHAPE, steps=2, checkpoint_dir=first, resume=True, save_every=1, verbose=False
     )
     _, resumed = launch_function(run_jobs, ([save, resume],), 2)[0]
     assert resumed["first_step"] == 1

@@ -47,7 +47,16 @@ def test_unimplemented_parallelism_is_refused_naming_what_is_supported():
         and "supported: dp (zero=0,1,2,3)" in message
     )
     assert "context parallelism is not executed" in refusal("cp=2", 2)
-    assert "tensor parallelism is implemented for qwen3_moe only" in refusal("tp=2", 2, family="deepseek-v3")
+    assert "etp=2: expert tensor parallelism is not executed" in refusal("etp=2", 2)
+
+
+def test_head_parallel_attention_refusals_carry_the_numbers():
+    """V4's grouped output projection splits by whole groups; sequence parallelism splits --seq."""
+    assert "tp=4 does not divide the 2 output-projection groups (o_groups) of deepseek_v4" in refusal(
+        "tp=4", 4, family="deepseek-v4", gbs=4
+    )
+    assert "use a --seq divisible by 2" in refusal("tp=2", 2, family="deepseek-v3", seq=15)
+    resolve_plan("tp=2,zero=3", tiny_config("deepseek-v4"), 4, seq=16, gbs=4, mbs=1)  # accepted
 
 
 def test_batch_that_does_not_split_over_replicas_is_refused():
