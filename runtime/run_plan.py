@@ -128,7 +128,9 @@ def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1
     from trex.planner import SearchSpace, plan_parallel
 
     model_type = getattr(config, "model_type", "")
-    fixed = f"pp=1,vpp=1,cp=1,etp=1,mbs={mbs}" + ("" if model_type in TENSOR_PARALLEL_FAMILIES else ",tp=1")
+    fixed = f"pp=1,vpp=1,cp=1,etp=1,recompute=none,mbs={mbs}" + (
+        "" if model_type in TENSOR_PARALLEL_FAMILIES else ",tp=1"
+    )
     cluster = "h100" if torch.cuda.is_available() else "cpu"
     spec = spec_from_config(config, model_type or "model")
     result = plan_parallel(
