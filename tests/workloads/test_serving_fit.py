@@ -87,16 +87,25 @@ def test_profile_file_round_trips_and_bad_files_are_named(tmp_path):
 
 def test_profile_measures_a_real_cpu_instance_and_reports_held_out_error():
     grid = FAST_GRID.__class__(
-        prompt_lengths=(8, 32),
-        prefill_batches=(1, 2, 3),
+        prompt_lengths=(8, 16, 24, 32),
+        held_out_prompts=(16,),
         decode_contexts=(16, 48),
         decode_batches=(1, 2, 3, 4),
         fit_batches=(1, 3, 4),
         repeats=1,
+        warmup=1,
     )
-    result = profile_instance(WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid)
+    result = profile_instance(
+        WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid, max_num_seqs=4
+    )
     assert result.clock == "cpu"
-    assert {s.seqs for s in result.held_out} == {2}
+    assert {(s.kind, s.seqs) for s in result.held_out} == {("prefill", 1), ("decode", 2)}
+    assert [s.tokens for s in result.held_out if s.kind == "prefill"] == [16]
+    assert result.limits.max_num_seqs == 4 and result.limits.max_prefill_seqs == 1
+    with pytest.raises(ServingError, match="max-num-seqs"):
+        profile_instance(
+            WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid, max_num_seqs=2
+        )
     assert all(s.seconds > 0 for s in result.samples)
     assert all(c >= 0 for c in (*result.model.prefill, *result.model.decode))
     assert result.check.samples == len(result.held_out) and np.isfinite(result.check.max_error)

@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 
 from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.instance_model import EngineLimits
 
 
 @dataclass(frozen=True)
@@ -196,3 +197,21 @@ def load_latency_model(path: str | Path) -> LatencyModel:
     except json.JSONDecodeError as error:
         raise ServingError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
     return LatencyModel.from_dict(data.get("latency_model", data), str(path))
+
+
+def load_engine_limits(path: str | Path) -> EngineLimits | None:
+    """The engine limits a profile file records (`trex serve profile` writes the worker's), or None."""
+    path = Path(path)
+    try:
+        limits = json.loads(path.read_text()).get("limits")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if limits is None:
+        return None
+    try:
+        result = EngineLimits(**limits)
+    except TypeError as error:
+        raise ServingError(f"{path}: `limits` has an unknown or missing field ({error})") from None
+    if result.max_num_seqs < 1 or result.max_prefill_seqs < 0:
+        raise ServingError(f"{path}: `limits` needs max_num_seqs >= 1 and max_prefill_seqs >= 0 (got {limits})")
+    return result
