@@ -59,6 +59,17 @@ def test_batched_tokens_equal_one_at_a_time_generation(engine):
     assert batching.steps["decode"] < one_at_a_time  # sequences really decoded together
 
 
+def test_cache_buffers_grow_in_place_past_their_room(engine):
+    from trex.workloads.serving.batching import ROOM
+
+    jobs = [([1, 2, 3], ROOM + 40), (list(range(5, 30)), ROOM // 2)]
+    batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=4)
+    try:
+        assert serve_all(batching, jobs) == [engine.generate(p, n) for p, n in jobs]
+    finally:
+        batching.stop()
+
+
 def test_batch_never_exceeds_max_num_seqs(engine):
     batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=2)
     seen = []

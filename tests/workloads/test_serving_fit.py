@@ -44,10 +44,18 @@ def synthetic(model: LatencyModel) -> list[StepSample]:
 
 
 def test_fit_recovers_the_coefficients_of_noise_free_samples():
-    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8))
+    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8), decode_multi=0.002)
     fitted = fit_latency(synthetic(truth))
     assert fitted.prefill == pytest.approx(truth.prefill, rel=1e-6)
     assert fitted.decode == pytest.approx(truth.decode, rel=1e-6)
+    assert fitted.decode_multi == pytest.approx(0.002, rel=1e-6)
+    assert truth.decode_s(2, 10) - truth.decode_s(1, 10) == pytest.approx(1e-4 + 0.002)
+
+
+def test_gemv_to_gemm_step_is_left_out_when_the_samples_cannot_show_it():
+    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8), decode_multi=0.002)
+    several = [s for s in synthetic(truth) if s.seqs >= 2]
+    assert fit_latency(several).decode_multi == 0.0
 
 
 def test_fit_never_returns_negative_costs():
@@ -80,6 +88,9 @@ def test_profile_file_round_trips_and_bad_files_are_named(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"latency_model": {"prefill": [1, 2], "decode": [1, 2, 3]}}))
     with pytest.raises(ServingError, match="three finite non-negative numbers"):
+        load_latency_model(bad)
+    bad.write_text(json.dumps({"prefill": [1, 2, 3], "decode": [1, 2, 3], "decode_multi": -1}))
+    with pytest.raises(ServingError, match="decode_multi"):
         load_latency_model(bad)
     with pytest.raises(ServingError, match="does not exist"):
         load_latency_model(tmp_path / "missing.json")

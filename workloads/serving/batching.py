@@ -12,9 +12,12 @@ what the worker does:
 
 The batch's KV cache is one left-padded tensor pair per layer (batch, heads, longest context, head
 dim) with a 2-D attention mask, so sequences of different lengths decode in one forward pass;
-each sequence's RoPE position is its own length (`position_ids`). When sequences join or leave,
-the cache is re-packed (valid entries stay right-aligned, so a sequence's cache is the last
-`context` columns of its row). Greedy decoding: the tokens equal batch-1 generation's
+each sequence's RoPE position is its own length (`position_ids`). The tensors live in buffers with
+room to grow (`preallocated_layer`): a decode step writes its new column in place, as serving
+engines' preallocated KV caches do, instead of transformers' `DynamicLayer` concatenating - which
+reallocates and copies the whole cache every step, a cost that grows faster than the context once
+the copies leave the CPU's caches. When sequences join or leave, the cache is re-packed (valid
+entries stay right-aligned, so a sequence's cache is the last `context` columns of its row). Greedy decoding: the tokens equal batch-1 generation's
 (`TinyEngine.generate`), which the tests check.
 """
 
@@ -50,6 +53,46 @@ class BatchedRequest:
         return self.cancelled or len(self.tokens) >= self.max_tokens
 
 
+ROOM = 64  # columns a re-packed cache can grow by before its buffers are reallocated (doubling)
+
+
+def preallocated_layer(keys, values, room: int = ROOM):
+    """A transformers cache layer holding `keys`/`values` (batch, heads, width, dim) in buffers with
+    `room` spare columns; `update` writes new columns in place and returns views of the filled part."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            self.width = 0
+            self.key_buffer = self.value_buffer = None
+            self.device = keys.device
+            self.is_initialized = True
+            self._store(keys, values, room)
+
+        def _store(self, new_keys, new_values, spare: int) -> None:
+            batch, heads, width, dim = new_keys.shape
+            self.key_buffer = new_keys.new_empty((batch, heads, width + spare, dim))
+            self.value_buffer = new_values.new_empty((batch, heads, width + spare, new_values.shape[3]))
+            self.key_buffer[:, :, :width] = new_keys
+            self.value_buffer[:, :, :width] = new_values
+            self.width = width
+            self.keys, self.values = self.key_buffer[:, :, :width], self.value_buffer[:, :, :width]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            added = key_states.shape[-2]
+            if self.width + added > self.key_buffer.shape[2]:
+                self._store(self.keys, self.values, max(self.width, added))
+            end = self.width + added
+            self.key_buffer[:, :, self.width : end] = key_states
+            self.value_buffer[:, :, self.width : end] = value_states
+            self.width = end
+            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+            return self.keys, self.values
+
+    return PreallocatedLayer()
+
+
 class DecodeBatch:
     """The running sequences and their left-padded KV cache."""
 
@@ -59,6 +102,7 @@ class DecodeBatch:
         self.keys: list = []  # per layer: (batch, heads, width, dim)
         self.values: list = []
         self.width = 0
+        self.cache = None  # the transformers cache over preallocated buffers, rebuilt at each re-pack
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -83,7 +127,7 @@ class DecodeBatch:
             seq.kv = None
         self.sequences = [seq for seq, _, _ in pieces]
         if not pieces:
-            self.keys, self.values, self.width = [], [], 0
+            self.keys, self.values, self.width, self.cache = [], [], 0, None
             return
         self.width = max(seq.context for seq in self.sequences)
         layers = len(pieces[0][1])
@@ -95,29 +139,36 @@ class DecodeBatch:
             pad = torch.zeros((1, tensor.shape[1], missing, tensor.shape[3]), dtype=tensor.dtype, device=tensor.device)
             return torch.cat([pad, tensor], dim=2)
 
-        self.keys = [torch.cat([padded(p[1][layer]) for p in pieces]) for layer in range(layers)]
-        self.values = [torch.cat([padded(p[2][layer]) for p in pieces]) for layer in range(layers)]
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=[(None, None)] * layers)
+        cache.layers = [
+            preallocated_layer(
+                torch.cat([padded(p[1][layer]) for p in pieces]), torch.cat([padded(p[2][layer]) for p in pieces])
+            )
+            for layer in range(layers)
+        ]
+        self.cache = cache
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
 
     def decode(self, model) -> list[int]:
         """One forward pass: every sequence's last token in, its next token out; the cache grows by one column."""
         torch = self.torch
-        from transformers import DynamicCache
-
         batch = len(self.sequences)
         contexts = torch.tensor([seq.context for seq in self.sequences])
         mask = torch.zeros((batch, self.width + 1), dtype=torch.long)
         columns = torch.arange(self.width + 1)
         mask[columns.unsqueeze(0) >= (self.width - contexts).unsqueeze(1)] = 1
-        cache = DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)))
         result = model(
             input_ids=torch.tensor([[seq.tokens[-1]] for seq in self.sequences]),
             attention_mask=mask,
             position_ids=contexts.unsqueeze(1),
-            cache=cache,
+            cache=self.cache,
             use_cache=True,
         )
-        self.keys = [layer.keys for layer in result.cache.layers]
-        self.values = [layer.values for layer in result.cache.layers]
+        self.keys = [layer.keys for layer in self.cache.layers]
+        self.values = [layer.values for layer in self.cache.layers]
         self.width += 1
         return [int(t) for t in result.logits[:, -1].argmax(dim=-1)]
 

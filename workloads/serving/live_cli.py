@@ -130,7 +130,10 @@ def run_profile(args: argparse.Namespace) -> int:
     b0, b1, b2 = result.model.decode
     print(f"{result.config.describe()}, threads {result.threads or 'default'}, {result.clock} clock")
     print(f"prefill = {a0 * 1e3:.3f} ms + {a1 * 1e6:.3f} us/token + {a2 * 1e9:.4f} ns/token^2")
-    print(f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token")
+    print(
+        f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token "
+        f"+ {result.model.decode_multi * 1e3:.3f} ms with 2+ sequences"
+    )
     print(check.describe())
     for s in result.held_out:
         predicted = result.model.predict(s)
