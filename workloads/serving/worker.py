@@ -208,7 +208,11 @@ class Worker:
         }
         kind = "chat.completion" if chat else "text_completion"
         if not stream:
-            out = await job
+            try:
+                out = await job
+            except Exception as error:  # the engine failed: a 500 the router retries elsewhere, never silence
+                await write_json(writer, 500, error_payload(f"the engine failed: {error}", "server_error", 500))
+                return
             self.served += 1
             text = " ".join(f"t{t}" for t in out)
             choice = (
@@ -229,11 +233,18 @@ class Worker:
                 },
             )
             return
+        first = await tokens.get()
+        if isinstance(first, BaseException):  # failed before any token: a 500 the router can retry elsewhere
+            await write_json(writer, 500, error_payload(f"the engine failed: {first}", "server_error", 500))
+            return
         writer.write(response_head(200, "text/event-stream", extra={"Cache-Control": "no-cache"}))
         for i in range(max_tokens):
-            token = await tokens.get()
-            if isinstance(token, BaseException):  # the engine failed mid-stream: end it with the error
-                raise token
+            token = first if i == 0 else await tokens.get()
+            if isinstance(token, BaseException):  # the engine failed mid-stream: an error event, no [DONE]
+                event = error_payload(f"the engine failed: {token}", "server_error", 500)
+                writer.write(f"data: {json.dumps(event)}\n\n".encode())
+                await writer.drain()
+                return
             piece = f" t{token}" if i else f"t{token}"
             delta = (
                 {"index": 0, "delta": {"content": piece}, "finish_reason": None}
