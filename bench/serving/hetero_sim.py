@@ -12,6 +12,8 @@ as min/median/max over seeds.
 
     python bench/serving/hetero_sim.py                    # both clusters, 3 seeds, writes results + plot
     python bench/serving/hetero_sim.py --quick            # one seed, fewer requests (a smoke run)
+    python bench/serving/hetero_sim.py --clusters gpu_mix & python bench/serving/hetero_sim.py --clusters gpu_npu_mix
+    python bench/serving/hetero_sim.py --combine results/hetero_sim_gpu_mix.json results/hetero_sim_gpu_npu_mix.json
 """
 
 from __future__ import annotations
@@ -94,12 +96,17 @@ def run_cluster(
     )  # the length distribution the planner sees
     plan = plan_deployment(spec, cluster, stats, slo)
     instances = plan.best.instances()
+    per_instance = [o.estimate.output_tok_s for o in plan.best.choices for _ in range(o.instances)]
     results: dict = {
         "cluster": name,
         "contains": cluster.describe(),
         "deployment": plan.best.describe(),
         "predicted_tok_s": plan.best.output_tok_s,
         "predicted_req_s": plan.best.requests_s,
+        "instance_tok_s": {o.label(): o.estimate.output_tok_s for o in plan.best.choices},
+        # round robin gives every instance 1/N of the load, so the slowest saturates first: at best it
+        # serves N x the slowest instance's rate, a capacity-aware scheduler the sum of all of them
+        "rr_ceiling_gain": sum(per_instance) / (len(per_instance) * min(per_instance)) - 1,
         "schedulers": {},
         "probes": [],
     }
@@ -152,6 +159,10 @@ def table(result: dict) -> str:
     lines = [
         f"### {result['cluster']}: {result['contains']}; deployment {result['deployment']} "
         f"(planner predicts {result['predicted_tok_s']:,.0f} tok/s)",
+        "",
+        "per instance (planner): "
+        + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in result.get("instance_tok_s", {}).items())
+        + f"; a capacity-aware scheduler's ceiling over round robin: +{result.get('rr_ceiling_gain', 0):.0%}",
         "",
         "| scheduler | max rate at SLO (req/s, median) | throughput at SLO (tok/s, median) "
         "| vs round robin (min / median / max) | TTFT P99 (s) | TPOT P99 (ms) | imbalance |",
@@ -214,16 +225,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tpot-slo", type=float, default=0.15)
     parser.add_argument("--quick", action="store_true", help="1 seed, 1500 requests, 3 bisection steps")
     parser.add_argument("--out", default=str(HERE / "results"), help="folder for results.json and the plot")
+    parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS), choices=CLUSTERS, help="clusters to run")
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="only print the tables and draw the plot of results files written by earlier runs",
+    )
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.combine:
+        results = [r for path in args.combine for r in json.loads(Path(path).read_text())]
+        for result in results:
+            print(table(result) + "\n")
+        (out / "hetero_sim.json").write_text(json.dumps(results, indent=2) + "\n")
+        print(plot(results, out / "hetero_sim.png"))
+        return 0
     if args.quick:
         args.seeds, args.requests, args.iterations = 1, 1500, 3
     slo = SLO(args.ttft_slo, args.tpot_slo)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     results = [
         run_cluster(name, args.model, slo, list(range(args.seeds)), args.requests, args.attainment, args.iterations)
-        for name in CLUSTERS
+        for name in args.clusters
     ]
     print(
         f"\n{args.model}, ShareGPT-like requests ({args.requests} per run), {slo.describe()}, "
@@ -232,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for result in results:
         print(table(result) + "\n")
+    if list(args.clusters) != list(CLUSTERS):  # a part: combine the parts with --combine
+        (out / f"hetero_sim_{'_'.join(args.clusters)}.json").write_text(json.dumps(results, indent=2) + "\n")
+        return 0
     (out / "hetero_sim.json").write_text(json.dumps(results, indent=2) + "\n")
     print(plot(results, out / "hetero_sim.png"))
     return 0

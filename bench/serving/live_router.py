@@ -2,12 +2,16 @@
 baselines, and the simulator's prediction of the same setup.
 
 Workers are `trex serve worker` processes (tiny random-init Llama models of different sizes, one
-thread each, batch 1). The router runs in this process; it probes each worker (a few timed
-requests, least squares) for its latency model. Each scheduler then serves the same seeded
-requests (Poisson arrivals at `--load` of the workers' summed capacity, streamed), measured end to
-end by an asyncio client: throughput (output tokens / duration), P99 latency and TTFT. The
-simulator replays the same requests on instances with the probed latency models (batch 1) and
-the same scheduler; its throughput and P99 latency are compared with the measurement.
+thread each, continuous batching of up to `--max-num-seqs` sequences). Before they start, each
+worker's model is profiled exactly as `trex serve profile` does (the worker's own prefill and
+decode steps, wall clock, median of interleaved runs) and fitted by least squares; the router's
+schedulers and the simulator both get those latency models and the workers' engine limits (batch
+limit, one prompt per prefill step). Each scheduler then serves the same seeded requests (Poisson
+arrivals at `--load` of the workers' summed capacity, streamed), measured end to end by an asyncio
+client: throughput (output tokens / duration), P99 latency and TTFT. The simulator replays the same
+requests on those instances with the same scheduler, the three workers sharing this machine's
+cores (`Simulation(shared_cores=)`); its throughput and P99 latency are compared with the
+measurement.
 
     python bench/serving/live_router.py                    # 200 requests per scheduler
     python bench/serving/live_router.py --requests 40      # a smoke run
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import socket
 import statistics
@@ -30,13 +35,25 @@ import numpy as np
 
 from trex.workloads.serving.capacity import SLO
 from trex.workloads.serving.http import Endpoint, open_request, request_json
-from trex.workloads.serving.router import Router, probe_worker, worker_spec
+from trex.workloads.serving.profiling import ProfileGrid, profile_instance
+from trex.workloads.serving.router import Router, worker_spec
 from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
 from trex.workloads.serving.simulator import simulate
+from trex.workloads.serving.worker import WorkerModelConfig
 from trex.workloads.serving.workload import Request, workload_stats
 
-WORKERS = ((2, 128), (4, 256), (8, 384))  # (layers, hidden): unequal capacity
+WORKERS = ((6, 384, 8), (8, 512, 8), (8, 768, 8))  # (layers, hidden, heads): unequal capacity
 SCHEDULERS = ("round_robin", "trex", "jsq", "po2")
+# the requests' range: prompts 8-63 words, 8-39 output tokens, so contexts up to ~100 per sequence
+BENCH_GRID = ProfileGrid(
+    prompt_lengths=(8, 24, 48, 64),
+    held_out_prompts=(),
+    decode_contexts=(16, 64),
+    decode_batches=(1, 2, 4, 8, 16),
+    fit_batches=(1, 2, 4, 8, 16),
+    repeats=5,
+    warmup=1,
+)
 
 
 def free_port() -> int:
@@ -45,9 +62,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_workers() -> tuple[list[subprocess.Popen], list[Endpoint]]:
+def start_workers(max_num_seqs: int) -> tuple[list[subprocess.Popen], list[Endpoint]]:
     processes, endpoints = [], []
-    for layers, hidden in WORKERS:
+    for layers, hidden, heads in WORKERS:
         port = free_port()
         processes.append(
             subprocess.Popen(
@@ -63,8 +80,12 @@ def start_workers() -> tuple[list[subprocess.Popen], list[Endpoint]]:
                     str(layers),
                     "--hidden",
                     str(hidden),
+                    "--heads",
+                    str(heads),
                     "--threads",
                     "1",
+                    "--max-num-seqs",
+                    str(max_num_seqs),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -148,12 +169,29 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
     }
 
 
+def profile_workers(max_num_seqs: int) -> list:
+    """`trex serve profile` of each worker's model and engine (wall clock: what the live run sees)."""
+    profiles = []
+    for layers, hidden, heads in WORKERS:
+        start = time.perf_counter()
+        result = profile_instance(
+            WorkerModelConfig(layers, hidden, heads), 1, BENCH_GRID, clock="wall", max_num_seqs=max_num_seqs
+        )
+        print(
+            f"profiled {layers}x{hidden} in {time.perf_counter() - start:.0f} s: prefill {result.model.prefill}, "
+            f"decode {result.model.decode}",
+            flush=True,
+        )
+        profiles.append(result)
+    return profiles
+
+
 async def run(args) -> dict:
-    processes, endpoints = start_workers()
+    profiles = profile_workers(args.max_num_seqs)
+    processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
-        latencies = [await probe_worker(e) for e in endpoints]
-        specs = [worker_spec(e.url, lat) for e, lat in zip(endpoints, latencies)]
+        specs = [worker_spec(e.url, p.model, p.limits) for e, p in zip(endpoints, profiles)]
         probe_requests = make_requests(args.requests, 1.0, args.seed)
         stats = workload_stats(probe_requests)
         capacity = sum(
@@ -167,6 +205,8 @@ async def run(args) -> dict:
                     "url": s.name,
                     "layers": w[0],
                     "hidden": w[1],
+                    "heads": w[2],
+                    "limits": vars(s.limits),
                     "latency_model": s.latency.to_dict(),
                     "capacity_req_s": capacity_requests_s(
                         s, stats.mean_prompt, stats.mean_output, stats.context_in_flight
@@ -179,7 +219,7 @@ async def run(args) -> dict:
             "runs": {},
         }
         print(
-            f"workers' probed capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})",
+            f"workers' profiled capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})",
             flush=True,
         )
         for scheduler in args.schedulers:
@@ -195,13 +235,20 @@ async def run(args) -> dict:
                 measured = await drive(router, requests, args.timeout)
             finally:
                 await router.close()
-            predicted = simulate(specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0)).report
+            predicted = simulate(
+                specs,
+                make_scheduler(scheduler, args.seed, stats),
+                requests,
+                SLO(10.0, 1.0),
+                shared_cores=args.cores,
+            ).report
             run_result = {
                 "measured": measured,
                 "router": router.snapshot(),
                 "predicted": {
                     "throughput_tok_s": predicted.throughput_tok_s,
                     "latency_p99_s": predicted.latency_p99_s,
+                    "ttft_p99_s": predicted.ttft_p99_s,
                     "duration_s": predicted.duration_s,
                 },
             }
@@ -232,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         "--load", type=float, default=0.7, help="offered load as a fraction of the workers' summed capacity"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
+    parser.add_argument(
+        "--cores", type=int, default=os.cpu_count(), help="cores the workers share, for the simulator (default: all)"
+    )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)

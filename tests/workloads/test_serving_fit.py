@@ -44,10 +44,18 @@ def synthetic(model: LatencyModel) -> list[StepSample]:
 
 
 def test_fit_recovers_the_coefficients_of_noise_free_samples():
-    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8))
+    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8), decode_multi=0.002)
     fitted = fit_latency(synthetic(truth))
     assert fitted.prefill == pytest.approx(truth.prefill, rel=1e-6)
     assert fitted.decode == pytest.approx(truth.decode, rel=1e-6)
+    assert fitted.decode_multi == pytest.approx(0.002, rel=1e-6)
+    assert truth.decode_s(2, 10) - truth.decode_s(1, 10) == pytest.approx(1e-4 + 0.002)
+
+
+def test_gemv_to_gemm_step_is_left_out_when_the_samples_cannot_show_it():
+    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8), decode_multi=0.002)
+    several = [s for s in synthetic(truth) if s.seqs >= 2]
+    assert fit_latency(several).decode_multi == 0.0
 
 
 def test_fit_never_returns_negative_costs():
@@ -81,22 +89,34 @@ def test_profile_file_round_trips_and_bad_files_are_named(tmp_path):
     bad.write_text(json.dumps({"latency_model": {"prefill": [1, 2], "decode": [1, 2, 3]}}))
     with pytest.raises(ServingError, match="three finite non-negative numbers"):
         load_latency_model(bad)
+    bad.write_text(json.dumps({"prefill": [1, 2, 3], "decode": [1, 2, 3], "decode_multi": -1}))
+    with pytest.raises(ServingError, match="decode_multi"):
+        load_latency_model(bad)
     with pytest.raises(ServingError, match="does not exist"):
         load_latency_model(tmp_path / "missing.json")
 
 
 def test_profile_measures_a_real_cpu_instance_and_reports_held_out_error():
     grid = FAST_GRID.__class__(
-        prompt_lengths=(8, 32),
-        prefill_batches=(1, 2, 3),
+        prompt_lengths=(8, 16, 24, 32),
+        held_out_prompts=(16,),
         decode_contexts=(16, 48),
         decode_batches=(1, 2, 3, 4),
         fit_batches=(1, 3, 4),
         repeats=1,
+        warmup=1,
     )
-    result = profile_instance(WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid)
+    result = profile_instance(
+        WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid, max_num_seqs=4
+    )
     assert result.clock == "cpu"
-    assert {s.seqs for s in result.held_out} == {2}
+    assert {(s.kind, s.seqs) for s in result.held_out} == {("prefill", 1), ("decode", 2)}
+    assert [s.tokens for s in result.held_out if s.kind == "prefill"] == [16]
+    assert result.limits.max_num_seqs == 4 and result.limits.max_prefill_seqs == 1
+    with pytest.raises(ServingError, match="max-num-seqs"):
+        profile_instance(
+            WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid, max_num_seqs=2
+        )
     assert all(s.seconds > 0 for s in result.samples)
     assert all(c >= 0 for c in (*result.model.prefill, *result.model.decode))
     assert result.check.samples == len(result.held_out) and np.isfinite(result.check.max_error)

@@ -93,3 +93,18 @@ def test_cli_reports_unknown_device_and_infeasible_slo(tmp_path, capsys):
     cluster.write_text('[[machines]]\ndevice = "a100"\ncount = 8\n')
     assert main(["serve", "plan", "--cluster", str(cluster), "--model", "llama3-70b", "--tpot-slo", "0.001"]) == 2
     assert "no deployment of llama3-70b" in capsys.readouterr().err
+
+
+def test_each_machine_type_gets_its_serving_engine_s_batch_limits(stats):
+    from trex.cost_model.devices import BUILTIN_DEVICES
+    from trex.workloads.serving.instance_model import EngineLimits, engine_defaults
+
+    assert engine_defaults(BUILTIN_DEVICES["h100"]).max_num_seqs == 1024  # vLLM: >= 70 GiB, not an A100
+    assert engine_defaults(BUILTIN_DEVICES["a100"]) == EngineLimits(2048, 256)
+    assert engine_defaults(BUILTIN_DEVICES["ascend-910b4"]).max_num_seqs == 256
+    plan = plan_deployment(get_model_spec("llama3-70b"), cluster_from_dict(MIX), stats, SLO())
+    assert {o.machine: o.spec.limits.max_num_seqs for o in plan.best.choices} == {"h100": 1024, "a100": 256}
+    forced = plan_deployment(
+        get_model_spec("llama3-70b"), cluster_from_dict(MIX), stats, SLO(), limits=EngineLimits(max_num_seqs=64)
+    )
+    assert {o.spec.limits.max_num_seqs for o in forced.best.choices} == {64}

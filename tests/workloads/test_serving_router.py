@@ -129,6 +129,38 @@ def test_broken_worker_requests_are_retried_on_a_healthy_one(engine, behaviour):
     asyncio.run(scenario())
 
 
+def test_a_worker_whose_engine_fails_answers_500_and_the_router_retries(engine):
+    class Broken:
+        def __call__(self, **_):
+            raise RuntimeError("out of memory")
+
+    broken_engine = TinyEngine(engine.config, threads=1)
+    broken_engine.model = Broken()
+
+    async def scenario():
+        _, good_server, good = await start_worker(engine)
+        broken_worker, broken_server, broken = await start_worker(broken_engine)
+        router = await start_router([broken, good], scheduler="round_robin")
+        try:
+            for stream in (False, True):  # before any token, streamed or not: a 500 naming the failure
+                status, direct = await request_json(
+                    broken, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": stream}, 20
+                )
+                assert status == 500 and "out of memory" in direct["error"]["message"]
+            results = [await complete(router) for _ in range(3)]
+            assert [status for status, _ in results] == [200, 200, 200]
+            stats = router.snapshot()
+            assert stats["completed"] == 3 and stats["failed"] == 0 and stats["retried"] == 1
+            assert stats["workers"][0]["failures"] == 1 and "answered 500" in stats["workers"][0]["last_error"]
+        finally:
+            await router.close()
+            for server in (good_server, broken_server):
+                server.close()
+            broken_worker.close()
+
+    asyncio.run(scenario())
+
+
 def test_when_every_worker_fails_the_client_gets_an_error_naming_them():
     async def scenario():
         garbage_server, garbage = await start_fake("garbage")

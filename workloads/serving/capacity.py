@@ -9,7 +9,7 @@ once, costing one prefill. So per instance
 
 where d(B) uses the time-averaged context of a sequence in the batch
 (`WorkloadStats.context_in_flight`), and p packs prompts into
-steps of `max_batched_tokens`. B is capped by the KV cache (B sequences of that context must fit),
+steps of `max_batched_tokens` (and `max_prefill_seqs`). B is capped by the KV cache (B sequences of that context must fit),
 by `max_num_seqs`, and by the SLOs; the largest B that passes gives the instance's throughput.
 """
 
@@ -51,7 +51,7 @@ class CapacityEstimate:
 def _at_batch(
     latency: LatencyModel, stats: WorkloadStats, limits: EngineLimits, batch: int
 ) -> tuple[float, float, float, float]:
-    per_step = max(1, int(limits.max_batched_tokens // max(stats.mean_prompt, 1)))
+    per_step = limits.prompts_per_prefill(stats.mean_prompt)
     a0, a1, a2 = latency.prefill
     prefill_per_request = a0 / per_step + a1 * stats.mean_prompt + a2 * stats.mean_prompt_sq
     decode = latency.decode_s(batch, int(batch * stats.context_in_flight))

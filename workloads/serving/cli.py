@@ -39,9 +39,16 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-dtype", default="bf16", choices=("bf16", "fp16", "fp8"), help="KV-cache precision (default bf16)"
     )
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences per batch (default 256)")
     parser.add_argument(
-        "--max-batched-tokens", type=int, default=8192, help="prompt tokens per prefill step (default 8192)"
+        "--max-num-seqs",
+        type=int,
+        help="sequences per batch (default: vLLM's for the device: 1024 on >= 70 GiB devices but the A100, else 256)",
+    )
+    parser.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        help="prompt tokens per prefill step (default: vLLM's for the device: 8192 on >= 70 GiB devices but the A100, "
+        "else 2048)",
     )
 
 
@@ -107,9 +114,16 @@ def _limits(args: argparse.Namespace):
     from trex.workloads.serving.errors import ServingError
     from trex.workloads.serving.instance_model import EngineLimits
 
-    if args.max_num_seqs < 1 or args.max_batched_tokens < 1:
+    if args.max_num_seqs is None and args.max_batched_tokens is None:
+        return None  # each machine type gets its engine's defaults
+    if (args.max_num_seqs is not None and args.max_num_seqs < 1) or (
+        args.max_batched_tokens is not None and args.max_batched_tokens < 1
+    ):
         raise ServingError("--max-num-seqs and --max-batched-tokens must be at least 1")
-    return EngineLimits(max_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs)
+    return EngineLimits(
+        max_batched_tokens=args.max_batched_tokens or EngineLimits.max_batched_tokens,
+        max_num_seqs=args.max_num_seqs or EngineLimits.max_num_seqs,
+    )
 
 
 def _slo(args: argparse.Namespace):

@@ -23,7 +23,7 @@ from trex.cost_model.model_spec import ModelSpec
 from trex.workloads.serving.capacity import SLO, CapacityEstimate, describe_limit, estimate_capacity
 from trex.workloads.serving.cluster_spec import MachineType, ServingCluster
 from trex.workloads.serving.errors import InfeasibleError, ServingError
-from trex.workloads.serving.instance_model import EngineLimits, InstanceMemory, InstanceModel
+from trex.workloads.serving.instance_model import EngineLimits, InstanceMemory, InstanceModel, engine_defaults
 from trex.workloads.serving.kv_cache import KVLayout
 from trex.workloads.serving.latency_fit import LatencyModel, fit_latency, sample_instance
 from trex.workloads.serving.workload import WorkloadStats
@@ -246,13 +246,15 @@ def plan_deployment(
 ) -> DeploymentPlan:
     """Exhaustive search over every machine type's (TP degree, instance count).
 
-    Raises InfeasibleError, with every option's reason, when nothing meets memory and SLOs."""
-    limits = limits or EngineLimits()
+    `limits` apply to every machine type; without them each type gets its serving engine's defaults
+    (`engine_defaults`). Raises InfeasibleError, with every option's reason, when nothing meets memory
+    and SLOs."""
     per_machine: list[list[Option]] = []
     considered: list[Option] = []
     for machine in cluster.machines:
+        chosen = limits or engine_defaults(machine.device)
         options = [
-            _option(spec, machine, tp, stats, slo, limits, weight_dtype, kv_dtype) for tp in machine.tp_degrees()
+            _option(spec, machine, tp, stats, slo, chosen, weight_dtype, kv_dtype) for tp in machine.tp_degrees()
         ]
         considered.extend(options)
         per_machine.append([o for o in options if o.feasible])

@@ -35,6 +35,22 @@ class EngineLimits:
     max_batched_tokens: int = 8192
     max_num_seqs: int = 256
     max_context: int = 8192  # the longest prompt + output the instance must hold
+    max_prefill_seqs: int = 0  # prompts per prefill step (0: as many as max_batched_tokens allows)
+
+    def prompts_per_prefill(self, mean_prompt: float) -> int:
+        """Prompts of `mean_prompt` tokens one prefill step packs (at least one)."""
+        packed = max(1, int(self.max_batched_tokens // max(mean_prompt, 1)))
+        return min(packed, self.max_prefill_seqs) if self.max_prefill_seqs > 0 else packed
+
+
+def engine_defaults(device) -> EngineLimits:
+    """The batch limits vLLM's OpenAI server starts with on `device` (a `DeviceProfile`) when the user
+    sets none: vLLM V1's `EngineArgs.get_batch_defaults` gives devices of >= 70 GiB other than the
+    A100 (H100, H200, MI300x) max_num_seqs 1024 and max_num_batched_tokens 8192, every other device
+    256 and 2048 (vllm-ascend runs the same engine arguments). A planner that capped every type at
+    256 would understate what the large-memory types batch, hence their share of the cluster."""
+    large = device.memory_gib >= 70 and "a100" not in device.name.lower()
+    return EngineLimits(max_batched_tokens=8192, max_num_seqs=1024) if large else EngineLimits(2048, 256)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,15 @@ sampled batches from light profiling), each instance gets two linear models:
 
     prefill step = a0 + a_tok * prompt tokens + a_pair * sum(prompt_len^2)    (compute-bound; attention is quadratic)
     decode step  = b0 + b_seq * sequences     + b_ctx  * context tokens       (bandwidth-bound: weights + KV cache)
+                      + b_multi * [sequences >= 2]
+
+Each term is a cost the hardware pays: a0/b0 the per-step fixed cost (kernel launches, the host's
+dispatch of every module), a_tok/b_seq the per-row GEMM work, a_pair attention over the prompt,
+b_ctx reading (and writing) each cached token, and b_multi the step from matrix-vector to
+matrix-matrix kernels: a decode step of one sequence multiplies each weight by a vector (GEMV:
+stream the weight once), two or more sequences run GEMM kernels that pack weight panels first - a
+fixed extra per step, measured on CPUs; the cost model's GPU steps have none and the fit finds ~0.
+b_multi is fitted only when the samples include both one and several sequences.
 
 Samples come either from the cost model (`sample_instance`: the analytic `InstanceModel` priced at
 a grid of batches) or from measuring a real instance (`trex serve profile`). The fit is non-negative
@@ -22,6 +31,7 @@ from typing import Literal
 import numpy as np
 
 from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.instance_model import EngineLimits
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ class StepSample:
     def features(self) -> list[float]:
         if self.kind == "prefill":
             return [1.0, float(self.tokens), float(self.pairs)]
-        return [1.0, float(self.seqs), float(self.context)]
+        return [1.0, float(self.seqs), float(self.context), float(self.seqs >= 2)]
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class LatencyModel:
     prefill: tuple[float, float, float]  # a0, per prompt token, per squared prompt token
     decode: tuple[float, float, float]  # b0, per sequence, per context token
     source: str = ""
+    decode_multi: float = 0.0  # extra per decode step of two or more sequences (GEMM instead of GEMV kernels)
 
     def prefill_s(self, tokens: int, pairs: int) -> float:
         a0, a1, a2 = self.prefill
@@ -61,7 +72,7 @@ class LatencyModel:
         if seqs <= 0:
             return 0.0
         b0, b1, b2 = self.decode
-        return b0 + b1 * seqs + b2 * context
+        return b0 + b1 * seqs + b2 * context + (self.decode_multi if seqs >= 2 else 0.0)
 
     def predict(self, sample: StepSample) -> float:
         if sample.kind == "prefill":
@@ -86,7 +97,10 @@ class LatencyModel:
                 f"{source}: prefill and decode must hold three finite non-negative numbers each "
                 f"(got {prefill}, {decode})"
             )
-        return LatencyModel(prefill, decode, str(data.get("source", source)))  # type: ignore[arg-type]
+        multi = data.get("decode_multi", 0.0)
+        if isinstance(multi, bool) or not isinstance(multi, (int, float)) or multi < 0 or not np.isfinite(multi):
+            raise ServingError(f"{source}: `decode_multi` must be a finite non-negative number (got {multi!r})")
+        return LatencyModel(prefill, decode, str(data.get("source", source)), float(multi))  # type: ignore[arg-type]
 
 
 def non_negative_lstsq(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -119,11 +133,14 @@ def fit_latency(samples: list[StepSample], source: str = "") -> LatencyModel:
                 "profile more batch sizes or prompt lengths"
             )
         features = np.array([s.features() for s in chosen])
+        if kind == "decode" and len({s.seqs >= 2 for s in chosen}) < 2:
+            features[:, 3] = 0.0  # all one kind of step: the GEMV/GEMM step is not identifiable, leave it out
         # relative least squares: each sample weighs by 1/seconds, so small steps count as much as large
         weights = 1.0 / np.array([max(s.seconds, 1e-9) for s in chosen])
         coef = non_negative_lstsq(features * weights[:, None], np.ones(len(chosen)))
         models[kind] = tuple(float(c) for c in coef)
-    return LatencyModel(models["prefill"], models["decode"], source)  # type: ignore[arg-type]
+    decode = models["decode"]
+    return LatencyModel(models["prefill"], decode[:3], source, decode[3])  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -196,3 +213,21 @@ def load_latency_model(path: str | Path) -> LatencyModel:
     except json.JSONDecodeError as error:
         raise ServingError(f"{path}: not valid JSON (line {error.lineno}: {error.msg})") from None
     return LatencyModel.from_dict(data.get("latency_model", data), str(path))
+
+
+def load_engine_limits(path: str | Path) -> EngineLimits | None:
+    """The engine limits a profile file records (`trex serve profile` writes the worker's), or None."""
+    path = Path(path)
+    try:
+        limits = json.loads(path.read_text()).get("limits")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if limits is None:
+        return None
+    try:
+        result = EngineLimits(**limits)
+    except TypeError as error:
+        raise ServingError(f"{path}: `limits` has an unknown or missing field ({error})") from None
+    if result.max_num_seqs < 1 or result.max_prefill_seqs < 0:
+        raise ServingError(f"{path}: `limits` needs max_num_seqs >= 1 and max_prefill_seqs >= 0 (got {limits})")
+    return result

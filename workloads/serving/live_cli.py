@@ -27,6 +27,9 @@ def add_live_commands(commands: argparse._SubParsersAction) -> None:
     _add_worker_model(profile)
     profile.add_argument("--fast", action="store_true", help="a small grid (seconds; for tests)")
     profile.add_argument(
+        "--max-num-seqs", type=int, default=16, help="the worker's batch limit (as `trex serve worker`; default 16)"
+    )
+    profile.add_argument(
         "--clock",
         default="auto",
         choices=("auto", "wall", "cpu"),
@@ -43,6 +46,12 @@ def add_live_commands(commands: argparse._SubParsersAction) -> None:
         "worker", help="an OpenAI-compatible CPU worker serving a tiny random-init model (loopback)"
     )
     _add_worker_model(worker)
+    worker.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="sequences decoding together (continuous batching; 1: one at a time)",
+    )
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, required=True)
     worker.add_argument(
@@ -87,18 +96,28 @@ def run_profile(args: argparse.Namespace) -> int:
     from trex.workloads.serving.latency_fit import save_samples
     from trex.workloads.serving.profiling import FAST_GRID, ProfileGrid, profile_instance
 
-    result = profile_instance(_config(args), args.threads, FAST_GRID if args.fast else ProfileGrid(), clock=args.clock)
+    result = profile_instance(
+        _config(args),
+        args.threads,
+        FAST_GRID if args.fast else ProfileGrid(),
+        clock=args.clock,
+        max_num_seqs=args.max_num_seqs,
+    )
     check = result.check
     summary = {
         "model": result.config.describe(),
         "threads": result.threads,
         "clock": result.clock,
         "latency_model": result.model.to_dict(),
+        "limits": vars(result.limits),
         "fit_samples": len(result.fit_samples),
         "held_out_samples": check.samples,
         "held_out_mean_error": check.mean_error,
         "held_out_max_error": check.max_error,
-        "held_out": [{**asdict(s), "predicted": result.model.predict(s)} for s in result.held_out],
+        "held_out": [
+            {**asdict(s), "predicted": result.model.predict(s), "error": result.model.predict(s) / s.seconds - 1}
+            for s in result.held_out
+        ],
     }
     if args.out:
         save_samples(
@@ -111,7 +130,10 @@ def run_profile(args: argparse.Namespace) -> int:
     b0, b1, b2 = result.model.decode
     print(f"{result.config.describe()}, threads {result.threads or 'default'}, {result.clock} clock")
     print(f"prefill = {a0 * 1e3:.3f} ms + {a1 * 1e6:.3f} us/token + {a2 * 1e9:.4f} ns/token^2")
-    print(f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token")
+    print(
+        f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token "
+        f"+ {result.model.decode_multi * 1e3:.3f} ms with 2+ sequences"
+    )
     print(check.describe())
     for s in result.held_out:
         predicted = result.model.predict(s)
@@ -129,7 +151,11 @@ def run_worker(args: argparse.Namespace) -> int:
     from trex.workloads.serving.worker import TinyEngine, Worker
 
     config = _config(args)
-    worker = Worker(TinyEngine(config, args.threads), name=f"tiny-l{config.layers}-h{config.hidden}")
+    if args.max_num_seqs < 1:
+        raise TrexError(f"--max-num-seqs must be at least 1 (got {args.max_num_seqs})")
+    worker = Worker(
+        TinyEngine(config, args.threads), name=f"tiny-l{config.layers}-h{config.hidden}", max_num_seqs=args.max_num_seqs
+    )
 
     async def main() -> None:
         server = await worker.start(args.host, args.port)
@@ -162,7 +188,7 @@ def parse_workers(text: str):
 
 async def build_router(workers, scheduler_name: str, seed: int = 0, **options):
     """A Router whose workers' latency models come from their profile files or from probing them."""
-    from trex.workloads.serving.latency_fit import load_latency_model
+    from trex.workloads.serving.latency_fit import load_engine_limits, load_latency_model
     from trex.workloads.serving.router import Router, probe_worker, worker_spec
     from trex.workloads.serving.schedulers import make_scheduler
 
@@ -174,7 +200,8 @@ async def build_router(workers, scheduler_name: str, seed: int = 0, **options):
             if profile
             else await probe_worker(endpoint, timeout=options.get("request_timeout", 60.0))
         )
-        resolved.append((endpoint, worker_spec(endpoint.url, latency)))
+        limits = load_engine_limits(profile) if profile else None
+        resolved.append((endpoint, worker_spec(endpoint.url, latency, limits)))
     return Router(resolved, scheduler, **options)
 
 

@@ -1,40 +1,54 @@
 """Measure a real local instance and fit its step latencies: the check that the fitted model holds.
 
-The instance is the worker's model (`worker.TinyEngine`: a tiny random-init transformers Llama on
-this CPU with `threads` threads). Prefill steps are timed over batches of equal-length prompts,
-decode steps over batches holding a KV cache of a given context; each point is the fastest of a few
-repetitions (the machine may be shared: the minimum is the step's own cost, the rest is other
-load). The least-squares fit (`latency_fit.fit_latency`) sees only the `fit_batches`; the
-other batch sizes are held out, and `FitCheck` reports how far the fit is from their measurements.
+The instance is the worker itself: its model (`worker.TinyEngine`, a tiny random-init transformers
+Llama on this CPU with `threads` threads) driven through the worker's continuous-batching engine
+(`batching.BatchingEngine`), so what is timed is exactly the worker's two kinds of step:
+
+* prefill: one prompt alone (the worker prefills one prompt per step), at several prompt lengths;
+* decode: one step over a batch of `B` running sequences of `c` tokens each (the left-padded
+  batch cache, the attention mask, RoPE positions - the worker's code path), at several B and c.
+
+Each point is the median of `repeats` timed runs after `warmup` untimed rounds (the median, not the
+minimum: the simulator must predict a typical step, and one lucky run is not one); the runs are
+interleaved - every round times each point once - so a burst of other load spreads thin. The default
+clock on one thread is the thread's CPU time, which other processes on a shared machine cannot
+inflate. The least-squares fit (`latency_fit.fit_latency`) sees only the `fit_batches` and the
+prompt lengths not in `held_out_prompts`; the rest are held out and `FitCheck` reports how far the
+fit is from their measurements, per step.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
+from trex.workloads.serving.batching import BatchedRequest, BatchingEngine
 from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.latency_fit import FitCheck, LatencyModel, StepSample, fit_latency, holdout_error
 from trex.workloads.serving.worker import TinyEngine, WorkerModelConfig
 
 
 @dataclass(frozen=True)
 class ProfileGrid:
-    prompt_lengths: tuple[int, ...] = (16, 48, 96, 160)
-    prefill_batches: tuple[int, ...] = (1, 2, 3, 4)
-    decode_contexts: tuple[int, ...] = (32, 128, 256)
-    decode_batches: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16)
-    fit_batches: tuple[int, ...] = (1, 3, 4, 6, 12, 16)  # the rest (2, 8) are held out
-    repeats: int = 5
+    prompt_lengths: tuple[int, ...] = (8, 16, 24, 32, 48, 64, 80, 96, 128, 160)
+    held_out_prompts: tuple[int, ...] = (24, 80)
+    decode_contexts: tuple[int, ...] = (16, 48, 96, 192)
+    decode_batches: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    fit_batches: tuple[int, ...] = (1, 3, 4, 8, 16)  # the rest (2, 6, 12) are held out
+    repeats: int = 7
+    warmup: int = 2
 
 
 FAST_GRID = ProfileGrid(
-    prompt_lengths=(16, 48, 96),
-    prefill_batches=(1, 2, 4),
-    decode_contexts=(32, 128),
+    prompt_lengths=(8, 24, 48, 96),
+    held_out_prompts=(24,),
+    decode_contexts=(16, 64),
     decode_batches=(1, 2, 4, 8),
     fit_batches=(1, 4, 8),
     repeats=3,
+    warmup=1,
 )
 
 
@@ -48,15 +62,20 @@ class ProfileResult:
     model: LatencyModel
     check: FitCheck
     clock: str = "wall"
+    limits: EngineLimits = EngineLimits(max_num_seqs=16, max_prefill_seqs=1)
 
 
-def _fastest_s(fn, repeats: int, clock) -> float:
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return min(times)
+def _interleaved(runs: dict, grid: ProfileGrid, clock) -> dict:
+    """The median time of each run over `repeats` rounds after `warmup` rounds; every round times each
+    run once, so a burst of load on a shared machine spreads over many points instead of ruining one."""
+    times: dict = {key: [] for key in runs}
+    for round_ in range(grid.warmup + grid.repeats):
+        for key, run in runs.items():
+            start = clock()
+            run()
+            if round_ >= grid.warmup:
+                times[key].append(clock() - start)
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def profile_instance(
@@ -65,6 +84,7 @@ def profile_instance(
     grid: ProfileGrid = ProfileGrid(),
     seed: int = 0,
     clock: str = "auto",
+    max_num_seqs: int = 16,
 ) -> ProfileResult:
     """`clock`: "wall", "cpu" (the profiling thread's CPU time: immune to other processes on a
     shared machine, exact only with one intra-op thread) or "auto" (cpu with threads=1, else wall)."""
@@ -72,36 +92,59 @@ def profile_instance(
         raise ServingError(f"clock must be auto, wall or cpu (got {clock!r})")
     if clock == "cpu" and threads != 1:
         raise ServingError("the cpu clock measures one thread: use --threads 1 with it, or --clock wall")
+    if max(grid.decode_batches) > max_num_seqs:
+        raise ServingError(
+            f"the grid decodes batches up to {max(grid.decode_batches)} but the worker batches at most "
+            f"{max_num_seqs} (--max-num-seqs)"
+        )
     use_cpu = clock == "cpu" or (clock == "auto" and threads == 1)
     clock_fn = time.thread_time if use_cpu else time.perf_counter
     engine = TinyEngine(config, threads)
-    torch, model, clock = engine.torch, engine.model, clock_fn
+    torch = engine.torch
     if threads:
         torch.set_num_threads(threads)
     generator = torch.Generator().manual_seed(seed)
+
+    def prompt(length: int) -> list[int]:
+        return torch.randint(0, config.vocab, (length,), generator=generator).tolist()
+
     samples: list[StepSample] = []
     with torch.inference_mode():
-        model(input_ids=torch.zeros((1, 8), dtype=torch.long))  # warm-up: first-call allocations
-        for length in grid.prompt_lengths:
-            for batch in grid.prefill_batches:
-                ids = torch.randint(0, config.vocab, (batch, length), generator=generator)
-                seconds = _fastest_s(lambda: model(input_ids=ids, use_cache=True), grid.repeats, clock)
-                samples.append(StepSample("prefill", batch, batch * length, batch * length * length, 0, seconds))
+        prompts = {length: prompt(length) for length in grid.prompt_lengths}
+        prefill = BatchingEngine(engine.model, torch, max_num_seqs=max_num_seqs)
+        times = _interleaved(
+            {length: (lambda ids=ids: prefill.prefill(BatchedRequest(ids, 2))) for length, ids in prompts.items()},
+            grid,
+            clock_fn,
+        )
+        for length, seconds in times.items():
+            samples.append(StepSample("prefill", 1, length, length * length, 0, seconds))
+        batches = {}
         for context in grid.decode_contexts:
             for batch in grid.decode_batches:
-                ids = torch.randint(0, config.vocab, (batch, context), generator=generator)
-                past = model(input_ids=ids, use_cache=True).cache
-                step = torch.randint(0, config.vocab, (batch, 1), generator=generator)
-                times = []
-                for _ in range(grid.repeats):
-                    start = clock()
-                    past = model(input_ids=step, cache=past, use_cache=True).cache
-                    times.append(clock() - start)
-                samples.append(StepSample("decode", batch, batch, 0, batch * (context + grid.repeats // 2), min(times)))
-    fit_samples = [s for s in samples if s.seqs in grid.fit_batches]
-    held_out = [s for s in samples if s.seqs not in grid.fit_batches]
+                batching = BatchingEngine(engine.model, torch, max_num_seqs=max_num_seqs)
+                for _ in range(batch):  # prompts of `context` tokens, each with its first token
+                    batching.prefill(BatchedRequest(prompt(context), grid.repeats + grid.warmup + 2))
+                batching.decode()  # joins the batch (re-pack); the timed steps are plain decode steps
+                batches[(context, batch)] = batching
+        times = _interleaved({key: batching.decode for key, batching in batches.items()}, grid, clock_fn)
+        middle = 1 + grid.warmup + grid.repeats // 2  # tokens the median step's sequences hold beyond the prompt
+        for (context, batch), seconds in times.items():
+            samples.append(StepSample("decode", batch, batch, 0, batch * (context + middle), seconds))
+    held_prompts = set(grid.held_out_prompts)
+
+    def held(sample: StepSample) -> bool:
+        if sample.kind == "prefill":
+            return sample.tokens in held_prompts
+        return sample.seqs not in grid.fit_batches
+
+    fit_samples = [s for s in samples if not held(s)]
+    held_out = [s for s in samples if held(s)]
     clock_name = "thread CPU time" if use_cpu else "wall clock"
-    source = f"measured ({clock_name}): {config.describe()}, {threads or torch.get_num_threads()} threads"
+    source = (
+        f"measured ({clock_name}, median of {grid.repeats}): {config.describe()}, "
+        f"{threads or torch.get_num_threads()} threads, continuous batching up to {max_num_seqs}"
+    )
     fitted = fit_latency(fit_samples, source=source)
     return ProfileResult(
         config,
@@ -110,6 +153,7 @@ def profile_instance(
         fit_samples,
         held_out,
         fitted,
-        holdout_error(fitted, held_out),
+        holdout_error(fitted, held_out) if held_out else FitCheck(float("nan"), float("nan"), 0, None),
         "cpu" if use_cpu else "wall",
+        EngineLimits(max_num_seqs=max_num_seqs, max_prefill_seqs=1),
     )

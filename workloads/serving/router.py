@@ -52,9 +52,12 @@ UNKNOWN_KV = KVLayout((), "unknown", "bf16")
 PROBES = ((8, 4), (64, 4), (8, 24), (64, 24), (32, 12))  # (prompt words, max_tokens)
 
 
-def worker_spec(url: str, latency: LatencyModel, batch: int = 1) -> InstanceSpec:
-    """A worker as the schedulers see it: its latency model; the KV cache unknown (unbounded)."""
-    return InstanceSpec(url, "remote", "remote", 1, latency, UNKNOWN_KV, float("inf"), EngineLimits(max_num_seqs=batch))
+def worker_spec(url: str, latency: LatencyModel, limits: EngineLimits | None = None) -> InstanceSpec:
+    """A worker as the schedulers see it: its latency model and engine limits (from its profile; batch 1
+    when unknown - a probed worker); the KV cache unknown (unbounded)."""
+    return InstanceSpec(
+        url, "remote", "remote", 1, latency, UNKNOWN_KV, float("inf"), limits or EngineLimits(max_num_seqs=1)
+    )
 
 
 async def probe_worker(endpoint: Endpoint, probes=PROBES, timeout: float = 60.0) -> LatencyModel:

@@ -81,7 +81,7 @@ def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: flo
     """Requests/s an instance sustains at its largest batch (KV-cache and max_num_seqs bound, no SLO)."""
     context = int(mean_context)
     batch = kv_slots(spec, context)
-    per_step = max(1, int(spec.limits.max_batched_tokens // max(mean_prompt, 1)))
+    per_step = spec.limits.prompts_per_prefill(mean_prompt)
     a0, a1, a2 = spec.latency.prefill
     prefill = a0 / per_step + a1 * mean_prompt + a2 * mean_prompt**2
     return batch / (mean_output * spec.latency.decode_s(batch, batch * context) + batch * prefill)
@@ -216,7 +216,7 @@ class TrexScheduler(Scheduler):
 
     def _prefill_per_request_s(self, spec: InstanceSpec) -> float:
         a0, a1, a2 = spec.latency.prefill
-        per_step = max(1, int(spec.limits.max_batched_tokens // max(self.mean_prompt, 1)))
+        per_step = spec.limits.prompts_per_prefill(self.mean_prompt)
         return a0 / per_step + a1 * self.mean_prompt + a2 * self.mean_prompt**2
 
     def slo_batch(self, spec: InstanceSpec, context: int) -> int:
@@ -238,8 +238,11 @@ class TrexScheduler(Scheduler):
     def predicted_ttft_s(self, request: RequestInfo, load: InstanceLoad, slots: int, context: int) -> float:
         spec = load.spec
         a0, a1, a2 = spec.latency.prefill
+        steps = math.ceil((load.waiting_prompt_tokens + request.prompt_tokens) / spec.limits.max_batched_tokens)
+        if spec.limits.max_prefill_seqs > 0:
+            steps = max(steps, math.ceil((load.waiting + 1) / spec.limits.max_prefill_seqs))
         queued = (
-            math.ceil((load.waiting_prompt_tokens + request.prompt_tokens) / spec.limits.max_batched_tokens) * a0
+            steps * a0
             + a1 * (load.waiting_prompt_tokens + request.prompt_tokens)
             + a2 * (load.waiting_pairs + request.prompt_tokens**2)
         )

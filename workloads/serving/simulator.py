@@ -4,7 +4,8 @@ Each instance runs the loop of a vLLM-style engine, one step at a time, each ste
 instance's fitted `LatencyModel`:
 
 * a prefill step when waiting requests can be admitted: FCFS, up to `max_batched_tokens` prompt
-  tokens (a longer prompt runs alone), `max_num_seqs` sequences and the KV cache's free bytes;
+  tokens (a longer prompt runs alone), `max_prefill_seqs` prompts (when set), `max_num_seqs`
+  sequences and the KV cache's free bytes;
   every admitted request gets its first token at the end of the step;
 * otherwise a decode step: every running sequence gains one token. Before the step the KV cache
   must hold each sequence's next token; when it cannot, the most recently admitted sequence is
@@ -12,7 +13,10 @@ instance's fitted `LatencyModel`:
 
 Requests arrive at their trace times and are dispatched on arrival by a `Scheduler` that sees the
 instances' live `InstanceLoad`s. A request that no instance's KV cache could ever hold is dropped
-with the reason; so is one that finds its instance's queue at `max_waiting` (backpressure). After
+with the reason; so is one that finds its instance's queue at `max_waiting` (backpressure).
+Instances that share one host's CPU cores (`shared_cores`: the local CPU workers of the live
+bench, one thread each) run their steps slower while more of them are busy than there are cores:
+a step starting while k instances are busy takes max(1, k / cores) times its profiled time. After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -95,6 +99,7 @@ class Simulation:
         max_waiting: int | None = None,
         drain_s: float = 3600.0,
         expected_output: int | None = None,
+        shared_cores: int | None = None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -103,7 +108,9 @@ class Simulation:
             raise ServingError(f"instance names must be distinct (got {names})")
         self.instances = [_Instance(spec, InstanceLoad(spec)) for spec in instances]
         self.scheduler, self.slo = scheduler, slo
-        self.max_waiting, self.drain_s = max_waiting, drain_s
+        if shared_cores is not None and shared_cores < 1:
+            raise ServingError(f"shared_cores must be at least 1 (got {shared_cores})")
+        self.max_waiting, self.drain_s, self.shared_cores = max_waiting, drain_s, shared_cores
         self.expected_output = expected_output or int(scheduler.mean_output)
         self.events: list = []
         self.order = 0
@@ -163,6 +170,8 @@ class Simulation:
             need = spec.kv.bytes_for(head.context + 1)
             if need > free or (batch and tokens + head.to_prefill > spec.limits.max_batched_tokens):
                 break
+            if 0 < spec.limits.max_prefill_seqs <= len(batch):
+                break
             batch.append(inst.waiting.popleft())
             free -= need
             tokens += head.to_prefill
@@ -199,6 +208,9 @@ class Simulation:
         else:
             inst.busy = False
             return
+        if self.shared_cores is not None:  # instances co-located on a host share its cores
+            busy = 1 + sum(other.busy for other in self.instances if other is not inst)
+            seconds *= max(1.0, busy / self.shared_cores)
         inst.busy = True
         inst.busy_s += seconds
         self._push(now + seconds, "step", inst)

@@ -1,9 +1,10 @@
 """An OpenAI-compatible CPU worker serving a tiny random-init transformers model (loopback only).
 
 It stands in for a vLLM / SGLang worker in tests and benches: a Llama-shaped `transformers` model
-built locally with random weights (never downloaded), greedy decoding with a KV cache, one request
-at a time in arrival order (batch 1), on `threads` intra-op threads. Workers of different sizes or
-thread counts give the router instances of genuinely unequal capacity.
+built locally with random weights (never downloaded), greedy decoding with a KV cache, served by
+continuous batching (`batching.BatchingEngine`: prefill-first, up to `max_num_seqs` sequences
+decoding together; `max_num_seqs=1` serves one request at a time) on `threads` intra-op threads.
+Workers of different sizes or thread counts give the router instances of genuinely unequal capacity.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (with
 `"stream": true`, server-sent events ending in `data: [DONE]`). Text is tokenized as whitespace
@@ -18,9 +19,9 @@ import json
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from trex.workloads.serving.batching import BatchedRequest, BatchingEngine
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.http import error_payload, read_request, response_head, write_json
 
@@ -88,7 +89,8 @@ def max_tokens_of(payload: dict) -> int:
 
 
 class TinyEngine:
-    """Greedy generation with a KV cache, one request at a time."""
+    """The worker's model; `generate` is greedy batch-1 generation with a KV cache (the reference the
+    batching engine's tokens are checked against)."""
 
     def __init__(self, config: WorkerModelConfig, threads: int | None = None):
         import torch
@@ -120,11 +122,11 @@ class TinyEngine:
 
 
 class Worker:
-    """The HTTP front of a `TinyEngine`: requests queue for its single generation thread."""
+    """The HTTP front of a `TinyEngine`: requests join its continuous-batching engine thread."""
 
-    def __init__(self, engine: TinyEngine, name: str = "tiny"):
+    def __init__(self, engine: TinyEngine, name: str = "tiny", max_num_seqs: int = 16):
         self.engine, self.name = engine, name
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"worker-{name}")
+        self.batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=max_num_seqs, threads=engine.threads)
         self.served = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -134,7 +136,18 @@ class Worker:
             except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 return
             if request.method == "GET" and request.path == "/health":
-                await write_json(writer, 200, {"status": "ok", "model": self.name, "served": self.served})
+                await write_json(
+                    writer,
+                    200,
+                    {
+                        "status": "ok",
+                        "model": self.name,
+                        "served": self.served,
+                        "running": self.batching.running,
+                        "waiting": len(self.batching.waiting),
+                        "max_num_seqs": self.batching.max_num_seqs,
+                    },
+                )
             elif request.method == "GET" and request.path == "/v1/models":
                 await write_json(writer, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
             elif request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
@@ -163,9 +176,30 @@ class Worker:
         def on_token(token: int) -> None:
             loop.call_soon_threadsafe(tokens.put_nowait, token)
 
-        job = loop.run_in_executor(
-            self.executor, self.engine.generate, prompt_ids, max_tokens, on_token if stream else None
-        )
+        job: asyncio.Future = loop.create_future()
+
+        def on_done(result) -> None:
+            def settle() -> None:
+                if job.done():
+                    return
+                if isinstance(result, BaseException):
+                    job.set_exception(result)
+                    tokens.put_nowait(result)
+                else:
+                    job.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        request = BatchedRequest(prompt_ids, max_tokens, on_token if stream else None, on_done)
+        self.batching.submit(request)
+        try:
+            await self._respond(writer, chat, stream, prompt_ids, max_tokens, tokens, job)
+        finally:
+            if not job.done():  # the client went away (or the router gave up): free the batch slot
+                request.cancelled = True
+                job.cancel()
+
+    async def _respond(self, writer, chat: bool, stream: bool, prompt_ids, max_tokens: int, tokens, job) -> None:
         ident, created = f"cmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         usage = {
             "prompt_tokens": len(prompt_ids),
@@ -174,7 +208,11 @@ class Worker:
         }
         kind = "chat.completion" if chat else "text_completion"
         if not stream:
-            out = await job
+            try:
+                out = await job
+            except Exception as error:  # the engine failed: a 500 the router retries elsewhere, never silence
+                await write_json(writer, 500, error_payload(f"the engine failed: {error}", "server_error", 500))
+                return
             self.served += 1
             text = " ".join(f"t{t}" for t in out)
             choice = (
@@ -195,9 +233,18 @@ class Worker:
                 },
             )
             return
+        first = await tokens.get()
+        if isinstance(first, BaseException):  # failed before any token: a 500 the router can retry elsewhere
+            await write_json(writer, 500, error_payload(f"the engine failed: {first}", "server_error", 500))
+            return
         writer.write(response_head(200, "text/event-stream", extra={"Cache-Control": "no-cache"}))
         for i in range(max_tokens):
-            token = await tokens.get()
+            token = first if i == 0 else await tokens.get()
+            if isinstance(token, BaseException):  # the engine failed mid-stream: an error event, no [DONE]
+                event = error_payload(f"the engine failed: {token}", "server_error", 500)
+                writer.write(f"data: {json.dumps(event)}\n\n".encode())
+                await writer.drain()
+                return
             piece = f" t{token}" if i else f"t{token}"
             delta = (
                 {"index": 0, "delta": {"content": piece}, "finish_reason": None}
@@ -237,4 +284,4 @@ class Worker:
         return await asyncio.start_server(self.handle, host, port)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.batching.stop()

@@ -1,0 +1,192 @@
+"""The CPU worker's continuous batching: the same tokens as one-at-a-time generation, real batching,
+cancelled requests leave, a failing step fails its requests; the simulator models the same engine
+(one prompt per prefill step, instances sharing cores); profiles carry the worker's limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+from serving_helpers import instance
+
+from trex.workloads.serving.batching import BatchedRequest, BatchingEngine
+from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.http import Endpoint, open_request, request_json
+from trex.workloads.serving.instance_model import EngineLimits
+from trex.workloads.serving.latency_fit import LatencyModel, load_engine_limits, save_samples
+from trex.workloads.serving.schedulers import make_scheduler
+from trex.workloads.serving.simulator import Simulation
+from trex.workloads.serving.worker import TinyEngine, Worker, WorkerModelConfig
+from trex.workloads.serving.workload import Request
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return TinyEngine(WorkerModelConfig(layers=2, hidden=32, heads=2, vocab=64), threads=1)
+
+
+def serve_all(batching: BatchingEngine, jobs: list[tuple[list[int], int]], timeout: float = 60.0) -> list:
+    results: dict[int, object] = {}
+    done = threading.Event()
+
+    def finisher(i: int):
+        def on_done(result):
+            results[i] = result
+            if len(results) == len(jobs):
+                done.set()
+
+        return on_done
+
+    for i, (prompt, max_tokens) in enumerate(jobs):
+        batching.submit(BatchedRequest(prompt, max_tokens, on_done=finisher(i)))
+    assert done.wait(timeout), f"only {len(results)} of {len(jobs)} requests finished"
+    return [results[i] for i in range(len(jobs))]
+
+
+def test_batched_tokens_equal_one_at_a_time_generation(engine):
+    jobs = [([1, 2, 3, 4, 5], 12), (list(range(10, 40)), 5), ([7], 20), (list(range(3, 20)), 9), ([9, 9], 1)]
+    reference = [engine.generate(prompt, max_tokens) for prompt, max_tokens in jobs]
+    batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=3, threads=1)
+    try:
+        assert serve_all(batching, jobs) == reference
+    finally:
+        batching.stop()
+    assert batching.steps["prefill"] == len(jobs)  # one prompt per prefill step
+    one_at_a_time = sum(max_tokens - 1 for _, max_tokens in jobs)
+    assert batching.steps["decode"] < one_at_a_time  # sequences really decoded together
+
+
+def test_cache_buffers_grow_in_place_past_their_room(engine):
+    from trex.workloads.serving.batching import ROOM
+
+    jobs = [([1, 2, 3], ROOM + 40), (list(range(5, 30)), ROOM // 2)]
+    batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=4)
+    try:
+        assert serve_all(batching, jobs) == [engine.generate(p, n) for p, n in jobs]
+    finally:
+        batching.stop()
+
+
+def test_batch_never_exceeds_max_num_seqs(engine):
+    batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=2)
+    seen = []
+    original = batching.decode
+
+    def watch():
+        original()
+        seen.append(len(batching.batch))
+
+    batching.decode = watch
+    try:
+        serve_all(batching, [([i + 1, i + 2], 6) for i in range(5)])
+    finally:
+        batching.stop()
+    assert seen and max(seen) == 2
+
+
+def test_a_cancelled_request_leaves_the_batch(engine):
+    batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=1)
+    long = BatchedRequest([1, 2, 3], 4000)
+    batching.submit(long)
+    try:
+        long.cancelled = True  # the client went away; the slot frees for the next request
+        assert serve_all(batching, [([4, 5], 3)], timeout=30.0)[0] == engine.generate([4, 5], 3)
+    finally:
+        batching.stop()
+    assert len(long.tokens) < 4000
+
+
+def test_a_failing_step_fails_its_requests_with_the_error(engine):
+    class Broken:
+        def __call__(self, **_):
+            raise RuntimeError("out of memory")
+
+    batching = BatchingEngine(Broken(), engine.torch, max_num_seqs=4)
+    try:
+        results = serve_all(batching, [([1, 2], 3), ([3], 2)], timeout=10.0)
+    finally:
+        batching.stop()
+    assert all(isinstance(r, RuntimeError) and "out of memory" in str(r) for r in results)
+
+
+def test_bad_engine_inputs_are_named(engine):
+    with pytest.raises(ServingError, match="max_num_seqs"):
+        BatchingEngine(engine.model, engine.torch, max_num_seqs=0)
+    batching = BatchingEngine(engine.model, engine.torch)
+    with pytest.raises(ServingError, match="at least one prompt token"):
+        batching.submit(BatchedRequest([], 3))
+
+
+def test_worker_streams_concurrent_requests_from_one_batch(engine):
+    async def scenario():
+        worker = Worker(engine, max_num_seqs=4)
+        server = await worker.start()
+        endpoint = Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
+
+        async def one(words: int, max_tokens: int) -> list[str]:
+            payload = {"prompt": " ".join(f"w{i}" for i in range(words)), "max_tokens": max_tokens, "stream": True}
+            response = await open_request(endpoint, "POST", "/v1/completions", payload, 30)
+            texts = []
+            async for line in response.lines(30):
+                text = line.decode().strip()
+                if text.startswith("data:") and text != "data: [DONE]":
+                    texts.append(json.loads(text[5:])["choices"][0]["text"])
+            response.close()
+            return [t for t in texts if t]
+
+        try:
+            streams = await asyncio.gather(*(one(3 + i, 5 + i) for i in range(6)))
+            status, health = await request_json(endpoint, "GET", "/health", timeout=5)
+        finally:
+            server.close()
+            worker.close()
+        assert [len(s) for s in streams] == [5 + i for i in range(6)]
+        assert status == 200 and health["served"] == 6 and health["max_num_seqs"] == 4
+        assert worker.batching.steps["decode"] < sum(4 + i for i in range(6))
+
+    asyncio.run(scenario())
+
+
+def test_simulator_prefills_one_prompt_per_step_when_the_engine_does():
+    limits = EngineLimits(max_batched_tokens=4096, max_num_seqs=8, max_prefill_seqs=1)
+    spec = instance("cpu", 1.0)
+    spec = type(spec)(spec.name, spec.machine, spec.device, 1, spec.latency, spec.kv, spec.kv_capacity_bytes, limits)
+    sim = Simulation([spec], make_scheduler("round_robin"), SLO(10, 1))
+    sizes = []
+    original = sim._start_step
+
+    def watch(now, inst):
+        original(now, inst)
+        if inst.step and inst.step[0] == "prefill":
+            sizes.append(len(inst.step[1]))
+
+    sim._start_step = watch
+    sim.run([Request(i, 0.0, 10, 4) for i in range(5)])
+    assert sizes == [1] * 5
+    assert limits.prompts_per_prefill(10) == 1 and EngineLimits().prompts_per_prefill(1000) == 8
+
+
+def test_instances_sharing_cores_run_slower_while_both_are_busy():
+    requests = [Request(i, 0.0, 10, 20) for i in range(4)]
+
+    def duration(cores):
+        sim = Simulation([instance("a", 1.0), instance("b", 1.0)], make_scheduler("round_robin"), SLO(10, 1),
+                         shared_cores=cores)  # fmt: skip
+        return sim.run(requests).report.duration_s
+
+    assert duration(1) == pytest.approx(2 * duration(2), rel=0.05)
+    with pytest.raises(ServingError, match="shared_cores"):
+        Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(), shared_cores=0)
+
+
+def test_profile_files_carry_the_engine_limits(tmp_path):
+    model = LatencyModel((0.01, 1e-4, 0.0), (0.02, 1e-3, 1e-6))
+    path = save_samples([], model, tmp_path / "p.json", extra={"limits": {"max_num_seqs": 8, "max_prefill_seqs": 1}})
+    assert load_engine_limits(path) == EngineLimits(max_num_seqs=8, max_prefill_seqs=1)
+    assert load_engine_limits(save_samples([], model, tmp_path / "old.json")) is None
+    bad = save_samples([], model, tmp_path / "bad.json", extra={"limits": {"max_num_seqz": 8}})
+    with pytest.raises(ServingError, match="unknown or missing field"):
+        load_engine_limits(bad)
