@@ -306,17 +306,6 @@ def describe(
                     _value_data(kind, position, v),
                 )
             )
-        for index in sorted(choice.saved_external):
-            x = block.external[index]
-            decisions.append(
-                Decision(
-                    "save",
-                    x.node.name,
-                    f"{where}: kept, an input of a recompute chain read from outside the layer "
-                    f"({format_bytes(x.storage_bytes)})",
-                    {"bytes": x.storage_bytes, "recompute_seconds": None, "external": True, "kind": kind.name},
-                )
-            )
     return decisions
 
 
