@@ -126,7 +126,15 @@ def save_everything_bytes(block: Block) -> int:
 
 
 def forward_node_names(joint: fx.GraphModule) -> set[str]:
-    """The forward nodes, by the rule `default_partition` uses: up to the last forward-tagged node."""
+    """The forward nodes, by the rule `default_partition` uses: up to the last forward-tagged node.
+    A joint graph without partitioner tags (loaded back from a dump, as a reproducer does) falls
+    back to the nodes that depend on no tangent."""
+    if not any(_has_tag_is_forward(n) for n in joint.graph.nodes):
+        backward: set[fx.Node] = set()
+        for node in joint.graph.nodes:
+            if _is_tangent(node) or any(a in backward for a in node.all_input_nodes):
+                backward.add(node)
+        return {n.name for n in joint.graph.nodes if n not in backward and n.op != "output"}
     last = None
     for node in joint.graph.nodes:
         if _has_tag_is_forward(node) or _is_primal(node) or _is_fwd_seed_offset(node):

@@ -60,9 +60,11 @@ class MemoryBudget:
     at_least_minimum: bool = False
 
     @classmethod
-    def parse(cls, value: float | int | str | MemoryBudget) -> MemoryBudget:
+    def parse(cls, value: float | int | str | dict | MemoryBudget) -> MemoryBudget:
         if isinstance(value, MemoryBudget):
             return value
+        if isinstance(value, dict) and set(value) <= {"fraction", "bytes", "at_least_minimum"}:
+            return cls(**value)  # `as_settings()`, as a reproducer stores it
         if isinstance(value, bool):
             raise RecomputeBudgetError(
                 f"memory_budget={value!r}: give a fraction in (0, 1] (e.g. 0.4) or an amount ('3GiB', '512MB', bytes)"
@@ -91,6 +93,9 @@ class MemoryBudget:
         raise RecomputeBudgetError(
             f"memory_budget={value!r}: give a fraction in (0, 1] or an amount like '3GiB', not a {type(value).__name__}"
         )
+
+    def as_settings(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "bytes": self.bytes, "at_least_minimum": self.at_least_minimum}
 
     def bytes_for(self, save_everything: int) -> float:
         return self.fraction * save_everything if self.fraction is not None else float(self.bytes)
@@ -129,6 +134,11 @@ class Recompute:
     ):
         self.memory_budget = MemoryBudget.parse(memory_budget) if memory_budget is not None else None
         self.time_limit_s = time_limit_s
+
+    def reproducer_settings(self) -> dict[str, Any]:
+        """What `trex.repro` stores so a reproducer replays this pass with the same budget and limit."""
+        budget = self.memory_budget.as_settings() if self.memory_budget is not None else None
+        return {"memory_budget": budget, "time_limit_s": self.time_limit_s}
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         budget = self.memory_budget

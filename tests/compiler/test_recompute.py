@@ -268,3 +268,55 @@ def test_a_derived_budget_below_the_minimum_uses_the_minimum_and_says_so():
     _compiled_with_budget(layer, MemoryBudget(fraction=0.01, at_least_minimum=True), records)(*inputs).sum().backward()
     fallback = _decision(records[0], "fallback")
     assert fallback and "below the reachable minimum" in fallback[0].reason
+
+
+class _FailsOnce:
+    """A user pass that fails the first time it runs (the compile) and not when the reproducer replays it."""
+
+    name = "fails_once"
+    failed = False
+
+    def run(self, gm, ctx):
+        from trex.pass_manager import PassResult
+
+        if not _FailsOnce.failed:
+            _FailsOnce.failed = True
+            raise RuntimeError("first run fails")
+        return PassResult(False, [])
+
+
+def test_a_reproducer_replays_the_recompute_pass_with_its_budget(tmp_path):
+    from trex.errors import PassError
+    from trex.repro import load_pipeline, reproduce, write_reproducer
+
+    def mlp(x, w1, w2):
+        return torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2)
+
+    budget = MemoryBudget(fraction=0.35)
+    failures: list = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        manager = PassManager(
+            [_FailsOnce(), Recompute(budget, time_limit_s=1.5)],
+            reproducer=lambda g, remaining, ctx: write_reproducer(g, remaining, ctx, tmp_path),
+        )
+        try:
+            manager.run(joint, PassContext(phase="joint"))
+        except PassError as error:
+            failures.append(error)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    _FailsOnce.failed = False
+    inputs = [torch.randn(64, 32), torch.randn(32, 128), torch.randn(128, 32)]
+    aot_function(mlp, fw_compiler=nop, bw_compiler=nop, partition_fn=partition)(
+        *[i.requires_grad_(True) for i in inputs]
+    )
+    assert failures, "the failing pass must have written a reproducer"
+    (folder,) = tmp_path.glob("repro_graph_*")
+    replayed = load_pipeline(folder)
+    assert [p.name for p in replayed] == ["fails_once", "recompute"]
+    assert replayed[1].memory_budget == budget and replayed[1].time_limit_s == 1.5
+    report = reproduce(folder)
+    (solve,) = [d for d in report.records[1].decisions if d.action == "solve"]
+    assert "0.35 of the save-everything" in solve.reason
+    assert solve.data["save_everything_bytes"] > 0 and solve.data["budget_bytes"] == int(0.35 * solve.data["save_everything_bytes"])
