@@ -166,7 +166,6 @@ def load_pipeline(folder: str | Path) -> list[Any]:
 
 def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") -> PipelineReport:
     """Re-run a reproducer written by a failing pipeline."""
-    from trex.passes import resolve_pipeline
 
     folder = Path(folder)
     gm, _ = load_dumped_graph(folder / "graph.py")
