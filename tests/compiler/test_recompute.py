@@ -181,9 +181,22 @@ def _train_step(model, input_ids):
     return loss
 
 
-def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_size: int = 32, dump_dir=None):
+# bf16: the tolerances of the compile-vs-eager model tests (tests/compiler/test_compile_models.py)
+BF16_LOSS = {"rtol": 1.6e-1, "atol": 1e-2}
+BF16_GRADS = {"rtol": 5e-2, "atol": 2e-2}
+
+
+def _check_family(
+    family: str,
+    fraction: float,
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 32,
+    dump_dir=None,
+    dtype=torch.float32,
+):
     config = tiny_config(family, num_layers=num_layers, hidden_size=hidden_size, num_experts=4)
-    model = build_model(config, dtype=torch.float32, seed=1)
+    model = build_model(config, dtype=dtype, seed=1)
     reference = copy.deepcopy(model)
     compiled = trex.compile(model, memory_budget=fraction, dump_dir=dump_dir)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -191,11 +204,12 @@ def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_s
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
     loss.backward()
     expected = _train_step(reference, input_ids)
-    torch.testing.assert_close(loss, expected, **FP32)
+    loss_tolerance, grad_tolerance = (FP32, FP32) if dtype == torch.float32 else (BF16_LOSS, BF16_GRADS)
+    torch.testing.assert_close(loss, expected, **loss_tolerance)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, **FP32, msg=lambda m, n=name: f"grad of {n}: {m}")
+            torch.testing.assert_close(p.grad, q.grad, **grad_tolerance, msg=lambda m, n=name: f"grad of {n}: {m}")
     decisions = [d for _, d in compiled.trex.graphs[0].report.decisions]
     (solve,) = [d for d in decisions if d.action == "solve"]
     assert saved.bytes <= solve.data["budget_bytes"] * 1.05, (
@@ -230,6 +244,17 @@ def test_tiny_families_train_like_eager_at_every_budget(family, fraction):
         _check_family(family, fraction, num_layers=3)
     except RecomputeBudgetError as error:
         assert "below the minimum feasible" in str(error) and fraction <= 0.2
+
+
+def test_bf16_trains_like_eager_bf16_within_budget():
+    _check_family("qwen3-moe", 0.3, dtype=torch.bfloat16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.15, 0.5, 0.8])
+@pytest.mark.parametrize("family", ["deepseek-v4", "qwen3-moe"])
+def test_bf16_trains_like_eager_bf16_at_several_budgets(family, fraction):
+    _check_family(family, fraction, num_layers=3, dtype=torch.bfloat16)
 
 
 def test_compile_refuses_a_malformed_budget_before_capturing():
@@ -319,4 +344,6 @@ def test_a_reproducer_replays_the_recompute_pass_with_its_budget(tmp_path):
     report = reproduce(folder)
     (solve,) = [d for d in report.records[1].decisions if d.action == "solve"]
     assert "0.35 of the save-everything" in solve.reason
-    assert solve.data["save_everything_bytes"] > 0 and solve.data["budget_bytes"] == int(0.35 * solve.data["save_everything_bytes"])
+    assert solve.data["save_everything_bytes"] > 0 and solve.data["budget_bytes"] == int(
+        0.35 * solve.data["save_everything_bytes"]
+    )
