@@ -233,7 +233,7 @@ def policy_point(model: str, rec: Recorded, policy: str) -> Point | None:
 
 
 def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[Point]:
-    problem_for(rec.joint, target)  # annotate once: every copy carries the costs
+    problem_for(rec.joint, target, reannotate=True)  # annotate once for the target: every copy carries the costs
     points = []
     forward, backward = default_partition(
         copy_graph_module(rec.joint), rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs

@@ -157,11 +157,13 @@ class Recompute:
         return PassResult(True, describe(problem, solution, budget, budget_bytes, overridden))
 
 
-def problem_for(gm: fx.GraphModule, target: Any = "cpu") -> RecomputeProblem:
-    """Annotate costs where missing and read the save/recompute problem off `gm`."""
+def problem_for(gm: fx.GraphModule, target: Any = "cpu", *, reannotate: bool = False) -> RecomputeProblem:
+    """Read the save/recompute problem off `gm`, annotating costs for `target` where missing (or
+    everywhere with `reannotate`: a graph annotated for another target, e.g. a meta capture's CPU
+    costs read for an H100)."""
     from trex.cost_model.annotate import annotate, cluster_of
 
-    if any(n.op == "call_function" and "cost" not in n.meta for n in gm.graph.nodes):
+    if reannotate or any(n.op == "call_function" and "cost" not in n.meta for n in gm.graph.nodes):
         annotate(gm, target)
     return build_problem(gm, cluster_of(target).device)
 
@@ -184,10 +186,12 @@ def choose(
     if least.saved_bytes <= budget_bytes:  # the budgeted solve ran out of time before its first answer
         least.status = "time_limit"
         least.seconds += solution.seconds
+        least.cpu_seconds += solution.cpu_seconds
         return least, budget_bytes
     if budget.at_least_minimum:
         least.status = "raised_to_minimum"
         least.seconds += solution.seconds
+        least.cpu_seconds += solution.cpu_seconds
         return least, budget_bytes
     fraction = least.saved_bytes / full if full else 1.0
     raise RecomputeBudgetError(
@@ -223,7 +227,7 @@ def describe(
     head = (
         f"saved {format_bytes(solution.saved_bytes)} of a {format_bytes(budget_bytes)} budget ({budget}); "
         f"save-everything {format_bytes(full)}; recompute {solution.objective_seconds * 1e3:.3f} ms per step; "
-        f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s "
+        f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s ({solution.cpu_seconds:.2f} s CPU) "
         f"({solution.status}, gap {solution.gap:.2%})"
     )
     decisions = [
@@ -238,6 +242,7 @@ def describe(
                 "saved_bytes": solution.saved_bytes,
                 "recompute_seconds": solution.objective_seconds,
                 "solve_seconds": solution.seconds,
+                "solve_cpu_seconds": solution.cpu_seconds,
                 "kinds": len(problem.kinds),
                 "blocks": sum(k.count for k in problem.kinds),
             },
@@ -258,7 +263,7 @@ def describe(
             Decision(
                 "fallback",
                 "memory budget",
-                f"SCIP stopped at its time limit; the best feasible answer found is used "
+                f"SCIP stopped at its time limit (CPU time); the best feasible answer found is used "
                 f"(optimality gap {solution.gap:.2%})",
                 {"gap": solution.gap},
             )
