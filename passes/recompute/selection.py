@@ -197,8 +197,8 @@ def choose(
     raise RecomputeBudgetError(
         f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: "
         f"{format_bytes(least.saved_bytes)} ({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the "
-        f"save-everything {format_bytes(full)}). Values that cannot be recomputed (random ops, values other layers "
-        "read) and the inputs of every recompute chain must be kept; "
+        f"save-everything {format_bytes(full)}). Values that cannot be recomputed (random ops, side effects, "
+        "collectives), the RNG state of each replayed seeded op and the inputs of every recompute chain must be kept; "
         f"use memory_budget >= {fraction:.3f} (or >= {least.saved_bytes} bytes)"
     )
 

@@ -347,3 +347,50 @@ def test_a_reproducer_replays_the_recompute_pass_with_its_budget(tmp_path):
     assert solve.data["save_everything_bytes"] > 0 and solve.data["budget_bytes"] == int(
         0.35 * solve.data["save_everything_bytes"]
     )
+
+
+class _Stack(torch.nn.Module):
+    """Three alike layers; each layer's output is the next one's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x)) * 2.0
+        return x.sum()
+
+
+def test_values_other_layers_read_are_recomputed_when_the_budget_needs_it():
+    torch.manual_seed(0)
+    model = _Stack()
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, memory_budget=0.05, backend="eager")
+    x = torch.randn(64, 32)
+    with SavedActivations([*model.parameters(), x]) as saved:
+        loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, **FP32)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **FP32)
+    graph = compiled.trex.graphs[0]
+    decisions = [d for _, d in graph.report.decisions]
+    (solve,) = [d for d in decisions if d.action == "solve"]
+    assert saved.bytes <= solve.data["budget_bytes"] * 1.05
+    by_name = {n.name: n for n in graph.joint.graph.nodes}
+    from trex.passes.recompute.problem import forward_node_names, layer_of
+
+    forward = forward_node_names(graph.joint)
+    crossing = [
+        d.subject
+        for d in decisions
+        if d.action == "recompute"
+        and any(
+            u.name in forward and layer_of(u) != layer_of(by_name[d.subject]) and "nn_module_stack" in u.meta
+            for u in by_name[d.subject].users
+        )
+    ]
+    assert crossing, "at 5% of save-everything a layer's output must be recomputed for the next layer's backward"
