@@ -40,6 +40,7 @@ import trex
 import trex.driver as capture_module
 from trex.graph_copy import copy_graph_module
 from trex.passes.recompute import MemoryBudget, RecomputeBudgetError, choose, problem_for
+from trex.passes.recompute.milp import solve
 from trex.passes.recompute.problem import forward_node_names, layer_of
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -253,6 +254,10 @@ def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[P
             f"trex@torch {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms",
             flush=True,
         )
+    least = solve(problem_for(rec.joint, target), 0.0, minimize_bytes=True)
+    if least.feasible:  # the least memory trex can promise, partitioned and measured like the rest
+        points.append(trex_point(model, rec, MemoryBudget(bytes=max(1, least.saved_bytes)), "trex-minimum", target))
+        print(f"  {model} trex minimum: {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms")
     for policy in ("core_attn", "moe_act", "mla_up_proj", "layernorm", "core_attn+moe_act"):
         point = policy_point(model, rec, policy)
         if point is not None:
@@ -329,7 +334,7 @@ def plot(points: list[Point], path: Path) -> str:
             if front:
                 axis.plot(*zip(*front), style, label=method, alpha=0.8)
         for p in mine:
-            if p.method.startswith("megatron:") or p.method == "save-everything":
+            if p.method.startswith("megatron:") or p.method in ("save-everything", "trex-minimum"):
                 axis.plot(
                     p.saved_bytes / 2**20,
                     p.recompute_seconds * 1e3,
@@ -354,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="bench/recompute/results")
     parser.add_argument(
+        "--kinds",
+        default="",
+        help="only the meta-captured kinds whose 'name xCOUNT' contains one of these (';'-separated)",
+    )
+    parser.add_argument(
         "--budgets", default=",".join(map(str, BUDGETS)), help="activation_memory_budget values to compare at"
     )
     args = parser.parse_args(argv)
@@ -368,12 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in [m for m in args.meta.split(",") if m]:
         print(f"meta-capturing {name}", flush=True)
         for kind, count, rec in capture_meta(name):
+            if args.kinds and not any(k in f"{kind} x{count}" for k in args.kinds.split(";")):
+                continue
             points += run_model(f"{name} [{kind}] x{count}", rec, args.target, budgets)
     (out / "points.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
     print(table(points))
     print(ratios(points))
     for p in points:
-        if p.method.startswith("megatron:") or p.method == "save-everything":
+        if p.method.startswith("megatron:") or p.method in ("save-everything", "trex-minimum"):
             print(
                 f"  {p.model} {p.method}: saved {p.saved_bytes / 1024:.1f} KiB, "
                 f"recompute {p.recompute_seconds * 1e3:.3f} ms"
