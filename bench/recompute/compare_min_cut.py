@@ -69,17 +69,23 @@ class Recorded:
 @contextlib.contextmanager
 def record_partitions(into: list[Recorded]):
     """Record every joint graph trex hands to `default_partition` (a copy, before partitioning)."""
-    real = capture_module.default_partition
+    names = ("default_partition", "min_cut_rematerialization_partition")  # whichever the backend asks for
+    real = {name: getattr(capture_module, name) for name in names}
 
-    def spy(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
-        into.append(Recorded(copy_graph_module(joint), joint_inputs, num_fwd_outputs, kwargs))
-        return real(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    def spying(function):
+        def spy(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+            into.append(Recorded(copy_graph_module(joint), joint_inputs, num_fwd_outputs, kwargs))
+            return function(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-    capture_module.default_partition = spy
+        return spy
+
+    for name in names:
+        setattr(capture_module, name, spying(real[name]))
     try:
         yield
     finally:
-        capture_module.default_partition = real
+        for name in names:
+            setattr(capture_module, name, real[name])
 
 
 def capture_tiny(family: str) -> Recorded:
@@ -326,6 +332,8 @@ def plot(points: list[Point], path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
     models = list(dict.fromkeys(p.model for p in points))
+    if not models:
+        return "no points: no plot"
     figure, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
     for axis, model in zip(axes[0], models):
         mine = [p for p in points if p.model == model and p.saved_bytes >= 0]
