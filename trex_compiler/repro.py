@@ -60,8 +60,11 @@ def pass_locator(pass_: Any, folder: Path) -> dict[str, str]:
     `folder/user_passes.py` (with its file's imports): replaying tries the class's module first
     and falls back to that copy, so a pass from a script (`__main__`) or from a module only
     importable where it was defined (a test file) still replays, and no script is re-run."""
-    entry = {"name": pass_.name}
+    entry: dict[str, Any] = {"name": pass_.name}
     if _is_shipped(pass_):
+        settings = getattr(pass_, "reproducer_settings", None)  # a configured pass (a budget, a limit) replays as such
+        if callable(settings):
+            entry["settings"] = settings()
         return entry
     cls = type(pass_)
     entry.update(module=cls.__module__, qualname=cls.__qualname__)
@@ -146,16 +149,27 @@ def _load_pass_class(entry: dict[str, str], folder: Path) -> type:
     return getattr(module, entry["copy_name"])
 
 
+def load_pipeline(folder: str | Path) -> list[Any]:
+    """The passes of a reproducer, each built as it was configured (`reproducer_settings`)."""
+    from trex.passes import resolve_pipeline
+
+    pipeline = []
+    for entry in json.loads((Path(folder) / "pipeline.json").read_text()):
+        if "qualname" in entry:
+            pipeline.append(_load_pass_class(entry, Path(folder))())
+        elif "settings" in entry:
+            pipeline.append(type(resolve_pipeline([entry["name"]])[0])(**entry["settings"]))
+        else:
+            pipeline.append(resolve_pipeline([entry["name"]])[0])
+    return pipeline
+
+
 def reproduce(folder: str | Path, *, target: str = "cpu", phase: str = "joint") -> PipelineReport:
     """Re-run a reproducer written by a failing pipeline."""
-    from trex.passes import resolve_pipeline
 
     folder = Path(folder)
     gm, _ = load_dumped_graph(folder / "graph.py")
-    entries = json.loads((folder / "pipeline.json").read_text())
-    pipeline = [
-        resolve_pipeline([e["name"]])[0] if "qualname" not in e else _load_pass_class(e, folder)() for e in entries
-    ]
+    pipeline = load_pipeline(folder)
     again = folder / "again"
     manager = PassManager(pipeline, reproducer=lambda g, remaining, ctx: write_reproducer(g, remaining, ctx, again))
     return manager.run(gm, PassContext(target=target, phase=phase))

@@ -37,9 +37,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
 import trex
-import trex.capture as capture_module
+import trex.driver as capture_module
 from trex.graph_copy import copy_graph_module
 from trex.passes.recompute import MemoryBudget, RecomputeBudgetError, choose, problem_for
+from trex.passes.recompute.milp import solve
 from trex.passes.recompute.problem import forward_node_names, layer_of
 
 BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -68,17 +69,23 @@ class Recorded:
 @contextlib.contextmanager
 def record_partitions(into: list[Recorded]):
     """Record every joint graph trex hands to `default_partition` (a copy, before partitioning)."""
-    real = capture_module.default_partition
+    names = ("default_partition", "min_cut_rematerialization_partition")  # whichever the backend asks for
+    real = {name: getattr(capture_module, name) for name in names}
 
-    def spy(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
-        into.append(Recorded(copy_graph_module(joint), joint_inputs, num_fwd_outputs, kwargs))
-        return real(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+    def spying(function):
+        def spy(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+            into.append(Recorded(copy_graph_module(joint), joint_inputs, num_fwd_outputs, kwargs))
+            return function(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
-    capture_module.default_partition = spy
+        return spy
+
+    for name in names:
+        setattr(capture_module, name, spying(real[name]))
     try:
         yield
     finally:
-        capture_module.default_partition = real
+        for name in names:
+            setattr(capture_module, name, real[name])
 
 
 def capture_tiny(family: str) -> Recorded:
@@ -88,7 +95,7 @@ def capture_tiny(family: str) -> Recorded:
     model = build_model(config, dtype=torch.float32, seed=1)
     recorded: list[Recorded] = []
     with record_partitions(recorded):
-        compiled = trex.compile(model)
+        compiled = trex.compile(model, backend="eager")  # default_partition: the joint graph trex partitions
         ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
         compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     return recorded[0]
@@ -233,7 +240,7 @@ def policy_point(model: str, rec: Recorded, policy: str) -> Point | None:
 
 
 def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[Point]:
-    problem_for(rec.joint, target)  # annotate once: every copy carries the costs
+    problem_for(rec.joint, target, reannotate=True)  # annotate once for the target: every copy carries the costs
     points = []
     forward, backward = default_partition(
         copy_graph_module(rec.joint), rec.joint_inputs, num_fwd_outputs=rec.num_fwd_outputs, **rec.kwargs
@@ -253,6 +260,10 @@ def run_model(model: str, rec: Recorded, target: str, budgets=BUDGETS) -> list[P
             f"trex@torch {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms",
             flush=True,
         )
+    least = solve(problem_for(rec.joint, target), 0.0, minimize_bytes=True)
+    if least.feasible:  # the least memory trex can promise, partitioned and measured like the rest
+        points.append(trex_point(model, rec, MemoryBudget(bytes=max(1, least.saved_bytes)), "trex-minimum", target))
+        print(f"  {model} trex minimum: {points[-1].saved_bytes} B / {points[-1].recompute_seconds * 1e3:.3f} ms")
     for policy in ("core_attn", "moe_act", "mla_up_proj", "layernorm", "core_attn+moe_act"):
         point = policy_point(model, rec, policy)
         if point is not None:
@@ -321,6 +332,8 @@ def plot(points: list[Point], path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed: no plot (pip install matplotlib)"
     models = list(dict.fromkeys(p.model for p in points))
+    if not models:
+        return "no points: no plot"
     figure, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
     for axis, model in zip(axes[0], models):
         mine = [p for p in points if p.model == model and p.saved_bytes >= 0]
@@ -329,7 +342,7 @@ def plot(points: list[Point], path: Path) -> str:
             if front:
                 axis.plot(*zip(*front), style, label=method, alpha=0.8)
         for p in mine:
-            if p.method.startswith("megatron:") or p.method == "save-everything":
+            if p.method.startswith("megatron:") or p.method in ("save-everything", "trex-minimum"):
                 axis.plot(
                     p.saved_bytes / 2**20,
                     p.recompute_seconds * 1e3,
@@ -354,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="bench/recompute/results")
     parser.add_argument(
+        "--kinds",
+        default="",
+        help="only the meta-captured kinds whose 'name xCOUNT' contains one of these (';'-separated)",
+    )
+    parser.add_argument(
         "--budgets", default=",".join(map(str, BUDGETS)), help="activation_memory_budget values to compare at"
     )
     args = parser.parse_args(argv)
@@ -368,12 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in [m for m in args.meta.split(",") if m]:
         print(f"meta-capturing {name}", flush=True)
         for kind, count, rec in capture_meta(name):
+            if args.kinds and not any(k in f"{kind} x{count}" for k in args.kinds.split(";")):
+                continue
             points += run_model(f"{name} [{kind}] x{count}", rec, args.target, budgets)
     (out / "points.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
     print(table(points))
     print(ratios(points))
     for p in points:
-        if p.method.startswith("megatron:") or p.method == "save-everything":
+        if p.method.startswith("megatron:") or p.method in ("save-everything", "trex-minimum"):
             print(
                 f"  {p.model} {p.method}: saved {p.saved_bytes / 1024:.1f} KiB, "
                 f"recompute {p.recompute_seconds * 1e3:.3f} ms"

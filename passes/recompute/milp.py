@@ -13,10 +13,11 @@ Variables, per kind (the representative block; objective and bytes weighted by t
   r_v = 1: tag forward value v MUST_RECOMPUTE (only for recomputable values)
   z_g = 1: storage group g is held from forward to backward (saving any view of it costs its bytes
            once, so "v is saved" is z of v's storage)
-  e_x = 1: external value x (read from outside the block) is saved
+  e_x = 1: external value x that no block decides (rare: not a graph input, not a block's value) is saved
 Constraints:
   z_g(v) + r_v >= 1         v is read by the backward
-  z_g(u) + r_u >= r_v       u is read by a recomputed v (an external u: e_u >= r_v)
+  z_g(u) + r_u >= r_v       u is read by a recomputed v; a u from another block uses that block's
+                            kind's variables (one constraint per block of v's kind, as the decision is tiled)
   sum count * bytes * (z, e) <= budget
 Objective: sum count * seconds_v * r_v, plus a tie-break of saved bytes small enough never to trade
 against recompute time (between equal-time answers it picks the smaller one).
@@ -34,15 +35,15 @@ from trex.passes.recompute.problem import Kind, RecomputeProblem
 # SCIP stops once its answer is proven within this fraction of the optimum: closing the last 0.1% on
 # a knapsack-like budget row costs more root cutting rounds than the rest of the solve.
 RELATIVE_GAP = 1e-3
-# Past this, the best feasible answer found is used and the decisions say so (with its gap).
-DEFAULT_TIME_LIMIT_S = 10.0
+# Past this much CPU time (SCIP's CPU clock: a shared, loaded machine does not shorten the search),
+# the best feasible answer found is used and the decisions say so (with its proven gap).
+DEFAULT_TIME_LIMIT_S = 2.0
 
 
 @dataclass
 class KindChoice:
     recompute: set[int] = field(default_factory=set)  # positions tagged MUST_RECOMPUTE
     saved: set[int] = field(default_factory=set)  # positions saved (tensors)
-    saved_external: set[int] = field(default_factory=set)  # indices into Block.external
     saved_bytes: int = 0  # per block
     recompute_seconds: float = 0.0  # per block
 
@@ -55,6 +56,7 @@ class Solution:
     objective_seconds: float  # total recompute time, all blocks
     saved_bytes: int  # total modelled saved bytes, all blocks
     gap: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of this process during the solve (model build + SCIP)
 
     @property
     def feasible(self) -> bool:
@@ -72,10 +74,11 @@ def solve(
     """The least-recompute choice within `budget_bytes` (or, with `minimize_bytes`, the least bytes)."""
     from pyscipopt import Model
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     model = Model("trex-recompute")
     model.hideOutput(quiet=not (scip_params or {}).get("display/verblevel"))
     model.setParam("limits/gap", RELATIVE_GAP)
+    model.setParam("timing/clocktype", 1)  # CPU time
     model.setParam("separating/maxroundsroot", 3)  # a few rounds of knapsack cover cuts; branching does the rest faster
     for key, value in (scip_params or {}).items():
         model.setParam(key, value)
@@ -84,12 +87,12 @@ def solve(
     smallest = min(positive) if positive else 1.0
     tie_break = 1e-3 * smallest * 1e6 / total_bytes  # objective in microseconds
 
-    variables = []
+    variables = [_kind_variables(model, kind, number) for number, kind in enumerate(problem.kinds)]
+    kind_of = _kind_of_blocks(problem)
     time_terms, byte_terms = [], []
     for number, kind in enumerate(problem.kinds):
-        r, z, e = _kind_variables(model, kind, number)
-        variables.append((r, z, e))
-        _kind_constraints(model, kind, r, z, e)
+        r, z, e = variables[number]
+        _kind_constraints(model, problem, number, variables, kind_of)
         block = kind.representative
         time_terms += [kind.count * block.values[p].seconds * 1e6 * var for p, var in r.items()]
         byte_terms += [
@@ -97,11 +100,7 @@ def solve(
         ]
         sizes = {v.storage: v.storage_bytes for v in block.values}
         byte_terms += [kind.count * sizes[g] * var for g, var in z.items() if sizes[g]]
-        byte_terms += [
-            kind.count * block.external[x].storage_bytes * var
-            for x, var in e.items()
-            if block.external[x].storage_bytes
-        ]
+        byte_terms += [kind.blocks[b].external[x].storage_bytes * var for (b, x), var in e.items()]
     saved = quicksum(byte_terms) if byte_terms else 0
     if minimize_bytes:
         model.setObjective(saved + 1e-9 * quicksum(time_terms) if time_terms else saved, "minimize")
@@ -110,26 +109,39 @@ def solve(
             model.addCons(saved <= budget_bytes, name="memory_budget")
         model.setObjective(quicksum(time_terms) + tie_break * saved if time_terms else saved, "minimize")
     _add_recompute_everything_start(model, problem, variables, None if minimize_bytes else budget_bytes)
-    model.setParam("limits/time", max(0.05, time_limit_s - (time.perf_counter() - started)))
+    model.setParam("limits/time", max(0.05, time_limit_s - (time.process_time() - cpu_started)))
     model.optimize()
     status = model.getStatus()
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     if model.getNSols() == 0:
-        return Solution("infeasible" if status == "infeasible" else f"no answer ({status})", [], seconds, 0.0, 0)
+        label = "infeasible" if status == "infeasible" else f"no answer ({status})"
+        return Solution(label, [], seconds, 0.0, 0, cpu_seconds=cpu)
     best = model.getBestSol()
-    choices = [_read_choice(model, best, kind, *vars_) for kind, vars_ in zip(problem.kinds, variables)]
+    choices = _read_choices(model, best, problem, variables, kind_of)
     total_seconds = sum(k.count * c.recompute_seconds for k, c in zip(problem.kinds, choices))
     total_bytes_saved = sum(k.count * c.saved_bytes for k, c in zip(problem.kinds, choices))
     label = "optimal" if status in ("optimal", "gaplimit") else "time_limit"
-    return Solution(label, choices, seconds, total_seconds, total_bytes_saved, gap=float(model.getGap()))
+    return Solution(
+        label, choices, seconds, total_seconds, total_bytes_saved, gap=float(model.getGap()), cpu_seconds=cpu
+    )
 
 
 def _kind_variables(model, kind: Kind, number: int):
     block = kind.representative
     r = {v.position: model.addVar(f"r{number}_{v.position}", vtype="B") for v in block.values if v.recomputable}
     z = {g: model.addVar(f"z{number}_{g}", vtype="B") for g in {v.storage for v in block.values if v.is_tensor}}
-    e = {x: model.addVar(f"e{number}_{x}", vtype="B") for x in range(len(block.external))}
+    e = {
+        (b, x): model.addVar(f"e{number}_{b}_{x}", vtype="B")
+        for b, member in enumerate(kind.blocks)
+        for x, external in enumerate(member.external)
+        if external.home is None and not external.is_input and external.storage_bytes
+    }
     return r, z, e
+
+
+def _kind_of_blocks(problem: RecomputeProblem) -> dict[int, int]:
+    """id(block) -> the number of its kind."""
+    return {id(block): number for number, kind in enumerate(problem.kinds) for block in kind.blocks}
 
 
 def _available(block, position: int, r: dict, z: dict) -> list:
@@ -138,8 +150,10 @@ def _available(block, position: int, r: dict, z: dict) -> list:
     return ([z[v.storage]] if v.is_tensor else []) + ([r[position]] if position in r else [])
 
 
-def _kind_constraints(model, kind: Kind, r: dict, z: dict, e: dict) -> None:
+def _kind_constraints(model, problem: RecomputeProblem, number: int, variables: list, kind_of: dict[int, int]) -> None:
+    kind = problem.kinds[number]
     block = kind.representative
+    r, z, e = variables[number]
     for v in block.values:
         if v.backward_reads:
             available = _available(block, v.position, r, z)
@@ -148,8 +162,18 @@ def _kind_constraints(model, kind: Kind, r: dict, z: dict, e: dict) -> None:
         if v.position in r:
             for u in v.inputs:
                 model.addCons(quicksum(_available(block, u, r, z)) >= r[v.position])
-            for x in v.external_inputs:
-                model.addCons(e[x] >= r[v.position])
+            homes = set()
+            for b, member in enumerate(kind.blocks):
+                for x in member.values[v.position].external_inputs:
+                    external = member.external[x]
+                    if (b, x) in e:
+                        model.addCons(e[b, x] >= r[v.position])
+                    elif external.home is not None:
+                        homes.add((kind_of[id(external.home[0])], external.home[1]))
+            for home_kind, position in homes:  # another block's value: its own kind decides it
+                home_r, home_z, _ = variables[home_kind]
+                home_block = problem.kinds[home_kind].representative
+                model.addCons(quicksum(_available(home_block, position, home_r, home_z)) >= r[v.position])
 
 
 def _add_recompute_everything_start(
@@ -159,61 +183,74 @@ def _add_recompute_everything_start(
     needs, keep the rest. Its bytes are near the minimum, so it fits every budget but the tightest,
     and SCIP's primal heuristics need not find a first answer under the knapsack row by themselves."""
     solution = model.createSol()
+    recompute = [set(r) for r, _, _ in variables]
+    needed = _needed(problem, recompute)
     total = 0
-    for kind, (r, z, e) in zip(problem.kinds, variables):
-        block = kind.representative
-        needed = _needed(block, set(r))
-        kept_groups: dict[int, int] = {}
-        externals: set[int] = set()
-        for v in block.values:
-            if v.position in r:
-                model.setSolVal(solution, r[v.position], 1.0 if v.position in needed else 0.0)
-            if v.position in needed and v.position not in r and v.is_tensor:
-                kept_groups[v.storage] = v.storage_bytes
-            if v.position in needed and v.position in r:
-                externals.update(v.external_inputs)
+    for number, (kind, (r, z, e)) in enumerate(zip(problem.kinds, variables)):
+        choice = _choice(kind, number, recompute[number], needed)
+        for p, var in r.items():
+            model.setSolVal(solution, var, 1.0 if p in choice.recompute else 0.0)
+        held = {kind.representative.values[p].storage for p in choice.saved}
         for g, var in z.items():
-            model.setSolVal(solution, var, 1.0 if g in kept_groups else 0.0)
-        for x, var in e.items():
-            model.setSolVal(solution, var, 1.0 if x in externals else 0.0)
-        replay = sum(block.values[p].replay_bytes for p in needed if p in r)
-        total += kind.count * (
-            sum(kept_groups.values()) + sum(block.external[x].storage_bytes for x in externals) + replay
-        )
+            model.setSolVal(solution, var, 1.0 if g in held else 0.0)
+        for (b, x), var in e.items():
+            used = any(x in kind.blocks[b].values[p].external_inputs for p in choice.recompute)
+            model.setSolVal(solution, var, 1.0 if used else 0.0)
+            total += kind.blocks[b].external[x].storage_bytes if used else 0
+        total += kind.count * choice.saved_bytes
     if budget_bytes is None or total <= budget_bytes:
         model.addSol(solution, free=True)
 
 
-def _read_choice(model, solution, kind: Kind, r: dict, z: dict, e: dict) -> KindChoice:
+def _read_choices(model, solution, problem: RecomputeProblem, variables: list, kind_of) -> list[KindChoice]:
+    recompute = [{p for p, var in r.items() if model.getSolVal(solution, var) > 0.5} for r, _, _ in variables]
+    needed = _needed(problem, recompute)
+    choices = []
+    for number, (kind, (_, _, e)) in enumerate(zip(problem.kinds, variables)):
+        choice = _choice(kind, number, recompute[number], needed)
+        choice.saved_bytes += sum(  # undecided externals, charged per block that reads them (rounded up per block)
+            -(-kind.blocks[b].external[x].storage_bytes // kind.count)
+            for (b, x), var in e.items()
+            if model.getSolVal(solution, var) > 0.5
+        )
+        choices.append(choice)
+    return choices
+
+
+def _choice(kind: Kind, number: int, recompute: set[int], needed: set[tuple[int, int]]) -> KindChoice:
+    """A kind's choice from the values it recomputes and the values needed anywhere (kind, position)."""
     block = kind.representative
+    mine = {p for k, p in needed if k == number}
     choice = KindChoice()
-    choice.recompute = {p for p, var in r.items() if model.getSolVal(solution, var) > 0.5}
-    held = {g for g, var in z.items() if model.getSolVal(solution, var) > 0.5}
-    needed = _needed(block, choice.recompute)
-    choice.saved = {
-        v.position for v in block.values if v.position in needed and v.position not in choice.recompute and v.is_tensor
-    }
-    choice.saved_external = {x for x, var in e.items() if model.getSolVal(solution, var) > 0.5}
+    choice.recompute = recompute & mine
+    choice.saved = {p for p in mine if p not in recompute and block.values[p].is_tensor}
     sizes = {v.storage: v.storage_bytes for v in block.values}
-    held &= {block.values[p].storage for p in choice.saved}
-    choice.saved_bytes = sum(sizes[g] for g in held) + sum(
-        block.external[x].storage_bytes for x in choice.saved_external
-    )
-    choice.recompute &= needed
+    choice.saved_bytes = sum(sizes[g] for g in {block.values[p].storage for p in choice.saved})
     choice.saved_bytes += sum(block.values[p].replay_bytes for p in choice.recompute)
     choice.recompute_seconds = sum(block.values[p].seconds for p in choice.recompute)
     return choice
 
 
-def _needed(block, recompute: set[int]) -> set[int]:
-    """Values the backward needs: those it reads, and the inputs of every needed recomputed value."""
-    needed: set[int] = set()
-    stack = [v.position for v in block.values if v.backward_reads]
+def _needed(problem: RecomputeProblem, recompute: list[set[int]]) -> set[tuple[int, int]]:
+    """(kind, position) of every value the backward needs: those it reads, and the inputs of every
+    needed recomputed value (in its block, or in the block an external input comes from)."""
+    kind_of = _kind_of_blocks(problem)
+    needed: set[tuple[int, int]] = set()
+    stack = [
+        (k, v.position) for k, kind in enumerate(problem.kinds) for v in kind.representative.values if v.backward_reads
+    ]
     while stack:
-        p = stack.pop()
-        if p in needed:
+        k, p = stack.pop()
+        if (k, p) in needed:
             continue
-        needed.add(p)
-        if p in recompute:
-            stack += block.values[p].inputs
+        needed.add((k, p))
+        if p not in recompute[k]:
+            continue
+        kind = problem.kinds[k]
+        stack += [(k, u) for u in kind.representative.values[p].inputs]
+        for member in kind.blocks:
+            for x in member.values[p].external_inputs:
+                home = member.external[x].home
+                if home is not None:
+                    stack.append((kind_of[id(home[0])], home[1]))
     return needed

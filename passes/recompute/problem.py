@@ -15,10 +15,10 @@ numbers) or impure. This module reads that problem off the graph:
   solver decides once per kind and the answer is tiled over its blocks (`Kind.blocks`), so the
   problem grows with the number of distinct layers, not with depth.
 
-A block's values read by a later block are not recomputed (the next layer relies on them
-existing). A value a block reads from outside is charged to that block when saved, unless its own
-block must keep it anyway (not recomputable and read by the backward): the decomposition is
-conservative, it may count a boundary tensor twice but never undercounts.
+A value read by another block (a layer's output is the next layer's input) is decided by its own
+block, like any other: the reader records where it lives (`ExternalValue.home`) and the solver
+requires it to be available (saved or recomputed by its home kind) wherever a reader recomputes from
+it. Its bytes are charged once, to its home; graph inputs cost nothing (the caller holds them).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class ExternalValue:
     node: fx.Node
     storage_bytes: int
     is_input: bool  # a primal: already held by the caller, saving it costs nothing
+    home: tuple[Block, int] | None = None  # the block that computes it and its position there
 
 
 @dataclass
@@ -125,7 +126,15 @@ def save_everything_bytes(block: Block) -> int:
 
 
 def forward_node_names(joint: fx.GraphModule) -> set[str]:
-    """The forward nodes, by the rule `default_partition` uses: up to the last forward-tagged node."""
+    """The forward nodes, by the rule `default_partition` uses: up to the last forward-tagged node.
+    A joint graph without partitioner tags (loaded back from a dump, as a reproducer does) falls
+    back to the nodes that depend on no tangent."""
+    if not any(_has_tag_is_forward(n) for n in joint.graph.nodes):
+        backward: set[fx.Node] = set()
+        for node in joint.graph.nodes:
+            if _is_tangent(node) or any(a in backward for a in node.all_input_nodes):
+                backward.add(node)
+        return {n.name for n in joint.graph.nodes if n not in backward and n.op != "output"}
     last = None
     for node in joint.graph.nodes:
         if _has_tag_is_forward(node) or _is_primal(node) or _is_fwd_seed_offset(node):
@@ -277,24 +286,12 @@ def build_problem(joint: fx.GraphModule, device) -> RecomputeProblem:
                         nbytes = 0 if is_input or not isinstance(value, torch.Tensor) else _storage_bytes(value)
                         block.external.append(ExternalValue(arg, nbytes, is_input))
                     v.external_inputs.append(external_index[arg])
-            if any(user in where and where[user][0] is not block for user in v.node.users) and v.recomputable:
-                v.recomputable, v.why_not_recomputable = False, "read by another layer's forward"
         _renumber_storages(block)
-    _free_externals_saved_by_their_own_block(blocks.values(), where)
-    return RecomputeProblem(_kinds(list(blocks.values())), forward)
-
-
-def _free_externals_saved_by_their_own_block(blocks, where: dict) -> None:
-    """An external value its own block must keep (not recomputable, read by the backward) is saved
-    there already: reading it from another block costs nothing more. Without this, every layer
-    boundary (layer i's output is layer i+1's input) would be charged twice."""
-    for block in blocks:
+    for block in blocks.values():
         for x in block.external:
-            if x.node in where:
-                owner, position = where[x.node]
-                v = owner.values[position]
-                if v.is_tensor and v.backward_reads and not v.recomputable:
-                    x.storage_bytes = 0
+            if not x.is_input and x.node in where:
+                x.home = where[x.node]
+    return RecomputeProblem(_kinds(list(blocks.values())), forward)
 
 
 def _inherited_layer(node: fx.Node, where: dict) -> str:

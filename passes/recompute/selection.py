@@ -60,9 +60,11 @@ class MemoryBudget:
     at_least_minimum: bool = False
 
     @classmethod
-    def parse(cls, value: float | int | str | MemoryBudget) -> MemoryBudget:
+    def parse(cls, value: float | int | str | dict | MemoryBudget) -> MemoryBudget:
         if isinstance(value, MemoryBudget):
             return value
+        if isinstance(value, dict) and set(value) <= {"fraction", "bytes", "at_least_minimum"}:
+            return cls(**value)  # `as_settings()`, as a reproducer stores it
         if isinstance(value, bool):
             raise RecomputeBudgetError(
                 f"memory_budget={value!r}: give a fraction in (0, 1] (e.g. 0.4) or an amount ('3GiB', '512MB', bytes)"
@@ -91,6 +93,9 @@ class MemoryBudget:
         raise RecomputeBudgetError(
             f"memory_budget={value!r}: give a fraction in (0, 1] or an amount like '3GiB', not a {type(value).__name__}"
         )
+
+    def as_settings(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "bytes": self.bytes, "at_least_minimum": self.at_least_minimum}
 
     def bytes_for(self, save_everything: int) -> float:
         return self.fraction * save_everything if self.fraction is not None else float(self.bytes)
@@ -130,6 +135,11 @@ class Recompute:
         self.memory_budget = MemoryBudget.parse(memory_budget) if memory_budget is not None else None
         self.time_limit_s = time_limit_s
 
+    def reproducer_settings(self) -> dict[str, Any]:
+        """What `trex.repro` stores so a reproducer replays this pass with the same budget and limit."""
+        budget = self.memory_budget.as_settings() if self.memory_budget is not None else None
+        return {"memory_budget": budget, "time_limit_s": self.time_limit_s}
+
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         budget = self.memory_budget
         if budget is None and ctx.options.get("memory_budget") is not None:
@@ -147,11 +157,13 @@ class Recompute:
         return PassResult(True, describe(problem, solution, budget, budget_bytes, overridden))
 
 
-def problem_for(gm: fx.GraphModule, target: Any = "cpu") -> RecomputeProblem:
-    """Annotate costs where missing and read the save/recompute problem off `gm`."""
+def problem_for(gm: fx.GraphModule, target: Any = "cpu", *, reannotate: bool = False) -> RecomputeProblem:
+    """Read the save/recompute problem off `gm`, annotating costs for `target` where missing (or
+    everywhere with `reannotate`: a graph annotated for another target, e.g. a meta capture's CPU
+    costs read for an H100)."""
     from trex.cost_model.annotate import annotate, cluster_of
 
-    if any(n.op == "call_function" and "cost" not in n.meta for n in gm.graph.nodes):
+    if reannotate or any(n.op == "call_function" and "cost" not in n.meta for n in gm.graph.nodes):
         annotate(gm, target)
     return build_problem(gm, cluster_of(target).device)
 
@@ -174,17 +186,19 @@ def choose(
     if least.saved_bytes <= budget_bytes:  # the budgeted solve ran out of time before its first answer
         least.status = "time_limit"
         least.seconds += solution.seconds
+        least.cpu_seconds += solution.cpu_seconds
         return least, budget_bytes
     if budget.at_least_minimum:
         least.status = "raised_to_minimum"
         least.seconds += solution.seconds
+        least.cpu_seconds += solution.cpu_seconds
         return least, budget_bytes
     fraction = least.saved_bytes / full if full else 1.0
     raise RecomputeBudgetError(
         f"memory budget {budget} ({format_bytes(budget_bytes)}) is below the minimum feasible: "
         f"{format_bytes(least.saved_bytes)} ({least.saved_bytes} bytes, memory_budget={fraction:.3f} of the "
-        f"save-everything {format_bytes(full)}). Values that cannot be recomputed (random ops, values other layers "
-        "read) and the inputs of every recompute chain must be kept; "
+        f"save-everything {format_bytes(full)}). Values that cannot be recomputed (random ops, side effects, "
+        "collectives), the RNG state of each replayed seeded op and the inputs of every recompute chain must be kept; "
         f"use memory_budget >= {fraction:.3f} (or >= {least.saved_bytes} bytes)"
     )
 
@@ -213,7 +227,7 @@ def describe(
     head = (
         f"saved {format_bytes(solution.saved_bytes)} of a {format_bytes(budget_bytes)} budget ({budget}); "
         f"save-everything {format_bytes(full)}; recompute {solution.objective_seconds * 1e3:.3f} ms per step; "
-        f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s "
+        f"{len(problem.kinds)} layer kind(s) solved in {solution.seconds:.2f} s ({solution.cpu_seconds:.2f} s CPU) "
         f"({solution.status}, gap {solution.gap:.2%})"
     )
     decisions = [
@@ -228,6 +242,7 @@ def describe(
                 "saved_bytes": solution.saved_bytes,
                 "recompute_seconds": solution.objective_seconds,
                 "solve_seconds": solution.seconds,
+                "solve_cpu_seconds": solution.cpu_seconds,
                 "kinds": len(problem.kinds),
                 "blocks": sum(k.count for k in problem.kinds),
             },
@@ -248,7 +263,7 @@ def describe(
             Decision(
                 "fallback",
                 "memory budget",
-                f"SCIP stopped at its time limit; the best feasible answer found is used "
+                f"SCIP stopped at its time limit (CPU time); the best feasible answer found is used "
                 f"(optimality gap {solution.gap:.2%})",
                 {"gap": solution.gap},
             )
@@ -304,17 +319,6 @@ def describe(
                     f"{where}: kept ({format_bytes(v.storage_bytes)}; recompute would cost "
                     f"{v.seconds * 1e6:.2f} us): {reason}",
                     _value_data(kind, position, v),
-                )
-            )
-        for index in sorted(choice.saved_external):
-            x = block.external[index]
-            decisions.append(
-                Decision(
-                    "save",
-                    x.node.name,
-                    f"{where}: kept, an input of a recompute chain read from outside the layer "
-                    f"({format_bytes(x.storage_bytes)})",
-                    {"bytes": x.storage_bytes, "recompute_seconds": None, "external": True, "kind": kind.name},
                 )
             )
     return decisions

@@ -181,9 +181,22 @@ def _train_step(model, input_ids):
     return loss
 
 
-def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_size: int = 32, dump_dir=None):
+# bf16: the tolerances of the compile-vs-eager model tests (tests/compiler/test_compile_models.py)
+BF16_LOSS = {"rtol": 1.6e-1, "atol": 1e-2}
+BF16_GRADS = {"rtol": 5e-2, "atol": 2e-2}
+
+
+def _check_family(
+    family: str,
+    fraction: float,
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 32,
+    dump_dir=None,
+    dtype=torch.float32,
+):
     config = tiny_config(family, num_layers=num_layers, hidden_size=hidden_size, num_experts=4)
-    model = build_model(config, dtype=torch.float32, seed=1)
+    model = build_model(config, dtype=dtype, seed=1)
     reference = copy.deepcopy(model)
     compiled = trex.compile(model, memory_budget=fraction, dump_dir=dump_dir)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -191,11 +204,12 @@ def _check_family(family: str, fraction: float, *, num_layers: int = 2, hidden_s
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
     loss.backward()
     expected = _train_step(reference, input_ids)
-    torch.testing.assert_close(loss, expected, **FP32)
+    loss_tolerance, grad_tolerance = (FP32, FP32) if dtype == torch.float32 else (BF16_LOSS, BF16_GRADS)
+    torch.testing.assert_close(loss, expected, **loss_tolerance)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, **FP32, msg=lambda m, n=name: f"grad of {n}: {m}")
+            torch.testing.assert_close(p.grad, q.grad, **grad_tolerance, msg=lambda m, n=name: f"grad of {n}: {m}")
     decisions = [d for _, d in compiled.trex.graphs[0].report.decisions]
     (solve,) = [d for d in decisions if d.action == "solve"]
     assert saved.bytes <= solve.data["budget_bytes"] * 1.05, (
@@ -230,6 +244,17 @@ def test_tiny_families_train_like_eager_at_every_budget(family, fraction):
         _check_family(family, fraction, num_layers=3)
     except RecomputeBudgetError as error:
         assert "below the minimum feasible" in str(error) and fraction <= 0.2
+
+
+def test_bf16_trains_like_eager_bf16_within_budget():
+    _check_family("qwen3-moe", 0.3, dtype=torch.bfloat16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.15, 0.5, 0.8])
+@pytest.mark.parametrize("family", ["deepseek-v4", "qwen3-moe"])
+def test_bf16_trains_like_eager_bf16_at_several_budgets(family, fraction):
+    _check_family(family, fraction, num_layers=3, dtype=torch.bfloat16)
 
 
 def test_compile_refuses_a_malformed_budget_before_capturing():
@@ -268,3 +293,104 @@ def test_a_derived_budget_below_the_minimum_uses_the_minimum_and_says_so():
     _compiled_with_budget(layer, MemoryBudget(fraction=0.01, at_least_minimum=True), records)(*inputs).sum().backward()
     fallback = _decision(records[0], "fallback")
     assert fallback and "below the reachable minimum" in fallback[0].reason
+
+
+class _FailsOnce:
+    """A user pass that fails the first time it runs (the compile) and not when the reproducer replays it."""
+
+    name = "fails_once"
+    failed = False
+
+    def run(self, gm, ctx):
+        from trex.pass_manager import PassResult
+
+        if not _FailsOnce.failed:
+            _FailsOnce.failed = True
+            raise RuntimeError("first run fails")
+        return PassResult(False, [])
+
+
+def test_a_reproducer_replays_the_recompute_pass_with_its_budget(tmp_path):
+    from trex.errors import PassError
+    from trex.repro import load_pipeline, reproduce, write_reproducer
+
+    def mlp(x, w1, w2):
+        return torch.tanh(torch.nn.functional.gelu(x @ w1) @ w2)
+
+    budget = MemoryBudget(fraction=0.35)
+    failures: list = []
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        manager = PassManager(
+            [_FailsOnce(), Recompute(budget, time_limit_s=1.5)],
+            reproducer=lambda g, remaining, ctx: write_reproducer(g, remaining, ctx, tmp_path),
+        )
+        try:
+            manager.run(joint, PassContext(phase="joint"))
+        except PassError as error:
+            failures.append(error)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    _FailsOnce.failed = False
+    inputs = [torch.randn(64, 32), torch.randn(32, 128), torch.randn(128, 32)]
+    aot_function(mlp, fw_compiler=nop, bw_compiler=nop, partition_fn=partition)(
+        *[i.requires_grad_(True) for i in inputs]
+    )
+    assert failures, "the failing pass must have written a reproducer"
+    (folder,) = tmp_path.glob("repro_graph_*")
+    replayed = load_pipeline(folder)
+    assert [p.name for p in replayed] == ["fails_once", "recompute"]
+    assert replayed[1].memory_budget == budget and replayed[1].time_limit_s == 1.5
+    report = reproduce(folder)
+    (solve,) = [d for d in report.records[1].decisions if d.action == "solve"]
+    assert "0.35 of the save-everything" in solve.reason
+    assert solve.data["save_everything_bytes"] > 0 and solve.data["budget_bytes"] == int(
+        0.35 * solve.data["save_everything_bytes"]
+    )
+
+
+class _Stack(torch.nn.Module):
+    """Three alike layers; each layer's output is the next one's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x)) * 2.0
+        return x.sum()
+
+
+def test_values_other_layers_read_are_recomputed_when_the_budget_needs_it():
+    torch.manual_seed(0)
+    model = _Stack()
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, memory_budget=0.05, backend="eager")
+    x = torch.randn(64, 32)
+    with SavedActivations([*model.parameters(), x]) as saved:
+        loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, **FP32)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **FP32)
+    graph = compiled.trex.graphs[0]
+    decisions = [d for _, d in graph.report.decisions]
+    (solve,) = [d for d in decisions if d.action == "solve"]
+    assert saved.bytes <= solve.data["budget_bytes"] * 1.05
+    by_name = {n.name: n for n in graph.joint.graph.nodes}
+    from trex.passes.recompute.problem import forward_node_names, layer_of
+
+    forward = forward_node_names(graph.joint)
+    crossing = [
+        d.subject
+        for d in decisions
+        if d.action == "recompute"
+        and any(
+            u.name in forward and layer_of(u) != layer_of(by_name[d.subject]) and "nn_module_stack" in u.meta
+            for u in by_name[d.subject].users
+        )
+    ]
+    assert crossing, "at 5% of save-everything a layer's output must be recomputed for the next layer's backward"
