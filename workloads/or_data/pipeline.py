@@ -32,6 +32,7 @@ from trex.workloads.or_data.judge import ClientJudge, JudgePanel, ProgrammaticJu
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.records import sample_id, sft_record
 from trex.workloads.or_data.seeds import balanced, stream
+from trex.workloads.or_data.solver_libraries import choose_library
 from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, Task, build_task
 from trex.workloads.or_data.verify import VerificationFailed, verify_problem
@@ -128,7 +129,10 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         family = FAMILIES[plan_.family]
         try:
             generated = family.generate(stream(config.seed, index, "data"), plan_.status)
-            problem = verify_problem(family, generated.data, generated.status, generated.note, context.runner)
+            library = choose_library(plan_.variant, stream(config.seed, index, "library"))
+            problem = verify_problem(
+                family, generated.data, generated.status, generated.note, context.runner, library=library
+            )
             task = build_task(
                 sample_id(config.seed, index),
                 problem,

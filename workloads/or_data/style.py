@@ -32,7 +32,8 @@ from trex.workloads.or_data.outcome import Outcome
 
 SYSTEM_PROMPT = (
     "You are an operations research assistant. You turn decision problems into mathematical optimization "
-    "models and into Python programs that solve them with pyscipopt (SCIP), and you explain the results. "
+    "models and into Python programs that solve them (with pyscipopt and SCIP unless the user names another "
+    "library such as PuLP, Pyomo or coptpy), and you explain the results. "
     "End every answer with the line `Optimal objective value: <value>`, or `infeasible` / `unbounded` in "
     "place of the value when the problem has no optimal solution."
 )

@@ -3,8 +3,8 @@
 | category | variant | the user gives | a correct answer gives | reaches the outcome of |
 | --- | --- | --- | --- | --- |
 | text_to_model | model | the statement | mathematical model + LP file | the problem |
-| text_to_code | code | the statement | model summary + pyscipopt program | the problem |
-| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | pyscipopt program | the problem |
+| text_to_code | code | the statement | model summary + program (pyscipopt, PuLP, Pyomo or coptpy, as asked) | the problem |
+| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | program (library as asked) | the problem |
 | model_to_code | repair | the model and a buggy program | diagnosis, diff, corrected program | the problem |
 | solve_analyze | decision | the statement | program, the optimal decision (or why none exists) | the problem |
 | solve_analyze | what_if | the statement and a parameter change | program for the changed data, comparison | the changed problem, re-solved and verified |
@@ -34,6 +34,7 @@ from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree, article
 from trex.workloads.or_data.prose_check import check_texts
+from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
 
@@ -103,25 +104,25 @@ _PROMPTS = {
         "Please set up the linear (or integer) program for the following case and express it as an LP file too.\n\n{statement}",
     ),
     "code": (
-        "{statement}\n\nWrite a Python program using pyscipopt that models and solves this problem.",
-        "Solve the following problem with a pyscipopt program.\n\n{statement}",
-        "{statement}\n\nImplement an optimization model for this in Python with pyscipopt and report the optimal value.",
-        "Here is a planning problem:\n\n{statement}\n\nFormulate it and solve it with SCIP through pyscipopt.",
-        "{statement}\n\nCode this up as an optimization model in Python (pyscipopt), run it, and tell me the optimal value.",
-        "Write a complete pyscipopt script for the problem below. It should print the optimal objective value.\n\n{statement}",
-        "Problem description:\n\n{statement}\n\nModel it and solve it in Python using SCIP (pyscipopt).",
-        "{statement}\n\nSketch the model, then give a runnable pyscipopt program that solves it.",
-        "Using Python and pyscipopt, build and solve a model for this situation.\n\n{statement}",
+        "{statement}\n\nWrite a Python program using {lib} that models and solves this problem.",
+        "Solve the following problem with a {lib} program.\n\n{statement}",
+        "{statement}\n\nImplement an optimization model for this in Python with {lib} and report the optimal value.",
+        "Here is a planning problem:\n\n{statement}\n\nFormulate it and solve it with {lib_long}.",
+        "{statement}\n\nCode this up as an optimization model in Python ({lib}), run it, and tell me the optimal value.",
+        "Write a complete {lib} script for the problem below. It should print the optimal objective value.\n\n{statement}",
+        "Problem description:\n\n{statement}\n\nModel it and solve it in Python using {lib_long}.",
+        "{statement}\n\nSketch the model, then give a runnable {lib} program that solves it.",
+        "Using Python and {lib}, build and solve a model for this situation.\n\n{statement}",
     ),
     "translate": (
-        "Implement the following mathematical model in Python with pyscipopt and solve it.\n\n{math}",
-        "{math}\n\nWrite a pyscipopt program for this model and report its optimal objective value.",
-        "Translate this optimization model into solver code (pyscipopt):\n\n{math}",
-        "Here is a formulation:\n\n{math}\n\nCode it in pyscipopt, keeping the names of sets and parameters recognizable, and solve it.",
-        "Convert the model below into a runnable Python script that uses pyscipopt.\n\n{math}",
-        "{math}\n\nImplement this formulation with SCIP via pyscipopt and report the optimum.",
-        "Given the following algebraic model and its data, write the solver program (Python, pyscipopt).\n\n{math}",
-        "Please turn this model into pyscipopt code and run it.\n\n{math}",
+        "Implement the following mathematical model in Python with {lib} and solve it.\n\n{math}",
+        "{math}\n\nWrite a {lib} program for this model and report its optimal objective value.",
+        "Translate this optimization model into solver code ({lib}):\n\n{math}",
+        "Here is a formulation:\n\n{math}\n\nCode it in {lib}, keeping the names of sets and parameters recognizable, and solve it.",
+        "Convert the model below into a runnable Python script that uses {lib}.\n\n{math}",
+        "{math}\n\nImplement this formulation with {lib_long} and report the optimum.",
+        "Given the following algebraic model and its data, write the solver program (Python, {lib}).\n\n{math}",
+        "Please turn this model into {lib} code and run it.\n\n{math}",
     ),
     "repair": (
         "The program below should implement this model, but {symptom_clause}. Find the bug and fix it.\n\n{math}\n\n```python\n{buggy}```",
@@ -132,10 +133,10 @@ _PROMPTS = {
         "Code review request: {symptom_clause}.\n\n```python\n{buggy}```\n\nThe intended model:\n\n{math}",
     ),
     "translate_lp": (
-        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a pyscipopt program that builds the same model from readable data structures and solves it.",
-        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with pyscipopt (do not just read the file) and report the optimum.",
-        "A solver file for {a_title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
-        "Translate the LP model below into pyscipopt code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
+        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a {lib} program that builds the same model from readable data structures and solves it.",
+        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with {lib} (do not just read the file) and report the optimum.",
+        "A solver file for {a_title} is given below. Translate it into a {lib} script and solve it.\n\n```lp\n{lp}```",
+        "Translate the LP model below into {lib} code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
     ),
     "decision": (
         "{statement}\n\nSolve this problem and describe the optimal decision.",
@@ -297,7 +298,7 @@ def lp_reading(model) -> str:
         "constraints in the program, with the keys taken from the names after the double underscore."
     )
     if bounded:
-        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become `lb`/`ub` of `addVar`."
+        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become the bounds of those variables in the program."
     integral = sorted(family for family, found in kinds.items() if found & {"integer", "binary"})
     if integral:
         text += f" {join([f'`{family}`' for family in integral])} {'is' if len(integral) == 1 else 'are'} declared General/Binary, so this is a mixed-integer program."
@@ -591,8 +592,14 @@ def _build_task(
         template = pick(task_rng, _PROMPTS[variant])
     if not template.startswith("{"):
         statement = _without_framing(statement)  # the template's own lead-in frames it
+    lib, lib_long = DISPLAY[problem.library]
     prompt = template.format(
-        statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model")
+        statement=statement,
+        math=math_full,
+        lp=problem.lp,
+        a_title=article(f"{problem.family.title.lower()} model"),
+        lib=lib,
+        lib_long=lib_long,
     )
     solved = dict(
         decisions=tuple(problem.decisions()),
@@ -657,7 +664,9 @@ def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -
     if status not in ("optimal", "infeasible", "unbounded"):
         return None
     try:
-        return verify_problem(family, what_if.data, status, _changed_note(problem, what_if, status), runner)
+        return verify_problem(
+            family, what_if.data, status, _changed_note(problem, what_if, status), runner, library=problem.library
+        )
     except VerificationFailed:
         return None
 
