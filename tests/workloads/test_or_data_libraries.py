@@ -21,6 +21,7 @@ from trex.workloads.or_data.solver_libraries import (
     translate,
     usable_for,
 )
+from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import build_task
 from trex.workloads.or_data.verify import verify_problem
 
@@ -92,3 +93,31 @@ def test_model_name_styles_apply_to_every_library():
         assert "prob" in styled and "model." not in styled.replace("pyo.ConcreteModel", "")
         assert code_style_key(styled) == f"{library}/prob/dict"
         assert style_for(program, library).library == library
+
+
+def test_model_tasks_also_start_from_a_program_or_from_an_lp_file(runner):
+    """code -> model and LP -> model: the input is shown, the answer gives what the input lacks."""
+    made = generated("knapsack", 3)
+    problem = verify_problem(FAMILIES["knapsack"], made.data, made.status, made.note, runner, library="pyomo")
+    sources = {}
+    for seed in range(30):
+        task = build_task(
+            "t",
+            problem,
+            "text_to_model",
+            "model",
+            text_rng=random.Random(seed),
+            task_rng=random.Random(seed),
+            runner=runner,
+        )
+        sources.setdefault(task.source, task)
+    code, lp = sources["code"], sources["text+lp"]
+    assert problem.program.strip() in code.prompt and code.inputs == ("code",) and code.outputs == ("math", "lp")
+    assert "`select`" in code.reference.reasoning and "`capacity`" in code.reference.reasoning
+    assert code.reference.lp == problem.lp and not code.statement
+    assert problem.lp.strip() in lp.prompt and lp.inputs == ("text", "lp") and lp.outputs == ("math",)
+    assert not lp.reference.lp and lp.reference.math and "algebraic model" in lp.reference.reasoning
+    rendered = StyleTemplate().render("text_to_model", "model", lp.reference)
+    assert "## LP file" not in rendered and StyleTemplate().accepts(
+        re.findall(r"^## (.+)$", rendered, re.M), "text_to_model", "model", problem.outcome
+    )

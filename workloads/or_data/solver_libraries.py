@@ -44,7 +44,7 @@ class TranslationError(ValueError):
 # prompt then names the library. Other tasks use pyscipopt, the system prompt's default; repair
 # always does (the bug injector works on its layout).
 SHARES = {"pyscipopt": 0.4, "pulp": 0.2, "pyomo": 0.2, "coptpy": 0.2}
-ASKS_FOR_CODE = ("code", "translate")
+ASKS_FOR_CODE = ("code", "translate", "model")  # model: a code -> model prompt shows the program
 
 
 def choose_library(variant: str, rng) -> str:
