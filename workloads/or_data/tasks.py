@@ -23,6 +23,7 @@ import random
 import re
 import zlib
 from dataclasses import dataclass
+from math import prod as math_prod
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
@@ -33,7 +34,7 @@ from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
 from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
-from trex.workloads.or_data.prose import agree, article
+from trex.workloads.or_data.prose import agree, article, singular_noun
 from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
@@ -59,6 +60,8 @@ from trex.workloads.or_data.wording import (
     NEW_PLAN,
     OPTIMUM_MOVES,
     OPTIMUM_STAYS,
+    ROWS_EACH,
+    ROWS_PLAIN,
     SAME_DECISIONS,
     WHOLE,
     WHOLE_STATED,
@@ -227,6 +230,9 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
                 line = capitalize(realize(frame, rng, label=constraint.label.lower(), why=why))
             if constraint.technique:
                 line += f" {constraint.technique}"
+            expansion = rows_in_words(constraint, math, rng)
+            if expansion:
+                line += f" {expansion}"
             lines.append(line)
         paragraphs.append(realize(CONSTRAINTS_INTRO, rng) + "\n" + "\n".join(lines) if as_list else " ".join(lines))
     else:
@@ -251,6 +257,29 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     sentences.append(realize(MIP, rng) if sentences else realize(LP, rng))
     paragraphs.append(" ".join(sentences))
     return agree("\n\n".join(paragraphs))
+
+
+def rows_in_words(constraint, math: MathModel, rng: random.Random) -> str:
+    """How a constraint family expands on this instance: "With this data it gives 3 rows, one for
+    each resource (wood, labour and paint)." ("" when the sets cannot be worded plainly)."""
+    try:
+        sets = [math.set(symbol) for symbol in constraint.over]
+    except (KeyError, ValueError, StopIteration):
+        return ""
+    rows = constraint.count
+    if rows is None:
+        rows = math_prod(len(set_def.elements) for set_def in sets) if sets else 1
+    rows_text = f"{rows} {'row' if rows == 1 else 'rows'}"
+    if len(sets) != 1 or rows < 2:
+        return realize(ROWS_PLAIN, rng, rows=rows_text)
+    set_def = sets[0]
+    noun = re.split(r"[,(]", set_def.description, maxsplit=1)[0].strip()
+    if "$" in noun or " of " in noun or constraint.count is not None or not noun:
+        return realize(ROWS_PLAIN, rng, rows=rows_text)
+    elements = ""
+    if not set_def.display and len(set_def.elements) <= 8:
+        elements = f" ({join([str(element) for element in set_def.elements])})"
+    return realize(ROWS_EACH, rng, rows=rows_text, noun=singular_noun(noun), elements=elements)
 
 
 def lp_reading(model, target: str = "program") -> str:

@@ -121,3 +121,11 @@ SAME_DECISIONS = (
 NEW_DECISIONS = "[The optimal decisions change.|The plan changes.|A different plan becomes optimal.]"
 OPTIMUM_STAYS = "[The optimum stays at {value}.|The optimal value [remains|is still] {value}.]"
 OPTIMUM_MOVES = "[The optimum|The optimal value|The objective] {direction} from {before} to {after}, [by|a change of] {delta}{share}."
+
+ROWS_EACH = (
+    "[Here|In this instance|With this data|For these data] [the constraint|it] [expands to|becomes|gives] "
+    "{rows}, one for each {noun}{elements}."
+)
+ROWS_PLAIN = (
+    "[Here|In this instance|With this data|For these data] [the constraint|it] [expands to|becomes|gives] {rows}."
+)
