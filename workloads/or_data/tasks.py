@@ -240,16 +240,15 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     if any(_has_bound(variable.symbol, variable.domain) for variable in math.variables):
         paragraphs.append(realize(BOUNDS, rng))
     integral, binary = [], []
+    reasons: dict[str, list[str]] = {}  # variables that are whole for the same reason share a sentence
     for variable in math.variables:
         if r"\{0, 1\}" in variable.domain:
             binary.append(variable.indicator or f"the {variable.noun}")
         elif "mathbb{Z}" in variable.domain:
-            what = f"the {variable.noun}"
-            integral.append(
-                realize(WHOLE, rng, what=what, why=variable.whole)
-                if variable.whole
-                else realize(WHOLE_STATED, rng, what=what)
-            )
+            reasons.setdefault(variable.whole, []).append(f"the {variable.noun}")
+    for why, nouns in reasons.items():
+        what = join(nouns)
+        integral.append(realize(WHOLE, rng, what=what, why=why) if why else realize(WHOLE_STATED, rng, what=what))
     sentences = []
     if binary:
         sentences.append(capitalize(realize(BINARY_ONE if len(binary) == 1 else BINARY_MANY, rng, what=join(binary))))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trex.workloads.or_data.families.allocation import ResourceAllocation
 from trex.workloads.or_data.families.assignment import Assignment
+from trex.workloads.or_data.families.backlog import BacklogPlanning
 from trex.workloads.or_data.families.base import Family, Generated, WhatIf
 from trex.workloads.or_data.families.blending import Blending
 from trex.workloads.or_data.families.covering import SetCovering
@@ -38,6 +39,7 @@ FAMILIES: dict[str, Family] = {
         BinPacking(),
         ResourceAllocation(),
         Transportation(),
+        BacklogPlanning(),
     )
 }
 
