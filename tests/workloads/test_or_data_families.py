@@ -36,6 +36,7 @@ def test_at_least_twelve_families_cover_the_issues_list():
         "bin_packing",
         "resource_allocation",
         "backlog_planning",  # issue 23: inventory with backlog
+        "piecewise_costs",  # issue 23: piecewise-linear costs
     }
     assert required <= set(FAMILIES) and len(FAMILIES) >= 12
 

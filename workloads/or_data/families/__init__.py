@@ -17,6 +17,7 @@ from trex.workloads.or_data.families.knapsack import Knapsack
 from trex.workloads.or_data.families.lot_sizing import LotSizing
 from trex.workloads.or_data.families.network import NetworkFlow
 from trex.workloads.or_data.families.packing import BinPacking
+from trex.workloads.or_data.families.piecewise import PiecewiseCosts
 from trex.workloads.or_data.families.production import ProductionPlanning
 from trex.workloads.or_data.families.scheduling import MachineScheduling
 from trex.workloads.or_data.families.staffing import ShiftScheduling
@@ -40,6 +41,7 @@ FAMILIES: dict[str, Family] = {
         ResourceAllocation(),
         Transportation(),
         BacklogPlanning(),
+        PiecewiseCosts(),
     )
 }
 
