@@ -121,3 +121,33 @@ def test_model_tasks_also_start_from_a_program_or_from_an_lp_file(runner):
     assert "## LP file" not in rendered and StyleTemplate().accepts(
         re.findall(r"^## (.+)$", rendered, re.M), "text_to_model", "model", problem.outcome
     )
+
+
+def test_structural_what_ifs_remove_an_option_and_explain_the_effect(runner):
+    """A route closes / a source drops out: the changed instance is re-verified, and the reason
+    says whether the original plan used what was removed."""
+    found = {}
+    for name in ("transportation", "piecewise_costs"):
+        made = generated(name, 2)
+        problem = verify_problem(FAMILIES[name], made.data, made.status, made.note, runner)
+        for seed in range(40):
+            task = build_task(
+                "t",
+                problem,
+                "solve_analyze",
+                "what_if",
+                text_rng=random.Random(seed),
+                task_rng=random.Random(seed),
+                runner=runner,
+            )
+            if task.what_if is not None and task.what_if.change:
+                found[name] = task
+                break
+    assert set(found) == {"transportation", "piecewise_costs"}
+    for task in found.values():
+        analysis = task.reference.analysis
+        assert task.what_if.change in analysis and "removed option" in analysis
+        removed = {v.name for v in task.problem.model.variables} - {v.name for v in task.target.model.variables}
+        assert removed  # the option is gone from the re-verified model
+        if task.target.outcome.status == "optimal":  # removing options never improves a minimum
+            assert task.target.outcome.objective >= task.problem.outcome.objective - 1e-6

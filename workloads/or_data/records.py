@@ -69,6 +69,7 @@ def sft_record(decision: Decision, style: StyleTemplate, *, seed: int, index: in
             "base_objective": task.problem.outcome.objective,
             "base_status": task.problem.outcome.status,
             "base_lp_digest": lp_digest(task.problem.lp),
+            "change": task.what_if.change or None,
         }
     meta = {
         "id": sample_id(seed, index),

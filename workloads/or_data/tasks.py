@@ -428,7 +428,9 @@ def _plan_block(title: str, problem: Problem, rng: random.Random) -> str:
 def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     """Base plan, new plan and why the optimum moved (or did not)."""
     rng = _wording_rng(changed)
-    change = f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
+    change = what_if.change or (
+        f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
+    )
     blocks = [realize(CHANGE, rng, change=change), _plan_block(BASE_PLAN, base, rng)]
     if changed.outcome.status != "optimal":
         blocks.append(
@@ -453,10 +455,39 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
             delta=format_objective(abs(delta)),
             share=share,
         )
-    reason = _what_if_reason(base, changed, delta, same_plan)
+    reason = (
+        _structural_reason(base, changed, same_plan)
+        if what_if.change
+        else _what_if_reason(base, changed, delta, same_plan)
+    )
     plan = realize(SAME_DECISIONS if same_plan else NEW_DECISIONS, rng)
     blocks.append(" ".join(part for part in (movement, plan, reason) if part))
     return "\n\n".join(blocks)
+
+
+def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
+    """Why a structural change (an option removed) moved the optimum or not: whether the original
+    plan used what was removed, and that removing options can only keep or worsen the optimum."""
+    kept_names = {variable.name for variable in changed.model.variables}
+    removed = [variable.name for variable in base.model.variables if variable.name not in kept_names]
+    used = [name for name in removed if abs(base.values.get(name, 0.0)) > 1e-6]
+    worse = "higher" if base.model.sense == "minimize" else "lower"
+    if not used:
+        return (
+            "The original plan did not use the removed option, so it is still feasible and still optimal: "
+            "taking away an option the optimum does not use cannot change it."
+        )
+    words = []
+    for name in used[:3]:
+        what, whom = element_words(name, base.math)
+        about = what.removeprefix("the ") + (f", for {whom}" if whom else "")
+        words.append(f"`{name}` ({about}) was {format_objective(base.values[name])}")
+    shown = join(words)
+    return (
+        f"The original plan used the removed option: {shown}. That plan is no longer feasible, so the volume has to "
+        f"move to the next-best options; with fewer options the optimum can only stay or get {worse}"
+        + (", and here the same decisions remain possible." if same_plan else ".")
+    )
 
 
 def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:

@@ -359,8 +359,23 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
 
     def what_if(self, data: TierData, rng: random.Random) -> WhatIf:
         sc = data.scenario
-        choice = rng.randrange(3)
-        if choice == 0:
+        choice = rng.randrange(4)
+        if choice == 3 and len(data.sources) > 2:  # structural: a source drops out
+            gone = pick(rng, data.sources)
+            return WhatIf(
+                f"What if {gone} could not deliver at all this time?",
+                replace(
+                    data,
+                    sources=tuple(s for s in data.sources if s != gone),
+                    tiers={s: levels for s, levels in data.tiers.items() if s != gone},
+                    commitment={s: m for s, m in data.commitment.items() if s != gone},
+                ),
+                f"source[{gone}]",
+                1.0,
+                0.0,
+                change=f"{gone} is removed as a source (with its tiers and any commitment)",
+            )
+        if choice in (0, 3):
             new = scale(data.requirement, pick(rng, (0.8, 1.15, 1.3)), step=10)
             return WhatIf(
                 f"What if {amount(new, sc.unit)} were required instead of {number(data.requirement)}?",
