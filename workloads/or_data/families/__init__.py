@@ -16,6 +16,7 @@ from trex.workloads.or_data.families.facility import FacilityLocation
 from trex.workloads.or_data.families.knapsack import Knapsack
 from trex.workloads.or_data.families.lot_sizing import LotSizing
 from trex.workloads.or_data.families.network import NetworkFlow
+from trex.workloads.or_data.families.network_design import NetworkDesign
 from trex.workloads.or_data.families.packing import BinPacking
 from trex.workloads.or_data.families.piecewise import PiecewiseCosts
 from trex.workloads.or_data.families.production import ProductionPlanning
@@ -42,6 +43,7 @@ FAMILIES: dict[str, Family] = {
         Transportation(),
         BacklogPlanning(),
         PiecewiseCosts(),
+        NetworkDesign(),
     )
 }
 
