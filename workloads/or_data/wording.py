@@ -40,7 +40,8 @@ def realize(template: str, rng: random.Random, **fills: str) -> str:
 
 DECISIONS = (
     "[The decisions are|The decisions to make are|What has to be decided is|The model [decides|settles|determines]"
-    "|The unknowns are|[We have|The planner has] to [decide|settle|determine]|The plan [has to settle|must settle|fixes]"
+    "|The unknowns are|[We have|The planner has] to [decide|settle|determine]|The plan [has to settle|must "
+    "settle|fixes]"
     "|[Our|The] choices [here |]are] {x}."
 )
 GOAL_MIN = (
@@ -120,7 +121,10 @@ SAME_DECISIONS = (
 )
 NEW_DECISIONS = "[The optimal decisions change.|The plan changes.|A different plan becomes optimal.]"
 OPTIMUM_STAYS = "[The optimum stays at {value}.|The optimal value [remains|is still] {value}.]"
-OPTIMUM_MOVES = "[The optimum|The optimal value|The objective] {direction} from {before} to {after}, [by|a change of] {delta}{share}."
+OPTIMUM_MOVES = (
+    "[The optimum|The optimal value|The objective] {direction} from {before} to {after}, "
+    "[by|a change of] {delta}{share}."
+)
 
 ROWS_EACH = (
     "[Here|In this instance|With this data|For these data] [the constraint|it] [expands to|becomes|gives] "

@@ -22,6 +22,7 @@ from trex.workloads.or_data.families.piecewise import PiecewiseCosts
 from trex.workloads.or_data.families.production import ProductionPlanning
 from trex.workloads.or_data.families.scheduling import MachineScheduling
 from trex.workloads.or_data.families.staffing import ShiftScheduling
+from trex.workloads.or_data.families.time_indexed import TimeIndexedScheduling
 from trex.workloads.or_data.families.transportation import Transportation
 from trex.workloads.or_data.prose import register_names
 
@@ -44,6 +45,7 @@ FAMILIES: dict[str, Family] = {
         BacklogPlanning(),
         PiecewiseCosts(),
         NetworkDesign(),
+        TimeIndexedScheduling(),
     )
 }
 

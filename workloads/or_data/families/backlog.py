@@ -157,7 +157,8 @@ class BacklogPlanning(Family):
             data = replace(data, demand={**demand, last: new})
             need = sum(data.demand.values())
             note = (
-                f"over the {len(periods)} {sc.period}s demand totals {number(need)} {sc.unit[1]}, but opening stock plus "
+                f"over the {len(periods)} {sc.period}s demand totals {number(need)} {sc.unit[1]}, but opening "
+                "stock plus "
                 f"all regular and overtime capacity comes to only {number(total_capacity + initial)}, and nothing may "
                 f"still be owed after {last}"
             )
@@ -206,7 +207,7 @@ class BacklogPlanning(Family):
     def program(self, data: BacklogData) -> str:
         sc = data.scenario
         vtype = "I" if sc.integer else "C"
-        body = f'''# regular[t], overtime[t]: {sc.unit[1]} made in period t on regular time and on overtime, within capacity
+        body = f'''# regular[t], overtime[t]: {sc.unit[1]} made in t on regular time and on overtime, within capacity
 regular = {{t: model.addVar(vtype="{vtype}", lb=0, ub=regular_cap[t], name=f"regular[{{t}}]") for t in periods}}
 overtime = {{t: model.addVar(vtype="{vtype}", lb=0, ub=overtime_cap[t], name=f"overtime[{{t}}]") for t in periods}}
 
@@ -382,8 +383,10 @@ model.setObjective(
             f"overtime. Keeping a {sc.unit[0]} in stock past the end of a {period} costs {money(data.holding)}, and "
             f"every {sc.unit[0]} still owed to a customer at the end of a {period} costs {money(data.penalty)} in "
             "penalties and discounts.",
-            f"Regular production costs {money(data.regular_cost)} per {sc.unit[0]}, overtime {money(data.overtime_cost)}. "
-            f"Stock held past the end of a {period} costs {money(data.holding)} per {sc.unit[0]}; an order served late costs "
+            f"Regular production costs {money(data.regular_cost)} per {sc.unit[0]}, overtime "
+            f"{money(data.overtime_cost)}. "
+            f"Stock held past the end of a {period} costs {money(data.holding)} per {sc.unit[0]}; an order "
+            "served late costs "
             f"{money(data.penalty)} per {sc.unit[0]} for each {period} of delay.",
         )
         st.add(pick(rng, costs))
@@ -407,7 +410,8 @@ model.setObjective(
         st.question = pick(
             rng,
             (
-                f"How many {units} should be made on regular time and on overtime each {period}, to minimize total cost?",
+                f"How many {units} should be made on regular time and on overtime each {period}, to minimize "
+                "total cost?",
                 "Find the plan of regular production, overtime, stock and backlog with the lowest total cost.",
                 f"What is the minimum total cost over the {n} {period}s, and which plan reaches it?",
                 f"Plan production for every {period} so that all orders are served at the least total cost.",
@@ -450,7 +454,8 @@ model.setObjective(
         if choice == 1:
             new = scale(data.overtime_cost, pick(rng, (0.85, 1.2, 1.4)), integer=False, step=step)
             return WhatIf(
-                f"What if overtime cost {data.money(new)} per {sc.unit[0]} instead of {data.money(data.overtime_cost)}?",
+                f"What if overtime cost {data.money(new)} per {sc.unit[0]} instead of "
+                f"{data.money(data.overtime_cost)}?",
                 replace(data, overtime_cost=new),
                 "overtime_cost",
                 data.overtime_cost,

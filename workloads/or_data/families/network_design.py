@@ -200,7 +200,11 @@ class NetworkDesign(Family):
     def program(self, data: DesignData) -> str:
         sc = data.scenario
         body = f"""# flow[k, i, j]: {sc.unit[1]} of commodity k sent along the {sc.link[0]} from i to j
-flow = {{(k, i, j): model.addVar(vtype="C", lb=0, name=f"flow[{{k}},{{i}},{{j}}]") for k in commodities for (i, j) in capacity}}
+flow = {{
+    (k, i, j): model.addVar(vtype="C", lb=0, name=f"flow[{{k}},{{i}},{{j}}]")
+    for k in commodities
+    for (i, j) in capacity
+}}
 
 # build[i, j] = 1 when the candidate {sc.link[0]} from i to j is built
 build = {{(i, j): model.addVar(vtype="B", name=f"build[{{i}},{{j}}]") for (i, j) in build_cost}}
@@ -309,7 +313,8 @@ model.setObjective(
                     "balance",
                     ("K", "N"),
                     why="each commodity is a separate flow: it leaves its own origin, reaches its own destination and "
-                    "is neither created nor lost on the way, so conservation must hold for every commodity at every node",
+                    "is neither created nor lost on the way, so conservation must hold for every commodity at "
+                    "every node",
                 ),
                 ConstraintDef(
                     "Capacity",
@@ -340,7 +345,8 @@ model.setObjective(
                     f"The planners of {data.operator}'s {sc.network} must route several flows at once and decide "
                     f"which new {link[1]} are worth building.",
                     f"{data.operator} runs a {sc.network} with {len(data.nodes)} nodes: {join(list(data.nodes))}.",
-                    f"Several commodities share the {link[1]} of {data.operator}'s {sc.network}, and capacity is tight.",
+                    f"Several commodities share the {link[1]} of {data.operator}'s {sc.network}, and capacity "
+                    "is tight.",
                     f"{data.operator} is deciding whether to extend its {sc.network} before the next season.",
                     f"How should {data.operator} move {join(list(data.commodities))} through its {sc.network}?",
                 ),
@@ -440,7 +446,8 @@ model.setObjective(
             arc = pick(rng, sorted(data.build_cost))
             new = scale(data.build_cost[arc], pick(rng, (0.5, 0.75, 1.5)), integer=False, step=sc.build_range[2])
             return WhatIf(
-                f"What if building {arc[0]} → {arc[1]} cost {data.money(new)} instead of {data.money(data.build_cost[arc])}?",
+                f"What if building {arc[0]} → {arc[1]} cost {data.money(new)} instead of "
+                f"{data.money(data.build_cost[arc])}?",
                 replace(data, build_cost={**data.build_cost, arc: new}),
                 f"build_cost[{arc[0]},{arc[1]}]",
                 data.build_cost[arc],

@@ -267,10 +267,12 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
                     f"{data.buyer} needs {amount(data.requirement, unit)} of {sc.commodity} for {sc.need}.",
                     f"For {sc.need}, {data.buyer} must buy {amount(data.requirement, unit)} of {sc.commodity} from "
                     f"{len(data.sources)} {kind[1]}.",
-                    f"{data.buyer} is sourcing {sc.commodity}: {amount(data.requirement, unit)} are required for {sc.need}.",
+                    f"{data.buyer} is sourcing {sc.commodity}: {amount(data.requirement, unit)} are required "
+                    f"for {sc.need}.",
                     f"The buyers at {data.buyer} have to cover a requirement of {amount(data.requirement, unit)} of "
                     f"{sc.commodity}.",
-                    f"{capitalize(sc.commodity)} for {sc.need} at {data.buyer} can come from {join(list(data.sources))}.",
+                    f"{capitalize(sc.commodity)} for {sc.need} at {data.buyer} can come from "
+                    f"{join(list(data.sources))}.",
                     f"Prices for {sc.commodity} rise with the volume taken from each of the {kind[1]} {data.buyer} "
                     "can use.",
                 ),
@@ -391,7 +393,8 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
             new = min(new, data.tiers[s][1][1] - sc.price_range[2]) if len(data.tiers[s]) > 1 else new
             tiers = {**data.tiers, s: ((width, new), *data.tiers[s][1:])}
             return WhatIf(
-                f"What if {s} charged {data.money(new)} per {sc.unit[0]} in its first tier instead of {data.money(price)}?",
+                f"What if {s} charged {data.money(new)} per {sc.unit[0]} in its first tier instead of "
+                f"{data.money(price)}?",
                 replace(data, tiers=tiers),
                 f"tier_price[{s}, 1]",
                 price,
