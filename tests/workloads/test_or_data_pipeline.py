@@ -301,14 +301,14 @@ def test_cpt_separation_drops_a_document_about_an_sft_instance_or_its_data():
             "meta": {"lp": lp, "what_if": None},
             "messages": [
                 {},
-                {"content": "A bakery makes 120 loaves and 45 cakes a day with 3 ovens and 7 bakers on 2 shifts."},
+                {"content": "A bakery makes 120 loaves and 45 cakes a day with 30 ovens and 17 bakers on 2 shifts."},
                 {},
             ],
         }
     ]
     same_instance = {"text": "# Worked example\n\nsomething else entirely", "lp_digest": lp_digest("\\ c\n" + lp)}
     same_data = {
-        "text": "Recall: a bakery makes 120 loaves and 45 cakes a day with 3 ovens and 7 bakers.",
+        "text": "Recall: a bakery makes 120 loaves and 45 cakes a day with 30 ovens and 17 bakers.",
         "lp_digest": "x",
     }
     boilerplate = {

@@ -7,7 +7,7 @@ teaches an SFT problem after all, run once over the finished outputs (`separate`
 | check | a CPT document is dropped when |
 | --- | --- |
 | instance | its LP file (whitespace-normalized digest, `lp_digest`) equals the LP file of any SFT sample (for a what-if, the base instance's and the changed one's) |
-| text | it shares a word 13-gram with an SFT prompt, counting only 13-grams with at least two numbers of two or more digits: the instance's data, not the boilerplate of the templates (`1e-6`, `{0, 1}`, "constraint 1") |
+| text | it shares a word 13-gram with an SFT prompt, counting only 13-grams of prose and tables (code blocks, LP files and clock times left out) with at least three numbers of two or more digits: the instance's data, not the boilerplate of the templates (`1e-6`, `{0, 1}`, "00:00-04:00") nor two common numbers meeting by chance |
 
 The SFT prompts are what the student is asked; a CPT document repeating one of their data
 passages (the same 13 words with the same numbers) would let the model memorize an SFT problem.
@@ -16,6 +16,7 @@ passages (the same 13 words with the same numbers) would let the model memorize 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +32,17 @@ def lp_digest(lp: str) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:24]
 
 
+_FENCE = re.compile(r"```.*?```", re.S)
+_CLOCK = re.compile(r"\b\d{1,2}:\d{2}\b")
+DATA_NUMBERS = 3  # multi-digit numbers a 13-gram needs to count as instance data
+
+
 def _numeric_grams(text: str, n: int) -> Iterable[int]:
-    for digest, gram in ngram_digests(text, n):
-        if sum(1 for word in gram if word.isdigit() and len(word) >= 2) >= 2:
+    """13-grams of the prose and tables (code, LP files and clock times left out) that carry at
+    least `DATA_NUMBERS` numbers of two or more digits."""
+    prose = _CLOCK.sub(" ", _FENCE.sub(" ", text))
+    for digest, gram in ngram_digests(prose, n):
+        if sum(1 for word in gram if word.isdigit() and len(word) >= 2) >= DATA_NUMBERS:
             yield digest
 
 
