@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from trex.workloads.or_data.solver_libraries import translate
 
 IMPORTS = ("from", "alias")
-MODEL_NAMES = ("model", "mdl", "prob", "scip_model")
+MODEL_NAMES = ("model", "mdl", "prob", "scip_model")  # scip_model becomes problem in other libraries
 REPORTS = ("helper", "inline", "dict")
 
 
@@ -50,6 +50,8 @@ def style_for(program: str, library: str = "pyscipopt") -> CodeStyle:
     imports = IMPORTS[digest % len(IMPORTS)]
     model_name = MODEL_NAMES[(digest // 7) % len(MODEL_NAMES)]
     report = REPORTS[(digest // 101) % len(REPORTS)]
+    if library != "pyscipopt" and model_name == "scip_model":
+        model_name = "problem"  # a PuLP, Pyomo or COPT model is not a SCIP model
     return CodeStyle(imports, model_name, report, library)
 
 

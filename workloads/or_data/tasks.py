@@ -68,6 +68,8 @@ from trex.workloads.or_data.wording import (
     realize,
 )
 
+# The decision line of an optimal plan in which every variable is zero (doing nothing is optimal).
+NOTHING_DONE = "Every decision variable is zero in the optimal plan: nothing needs to be done."
 # Share of translate tasks whose input is the LP file instead of the mathematical model.
 LP_INPUT_SHARE = 0.35
 # Shares of model tasks whose input is a program (code -> model) or the statement with an LP file
@@ -714,7 +716,7 @@ def _build_task(
         program=problem.program.rstrip("\n") + "\n",
     )
     solved = dict(
-        decisions=tuple(problem.decisions()),
+        decisions=tuple(problem.decisions()) or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
         explanation=no_solution_explanation(problem) if problem.status != "optimal" else "",
     )
     if variant == "model" and source == "code":  # the program is all the user gave: read the model from it
