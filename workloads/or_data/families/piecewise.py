@@ -205,20 +205,20 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
         ]
         sets = [
             SetDef("S", "s", sc.source_kind[1], data.sources),
-            SetDef("A", "a", "price tiers (source, tier number)", tuple(f"({s}, {k})" for s, k in keys)),
+            SetDef("A", "(s,k)", "price tiers (source, tier number)", tuple(f"({s}, {k})" for s, k in keys)),
         ]
         params = [
             ParamDef("D", f"requirement ({sc.unit[1]})", data.requirement),
             ParamDef(
                 "w_{sk}",
                 f"size of tier $k$ of source $s$ ({sc.unit[1]})",
-                {key: data.tiers[key[0]][key[1] - 1][0] for key in keys},
+                {f"({s}, {k})": data.tiers[s][k - 1][0] for s, k in keys},
                 ("A",),
             ),
             ParamDef(
                 "p_{sk}",
                 f"price per {sc.unit[0]} in tier $k$ of source $s$ ({code})",
-                {key: data.tiers[key[0]][key[1] - 1][1] for key in keys},
+                {f"({s}, {k})": data.tiers[s][k - 1][1] for s, k in keys},
                 ("A",),
             ),
         ]
