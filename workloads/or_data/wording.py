@@ -78,7 +78,7 @@ MIP = (
     "[this is|the model is|we [have|get]|it becomes] a mixed-integer [program|linear program][| (MIP)]."
 )
 LP = (
-    "[Every quantity may [take|be] fractional [values|amounts]|Nothing has to be a whole number"
+    "[Every quantity may take fractional [values|amounts]|Every quantity may be fractional|Nothing has to be a whole number"
     "|No [variable|decision] [needs|has] to be [integral|a whole number]|Fractions are [allowed|fine] everywhere]"
     "[, so|; hence|, which means] [this is|the model is|we have] a linear program[| (LP)]"
     "[|, and its optimum is [proven|certified] by LP duality]."
