@@ -245,11 +245,14 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     reasons: dict[str, list[str]] = {}  # variables that are whole for the same reason share a sentence
     for variable in math.variables:
         if r"\{0, 1\}" in variable.domain:
-            binary.append(variable.indicator or f"the {variable.noun}")
+            indicator = variable.indicator
+            if indicator.startswith("which "):  # "which jobs each machine takes" is a question, not a subject
+                indicator = f"the choice of {indicator}"
+            binary.append(indicator or f"the {variable.noun}")
         elif "mathbb{Z}" in variable.domain:
             reasons.setdefault(variable.whole, []).append(f"the {variable.noun}")
     for why, nouns in reasons.items():
-        what = join(nouns)
+        what = join(nouns) if len(nouns) < 3 else f"all {len(nouns)} kinds of decision quantities"
         integral.append(realize(WHOLE, rng, what=what, why=why) if why else realize(WHOLE_STATED, rng, what=what))
     sentences = []
     if binary:
@@ -403,8 +406,9 @@ def no_solution_explanation(problem: Problem) -> str:
         for what, whoms in grouped.items()
     ]
     return agree(
-        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} together "
-        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit, "
+        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} "
+        + ("together (in a fixed proportion) " if len(ray) > 1 else "alone ")
+        + "keeps every constraint satisfied and improves the objective without limit, "
         "so no plan is optimal: the model lacks a limit the real situation has."
     ).replace("..", ".")
 
