@@ -314,7 +314,7 @@ model.setObjective(quicksum(weight[j] * (t + duration[j]) * start[j, t] for (j, 
             ((t, j) for j, t in data.windows() if values.get(lp_name("start", j, t), 0.0) > 0.5), key=lambda item: item
         )
         return [
-            f"Start the {j} {kind} at {slot[0]} {t}; it finishes at {slot[0]} {t + data.duration[j]}."
+            f"Start the {j} {kind} after {_count(t, slot)}; it finishes after {_count(t + data.duration[j], slot)}."
             for t, j in chosen
         ]
 
@@ -343,3 +343,8 @@ model.setObjective(quicksum(weight[j] * (t + duration[j]) * start[j, t] for (j, 
             float(data.duration[j]),
             float(new),
         )
+
+
+def _count(value: int, unit: tuple[str, str]) -> str:
+    """ "0 hours", "1 hour", "5 half hours": a time point counted from the start of the horizon."""
+    return f"{value} {unit[0] if value == 1 else unit[1]}"
