@@ -728,7 +728,8 @@ def _build_task(
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "model" and source == "text+lp":  # the LP file is given: the answer is the indexed model
         reasoning = f"{lp_reading(problem.model, 'model')}\n\n{base_parts['reasoning']}"
-        parts = AnswerParts(math=math_full, **solved, **{**base_parts, "reasoning": reasoning})
+        # the LP file section repeats the given (verified) file, so the judge re-solves what the answer states
+        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **{**base_parts, "reasoning": reasoning})
     elif variant == "model":
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "code":
