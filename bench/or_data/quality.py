@@ -108,6 +108,8 @@ def measure(root: Path, config: SynthConfig) -> dict:
         "decisions_missing_examples": missing,
         "diversity": diversity,
         "removed": stats["removed"],
+        "cpt_separation": stats.get("cpt_separation"),
+        "cpt_documents": stats.get("cpt_documents"),
     }
 
 
@@ -139,7 +141,7 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
     worst = max(value["answer_overlap"] for value in diversity["families"].values())
     speed = f"; synthesis wall {wall:.0f} s ({result['samples'] / wall:.2f} samples/s)" if wall else ""
     generation_flags = result["generation_prose_flags"] or "none"
-    styles = f"{summary['min_code_styles']}; {summary['min_code_templates']}"
+    styles = f"{summary['min_code_styles']}; {summary['min_code_templates']}; {summary.get('min_code_libraries', 1)}"
     rows = [
         (
             "index-letter leaks / raw fills in emitted samples",
@@ -166,7 +168,7 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
         ("same, answer prose only (mean)", f"{summary['answer_prose_overlap']:.1%}", "-"),
         ("repeated answer sentences (mean)", f"{summary['repeated_sentences']:.1%}", "-"),
         ("prompt skeletons per family (min)", summary["min_skeletons"], ">= 30"),
-        ("code styles per family (min); code templates (min)", styles, ">= 3"),
+        ("code styles per family (min); code templates (min); solver libraries (min)", styles, ">= 3"),
         (
             "optimal answers stating the plan with units",
             f"{result['decisions_with_units']} of {result['decisions_asked']}",
@@ -175,6 +177,16 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
         ("variables per instance by decade", summary["size_decades"], "-"),
         ("removed by the merger", result["removed"] or "none", "-"),
     ]
+    separation = result.get("cpt_separation")
+    if separation:
+        rows.append(
+            (
+                "CPT documents (separate instances): kept; dropped as same instance / shared data 13-gram",
+                f"{result['cpt_documents']}; {separation['dropped_same_instance']} / "
+                f"{separation['dropped_shared_data_ngram']}",
+                "-",
+            )
+        )
     if verify is not None:
         checked = f"{verify['checked']} checked, {verify['failed']} failed"
         rows.append(("re-verified from the files (`trex data verify`)", checked, "0 failed"))

@@ -35,6 +35,10 @@ def test_at_least_twelve_families_cover_the_issues_list():
         "lot_sizing",
         "bin_packing",
         "resource_allocation",
+        "backlog_planning",  # issue 23: inventory with backlog
+        "piecewise_costs",  # issue 23: piecewise-linear costs
+        "network_design",  # issue 23: multi-commodity flow, network design
+        "time_indexed_scheduling",  # issue 23: time-indexed scheduling
     }
     assert required <= set(FAMILIES) and len(FAMILIES) >= 12
 

@@ -277,3 +277,44 @@ def test_a_config_travels_to_worker_processes_unchanged():
     )
     assert SynthConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     assert "isolation" not in config.identity()
+
+
+def test_cpt_documents_are_about_separate_instances_and_pass_the_sft_check(run_dir):
+    sft = records(run_dir / "sft.jsonl")
+    cpt = records(run_dir / "cpt.jsonl")
+    stats = json.loads((run_dir / "stats.json").read_text())
+    separation = stats["cpt_separation"]
+    assert separation["cpt_checked"] == 12 and len(cpt) == 12 - (
+        separation["dropped_same_instance"] + separation["dropped_shared_data_ngram"]
+    )
+    for record in sft:  # no SFT problem's LP file is in any CPT document
+        body = "\n".join(line for line in record["meta"]["lp"].splitlines() if not line.startswith("\\"))
+        assert not any(body.strip() in document["text"] for document in cpt)
+
+
+def test_cpt_separation_drops_a_document_about_an_sft_instance_or_its_data():
+    from trex.workloads.or_data.cpt_separation import lp_digest, separate
+
+    lp = "Minimize\n obj: 3 x + 2 y\nSubject To\n c1: x + y >= 4\nEnd\n"
+    sft = [
+        {
+            "meta": {"lp": lp, "what_if": None},
+            "messages": [
+                {},
+                {"content": "A bakery makes 120 loaves and 45 cakes a day with 30 ovens and 17 bakers on 2 shifts."},
+                {},
+            ],
+        }
+    ]
+    same_instance = {"text": "# Worked example\n\nsomething else entirely", "lp_digest": lp_digest("\\ c\n" + lp)}
+    same_data = {
+        "text": "Recall: a bakery makes 120 loaves and 45 cakes a day with 30 ovens and 17 bakers.",
+        "lp_digest": "x",
+    }
+    boilerplate = {
+        "text": "Each item has a value and uses resources and the plan must respect every limit it has.",
+        "lp_digest": "y",
+    }
+    kept, report = separate(sft, [same_instance, same_data, boilerplate])
+    assert kept == [{"text": boilerplate["text"]}]
+    assert report.dropped_instance == [0] and report.dropped_text == [1]

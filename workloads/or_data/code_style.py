@@ -9,6 +9,7 @@ the program text itself (so the same instance always gets the same style):
 | import | `from pyscipopt import Model, quicksum` / `import pyscipopt as scip` (`scip.Model`, `scip.quicksum`) |
 | model name | `model` / `mdl` / `prob` / `scip_model` (renamed as a Python name, never inside strings) |
 | report | a `show()` helper / an inline loop / a `solution` dict printed at the end |
+| library | pyscipopt / PuLP / Pyomo / coptpy (`solver_libraries.translate`; the import style applies to pyscipopt only) |
 
 Renaming goes through `tokenize`, so only NAME tokens change. The restyled program is what the
 sandbox runs during verification, so every style is checked like the original.
@@ -22,8 +23,10 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from trex.workloads.or_data.solver_libraries import translate
+
 IMPORTS = ("from", "alias")
-MODEL_NAMES = ("model", "mdl", "prob", "scip_model")
+MODEL_NAMES = ("model", "mdl", "prob", "scip_model")  # scip_model becomes problem in other libraries
 REPORTS = ("helper", "inline", "dict")
 
 
@@ -32,19 +35,24 @@ class CodeStyle:
     imports: str = "from"
     model_name: str = "model"
     report: str = "helper"
+    library: str = "pyscipopt"
 
     @property
     def key(self) -> str:
+        if self.library != "pyscipopt":
+            return f"{self.library}/{self.model_name}/{self.report}"
         return f"{self.imports}/{self.model_name}/{self.report}"
 
 
-def style_for(program: str) -> CodeStyle:
-    """A style chosen by a hash of the program text (deterministic per instance)."""
+def style_for(program: str, library: str = "pyscipopt") -> CodeStyle:
+    """A style chosen by a hash of the program text (deterministic per instance), in `library`."""
     digest = int.from_bytes(hashlib.sha256(program.encode("utf-8")).digest()[:8], "big")
     imports = IMPORTS[digest % len(IMPORTS)]
     model_name = MODEL_NAMES[(digest // 7) % len(MODEL_NAMES)]
     report = REPORTS[(digest // 101) % len(REPORTS)]
-    return CodeStyle(imports, model_name, report)
+    if library != "pyscipopt" and model_name == "scip_model":
+        model_name = "problem"  # a PuLP, Pyomo or COPT model is not a SCIP model
+    return CodeStyle(imports, model_name, report, library)
 
 
 _HELPER = """
@@ -58,12 +66,16 @@ _SHOW_CALL = re.compile(r"^(\s*)show\((.+), ([^,]+)\)$")
 
 
 def restyle(program: str, style: CodeStyle | None = None) -> str:
-    """`program` in `style` (default: `style_for(program)`); the default style returns it unchanged."""
+    """`program` in `style` (default: `style_for(program)`); the default style returns it unchanged.
+    The report is restyled first (on the pyscipopt layout), then the library translated, then the
+    model renamed. Raises `solver_libraries.TranslationError` when the library cannot be used."""
     style = style or style_for(program)
     text = program
     if style.report != "helper":
         text = _report(text, style.report)
-    if style.imports == "alias":
+    if style.library != "pyscipopt":
+        text = translate(text, style.library)
+    elif style.imports == "alias":
         text = text.replace("from pyscipopt import Model, quicksum\n", "import pyscipopt as scip\n", 1)
         text = _rename(text, {"Model": "scip.Model", "quicksum": "scip.quicksum"})
     if style.model_name != "model":
@@ -121,7 +133,8 @@ def _rename(text: str, names: dict[str, str]) -> str:
         elif token.type == tokenize.STRING and token.string[:1] in "fF" and token.start[0] == token.end[0]:
             changed = token.string
             for old, new in names.items():  # names used inside an f-string's replacement fields
-                changed = re.sub(r"(?<=\{)" + re.escape(old) + r"(?=[.(\[])", new, changed)
+                pattern = re.compile(r"(?<![\w.])" + re.escape(old) + r"(?=[.(\[])")
+                changed = re.sub(r"\{[^{}]*\}", lambda field, p=pattern, n=new: p.sub(n, field.group(0)), changed)
             if changed != token.string:
                 edits.append((token.start[0], token.start[1], token.end[1], changed))
         if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):

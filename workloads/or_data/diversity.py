@@ -8,7 +8,8 @@ Computed from the SFT records alone (`trex data stats` prints it), per family:
 | answer_overlap | masked 5-gram overlap: the share of an answer's distinct 5-grams (numbers and names masked) that also occur in another answer of the same family, averaged over answers; for the whole answer and for its prose alone (code, LP, LaTeX and tables set aside) |
 | repeated_sentences | the share of answer prose sentences that occur verbatim (masked) in another sample of the family |
 | code_templates | distinct program templates: the program with its data block, strings and numbers masked |
-| code_styles | distinct `code_style` variants found in the programs (import, model name, report) |
+| code_styles | distinct `code_style` variants found in the programs (library or import, model name, report) |
+| code_libraries | distinct solver libraries the programs use (pyscipopt, PuLP, Pyomo, coptpy) |
 | size | number of variables in the LP file: min, median, max, and the count per decade over all samples |
 
 A template generator scores high overlap and few templates; an overlap of 0.25 means three
@@ -91,8 +92,17 @@ def code_template(program: str) -> str:
 
 
 def code_style_key(program: str) -> str:
-    imports = "alias" if "import pyscipopt as scip" in program else "from"
-    name = re.search(r"^(\w+) = (?:scip\.)?Model\(", program, re.M)
+    for library, marker in (("pulp", "import pulp"), ("pyomo", "import pyomo"), ("coptpy", "import coptpy")):
+        if marker in program:
+            imports = library
+            break
+    else:
+        imports = "alias" if "import pyscipopt as scip" in program else "from"
+    name = re.search(
+        r"^(\w+) = (?:scip\.|pulp\.|pyo\.|cp\.Envr\(\)\.)?(?:Model|LpProblem|ConcreteModel|createModel)\(",
+        program,
+        re.M,
+    )
     report = "helper" if "def show(" in program else "dict" if "solution = {}" in program else "inline"
     return f"{imports}/{name.group(1) if name else '?'}/{report}"
 
@@ -148,6 +158,9 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "repeated_sentences": repeated_sentences(prose),
             "code_templates": len({code_template(item["meta"]["program"]) for item in items}),
             "code_styles": len({code_style_key(item["meta"]["program"]) for item in items}),
+            "code_libraries": len(
+                {code_style_key(item["meta"]["program"]).split("/")[0].replace("alias", "from") for item in items}
+            ),
             "size": {"min": min(sizes), "median": statistics.median(sizes), "max": max(sizes)} if sizes else {},
         }
     decades = Counter(f"{10 ** (len(str(size)) - 1)}-{10 ** len(str(size)) - 1}" for size in sizes_all)
@@ -165,6 +178,7 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "repeated_sentences": mean("repeated_sentences"),
             "min_skeletons": min((value["skeletons"] for value in values), default=0),
             "min_code_styles": min((value["code_styles"] for value in values), default=0),
+            "min_code_libraries": min((value["code_libraries"] for value in values), default=0),
             "min_code_templates": min((value["code_templates"] for value in values), default=0),
             "size_decades": dict(sorted(decades.items(), key=lambda item: int(item[0].split("-")[0]))),
         },

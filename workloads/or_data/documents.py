@@ -20,6 +20,7 @@ import random
 from trex.workloads.or_data.explain import element_words
 from trex.workloads.or_data.outcome import format_objective
 from trex.workloads.or_data.phrasing import pick
+from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.tasks import no_solution_explanation, understanding
 from trex.workloads.or_data.verify import Problem
 
@@ -33,7 +34,7 @@ _HEADINGS = {
     "problem": ("Problem", "The situation", "Problem statement", "Case description"),
     "model": ("Formulation", "Mathematical model", "Modeling the problem", "The optimization model"),
     "lp": ("LP file", "The model in LP format", "CPLEX LP formulation"),
-    "program": ("Solving it with pyscipopt", "Implementation", "Solver code (Python, SCIP)"),
+    "program": ("Solving it with {lib}", "Implementation", "Solver code (Python, {lib})"),
     "solution": ("Solution", "Result", "What the solver finds", "Optimal plan"),
 }
 _TITLES = ("Worked example", "Case study", "Optimization exercise", "Modeling example")
@@ -48,7 +49,7 @@ def cpt_document(problem: Problem, statement: str, rng: random.Random) -> str:
     layout = pick(rng, _LAYOUTS)
     parts = [f"# {pick(rng, _TITLES)}: {problem.family.title}"]
     for section in layout:
-        heading = pick(rng, _HEADINGS[section])
+        heading = pick(rng, _HEADINGS[section]).format(lib=DISPLAY[problem.library][0])
         parts.append(f"## {heading}\n\n{_section(section, problem, statement, rng)}")
     return "\n\n".join(parts).strip() + "\n"
 

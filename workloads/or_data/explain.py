@@ -9,11 +9,13 @@ stand for ("Capacity for chips: at most 122").
 
 from __future__ import annotations
 
+import random
 import re
 
 from trex.workloads.or_data.iis import IIS, Element, deletion_filter
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
+from trex.workloads.or_data.wording import DELETION_MANY, DELETION_ONE, MINIMAL_MANY, MINIMAL_ONE, realize
 
 _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
 
@@ -68,8 +70,10 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
     return f"The {side} on {noun}{target}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
 
 
-def iis_explanation(model, math: MathModel) -> str:
-    """The clashing requirements of an infeasible model, in words; "" when no IIS is found."""
+def iis_explanation(model, math: MathModel, rng: random.Random | None = None) -> str:
+    """The clashing requirements of an infeasible model, in words; "" when no IIS is found.
+    `rng` picks the wording (`wording`)."""
+    rng = rng or random.Random(0)
     found: IIS | None = deletion_filter(model)
     if found is None or not found.elements:
         return ""
@@ -77,19 +81,10 @@ def iis_explanation(model, math: MathModel) -> str:
     single = len(found.elements) == 1
     if not found.irreducible:
         minimal = "The search could not confirm within its time limit that the set is minimal."
-    elif single:
-        minimal = "Without it the rest of the model is satisfiable, so this requirement itself has to change."
     else:
-        minimal = (
-            "Dropping any one of them makes the rest satisfiable, so at least one of these requirements has to change."
-        )
-    how = (
-        f"Removing the requirements one at a time and re-solving (a deletion filter, {found.tests} feasibility checks) "
-        + (
-            "leaves a single requirement that cannot be met even on its own:"
-            if single
-            else f"leaves {len(found.elements)} that cannot all hold together:"
-        )
+        minimal = realize(MINIMAL_ONE if single else MINIMAL_MANY, rng)
+    how = realize(
+        DELETION_ONE if single else DELETION_MANY, rng, tests=str(found.tests), count=str(len(found.elements))
     )
     return f"{how}\n\n{lines}\n\n{minimal}"
 

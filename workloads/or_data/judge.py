@@ -162,13 +162,28 @@ def _program_structure(program: str) -> list[str]:
     calls = {
         node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
     }
+    names = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+    }
     problems = []
-    if "pyscipopt" not in imports:
-        problems.append("the program does not use pyscipopt")
-    if "optimize" not in calls:
-        problems.append("the program never calls optimize()")
-    if "addVar" not in calls:
-        problems.append("the program declares no variables with addVar()")
+    # what each solver library's program must contain: its import, a solve call, variables
+    libraries = {
+        "pyscipopt": ({"optimize"}, {"addVar"}),
+        "pulp": ({"solve"}, {"LpVariable"}),
+        "pyomo": ({"solve"}, {"Var"}),
+        "coptpy": ({"solve"}, {"addVar"}),
+    }
+    used = [library for library in libraries if library in imports]
+    if not used:
+        problems.append(f"the program uses none of the solver libraries {', '.join(libraries)}")
+    else:
+        solves, declares = libraries[used[0]]
+        if not solves & calls:
+            problems.append(f"the program never calls {'/'.join(sorted(solves))}()")
+        if not declares & (calls | names):
+            problems.append(f"the program declares no variables ({'/'.join(sorted(declares))})")
     if OBJECTIVE_MARKER.lower() not in program.lower():
         problems.append(f"the program does not print `{OBJECTIVE_MARKER}: ...`")
     return problems

@@ -68,10 +68,11 @@ class Merger:
                 self.results_seen[-1]["removed"] = reason
                 continue
             self.sft.append(result["sft"])
-            self.cpt.append(result["cpt"])
+            if result["cpt"] is not None:  # None: no separate CPT instance verified for this index
+                self.cpt.append(result["cpt"])
 
     def _reason_to_remove(self, result: dict[str, Any]) -> str:
-        record, document = result["sft"], result["cpt"]["text"]
+        record, document = result["sft"], (result["cpt"] or {}).get("text", "")
         sample = record["meta"]["id"]
         messages = record["messages"]
         prompt, answer = messages[1]["content"], messages[2]["content"]
@@ -82,19 +83,20 @@ class Merger:
             self.contamination.add(sample, "cpt", found_cpt)
             if found_sft or found_cpt:
                 return "contaminated"
-        keys = (exact_key(f"{prompt}\n{answer}"), "cpt:" + exact_key(document))
+        keys = (exact_key(f"{prompt}\n{answer}"),) + (("cpt:" + exact_key(document),) if document else ())
         if any(key in self._exact for key in keys):
             return "exact_duplicate"
         family = record["meta"]["family"]
         frame = (family, skeleton(prompt))
         if self._skeletons[frame] >= max(3, math.ceil(self.skeleton_share * self._family_kept[family])):
             return "skeleton_cap"
-        prompt_signature, cpt_signature = minhash(prompt), minhash(document)
-        if self._near_prompt.find(prompt_signature) or self._near_cpt.find(cpt_signature):
+        prompt_signature, cpt_signature = minhash(prompt), minhash(document or prompt)
+        if self._near_prompt.find(prompt_signature) or (document and self._near_cpt.find(cpt_signature)):
             return "near_duplicate"
         self._exact.update(keys)
         self._skeletons[frame] += 1
         self._family_kept[family] += 1
         self._near_prompt.add(sample, prompt_signature)
-        self._near_cpt.add(sample, cpt_signature)
+        if document:
+            self._near_cpt.add(sample, cpt_signature)
         return ""

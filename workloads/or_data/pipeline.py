@@ -7,7 +7,8 @@
         build_task               the task with its reference answer (repair/what-if verified too)
     then, for the shard's tasks together:
         DtaPipeline.run          teachers, agreement, rewrite, judge, selection
-        sft_record, cpt_document the output records
+        sft_record               the SFT record
+        cpt_instance             the CPT document, from a separate verified instance of the family
 
 Each index yields one result, the JSON object its shard file stores: the plan (`index`, `family`,
 `planned_status`, `category`, `variant`, `fallback`), `result` ("emitted" or "rejected"), `stage`
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trex.workloads.or_data.config import SynthConfig
+from trex.workloads.or_data.cpt_separation import lp_digest
 from trex.workloads.or_data.documents import cpt_document
 from trex.workloads.or_data.dta import DtaPipeline
 from trex.workloads.or_data.families import FAMILIES
@@ -32,6 +34,7 @@ from trex.workloads.or_data.judge import ClientJudge, JudgePanel, ProgrammaticJu
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.records import sample_id, sft_record
 from trex.workloads.or_data.seeds import balanced, stream
+from trex.workloads.or_data.solver_libraries import choose_library
 from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, Task, build_task
 from trex.workloads.or_data.verify import VerificationFailed, verify_problem
@@ -64,7 +67,9 @@ def plan(config: SynthConfig, index: int) -> Plan:
     can_be_unbounded = [name for name in config.families if "unbounded" in FAMILIES[name].statuses]
     unbounded = 0.0
     if "unbounded" in FAMILIES[family_name].statuses:
-        unbounded = min(0.3, config.unbounded_share * len(config.families) / len(can_be_unbounded))
+        # capped at half of those families: with 2 of 17 families able to be unbounded, shares up to
+        # about 5.9% are reachable
+        unbounded = min(0.5, config.unbounded_share * len(config.families) / len(can_be_unbounded))
     draw = stream(config.seed, index, "status").random()
     status = (
         "unbounded" if draw < unbounded else "infeasible" if draw < unbounded + config.infeasible_share else "optimal"
@@ -117,6 +122,30 @@ def _plan_json(plan_: Plan) -> dict[str, Any]:
     }
 
 
+CPT_ATTEMPTS = 3
+
+
+def cpt_instance(config: SynthConfig, plan_: Plan, context: ShardContext) -> dict[str, Any] | None:
+    """The CPT document of index `plan_.index`: a separate instance of the same family (its own
+    data stream, verified like any SFT instance), so continued pretraining never shows an SFT
+    problem; `lp_digest` identifies the instance for the decontamination against the SFT set
+    (`cpt_separation`). None when no attempt verifies."""
+    family = FAMILIES[plan_.family]
+    for attempt in range(CPT_ATTEMPTS):
+        generated = family.generate(stream(config.seed, plan_.index, f"cpt_data:{attempt}"), plan_.status)
+        try:
+            problem = verify_problem(family, generated.data, generated.status, generated.note, context.runner)
+        except VerificationFailed:
+            continue
+        document = cpt_document(
+            problem,
+            problem.statement(stream(config.seed, plan_.index, "cpt_text")),
+            stream(config.seed, plan_.index, "cpt_layout"),
+        )
+        return {"text": document, "lp_digest": lp_digest(problem.lp)}
+    return None
+
+
 def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, Any]]:
     """One result per index, in index order (see the module docstring)."""
     config = context.config
@@ -128,7 +157,10 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         family = FAMILIES[plan_.family]
         try:
             generated = family.generate(stream(config.seed, index, "data"), plan_.status)
-            problem = verify_problem(family, generated.data, generated.status, generated.note, context.runner)
+            library = choose_library(plan_.variant, stream(config.seed, index, "library"))
+            problem = verify_problem(
+                family, generated.data, generated.status, generated.note, context.runner, library=library
+            )
             task = build_task(
                 sample_id(config.seed, index),
                 problem,
@@ -174,11 +206,7 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
                 }
                 continue
             record = sft_record(decision, context.style, seed=config.seed, index=plan_.index)
-            document = cpt_document(
-                task.problem,
-                task.problem.statement(stream(config.seed, plan_.index, "cpt_text")),
-                stream(config.seed, plan_.index, "cpt_layout"),
-            )
+            cpt = cpt_instance(config, plan_, context)
             results[plan_.index] = {
                 **base,
                 "result": "emitted",
@@ -186,6 +214,6 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
                 "detail": "",
                 "signal": decision.selection.signal,
                 "sft": record,
-                "cpt": {"text": document},
+                "cpt": cpt,
             }
     return [results[index] for index in indices]

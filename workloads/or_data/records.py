@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trex.workloads.or_data.cpt_separation import lp_digest
 from trex.workloads.or_data.dta import Decision
 from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS
@@ -67,6 +68,8 @@ def sft_record(decision: Decision, style: StyleTemplate, *, seed: int, index: in
             "new": task.what_if.new,
             "base_objective": task.problem.outcome.objective,
             "base_status": task.problem.outcome.status,
+            "base_lp_digest": lp_digest(task.problem.lp),
+            "change": task.what_if.change or None,
         }
     meta = {
         "id": sample_id(seed, index),

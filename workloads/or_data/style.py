@@ -32,7 +32,8 @@ from trex.workloads.or_data.outcome import Outcome
 
 SYSTEM_PROMPT = (
     "You are an operations research assistant. You turn decision problems into mathematical optimization "
-    "models and into Python programs that solve them with pyscipopt (SCIP), and you explain the results. "
+    "models and into Python programs that solve them (with pyscipopt and SCIP unless the user names another "
+    "library such as PuLP, Pyomo or coptpy), and you explain the results. "
     "End every answer with the line `Optimal objective value: <value>`, or `infeasible` / `unbounded` in "
     "place of the value when the problem has no optimal solution."
 )
@@ -82,6 +83,8 @@ DEFAULT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     variant: frozenset({"optimal_decision", "no_solution"}) for variant in ("model", "code", "translate")
 }
+# A model task whose prompt gives the LP file (LP -> model) does not repeat it in the answer.
+OPTIONAL["model"] = OPTIONAL["model"] | {"lp_file"}
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ class StyleTemplate:
         """Whether `headings` follow the layout, optional sections present or left out."""
         full = self.sections(category, variant, outcome)
         optional = OPTIONAL.get(variant, frozenset())
-        return headings in ([self.headings[s] for s in full], [self.headings[s] for s in full if s not in optional])
+        kept = [self.headings[s] for s in full if s not in optional or self.headings[s] in headings]
+        return headings == kept
 
 
 def _wrap(value: object, wrap: str) -> str:

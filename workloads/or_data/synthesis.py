@@ -9,7 +9,7 @@ writes into `out_dir`:
 | manifest.json | the config; a second run with the same config resumes |
 | shards/shard-NNNNNN.jsonl | per-index results, one file per finished shard (the resumable state) |
 | sft.jsonl | the SFT samples (`records`), exactly `n` unless the run was stopped |
-| cpt.jsonl | `{"text": ...}` documents, one per SFT sample, same order |
+| cpt.jsonl | `{"text": ...}` documents, one per SFT sample (each about a separate instance), same order, less those `cpt_separation` drops |
 | decontamination.json | what the benchmark n-gram check found |
 | stats.json, stats.md | the statistics report (`stats`) |
 
@@ -37,6 +37,7 @@ from typing import Any
 
 from trex.errors import TrexError
 from trex.workloads.or_data.config import SynthConfig
+from trex.workloads.or_data.cpt_separation import separate
 from trex.workloads.or_data.decontamination import BenchmarkIndex
 from trex.workloads.or_data.merge import Merger
 from trex.workloads.or_data.pipeline import ShardContext, synthesize_shard
@@ -247,8 +248,10 @@ def _write_outputs(
     root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None
 ) -> dict[str, Any]:
     _write_jsonl(root / "sft.jsonl", merger.sft)
+    merger.cpt, separation = separate(merger.sft, merger.cpt)
     _write_jsonl(root / "cpt.jsonl", merger.cpt)
     report = merger.contamination.to_json()
+    report["cpt_vs_sft"] = separation.to_json()
     report["benchmarks"] = (
         {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
     )
@@ -257,6 +260,7 @@ def _write_outputs(
     stats = build_stats(merger, count, name)
     if benchmarks is None:
         stats["decontamination"]["skipped"] = True
+    stats["cpt_separation"] = separation.to_json()
     _write_text(root / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
     _write_text(root / "stats.md", stats_markdown(stats))
     return stats

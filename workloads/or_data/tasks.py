@@ -3,8 +3,8 @@
 | category | variant | the user gives | a correct answer gives | reaches the outcome of |
 | --- | --- | --- | --- | --- |
 | text_to_model | model | the statement | mathematical model + LP file | the problem |
-| text_to_code | code | the statement | model summary + pyscipopt program | the problem |
-| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | pyscipopt program | the problem |
+| text_to_code | code | the statement | model summary + program (pyscipopt, PuLP, Pyomo or coptpy, as asked) | the problem |
+| model_to_code | translate | the mathematical model (with data), or for `LP_INPUT_SHARE` of them the LP file | program (library as asked) | the problem |
 | model_to_code | repair | the model and a buggy program | diagnosis, diff, corrected program | the problem |
 | solve_analyze | decision | the statement | program, the optimal decision (or why none exists) | the problem |
 | solve_analyze | what_if | the statement and a parameter change | program for the changed data, comparison | the changed problem, re-solved and verified |
@@ -21,7 +21,9 @@ from __future__ import annotations
 import math
 import random
 import re
+import zlib
 from dataclasses import dataclass
+from math import prod as math_prod
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
@@ -32,13 +34,48 @@ from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
 from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
-from trex.workloads.or_data.prose import agree, article
+from trex.workloads.or_data.prose import agree, article, singular_noun
 from trex.workloads.or_data.prose_check import check_texts
+from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
+from trex.workloads.or_data.wording import (
+    BASE_PLAN,
+    BINARY_MANY,
+    BINARY_ONE,
+    BOUNDS,
+    CHANGE,
+    CONSTRAINT_BULLETS,
+    CONSTRAINT_SENTENCE_FIRST,
+    CONSTRAINT_SENTENCE_NEXT,
+    CONSTRAINTS_INTRO,
+    DECISIONS,
+    FARKAS,
+    GOAL_MAX,
+    GOAL_MIN,
+    INFEASIBLE,
+    LP,
+    MIP,
+    NEW_DECISIONS,
+    NEW_PLAN,
+    OPTIMUM_MOVES,
+    OPTIMUM_STAYS,
+    ROWS_EACH,
+    ROWS_PLAIN,
+    SAME_DECISIONS,
+    WHOLE,
+    WHOLE_STATED,
+    realize,
+)
 
+# The decision line of an optimal plan in which every variable is zero (doing nothing is optimal).
+NOTHING_DONE = "Every decision variable is zero in the optimal plan: nothing needs to be done."
 # Share of translate tasks whose input is the LP file instead of the mathematical model.
 LP_INPUT_SHARE = 0.35
+# Shares of model tasks whose input is a program (code -> model) or the statement with an LP file
+# (LP -> model: the indexed model behind a flat file), instead of the statement alone.
+CODE_TO_MODEL_SHARE = 0.2
+LP_TO_MODEL_SHARE = 0.15
 CATEGORIES = ("text_to_model", "text_to_code", "model_to_code", "solve_analyze")
 VARIANTS: dict[str, tuple[str, ...]] = {
     "text_to_model": ("model",),
@@ -82,11 +119,12 @@ class Task:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return (self.source,) if self.source else REPRESENTATIONS[self.variant][0]
+        return tuple(self.source.split("+")) if self.source else REPRESENTATIONS[self.variant][0]
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        return REPRESENTATIONS[self.variant][1]
+        produced = REPRESENTATIONS[self.variant][1]
+        return tuple(output for output in produced if output not in self.inputs)
 
 
 _PROMPTS = {
@@ -103,25 +141,25 @@ _PROMPTS = {
         "Please set up the linear (or integer) program for the following case and express it as an LP file too.\n\n{statement}",
     ),
     "code": (
-        "{statement}\n\nWrite a Python program using pyscipopt that models and solves this problem.",
-        "Solve the following problem with a pyscipopt program.\n\n{statement}",
-        "{statement}\n\nImplement an optimization model for this in Python with pyscipopt and report the optimal value.",
-        "Here is a planning problem:\n\n{statement}\n\nFormulate it and solve it with SCIP through pyscipopt.",
-        "{statement}\n\nCode this up as an optimization model in Python (pyscipopt), run it, and tell me the optimal value.",
-        "Write a complete pyscipopt script for the problem below. It should print the optimal objective value.\n\n{statement}",
-        "Problem description:\n\n{statement}\n\nModel it and solve it in Python using SCIP (pyscipopt).",
-        "{statement}\n\nSketch the model, then give a runnable pyscipopt program that solves it.",
-        "Using Python and pyscipopt, build and solve a model for this situation.\n\n{statement}",
+        "{statement}\n\nWrite a Python program using {lib} that models and solves this problem.",
+        "Solve the following problem with a {lib} program.\n\n{statement}",
+        "{statement}\n\nImplement an optimization model for this in Python with {lib} and report the optimal value.",
+        "Here is a planning problem:\n\n{statement}\n\nFormulate it and solve it with {lib_long}.",
+        "{statement}\n\nCode this up as an optimization model in Python ({lib}), run it, and tell me the optimal value.",
+        "Write a complete {lib} script for the problem below. It should print the optimal objective value.\n\n{statement}",
+        "Problem description:\n\n{statement}\n\nModel it and solve it in Python using {lib_long}.",
+        "{statement}\n\nSketch the model, then give a runnable {lib} program that solves it.",
+        "Using Python and {lib}, build and solve a model for this situation.\n\n{statement}",
     ),
     "translate": (
-        "Implement the following mathematical model in Python with pyscipopt and solve it.\n\n{math}",
-        "{math}\n\nWrite a pyscipopt program for this model and report its optimal objective value.",
-        "Translate this optimization model into solver code (pyscipopt):\n\n{math}",
-        "Here is a formulation:\n\n{math}\n\nCode it in pyscipopt, keeping the names of sets and parameters recognizable, and solve it.",
-        "Convert the model below into a runnable Python script that uses pyscipopt.\n\n{math}",
-        "{math}\n\nImplement this formulation with SCIP via pyscipopt and report the optimum.",
-        "Given the following algebraic model and its data, write the solver program (Python, pyscipopt).\n\n{math}",
-        "Please turn this model into pyscipopt code and run it.\n\n{math}",
+        "Implement the following mathematical model in Python with {lib} and solve it.\n\n{math}",
+        "{math}\n\nWrite a {lib} program for this model and report its optimal objective value.",
+        "Translate this optimization model into solver code ({lib}):\n\n{math}",
+        "Here is a formulation:\n\n{math}\n\nCode it in {lib}, keeping the names of sets and parameters recognizable, and solve it.",
+        "Convert the model below into a runnable Python script that uses {lib}.\n\n{math}",
+        "{math}\n\nImplement this formulation with {lib_long} and report the optimum.",
+        "Given the following algebraic model and its data, write the solver program (Python, {lib}).\n\n{math}",
+        "Please turn this model into {lib} code and run it.\n\n{math}",
     ),
     "repair": (
         "The program below should implement this model, but {symptom_clause}. Find the bug and fix it.\n\n{math}\n\n```python\n{buggy}```",
@@ -132,10 +170,23 @@ _PROMPTS = {
         "Code review request: {symptom_clause}.\n\n```python\n{buggy}```\n\nThe intended model:\n\n{math}",
     ),
     "translate_lp": (
-        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a pyscipopt program that builds the same model from readable data structures and solves it.",
-        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with pyscipopt (do not just read the file) and report the optimum.",
-        "A solver file for {a_title} is given below. Translate it into a pyscipopt script and solve it.\n\n```lp\n{lp}```",
-        "Translate the LP model below into pyscipopt code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
+        "Here is an optimization model in CPLEX LP format:\n\n```lp\n{lp}```\n\nWrite a {lib} program that builds the same model from readable data structures and solves it.",
+        "```lp\n{lp}```\n\nRe-implement this LP file as a Python program with {lib} (do not just read the file) and report the optimum.",
+        "A solver file for {a_title} is given below. Translate it into a {lib} script and solve it.\n\n```lp\n{lp}```",
+        "Translate the LP model below into {lib} code, with named sets and parameters instead of one variable per line.\n\n```lp\n{lp}```",
+    ),
+    "model_from_code": (
+        "Here is a {lib} program:\n\n```python\n{program}```\n\nWrite down the mathematical model it implements (sets, parameters, variables, objective, constraints) and the same model as an LP file.",
+        "```python\n{program}```\n\nWhat optimization model does this code solve? Give it in algebraic form and as a CPLEX LP file, and state the optimum.",
+        "Reverse-engineer the formulation behind this script: define every symbol, then give the LP file.\n\n```python\n{program}```",
+        "A colleague left this {lib} code without documentation. Write out the mathematical model it builds and an equivalent LP file.\n\n```python\n{program}```",
+        "Document the model in the following solver script as an algebraic formulation with its data, plus an LP file.\n\n```python\n{program}```",
+    ),
+    "model_from_lp": (
+        "{statement}\n\nAn LP file was written for this problem:\n\n```lp\n{lp}```\n\nGive the indexed algebraic model behind it: sets, parameters, decision variables, objective and constraints.",
+        "Here is a problem and a flat LP file for it.\n\n{statement}\n\n```lp\n{lp}```\n\nRewrite the LP file as a compact mathematical model with index sets and parameters.",
+        "```lp\n{lp}```\n\nThe file above models this situation:\n\n{statement}\n\nState the algebraic model (sets, parameters, variables, objective, constraints) that generates it.",
+        "{statement}\n\nSomeone solved this with the LP file below. Which general model does it instantiate? Write it with sets and parameters.\n\n```lp\n{lp}```",
     ),
     "decision": (
         "{statement}\n\nSolve this problem and describe the optimal decision.",
@@ -166,95 +217,76 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     whole numbers. `rng` picks among equivalent phrasings."""
     rng = rng or random.Random(0)
     decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
-    lead = pick(
-        rng,
-        ("The decisions are {x}.", "We have to decide {x}.", "The model chooses {x}.", "What is to be decided: {x}."),
-    )
-    goal_verb = "minimize" if math.sense == "minimize" else "maximize"
-    extreme = "as low" if math.sense == "minimize" else "as high"
-    goal = pick(
-        rng,
-        (
-            f"The goal is to {goal_verb} the {math.objective_description}.",
-            f"We want the {math.objective_description} {extreme} as possible.",
-            f"The objective is to {goal_verb} the {math.objective_description}.",
-        ),
-    )
-    paragraphs = [f"{lead.format(x=join(decisions))} {goal}"]
+    goal = realize(GOAL_MIN if math.sense == "minimize" else GOAL_MAX, rng, what=math.objective_description)
+    paragraphs = [f"{realize(DECISIONS, rng, x=join(decisions))} {goal}"]
     if math.constraints:
-        intro = pick(
-            rng,
-            (
-                "The constraints, and why each is needed:",
-                "What restricts the plan, and why:",
-                "Each rule of the model comes from the problem:",
-                "Why the model has the constraints it has:",
-                "The constraints follow from the story:",
-            ),
-        )
         as_list = rng.random() < 0.6
-        bullet = pick(rng, ("- {label}: {why}.", "- {label} — {why}.", "- **{label}**: {why}."))  # one format per list
+        bullet = pick(rng, CONSTRAINT_BULLETS)  # one format per list
         lines = []
         for number_, constraint in enumerate(math.constraints):
             why = constraint.why or constraint.description
             if as_list:
                 line = bullet.format(label=constraint.label, why=why)
             else:
-                lead = (
-                    "The " if number_ == 0 else pick(rng, ("Next, the ", "The ", "Then the "))
-                ) + f"{constraint.label.lower()} constraint"
-                line = f"{lead} is there because {why}."
+                frame = CONSTRAINT_SENTENCE_FIRST if number_ == 0 else CONSTRAINT_SENTENCE_NEXT
+                line = capitalize(realize(frame, rng, label=constraint.label.lower(), why=why))
             if constraint.technique:
                 line += f" {constraint.technique}"
+            expansion = rows_in_words(constraint, math, rng)
+            if expansion:
+                line += f" {expansion}"
             lines.append(line)
-        paragraphs.append(intro + "\n" + "\n".join(lines) if as_list else " ".join(lines))
+        paragraphs.append(realize(CONSTRAINTS_INTRO, rng) + "\n" + "\n".join(lines) if as_list else " ".join(lines))
     else:
         paragraphs.append("No constraint links the decisions: each quantity is limited only by its own bounds.")
     if any(_has_bound(variable.symbol, variable.domain) for variable in math.variables):
-        paragraphs.append(
-            pick(
-                rng,
-                (
-                    "Limits on a single quantity (minimums, caps) are written as bounds on its variable rather than as separate constraints.",
-                    "Minimums and caps that concern one variable only are bounds on that variable, not constraints.",
-                ),
-            )
-        )
+        paragraphs.append(realize(BOUNDS, rng))
     integral, binary = [], []
+    reasons: dict[str, list[str]] = {}  # variables that are whole for the same reason share a sentence
     for variable in math.variables:
         if r"\{0, 1\}" in variable.domain:
-            binary.append(variable.indicator or f"the {variable.noun}")
+            indicator = variable.indicator
+            if indicator.startswith("which "):  # "which jobs each machine takes" is a question, not a subject
+                indicator = f"the choice of {indicator}"
+            binary.append(indicator or f"the {variable.noun}")
         elif "mathbb{Z}" in variable.domain:
-            integral.append(
-                f"the {variable.noun} must be whole numbers"
-                + (f" because {variable.whole}" if variable.whole else ", as the problem states")
-            )
+            reasons.setdefault(variable.whole, []).append(f"the {variable.noun}")
+    for why, nouns in reasons.items():
+        what = join(nouns) if len(nouns) < 3 else f"all {len(nouns)} kinds of decision quantities"
+        integral.append(realize(WHOLE, rng, what=what, why=why) if why else realize(WHOLE_STATED, rng, what=what))
     sentences = []
     if binary:
-        sentences.append(
-            f"{capitalize(join(binary))} {'is a yes/no choice' if len(binary) == 1 else 'are yes/no choices'}, modelled with binary (0/1) variables."
-        )
-    if integral:
-        sentences.append(capitalize(join(integral)) + ".")
-    if sentences:
-        sentences.append(
-            pick(rng, ("So this is a mixed-integer program.", "This makes it a mixed-integer program (MIP)."))
-        )
-    else:
-        sentences.append(
-            pick(
-                rng,
-                (
-                    "Every quantity may take fractional values, so this is a linear program.",
-                    "Nothing has to be a whole number, so this is a linear program (LP) and its optimum is proven by LP duality.",
-                ),
-            )
-        )
+        sentences.append(capitalize(realize(BINARY_ONE if len(binary) == 1 else BINARY_MANY, rng, what=join(binary))))
+    sentences += [capitalize(sentence) for sentence in integral]
+    sentences.append(realize(MIP, rng) if sentences else realize(LP, rng))
     paragraphs.append(" ".join(sentences))
     return agree("\n\n".join(paragraphs))
 
 
-def lp_reading(model) -> str:
+def rows_in_words(constraint, math: MathModel, rng: random.Random) -> str:
+    """How a constraint family expands on this instance: "With this data it gives 3 rows, one for
+    each resource (wood, labour and paint)." ("" when the sets cannot be worded plainly)."""
+    try:
+        sets = [math.set(symbol) for symbol in constraint.over]
+    except (KeyError, ValueError, StopIteration):
+        return ""
+    rows = constraint.count
+    if rows is None:
+        rows = math_prod(len(set_def.elements) for set_def in sets) if sets else 1
+    rows_text = f"{rows} {'row' if rows == 1 else 'rows'}"
+    if len(sets) != 1 or rows < 2:
+        return realize(ROWS_PLAIN, rng, rows=rows_text)
+    set_def = sets[0]
+    noun = re.split(r"[,(]", set_def.description, maxsplit=1)[0].strip()
+    if "$" in noun or " of " in noun or constraint.count is not None or not noun:
+        return realize(ROWS_PLAIN, rng, rows=rows_text)
+    elements = ""
+    if not set_def.display and len(set_def.elements) <= 8:
+        elements = f" ({join([str(element) for element in set_def.elements])})"
+    return realize(ROWS_EACH, rng, rows=rows_text, noun=singular_noun(noun), elements=elements)
+
+
+def lp_reading(model, target: str = "program") -> str:
     """What an LP file says, read from its own names: the objective, the variable families (with
     their kinds and bounds) and the constraint families, so an answer to an LP-input task does not
     use facts the prompt never gave."""
@@ -293,17 +325,52 @@ def lp_reading(model) -> str:
     size = f"{len(model.variables)} {'variable' if len(model.variables) == 1 else 'variables'}"
     text = (
         f"The LP file {model.sense}s a linear objective over {size} in the families {variables}; "
-        f"its constraints come in the families {constraints}. Each family becomes one indexed variable or one loop of "
-        "constraints in the program, with the keys taken from the names after the double underscore."
+        f"its constraints come in the families {constraints}. "
+        + (
+            "Each family becomes one indexed variable or one loop of constraints in the program, "
+            if target == "program"
+            else "Each family becomes one indexed variable or one indexed constraint of the algebraic model, "
+        )
+        + "with the keys taken from the names after the double underscore."
     )
     if bounded:
-        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become `lb`/`ub` of `addVar`."
+        text += f" The Bounds section limits {join([f'`{family}`' for family in sorted(bounded)])}; these become the bounds of those variables in the {target}."
     integral = sorted(family for family, found in kinds.items() if found & {"integer", "binary"})
     if integral:
         text += f" {join([f'`{family}`' for family in integral])} {'is' if len(integral) == 1 else 'are'} declared General/Binary, so this is a mixed-integer program."
     else:
         text += " No variable is declared General or Binary, so this is a linear program."
     return text
+
+
+def code_reading(problem: Problem, rng: random.Random) -> str:
+    """What a program says, read from its own names and comments (the program is the whole prompt
+    of a code -> model task): the variables it declares, the constraint blocks it adds, the
+    objective, and the variable types that make it an LP or a MIP."""
+    program = problem.program
+    declared = re.findall(r"^(\w+) = (?:\{|\[|pulp\.LpVariable|\w+\.addVar|\w+\.\w+$)", program, re.M)
+    declared = [name for name in dict.fromkeys(declared) if name not in ("model", "mdl", "prob", "scip_model")]
+    comments = re.findall(r"^# (\w+): (.+)$", program, re.M)
+    variables = [f"`{name}`" for name in declared if any(name == family_of(v.name) for v in problem.model.variables)]
+    blocks = [f"`{name}` ({text.rstrip('.')})" for name, text in comments if name not in declared and name.islower()]
+    sense = "minimizes" if problem.model.sense == "minimize" else "maximizes"
+    objective = problem.math.objective_description
+    parts = [
+        f"The program's data block holds the sets and parameters; the model {sense} the {objective} over the "
+        f"variables {join(variables) or 'it declares'}."
+    ]
+    if blocks:
+        parts.append(
+            f"Its constraint blocks, named by its comments, are {join(blocks)}; each loop becomes one indexed "
+            "constraint family, and each dictionary of the data block one indexed parameter."
+        )
+    kinds = {variable.kind for variable in problem.model.variables}
+    parts.append(
+        realize(MIP, rng)
+        if kinds & {"integer", "binary"}
+        else realize(LP, rng).replace(", and its optimum is proven by LP duality", "")
+    )
+    return agree(" ".join(parts))
 
 
 def _has_bound(symbol: str, domain: str) -> bool:
@@ -319,17 +386,15 @@ def no_solution_explanation(problem: Problem) -> str:
     with the checked certificate behind the claim."""
     certificate: Certificate | None = problem.certificate
     note = problem.note[:1].upper() + problem.note[1:] if problem.note else ""
+    rng = _wording_rng(problem)
     if problem.status == "infeasible":
-        parts = [f"The problem is infeasible. {note}.".replace("..", ".").replace(". .", ".")]
-        clash = _cached(problem, "iis", lambda: iis_explanation(problem.model, problem.math))
+        parts = [f"{realize(INFEASIBLE, rng)} {note}.".replace("..", ".").replace(". .", ".")]
+        clash = _cached(problem, "iis", lambda: iis_explanation(problem.model, problem.math, rng))
         if clash:
             parts.append(clash)
         families = sorted({family_of(row) for row in (certificate.rows if certificate else {})})
         if families:
-            parts.append(
-                f"A Farkas certificate confirms it: adding up the {join([f'`{name}`' for name in families])} constraints, each with "
-                "a suitable nonnegative weight, gives an inequality that no plan can satisfy."
-            )
+            parts.append(realize(FARKAS, rng, rows=join([f"`{name}`" for name in families])))
         return agree("\n\n".join(parts))
     ray = certificate.ray if certificate else {}
     grouped: dict[str, list[str]] = {}
@@ -341,10 +406,16 @@ def no_solution_explanation(problem: Problem) -> str:
         for what, whoms in grouped.items()
     ]
     return agree(
-        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} together "
-        "(in a fixed proportion) keeps every constraint satisfied and improves the objective without limit, "
+        f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} "
+        + ("together (in a fixed proportion) " if len(ray) > 1 else "alone ")
+        + "keeps every constraint satisfied and improves the objective without limit, "
         "so no plan is optimal: the model lacks a limit the real situation has."
     ).replace("..", ".")
+
+
+def _wording_rng(problem: Problem) -> random.Random:
+    """A wording stream fixed by the instance (its LP file), so the same problem reads the same."""
+    return random.Random(zlib.crc32(problem.lp.encode("utf-8")))
 
 
 def _cached(problem: Problem, key: str, compute):
@@ -354,35 +425,75 @@ def _cached(problem: Problem, key: str, compute):
     return store[key]
 
 
-def _plan_block(title: str, problem: Problem) -> str:
+def _plan_block(title: str, problem: Problem, rng: random.Random) -> str:
     lines = problem.decisions()
     shown = "\n".join(f"- {line}" for line in lines[:12]) + ("\n- ..." if len(lines) > 12 else "")
-    return f"{title} (objective {problem.outcome.text()}):\n\n{shown or '- nothing is done'}"
+    return f"{realize(title, rng, objective=problem.outcome.text())}\n\n{shown or '- nothing is done'}"
 
 
 def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     """Base plan, new plan and why the optimum moved (or did not)."""
-    change = f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
-    blocks = [f"The change: {change}.", _plan_block("Original optimal plan", base)]
+    rng = _wording_rng(changed)
+    change = what_if.change or (
+        f"`{what_if.parameter}` goes from {format_objective(what_if.old)} to {format_objective(what_if.new)}"
+    )
+    blocks = [realize(CHANGE, rng, change=change), _plan_block(BASE_PLAN, base, rng)]
     if changed.outcome.status != "optimal":
         blocks.append(
             f"After the change the problem becomes {changed.outcome.status}. {no_solution_explanation(changed)}"
         )
         return "\n\n".join(blocks)
-    blocks.append(_plan_block("Optimal plan after the change", changed))
+    blocks.append(_plan_block(NEW_PLAN, changed, rng))
     before, after = base.outcome.objective, changed.outcome.objective
     assert before is not None and after is not None
     delta = after - before
     same_plan = base.decisions() == changed.decisions()
     if abs(delta) <= 1e-9 * (1 + abs(before)):
-        movement = f"The optimum stays at {changed.outcome.text()}."
+        movement = realize(OPTIMUM_STAYS, rng, value=changed.outcome.text())
     else:
         share = f" ({abs(delta) / abs(before) * 100:.1f}%)" if before else ""
-        movement = f"The optimum {'rises' if delta > 0 else 'falls'} from {base.outcome.text()} to {changed.outcome.text()}, by {format_objective(abs(delta))}{share}."
-    reason = _what_if_reason(base, changed, delta, same_plan)
-    plan = "The optimal decisions stay the same." if same_plan else "The optimal decisions change."
+        movement = realize(
+            OPTIMUM_MOVES,
+            rng,
+            direction=pick(rng, ("rises", "goes up", "increases") if delta > 0 else ("falls", "goes down", "drops")),
+            before=base.outcome.text(),
+            after=changed.outcome.text(),
+            delta=format_objective(abs(delta)),
+            share=share,
+        )
+    reason = (
+        _structural_reason(base, changed, same_plan)
+        if what_if.change
+        else _what_if_reason(base, changed, delta, same_plan)
+    )
+    plan = realize(SAME_DECISIONS if same_plan else NEW_DECISIONS, rng)
     blocks.append(" ".join(part for part in (movement, plan, reason) if part))
     return "\n\n".join(blocks)
+
+
+def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
+    """Why a structural change (an option removed) moved the optimum or not: whether the original
+    plan used what was removed, and that removing options can only keep or worsen the optimum."""
+    kept_names = {variable.name for variable in changed.model.variables}
+    removed = [variable.name for variable in base.model.variables if variable.name not in kept_names]
+    used = [name for name in removed if abs(base.values.get(name, 0.0)) > 1e-6]
+    worse = "higher" if base.model.sense == "minimize" else "lower"
+    if not used:
+        return (
+            "The original plan did not use the removed option, so it is still feasible and still optimal: "
+            "taking away an option the optimum does not use cannot change it."
+        )
+    words = []
+    for name in used[:3]:
+        what, whom = element_words(name, base.math)
+        about = what.removeprefix("the ") + (f", for {whom}" if whom else "")
+        words.append(f"`{name}` ({about}) was {format_objective(base.values[name])}")
+    shown = join(words)
+    return (
+        f"The original plan used the removed option: {shown}. That plan is no longer feasible, so the volume has to "
+        f"move to the next-best options; with fewer options the optimum can only stay or get {worse}"
+        + (", and here the same decisions remain possible." if same_plan else ".")
+    )
 
 
 def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
@@ -584,21 +695,42 @@ def _build_task(
         fallback = ""
 
     source = ""
-    if variant == "translate" and task_rng.random() < LP_INPUT_SHARE:
+    draw = task_rng.random()
+    if variant == "translate" and draw < LP_INPUT_SHARE:
         source = "lp"
         template = pick(task_rng, _PROMPTS["translate_lp"])
+    elif variant == "model" and draw < CODE_TO_MODEL_SHARE:
+        source = "code"
+        template = pick(task_rng, _PROMPTS["model_from_code"])
+    elif variant == "model" and draw < CODE_TO_MODEL_SHARE + LP_TO_MODEL_SHARE:
+        source = "text+lp"
+        template = pick(task_rng, _PROMPTS["model_from_lp"])
     else:
         template = pick(task_rng, _PROMPTS[variant])
     if not template.startswith("{"):
         statement = _without_framing(statement)  # the template's own lead-in frames it
+    lib, lib_long = DISPLAY[problem.library]
     prompt = template.format(
-        statement=statement, math=math_full, lp=problem.lp, a_title=article(f"{problem.family.title.lower()} model")
+        statement=statement,
+        math=math_full,
+        lp=problem.lp,
+        a_title=article(f"{problem.family.title.lower()} model"),
+        lib=lib,
+        lib_long=lib_long,
+        program=problem.program.rstrip("\n") + "\n",
     )
     solved = dict(
-        decisions=tuple(problem.decisions()),
+        decisions=tuple(problem.decisions()) or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
         explanation=no_solution_explanation(problem) if problem.status != "optimal" else "",
     )
-    if variant == "model":
+    if variant == "model" and source == "code":  # the program is all the user gave: read the model from it
+        base_parts = {**base_parts, "reasoning": code_reading(problem, text_rng)}
+        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
+    elif variant == "model" and source == "text+lp":  # the LP file is given: the answer is the indexed model
+        reasoning = f"{lp_reading(problem.model, 'model')}\n\n{base_parts['reasoning']}"
+        # the LP file section repeats the given (verified) file, so the judge re-solves what the answer states
+        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **{**base_parts, "reasoning": reasoning})
+    elif variant == "model":
         parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "code":
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
@@ -608,7 +740,7 @@ def _build_task(
         parts = AnswerParts(program=problem.program, **solved, **base_parts)
     else:  # decision
         parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
-    uses_statement = variant in ("model", "code", "decision")
+    uses_statement = variant in ("code", "decision") or (variant == "model" and source != "code")
     return Task(
         task_id,
         category,
@@ -657,7 +789,9 @@ def _verified_change(problem: Problem, what_if: WhatIf, runner: ProgramRunner) -
     if status not in ("optimal", "infeasible", "unbounded"):
         return None
     try:
-        return verify_problem(family, what_if.data, status, _changed_note(problem, what_if, status), runner)
+        return verify_problem(
+            family, what_if.data, status, _changed_note(problem, what_if, status), runner, library=problem.library
+        )
     except VerificationFailed:
         return None
 

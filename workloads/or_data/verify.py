@@ -9,7 +9,11 @@
 | solution | optimal: every bound, integrality and row re-evaluated on SCIP's values (for a MIP, integers rounded and the continuous part re-solved onto an exact vertex, `solve.polish`), the objective recomputed from them and equal to SCIP's |
 | dual / farkas / ray | a certificate checked without the solver: LP duality proves an LP optimum (pure LPs), a Farkas combination proves infeasibility, a feasible point plus an integral improving direction proves unboundedness |
 | lp_scip, lp_highs | the LP file, read back by SCIP and by HiGHS (independent reader), reaches the same outcome |
-| program | the pyscipopt program, run in the sandbox, prints the same outcome |
+| program | the program (pyscipopt, or PuLP / Pyomo / coptpy: `solver_libraries`), run in the sandbox, prints the same outcome |
+
+A program in another library that cannot be written or does not reach the outcome (a solver that
+reports "infeasible or unbounded" without saying which) is replaced by the pyscipopt program,
+checked the same way; `Problem.library` says which one the answer shows.
 
 MIP optima are proven by SCIP (zero gap) and confirmed by HiGHS at zero gap; they carry no
 independent optimality certificate.
@@ -29,7 +33,7 @@ from trex.workloads.or_data.certificates import (
     find_farkas,
     find_ray,
 )
-from trex.workloads.or_data.code_style import restyle
+from trex.workloads.or_data.code_style import restyle, style_for
 from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.lp_format import write_lp
@@ -38,6 +42,7 @@ from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree
 from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_lp_text_scip, solve_model
+from trex.workloads.or_data.solver_libraries import TranslationError, usable_for
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
 
@@ -66,6 +71,7 @@ class Problem:
     values: dict[str, float] = field(default_factory=dict)
     certificate: Certificate | None = None
     checks: tuple[str, ...] = ()
+    library: str = "pyscipopt"  # the solver library the program uses
 
     def statement(self, rng: random.Random) -> str:
         return self.family.statement(self.data, rng)
@@ -80,8 +86,11 @@ def _same(result: SolveResult, truth: Outcome) -> bool:
     return Outcome(result.status, result.objective).matches(truth)
 
 
-def verify_problem(family: Family, data: Any, status: str, note: str, runner: ProgramRunner) -> Problem:
-    """Run every check of the module docstring; raise `VerificationFailed` at the first failure."""
+def verify_problem(
+    family: Family, data: Any, status: str, note: str, runner: ProgramRunner, library: str = "pyscipopt"
+) -> Problem:
+    """Run every check of the module docstring; raise `VerificationFailed` at the first failure.
+    `library` is the solver library the program should use (pyscipopt when it cannot)."""
     model = family.linear_model(data)
     math = family.math_model(data)
     structure = check_structure(math, model)
@@ -133,8 +142,21 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
                 f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}",
             )
 
-    program = restyle(family.program(data))
-    run = runner.run(program)
+    base_program = family.program(data)
+    program, run = "", None
+    if library != "pyscipopt" and usable_for(library, status):
+        try:
+            program = restyle(base_program, style_for(base_program, library))
+        except TranslationError:
+            program = ""
+        if program:
+            run = runner.run(program)
+            if run.outcome is None or not run.outcome.matches(outcome):
+                program, run = "", None  # this library cannot show it: the pyscipopt program below
+    if run is None:
+        library = "pyscipopt"
+        program = restyle(base_program)
+        run = runner.run(program)
     if run.outcome is None or not run.outcome.matches(outcome):
         said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"
         raise VerificationFailed(
@@ -163,4 +185,5 @@ def verify_problem(family: Family, data: Any, status: str, note: str, runner: Pr
         values,
         certificate,
         tuple(c for c in checks if c),
+        library,
     )

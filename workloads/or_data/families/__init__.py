@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from trex.workloads.or_data.families.allocation import ResourceAllocation
 from trex.workloads.or_data.families.assignment import Assignment
+from trex.workloads.or_data.families.backlog import BacklogPlanning
 from trex.workloads.or_data.families.base import Family, Generated, WhatIf
 from trex.workloads.or_data.families.blending import Blending
 from trex.workloads.or_data.families.covering import SetCovering
@@ -15,10 +16,13 @@ from trex.workloads.or_data.families.facility import FacilityLocation
 from trex.workloads.or_data.families.knapsack import Knapsack
 from trex.workloads.or_data.families.lot_sizing import LotSizing
 from trex.workloads.or_data.families.network import NetworkFlow
+from trex.workloads.or_data.families.network_design import NetworkDesign
 from trex.workloads.or_data.families.packing import BinPacking
+from trex.workloads.or_data.families.piecewise import PiecewiseCosts
 from trex.workloads.or_data.families.production import ProductionPlanning
 from trex.workloads.or_data.families.scheduling import MachineScheduling
 from trex.workloads.or_data.families.staffing import ShiftScheduling
+from trex.workloads.or_data.families.time_indexed import TimeIndexedScheduling
 from trex.workloads.or_data.families.transportation import Transportation
 from trex.workloads.or_data.prose import register_names
 
@@ -38,6 +42,10 @@ FAMILIES: dict[str, Family] = {
         BinPacking(),
         ResourceAllocation(),
         Transportation(),
+        BacklogPlanning(),
+        PiecewiseCosts(),
+        NetworkDesign(),
+        TimeIndexedScheduling(),
     )
 }
 

@@ -36,13 +36,16 @@ class Generated:
 
 @dataclass(frozen=True)
 class WhatIf:
-    """One parameter change: the question asked, the changed data, and what changed."""
+    """One change: the question asked, the changed data, and what changed. A parameter change
+    gives `parameter` old -> new; a structural change (an option removed, a constraint added)
+    says so in `change`, with `parameter` naming the option and old/new 1 -> 0 (present -> absent)."""
 
     question: str
     data: Any
     parameter: str  # e.g. "capacity[Carpentry]"
     old: float
     new: float
+    change: str = ""  # a structural change in words ("the route from A to B is closed"); "" for a parameter change
 
 
 class Family(ABC):

@@ -489,8 +489,22 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
 
     def what_if(self, data: TransportData, rng: random.Random) -> WhatIf:
         unit = data.scenario.unit[1]
-        choice = rng.randrange(3)
-        if choice == 0:
+        choice = rng.randrange(4)
+        if choice == 3 and len(data.cost) > len(data.destinations):  # structural: a route closes
+            route = pick(rng, sorted(data.cost))
+            return WhatIf(
+                f"What if the route from {route[0]} to {route[1]} were closed for the period?",
+                replace(
+                    data,
+                    cost={key: value for key, value in data.cost.items() if key != route},
+                    route_cap={key: value for key, value in data.route_cap.items() if key != route},
+                ),
+                f"route[{route[0]},{route[1]}]",
+                1.0,
+                0.0,
+                change=f"the route from {route[0]} to {route[1]} is removed",
+            )
+        if choice in (0, 3):
             s = pick(rng, data.sources)
             factor = pick(rng, (0.8, 0.9, 1.15, 1.25))
             new = scale(data.supply[s], factor)

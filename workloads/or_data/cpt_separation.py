@@ -1,0 +1,87 @@
+"""Keeping the continued-pretraining documents apart from the SFT samples.
+
+Each CPT document is written about its own instance (`pipeline.cpt_instance`: the same family,
+another data stream, verified), never the SFT sample's. Two checks then make sure no document
+teaches an SFT problem after all, run once over the finished outputs (`separate`):
+
+| check | a CPT document is dropped when |
+| --- | --- |
+| instance | its LP file (whitespace-normalized digest, `lp_digest`) equals the LP file of any SFT sample (for a what-if, the base instance's and the changed one's) |
+| text | it shares a word 13-gram with an SFT prompt, counting only 13-grams of prose and tables (code blocks, LP files and clock times left out) with at least three numbers of two or more digits: the instance's data, not the boilerplate of the templates (`1e-6`, `{0, 1}`, "00:00-04:00") nor two common numbers meeting by chance |
+
+The SFT prompts are what the student is asked; a CPT document repeating one of their data
+passages (the same 13 words with the same numbers) would let the model memorize an SFT problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trex.workloads.or_data.decontamination import DEFAULT_NGRAM, ngram_digests
+
+
+def lp_digest(lp: str) -> str:
+    """A digest of an LP file with comments and whitespace normalized: the instance's identity."""
+    lines = [" ".join(line.split()) for line in lp.splitlines() if line.strip() and not line.lstrip().startswith("\\")]
+    return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:24]
+
+
+_FENCE = re.compile(r"```.*?```", re.S)
+_CLOCK = re.compile(r"\b\d{1,2}:\d{2}\b")
+DATA_NUMBERS = 3  # multi-digit numbers a 13-gram needs to count as instance data
+
+
+def _numeric_grams(text: str, n: int) -> Iterable[int]:
+    """13-grams of the prose and tables (code, LP files and clock times left out) that carry at
+    least `DATA_NUMBERS` numbers of two or more digits."""
+    prose = _CLOCK.sub(" ", _FENCE.sub(" ", text))
+    for digest, gram in ngram_digests(prose, n):
+        if sum(1 for word in gram if word.isdigit() and len(word) >= 2) >= DATA_NUMBERS:
+            yield digest
+
+
+@dataclass
+class SeparationReport:
+    checked: int = 0
+    dropped_instance: list[int] = field(default_factory=list)  # positions in the CPT list
+    dropped_text: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cpt_checked": self.checked,
+            "dropped_same_instance": len(self.dropped_instance),
+            "dropped_shared_data_ngram": len(self.dropped_text),
+            "ngram": DEFAULT_NGRAM,
+        }
+
+
+def separate(
+    sft: list[dict[str, Any]], cpt: list[dict[str, Any]], n: int = DEFAULT_NGRAM
+) -> tuple[list[dict[str, Any]], SeparationReport]:
+    """The CPT documents (as `{"text": ...}`) that pass both checks of the module docstring, and
+    the report. `cpt` entries carry `lp_digest` (dropped from the output)."""
+    instances = {lp_digest(record["meta"]["lp"]) for record in sft}
+    instances |= {(record["meta"].get("what_if") or {}).get("base_lp_digest") for record in sft} - {None}
+    digests = np.fromiter(
+        (digest for record in sft for digest in _numeric_grams(record["messages"][1]["content"], n)), dtype=np.uint64
+    )
+    index = np.unique(digests)
+    report = SeparationReport()
+    kept: list[dict[str, Any]] = []
+    for position, document in enumerate(cpt):
+        report.checked += 1
+        if document.get("lp_digest") in instances:
+            report.dropped_instance.append(position)
+            continue
+        grams = np.fromiter(_numeric_grams(document["text"], n), dtype=np.uint64)
+        if grams.size and np.isin(grams, index, assume_unique=False).any():
+            report.dropped_text.append(position)
+            continue
+        kept.append({"text": document["text"]})
+    return kept, report
