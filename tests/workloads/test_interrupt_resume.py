@@ -247,6 +247,7 @@ def test_programs_run_outside_the_evaluators_session_and_miss_its_ctrl_c():
 @pytest.mark.parametrize("warm", [True, False])
 def test_an_aborted_run_raises_instead_of_returning_a_result(warm):
     with Sandbox(FAST_LIMITS, isolation="process", warm=warm) as sandbox:
+        sandbox.wait_ready()  # the abort under test is of a running program, not of a worker still starting
         outcome: list = []
 
         def run() -> None:
