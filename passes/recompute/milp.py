@@ -14,13 +14,24 @@ Variables, per kind (the representative block; objective and bytes weighted by t
   z_g = 1: storage group g is held from forward to backward (saving any view of it costs its bytes
            once, so "v is saved" is z of v's storage)
   e_x = 1: external value x that no block decides (rare: not a graph input, not a block's value) is saved
-Constraints:
-  z_g(v) + r_v >= 1         v is read by the backward
-  z_g(u) + r_u >= r_v       u is read by a recomputed v; a u from another block uses that block's
+Constraints, with avail(v) = z_g(v) + r_v (for a free view, avail(v) = r_v: see below):
+  avail(v) >= 1             v is read by the backward
+  avail(u) >= r_v           u is read by a recomputed v; a u from another block uses that block's
                             kind's variables (one constraint per block of v's kind, as the decision is tiled)
   sum count * bytes * (z, e) <= budget
 Objective: sum count * seconds_v * r_v, plus a tie-break of saved bytes small enough never to trade
 against recompute time (between equal-time answers it picks the smaller one).
+
+Free views. Without the budget row these constraints are differences between availability and
+recompute variables (a min-cut's, whose LP is integral) - except where several values share one
+storage variable z_g: a buffer and its views. There the LP may hold the buffer "half" and recompute
+each view "half", and its bound fell ~17% under the optimum on V4-Flash's CSA+MoE layer, which left
+SCIP branching for seconds. A view that costs nothing to recompute from its own buffer (every op on
+the way is free and recomputable, e.g. `view`, `transpose`, `split` + `getitem`) loses nothing by
+being made available only by recomputation: if its buffer is held, recomputing it is free. So a free
+view gets no z term: avail(view) = r_view, and r_view needs its buffer available, through the
+buffer's own z. The integer optimum is unchanged; the LP without the budget row is integral again,
+and only the budget row's knapsack gap is left for branching.
 """
 
 from __future__ import annotations
@@ -70,8 +81,12 @@ def solve(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     minimize_bytes: bool = False,
     scip_params: dict | None = None,
+    views_by_recompute: bool = True,
 ) -> Solution:
-    """The least-recompute choice within `budget_bytes` (or, with `minimize_bytes`, the least bytes)."""
+    """The least-recompute choice within `budget_bytes` (or, with `minimize_bytes`, the least bytes).
+
+    `views_by_recompute=False` gives free views their own storage term again (the plain formulation,
+    same integer optimum, weaker LP): kept so tests can check the two agree."""
     from pyscipopt import Model
 
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -87,11 +102,11 @@ def solve(
     smallest = min(positive) if positive else 1.0
     tie_break = 1e-3 * smallest * 1e6 / total_bytes  # objective in microseconds
 
-    variables = [_kind_variables(model, kind, number) for number, kind in enumerate(problem.kinds)]
+    variables = [_kind_variables(model, kind, number, views_by_recompute) for number, kind in enumerate(problem.kinds)]
     kind_of = _kind_of_blocks(problem)
     time_terms, byte_terms = [], []
     for number, kind in enumerate(problem.kinds):
-        r, z, e = variables[number]
+        r, z, e, _ = variables[number]
         _kind_constraints(model, problem, number, variables, kind_of)
         block = kind.representative
         time_terms += [kind.count * block.values[p].seconds * 1e6 * var for p, var in r.items()]
@@ -126,7 +141,7 @@ def solve(
     )
 
 
-def _kind_variables(model, kind: Kind, number: int):
+def _kind_variables(model, kind: Kind, number: int, views_by_recompute: bool = True):
     block = kind.representative
     r = {v.position: model.addVar(f"r{number}_{v.position}", vtype="B") for v in block.values if v.recomputable}
     z = {g: model.addVar(f"z{number}_{g}", vtype="B") for g in {v.storage for v in block.values if v.is_tensor}}
@@ -136,7 +151,42 @@ def _kind_variables(model, kind: Kind, number: int):
         for x, external in enumerate(member.external)
         if external.home is None and not external.is_input and external.storage_bytes
     }
-    return r, z, e
+    return r, z, e, free_views(block) if views_by_recompute else set()
+
+
+def free_views(block) -> set[int]:
+    """Positions of the values that alias a buffer of the block (not its first value) and are
+    recomputed from it for free: every op from a value of that buffer to them costs nothing and may
+    be recomputed, through non-tensor steps only (a `split`'s tuple, then `getitem`). See the module
+    docstring for why they get no storage variable of their own."""
+    first: dict[int, int] = {}
+    for v in block.values:
+        if v.is_tensor and v.storage_bytes:
+            first.setdefault(v.storage, v.position)
+    memo: dict[tuple[int, int], bool] = {}
+
+    def derived(position: int, storage: int) -> bool:
+        key = (position, storage)
+        if key not in memo:
+            v = block.values[position]
+            memo[key] = (
+                v.recomputable
+                and v.seconds == 0
+                and not v.replay_bytes
+                and not v.external_inputs
+                and bool(v.inputs)
+                and all(
+                    (u.is_tensor and u.storage == storage) or (not u.is_tensor and derived(u.position, storage))
+                    for u in (block.values[i] for i in v.inputs)
+                )
+            )
+        return memo[key]
+
+    return {
+        v.position
+        for v in block.values
+        if v.is_tensor and v.storage in first and first[v.storage] != v.position and derived(v.position, v.storage)
+    }
 
 
 def _kind_of_blocks(problem: RecomputeProblem) -> dict[int, int]:
@@ -144,24 +194,25 @@ def _kind_of_blocks(problem: RecomputeProblem) -> dict[int, int]:
     return {id(block): number for number, kind in enumerate(problem.kinds) for block in kind.blocks}
 
 
-def _available(block, position: int, r: dict, z: dict) -> list:
-    """The terms that make value `position` available to the backward: its storage held, or recomputed."""
+def _available(block, position: int, r: dict, z: dict, views: set[int]) -> list:
+    """The terms that make value `position` available to the backward: its storage held (not for a
+    free view: it is recomputed from its held buffer), or recomputed."""
     v = block.values[position]
-    return ([z[v.storage]] if v.is_tensor else []) + ([r[position]] if position in r else [])
+    return ([z[v.storage]] if v.is_tensor and position not in views else []) + ([r[position]] if position in r else [])
 
 
 def _kind_constraints(model, problem: RecomputeProblem, number: int, variables: list, kind_of: dict[int, int]) -> None:
     kind = problem.kinds[number]
     block = kind.representative
-    r, z, e = variables[number]
+    r, z, e, views = variables[number]
     for v in block.values:
         if v.backward_reads:
-            available = _available(block, v.position, r, z)
+            available = _available(block, v.position, r, z, views)
             if available:
                 model.addCons(quicksum(available) >= 1)
         if v.position in r:
             for u in v.inputs:
-                model.addCons(quicksum(_available(block, u, r, z)) >= r[v.position])
+                model.addCons(quicksum(_available(block, u, r, z, views)) >= r[v.position])
             homes = set()
             for b, member in enumerate(kind.blocks):
                 for x in member.values[v.position].external_inputs:
@@ -171,9 +222,10 @@ def _kind_constraints(model, problem: RecomputeProblem, number: int, variables: 
                     elif external.home is not None:
                         homes.add((kind_of[id(external.home[0])], external.home[1]))
             for home_kind, position in homes:  # another block's value: its own kind decides it
-                home_r, home_z, _ = variables[home_kind]
+                home_r, home_z, _, home_views = variables[home_kind]
                 home_block = problem.kinds[home_kind].representative
-                model.addCons(quicksum(_available(home_block, position, home_r, home_z)) >= r[v.position])
+                available = _available(home_block, position, home_r, home_z, home_views)
+                model.addCons(quicksum(available) >= r[v.position])
 
 
 def _add_recompute_everything_start(
@@ -183,10 +235,10 @@ def _add_recompute_everything_start(
     needs, keep the rest. Its bytes are near the minimum, so it fits every budget but the tightest,
     and SCIP's primal heuristics need not find a first answer under the knapsack row by themselves."""
     solution = model.createSol()
-    recompute = [set(r) for r, _, _ in variables]
+    recompute = [set(r) for r, _, _, _ in variables]
     needed = _needed(problem, recompute)
     total = 0
-    for number, (kind, (r, z, e)) in enumerate(zip(problem.kinds, variables)):
+    for number, (kind, (r, z, e, _)) in enumerate(zip(problem.kinds, variables)):
         choice = _choice(kind, number, recompute[number], needed)
         for p, var in r.items():
             model.setSolVal(solution, var, 1.0 if p in choice.recompute else 0.0)
@@ -203,10 +255,10 @@ def _add_recompute_everything_start(
 
 
 def _read_choices(model, solution, problem: RecomputeProblem, variables: list, kind_of) -> list[KindChoice]:
-    recompute = [{p for p, var in r.items() if model.getSolVal(solution, var) > 0.5} for r, _, _ in variables]
+    recompute = [{p for p, var in r.items() if model.getSolVal(solution, var) > 0.5} for r, _, _, _ in variables]
     needed = _needed(problem, recompute)
     choices = []
-    for number, (kind, (_, _, e)) in enumerate(zip(problem.kinds, variables)):
+    for number, (kind, (_, _, e, _)) in enumerate(zip(problem.kinds, variables)):
         choice = _choice(kind, number, recompute[number], needed)
         choice.saved_bytes += sum(  # undecided externals, charged per block that reads them (rounded up per block)
             -(-kind.blocks[b].external[x].storage_bytes // kind.count)
