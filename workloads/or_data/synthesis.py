@@ -9,7 +9,7 @@ writes into `out_dir`:
 | manifest.json | the config; a second run with the same config resumes |
 | shards/shard-NNNNNN.jsonl | per-index results, one file per finished shard (the resumable state) |
 | sft.jsonl | the SFT samples (`records`), exactly `n` unless the run was stopped |
-| cpt.jsonl | `{"text": ...}` documents, one per SFT sample (each about a separate instance), same order, less those `cpt_separation` drops |
+| cpt.jsonl | `{"text": ...}` documents, one per SFT sample (each about a separate instance; `SynthConfig.cpt_instances`: or the sample's own, or none), same order, less those `cpt_separation` drops |
 | decontamination.json | what the benchmark n-gram check found |
 | stats.json, stats.md | the statistics report (`stats`) |
 
