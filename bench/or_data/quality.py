@@ -10,7 +10,7 @@ Makes the run (or reuses one), then reports from its files alone:
 | index-letter leaks, raw description fills in emitted samples (prose checker re-run on prompt and answer) | 0 |
 | samples the prose checker flagged during generation (rejected), share of instances | <= 1% |
 | infeasible / unbounded shares of the emitted samples vs the configuration | within 1 point |
-| masked 5-gram overlap of answers within family (whole answer; prose alone alongside) | <= 25% |
+| masked 5-gram overlap of answers within family (whole answer; prose alone and the split by part alongside) | <= 25% |
 | prompt skeletons per family, code styles per family | >= 30, >= 3 |
 | answers that give decisions (Optimal decision / plans) with units | all |
 | speed (samples/s) and re-verification (`trex data verify` on `--verify` samples) | unchanged or better, 0 failures |
@@ -166,6 +166,15 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
             "<= 25%",
         ),
         ("same, answer prose only (mean)", f"{summary['answer_prose_overlap']:.1%}", "-"),
+        (
+            "answer 5-grams by part: share of the 5-grams (share of those found in another answer)",
+            "; ".join(
+                f"{part} {value['grams']:.0%} ({value['shared']:.0%})"
+                for part, value in summary.get("answer_parts", {}).items()
+            )
+            or "-",
+            "-",
+        ),
         ("repeated answer sentences (mean)", f"{summary['repeated_sentences']:.1%}", "-"),
         ("prompt skeletons per family (min)", summary["min_skeletons"], ">= 30"),
         ("code styles per family (min); code templates (min); solver libraries (min)", styles, ">= 3"),

@@ -38,12 +38,23 @@ from cpu_meter import Metered, metered  # noqa: E402 - a sibling of this script
 OUTPUTS = ("sft.jsonl", "cpt.jsonl")
 
 
-def synth(isolation: str, n: int, workers: int, seed: int) -> tuple[Metered, int, Path]:
+def synth(
+    isolation: str, n: int, workers: int, seed: int, cpt_instances: str, families: str | None
+) -> tuple[Metered, int, Path]:
     out = Path(tempfile.mkdtemp(prefix=f"or-data-{isolation}-"))
     shutil.rmtree(out)
     trex = shutil.which("trex", path=os.path.dirname(sys.executable)) or "trex"
     argv = [trex, "data", "synth", "--n", str(n), "--out", str(out), "--seed", str(seed), "--workers", str(workers)]
-    argv += ["--isolation", isolation, "--no-progress", "--no-decontaminate", "--json"]
+    argv += [
+        "--isolation",
+        isolation,
+        "--no-progress",
+        "--no-decontaminate",
+        "--json",
+        "--cpt-instances",
+        cpt_instances,
+    ]
+    argv += ["--families", families] if families else []
     result = metered(argv, stdout=subprocess.DEVNULL)
     if result.returncode != 0:
         raise SystemExit(f"{shlex.join(argv)} failed with exit status {result.returncode}")
@@ -96,6 +107,16 @@ def main() -> int:
     parser.add_argument("--cold", default="namespaces", help="the per-program-interpreter level to compare with")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold run (it is 3-5x slower)")
     parser.add_argument("--reference", type=Path, help="an earlier run's output directory (same --n and --seed)")
+    parser.add_argument(
+        "--cpt-instances",
+        choices=("separate", "same", "none"),
+        default="separate",
+        help="`trex data synth --cpt-instances`: what the CPT documents are about (default: separate instances)",
+    )
+    parser.add_argument(
+        "--families",
+        help="`trex data synth --families A,B` (default: all): to compare with a run made before a family was added",
+    )
     args = parser.parse_args()
     cores = min(args.workers, os.cpu_count() or 1)
     print(f"command: python {shlex.join(sys.argv)}")
@@ -105,7 +126,10 @@ def main() -> int:
     )
 
     runs = [("warm", args.isolation)] + ([] if args.no_cold else [("cold", args.cold)])
-    results = {label: synth(isolation, args.n, args.workers, args.seed) for label, isolation in runs}
+    results = {
+        label: synth(isolation, args.n, args.workers, args.seed, args.cpt_instances, args.families)
+        for label, isolation in runs
+    }
     warm_out = results["warm"][2]
     print()
     print(

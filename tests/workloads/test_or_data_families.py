@@ -39,6 +39,7 @@ def test_at_least_twelve_families_cover_the_issues_list():
         "piecewise_costs",  # issue 23: piecewise-linear costs
         "network_design",  # issue 23: multi-commodity flow, network design
         "time_indexed_scheduling",  # issue 23: time-indexed scheduling
+        "vehicle_routing",  # issue 23: vehicle routing with capacities
     }
     assert required <= set(FAMILIES) and len(FAMILIES) >= 12
 

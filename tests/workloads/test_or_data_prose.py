@@ -168,6 +168,27 @@ def test_diversity_measures():
     )
 
 
+def test_the_overlap_is_split_by_the_part_of_the_answer_it_comes_from():
+    from trex.workloads.or_data.diversity import answer_parts, overlap_by_part
+
+    def answer(story: str) -> str:
+        return (
+            f"## Understanding\n\n{story}\n\n$$ \\max \\; \\sum_i v_i x_i $$\n\n"
+            "```python\nmodel.addCons(quicksum(size[d, i] * select[i] for i in items) <= limits[d])\n```\n\n"
+            "```lp\nMaximize\n obj: 3 x + 2 y\nEnd\n```\n"
+        )
+
+    first = answer("Every bakery ships warm bread to nearby cafes before dawn each day.")
+    second = answer("Quiet rivers carry timber downstream toward distant sawmills in spring.")
+    parts = answer_parts(first)
+    assert "quicksum" in parts["code"] and "Maximize" in parts["lp"] and "\\max" in parts["math"]
+    assert "bakery" in parts["prose"] and "quicksum" not in parts["prose"] and "\\max" not in parts["prose"]
+    split = overlap_by_part([first, second])
+    assert split["prose"]["shared"] == 0.0, "the two stories share no 5-gram"
+    assert split["code"]["shared"] == split["lp"]["shared"] == 1.0
+    assert abs(sum(value["grams"] for value in split.values()) - 1.0) < 1e-3
+
+
 def test_merger_caps_how_often_a_prompt_skeleton_is_used():
     from trex.workloads.or_data.merge import Merger
 

@@ -12,7 +12,7 @@ Modules, in the order data flows (task categories with examples: `TASKS.md` next
 
 | module | what it is |
 | --- | --- |
-| `families/` | 16 problem families (backlog planning, piecewise-linear purchasing and multi-commodity network design among them), one module each, registered in `families/__init__.py`; each generates randomized instance data and writes it four independent ways |
+| `families/` | 18 problem families (backlog planning, piecewise-linear purchasing, multi-commodity network design and capacitated vehicle routing among them), one module each, registered in `families/__init__.py`; each generates randomized instance data and writes it four independent ways |
 | `linear_model` | the flat MILP (`LinearModel`) a family expands into, with LP-identifier names by constraint family |
 | `solve` | SCIP in-process; LP files read back by SCIP and by HiGHS |
 | `certificates` | checks that do not trust the solver: solution re-evaluation, LP duality, Farkas, improving rays |

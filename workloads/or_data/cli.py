@@ -56,6 +56,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="sandbox isolation for programs",
     )
+    run.add_argument(
+        "--cpt-instances",
+        choices=("separate", "same", "none"),
+        default="separate",
+        help="what each CPT document is about: an instance of its own, verified like an SFT one (default; the CPT "
+        "set never shows an SFT problem), the SFT sample's own instance (about 30%% less work per sample), or none",
+    )
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--max-shards", type=int, metavar="N", help="stop after making N shards (resumable)")
 
@@ -240,6 +247,7 @@ def _config(args: argparse.Namespace):
         isolation=args.isolation,
         ngram=args.ngram,
         near_duplicate=args.near_duplicate,
+        cpt_instances=args.cpt_instances,
     )
 
 

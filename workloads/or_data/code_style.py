@@ -73,14 +73,16 @@ def restyle(program: str, style: CodeStyle | None = None) -> str:
     text = program
     if style.report != "helper":
         text = _report(text, style.report)
+    renames: dict[str, str] = {}
     if style.library != "pyscipopt":
         text = translate(text, style.library)
     elif style.imports == "alias":
         text = text.replace("from pyscipopt import Model, quicksum\n", "import pyscipopt as scip\n", 1)
-        text = _rename(text, {"Model": "scip.Model", "quicksum": "scip.quicksum"})
+        renames.update({"Model": "scip.Model", "quicksum": "scip.quicksum"})
     if style.model_name != "model":
-        text = _rename(text, {"model": style.model_name})
-    return text
+        renames["model"] = style.model_name
+    # one tokenizing pass for every rename (none of the new names is one of the old ones)
+    return _rename(text, renames) if renames else text
 
 
 def _report(text: str, report: str) -> str:

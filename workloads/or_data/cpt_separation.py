@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trex.workloads.or_data.decontamination import DEFAULT_NGRAM, ngram_digests
+from trex.workloads.or_data.decontamination import DEFAULT_NGRAM, gram_digest, words
 
 
 def lp_digest(lp: str) -> str:
@@ -39,11 +39,16 @@ DATA_NUMBERS = 3  # multi-digit numbers a 13-gram needs to count as instance dat
 
 def _numeric_grams(text: str, n: int) -> Iterable[int]:
     """13-grams of the prose and tables (code, LP files and clock times left out) that carry at
-    least `DATA_NUMBERS` numbers of two or more digits."""
-    prose = _CLOCK.sub(" ", _FENCE.sub(" ", text))
-    for digest, gram in ngram_digests(prose, n):
-        if sum(1 for word in gram if word.isdigit() and len(word) >= 2) >= DATA_NUMBERS:
-            yield digest
+    least `DATA_NUMBERS` numbers of two or more digits. The count is a running window over the
+    words, and only the grams that qualify are hashed (most prose 13-grams carry no data)."""
+    tokens = words(_CLOCK.sub(" ", _FENCE.sub(" ", text)))
+    data = [word.isdigit() and len(word) >= 2 for word in tokens]
+    inside = sum(data[:n])
+    for start in range(len(tokens) - n + 1):
+        if start:
+            inside += data[start + n - 1] - data[start - 1]
+        if inside >= DATA_NUMBERS:
+            yield gram_digest(tokens[start : start + n])
 
 
 @dataclass

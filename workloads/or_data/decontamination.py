@@ -23,8 +23,9 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from pathlib import Path
 
 from trex.workloads.or_eval.jsonio import read_records
@@ -37,15 +38,16 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def _digest(gram: tuple[str, ...]) -> int:
-    return int.from_bytes(hashlib.blake2b(" ".join(gram).encode(), digest_size=8).digest(), "big")
+def gram_digest(gram: Sequence[str]) -> int:
+    """The 8-byte BLAKE2b digest of an n-gram (its words joined by spaces): the index's key."""
+    return int.from_bytes(blake2b(" ".join(gram).encode(), digest_size=8).digest(), "big")
 
 
 def ngram_digests(text: str, n: int) -> Iterator[tuple[int, tuple[str, ...]]]:
     tokens = words(text)
     for start in range(len(tokens) - n + 1):
         gram = tuple(tokens[start : start + n])
-        yield _digest(gram), gram
+        yield gram_digest(gram), gram
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,13 @@ def exact_key(text: str) -> str:
 
 
 def _shingles(text: str) -> np.ndarray:
+    """The distinct shingles' 8-byte BLAKE2b digests (big-endian) mod 2^31 - 1, hashed in one pass
+    and reduced by numpy."""
     tokens = _WORD.findall(text.lower())
     grams = {" ".join(tokens[i : i + SHINGLE]) for i in range(max(1, len(tokens) - SHINGLE + 1))}
-    digests = [int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=8).digest(), "big") % _PRIME for gram in grams]
-    return np.array(digests, dtype=np.uint64)
+    blake2b = hashlib.blake2b
+    digests = b"".join([blake2b(gram.encode(), digest_size=8).digest() for gram in grams])
+    return np.frombuffer(digests, dtype=">u8").astype(np.uint64) % np.uint64(_PRIME)
 
 
 _generator = np.random.default_rng(20240521)  # fixed: signatures must be comparable across runs

@@ -6,6 +6,7 @@ Computed from the SFT records alone (`trex data stats` prints it), per family:
 | --- | --- |
 | skeletons | distinct prompt skeletons: the prompt's first and last sentences with numbers and capitalized names masked (`skeleton`), and the largest share any one skeleton has |
 | answer_overlap | masked 5-gram overlap: the share of an answer's distinct 5-grams (numbers and names masked) that also occur in another answer of the same family, averaged over answers; for the whole answer and for its prose alone (code, LP, LaTeX and tables set aside) |
+| answer_parts | where the whole answer's 5-grams come from: for each part (prose, code, LP file, math: LaTeX, tables, inline code and headings), its share of the family's answer 5-grams and the share of those found in another answer (5-grams counted within a part, so the figure approximates the whole-answer one) |
 | repeated_sentences | the share of answer prose sentences that occur verbatim (masked) in another sample of the family |
 | code_templates | distinct program templates: the program with its data block, strings and numbers masked |
 | code_styles | distinct `code_style` variants found in the programs (library or import, model name, report) |
@@ -25,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trex.workloads.or_data.prose_check import prose_only
+from trex.workloads.or_data.prose_check import NOT_PROSE, prose_only
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _NAME = re.compile(r"\b[A-Z][\w&'-]*(?:\s+[A-Z0-9][\w&'-]*)*")
@@ -67,6 +68,43 @@ def overlap(texts: Sequence[str], n: int = 5) -> float:
         frequency.update(gram_set)
     shares = [sum(1 for gram in gram_set if frequency[gram] > 1) / len(gram_set) for gram_set in sets if gram_set]
     return round(sum(shares) / len(shares), 4) if shares else 0.0
+
+
+_PYTHON_FENCE = re.compile(r"```python\n.*?```", re.S)
+_LP_FENCE = re.compile(r"```lp\n.*?```", re.S)
+PARTS = ("prose", "code", "lp", "math")
+
+
+def answer_parts(answer: str) -> dict[str, str]:
+    """An answer split into `PARTS`: the programs, the LP files, the prose (`prose_only`), and the
+    rest (LaTeX, tables, inline code, headings, other fenced blocks)."""
+    code = "\n".join(_PYTHON_FENCE.findall(answer))
+    lp = "\n".join(_LP_FENCE.findall(answer))
+    rest = _LP_FENCE.sub(" ", _PYTHON_FENCE.sub(" ", answer))
+    math = []
+    for pattern in NOT_PROSE:  # in prose_only's order, each taken out before the next looks
+        math += pattern.findall(rest)
+        rest = pattern.sub(" ", rest)
+    return {"prose": rest, "code": code, "lp": lp, "math": "\n".join(math)}
+
+
+def overlap_by_part(answers: Sequence[str], n: int = 5) -> dict[str, dict[str, float]]:
+    """For each part of `answer_parts`: `grams`, its share of all the answers' distinct n-grams
+    (pooled), and `shared`, the share of those that occur in another answer too."""
+    split = [{part: grams(text, n) for part, text in answer_parts(answer).items()} for answer in answers]
+    frequency: Counter = Counter()
+    for parts in split:
+        frequency.update(set().union(*parts.values()))
+    totals = {part: sum(len(parts[part]) for parts in split) for part in PARTS}
+    everything = sum(totals.values()) or 1
+    report = {}
+    for part in PARTS:
+        shared = sum(1 for parts in split for gram in parts[part] if frequency[gram] > 1)
+        report[part] = {
+            "grams": round(totals[part] / everything, 4),
+            "shared": round(shared / totals[part], 4) if totals[part] else 0.0,
+        }
+    return report
 
 
 def repeated_sentences(texts: Sequence[str]) -> float:
@@ -154,6 +192,7 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "top_skeleton_share": round(skeletons.most_common(1)[0][1] / len(items), 4) if items else 0.0,
             "answer_overlap": overlap(answers),
             "answer_prose_overlap": overlap(prose),
+            "answer_parts": overlap_by_part(answers),
             "prompt_overlap": overlap(prompts),
             "repeated_sentences": repeated_sentences(prose),
             "code_templates": len({code_template(item["meta"]["program"]) for item in items}),
@@ -169,9 +208,17 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     def mean(key: str) -> float:
         return round(sum(value[key] for value in values) / len(values), 4) if values else 0.0
 
+    parts = {
+        part: {
+            key: round(sum(value["answer_parts"][part][key] for value in values) / len(values), 4) if values else 0.0
+            for key in ("grams", "shared")
+        }
+        for part in PARTS
+    }
     return {
         "families": families,
         "summary": {
+            "answer_parts": parts,
             "answer_overlap": mean("answer_overlap"),
             "answer_prose_overlap": mean("answer_prose_overlap"),
             "prompt_overlap": mean("prompt_overlap"),
@@ -230,4 +277,12 @@ def diversity_markdown(report: dict[str, Any]) -> list[str]:
         f"variables per instance by decade: {summary['size_decades']}",
         "",
     ]
+    if "answer_parts" in summary:
+        parts = summary["answer_parts"]
+        lines += [
+            "Where the answers' 5-grams come from (mean over families; share of the 5-grams, and of those the share "
+            "found in another answer): "
+            + "; ".join(f"{part} {value['grams']:.0%} ({value['shared']:.0%} shared)" for part, value in parts.items()),
+            "",
+        ]
     return lines

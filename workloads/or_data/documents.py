@@ -43,10 +43,24 @@ _TITLES = ("Worked example", "Case study", "Optimization exercise", "Modeling ex
 CONCEPT_SHARE = 0.3
 
 
-def cpt_document(problem: Problem, statement: str, rng: random.Random) -> str:
+CONCEPT = ("concept",)
+
+
+def document_plan(rng: random.Random) -> tuple[str, ...]:
+    """What the document drawn from `rng` will show: `CONCEPT`, or a layout's sections. Drawn
+    first (the same draws `cpt_document` makes), so that the instance is verified for what the
+    document shows: a document without the program does not need the program run."""
     if rng.random() < CONCEPT_SHARE:
+        return CONCEPT
+    return pick(rng, _LAYOUTS)
+
+
+def cpt_document(problem: Problem, statement: str, rng: random.Random, plan: tuple[str, ...] | None = None) -> str:
+    """The document about `problem`; `plan`: what `document_plan` drew from the same `rng` (drawn
+    here when not given)."""
+    layout = plan if plan is not None else document_plan(rng)
+    if layout == CONCEPT:
         return concept_document(problem, statement, rng)
-    layout = pick(rng, _LAYOUTS)
     parts = [f"# {pick(rng, _TITLES)}: {problem.family.title}"]
     for section in layout:
         heading = pick(rng, _HEADINGS[section]).format(lib=DISPLAY[problem.library][0])

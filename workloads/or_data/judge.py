@@ -26,7 +26,7 @@ from trex.workloads.or_data.agreement import CandidateCheck
 from trex.workloads.or_data.outcome import Outcome, outcome_from_text
 from trex.workloads.or_data.program import OBJECTIVE_MARKER
 from trex.workloads.or_data.prose_check import check_prose
-from trex.workloads.or_data.solve import lp_file, solve_lp_text_highs
+from trex.workloads.or_data.solve import lp_counts_scip, solve_lp_text_highs
 from trex.workloads.or_data.style import AnswerParts, StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import Task
 from trex.workloads.or_data.teachers import ask
@@ -122,7 +122,7 @@ def _lp_structure(lp: str, task: Task) -> list[str]:
         problems.append(
             f"HiGHS re-solves the LP file to {highs.status} {highs.objective!r} ({highs.solver_status}), the verified answer is {task.truth.text()}"
         )
-    counts = _lp_counts(lp)
+    counts = lp_counts_scip(lp)
     truth = task.target.model
     expected = (len(truth.variables), sum(variable.integral for variable in truth.variables))
     if counts is None:
@@ -134,20 +134,6 @@ def _lp_structure(lp: str, task: Task) -> list[str]:
     return problems
 
 
-def _lp_counts(lp: str) -> tuple[int, int] | None:
-    """Variables and integer (incl. binary) variables of an LP file, read by SCIP without solving."""
-    from pyscipopt import Model
-
-    with lp_file(lp) as path:
-        scip = Model()
-        scip.hideOutput()
-        try:
-            scip.readProblem(path)
-        except Exception:  # noqa: BLE001 - SCIP raises a bare Exception for unreadable files
-            return None
-    return scip.getNVars(), scip.getNIntVars() + scip.getNBinVars()
-
-
 def _program_structure(program: str) -> list[str]:
     if not program:
         return ["there is no program"]
@@ -155,18 +141,20 @@ def _program_structure(program: str) -> list[str]:
         tree = ast.parse(program)
     except SyntaxError as error:
         return [f"the program does not parse: line {error.lineno}: {error.msg}"]
-    imports = {
-        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
-    }
-    imports |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    calls = {
-        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-    }
-    names = {
-        node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
-    }
+    imports: set[str] = set()
+    calls: set[str] = set()  # attribute calls: model.optimize(), pulp.LpVariable(...)
+    names: set[str] = set()  # every called name, attribute or plain
+    for node in ast.walk(tree):  # one walk of the tree (a program is judged once per candidate)
+        if isinstance(node, ast.Import):
+            imports.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imports.add((node.module or "").split(".")[0])
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):
+                calls.add(node.func.attr)
+                names.add(node.func.attr)
+            elif isinstance(node.func, ast.Name):
+                names.add(node.func.id)
     problems = []
     # what each solver library's program must contain: its import, a solve call, variables
     libraries = {

@@ -9,6 +9,7 @@
         DtaPipeline.run          teachers, agreement, rewrite, judge, selection
         sft_record               the SFT record
         cpt_instance             the CPT document, from a separate verified instance of the family
+                                 (`SynthConfig.cpt_instances`: or the sample's own instance, or none)
 
 Each index yields one result, the JSON object its shard file stores: the plan (`index`, `family`,
 `planned_status`, `category`, `variant`, `fallback`), `result` ("emitted" or "rejected"), `stage`
@@ -27,7 +28,7 @@ from typing import Any
 
 from trex.workloads.or_data.config import SynthConfig
 from trex.workloads.or_data.cpt_separation import lp_digest
-from trex.workloads.or_data.documents import cpt_document
+from trex.workloads.or_data.documents import cpt_document, document_plan
 from trex.workloads.or_data.dta import DtaPipeline
 from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.judge import ClientJudge, JudgePanel, ProgrammaticJudge
@@ -37,7 +38,7 @@ from trex.workloads.or_data.seeds import balanced, stream
 from trex.workloads.or_data.solver_libraries import choose_library
 from trex.workloads.or_data.style import StyleTemplate
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, Task, build_task
-from trex.workloads.or_data.verify import VerificationFailed, verify_problem
+from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
 from trex.workloads.sandbox.interruption import RunIncomplete
 
 # Task slots: every block of eight consecutive indices has each slot once, so the categories get a
@@ -125,24 +126,41 @@ def _plan_json(plan_: Plan) -> dict[str, Any]:
 CPT_ATTEMPTS = 3
 
 
-def cpt_instance(config: SynthConfig, plan_: Plan, context: ShardContext) -> dict[str, Any] | None:
-    """The CPT document of index `plan_.index`: a separate instance of the same family (its own
+def cpt_instance(config: SynthConfig, plan_: Plan, context: ShardContext, problem: Problem) -> dict[str, Any] | None:
+    """The CPT document of index `plan_.index` (`problem`: its SFT sample's instance), by
+    `config.cpt_instances`: "separate", about a separate instance of the same family (its own
     data stream, verified like any SFT instance), so continued pretraining never shows an SFT
-    problem; `lp_digest` identifies the instance for the decontamination against the SFT set
-    (`cpt_separation`). None when no attempt verifies."""
-    family = FAMILIES[plan_.family]
-    for attempt in range(CPT_ATTEMPTS):
-        generated = family.generate(stream(config.seed, plan_.index, f"cpt_data:{attempt}"), plan_.status)
-        try:
-            problem = verify_problem(family, generated.data, generated.status, generated.note, context.runner)
-        except VerificationFailed:
-            continue
-        document = cpt_document(
+    problem, with `lp_digest` identifying the instance for the decontamination against the SFT set
+    (`cpt_separation`), None when no attempt verifies; "same", about `problem` itself; "none": None."""
+    if config.cpt_instances == "none":
+        return None
+    if config.cpt_instances == "same":
+        text = cpt_document(
             problem,
             problem.statement(stream(config.seed, plan_.index, "cpt_text")),
             stream(config.seed, plan_.index, "cpt_layout"),
         )
-        return {"text": document, "lp_digest": lp_digest(problem.lp)}
+        return {"text": text}
+    family = FAMILIES[plan_.family]
+    layout_rng = stream(config.seed, plan_.index, "cpt_layout")
+    shown = document_plan(layout_rng)
+    for attempt in range(CPT_ATTEMPTS):
+        generated = family.generate(stream(config.seed, plan_.index, f"cpt_data:{attempt}"), plan_.status)
+        try:
+            separate = verify_problem(
+                family,
+                generated.data,
+                generated.status,
+                generated.note,
+                context.runner,
+                run_program="program" in shown,  # every other check always runs
+            )
+        except VerificationFailed:
+            continue
+        document = cpt_document(
+            separate, separate.statement(stream(config.seed, plan_.index, "cpt_text")), layout_rng, shown
+        )
+        return {"text": document, "lp_digest": lp_digest(separate.lp)}
     return None
 
 
@@ -206,7 +224,7 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
                 }
                 continue
             record = sft_record(decision, context.style, seed=config.seed, index=plan_.index)
-            cpt = cpt_instance(config, plan_, context)
+            cpt = cpt_instance(config, plan_, context, task.problem)
             results[plan_.index] = {
                 **base,
                 "result": "emitted",

@@ -11,6 +11,7 @@ or randomness), so judging a sample whose program the verifier already ran does 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,19 @@ from trex.workloads.sandbox.interruption import SandboxFailed
 DEFAULT_LIMITS = Limits(wall_s=30.0, cpu_s=30.0, memory_bytes=2 << 30)
 _CACHE_SIZE = 512
 PRELOAD = ("pyscipopt", "pulp", "pyomo.environ", "coptpy")
+# Programs run in one of two warm workers, by the libraries they import: Pyomo makes every fork of
+# a worker that preloaded it about 40% dearer (a pyscipopt program: 28.7 against 20.4 CPU ms, see
+# bench/RESULTS.md section 6), and most programs (the CPT instance's, every mutated repair
+# program, 60% of the translations) never import it. Each group's worker preloads what its
+# programs use; a program importing something else still runs (it imports it in its own child).
+POOLS = {"base": ("pyscipopt", "pulp", "coptpy"), "pyomo": ("pyscipopt", "pyomo.environ")}
+_PYOMO_IMPORT = re.compile(r"^\s*(?:import|from)\s+pyomo\b", re.M)
 MAX_LP_CHARS = 400_000
+
+
+def pool_for(source: str) -> str:
+    """The warm worker group (`POOLS`) a program runs in."""
+    return "pyomo" if _PYOMO_IMPORT.search(source) else "base"
 
 
 @dataclass(frozen=True)
@@ -49,21 +62,29 @@ class ProgramRunner:
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, *, isolation: str = "auto", hide: tuple[str, ...] = ()):
         self.limits, self.isolation, self.hide = limits, isolation, hide
-        self._sandbox: Sandbox | None = None
+        self._sandboxes: dict[str, Sandbox] = {}
         self._cache: OrderedDict[str, ProgramRun] = OrderedDict()
         self.runs = 0
         self.hits = 0
 
+    def sandbox_for(self, pool: str = "base") -> Sandbox:
+        """The sandbox of worker group `pool` (`POOLS`), started on first use. One program at a time
+        per runner (each synthesis worker process has its own), so one warm worker per group."""
+        sandbox = self._sandboxes.get(pool)
+        if sandbox is None:
+            sandbox = Sandbox(self.limits, isolation=self.isolation, hide=self.hide, workers=1, preload=POOLS[pool])
+            self._sandboxes[pool] = sandbox
+        return sandbox
+
     @property
     def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            # one program at a time per runner (each synthesis worker process has its own): one warm
-            # worker, preloading the libraries the pipeline's programs are written in (pyscipopt and the
-            # PuLP / Pyomo / coptpy translations): each preloaded library makes every fork slower, but a
-            # translated program importing Pyomo in its own child costs far more (200 samples: 295 -> 244
-            # CPU ms per sample with these preloaded)
-            self._sandbox = Sandbox(self.limits, isolation=self.isolation, hide=self.hide, workers=1, preload=PRELOAD)
-        return self._sandbox
+        """The sandbox most programs run in (the `base` group)."""
+        return self.sandbox_for("base")
+
+    @property
+    def worker_cpu_s(self) -> float:
+        """CPU seconds of every warm worker this runner started (`Sandbox.worker_cpu_s`)."""
+        return sum(sandbox.worker_cpu_s for sandbox in self._sandboxes.values())
 
     def run(self, source: str, files: Mapping[str, str] | None = None) -> ProgramRun:
         files = dict(files or {})
@@ -75,7 +96,9 @@ class ProgramRunner:
             self._cache.move_to_end(digest)
             self.hits += 1
             return cached
-        execution = self.sandbox.run(source, files=files)  # an interrupted run raises RunInterrupted
+        execution = self.sandbox_for(pool_for(source)).run(
+            source, files=files
+        )  # an interrupted run raises RunInterrupted
         self.runs += 1
         if execution.failure is FailureKind.SANDBOX_ERROR:
             # not the program's outcome: recording it would reject a sample for the sandbox's fault
@@ -122,13 +145,13 @@ class ProgramRunner:
 
     def abort(self) -> None:
         """Stop the program in flight (Ctrl-C); its run raises `RunInterrupted`."""
-        if self._sandbox is not None:
-            self._sandbox.abort()
+        for sandbox in list(self._sandboxes.values()):
+            sandbox.abort()
 
     def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+        sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+        for sandbox in sandboxes:
+            sandbox.close()
 
     def __enter__(self) -> ProgramRunner:
         return self

@@ -73,9 +73,12 @@ _OPENERS = (
 )
 
 
+NOT_PROSE = (_FENCE, _DISPLAY_MATH, _INLINE_MATH, _INLINE_CODE, _TABLE_LINE, _HEADING)  # in the order removed
+
+
 def prose_only(text: str) -> str:
     """The sentences of a markdown text: code, LP, LaTeX, tables and headings removed."""
-    for pattern in (_FENCE, _DISPLAY_MATH, _INLINE_MATH, _INLINE_CODE, _TABLE_LINE, _HEADING):
+    for pattern in NOT_PROSE:
         text = pattern.sub(" ", text)
     return text
 

@@ -12,10 +12,13 @@ read to the same optimum is unlikely to be wrong in a way one reader forgives.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.sandbox.interruption import scip_without_ctrl_c
@@ -103,7 +106,59 @@ def _scip_result(scip, handles: dict) -> SolveResult:
     return SolveResult("other", solver_status=status)
 
 
-def solve_lp_text_scip(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+# LP-file verdicts by (reader, SHA-256 of the text, time limit): both solvers are deterministic here
+# (single thread, no clock), and the pipeline reads the same file more than once (the verifier,
+# then the judge of the answer that shows it): each file is read and solved once per process.
+_LP_MEMO: OrderedDict[tuple[str, str, float], tuple[SolveResult, tuple[int, int]]] = OrderedDict()
+_LP_MEMO_SIZE = 256
+
+
+def _memoized(reader: str) -> Callable:
+    def decorate(solve: Callable[[str, float], tuple[SolveResult, tuple[int, int]]]) -> Callable:
+        @functools.wraps(solve)
+        def solve_lp_text(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+            return _lp_memo(reader, solve, lp_text, time_limit_s)[0]
+
+        return solve_lp_text
+
+    return decorate
+
+
+def _lp_memo(reader: str, solve: Callable, lp_text: str, time_limit_s: float) -> tuple[SolveResult, tuple[int, int]]:
+    key = (reader, hashlib.sha256(lp_text.encode("utf-8")).hexdigest(), time_limit_s)
+    found = _LP_MEMO.get(key)
+    if found is None:
+        found = solve(lp_text, time_limit_s)
+        _LP_MEMO[key] = found
+        if len(_LP_MEMO) > _LP_MEMO_SIZE:
+            _LP_MEMO.popitem(last=False)
+    else:
+        _LP_MEMO.move_to_end(key)
+    result, counts = found
+    return replace(result, values=dict(result.values)), counts  # the caller may change its copy
+
+
+def lp_counts_scip(lp_text: str) -> tuple[int, int] | None:
+    """Variables and integer (incl. binary) variables of an LP file as SCIP's reader sees it, None
+    when SCIP cannot read it; from the memo when SCIP already read this file."""
+    wanted = hashlib.sha256(lp_text.encode("utf-8")).hexdigest()
+    for (reader, digest, _), (_, counts) in reversed(_LP_MEMO.items()):
+        if reader == "scip" and digest == wanted:
+            return counts
+    from pyscipopt import Model
+
+    with lp_file(lp_text) as path:
+        scip = Model()
+        scip.hideOutput()
+        try:
+            scip.readProblem(path)
+        except Exception:  # noqa: BLE001 - SCIP raises a bare Exception for unreadable files
+            return None
+    return scip.getNVars(), scip.getNIntVars() + scip.getNBinVars()
+
+
+@_memoized("scip")
+def solve_lp_text_scip(lp_text: str, time_limit_s: float = TIME_LIMIT_S) -> tuple[SolveResult, tuple[int, int]]:
     """Read an LP file with SCIP's reader and solve it (values keyed by the file's names)."""
     from pyscipopt import Model
 
@@ -113,6 +168,11 @@ def solve_lp_text_scip(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> S
         scip_without_ctrl_c(scip)
         scip.setParam("limits/time", time_limit_s)
         scip.readProblem(path)
+    counts = (scip.getNVars(), scip.getNIntVars() + scip.getNBinVars())
+    return _solve_read_scip(scip), counts
+
+
+def _solve_read_scip(scip) -> SolveResult:
     scip.optimize()
     handles = {variable.name: variable for variable in scip.getVars()}
     result = _scip_result(scip, handles)
@@ -125,8 +185,13 @@ def solve_lp_text_scip(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> S
     return result
 
 
-def solve_lp_text_highs(lp_text: str, *, time_limit_s: float = TIME_LIMIT_S) -> SolveResult:
+@_memoized("highs")
+def solve_lp_text_highs(lp_text: str, time_limit_s: float = TIME_LIMIT_S) -> tuple[SolveResult, tuple[int, int]]:
     """Read an LP file with HiGHS's reader and solve it: the independent second opinion."""
+    return _solve_lp_text_highs(lp_text, time_limit_s), (-1, -1)
+
+
+def _solve_lp_text_highs(lp_text: str, time_limit_s: float) -> SolveResult:
     highs = _quiet_highs()
     highs.setOptionValue("time_limit", time_limit_s)
     highs.setOptionValue("threads", 1)

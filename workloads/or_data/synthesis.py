@@ -9,7 +9,7 @@ writes into `out_dir`:
 | manifest.json | the config; a second run with the same config resumes |
 | shards/shard-NNNNNN.jsonl | per-index results, one file per finished shard (the resumable state) |
 | sft.jsonl | the SFT samples (`records`), exactly `n` unless the run was stopped |
-| cpt.jsonl | `{"text": ...}` documents, one per SFT sample (each about a separate instance), same order, less those `cpt_separation` drops |
+| cpt.jsonl | `{"text": ...}` documents, one per SFT sample (each about a separate instance; `SynthConfig.cpt_instances`: or the sample's own, or none), same order, less those `cpt_separation` drops |
 | decontamination.json | what the benchmark n-gram check found |
 | stats.json, stats.md | the statistics report (`stats`) |
 
@@ -146,7 +146,7 @@ def synthesize(
         if bar is not None:
             bar.close()
     if merger.full:
-        stats = _write_outputs(root, merger, tokenizer_dir, benchmarks)
+        stats = _write_outputs(root, merger, tokenizer_dir, benchmarks, separation=config.cpt_instances == "separate")
     else:
         count, name = token_counter(tokenizer_dir)
         stats = build_stats(merger, count, name)
@@ -245,13 +245,21 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _write_outputs(
-    root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None
+    root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None, *, separation: bool
 ) -> dict[str, Any]:
+    """`separation`: drop CPT documents that show an SFT instance (`cpt_separation`); off when the
+    documents are about the SFT instances on purpose (`cpt_instances="same"`)."""
     _write_jsonl(root / "sft.jsonl", merger.sft)
-    merger.cpt, separation = separate(merger.sft, merger.cpt)
+    separated = None
+    if separation:
+        merger.cpt, separated = separate(merger.sft, merger.cpt)
+    else:
+        merger.cpt = [{"text": document["text"]} for document in merger.cpt]
     _write_jsonl(root / "cpt.jsonl", merger.cpt)
     report = merger.contamination.to_json()
-    report["cpt_vs_sft"] = separation.to_json()
+    report["cpt_vs_sft"] = (
+        separated.to_json() if separated else "not checked: the CPT documents are about the SFT instances"
+    )
     report["benchmarks"] = (
         {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
     )
@@ -260,7 +268,7 @@ def _write_outputs(
     stats = build_stats(merger, count, name)
     if benchmarks is None:
         stats["decontamination"]["skipped"] = True
-    stats["cpt_separation"] = separation.to_json()
+    stats["cpt_separation"] = separated.to_json() if separated else None
     _write_text(root / "stats.json", json.dumps(stats, indent=2, sort_keys=True) + "\n")
     _write_text(root / "stats.md", stats_markdown(stats))
     return stats

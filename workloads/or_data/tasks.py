@@ -534,6 +534,12 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             return (
                 f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
             )
+        if slack <= 1e-6 and abs(delta) < 1e-9:  # binding, yet the optimum stays: say so, claim no forced change
+            return f"The {label} was used to the full in the original plan, " + (
+                "but the same decisions still meet it after the change, so the optimum does not move."
+                if same_plan
+                else "but another plan of the same value meets it after the change, so the optimum does not move."
+            )
         if slack <= 1e-6:
             return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
         return f"The {label} had {format_objective(slack)} unused in the original plan, but with whole-number decisions a different combination becomes better."

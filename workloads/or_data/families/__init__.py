@@ -20,6 +20,7 @@ from trex.workloads.or_data.families.network_design import NetworkDesign
 from trex.workloads.or_data.families.packing import BinPacking
 from trex.workloads.or_data.families.piecewise import PiecewiseCosts
 from trex.workloads.or_data.families.production import ProductionPlanning
+from trex.workloads.or_data.families.routing import VehicleRouting
 from trex.workloads.or_data.families.scheduling import MachineScheduling
 from trex.workloads.or_data.families.staffing import ShiftScheduling
 from trex.workloads.or_data.families.time_indexed import TimeIndexedScheduling
@@ -46,6 +47,7 @@ FAMILIES: dict[str, Family] = {
         PiecewiseCosts(),
         NetworkDesign(),
         TimeIndexedScheduling(),
+        VehicleRouting(),
     )
 }
 

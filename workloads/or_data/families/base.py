@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.math_model import MathModel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,14 @@ def scale(value: float, factor: float, *, integer: bool = True, step: float = 1.
     if changed == value and factor != 1:
         changed = value + (step if factor > 1 else -step)
     return float(int(changed)) if integer else float(round(changed, 4))
+
+
+def draw(rng: random.Random, pool: Sequence[T], low: int, high: int | None = None) -> tuple[T, ...]:
+    """Between `low` and `high` distinct entries of `pool` (at most all of them), in random order:
+    an instance's cast (sites, items, jobs) taken from a scenario's pool. The count is drawn
+    first, then the sample."""
+    high = len(pool) if high is None else min(high, len(pool))
+    return tuple(rng.sample(pool, rng.randint(low, high)))
 
 
 def nice(rng: random.Random, low: float, high: float, step: float = 1.0) -> float:

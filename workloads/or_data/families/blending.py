@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -196,7 +196,7 @@ class Blending(Family):
         sc = pick(rng, SCENARIOS)
         chosen = rng.sample(sc.ingredients, rng.randint(3, min(6, len(sc.ingredients))))
         ingredients = tuple(ingredient.name for ingredient in chosen)
-        qualities = tuple(rng.sample(sc.qualities, rng.randint(2, len(sc.qualities))))
+        qualities = draw(rng, sc.qualities, 2)
         content = {(q.name, i.name): _within(rng, i.content[q.name], q.step) for q in qualities for i in chosen}
         cost = {i.name: _within(rng, i.cost, sc.cost_step) for i in chosen}
         # witness mix: a feasible blend the bounds are built around

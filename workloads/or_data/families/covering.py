@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -210,8 +210,8 @@ class SetCovering(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         sc = pick(rng, SCENARIOS)
-        sites = tuple(rng.sample(sc.sites, rng.randint(5, min(8, len(sc.sites)))))
-        zones = tuple(rng.sample(sc.zones, rng.randint(6, min(10, len(sc.zones)))))
+        sites = draw(rng, sc.sites, 5, 8)
+        zones = draw(rng, sc.zones, 6, 10)
         covers = {s: set(rng.sample(zones, rng.randint(2, max(2, len(zones) // 2)))) for s in sites}
         for z in zones:  # every zone is reached by at least one site (two for some)
             while sum(z in covers[s] for s in sites) < 1:

@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -127,8 +127,8 @@ class FacilityLocation(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         sc = pick(rng, SCENARIOS)
-        sites = tuple(rng.sample(sc.sites, rng.randint(3, min(5, len(sc.sites)))))
-        customers = tuple(rng.sample(sc.customers, rng.randint(4, min(7, len(sc.customers)))))
+        sites = draw(rng, sc.sites, 3, 5)
+        customers = draw(rng, sc.customers, 4, 7)
         step = 10 if sc.demand_range[1] > 300 else 5
         demand = {c: nice(rng, *sc.demand_range, step) for c in customers}
         total = sum(demand.values())

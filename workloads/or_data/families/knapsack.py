@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -205,8 +205,8 @@ class Knapsack(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         sc = pick(rng, SCENARIOS)
-        items = tuple(rng.sample(sc.items, rng.randint(6, min(11, len(sc.items)))))
-        dimensions = tuple(rng.sample(sc.dimensions, rng.randint(1, len(sc.dimensions))))
+        items = draw(rng, sc.items, 6, 11)
+        dimensions = draw(rng, sc.dimensions, 1)
         value = {i: nice(rng, *sc.value_range) for i in items}
         size = {(d.name, i): nice(rng, *d.span) for d in dimensions for i in items}
         capacity = {

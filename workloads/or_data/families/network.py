@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -161,7 +161,7 @@ class NetworkFlow(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         sc = pick(rng, SCENARIOS)
-        nodes = tuple(rng.sample(sc.node_names, rng.randint(6, min(8, len(sc.node_names)))))
+        nodes = draw(rng, sc.node_names, 6, 8)
         structure = "min_cost" if status == "infeasible" or rng.random() < 0.6 else "max_flow"
         # layered network: sources -> middle -> sinks; the witness flow travels along random paths
         n_sources = 1 if structure == "max_flow" else rng.randint(1, 2)

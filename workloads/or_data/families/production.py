@@ -7,7 +7,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -205,8 +205,8 @@ class ProductionPlanning(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         sc = pick(rng, SCENARIOS)
-        products = tuple(rng.sample(sc.products, rng.randint(2, min(5, len(sc.products)))))
-        resources = tuple(rng.sample(sc.resources, rng.randint(2, len(sc.resources))))
+        products = draw(rng, sc.products, 2, 5)
+        resources = draw(rng, sc.resources, 2)
         p_low, p_high, p_step = sc.profit_range
         u_low, u_high, u_step = sc.usage_range
         profit = {p: nice(rng, p_low, p_high, p_step) for p in products}

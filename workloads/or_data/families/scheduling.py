@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import combinations
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -129,8 +129,8 @@ class MachineScheduling(Family):
         sc = pick(rng, SCENARIOS)
         structure = "makespan" if status == "infeasible" or rng.random() < 0.55 else "weighted"
         if structure == "makespan":
-            jobs = tuple(rng.sample(sc.jobs, rng.randint(5, min(8, len(sc.jobs)))))
-            machines = tuple(rng.sample(sc.machines, rng.randint(2, len(sc.machines))))
+            jobs = draw(rng, sc.jobs, 5, 8)
+            machines = draw(rng, sc.machines, 2)
             time = {}
             for j in jobs:
                 base = nice(rng, *sc.time_range)

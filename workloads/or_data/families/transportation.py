@@ -7,7 +7,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from trex.workloads.or_data.families.base import Family, Generated, WhatIf, nice, scale
+from trex.workloads.or_data.families.base import Family, Generated, WhatIf, draw, nice, scale
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, lp_name
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import (
@@ -170,7 +170,7 @@ class Transportation(Family):
 
     def generate(self, rng: random.Random, status: str) -> Generated:
         scenario = pick(rng, SCENARIOS)
-        sources = tuple(rng.sample(scenario.source_names, rng.randint(2, min(4, len(scenario.source_names)))))
+        sources = draw(rng, scenario.source_names, 2, 4)
         destinations = tuple(
             rng.sample(scenario.destination_names, rng.randint(3, min(6, len(scenario.destination_names))))
         )

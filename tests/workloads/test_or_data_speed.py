@@ -1,0 +1,144 @@
+"""The synthesis' speed-ups change no output: each cheaper path is compared with the straightforward
+one it replaced (issue 21), and the CPT instance modes do what they say."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_or_data_support import generated, runner  # noqa: F401 - runner is a fixture
+
+from trex.workloads.or_data import code_style, solve
+from trex.workloads.or_data.config import SynthConfig
+from trex.workloads.or_data.cpt_separation import DATA_NUMBERS, _numeric_grams
+from trex.workloads.or_data.decontamination import ngram_digests
+from trex.workloads.or_data.dedup import _PRIME, _shingles
+from trex.workloads.or_data.documents import CONCEPT, document_plan
+from trex.workloads.or_data.families import FAMILIES
+from trex.workloads.or_data.program_runner import pool_for
+from trex.workloads.or_data.seeds import stream
+from trex.workloads.or_data.synthesis import synthesize
+from trex.workloads.or_data.verify import verify_problem
+
+
+def _texts(count: int = 40) -> list[str]:
+    rng = random.Random(7)
+    vocabulary = ["plant", "ships", "to", "the", "depot", "at", "cost", "of", "per", "unit", "and", "Week", "04:00"]
+    texts = []
+    for _ in range(count):
+        words = [
+            str(rng.randint(0, 999)) if rng.random() < 0.3 else rng.choice(vocabulary)
+            for _ in range(rng.randint(0, 120))
+        ]
+        fence = "\n```python\nx = 12 + 34 + 56\n```\n" if rng.random() < 0.3 else " "
+        texts.append(" ".join(words[:40]) + fence + " ".join(words[40:]))
+    return texts
+
+
+def test_data_grams_are_the_digests_of_every_gram_that_carries_enough_numbers():
+    from trex.workloads.or_data.cpt_separation import _CLOCK, _FENCE
+
+    for text in _texts():
+        prose = _CLOCK.sub(" ", _FENCE.sub(" ", text))
+        expected = [
+            digest
+            for digest, gram in ngram_digests(prose, 13)
+            if sum(1 for word in gram if word.isdigit() and len(word) >= 2) >= DATA_NUMBERS
+        ]
+        assert list(_numeric_grams(text, 13)) == expected
+
+
+def test_minhash_shingles_equal_one_digest_per_distinct_shingle():
+    for text in _texts():
+        words = re.findall(r"\w+", text.lower())
+        grams = {" ".join(words[i : i + 5]) for i in range(max(1, len(words) - 5 + 1))}
+        expected = sorted(
+            int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=8).digest(), "big") % _PRIME for gram in grams
+        )
+        assert sorted(_shingles(text).tolist()) == expected
+        assert _shingles(text).dtype == np.uint64
+
+
+@pytest.mark.parametrize("family", ["knapsack", "transportation", "network_flow", "lot_sizing"])
+def test_one_renaming_pass_writes_what_the_renames_one_after_another_wrote(family):
+    made = generated(family, 3)
+    program = FAMILIES[family].program(made.data)
+    for imports in code_style.IMPORTS:
+        for model_name in code_style.MODEL_NAMES:
+            for report in code_style.REPORTS:
+                style = code_style.CodeStyle(imports, model_name, report)
+                text = program if report == "helper" else code_style._report(program, report)
+                if imports == "alias":
+                    text = text.replace("from pyscipopt import Model, quicksum\n", "import pyscipopt as scip\n", 1)
+                    text = code_style._rename(text, {"Model": "scip.Model", "quicksum": "scip.quicksum"})
+                if model_name != "model":
+                    text = code_style._rename(text, {"model": model_name})
+                assert code_style.restyle(program, style) == text, style
+
+
+def test_programs_run_in_the_worker_group_that_preloaded_their_library(runner):  # noqa: F811
+    pyomo = "import pyomo.environ as pyo\nprint('Optimal objective value: 1')\n"
+    assert pool_for(pyomo) == "pyomo" and pool_for("from pyomo.environ import *\n") == "pyomo"
+    assert pool_for("import pulp\n# pyomo is not used\n") == "base"
+    assert pool_for("from pyscipopt import Model\n") == "base"
+    first = runner.run("print('Optimal objective value: 2')\n")
+    second = runner.run(pyomo)
+    assert first.outcome.objective == 2 and second.outcome.objective == 1
+    assert set(runner._sandboxes) >= {"base", "pyomo"}
+
+
+def test_an_lp_file_is_read_and_solved_once_and_its_copies_are_independent():
+    lp = "Maximize\n obj: 3 x + 2 y\nSubject To\n c1: x + y <= 4\n c2: x + 3 y <= 6\nBounds\n x <= 3\nGenerals\n y\nEnd\n"
+    first = solve.solve_lp_text_highs(lp)
+    first.values["x"] = -1.0  # a caller's change must not reach the memo
+    second = solve.solve_lp_text_highs(lp)
+    assert second.objective == pytest.approx(11.0) and second.values["x"] == pytest.approx(3.0)
+    scip = solve.solve_lp_text_scip(lp)
+    assert scip.objective == pytest.approx(11.0)
+    assert solve.lp_counts_scip(lp) == (2, 1)
+    solve._LP_MEMO.clear()  # from a fresh read, the same counts
+    assert solve.lp_counts_scip(lp) == (2, 1)
+
+
+def test_a_cpt_instance_whose_document_shows_no_program_is_verified_without_running_it(runner):  # noqa: F811
+    seeds = [seed for seed in range(40) if document_plan(stream(seed, 0, "cpt_layout")) == CONCEPT]
+    assert seeds, "a concept document is drawn 30% of the time"
+    made = generated("knapsack", 11)
+    before = runner.runs
+    problem = verify_problem(FAMILIES["knapsack"], made.data, made.status, made.note, runner, run_program=False)
+    assert runner.runs == before and "program" not in problem.checks and problem.program
+    checked = verify_problem(FAMILIES["knapsack"], made.data, made.status, made.note, runner)
+    assert checked.checks == (*problem.checks, "program") and checked.program == problem.program
+
+
+def _run(tmp_path: Path, mode: str) -> tuple[list[dict], list[dict], dict]:
+    config = SynthConfig(seed=4, families=("knapsack", "production_planning"), shard_size=3, cpt_instances=mode)
+    out = tmp_path / mode
+    synthesize(config, out, 3, progress=False)
+    read = [
+        [json.loads(line) for line in (out / name).read_text(encoding="utf-8").splitlines()]
+        for name in ("sft.jsonl", "cpt.jsonl")
+    ]
+    return read[0], read[1], json.loads((out / "stats.json").read_text(encoding="utf-8"))
+
+
+def test_cpt_instance_modes(tmp_path):
+    sft, cpt, stats = _run(tmp_path, "none")
+    assert len(sft) == 3 and cpt == [] and stats["cpt_separation"] is None
+    same_sft, same_cpt, stats = _run(tmp_path, "same")
+    assert same_sft == sft, "the CPT mode never changes the SFT samples"
+    assert len(same_cpt) == 3 and stats["cpt_separation"] is None
+    for record, document in zip(sft, same_cpt, strict=True):  # about the sample's own instance
+        lp = "\n".join(line for line in record["meta"]["lp"].splitlines() if not line.startswith("\\")).strip()
+        program = record["meta"]["program"].strip()
+        shown = ("```lp" in document["text"], "```python" in document["text"])
+        assert (lp in document["text"]) == shown[0] and (program in document["text"] or not shown[1])
+    assert "cpt_instances" not in SynthConfig().identity(), "runs made before the option are the same runs"
+    assert SynthConfig(cpt_instances="same").identity()["cpt_instances"] == "same"
+    with pytest.raises(Exception, match="unknown CPT instance mode"):
+        SynthConfig(cpt_instances="both")
