@@ -618,6 +618,27 @@ def _(
     return [xi.new_empty(*xi.shape[:-1], wi.size(-1)) for xi, wi in zip(x, weight)]
 
 
+def _grouped_weight_grad(
+    x: Tensor, weight: Tensor, group_list: Tensor, group_list_type: int | None, groups: int
+) -> Tensor:
+    """x[rows of g]^T @ weight[rows of g] for every group g (groups along K, the rows), in float32."""
+    ends = _group_ends(group_list, group_list_type)
+    try:
+        return torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
+    except RuntimeError:  # _grouped_mm's stride rules (16-byte multiples): per group instead
+        product = x.new_zeros(groups, x.size(1), weight.size(1), dtype=torch.float32)
+        start = 0
+        for group, end in enumerate(ends.tolist()):
+            product[group] = x[start:end].float().t() @ weight[start:end].float()
+            start = end
+        return product
+
+
+def _check_grouped_matmul_add(op: str, transpose_x: bool, transpose_weight: bool, group_type: int) -> None:
+    if not transpose_x or transpose_weight or group_type != 2:
+        raise AscendSchemaError(f"{op}: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2")
+
+
 @_implement("npu_grouped_matmul_add")
 def npu_grouped_matmul_add(
     self: Tensor,
@@ -631,25 +652,38 @@ def npu_grouped_matmul_add(
     group_list_type: int | None = 0,
 ) -> Tensor:
     """self[e] + x[rows of e]^T @ weight[rows of e] (groups along K, the rows), float32 out."""
-    if not transpose_x or transpose_weight or group_type != 2:
-        raise AscendSchemaError(
-            "npu_grouped_matmul_add: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2"
-        )
-    ends = _group_ends(group_list, group_list_type)
-    try:
-        product = torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
-    except RuntimeError:  # _grouped_mm's stride rules (16-byte multiples): per group instead
-        product = torch.zeros_like(self)
-        start = 0
-        for group, end in enumerate(ends.tolist()):
-            product[group] = x[start:end].float().t() @ weight[start:end].float()
-            start = end
-    return self + product
+    _check_grouped_matmul_add("npu_grouped_matmul_add", transpose_x, transpose_weight, group_type)
+    return self + _grouped_weight_grad(x, weight, group_list, group_list_type, self.size(0))
 
 
 @_fake("npu_grouped_matmul_add")
 def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
     return torch.empty_like(self)
+
+
+@_implement("npu_grouped_matmul_add_")
+def npu_grouped_matmul_add_(
+    self: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    group_list: Tensor,
+    *,
+    transpose_x: bool = True,
+    transpose_weight: bool = False,
+    group_type: int = 2,
+    group_list_type: int | None = 0,
+) -> Tensor:
+    """The in-place form: self[e] += x[rows of e]^T @ weight[rows of e] into the float32 `self` (a
+    persistent main-grad buffer, as gradient-accumulation fusion uses it); returns `self`."""
+    _check_grouped_matmul_add("npu_grouped_matmul_add_", transpose_x, transpose_weight, group_type)
+    if self.dtype != torch.float32:
+        raise AscendSchemaError(f"npu_grouped_matmul_add_: argument 'self' must be float32, got {self.dtype}")
+    return self.add_(_grouped_weight_grad(x, weight, group_list, group_list_type, self.size(0)))
+
+
+@_fake("npu_grouped_matmul_add_")
+def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
+    return self
 
 
 from trex.backends.ascend import emulation_attention, emulation_gating  # noqa: E402, F401 - register their ops
