@@ -115,3 +115,11 @@ def test_a_main_grad_of_the_wrong_kind_is_refused():
     param.main_grad = torch.zeros(2, 3, dtype=torch.bfloat16)
     with pytest.raises(AscendSchemaError, match="float32"):
         main_grad_of(param)
+
+
+def test_a_wrong_in_place_accumulation_call_is_caught_naming_op_and_argument():
+    x = torch.zeros(4, 3)
+    with pytest.raises(AscendSchemaError, match=r"npu_grouped_matmul_add_: argument 'group_type'"):
+        check_call("npu_grouped_matmul_add_", (x, x, x, x), {"group_type": 2.0})  # int in torch_npu's schema
+    with pytest.raises(AscendSchemaError, match=r"npu_grouped_matmul_add_: no argument named 'transpose_a'"):
+        check_call("npu_grouped_matmul_add_", (x, x, x, x), {"transpose_a": True})

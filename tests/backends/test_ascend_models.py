@@ -33,6 +33,7 @@ EXTRA_OPS = {
         "npu_swiglu",
         "npu_swiglu_backward",
         "npu_rotary_mul",
+        "npu_rotary_mul_backward",
         "npu_moe_gating_top_k_softmax",
         "npu_rms_norm",
         "npu_fusion_attention",
