@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trex.backends.ascend.emulation_library import NAMESPACE, _defined, _fake, _implement, _library
+from trex.backends.ascend.emulation_library import (
+    _autograd,
+    _autograd_kernel,
+    _below_autograd,
+    _defined,
+    _fake,
+    _implement,
+)
 from trex.backends.ascend.schemas import AscendSchemaError
 
 
@@ -100,15 +107,11 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.save_for_backward(self, gamma, output[1])
 
 
+@_autograd("npu_rms_norm", _rms_norm_setup)
 def _rms_norm_backward(ctx, grad_y, _grad_rstd):
     self, gamma, rstd = ctx.saved_tensors
     dx, dgamma = torch.ops.npu_emul.npu_rms_norm_backward(grad_y, self, gamma, rstd)
     return dx, dgamma, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup, lib=_library
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,12 +150,10 @@ def _swiglu_setup(ctx, inputs, output):
     ctx.dim = inputs[1]
 
 
+@_autograd("npu_swiglu", _swiglu_setup)
 def _swiglu_backward(ctx, grad):
     (self,) = ctx.saved_tensors
     return torch.ops.npu_emul.npu_swiglu_backward(grad, self, ctx.dim), None
-
-
-torch.library.register_autograd(f"{NAMESPACE}::npu_swiglu", _swiglu_backward, setup_context=_swiglu_setup, lib=_library)
 
 
 def _clipped_swiglu_formula(x: Tensor, dim: int, alpha: float, limit: float, bias: float, interleaved: bool) -> Tensor:
@@ -199,10 +200,9 @@ class _ClippedSwiGluFunction(torch.autograd.Function):
     def forward(ctx, x, dim, alpha, limit, bias, interleaved):
         ctx.save_for_backward(x)
         ctx.options = (dim, alpha, limit, bias, interleaved)
-        with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.npu_emul.npu_clipped_swiglu(
-                x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
-            )
+        return _below_autograd(
+            "npu_clipped_swiglu", x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -214,13 +214,11 @@ class _ClippedSwiGluFunction(torch.autograd.Function):
         return grad_x.to(x.dtype), None, None, None, None, None
 
 
+@_autograd_kernel("npu_clipped_swiglu")
 def _clipped_swiglu_autograd(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
     if group_index is not None:
         raise AscendSchemaError("npu_clipped_swiglu: the CPU emulation covers group_index=None")
     return _ClippedSwiGluFunction.apply(x, dim, alpha, limit, bias, interleaved)
-
-
-_library.impl("npu_clipped_swiglu", _clipped_swiglu_autograd, "Autograd")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,15 +284,11 @@ def _rotary_setup(ctx, inputs, output):
     ctx.mode = mode
 
 
+@_autograd("npu_rotary_mul", _rotary_setup)
 def _rotary_backward(ctx, grad):
     self, r1, r2 = ctx.saved_tensors
     dx, dr1, dr2 = torch.ops.npu_emul.npu_rotary_mul_backward(grad, self, r1, r2, ctx.mode)
     return dx, dr1, dr2, None, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_rotary_mul", _rotary_backward, setup_context=_rotary_setup, lib=_library
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +373,7 @@ def _permute_setup(ctx, inputs, output):
     ctx.tokens = (tokens.size(0), tokens.dtype, indices.size(1) if indices.dim() == 2 else 1)
 
 
+@_autograd("npu_moe_token_permute", _permute_setup)
 def _permute_backward(ctx, grad_permuted, _grad_sorted):
     (sorted_indices,) = ctx.saved_tensors
     rows, dtype, top_k = ctx.tokens
@@ -388,11 +383,6 @@ def _permute_backward(ctx, grad_permuted, _grad_sorted):
         None,
         None,
     )
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_moe_token_permute", _permute_backward, setup_context=_permute_setup, lib=_library
-)
 
 
 def _unpermute_rows(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Tensor | None) -> tuple[int, int]:
@@ -460,17 +450,13 @@ def _unpermute_setup(ctx, inputs, output):
     ctx.save_for_backward(permuted_tokens, sorted_indices, probs)
 
 
+@_autograd("npu_moe_token_unpermute", _unpermute_setup)
 def _unpermute_backward(ctx, grad):
     permuted_tokens, sorted_indices, probs = ctx.saved_tensors
     grad_permuted, grad_probs = torch.ops.npu_emul.npu_moe_token_unpermute_grad(
         permuted_tokens, grad, sorted_indices, probs
     )
     return grad_permuted, None, grad_probs if probs is not None else None, None, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_moe_token_unpermute", _unpermute_backward, setup_context=_unpermute_setup, lib=_library
-)
 
 
 @_implement("npu_moe_compute_expert_tokens")
