@@ -13,6 +13,7 @@ import trex
 from trex.backends.ascend import AscendBackend
 from trex.backends.ascend.main_grad import main_grad_of, main_grads_to_grads, zero_main_grads
 from trex.backends.ascend.schemas import AscendSchemaError, check_call
+from trex.graph_copy import copy_graph_module
 
 
 def test_in_place_grouped_matmul_add_accumulates_into_self():
@@ -102,6 +103,14 @@ def test_expert_weight_gradients_accumulate_into_main_grad_like_eager(dtype):
     glue = {op for report in backend.reports for op in report.glue_by_op}
     assert not any("zeros" in op for op in glue), glue
     assert "2 expert weight gradient(s) accumulate in place into float32 `main_grad`" in compiled.trex.summary()
+
+    # outputs that do not line up with the parameters (unknown or a different count): nothing is rewritten
+    backward = compiled.trex.graphs[0].backward
+    parameters = compiled.trex.graphs[0].graph_inputs
+    for inputs, rewritten in ((parameters, 2), (None, 0), (parameters[:-1], 0)):
+        copy_ = copy_graph_module(backward)
+        backend.prepare(copy_, "backward", inputs)
+        assert sum(1 for n in copy_.graph.nodes if n.meta.get("trex_npu_op")) == rewritten
 
     # the optimizer's step: .grad from main_grad once, then one zero-fill for the next step
     assert main_grads_to_grads(model) == 2
