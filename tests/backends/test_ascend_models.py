@@ -60,7 +60,9 @@ FP32_OPS = {
 # fused, and bf16 adds casts of npu_grouped_matmul_add's fp32 results; see README): a regression floor, not
 # the 80% goal
 MOE_SHARE_FLOOR = {torch.float32: 0.75, torch.bfloat16: 0.6}
-MAIN_GRAD_SHARE_FLOOR = 0.65  # tiny bf16 with the in-place main_grad accumulation (V3 69.5%: bf16 casts around the gating)
+MAIN_GRAD_SHARE_FLOOR = (
+    0.65  # tiny bf16 with the in-place main_grad accumulation (V3 69.5%: bf16 casts around the gating)
+)
 
 
 def _train_step_matches_eager(family, dtype, main_grad=False, **config_overrides):
