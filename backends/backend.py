@@ -40,8 +40,9 @@ class Backend(ABC):
 
         `phase` is "forward", "backward" or "inference". `graph_inputs` are the captured graph's inputs in
         order, the parameters as themselves and every other input as None (all None when unknown):
-        AOTAutograd's backward graph returns the gradient of the i-th input at its i-th output. A rewrite must keep what the graph computes
-        (e.g. accumulating a weight gradient into a persistent buffer instead of returning it).
+        AOTAutograd's backward graph returns the gradient of the i-th input at its i-th output. A rewrite
+        must keep what the graph computes (e.g. accumulating a weight gradient into a persistent buffer
+        instead of returning it).
         """
         return None
 
