@@ -35,5 +35,16 @@ class Backend(ABC):
         `example_inputs` are FakeTensors (shapes, dtypes, devices) of gm's placeholders.
         """
 
+    def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
+        """Rewrite the whole graph in place before it is split among the backends (default: nothing).
+
+        `phase` is "forward", "backward" or "inference". `graph_inputs` are the captured graph's inputs in
+        order, the parameters as themselves and every other input as None (all None when unknown):
+        AOTAutograd's backward graph returns the gradient of the i-th input at its i-th output. A rewrite
+        must keep what the graph computes (e.g. accumulating a weight gradient into a persistent buffer
+        instead of returning it).
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"<trex backend {self.name!r}>"

@@ -161,12 +161,24 @@ def predicted_seconds_per_backend(assignment: dict[fx.Node, Backend], target: An
     return totals
 
 
-def lower_graph(gm: fx.GraphModule, backends: Sequence[Backend], target: Any = None) -> Lowering:
+def lower_graph(
+    gm: fx.GraphModule,
+    backends: Sequence[Backend],
+    target: Any = None,
+    *,
+    phase: str = "",
+    graph_inputs: Sequence[Any] | None = None,
+) -> Lowering:
     """Lower a copy of `gm` across `backends`; the eager backend is always the last resort.
 
     With a `target` (name or `trex.Target`), the report carries each backend's predicted time.
+    Each backend's `prepare` rewrites the copy first (see `Backend.prepare` for `phase`, `graph_inputs`).
     """
     gm = copy_graph_module(gm)
+    for backend in backends:
+        prepare = getattr(backend, "prepare", None)  # duck-typed plugins may not have it
+        if prepare is not None:
+            prepare(gm, phase, graph_inputs)
     assignment, notes = assign_nodes(gm, backends)
     names = {node.name: backend.name for node, backend in assignment.items()}
     eager = EagerBackend()

@@ -63,6 +63,8 @@ class CapturedGraph:
     lowerings: dict[str, Lowering] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # aot_trace, passes, partition, lower_*
     started_at: float = field(default=0.0, repr=False)  # when trex received the Dynamo graph
+    # the Dynamo graph's inputs in order: parameters as themselves, other inputs None (Backend.prepare)
+    graph_inputs: list | None = field(default=None, repr=False)
 
     def summary(self) -> str:
         parts = [f"graph {self.graph_id} ({self.phase}): dynamo {len(self.dynamo_graph.graph.nodes)} nodes"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -122,6 +123,7 @@ class TrexCompiler:
         )
         self.graphs.append(graph)
         graph.started_at = time.perf_counter()
+        graph.graph_inputs = [x if isinstance(x, torch.nn.Parameter) else None for x in example_inputs]
         compile_with_aot = aot_autograd(
             fw_compiler=lambda g, inputs: self._lower(graph, "forward", g),
             bw_compiler=lambda g, inputs: self._lower(graph, "backward", g),
@@ -185,7 +187,8 @@ class TrexCompiler:
 
     def _lower(self, graph: CapturedGraph, which: str, gm: fx.GraphModule):
         start = time.perf_counter()
-        lowering = lower_graph(gm, self.options.backends, self.options.target)
+        inputs = graph.graph_inputs
+        lowering = lower_graph(gm, self.options.backends, self.options.target, phase=which, graph_inputs=inputs)
         graph.lowerings[which] = lowering
         graph.seconds[f"lower_{which}"] = time.perf_counter() - start
         self._say(graph, f"{which} graph lowered")

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from torch import fx
 
+from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
 from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
 from trex.backends.backend import Backend
@@ -60,8 +61,13 @@ class AscendBackend(Backend):
         *,
         emulate: bool | None = None,
         check: Callable[..., Any] | None = None,
+        main_grad: bool = False,
     ):
+        """`main_grad=True`: the routed experts' weight gradients accumulate in place into a persistent
+        float32 `param.main_grad` (gradient-accumulation fusion, see `main_grad.py`) instead of being
+        returned as `param.grad`; the caller zero-fills it once per step (`zero_main_grads`)."""
         self.target = target
+        self.main_grad = main_grad
         self.patterns = tuple(patterns)
         self.emulate = emulate
         self.check = check
@@ -73,7 +79,8 @@ class AscendBackend(Backend):
         state = self._graphs.get(graph)
         if state is None:
             matches = find_matches(graph, self.patterns)
-            state = _GraphState({n for m in matches for n in m.nodes})
+            prepared = {n for n in graph.nodes if n.meta.get(PREPARED)}
+            state = _GraphState({n for m in matches for n in m.nodes} | prepared)
             state.report = price_graph(graph, self.target, matches)
             self.reports.append(state.report)
             self._graphs[graph] = state
@@ -91,8 +98,16 @@ class AscendBackend(Backend):
         except Exception:  # noqa: BLE001 - supports() never raises; an unmatched graph is simply not ours
             return False
 
+    def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
+        """With `main_grad`, the backward's expert weight gradients become in-place accumulations."""
+        if self.main_grad and phase == "backward":
+            emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
+            accumulate_into_main_grads(gm, graph_inputs, target=self.target, emitter=emitter)
+
     def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         gm = copy_graph_module(gm)
+        # torch_npu calls a whole-graph rewrite (prepare) already emitted: kept as they are
+        prepared = [n for n in gm.graph.nodes if n.meta.get(PREPARED) and "trex_npu_op" in n.meta]
         matches = find_matches(gm.graph, self.patterns)
         emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
         glue_of: list[tuple[Match, list[fx.Node]]] = []
@@ -103,6 +118,7 @@ class AscendBackend(Backend):
                 emitter.replace(match.emit(emitter))
             glue_of.append((match, emitter.glue[first_glue:]))
         fused_nodes = {n.name for m in matches for n in m.nodes}
+        emitted = [n.meta["trex_npu_op"] for n in prepared] + emitter.emitted
         _topological_sort(gm.graph)
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
@@ -110,12 +126,12 @@ class AscendBackend(Backend):
         remaining = {n.name for n in gm.graph.nodes}
         report = self._current.report if self._current is not None else None
         if report is not None:
-            report.record_fused(fused_nodes - remaining, emitter.emitted)
+            report.record_fused((fused_nodes - remaining) | {n.name for n in prepared}, emitted)
             live = set(gm.graph.nodes)
             for match, glue in glue_of:
                 in_moe = any(n.name in report.moe_nodes for n in match.nodes)
                 report.record_glue([n for n in glue if n in live], moe=in_moe)
-        return AscendLoweredModule(gm, emitter.emitted, matches, report)
+        return AscendLoweredModule(gm, emitted, matches, report)
 
 
 def _topological_sort(graph: fx.Graph) -> None:

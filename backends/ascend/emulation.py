@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trex.backends.ascend.emulation_library import NAMESPACE, _defined, _fake, _implement, _library
+from trex.backends.ascend.emulation_library import (
+    _autograd,
+    _autograd_kernel,
+    _below_autograd,
+    _defined,
+    _fake,
+    _implement,
+)
 from trex.backends.ascend.schemas import AscendSchemaError
 
 
@@ -100,15 +107,11 @@ def _rms_norm_setup(ctx, inputs, output):
     ctx.save_for_backward(self, gamma, output[1])
 
 
+@_autograd("npu_rms_norm", _rms_norm_setup)
 def _rms_norm_backward(ctx, grad_y, _grad_rstd):
     self, gamma, rstd = ctx.saved_tensors
     dx, dgamma = torch.ops.npu_emul.npu_rms_norm_backward(grad_y, self, gamma, rstd)
     return dx, dgamma, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup, lib=_library
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,12 +150,10 @@ def _swiglu_setup(ctx, inputs, output):
     ctx.dim = inputs[1]
 
 
+@_autograd("npu_swiglu", _swiglu_setup)
 def _swiglu_backward(ctx, grad):
     (self,) = ctx.saved_tensors
     return torch.ops.npu_emul.npu_swiglu_backward(grad, self, ctx.dim), None
-
-
-torch.library.register_autograd(f"{NAMESPACE}::npu_swiglu", _swiglu_backward, setup_context=_swiglu_setup, lib=_library)
 
 
 def _clipped_swiglu_formula(x: Tensor, dim: int, alpha: float, limit: float, bias: float, interleaved: bool) -> Tensor:
@@ -199,10 +200,9 @@ class _ClippedSwiGluFunction(torch.autograd.Function):
     def forward(ctx, x, dim, alpha, limit, bias, interleaved):
         ctx.save_for_backward(x)
         ctx.options = (dim, alpha, limit, bias, interleaved)
-        with torch._C._AutoDispatchBelowAutograd():
-            return torch.ops.npu_emul.npu_clipped_swiglu(
-                x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
-            )
+        return _below_autograd(
+            "npu_clipped_swiglu", x, dim=dim, alpha=alpha, limit=limit, bias=bias, interleaved=interleaved
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -214,13 +214,11 @@ class _ClippedSwiGluFunction(torch.autograd.Function):
         return grad_x.to(x.dtype), None, None, None, None, None
 
 
+@_autograd_kernel("npu_clipped_swiglu")
 def _clipped_swiglu_autograd(x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
     if group_index is not None:
         raise AscendSchemaError("npu_clipped_swiglu: the CPU emulation covers group_index=None")
     return _ClippedSwiGluFunction.apply(x, dim, alpha, limit, bias, interleaved)
-
-
-_library.impl("npu_clipped_swiglu", _clipped_swiglu_autograd, "Autograd")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,15 +284,11 @@ def _rotary_setup(ctx, inputs, output):
     ctx.mode = mode
 
 
+@_autograd("npu_rotary_mul", _rotary_setup)
 def _rotary_backward(ctx, grad):
     self, r1, r2 = ctx.saved_tensors
     dx, dr1, dr2 = torch.ops.npu_emul.npu_rotary_mul_backward(grad, self, r1, r2, ctx.mode)
     return dx, dr1, dr2, None, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_rotary_mul", _rotary_backward, setup_context=_rotary_setup, lib=_library
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +373,7 @@ def _permute_setup(ctx, inputs, output):
     ctx.tokens = (tokens.size(0), tokens.dtype, indices.size(1) if indices.dim() == 2 else 1)
 
 
+@_autograd("npu_moe_token_permute", _permute_setup)
 def _permute_backward(ctx, grad_permuted, _grad_sorted):
     (sorted_indices,) = ctx.saved_tensors
     rows, dtype, top_k = ctx.tokens
@@ -388,11 +383,6 @@ def _permute_backward(ctx, grad_permuted, _grad_sorted):
         None,
         None,
     )
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_moe_token_permute", _permute_backward, setup_context=_permute_setup, lib=_library
-)
 
 
 def _unpermute_rows(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Tensor | None) -> tuple[int, int]:
@@ -460,17 +450,13 @@ def _unpermute_setup(ctx, inputs, output):
     ctx.save_for_backward(permuted_tokens, sorted_indices, probs)
 
 
+@_autograd("npu_moe_token_unpermute", _unpermute_setup)
 def _unpermute_backward(ctx, grad):
     permuted_tokens, sorted_indices, probs = ctx.saved_tensors
     grad_permuted, grad_probs = torch.ops.npu_emul.npu_moe_token_unpermute_grad(
         permuted_tokens, grad, sorted_indices, probs
     )
     return grad_permuted, None, grad_probs if probs is not None else None, None, None
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_moe_token_unpermute", _unpermute_backward, setup_context=_unpermute_setup, lib=_library
-)
 
 
 @_implement("npu_moe_compute_expert_tokens")
@@ -618,6 +604,27 @@ def _(
     return [xi.new_empty(*xi.shape[:-1], wi.size(-1)) for xi, wi in zip(x, weight)]
 
 
+def _grouped_weight_grad(
+    x: Tensor, weight: Tensor, group_list: Tensor, group_list_type: int | None, groups: int
+) -> Tensor:
+    """x[rows of g]^T @ weight[rows of g] for every group g (groups along K, the rows), in float32."""
+    ends = _group_ends(group_list, group_list_type)
+    try:
+        return torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
+    except RuntimeError:  # _grouped_mm's stride rules (16-byte multiples): per group instead
+        product = x.new_zeros(groups, x.size(1), weight.size(1), dtype=torch.float32)
+        start = 0
+        for group, end in enumerate(ends.tolist()):
+            product[group] = x[start:end].float().t() @ weight[start:end].float()
+            start = end
+        return product
+
+
+def _check_grouped_matmul_add(op: str, transpose_x: bool, transpose_weight: bool, group_type: int) -> None:
+    if not transpose_x or transpose_weight or group_type != 2:
+        raise AscendSchemaError(f"{op}: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2")
+
+
 @_implement("npu_grouped_matmul_add")
 def npu_grouped_matmul_add(
     self: Tensor,
@@ -631,25 +638,38 @@ def npu_grouped_matmul_add(
     group_list_type: int | None = 0,
 ) -> Tensor:
     """self[e] + x[rows of e]^T @ weight[rows of e] (groups along K, the rows), float32 out."""
-    if not transpose_x or transpose_weight or group_type != 2:
-        raise AscendSchemaError(
-            "npu_grouped_matmul_add: torch_npu supports only transpose_x=True, transpose_weight=False, group_type=2"
-        )
-    ends = _group_ends(group_list, group_list_type)
-    try:
-        product = torch._grouped_mm(x.float().t(), weight.float(), offs=ends.to(torch.int32))
-    except RuntimeError:  # _grouped_mm's stride rules (16-byte multiples): per group instead
-        product = torch.zeros_like(self)
-        start = 0
-        for group, end in enumerate(ends.tolist()):
-            product[group] = x[start:end].float().t() @ weight[start:end].float()
-            start = end
-    return self + product
+    _check_grouped_matmul_add("npu_grouped_matmul_add", transpose_x, transpose_weight, group_type)
+    return self + _grouped_weight_grad(x, weight, group_list, group_list_type, self.size(0))
 
 
 @_fake("npu_grouped_matmul_add")
 def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
     return torch.empty_like(self)
+
+
+@_implement("npu_grouped_matmul_add_")
+def npu_grouped_matmul_add_(
+    self: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    group_list: Tensor,
+    *,
+    transpose_x: bool = True,
+    transpose_weight: bool = False,
+    group_type: int = 2,
+    group_list_type: int | None = 0,
+) -> Tensor:
+    """The in-place form: self[e] += x[rows of e]^T @ weight[rows of e] into the float32 `self` (a
+    persistent main-grad buffer, as gradient-accumulation fusion uses it); returns `self`."""
+    _check_grouped_matmul_add("npu_grouped_matmul_add_", transpose_x, transpose_weight, group_type)
+    if self.dtype != torch.float32:
+        raise AscendSchemaError(f"npu_grouped_matmul_add_: argument 'self' must be float32, got {self.dtype}")
+    return self.add_(_grouped_weight_grad(x, weight, group_list, group_list_type, self.size(0)))
+
+
+@_fake("npu_grouped_matmul_add_")
+def _(self, x, weight, group_list, *, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
+    return self
 
 
 from trex.backends.ascend import emulation_attention, emulation_gating  # noqa: E402, F401 - register their ops

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trex.backends.ascend.emulation_library import NAMESPACE, _fake, _implement, _library
+from trex.backends.ascend.emulation_library import _autograd, _fake, _implement
 from trex.backends.ascend.schemas import AscendSchemaError
 
 STAT_WIDTH = 8  # softmax_max / softmax_sum repeat each row's value 8 times (torch_npu's layout)
@@ -286,6 +286,7 @@ def _attention_setup(ctx, inputs, output):
     ctx.options = {n: options[n] for n in _GRAD_OPTIONS if n != "atten_mask"}
 
 
+@_autograd("npu_fusion_attention", _attention_setup)
 def _attention_backward(ctx, grad_out, *_):
     query, key, value, out, softmax_max, softmax_sum, atten_mask = ctx.saved_tensors
     options = dict(ctx.options)
@@ -304,8 +305,3 @@ def _attention_backward(ctx, grad_out, *_):
         **options,
     )
     return (grads[0], grads[1], grads[2]) + (None,) * 21
-
-
-torch.library.register_autograd(
-    f"{NAMESPACE}::npu_fusion_attention", _attention_backward, setup_context=_attention_setup, lib=_library
-)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trex.backends.ascend.emulation_library import _fake, _implement, _library
+from trex.backends.ascend.emulation_library import _autograd_kernel, _below_autograd, _fake, _implement
 from trex.backends.ascend.schemas import AscendSchemaError
 
 
@@ -115,8 +115,7 @@ class _GatingTopKFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, k, options):
-        with torch._C._AutoDispatchBelowAutograd():
-            y, index, norm = torch.ops.npu_emul.npu_moe_gating_top_k(x, k, **options)
+        y, index, norm = _below_autograd("npu_moe_gating_top_k", x, k, **options)
         saved_norm = norm if options.get("out_flag") else torch.sigmoid(x.detach().float())
         ctx.save_for_backward(saved_norm, index)
         ctx.options = {n: options.get(n, d) for n, d in (("routed_scaling_factor", 1.0), ("eps", 1e-20))}
@@ -133,8 +132,6 @@ class _GatingTopKFunction(torch.autograd.Function):
         return grad_x, None, None
 
 
+@_autograd_kernel("npu_moe_gating_top_k")
 def _gating_autograd(x, k, **options):
     return _GatingTopKFunction.apply(x, k, options)
-
-
-_library.impl("npu_moe_gating_top_k", _gating_autograd, "Autograd")

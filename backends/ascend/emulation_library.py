@@ -39,3 +39,32 @@ def _implement(name: str):
 
 def _fake(name: str):
     return torch.library.register_fake(f"{NAMESPACE}::{name}", lib=_library)
+
+
+def _autograd(name: str, setup_context):
+    """Decorates the backward formula of npu_emul::name (`torch.library.register_autograd`): the emulations
+    write each as a call of torch_npu's backward operator on what `setup_context` saved."""
+
+    def wrap(backward):
+        torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=_library)
+        return backward
+
+    return wrap
+
+
+def _autograd_kernel(name: str):
+    """Decorates the Autograd-key kernel of npu_emul::name, for schemas `register_autograd` refuses (those
+    with keyword-only Tensor arguments): the kernel applies a `torch.autograd.Function` whose forward
+    calls the op through `_below_autograd`."""
+
+    def wrap(kernel):
+        _library.impl(name, kernel, "Autograd")
+        return kernel
+
+    return wrap
+
+
+def _below_autograd(name: str, *args, **kwargs):
+    """npu_emul::name called under the Autograd key (from an autograd.Function's forward)."""
+    with torch._C._AutoDispatchBelowAutograd():
+        return getattr(torch.ops.npu_emul, name)(*args, **kwargs)

@@ -14,6 +14,7 @@ Regions (forward and backward of training graphs after `passes.canonicalize.moe`
   clipped_swiglu     silu(clamp(x1, max=L)) * clamp(x2, -L, L)       -> npu_clipped_swiglu (alpha=1, bias=0, halves)
   swiglu_backward    cat(silu_backward(g*up, gate), g*silu(gate))    -> npu_swiglu_backward
   rotary             x*cos + cat(-x2, x1)*sin  (4-D, "half")         -> npu_rotary_mul
+  rotary_backward    g*cos + slice_backward halves of g*sin (4-D)   -> npu_rotary_mul_backward
   gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
   moe_dispatch       trex.moe_dispatch                    -> npu_moe_token_permute + npu_moe_compute_expert_tokens
   grouped_mm         trex.grouped_mm                                 -> npu_grouped_matmul (group_type=0)
@@ -456,6 +457,106 @@ class Rotary(Pattern):
         if not ((start1 in (0, None)) and end1 == size // 2 and start2 == size // 2 and (end2 is None or end2 >= size)):
             return None
         return x, [first, second, parts[0], cat]
+
+
+class RotaryBackward(Pattern):
+    """The gradient of rotate-half RoPE (x * cos + cat(-x2, x1) * sin) w.r.t. x, as autograd writes it:
+        gs = g * sin
+        dx = slice_backward(-gs[..., :h], at h) + slice_backward(gs[..., h:], at 0) + g * cos
+    -> npu_rotary_mul_backward(g, self, cos, sin, "half")[0]. Its dx = g * r1 + rotate_half^T(g * r2)
+    does not read `self` (only dr1 and dr2 do, and the tables need no gradient); the partitioned
+    backward does not hold the forward's x (autograd saved only cos and sin), so `self` is given the
+    incoming gradient, a tensor of x's shape and dtype, and the op's dr1, dr2 are not used."""
+
+    name, op = "rotary_backward", "npu_rotary_mul_backward"
+    anchors = (aten.add.Tensor,)
+
+    def match(self, node):
+        terms, adds = _sum_terms(node)
+        if len(terms) != 3 or any(_is(t, aten.add.Tensor) for t in terms):
+            return None
+        straights = [t for t in terms if _is(t, aten.mul.Tensor)]
+        backs = [t for t in terms if _is(t, aten.slice_backward.default)]
+        if len(straights) != 1 or len(backs) != 2:
+            return None
+        for grad, sin, region in self._rotated_back(backs, node):
+            found = self._fused(node, straights[0], grad, sin, region + adds)
+            if found is not None:
+                return found
+        return None
+
+    def _fused(self, node, straight, grad, sin, region):
+        if grad not in straight.args:
+            return None
+        cos = straight.args[1] if straight.args[0] is grad else straight.args[0]
+        values = [_val(v) for v in (grad, cos, sin, node)]
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
+            return None
+        g, c, s, out = values
+        if list(out.shape) != list(g.shape) or out.dtype != g.dtype or c.size(-1) != g.size(-1):
+            return None
+        if list(torch.broadcast_shapes(g.shape, c.shape, s.shape)) != list(g.shape):
+            return None
+
+        def emit(e: Emitter, grad=grad, cos=cos, sin=sin):
+            grads = e.npu("npu_rotary_mul_backward", (grad, grad, cos, sin), {"rotary_mode": "half"})
+            return {node: e.cast(e.item(grads, 0), _dtype(node), _dtype(grad))}
+
+        return Match(self.name, self.op, [*region, straight, node], emit)
+
+    def _rotated_back(self, backs, add):
+        """[(g, sin, region)] when the two slice_backwards are rotate_half^T(g * sin), one per half."""
+        parts = {}
+        for part in backs:
+            if not _is(part, aten.slice_backward.default):
+                return []
+            source, shape, dim, start, end, step = part.args
+            if step != 1 or not _last_dim(part, dim) or list(shape) != list(_val(part).shape):
+                return []
+            parts[start] = (part, source, end)
+        size = _val(add).size(-1)
+        half = size // 2
+        if size % 2 or set(parts) != {0, half}:
+            return []
+        to_first, taken_second, end_first = parts[0]  # first half of the result: the second half of gs
+        to_second, negated, _ = parts[half]  # second half of the result: minus the first half of gs
+        if end_first != half or not _is(negated, aten.neg.default):
+            return []
+        taken_first = negated.args[0]
+        bounds = {}
+        for taken in (taken_first, taken_second):
+            if not _is(taken, aten.slice.Tensor) or not _last_dim(taken.args[0], taken.args[1]):
+                return []
+            bounds[taken] = tuple(taken.args[2:4])
+        product = taken_first.args[0]
+        if taken_second.args[0] is not product or not _is(product, aten.mul.Tensor):
+            return []
+        if bounds[taken_first] not in ((0, half), (None, half)) or bounds[taken_second][0] != half:
+            return []
+        if bounds[taken_second][1] is not None and bounds[taken_second][1] < size:
+            return []
+        region = [product, taken_first, negated, to_second, taken_second, to_first]
+        return [
+            (grad, sin, region)
+            for grad, sin in (product.args, product.args[::-1])
+            if isinstance(grad, fx.Node) and isinstance(sin, fx.Node) and _val(grad).shape == _val(product).shape
+        ]
+
+
+def _sum_terms(node: fx.Node) -> tuple[list[Any], list[fx.Node]]:
+    """The terms of a tree of binary aten adds rooted at `node` (inner adds used only by the tree), and
+    the inner adds."""
+    if not (_is(node, aten.add.Tensor) and len(node.args) == 2 and not node.kwargs):
+        return [node], []
+    terms, adds = [], []
+    for arg in node.args:
+        if _is(arg, aten.add.Tensor) and len(arg.users) == 1 and len(arg.args) == 2 and not arg.kwargs:
+            inner, inner_adds = _sum_terms(arg)
+            terms += inner
+            adds += [*inner_adds, arg]
+        else:
+            terms.append(arg)
+    return terms, adds
 
 
 class GatingTopK(Pattern):
@@ -1162,6 +1263,7 @@ PATTERNS: tuple[Pattern, ...] = (
     SwiGlu(),
     SwiGluBackward(),
     Rotary(),
+    RotaryBackward(),
     GatingTopK(),
     ClippedSwiGluBackward(),
     FlashAttention(),

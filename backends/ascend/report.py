@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from torch import fx
 
 COST_KEY = "ascend_cost"
+# a call a whole-graph rewrite emitted before pricing carries the price of the node it replaced (main_grad.py)
+REPLACED_COST = "trex_ascend_replaced_cost"
 
 
 @dataclass
@@ -91,7 +93,7 @@ def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
         annotate(graph, target)
         report = AscendGraphReport(target=target)
         for node in graph.nodes:
-            cost = node.meta.get("cost")
+            cost = node.meta.get(REPLACED_COST) or node.meta.get("cost")
             if node.op != "call_function" or cost is None:
                 continue
             node.meta[COST_KEY] = cost
@@ -132,6 +134,12 @@ def describe(reports: list[AscendGraphReport]) -> list[str]:
     for r in reports:
         ops.update(r.emitted)
     lines = [line, "ascend: emitted " + ", ".join(f"{name} x{count}" for name, count in sorted(ops.items()))]
+    if ops["npu_grouped_matmul_add_"]:
+        lines.append(
+            f"ascend: {ops['npu_grouped_matmul_add_']} expert weight gradient(s) accumulate in place into float32 "
+            "`main_grad` (npu_grouped_matmul_add_; .grad stays None): zero them once per step with "
+            "trex.backends.ascend.main_grad.zero_main_grads"
+        )
     for moe_only, what in ((True, "MoE layers"), (False, "whole graph")):
         left: Counter = Counter()
         for r in reports:

@@ -46,6 +46,7 @@ EMITTED_OPS: tuple[str, ...] = (
     "npu_moe_compute_expert_tokens",
     "npu_grouped_matmul",
     "npu_grouped_matmul_add",
+    "npu_grouped_matmul_add_",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
     "npu_moe_gating_top_k",

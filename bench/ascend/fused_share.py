@@ -9,9 +9,12 @@ Two settings, both priced by trex's cost model (predictions: nothing runs on an 
     capture never runs, is lowered here with the same backend).
 For each: the share of the MoE layers' predicted time (nodes canonicalization tags `trex_moe`) and of
 the whole graphs' time that the fused ops took; the aten glue the rewrites add counts as not fused.
+`--main-grad` lowers with `AscendBackend(main_grad=True)` (expert weight gradients accumulate in place
+into float32 `param.main_grad`); the once-per-step zero-fill of those buffers (and the cast an optimizer
+reading bf16 `.grad` needs) are priced apart, per optimizer step, since they do not run per backward.
 
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
-                                       [--skip-tiny] [--skip-full]
+                                       [--skip-tiny] [--skip-full] [--main-grad]
 """
 
 from __future__ import annotations
@@ -62,20 +65,44 @@ def _shares(reports) -> tuple[float, float, float, float]:
     return moe_fused / moe if moe else 0.0, moe * 1e6, fused / total if total else 0.0, total * 1e6
 
 
-def tiny(family: str):
+def _per_step(params, target: str = "ascend-910c") -> str:
+    """The once-per-optimizer-step work of main_grad buffers: zero-fill (4 B/element) and, for an
+    optimizer reading bf16 `.grad`, the cast (4 B read + 2 B write per element), priced as streaming."""
+    from trex.cost_model.annotate import cluster_of
+
+    buffers = [p.main_grad for p in params if p is not None and getattr(p, "main_grad", None) is not None]
+    if not buffers:
+        return ""
+    elements = sum(b.numel() for b in buffers)
+    device = cluster_of(target).device
+    rate = device.hbm_bytes_per_s * device.memory_efficiency
+    zero, cast = 4 * elements / rate + device.kernel_overhead_s, 6 * elements / rate + device.kernel_overhead_s
+    return (
+        f"<!-- per optimizer step, not per backward: {len(buffers)} main_grad buffers, {elements / 1e9:.2f} G "
+        f"elements: zero-fill {zero * 1e6:.0f} us, cast to bf16 .grad {cast * 1e6:.0f} us (each per buffer set) -->"
+    )
+
+
+def _ascend(main_grad: bool):
+    from trex.backends.ascend import AscendBackend
+
+    return AscendBackend(main_grad=main_grad)
+
+
+def tiny(family: str, main_grad: bool = False):
     import trex
     from trex.models import build_model, tiny_config
 
     config = tiny_config(family)
     model = build_model(config, dtype=torch.float32, seed=1)
-    compiled = trex.compile(model, backend=["ascend"])
+    compiled = trex.compile(model, backend=[_ascend(main_grad)])
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     lowerings = _lowerings(compiled.trex.graphs)
-    return _reports(lowerings), _emitted(lowerings)
+    return _reports(lowerings), _emitted(lowerings), _per_step(model.parameters())
 
 
-def full(family: str, layers: int, seq: int):
+def full(family: str, layers: int, seq: int, main_grad: bool = False):
     from trex.backends import get_backend, lower_graph
     from trex.meta_capture import capture_model
     from trex.models import load_config
@@ -86,14 +113,19 @@ def full(family: str, layers: int, seq: int):
     for name in ("layer_types", "mlp_layer_types"):
         if isinstance(getattr(config, name, None), list):
             setattr(config, name, getattr(config, name)[:layers])
-    capture = capture_model(config, batch=1, seq=seq, include_ends=False, backend=["ascend"])
+    capture = capture_model(config, batch=1, seq=seq, include_ends=False, backend=[_ascend(main_grad)])
     graphs = [k.graph for k in capture.kinds if k.graph is not None]
     lowerings = _lowerings(graphs)
+    params = []
     for graph in graphs:
         if "backward" not in graph.lowerings and graph.backward is not None:
-            backends = [get_backend("ascend"), get_backend("eager")]
-            lowerings.append(lower_graph(graph.backward, backends, get_target("cpu")))
-    return _reports(lowerings), _emitted(lowerings), [k.name for k in capture.kinds]
+            backends = [_ascend(main_grad), get_backend("eager")]
+            inputs = graph.graph_inputs
+            lowerings.append(
+                lower_graph(graph.backward, backends, get_target("cpu"), phase="backward", graph_inputs=inputs)
+            )
+            params += inputs or []
+    return _reports(lowerings), _emitted(lowerings), [k.name for k in capture.kinds], _per_step(params)
 
 
 def _where(reports) -> str:
@@ -123,21 +155,22 @@ def main() -> None:
     parser.add_argument("--full-seq", type=int, default=4096)
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
+    parser.add_argument("--main-grad", action="store_true", help="AscendBackend(main_grad=True)")
     args = parser.parse_args()
     print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
     print("|---|---|---|---|---|")
     for family in args.families:
         if not args.skip_tiny:
             start = time.perf_counter()
-            reports, ops = tiny(family)
+            reports, ops, per_step = tiny(family, args.main_grad)
             print(_row(family, "tiny, batch 2 x 16", reports, time.perf_counter() - start), flush=True)
-            print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}", flush=True)
+            print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)
         if not args.skip_full:
             start = time.perf_counter()
-            reports, ops, kinds = full(family, args.full_layers, args.full_seq)
+            reports, ops, kinds, per_step = full(family, args.full_layers, args.full_seq, args.main_grad)
             setting = f"{FULL_NAMES[family]}, {args.full_layers} layers ({'; '.join(kinds)}), batch 1 x {args.full_seq}"
             print(_row(family, setting, reports, time.perf_counter() - start), flush=True)
-            print(f"<!-- {family} full emitted: {ops} -->\n{_where(reports)}", flush=True)
+            print(f"<!-- {family} full emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)
 
 
 if __name__ == "__main__":

@@ -164,3 +164,30 @@ def test_v3_group_limited_gating_lowers_to_npu_moe_gating_top_k_and_its_backward
         torch.randn(10, 16),
         expect_ops={"npu_moe_gating_top_k", "npu_moe_gating_top_k_backward"},
     )
+
+
+class _Rope(torch.nn.Module):
+    """Rotate-half RoPE on 4-D heads (as transformers' apply_rotary_pos_emb): the forward -> npu_rotary_mul,
+    the gradient w.r.t. the heads -> npu_rotary_mul_backward."""
+
+    def __init__(self, heads=2, dim=8, seq=6):
+        super().__init__()
+        self.heads, self.dim = heads, dim
+        self.proj = torch.nn.Linear(16, heads * dim)
+        angles = torch.arange(seq)[:, None] * (0.5 ** torch.arange(dim // 2))[None]
+        angles = torch.cat([angles, angles], -1)[None, None]
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.proj(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        rotated = torch.cat([-q[..., self.dim // 2 :], q[..., : self.dim // 2]], dim=-1)
+        out = q * self.cos + rotated * self.sin
+        return (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+
+def test_rotary_forward_and_backward_lower_to_npu_rotary_mul_and_its_backward():
+    torch.manual_seed(0)
+    emitted = _compare(_Rope(), torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul", "npu_rotary_mul_backward"})
+    assert emitted.count("npu_rotary_mul_backward") == 1

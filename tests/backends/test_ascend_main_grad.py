@@ -1,0 +1,134 @@
+"""Gradient-accumulation fusion (`AscendBackend(main_grad=True)`): the routed experts' weight gradients
+accumulate in place into a persistent float32 `param.main_grad` through `npu_grouped_matmul_add_`,
+with no per-backward zero-fill or cast; over several backwards the buffer holds eager's summed gradient."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import trex
+from trex.backends.ascend import AscendBackend
+from trex.backends.ascend.main_grad import main_grad_of, main_grads_to_grads, zero_main_grads
+from trex.backends.ascend.schemas import AscendSchemaError, check_call
+from trex.graph_copy import copy_graph_module
+
+
+def test_in_place_grouped_matmul_add_accumulates_into_self():
+    torch.manual_seed(0)
+    x, dy = torch.randn(7, 4), torch.randn(7, 5)
+    group_list = torch.tensor([2, 2, 7])  # group 1 is empty
+    start = torch.randn(3, 4, 5)
+    functional = torch.ops.npu_emul.npu_grouped_matmul_add(start, x, dy, group_list)
+    buffer = start.clone()
+    result = torch.ops.npu_emul.npu_grouped_matmul_add_(buffer, x, dy, group_list)
+    assert result is buffer
+    torch.testing.assert_close(buffer, functional)
+    torch.testing.assert_close(buffer[0] - start[0], x[:2].t() @ dy[:2])
+    torch.testing.assert_close(buffer[1], start[1])
+    with pytest.raises(AscendSchemaError, match="'self' must be float32"):
+        torch.ops.npu_emul.npu_grouped_matmul_add_(buffer.bfloat16(), x, dy, group_list)
+
+
+class _Experts(torch.nn.Module):
+    """Routed experts through trex's fused experts op (as trex.compile routes transformers' experts)."""
+
+    def __init__(self, experts=4, hidden=8, inner=8, dtype=torch.float32):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.randn(experts, 2 * inner, hidden, dtype=dtype))
+        self.down_proj = torch.nn.Parameter((torch.randn(experts, hidden, inner) * 0.3).to(dtype))
+        self.proj = torch.nn.Linear(hidden, hidden, dtype=dtype)
+
+    def forward(self, x, index, weights):
+        import trex.ops.moe  # noqa: F401 - registers torch.ops.trex
+
+        out = torch.ops.trex.moe_experts(
+            self.proj(x), index, weights, self.gate_up_proj, self.down_proj, "silu", 0.0, False
+        )
+        return (out[0].float() * torch.linspace(-1, 1, x.size(-1))).sum()
+
+
+def _close(actual, expected, dtype, what):
+    """fp32: tight; bf16: within 2% of the gradient's largest entry (eager rounds each micro-batch's gradient
+    and their sum to bf16, the fused token ops round once, main_grad sums in float32)."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5, msg=what)
+    else:
+        error = (actual.float() - expected.float()).abs().max()
+        assert error <= 2e-2 * expected.float().abs().max(), f"{what}: max error {error}"
+
+
+def _batch(seed, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(4, generator=generator)[:2] for _ in range(10)])
+    return torch.randn(10, 8, generator=generator).to(dtype), index, torch.rand(10, 2, generator=generator).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_expert_weight_gradients_accumulate_into_main_grad_like_eager(dtype):
+    torch.manual_seed(0)
+    model = _Experts(dtype=dtype)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend=[AscendBackend(main_grad=True)])
+    for step in range(2):  # two micro-batches: the buffer sums them, as eager's .grad does
+        batch = _batch(step, dtype)
+        loss, expected = compiled(*batch), reference(*batch)
+        loss.backward()
+        expected.backward()
+        rtol, atol = (1e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1e-2)
+        torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
+    for name in ("gate_up_proj", "down_proj"):
+        param, eager = getattr(model, name), getattr(reference, name)
+        assert param.grad is None, f"{name}: the graph still returned a gradient"
+        assert param.main_grad.dtype == torch.float32
+        _close(param.main_grad, eager.grad.float(), dtype, name)
+    _close(model.proj.weight.grad, reference.proj.weight.grad, dtype, "proj.weight")
+
+    emitted = compiled.trex.lowered_ops()["ascend"]
+    assert emitted.count("npu_grouped_matmul_add_") == 2 and "npu_grouped_matmul_add" not in emitted
+    lowered = [
+        child.compiled.module
+        for lowering in compiled.trex.graphs[0].lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+    ]
+    calls = [n for gm in lowered for n in gm.graph.nodes if n.meta.get("trex_npu_op") == "npu_grouped_matmul_add_"]
+    assert len(calls) == 2
+    for call in calls:
+        check_call("npu_grouped_matmul_add_", call.args, call.kwargs)  # torch_npu's schema, from the wheel
+    # no per-backward accumulator: no zero-fill and no float32 result cast back among the glue
+    backend = next(b for b in compiled.trex.options.backends if b.name == "ascend")
+    glue = {op for report in backend.reports for op in report.glue_by_op}
+    assert not any("zeros" in op for op in glue), glue
+    assert "2 expert weight gradient(s) accumulate in place into float32 `main_grad`" in compiled.trex.summary()
+
+    # outputs that do not line up with the parameters (unknown or a different count): nothing is rewritten
+    backward = compiled.trex.graphs[0].backward
+    parameters = compiled.trex.graphs[0].graph_inputs
+    for inputs, rewritten in ((parameters, 2), (None, 0), (parameters[:-1], 0)):
+        copy_ = copy_graph_module(backward)
+        backend.prepare(copy_, "backward", inputs)
+        assert sum(1 for n in copy_.graph.nodes if n.meta.get("trex_npu_op")) == rewritten
+
+    # the optimizer's step: .grad from main_grad once, then one zero-fill for the next step
+    assert main_grads_to_grads(model) == 2
+    assert model.down_proj.grad.dtype == dtype
+    _close(model.down_proj.grad, reference.down_proj.grad, dtype, "down_proj.grad")
+    assert zero_main_grads(model) == 2 and not model.down_proj.main_grad.any()
+
+
+def test_a_main_grad_of_the_wrong_kind_is_refused():
+    param = torch.nn.Parameter(torch.randn(2, 3))
+    param.main_grad = torch.zeros(2, 3, dtype=torch.bfloat16)
+    with pytest.raises(AscendSchemaError, match="float32"):
+        main_grad_of(param)
+
+
+def test_a_wrong_in_place_accumulation_call_is_caught_naming_op_and_argument():
+    x = torch.zeros(4, 3)
+    with pytest.raises(AscendSchemaError, match=r"npu_grouped_matmul_add_: argument 'group_type'"):
+        check_call("npu_grouped_matmul_add_", (x, x, x, x), {"group_type": 2.0})  # int in torch_npu's schema
+    with pytest.raises(AscendSchemaError, match=r"npu_grouped_matmul_add_: no argument named 'transpose_a'"):
+        check_call("npu_grouped_matmul_add_", (x, x, x, x), {"transpose_a": True})
