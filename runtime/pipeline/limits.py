@@ -30,7 +30,7 @@ def check_pipeline_job(config: Any, plan: ParallelConfig, schedule: str = "", st
     """Raise TrexError (with the numbers) when this pp > 1 run cannot start; nothing for pp = 1 unless a
     pipeline option was given."""
     from trex.errors import TrexError
-    from trex.runtime.pipeline.schedules import check_schedule, default_schedule, placement_of
+    from trex.runtime.pipeline.schedules import default_schedule, placement_of, schedule_problems
     from trex.runtime.pipeline.split import split_for_plan
     from trex.runtime.pipeline.stages import check_pipeline_model
 
@@ -40,6 +40,11 @@ def check_pipeline_job(config: Any, plan: ParallelConfig, schedule: str = "", st
             raise TrexError(f"{given} applies to pipeline parallelism; the plan has pp=1 (add pp=2 or more)")
         return
     name = schedule or default_schedule(plan.vpp)
-    check_schedule(name, plan.pp, plan.vpp, plan.microbatches)
-    split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
-    check_pipeline_model(config, split)
+    problems = schedule_problems(name, plan.pp, plan.vpp, plan.microbatches)
+    try:  # every problem at once: the split's and the schedule's
+        split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
+        check_pipeline_model(config, split)
+    except TrexError as error:
+        problems.insert(0, str(error))
+    if problems:
+        raise TrexError("; ".join(problems))

@@ -165,6 +165,8 @@ class PipelineTrainer(Trainer):
         )
         return {
             "schedule": self.schedule_name,
+            "pp": self.split.pp,
+            "vpp": self.split.vpp,
             "microbatches": self.plan.microbatches,
             "layers_per_chunk": list(self.split.layers_per_chunk),
             "placement": self.split.placement,
