@@ -70,9 +70,7 @@ class PipelineTrainer(Trainer):
         self.chunks = build_chunks(part, self.split, self.stage_rank)
         runners = list(self.chunks)
         if job.compile:
-            import trex
-
-            runners = [trex.compile(chunk) for chunk in self.chunks]
+            runners = [self.compile_chunk(chunk) for chunk in self.chunks]
             if plan.ep > 1:  # trex.compile selects the local "trex" experts op; these experts are sharded
                 from trex.runtime.expert_parallel import route_through_ep
 
@@ -92,6 +90,23 @@ class PipelineTrainer(Trainer):
         self.normalizer = 1
         self.step_records: list[tuple[float, list]] = []  # (step seconds, intervals) per step
         self.count_activations = True
+        from trex.runtime.pipeline.activations import LiveActivations
+
+        self.live_activations = LiveActivations(part)
+
+    def compile_chunk(self, chunk):
+        """`trex.compile` on one chunk: its own captured graph, passes and, under TREX_DUMP, its own dump
+        directory (`<TREX_DUMP>/rank<R>-chunk<C>`). Every chunk shares `ChunkModule.forward`'s code, so
+        Dynamo would take the second chunk (other input shapes) as a recompile and make its shapes
+        dynamic; training shapes are static, so automatic dynamic shapes are off in this process."""
+        import os
+
+        import trex
+
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        root = os.environ.get("TREX_DUMP")
+        where = Path(root) / f"rank{dist.get_rank()}-chunk{chunk.chunk.index}" if root else None
+        return trex.compile(chunk, dump_dir=where)
 
     def micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Token-sum cross-entropy over the global batch's scored tokens (the 1-rank run's loss)."""
@@ -116,7 +131,7 @@ class PipelineTrainer(Trainer):
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
         )
-        counting = self.activations.counting() if self.count_activations else nullcontext()
+        counting = self.live_activations.counting() if self.count_activations else nullcontext()
         args = (rows.inputs,) if self.holds_first else ()
         self.clock.take()
         start = time.perf_counter()
@@ -149,6 +164,10 @@ class PipelineTrainer(Trainer):
     # -- results --------------------------------------------------------------------------------
     def run(self):
         result = super().run()
+        # Activations: the peak of the saved bytes alive at once over a step (all micro-batches in flight).
+        result.memory_bytes["activations"] = self.live_activations.peak_bytes
+        parts = ("parameters", "gradients", "optimizer_states", "activations")
+        result.memory_bytes["total"] = sum(result.memory_bytes[k] for k in parts)
         result.pipeline = self.report()
         return result
 
