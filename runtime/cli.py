@@ -125,7 +125,7 @@ def build_job(args: argparse.Namespace, config=None, **fields):
     )
     from trex.runtime.pipeline.limits import check_pipeline_job
 
-    check_pipeline_job(config, plan, args.schedule, args.stage_split)
+    check_pipeline_job(config, plan, args.schedule, args.stage_split, args.compile)
     if args.data != "synthetic" and not fields.get("source"):
         from trex.runtime.data import TokenSource
 

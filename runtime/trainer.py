@@ -86,7 +86,9 @@ class TrainJob:
         plan = resolve_plan(plan_text, config, nproc, seq=seq, gbs=gbs, mbs=mbs, precision=precision)
         from trex.runtime.pipeline.limits import check_pipeline_job
 
-        check_pipeline_job(config, plan, fields.get("schedule", ""), fields.get("stage_split", ""))
+        check_pipeline_job(
+            config, plan, fields.get("schedule", ""), fields.get("stage_split", ""), fields.get("compile", False)
+        )
         return cls(model=model, plan_text=plan_text, plan=plan.to_dict(), **fields)
 
     @property

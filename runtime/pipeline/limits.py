@@ -26,11 +26,13 @@ def pipeline_limits(plan: ParallelConfig) -> list[str]:
     return problems
 
 
-def check_pipeline_job(config: Any, plan: ParallelConfig, schedule: str = "", stage_split: str = "") -> None:
+def check_pipeline_job(
+    config: Any, plan: ParallelConfig, schedule: str = "", stage_split: str = "", compile: bool = False
+) -> None:
     """Raise TrexError (with the numbers) when this pp > 1 run cannot start; nothing for pp = 1 unless a
     pipeline option was given."""
     from trex.errors import TrexError
-    from trex.runtime.pipeline.schedules import default_schedule, placement_of, schedule_problems
+    from trex.runtime.pipeline.schedules import V_SCHEDULES, default_schedule, placement_of, schedule_problems
     from trex.runtime.pipeline.split import split_for_plan
     from trex.runtime.pipeline.stages import check_pipeline_model
 
@@ -41,6 +43,14 @@ def check_pipeline_job(config: Any, plan: ParallelConfig, schedule: str = "", st
         return
     name = schedule or default_schedule(plan.vpp)
     problems = schedule_problems(name, plan.pp, plan.vpp, plan.microbatches)
+    if compile and name in V_SCHEDULES:
+        # The V schedules run a chunk's backward as two passes (input gradients, then weight gradients);
+        # a compiled chunk's backward is one fused node that computes both (torch.distributed.pipelining
+        # refuses torch.compile'd stages for these schedules for the same reason).
+        problems.append(
+            f"--schedule {name} splits each backward into input- and weight-gradient passes, which a compiled "
+            "chunk (one fused backward) cannot run; drop --compile or use gpipe, 1f1b or interleaved"
+        )
     try:  # every problem at once: the split's and the schedule's
         split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
         check_pipeline_model(config, split)

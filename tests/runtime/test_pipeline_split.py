@@ -97,3 +97,12 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
     assert "layer 1 is placed twice" in refused("pp=2", 2, stage_split="0-1,1-3")
     assert "--schedule applies to pipeline parallelism; the plan has pp=1" in refused("", 1, schedule="gpipe")
     assert "FSDP2 inside pipeline stages is not executed yet" in refused("pp=2,zero=3", 4)
+    assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
+
+
+def test_trex_train_refuses_a_bad_stage_split_before_starting_ranks(capsys):
+    from trex.cli import main
+
+    code = main(["train", "--model", "tiny-deepseek-v4", "--plan", "pp=2", "--nproc", "2", "--stage-split", "0-1,3"])
+    err = capsys.readouterr().err
+    assert code != 0 and "layer(s) 2 are in no chunk" in err
