@@ -28,6 +28,9 @@ from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 
 IGNORE_INDEX = -100  # a target that is not scored: context tokens of SFT, padding, document boundaries
+# The trainer of pp > 1 plans subclasses `Trainer`; it is named ("module:Class", imported in the rank as a
+# recipe's `source` is) so that this module does not import its own subclass.
+PIPELINE_TRAINER = "trex.runtime.pipeline.trainer:PipelineTrainer"
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,7 @@ def execute(job: TrainJob, device: torch.device | None = None) -> dict[str, Any]
     device = device or device_and_backend()[0]
     rank = dist.get_rank() if dist.is_initialized() else 0
     progress = ProgressFile(job.progress_dir, rank)
-    trainer_class = Trainer
-    if job.parallel.pp > 1:
-        from trex.runtime.pipeline.trainer import PipelineTrainer as trainer_class
+    trainer_class = _named(PIPELINE_TRAINER) if job.parallel.pp > 1 else Trainer
     try:
         result = asdict(trainer_class(job, device, progress).run())
     except Exception as error:
@@ -419,6 +420,13 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
             "model the weights were trained as"
         )
     model.load_state_dict(theirs)
+
+
+def _named(name: str) -> Any:
+    import importlib
+
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
