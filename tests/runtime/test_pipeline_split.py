@@ -106,3 +106,21 @@ def test_trex_train_refuses_a_bad_stage_split_before_starting_ranks(capsys):
     code = main(["train", "--model", "tiny-deepseek-v4", "--plan", "pp=2", "--nproc", "2", "--stage-split", "0-1,3"])
     err = capsys.readouterr().err
     assert code != 0 and "layer(s) 2 are in no chunk" in err
+
+
+def test_a_planner_plan_file_brings_its_stage_split(tmp_path):
+    """The planner's non-uniform split (layers_per_chunk of a `trex plan --out` file) is the split that runs."""
+    from trex.cost_model.model_spec import spec_from_config
+    from trex.cost_model.parallel import ParallelConfig
+    from trex.plan import ModelShape, Plan
+    from trex.runtime.run_plan import resolve_plan
+
+    config = tiny_config("deepseek-v4")
+    shape = ModelShape.of(spec_from_config(config, "tiny-deepseek-v4"))
+    parallel = ParallelConfig(pp=2, dp=1, zero=1, seq=16, gbs=4, layers_per_chunk=(1, 3))
+    path = Plan(shape, "cpu", 2, "cpu", parallel).save(tmp_path / "plan.json")
+    resolved = resolve_plan(str(path), config, 2, **SHAPE)
+    assert resolved.layers_per_chunk == (1, 3)
+    split = split_for_plan(resolved, config.num_hidden_layers)
+    assert [(c.start, c.end, c.rank) for c in split.chunks] == [(0, 1, 0), (1, 4, 1)]
+    check_pipeline_model(config, split)  # V4's hash-routed layer 0 sits in chunk 0
