@@ -126,6 +126,8 @@ def build_job(args: argparse.Namespace, config=None, **fields):
     from trex.runtime.pipeline.limits import check_pipeline_job
 
     check_pipeline_job(config, plan, args.schedule, args.stage_split, args.compile)
+    if plan.pp > 1 and fields.get("source"):
+        raise TrexError("pipeline parallelism (pp > 1) runs plain `trex train`; training modes run with pp=1")
     if args.data != "synthetic" and not fields.get("source"):
         from trex.runtime.data import TokenSource
 
