@@ -188,3 +188,21 @@ def test_compiled_chunks_match_the_one_rank_run(tmp_path, monkeypatch):
         assert_same_run(result, ref, f"{model} {plan} {schedule} --compile")
     dumps = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     assert {"rank0-chunk0", "rank1-chunk1", "rank0-chunk2", "rank1-chunk3"} <= set(dumps), dumps
+
+
+@pytest.mark.slow
+def test_trex_train_json_reports_the_bubble():
+    """`trex train --plan "pp=2,vpp=2" --schedule interleaved --json`: losses, bubble measured and predicted."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "trex", "train", "--model", "tiny-qwen3-moe", "--plan", "pp=2,vpp=2"]
+    command += ["--schedule", "interleaved", "--nproc", "2", "--steps", "2", "--seq", "16", "--gbs", "4", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and len(summary["losses"]) == 2
+    bubble = summary["bubble_fraction"]
+    assert 0 <= bubble["measured"] < 1
+    assert bubble["predicted_closed_form"] == pytest.approx(1 / 9)  # (p-1)/(v*m+p-1), p=2, v=2, m=4
+    assert summary["pipeline"]["split"].startswith("stage 0: layers 0-0 +embedding, layers 2-2")
