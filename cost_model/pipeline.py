@@ -152,3 +152,100 @@ def simulate(
 
 def makespan(tasks: Sequence[Task]) -> float:
     return max((t.end for t in tasks), default=0.0)
+
+
+# -- bubbles of the schedules the runtime executes --------------------------------------------------------
+#
+# Bubble fraction = idle share of a stage's step time. With m micro-batches, p stages and v chunks per
+# stage, uniform stages and the backward twice the forward:
+#   GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021 §2.2.1): (p-1)/(m+p-1)
+#   interleaved 1F1B (Narayanan et al. 2021 §2.2.2): the fill and drain shrink by v: (p-1)/(v*m+p-1)
+# Zero-bubble schedules split the backward into the input gradient (I) and the weight gradient (W) and
+# fill the fill/drain with W (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"; ZB-V is its V-shaped
+# schedule with two chunks per stage; DualPipeV is DeepSeek-AI's V-shaped DualPipe, DeepSeek-V3 report
+# 2024 §3.2.1). Their idle time depends on the ratios of F, I and W, so it is taken from an event
+# simulation of the schedule's own action lists (`simulate_actions`), which also reproduces the closed
+# forms above for GPipe, 1F1B and interleaved 1F1B (tests/cost_model/test_pipeline_bubble.py).
+
+CLOSED_FORM_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def closed_form_bubble(schedule: str, pp: int, vpp: int, microbatches: int) -> float:
+    """The papers' bubble fraction (see above) for uniform stages; ValueError for schedules without one."""
+    if schedule not in CLOSED_FORM_SCHEDULES:
+        raise ValueError(
+            f"no closed-form bubble for {schedule!r}; use simulate_actions (closed forms: gpipe, 1f1b, interleaved)"
+        )
+    chunks = vpp if schedule == "interleaved" else 1
+    return (pp - 1) / (chunks * microbatches + pp - 1)
+
+
+@dataclass(frozen=True)
+class ActionTask:
+    rank: int
+    kind: str  # "F" forward, "B" full backward, "I" input-gradient backward, "W" weight-gradient backward
+    stage: int  # chunk index (torch.distributed.pipelining's stage index)
+    microbatch: int
+    start: float
+    end: float
+
+
+def simulate_actions(
+    orders: dict[int, Sequence[tuple[str, int, int]]],
+    durations: dict[str, Sequence[float]],
+    stages: int,
+    p2p: float = 0.0,
+) -> list[ActionTask]:
+    """List scheduling of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
+
+    Dependencies: F(s, mb) after F(s-1, mb); B or I (s, mb) after F(s, mb) and after the backward (B or I)
+    of (s+1, mb); W(s, mb) after I(s, mb). `durations[kind][s]`: one micro-batch of kind through stage s.
+    A dependency on another rank's action adds `p2p` (the activation or gradient transfer)."""
+    owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
+    done: dict[tuple[str, int, int], float] = {}
+    position = {rank: 0 for rank in orders}
+    free = {rank: 0.0 for rank in orders}
+    tasks: list[ActionTask] = []
+    remaining = sum(len(order) for order in orders.values())
+
+    def backward_done(stage: int, mb: int) -> float | None:
+        return done.get(("B", stage, mb), done.get(("I", stage, mb)))
+
+    while remaining:
+        progressed = False
+        for rank, order in orders.items():
+            while position[rank] < len(order):
+                kind, stage, mb = order[position[rank]]
+                deps: list[tuple[float, int]] = []  # (time, stage it comes from)
+                if kind == "F" and stage > 0:
+                    deps.append((done.get(("F", stage - 1, mb)), stage - 1))
+                elif kind in ("B", "I"):
+                    deps.append((done.get(("F", stage, mb)), stage))
+                    if stage < stages - 1:
+                        deps.append((backward_done(stage + 1, mb), stage + 1))
+                elif kind == "W":
+                    deps.append((done.get(("I", stage, mb)), stage))
+                if any(t is None for t, _ in deps):
+                    break
+                ready = max([free[rank]] + [t + (p2p if owner.get(s, rank) != rank else 0.0) for t, s in deps])
+                end = ready + durations[kind][stage]
+                done[(kind, stage, mb)] = end
+                free[rank] = end
+                tasks.append(ActionTask(rank, kind, stage, mb, ready, end))
+                position[rank] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {rank: order[position[rank]] for rank, order in orders.items() if position[rank] < len(order)}
+            raise RuntimeError(f"pipeline action lists deadlock (waiting: {stuck})")
+    return tasks
+
+
+def simulated_bubble(tasks: Sequence[ActionTask]) -> float:
+    """Mean over ranks of the idle share of the makespan."""
+    if not tasks:
+        return 0.0
+    span = max(t.end for t in tasks) - min(t.start for t in tasks)
+    ranks = sorted({t.rank for t in tasks})
+    busy = [sum(t.end - t.start for t in tasks if t.rank == r) for r in ranks]
+    return 1.0 - sum(busy) / (len(ranks) * span) if span > 0 else 0.0

@@ -85,6 +85,17 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="each rank keeps rank<R>.json here (pid, current step) for supervisors; default: a temporary directory",
     )
+    parser.add_argument(
+        "--schedule",
+        default="",
+        help="pipeline schedule with pp > 1: gpipe, 1f1b (default), interleaved (default with vpp > 1), zbv or "
+        "dualpipev (both vpp=2, V placement)",
+    )
+    parser.add_argument(
+        "--stage-split",
+        default="",
+        help='pipeline chunks as inclusive layer ranges in model order, e.g. "0-1,2-3" (default: the plan\'s split)',
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
 
 
@@ -112,6 +123,11 @@ def build_job(args: argparse.Namespace, config=None, **fields):
     plan = resolve_plan(
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
     )
+    from trex.runtime.pipeline.limits import check_pipeline_job
+
+    check_pipeline_job(config, plan, args.schedule, args.stage_split, args.compile)
+    if plan.pp > 1 and fields.get("source"):
+        raise TrexError("pipeline parallelism (pp > 1) runs plain `trex train`; training modes run with pp=1")
     if args.data != "synthetic" and not fields.get("source"):
         from trex.runtime.data import TokenSource
 
@@ -146,6 +162,8 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         timeout_s=args.timeout,
         verbose=not args.json,
         progress_dir=str(args.progress_dir) if args.progress_dir else None,
+        schedule=args.schedule,
+        stage_split=args.stage_split,
         **fields,
     )
     return job, config, plan
@@ -176,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
     }
     if "error" in predicted:
         summary["prediction_error"] = predicted["error"]
+    if result.get("pipeline"):  # pp > 1: schedule, split, bubble measured from timestamps and predicted
+        summary["bubble_fraction"] = result["pipeline"]["bubble_fraction"]
+        summary["pipeline"] = {k: v for k, v in result["pipeline"].items() if k != "bubble_fraction"}
     if args.json:
         print(json.dumps(summary))
     else:

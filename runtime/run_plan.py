@@ -22,7 +22,8 @@ TENSOR_PARALLEL_FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
 HEAD_PARALLEL_FAMILIES = ("deepseek_v3", "deepseek_v4")
 SUPPORTED_SUMMARY = (
     "dp (zero=0,1,2,3), ep (expert parallelism over the tp*dp ranks, etp=1), "
-    f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)})"
+    f"tp with sequence parallelism (model families: {', '.join(TENSOR_PARALLEL_FAMILIES)}), "
+    "pp with vpp (with dp zero=0,1,2 and ep)"
 )
 
 
@@ -37,11 +38,10 @@ class PlanRefused(TrexError):
 def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
     """What the plan asks for that this runtime does not execute yet (empty when it runs)."""
     problems = []
-    if plan.pp > 1 or plan.vpp > 1:
-        problems.append(
-            f"pp={plan.pp}, vpp={plan.vpp}: pipeline parallelism is not executed by the runtime yet; use pp=1 "
-            f"(supported: {SUPPORTED_SUMMARY})"
-        )
+    if plan.pp > 1:
+        from trex.runtime.pipeline.limits import pipeline_limits
+
+        problems += pipeline_limits(plan)
     if plan.cp > 1:
         problems.append(
             f"cp={plan.cp}: context parallelism is not executed by the runtime yet; use cp=1 (supported: "
@@ -77,9 +77,12 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
         raise PlanRefused([f"--nproc={nproc} must be a positive integer"])
     if text.strip() == "auto":
         text = planned_degrees(config, nproc, **training)
+    split = None
     if text.endswith(".json") or Path(text).is_file():
-        text = _degrees_of_plan_file(Path(text), config, nproc)
+        text, split = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
+    if split is not None:  # the planner's stage split travels with its degrees
+        plan = dataclasses.replace(plan, layers_per_chunk=split)
     if "recompute" in text:
         raise PlanRefused(
             [
@@ -154,9 +157,10 @@ def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1
     raise PlanRefused([f"--plan auto: no plan the runtime executes fits {nproc} device(s) ({fixed}); give --plan"])
 
 
-def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> str:
-    """A planner's `Plan` file (`trex plan --out`) as a plan string of its degrees; the training shape
-    (seq, batch, precision) still comes from the command line."""
+def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> tuple[str, tuple[int, ...] | None]:
+    """A planner's `Plan` file (`trex plan --out`) as a plan string of its degrees and its stage split
+    (layers per pipeline chunk, None when the plan leaves it to the default); the training shape (seq,
+    batch, precision) still comes from the command line."""
     from trex.cost_model.model_spec import spec_from_config
     from trex.plan import ModelShape, Plan
 
@@ -167,4 +171,5 @@ def _degrees_of_plan_file(path: Path, config: Any, nproc: int) -> str:
     if problems:
         raise PlanRefused([f"{path}: {p}" for p in problems])
     p = plan.parallel
-    return ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero"))
+    degrees = ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "pp", "vpp", "ep", "etp", "cp", "dp", "zero"))
+    return degrees, (tuple(p.layers_per_chunk) if p.layers_per_chunk and p.pp > 1 else None)

@@ -28,6 +28,9 @@ from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 
 IGNORE_INDEX = -100  # a target that is not scored: context tokens of SFT, padding, document boundaries
+# The trainer of pp > 1 plans subclasses `Trainer`; it is named ("module:Class", imported in the rank as a
+# recipe's `source` is) so that this module does not import its own subclass.
+PIPELINE_TRAINER = "trex.runtime.pipeline.trainer:PipelineTrainer"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class TrainJob:
     export_dir: str | None = None  # rank 0 writes the final model here with save_pretrained
     optimizer: str = "adamw"  # or "muon" (matrices; AdamW for the rest), see runtime/muon.py
     init_dir: str | None = None  # start from these weights (a save_pretrained directory) instead of the seed's
+    # -- pipeline parallelism (pp > 1, runtime/pipeline) ----------------------------------------------
+    schedule: str = ""  # gpipe | 1f1b | interleaved | zbv | dualpipev; "": 1f1b (interleaved with vpp > 1)
+    stage_split: str = ""  # inclusive layer ranges per chunk ("0-1,2-3"); "": the plan's split
 
     @classmethod
     def create(
@@ -79,7 +85,13 @@ class TrainJob:
         from trex.models import load_config
         from trex.runtime.run_plan import resolve_plan
 
-        plan = resolve_plan(plan_text, load_config(model), nproc, seq=seq, gbs=gbs, mbs=mbs, precision=precision)
+        config = load_config(model)
+        plan = resolve_plan(plan_text, config, nproc, seq=seq, gbs=gbs, mbs=mbs, precision=precision)
+        from trex.runtime.pipeline.limits import check_pipeline_job
+
+        check_pipeline_job(
+            config, plan, fields.get("schedule", ""), fields.get("stage_split", ""), fields.get("compile", False)
+        )
         return cls(model=model, plan_text=plan_text, plan=plan.to_dict(), **fields)
 
     @property
@@ -103,6 +115,7 @@ class RankResult:
     tokens_trained: list[int] = field(default_factory=list)  # targets scored per step (padding and context excluded)
     grad_norms: list[float] = field(default_factory=list)  # global gradient norm per step, before clipping
     learning_rates: list[float] = field(default_factory=list)
+    pipeline: dict[str, Any] = field(default_factory=dict)  # pp > 1: schedule, split, measured/predicted bubble
 
 
 def device_and_backend() -> tuple[torch.device, str]:
@@ -153,8 +166,9 @@ def execute(job: TrainJob, device: torch.device | None = None) -> dict[str, Any]
     device = device or device_and_backend()[0]
     rank = dist.get_rank() if dist.is_initialized() else 0
     progress = ProgressFile(job.progress_dir, rank)
+    trainer_class = _named(PIPELINE_TRAINER) if job.parallel.pp > 1 else Trainer
     try:
-        result = asdict(Trainer(job, device, progress).run())
+        result = asdict(trainer_class(job, device, progress).run())
     except Exception as error:
         if isinstance(error, TrexError):
             raise
@@ -191,15 +205,14 @@ class Trainer:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if self.world != self.plan.devices:
             raise TrexError(
-                f"the plan {job.plan_text!r} needs {self.plan.devices} processes (tp*dp = "
-                f"{self.plan.tp}*{self.plan.dp}); "
+                f"the plan {job.plan_text!r} needs {self.plan.devices} processes (tp*pp*dp = "
+                f"{self.plan.tp}*{self.plan.pp}*{self.plan.dp}); "
                 f"{self.world} were started"
             )
 
     # -- setup ----------------------------------------------------------------------------------
     def build(self) -> None:
         from trex.models import build_model, load_config
-        from trex.runtime.data import TokenSource
         from trex.runtime.parallelize import parallelize
 
         plan = self.plan
@@ -211,15 +224,7 @@ class Trainer:
             load_weights(model, Path(self.job.init_dir))
         model.train()
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        if self.job.source:
-            import importlib
-
-            module, _, function = self.job.source.partition(":")
-            self.source = getattr(importlib.import_module(module), function)(self.job, self.config)
-        else:
-            self.source = TokenSource(
-                self.job.data, vocab_size=self.config.vocab_size, seq=plan.seq, gbs=plan.gbs, seed=self.job.seed
-            )
+        self.source = self.batch_source()
         self.applied = parallelize(
             model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay, optimizer=self.job.optimizer
         )
@@ -234,6 +239,19 @@ class Trainer:
                 from trex.runtime.expert_parallel import route_through_ep
 
                 route_through_ep(self.model)
+
+    def batch_source(self):
+        """Where global batches come from: the recipe's `source`, else `--data` as next-token training."""
+        from trex.runtime.data import TokenSource
+
+        if self.job.source:
+            import importlib
+
+            module, _, function = self.job.source.partition(":")
+            return getattr(importlib.import_module(module), function)(self.job, self.config)
+        return TokenSource(
+            self.job.data, vocab_size=self.config.vocab_size, seq=self.plan.seq, gbs=self.plan.gbs, seed=self.job.seed
+        )
 
     # -- one step -------------------------------------------------------------------------------
     def loss_of(self, batch, normalizer: int) -> torch.Tensor:
@@ -402,6 +420,13 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
             "model the weights were trained as"
         )
     model.load_state_dict(theirs)
+
+
+def _named(name: str) -> Any:
+    import importlib
+
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,108 @@
+"""Measured vs predicted pipeline bubble, per schedule and (pp, micro-batches), on CPU ranks (gloo).
+
+    python bench/pipeline/bubble.py --pp 2 --microbatches 2 4 8 --steps 4
+
+For each pp, ONE start of pp ranks runs every (schedule, micro-batch count) job one after the other
+(`trex.runtime.launcher.run_jobs`) on a small Qwen3-MoE (8 layers, written as a config next to the
+results; random init, seed 0). Each job trains `--steps` steps; the first is left out (shape inference,
+warm-up). Per job it prints the bubble measured from the ranks' action timestamps (1 - busy/step, mean
+over ranks and steps), the cost model's prediction (event simulation of the schedule's own action
+lists with the cost model's task times; the papers' closed form beside it where one exists), their
+ratio, and the same simulation fed with the measured task times (what the schedule alone explains;
+the rest is per-action overhead: gloo send/recv, Python). At the end: min/median/max of the ratio
+measured/predicted per schedule. Losses are checked equal to the 1-rank run on the way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zbv", 2), ("dualpipev", 2)]
+
+
+def model_config(directory: Path, hidden: int, layers: int) -> str:
+    from trex.models import tiny_config
+
+    config = tiny_config("qwen3-moe", hidden_size=hidden, num_layers=layers, vocab_size=512)
+    path = directory / f"qwen3-moe-h{hidden}-l{layers}.json"
+    path.write_text(json.dumps(config.to_dict()))
+    return str(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pp", type=int, nargs="+", default=[2])
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--schedules", nargs="+", default=[name for name, _ in SCHEDULES])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+
+    from trex.errors import TrexError
+    from trex.runtime.launcher import launch_function, run_jobs
+    from trex.runtime.trainer import TrainJob
+
+    directory = Path(tempfile.mkdtemp(prefix="trex-bubble-"))
+    model = model_config(directory, args.hidden, args.layers)
+    vpp_of = dict(SCHEDULES)
+    rows, ratios = [], {}
+    print(
+        f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
+        "| schedule | pp | vpp | m | measured | predicted (sim) | closed form | measured/predicted "
+        "| sim. with measured tasks | step s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for pp in args.pp:
+        jobs, labels = [], []
+        for schedule in args.schedules:
+            vpp = vpp_of[schedule]
+            for m in args.microbatches:
+                plan = f"pp={pp}" + (f",vpp={vpp}" if vpp > 1 else "")
+                try:
+                    jobs.append(
+                        TrainJob.create(
+                            model,
+                            plan,
+                            pp,
+                            seq=args.seq,
+                            gbs=m,
+                            mbs=1,
+                            steps=args.steps,
+                            schedule=schedule,
+                            verbose=False,
+                        )  # fmt: skip
+                    )
+                    labels.append((schedule, pp, vpp, m))
+                except TrexError as error:
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |||||", flush=True)
+        results = launch_function(run_jobs, (jobs,), pp)[0]
+        for (schedule, pp_, vpp, m), result in zip(labels, results):
+            bubble = result["pipeline"]["bubble_fraction"]
+            measured, predicted = bubble["measured"], bubble["predicted"]
+            ratio = measured / predicted if predicted > 0 else float("nan")
+            ratios.setdefault(schedule, []).append(ratio)
+            closed = bubble.get("predicted_closed_form")
+            step = statistics.median(result["step_times_s"][1:] or result["step_times_s"])
+            rows.append((schedule, pp_, vpp, m, measured, predicted, closed, ratio))
+            print(
+                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | "
+                f"{'-' if closed is None else f'{closed:.3f}'} | {ratio:.2f} | "
+                f"{bubble['simulated_with_measured_tasks']:.3f} | {step:.3f} |",
+                flush=True,
+            )
+    print("\nmeasured/predicted bubble per schedule: min / median / max")
+    for schedule, values in ratios.items():
+        finite = [v for v in values if v == v]
+        if finite:
+            print(f"  {schedule:12s} {min(finite):.2f} / {statistics.median(finite):.2f} / {max(finite):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The pipeline bubble: measured from one step's action timestamps, predicted by the cost model.
+
+Measured (per rank, per step): 1 - busy / step, where busy sums the rank's compute intervals
+(forward, backward or its input/weight halves, the loss) and step is the wall time of the schedule's
+`step()` on that rank. The first step is left out when there are more (it infers shapes and warms up).
+
+Predicted: the cost model's event simulation (`cost_model.pipeline.simulate_actions`) of the
+schedule's own per-rank action lists (the engine's `pipeline_order`), with the cost model's task
+times: a chunk's forward in proportion to its layers, the backward twice the forward, split evenly
+into input and weight gradients (the two halves are GEMMs of equal FLOPs). For GPipe, 1F1B and
+interleaved 1F1B the papers' closed form is reported next to it (`closed_form_bubble`). A third
+number simulates the same action lists with the *measured* mean task times: how much of the measured
+bubble the schedule itself explains, the rest being per-action overhead (p2p latency, Python).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from trex.cost_model.pipeline import (
+    CLOSED_FORM_SCHEDULES,
+    closed_form_bubble,
+    simulate_actions,
+    simulated_bubble,
+)
+
+
+def measured_bubble(records_by_rank: list, stages: int) -> dict:
+    """`records_by_rank`: per rank (pipeline rank, [(step seconds, intervals), ...]). Returns the mean bubble
+    over ranks and steps, the mean per pipeline rank, and the mean task times (kind -> per chunk seconds)."""
+    per_rank, by_stage = [], defaultdict(list)
+    durations: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for stage_rank, records in records_by_rank:
+        fractions = []
+        for seconds, intervals in records:
+            busy = sum(i.end - i.start for i in intervals)
+            fractions.append(max(0.0, 1.0 - busy / seconds) if seconds > 0 else 0.0)
+            for i in intervals:
+                durations[(i.kind, i.stage)].append(i.end - i.start)
+        if fractions:
+            per_rank.append(statistics.fmean(fractions))
+            by_stage[stage_rank].append(statistics.fmean(fractions))
+    times = {
+        kind: [statistics.fmean(durations[(kind, s)]) if durations.get((kind, s)) else 0.0 for s in range(stages)]
+        for kind in ("F", "B", "I", "W", "L")
+    }
+    return {
+        "bubble": statistics.fmean(per_rank) if per_rank else None,
+        "by_stage": [statistics.fmean(by_stage[s]) for s in sorted(by_stage)],
+        "task_seconds": times,
+    }
+
+
+def model_task_times(layers_per_chunk: tuple[int, ...]) -> dict[str, list[float]]:
+    """The cost model's relative task times per chunk (see the module docstring)."""
+    forward = [float(n) for n in layers_per_chunk]
+    return {"F": forward, "B": [2 * f for f in forward], "I": forward, "W": forward}
+
+
+def predicted_bubble(pipe, schedule: str, split, microbatches: int, measured_times: dict | None = None) -> dict:
+    """{"predicted": simulated bubble with the cost model's task times, "predicted_closed_form": the papers'
+    formula (GPipe, 1F1B, interleaved)}, and with `measured_times` the simulation with measured task times."""
+    from trex.runtime.pipeline.schedules import compute_actions
+
+    orders = compute_actions(pipe)
+    stages = len(split.chunks)
+    out = {"predicted": simulated_bubble(simulate_actions(orders, model_task_times(split.layers_per_chunk), stages))}
+    if schedule in CLOSED_FORM_SCHEDULES:
+        out["predicted_closed_form"] = closed_form_bubble(schedule, split.pp, split.vpp, microbatches)
+    if measured_times is not None:
+        times = {kind: list(values) for kind, values in measured_times.items() if kind != "L"}
+        times["F"] = [f + loss for f, loss in zip(times["F"], measured_times.get("L", [0.0] * stages))]
+        out["simulated_with_measured_tasks"] = simulated_bubble(simulate_actions(orders, times, stages))
+    return out

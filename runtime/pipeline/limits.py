@@ -1,0 +1,60 @@
+"""What the pipeline runtime executes, checked before any process starts.
+
+`pipeline_limits(plan)` lists what a pp > 1 plan asks for beyond it (joined into `run_plan`'s
+refusal); `check_pipeline_job` checks the schedule, the stage split and the model together (the
+schedule's micro-batch rules, the split's coverage, DeepSeek-V4's hash-routed layers on chunk 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trex.cost_model.parallel import ParallelConfig
+
+
+def pipeline_limits(plan: ParallelConfig) -> list[str]:
+    problems = []
+    if plan.tp > 1:
+        problems.append(
+            f"pp={plan.pp} with tp={plan.tp}: tensor parallelism inside pipeline stages is not executed yet; use tp=1 "
+            "with pp (dp, zero=0/1/2 and ep compose with it)"
+        )
+    if plan.zero == 3:
+        problems.append(
+            f"pp={plan.pp} with zero=3: FSDP2 inside pipeline stages is not executed yet; use zero=0, 1 or 2 with pp"
+        )
+    return problems
+
+
+def check_pipeline_job(
+    config: Any, plan: ParallelConfig, schedule: str = "", stage_split: str = "", compile: bool = False
+) -> None:
+    """Raise TrexError (with the numbers) when this pp > 1 run cannot start; nothing for pp = 1 unless a
+    pipeline option was given."""
+    from trex.errors import TrexError
+    from trex.runtime.pipeline.schedules import V_SCHEDULES, default_schedule, placement_of, schedule_problems
+    from trex.runtime.pipeline.split import split_for_plan
+    from trex.runtime.pipeline.stages import check_pipeline_model
+
+    if plan.pp == 1:
+        if schedule or stage_split:
+            given = "--schedule" if schedule else "--stage-split"
+            raise TrexError(f"{given} applies to pipeline parallelism; the plan has pp=1 (add pp=2 or more)")
+        return
+    name = schedule or default_schedule(plan.vpp)
+    problems = schedule_problems(name, plan.pp, plan.vpp, plan.microbatches)
+    if compile and name in V_SCHEDULES:
+        # The V schedules run a chunk's backward as two passes (input gradients, then weight gradients);
+        # a compiled chunk's backward is one fused node that computes both (torch.distributed.pipelining
+        # refuses torch.compile'd stages for these schedules for the same reason).
+        problems.append(
+            f"--schedule {name} splits each backward into input- and weight-gradient passes, which a compiled "
+            "chunk (one fused backward) cannot run; drop --compile or use gpipe, 1f1b or interleaved"
+        )
+    try:  # every problem at once: the split's and the schedule's
+        split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
+        check_pipeline_model(config, split)
+    except TrexError as error:
+        problems.insert(0, str(error))
+    if problems:
+        raise TrexError("; ".join(problems))

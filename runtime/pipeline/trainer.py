@@ -1,0 +1,207 @@
+"""One rank's training run under a plan with pipeline parallelism (pp > 1).
+
+Every rank builds the whole model from the seed (initialization depends on the seed only), keeps the
+chunks of its pipeline stage (`stages.keep_rank_part`, parameter names unchanged), applies the rest of
+the plan to that part (dp/ZeRO-0,1,2 and ep over the stage's ranks, `runtime.parallelize` on the
+stage's meshes) and hands its chunks to the engine's schedule (`schedules.build_schedule`). Each
+micro-batch's loss is its token sum divided by the tokens of the global batch, as in the 1-rank run,
+so the losses and the summed gradients are the 1-rank run's. The last stage's losses are summed over
+its data-parallel replicas and shared with every rank (rank 0 reports the run).
+
+Besides losses, each step records every compute action's interval (`timing.TimedPipelineStage`): the
+measured bubble is 1 - busy/step per rank; the predicted one is the cost model's (`bubble.predicted`).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trex.errors import TrexError
+from trex.runtime.trainer import IGNORE_INDEX, Trainer
+
+
+class PipelineTrainer(Trainer):
+    # -- setup ----------------------------------------------------------------------------------
+    def build(self) -> None:
+        from trex.models import build_model, load_config
+        from trex.runtime.parallelize import parallelize
+        from trex.runtime.pipeline.schedules import build_schedule, check_schedule, default_schedule, placement_of
+        from trex.runtime.pipeline.split import split_for_plan
+        from trex.runtime.pipeline.stages import build_chunks, check_pipeline_model, keep_rank_part
+        from trex.runtime.pipeline.timing import StageClock, timed_stage
+        from trex.runtime.trainer import load_weights
+
+        plan, job = self.plan, self.job
+        if job.source or job.clip_grad_norm > 0:
+            raise TrexError(
+                "pipeline parallelism (pp > 1) runs next-token training (`trex train`); the recipes with their own "
+                "batch source or gradient clipping run with pp=1"
+            )
+        self.config = load_config(job.model)
+        for key, value in job.config_overrides.items():
+            setattr(self.config, key, value)
+        self.schedule_name = job.schedule or default_schedule(plan.vpp)
+        check_schedule(self.schedule_name, plan.pp, plan.vpp, plan.microbatches)
+        self.split = split_for_plan(
+            plan, self.config.num_hidden_layers, placement_of(self.schedule_name), job.stage_split or None
+        )
+        check_pipeline_model(self.config, self.split)
+        model = build_model(self.config, seed=job.seed)
+        if job.init_dir:
+            load_weights(model, Path(job.init_dir))
+        model.train()
+        self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        self.source = self.batch_source()
+        meshes_rank = dist.get_rank() // plan.stage_ranks  # pp is the outermost mesh dim
+        part = keep_rank_part(model, self.split, meshes_rank)
+        self.applied = parallelize(
+            part, plan, self.device, lr=job.lr, weight_decay=job.weight_decay, optimizer=job.optimizer
+        )
+        self.model = part
+        self.stage_rank = self.applied.meshes.pipeline.get_local_rank()
+        if self.stage_rank != meshes_rank:
+            raise TrexError(f"internal: pipeline rank {self.stage_rank} differs from the layout's {meshes_rank}")
+        self.chunks = build_chunks(part, self.split, self.stage_rank)
+        runners = list(self.chunks)
+        if job.compile:
+            runners = [self.compile_chunk(chunk) for chunk in self.chunks]
+            if plan.ep > 1:  # trex.compile selects the local "trex" experts op; these experts are sharded
+                from trex.runtime.expert_parallel import route_through_ep
+
+                for chunk in self.chunks:
+                    route_through_ep(chunk)
+        self.runners = runners
+        self.forward = runners[0]
+        self.holds_first = any(c.chunk.first for c in self.chunks)
+        self.holds_last = any(c.chunk.last for c in self.chunks)
+        self.clock = StageClock()
+        group = self.applied.meshes.pipeline.get_group()
+        stages = [
+            timed_stage(self.clock, runner, chunk.chunk.index, len(self.split.chunks), self.device, group=group)
+            for runner, chunk in zip(runners, self.chunks)
+        ]
+        self.pipe = build_schedule(self.schedule_name, stages, plan.microbatches, self.micro_batch_loss)
+        self.normalizer = 1
+        self.step_records: list[tuple[float, list]] = []  # (step seconds, intervals) per step
+        self.count_activations = True
+        from trex.runtime.pipeline.activations import LiveActivations
+
+        self.live_activations = LiveActivations(part)
+
+    def compile_chunk(self, chunk):
+        """`trex.compile` on one chunk: its own captured graph, passes and, under TREX_DUMP, its own dump
+        directory (`<TREX_DUMP>/rank<R>-chunk<C>`). Every chunk shares `ChunkModule.forward`'s code, so
+        Dynamo would take the second chunk (other input shapes) as a recompile and make its shapes
+        dynamic; training shapes are static, so automatic dynamic shapes are off in this process."""
+        import os
+
+        import trex
+
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        root = os.environ.get("TREX_DUMP")
+        where = Path(root) / f"rank{dist.get_rank()}-chunk{chunk.chunk.index}" if root else None
+        return trex.compile(chunk, dump_dir=where)
+
+    def micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Token-sum cross-entropy over the global batch's scored tokens (the 1-rank run's loss)."""
+        with self.clock.busy("L", self.split.chunks[-1].index, -1):
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+            )
+            return loss / self.normalizer
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self, step: int) -> float:
+        from trex.runtime.data import as_global_batch
+        from trex.runtime.optimization import set_learning_rate
+
+        batch = as_global_batch(self.source.global_batch(step)).to(self.device)
+        if batch.position_ids is not None:
+            raise TrexError("pipeline parallelism runs unpacked sequences (no position_ids); use pp=1 for packed data")
+        rows = batch.replica_rows(self.applied.replica_index, self.applied.replicas)
+        self.normalizer = max(1, int((batch.targets != IGNORE_INDEX).sum()))
+        self.tokens_trained.append(self.normalizer)
+        losses: list[torch.Tensor] = []
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
+        )
+        counting = self.live_activations.counting() if self.count_activations else nullcontext()
+        args = (rows.inputs,) if self.holds_first else ()
+        self.clock.take()
+        start = time.perf_counter()
+        with counting, autocast:
+            self.pipe.step(*args, target=rows.targets, losses=losses)
+        self.step_records.append((time.perf_counter() - start, self.clock.take()))
+        self.applied.optimizer.reduce_gradients()
+        if self.job.gather_gradients and self.gathered is None:
+            self.gathered = self.gather_full_gradients()
+        lr = self.schedule.learning_rate(step)
+        self.learning_rates.append(lr)
+        set_learning_rate(self.applied.optimizer.optimizer, lr)
+        self.applied.optimizer.step()
+        local = torch.zeros((), dtype=torch.float64, device=self.device)
+        for loss in losses:  # only the last stage's ranks hold losses: the world sum is the global batch's
+            local += loss.detach().double()
+        dist.all_reduce(local)
+        return float(local)
+
+    def gather_full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's reduced gradient, whole, from every stage (a collective over the world)."""
+        mine = {name: grad.detach().cpu() for name, grad in self.applied.full_gradients().items()}
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        merged: dict[str, torch.Tensor] = {}
+        for part in everyone:
+            merged.update(part)
+        return merged
+
+    # -- results --------------------------------------------------------------------------------
+    def run(self):
+        result = super().run()
+        # Activations: the peak of the saved bytes alive at once over a step (all micro-batches in flight).
+        result.memory_bytes["activations"] = self.live_activations.peak_bytes
+        parts = ("parameters", "gradients", "optimizer_states", "activations")
+        result.memory_bytes["total"] = sum(result.memory_bytes[k] for k in parts)
+        result.pipeline = self.report()
+        return result
+
+    def report(self) -> dict:
+        """Schedule, split and bubble (measured from every rank's intervals; predicted by the cost model)."""
+        from trex.runtime.pipeline.bubble import measured_bubble, predicted_bubble
+
+        records = self.step_records[1:] if len(self.step_records) > 1 else self.step_records  # step 1: warm-up
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (self.stage_rank, records))
+        measured = measured_bubble(everyone, len(self.split.chunks))
+        predicted = predicted_bubble(
+            self.pipe, self.schedule_name, self.split, self.plan.microbatches, measured["task_seconds"]
+        )
+        return {
+            "schedule": self.schedule_name,
+            "pp": self.split.pp,
+            "vpp": self.split.vpp,
+            "microbatches": self.plan.microbatches,
+            "layers_per_chunk": list(self.split.layers_per_chunk),
+            "placement": self.split.placement,
+            "split": self.split.describe(),
+            "bubble_fraction": {"measured": measured["bubble"], **predicted},
+            "measured": measured,
+        }
+
+    def captured_ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for runner in self.runners:
+            session = getattr(runner, "trex", None)
+            for graph in session.graphs if session is not None else []:
+                module = graph.joint or graph.forward
+                for node in module.graph.nodes if module is not None else []:
+                    name = str(node.target)
+                    if node.op == "call_function" and ("moe_experts" in name or "c10d" in name):
+                        counts[name] = counts.get(name, 0) + 1
+        return counts

@@ -1,0 +1,84 @@
+"""The cost model's pipeline bubble: the event simulation of per-rank action lists reproduces the papers'
+closed forms for GPipe, 1F1B and interleaved 1F1B, and zero-bubble action lists (backward split into
+input and weight gradients) leave less idle time than 1F1B."""
+
+from __future__ import annotations
+
+import pytest
+
+from trex.cost_model.pipeline import closed_form_bubble, simulate_actions, simulated_bubble
+
+
+def one_chunk_orders(schedule: str, pp: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
+    out = {}
+    for rank in range(pp):
+        f = [("F", rank, mb) for mb in range(m)]
+        b = [("B", rank, mb) for mb in range(m)]
+        if schedule == "gpipe":
+            out[rank] = f + b
+        else:  # Megatron's 1F1B: pp - rank - 1 warm-up forwards, then one forward, one backward
+            warm = min(pp - rank - 1, m)
+            order = f[:warm]
+            for i in range(m):
+                if warm + i < m:
+                    order.append(f[warm + i])
+                order.append(b[i])
+            out[rank] = order
+    return out
+
+
+def interleaved_orders(pp: int, vpp: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Megatron's interleaved order from the cost model's own helpers (chunk c on rank c % pp)."""
+    from trex.cost_model.pipeline import forward_chunk_order, warmup_forwards
+
+    out = {}
+    for d in range(pp):
+        fwd = [("F", local * pp + d, mb) for local, mb in forward_chunk_order(d, pp, vpp, m)]
+        bwd = [("B", (vpp - 1 - local) * pp + d, mb) for local, mb in forward_chunk_order(d, pp, vpp, m)]
+        warm = warmup_forwards(d, pp, vpp, m)
+        order, f_i, b_i = fwd[:warm], warm, 0
+        while f_i < len(fwd) or b_i < len(bwd):
+            if f_i < len(fwd):
+                order.append(fwd[f_i])
+                f_i += 1
+            if b_i < len(bwd):
+                order.append(bwd[b_i])
+                b_i += 1
+        out[d] = order
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("pp", "m"), [(2, 2), (2, 8), (4, 4), (4, 16)])
+def test_simulated_one_chunk_schedules_give_the_closed_form(schedule, pp, m):
+    times = {"F": [1.0] * pp, "B": [2.0] * pp}
+    tasks = simulate_actions(one_chunk_orders(schedule, pp, m), times, pp)
+    assert simulated_bubble(tasks) == pytest.approx(closed_form_bubble(schedule, pp, 1, m))
+    assert closed_form_bubble(schedule, pp, 1, m) == pytest.approx((pp - 1) / (m + pp - 1))
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 2, 4), (4, 2, 8), (2, 4, 8)])
+def test_simulated_interleaved_schedule_gives_the_closed_form(pp, vpp, m):
+    chunks = pp * vpp
+    times = {"F": [1.0 / vpp] * chunks, "B": [2.0 / vpp] * chunks}
+    tasks = simulate_actions(interleaved_orders(pp, vpp, m), times, chunks)
+    assert simulated_bubble(tasks) == pytest.approx(closed_form_bubble("interleaved", pp, vpp, m))
+    assert closed_form_bubble("interleaved", pp, vpp, m) < closed_form_bubble("1f1b", pp, 1, m)
+
+
+def test_weight_gradients_fill_the_drain():
+    """1F1B with B split into I then W, the Ws deferred to the drain (ZB-H1-like): less idle than 1F1B."""
+    pp, m = 4, 8
+    plain = simulate_actions(one_chunk_orders("1f1b", pp, m), {"F": [1.0] * pp, "B": [2.0] * pp}, pp)
+    split = {}
+    for rank, order in one_chunk_orders("1f1b", pp, m).items():
+        body = [("I", s, mb) if kind == "B" else (kind, s, mb) for kind, s, mb in order]
+        deferred = [("W", rank, mb) for mb in range(m)]
+        split[rank] = body + deferred
+    zero = simulate_actions(split, {"F": [1.0] * pp, "I": [1.0] * pp, "W": [1.0] * pp}, pp)
+    assert simulated_bubble(zero) < simulated_bubble(plain)
+
+
+def test_closed_form_refuses_schedules_without_one():
+    with pytest.raises(ValueError, match="no closed-form bubble for 'zbv'"):
+        closed_form_bubble("zbv", 2, 2, 4)
