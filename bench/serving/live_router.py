@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.cpu_share import CpuShares, measure_cpu_shares
 from trex.workloads.serving.http import Endpoint, open_request, request_json
 from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
@@ -170,20 +171,71 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
 
 
 def profile_workers(max_num_seqs: int) -> list:
-    """`trex serve profile` of each worker's model and engine (wall clock: what the live run sees)."""
+    """`trex serve profile` of each worker's model and engine, timed by the thread's CPU time: what a step
+    costs, whatever else runs on the machine (the contention is priced separately, by `CpuShares`)."""
     profiles = []
     for layers, hidden, heads in WORKERS:
         start = time.perf_counter()
         result = profile_instance(
-            WorkerModelConfig(layers, hidden, heads), 1, BENCH_GRID, clock="wall", max_num_seqs=max_num_seqs
+            WorkerModelConfig(layers, hidden, heads), 1, BENCH_GRID, clock="cpu", max_num_seqs=max_num_seqs
         )
         print(
             f"profiled {layers}x{hidden} in {time.perf_counter() - start:.0f} s: prefill {result.model.prefill}, "
-            f"decode {result.model.decode}",
+            f"decode {result.model.decode}, multi {result.model.decode_multi:.2e}",
             flush=True,
         )
         profiles.append(result)
     return profiles
+
+
+async def worker_counters(endpoints: list[Endpoint]) -> list[dict]:
+    """Each worker's CPU accounting (`/health`): engine CPU and busy time, process CPU, tokens sent."""
+    counters = []
+    for endpoint in endpoints:
+        status, body = await request_json(endpoint, "GET", "/health", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"worker {endpoint.url} answered /health with {status}")
+        counters.append(body)
+    return counters
+
+
+def counter_delta(before: list[dict], after: list[dict], key: str) -> list[float]:
+    return [b[key] - a[key] for a, b in zip(before, after)]
+
+
+async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int) -> dict:
+    """CPU per streamed token outside the engine's steps, measured: in each worker (HTTP, JSON, the
+    event loop's hand-off) and in this process (the router forwarding it, the client reading it).
+    Four requests per worker through a round-robin router, streamed as in the run."""
+    specs = [worker_spec(e.url, p.model, p.limits) for e, p in zip(endpoints, profiles)]
+    requests = [Request(i, 0.05 * i, 32, 24) for i in range(4 * len(endpoints))]
+    router = Router(
+        list(zip(endpoints, specs)), make_scheduler("round_robin", seed), health_interval=0, request_timeout=600
+    )
+    await router.start()
+    before = await worker_counters(endpoints)
+    own = time.process_time()
+    try:
+        result = await drive(router, requests, 600.0)
+    finally:
+        await router.close()
+    own = time.process_time() - own
+    after = await worker_counters(endpoints)
+    tokens = counter_delta(before, after, "tokens")
+    outside = [
+        p - e
+        for p, e in zip(counter_delta(before, after, "process_cpu_s"), counter_delta(before, after, "engine_cpu_s"))
+    ]
+    if result["failed"] or min(tokens) <= 0:
+        raise RuntimeError(f"the overhead calibration lost requests: {result}")
+    engine = counter_delta(before, after, "engine_cpu_s")
+    predicted = simulate(specs, make_scheduler("round_robin", seed), requests, SLO(10.0, 1.0))
+    return {
+        "worker_s_per_token": [o / t for o, t in zip(outside, tokens)],
+        "router_client_s_per_token": own / sum(tokens),
+        "engine_cpu_s": engine,
+        "engine_cpu_predicted_s": [predicted.cpu_s[s.name] for s in specs],
+    }
 
 
 async def run(args) -> dict:
@@ -191,12 +243,29 @@ async def run(args) -> dict:
     processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
-        specs = [worker_spec(e.url, p.model, p.limits) for e, p in zip(endpoints, profiles)]
+        overhead = await measure_overhead(endpoints, profiles, args.seed)
+        print(
+            "overhead per streamed token: workers "
+            + ", ".join(f"{s * 1e3:.2f}" for s in overhead["worker_s_per_token"])
+            + f" ms CPU; router + client {overhead['router_client_s_per_token'] * 1e3:.2f} ms CPU. Engine CPU "
+            + ", ".join(f"{m:.2f}" for m in overhead["engine_cpu_s"])
+            + " s measured vs "
+            + ", ".join(f"{p:.2f}" for p in overhead["engine_cpu_predicted_s"])
+            + " s from the profile",
+            flush=True,
+        )
+        specs = [
+            worker_spec(e.url, p.model.with_token_overhead(o, "HTTP streaming"), p.limits)
+            for e, p, o in zip(endpoints, profiles, overhead["worker_s_per_token"])
+        ]
+        shares = measure_cpu_shares(len(specs))
+        print(f"CPU shares with 1..{len(specs)} busy: {', '.join(f'{s:.2f}' for s in shares.shares)}", flush=True)
         probe_requests = make_requests(args.requests, 1.0, args.seed)
         stats = workload_stats(probe_requests)
-        capacity = sum(
+        per_core = [
             capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight) for s in specs
-        )
+        ]
+        capacity = sum(per_core) * shares.share(len(specs))  # all busy: each gets that share of a core
         rate = args.load * capacity
         requests = make_requests(args.requests, rate, args.seed)
         results = {
@@ -208,21 +277,28 @@ async def run(args) -> dict:
                     "heads": w[2],
                     "limits": vars(s.limits),
                     "latency_model": s.latency.to_dict(),
-                    "capacity_req_s": capacity_requests_s(
-                        s, stats.mean_prompt, stats.mean_output, stats.context_in_flight
-                    ),
+                    "capacity_req_s_one_core": c,
                 }
-                for s, w in zip(specs, WORKERS)
+                for s, w, c in zip(specs, WORKERS, per_core)
             ],
+            "overhead": overhead,
+            "cpu_shares_before_rate": shares.to_dict(),
+            "capacity_req_s": capacity,
             "rate_req_s": rate,
             "requests": args.requests,
             "runs": {},
         }
         print(
-            f"workers' profiled capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})",
+            f"workers' capacity {capacity:.2f} req/s in all (one core each: "
+            + ", ".join(f"{c:.2f}" for c in per_core)
+            + f"); offered {rate:.2f} req/s ({args.load:.0%})",
             flush=True,
         )
         for scheduler in args.schedulers:
+            shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
+            prediction = simulate(
+                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
+            )
             router = Router(
                 [(e, s) for e, s in zip(endpoints, specs)],
                 make_scheduler(scheduler, args.seed, stats),
@@ -230,35 +306,78 @@ async def run(args) -> dict:
                 request_timeout=args.timeout,
                 max_in_flight=10_000,
             )
+            before = await worker_counters(endpoints)
+            own = time.process_time()
             await router.start()
             try:
                 measured = await drive(router, requests, args.timeout)
             finally:
                 await router.close()
-            predicted = simulate(
+            own = time.process_time() - own
+            after = await worker_counters(endpoints)
+            engine_cpu = counter_delta(before, after, "engine_cpu_s")
+            engine_busy = counter_delta(before, after, "engine_busy_s")
+            got = CpuShares.from_counters(engine_cpu, engine_busy)
+            expected = CpuShares.from_counters(
+                [prediction.cpu_s[s.name] for s in specs], [prediction.busy_s[s.name] for s in specs]
+            )
+            # a diagnostic, not the prediction: the same simulation with the shares scaled to what the run got
+            replay = simulate(
                 specs,
                 make_scheduler(scheduler, args.seed, stats),
                 requests,
                 SLO(10.0, 1.0),
-                shared_cores=args.cores,
+                cpu_shares=CpuShares(
+                    tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
+                ),
             ).report
+            report = prediction.report
             run_result = {
                 "measured": measured,
                 "router": router.snapshot(),
+                "cpu_shares": shares.to_dict(),
                 "predicted": {
-                    "throughput_tok_s": predicted.throughput_tok_s,
-                    "latency_p99_s": predicted.latency_p99_s,
-                    "ttft_p99_s": predicted.ttft_p99_s,
-                    "duration_s": predicted.duration_s,
+                    "throughput_tok_s": report.throughput_tok_s,
+                    "latency_p50_s": report.latency_p50_s,
+                    "latency_p99_s": report.latency_p99_s,
+                    "ttft_p99_s": report.ttft_p99_s,
+                    "duration_s": report.duration_s,
+                    "requests_per_instance": report.requests_per_instance,
+                    "engine_cpu_s": [prediction.cpu_s[s.name] for s in specs],
+                    "mean_cpu_share": expected,
                 },
+                "replayed_at_measured_share": {
+                    "throughput_tok_s": replay.throughput_tok_s,
+                    "latency_p50_s": replay.latency_p50_s,
+                    "latency_p99_s": replay.latency_p99_s,
+                },
+                "engine_cpu_s": engine_cpu,
+                "engine_busy_s": engine_busy,
+                "mean_cpu_share": got,
+                "router_client_cpu_s": own,
+                "load_average": os.getloadavg(),
             }
             results["runs"][scheduler] = run_result
-            error = predicted.throughput_tok_s / measured["throughput_tok_s"] - 1
+
+            def err(key: str) -> str:
+                return f"{run_result['predicted'][key] / measured[key] - 1:+.0%}"
+
             print(
-                f"  {scheduler:12s} measured {measured['throughput_tok_s']:7.1f} tok/s, "
-                f"P99 {measured['latency_p99_s']:6.2f} s, TTFT P99 {measured['ttft_p99_s']:5.2f} s "
+                f"  {scheduler:12s} measured {measured['throughput_tok_s']:6.1f} tok/s, "
+                f"P50 {measured['latency_p50_s']:6.2f} s, P99 {measured['latency_p99_s']:6.2f} s "
                 f"({measured['completed']} ok, {measured['failed']} failed) | simulator "
-                f"{predicted.throughput_tok_s:7.1f} tok/s ({error:+.1%}), P99 {predicted.latency_p99_s:6.2f} s",
+                f"{report.throughput_tok_s:6.1f} tok/s ({err('throughput_tok_s')}), P50 {report.latency_p50_s:6.2f} s "
+                f"({err('latency_p50_s')}), P99 {report.latency_p99_s:6.2f} s ({err('latency_p99_s')}) | "
+                f"CPU share per busy worker: predicted {expected:.2f}, got {got:.2f}; engine CPU "
+                + ", ".join(f"{c:.1f}" for c in engine_cpu)
+                + " s vs predicted "
+                + ", ".join(f"{prediction.cpu_s[s.name]:.1f}" for s in specs)
+                + f" s; router + client {own:.1f} s CPU",
+                flush=True,
+            )
+            print(
+                f"  {'':12s} replayed at the share the run got: {replay.throughput_tok_s:6.1f} tok/s, "
+                f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s",
                 flush=True,
             )
         return results
@@ -281,11 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
-    parser.add_argument(
-        "--cores", type=int, default=os.cpu_count(), help="cores the workers share, for the simulator (default: all)"
-    )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--name", default="live_router", help="the results file's name (<out>/<name>.json)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its workers
     results = asyncio.run(run(args))
@@ -298,9 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "live_router.json").write_text(json.dumps(results, indent=2) + "\n")
-    errors = [abs(r["predicted"]["throughput_tok_s"] / r["measured"]["throughput_tok_s"] - 1) for r in runs.values()]
-    print(f"simulator vs measurement, throughput error: median {statistics.median(errors):.1%}, max {max(errors):.1%}")
+    (out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    for key in ("throughput_tok_s", "latency_p50_s", "latency_p99_s"):
+        errors = [abs(r["predicted"][key] / r["measured"][key] - 1) for r in runs.values()]
+        print(f"simulator vs measurement, {key}: |error| median {statistics.median(errors):.1%}, max {max(errors):.1%}")
     return 0
 
 

@@ -79,6 +79,17 @@ class LatencyModel:
             return self.prefill_s(sample.tokens, sample.pairs)
         return self.decode_s(sample.seqs, sample.context)
 
+    def with_token_overhead(self, seconds: float, what: str = "per-token overhead") -> LatencyModel:
+        """The model with `seconds` more per token emitted: work the instance's host does for every token
+        outside the timed step (an HTTP worker streaming it), charged to the step that produced it -
+        a prefill step emits one token, a decode step one per sequence."""
+        if seconds < 0 or not np.isfinite(seconds):
+            raise ServingError(f"a per-token overhead must be finite and non-negative (got {seconds})")
+        a0, a1, a2 = self.prefill
+        b0, b1, b2 = self.decode
+        source = f"{self.source} + {what} {seconds * 1e3:.2f} ms/token"
+        return LatencyModel((a0 + seconds, a1, a2), (b0, b1 + seconds, b2), source, self.decode_multi)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

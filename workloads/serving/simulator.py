@@ -14,9 +14,11 @@ instance's fitted `LatencyModel`:
 Requests arrive at their trace times and are dispatched on arrival by a `Scheduler` that sees the
 instances' live `InstanceLoad`s. A request that no instance's KV cache could ever hold is dropped
 with the reason; so is one that finds its instance's queue at `max_waiting` (backpressure).
-Instances that share one host's CPU cores (`shared_cores`: the local CPU workers of the live
-bench, one thread each) run their steps slower while more of them are busy than there are cores:
-a step starting while k instances are busy takes max(1, k / cores) times its profiled time. After
+Instances that share one host's CPU cores (the local CPU workers of the live bench, one thread
+each) run their steps slower while others are busy: given the host's `cpu_shares`
+(`cpu_share.CpuShares`: the fraction of a core each of k busy instances gets, measured on a shared
+host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while k instances are busy
+takes its profiled CPU time divided by that share. After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -28,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.cpu_share import CpuShares
 from trex.workloads.serving.deployment import InstanceSpec
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.metrics import RequestRecord, ServingReport, summarise
@@ -84,6 +87,8 @@ class SimulationResult:
     records: list[RequestRecord]
     scheduler: str
     instances: list[str]
+    busy_s: dict[str, float] = field(default_factory=dict)  # per instance: wall time in steps
+    cpu_s: dict[str, float] = field(default_factory=dict)  # per instance: the same steps' CPU time
 
     def to_dict(self) -> dict:
         return {"scheduler": self.scheduler, "instances": self.instances, **self.report.to_dict()}
@@ -100,6 +105,7 @@ class Simulation:
         drain_s: float = 3600.0,
         expected_output: int | None = None,
         shared_cores: int | None = None,
+        cpu_shares: CpuShares | None = None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -110,7 +116,12 @@ class Simulation:
         self.scheduler, self.slo = scheduler, slo
         if shared_cores is not None and shared_cores < 1:
             raise ServingError(f"shared_cores must be at least 1 (got {shared_cores})")
-        self.max_waiting, self.drain_s, self.shared_cores = max_waiting, drain_s, shared_cores
+        if shared_cores is not None and cpu_shares is not None:
+            raise ServingError("give shared_cores (an idle host) or cpu_shares (a measured one), not both")
+        if shared_cores is not None:
+            cpu_shares = CpuShares.from_cores(shared_cores, len(instances))
+        self.max_waiting, self.drain_s, self.cpu_shares = max_waiting, drain_s, cpu_shares
+        self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
         self.expected_output = expected_output or int(scheduler.mean_output)
         self.events: list = []
         self.order = 0
@@ -208,9 +219,10 @@ class Simulation:
         else:
             inst.busy = False
             return
-        if self.shared_cores is not None:  # instances co-located on a host share its cores
+        self.cpu_s[inst.spec.name] += seconds
+        if self.cpu_shares is not None:  # instances co-located on a host share its cores
             busy = 1 + sum(other.busy for other in self.instances if other is not inst)
-            seconds *= max(1.0, busy / self.shared_cores)
+            seconds /= self.cpu_shares.share(busy)
         inst.busy = True
         inst.busy_s += seconds
         self._push(now + seconds, "step", inst)
@@ -280,7 +292,8 @@ class Simulation:
         span = self.last_arrival - start
         steady = self.tokens_while_arriving / span if span > 0 else float("nan")
         report = summarise(records, self.slo, busy, start, steady)
-        return SimulationResult(report, records, self.scheduler.name, [i.spec.name for i in self.instances])
+        names = [i.spec.name for i in self.instances]
+        return SimulationResult(report, records, self.scheduler.name, names, busy, dict(self.cpu_s))
 
 
 def simulate(
