@@ -1,20 +1,31 @@
-"""Live: three CPU workers of unequal capacity behind `trex serve route`, trex's scheduler against the
-baselines, and the simulator's prediction of the same setup.
+"""Live: three CPU workers of unequal capacity behind `trex serve route`, trex's scheduler against round
+robin, and the simulator's prediction of the same setup made before each run.
 
 Workers are `trex serve worker` processes (tiny random-init Llama models of different sizes, one
-thread each, continuous batching of up to `--max-num-seqs` sequences). Before they start, each
-worker's model is profiled exactly as `trex serve profile` does (the worker's own prefill and
-decode steps, wall clock, median of interleaved runs) and fitted by least squares; the router's
-schedulers and the simulator both get those latency models and the workers' engine limits (batch
-limit, one prompt per prefill step). Each scheduler then serves the same seeded requests (Poisson
-arrivals at `--load` of the workers' summed capacity, streamed), measured end to end by an asyncio
-client: throughput (output tokens / duration), P99 latency and TTFT. The simulator replays the same
-requests on those instances with the same scheduler, the three workers sharing this machine's
-cores (`Simulation(shared_cores=)`); its throughput and P99 latency are compared with the
-measurement.
+thread each, continuous batching of up to `--max-num-seqs` sequences), all on this machine's cores.
+What the simulator is given, all measured in this invocation, before the run it predicts:
 
-    python bench/serving/live_router.py                    # 200 requests per scheduler
-    python bench/serving/live_router.py --requests 40      # a smoke run
+1. each worker's step costs: its model profiled through the worker's own engine exactly as `trex
+   serve profile` does, timed by the thread's CPU time (what a step costs, however loaded the machine)
+   and fitted by least squares;
+2. the CPU each worker spends per streamed token outside its steps (HTTP, JSON, the hand-off from
+   the engine thread), from the workers' own CPU accounting (`/health`) over a few calibration
+   requests through the router; it is charged to the step that emits the token. The router's and the
+   client's CPU per token is measured too and reported (it is ~1% of a core at these rates);
+3. the host's CPU shares, immediately before each scheduler's run: `cpu_share.measure_cpu_shares`
+   spins 1, 2 and 3 probe processes (at the workers' nice level) and times the CPU each gets per
+   second - the share of a core each busy worker gets while k are busy, other processes included.
+   The simulator stretches each step by 1 / share(k busy).
+
+The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
+share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
+asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
+workers' step CPU over step wall time gives the share the run actually got; the simulation replayed
+at that share is printed as a diagnostic (not a prediction): it separates a wrong model of the
+workers from a host whose load changed during the run.
+
+    nice -n 10 python bench/serving/live_router.py --requests 200 --load 0.4 --schedulers round_robin trex
+    python bench/serving/live_router.py --requests 40 --schedulers round_robin trex     # a smoke run
 """
 
 from __future__ import annotations
@@ -332,6 +343,11 @@ async def run(args) -> dict:
                 ),
             ).report
             report = prediction.report
+            # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
+            predicted_engine = [
+                prediction.cpu_s[s.name] - o * sum(r.output_tokens for r in prediction.records if r.instance == s.name)
+                for s, o in zip(specs, overhead["worker_s_per_token"])
+            ]
             run_result = {
                 "measured": measured,
                 "router": router.snapshot(),
@@ -343,7 +359,7 @@ async def run(args) -> dict:
                     "ttft_p99_s": report.ttft_p99_s,
                     "duration_s": report.duration_s,
                     "requests_per_instance": report.requests_per_instance,
-                    "engine_cpu_s": [prediction.cpu_s[s.name] for s in specs],
+                    "engine_cpu_s": predicted_engine,
                     "mean_cpu_share": expected,
                 },
                 "replayed_at_measured_share": {
@@ -371,7 +387,7 @@ async def run(args) -> dict:
                 f"CPU share per busy worker: predicted {expected:.2f}, got {got:.2f}; engine CPU "
                 + ", ".join(f"{c:.1f}" for c in engine_cpu)
                 + " s vs predicted "
-                + ", ".join(f"{prediction.cpu_s[s.name]:.1f}" for s in specs)
+                + ", ".join(f"{c:.1f}" for c in predicted_engine)
                 + f" s; router + client {own:.1f} s CPU",
                 flush=True,
             )

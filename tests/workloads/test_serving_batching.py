@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 from serving_helpers import instance
@@ -208,6 +209,20 @@ def test_measured_cpu_shares_stretch_steps_by_the_share_each_busy_instance_gets(
         run(shared_cores=2, cpu_shares=CpuShares((1.0, 1.0)))
     with pytest.raises(ServingError, match="fractions of a core"):
         CpuShares((0.5, 1.5))
+
+
+def test_decode_steps_after_a_join_or_leave_pay_the_repack():
+    spec = instance("a", 1.0)
+    costly = replace(spec, latency=replace(spec.latency, repack=(0.005, 1e-4)))
+    requests = [Request(0, 0.0, 10, 5), Request(1, 0.0, 10, 8)]
+
+    def busy(s):
+        return Simulation([s], make_scheduler("round_robin"), SLO(10, 1)).run(requests).busy_s["a"]
+
+    # both prompts prefill in one step and join before the first decode step: one repack of 2 x (10 + 1)
+    # tokens; the first leaves after 4 decode steps: one repack of the second's 10 + 5 tokens before step 5;
+    # the other decode steps re-pack nothing
+    assert busy(costly) - busy(spec) == pytest.approx(0.005 + 1e-4 * 22 + 0.005 + 1e-4 * 15)
 
 
 def test_cpu_share_probes_measure_this_host():

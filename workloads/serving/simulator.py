@@ -7,7 +7,9 @@ instance's fitted `LatencyModel`:
   tokens (a longer prompt runs alone), `max_prefill_seqs` prompts (when set), `max_num_seqs`
   sequences and the KV cache's free bytes;
   every admitted request gets its first token at the end of the step;
-* otherwise a decode step: every running sequence gains one token. Before the step the KV cache
+* otherwise a decode step: every running sequence gains one token (plus, when sequences joined or
+  left since the last one, the re-pack of the batch's cache the instance's `LatencyModel.repack`
+  prices: the local CPU worker's left-padded cache; zero for a paged one). Before the step the KV cache
   must hold each sequence's next token; when it cannot, the most recently admitted sequence is
   preempted (its cache freed, re-queued at the head to be recomputed), as vLLM does.
 
@@ -65,6 +67,7 @@ class _Instance:
     kv_next: float = 0.0  # sum of the running sequences' kv_next
     context: int = 0  # tokens held by the running sequences
     stale: bool = True  # the load needs a refresh before the scheduler reads it
+    repack_due: bool = False  # sequences joined or left since the last decode step (see LatencyModel.repack)
 
     def refresh(self) -> None:
         """Rebuild the scheduler-visible load from the queues (expected, not true, remaining output)."""
@@ -190,11 +193,13 @@ class Simulation:
 
     def _join(self, inst: _Instance, seq: _Sequence) -> None:
         seq.kv_next = inst.spec.kv.bytes_for(seq.context + 1)
+        inst.repack_due = True
         inst.running.append(seq)
         inst.kv_next += seq.kv_next
         inst.context += seq.context
 
     def _leave(self, inst: _Instance, seq: _Sequence) -> None:
+        inst.repack_due = True
         inst.running.remove(seq)
         inst.kv_next -= seq.kv_next
         inst.context -= seq.context
@@ -215,6 +220,9 @@ class Simulation:
                 victim.to_prefill = victim.context
                 inst.waiting.appendleft(victim)
             seconds = inst.spec.latency.decode_s(len(inst.running), inst.context)
+            if inst.repack_due:  # the engine re-packs its batch cache before the step (zero for a paged cache)
+                seconds += inst.spec.latency.repack_s(inst.context)
+                inst.repack_due = False
             inst.step = ("decode", list(inst.running))
         else:
             inst.busy = False
