@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import contextlib
 import json
 import os
 import signal
@@ -56,6 +58,7 @@ from trex.workloads.serving.workload import Request, workload_stats
 
 WORKERS = ((6, 384, 8), (8, 512, 8), (8, 768, 8))  # (layers, hidden, heads): unequal capacity
 SCHEDULERS = ("round_robin", "trex", "jsq", "po2")
+SAMPLE_EVERY_S = 5.0  # how often the workers' CPU accounting is read during a run (the share over time)
 # the requests' range: prompts 8-63 words, 8-39 output tokens, so contexts up to ~100 per sequence
 BENCH_GRID = ProfileGrid(
     prompt_lengths=(8, 24, 48, 64),
@@ -179,6 +182,24 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
         "latency_p99_s": float(np.percentile(latencies, 99)),
         "ttft_p99_s": float(np.percentile(ttfts, 99)),
     }
+
+
+def share_over_time(timeline: list[tuple[float, float, float]], mean_share: float):
+    """The share the workers got in each sampling interval (engine CPU / engine busy time) over the share the
+    simulation assumed on average: a multiplier on the probed shares as a function of time into the run.
+    Intervals with under 0.2 s of busy time keep the previous interval's value."""
+    edges, factors, factor = [], [], 1.0
+    for (_, cpu0, busy0), (t1, cpu1, busy1) in zip(timeline, timeline[1:]):
+        if busy1 - busy0 > 0.2:
+            factor = (cpu1 - cpu0) / (busy1 - busy0) / mean_share
+        edges.append(t1)
+        factors.append(factor)
+
+    def at(now: float) -> float:
+        index = bisect.bisect_left(edges, now)
+        return factors[min(index, len(factors) - 1)] if factors else 1.0
+
+    return at
 
 
 def profile_workers(max_num_seqs: int) -> list:
@@ -320,9 +341,29 @@ async def run(args) -> dict:
             before = await worker_counters(endpoints)
             own = time.process_time()
             await router.start()
+            timeline: list[tuple[float, float, float]] = []  # (seconds into the run, engine CPU, engine busy)
+            stop = asyncio.Event()
+
+            async def sample_counters() -> None:
+                start = time.perf_counter()
+                while not stop.is_set():
+                    counters = await worker_counters(endpoints)
+                    timeline.append(
+                        (
+                            time.perf_counter() - start,
+                            sum(c["engine_cpu_s"] for c in counters),
+                            sum(c["engine_busy_s"] for c in counters),
+                        )
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+
+            sampler = asyncio.create_task(sample_counters())
             try:
                 measured = await drive(router, requests, args.timeout)
             finally:
+                stop.set()
+                await sampler
                 await router.close()
             own = time.process_time() - own
             after = await worker_counters(endpoints)
@@ -341,6 +382,16 @@ async def run(args) -> dict:
                 cpu_shares=CpuShares(
                     tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
                 ),
+            ).report
+            # and replayed with the share the run got in each sampling interval: a host whose load moved
+            over_time = share_over_time(timeline, expected)
+            replay_t = simulate(
+                specs,
+                make_scheduler(scheduler, args.seed, stats),
+                requests,
+                SLO(10.0, 1.0),
+                cpu_shares=shares,
+                share_over_time=over_time,
             ).report
             report = prediction.report
             # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
@@ -367,6 +418,12 @@ async def run(args) -> dict:
                     "latency_p50_s": replay.latency_p50_s,
                     "latency_p99_s": replay.latency_p99_s,
                 },
+                "replayed_at_share_over_time": {
+                    "throughput_tok_s": replay_t.throughput_tok_s,
+                    "latency_p50_s": replay_t.latency_p50_s,
+                    "latency_p99_s": replay_t.latency_p99_s,
+                },
+                "share_timeline": timeline,
                 "engine_cpu_s": engine_cpu,
                 "engine_busy_s": engine_busy,
                 "mean_cpu_share": got,
@@ -393,7 +450,9 @@ async def run(args) -> dict:
             )
             print(
                 f"  {'':12s} replayed at the share the run got: {replay.throughput_tok_s:6.1f} tok/s, "
-                f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s",
+                f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s; with the share it got "
+                f"every {SAMPLE_EVERY_S:g} s: {replay_t.throughput_tok_s:6.1f} tok/s, P50 {replay_t.latency_p50_s:6.2f} s, "
+                f"P99 {replay_t.latency_p99_s:6.2f} s",
                 flush=True,
             )
         return results

@@ -250,3 +250,18 @@ def test_profile_files_carry_the_engine_limits(tmp_path):
     bad = save_samples([], model, tmp_path / "bad.json", extra={"limits": {"max_num_seqz": 8}})
     with pytest.raises(ServingError, match="unknown or missing field"):
         load_engine_limits(bad)
+
+
+def test_a_host_whose_share_moves_during_the_run_slows_the_steps_then():
+    requests = [Request(i, 0.0, 10, 20) for i in range(2)]
+    shares = CpuShares((0.5, 0.5))
+
+    def duration(**options):
+        sim = Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(10, 1), cpu_shares=shares, **options)
+        return sim.run(requests).report.duration_s
+
+    steady = duration()
+    assert duration(share_over_time=lambda now: 1.0) == pytest.approx(steady)
+    assert duration(share_over_time=lambda now: 0.5) == pytest.approx(2 * steady, rel=0.02)
+    with pytest.raises(ServingError, match="give cpu_shares"):
+        Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(), share_over_time=lambda now: 1.0)

@@ -20,7 +20,8 @@ Instances that share one host's CPU cores (the local CPU workers of the live ben
 each) run their steps slower while others are busy: given the host's `cpu_shares`
 (`cpu_share.CpuShares`: the fraction of a core each of k busy instances gets, measured on a shared
 host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while k instances are busy
-takes its profiled CPU time divided by that share. After
+takes its profiled CPU time divided by that share (times `share_over_time(now)` when given: a
+host whose other load moved during the run, measured afterwards). After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -109,6 +110,7 @@ class Simulation:
         expected_output: int | None = None,
         shared_cores: int | None = None,
         cpu_shares: CpuShares | None = None,
+        share_over_time=None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -123,7 +125,11 @@ class Simulation:
             raise ServingError("give shared_cores (an idle host) or cpu_shares (a measured one), not both")
         if shared_cores is not None:
             cpu_shares = CpuShares.from_cores(shared_cores, len(instances))
+        if share_over_time is not None and cpu_shares is None:
+            raise ServingError("share_over_time scales cpu_shares: give cpu_shares (or shared_cores) too")
         self.max_waiting, self.drain_s, self.cpu_shares = max_waiting, drain_s, cpu_shares
+        # a host whose other load changes during the run: the shares times share_over_time(now)
+        self.share_over_time = share_over_time
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
         self.expected_output = expected_output or int(scheduler.mean_output)
         self.events: list = []
@@ -230,7 +236,10 @@ class Simulation:
         self.cpu_s[inst.spec.name] += seconds
         if self.cpu_shares is not None:  # instances co-located on a host share its cores
             busy = 1 + sum(other.busy for other in self.instances if other is not inst)
-            seconds /= self.cpu_shares.share(busy)
+            share = self.cpu_shares.share(busy)
+            if self.share_over_time is not None:
+                share = min(1.0, share * self.share_over_time(now))
+            seconds /= share
         inst.busy = True
         inst.busy_s += seconds
         self._push(now + seconds, "step", inst)
