@@ -1,26 +1,39 @@
-"""Live: three CPU workers of unequal capacity behind `trex serve route`, trex's scheduler against the
-baselines, and the simulator's prediction of the same setup.
+"""Live: three CPU workers of unequal capacity behind `trex serve route`, trex's scheduler against round
+robin, and the simulator's prediction of the same setup made before each run.
 
 Workers are `trex serve worker` processes (tiny random-init Llama models of different sizes, one
-thread each, continuous batching of up to `--max-num-seqs` sequences). Before they start, each
-worker's model is profiled exactly as `trex serve profile` does (the worker's own prefill and
-decode steps, wall clock, median of interleaved runs) and fitted by least squares; the router's
-schedulers and the simulator both get those latency models and the workers' engine limits (batch
-limit, one prompt per prefill step). Each scheduler then serves the same seeded requests (Poisson
-arrivals at `--load` of the workers' summed capacity, streamed), measured end to end by an asyncio
-client: throughput (output tokens / duration), P99 latency and TTFT. The simulator replays the same
-requests on those instances with the same scheduler, the three workers sharing this machine's
-cores (`Simulation(shared_cores=)`); its throughput and P99 latency are compared with the
-measurement.
+thread each, continuous batching of up to `--max-num-seqs` sequences), all on this machine's cores.
+What the simulator is given, all measured in this invocation, before the run it predicts:
 
-    python bench/serving/live_router.py                    # 200 requests per scheduler
-    python bench/serving/live_router.py --requests 40      # a smoke run
+1. each worker's step costs: its model profiled through the worker's own engine exactly as `trex
+   serve profile` does, timed by the thread's CPU time (what a step costs, however loaded the machine)
+   and fitted by least squares;
+2. the CPU each worker spends per streamed token outside its steps (HTTP, JSON, the hand-off from
+   the engine thread), from the workers' own CPU accounting (`/health`) over a few calibration
+   requests through the router; it is charged to the step that emits the token. The router's and the
+   client's CPU per token is measured too and reported (it is ~1% of a core at these rates);
+3. the host's CPU shares, immediately before each scheduler's run: `cpu_share.measure_cpu_shares`
+   spins 1, 2 and 3 probe processes (at the workers' nice level) and times the CPU each gets per
+   second - the share of a core each busy worker gets while k are busy, other processes included.
+   The simulator stretches each step by 1 / share(k busy).
+
+The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
+share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
+asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
+workers' step CPU over step wall time gives the share the run actually got; the simulation replayed
+at that share is printed as a diagnostic (not a prediction): it separates a wrong model of the
+workers from a host whose load changed during the run.
+
+    nice -n 10 python bench/serving/live_router.py --requests 200 --load 0.4 --schedulers round_robin trex
+    python bench/serving/live_router.py --requests 40 --schedulers round_robin trex     # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.cpu_share import CpuShares, measure_cpu_shares
 from trex.workloads.serving.http import Endpoint, open_request, request_json
 from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
@@ -44,6 +58,7 @@ from trex.workloads.serving.workload import Request, workload_stats
 
 WORKERS = ((6, 384, 8), (8, 512, 8), (8, 768, 8))  # (layers, hidden, heads): unequal capacity
 SCHEDULERS = ("round_robin", "trex", "jsq", "po2")
+SAMPLE_EVERY_S = 5.0  # how often the workers' CPU accounting is read during a run (the share over time)
 # the requests' range: prompts 8-63 words, 8-39 output tokens, so contexts up to ~100 per sequence
 BENCH_GRID = ProfileGrid(
     prompt_lengths=(8, 24, 48, 64),
@@ -169,21 +184,90 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
     }
 
 
+def share_over_time(timeline: list[tuple[float, float, float]], mean_share: float):
+    """The share the workers got in each sampling interval (engine CPU / engine busy time) over the share the
+    simulation assumed on average: a multiplier on the probed shares as a function of time into the run.
+    Intervals with under 0.2 s of busy time keep the previous interval's value."""
+    edges, factors, factor = [], [], 1.0
+    for (_, cpu0, busy0), (t1, cpu1, busy1) in zip(timeline, timeline[1:]):
+        if busy1 - busy0 > 0.2:
+            factor = (cpu1 - cpu0) / (busy1 - busy0) / mean_share
+        edges.append(t1)
+        factors.append(factor)
+
+    def at(now: float) -> float:
+        index = bisect.bisect_left(edges, now)
+        return factors[min(index, len(factors) - 1)] if factors else 1.0
+
+    return at
+
+
 def profile_workers(max_num_seqs: int) -> list:
-    """`trex serve profile` of each worker's model and engine (wall clock: what the live run sees)."""
+    """`trex serve profile` of each worker's model and engine, timed by the thread's CPU time: what a step
+    costs, whatever else runs on the machine (the contention is priced separately, by `CpuShares`)."""
     profiles = []
     for layers, hidden, heads in WORKERS:
         start = time.perf_counter()
         result = profile_instance(
-            WorkerModelConfig(layers, hidden, heads), 1, BENCH_GRID, clock="wall", max_num_seqs=max_num_seqs
+            WorkerModelConfig(layers, hidden, heads), 1, BENCH_GRID, clock="cpu", max_num_seqs=max_num_seqs
         )
         print(
             f"profiled {layers}x{hidden} in {time.perf_counter() - start:.0f} s: prefill {result.model.prefill}, "
-            f"decode {result.model.decode}",
+            f"decode {result.model.decode}, multi {result.model.decode_multi:.2e}",
             flush=True,
         )
         profiles.append(result)
     return profiles
+
+
+async def worker_counters(endpoints: list[Endpoint]) -> list[dict]:
+    """Each worker's CPU accounting (`/health`): engine CPU and busy time, process CPU, tokens sent."""
+    counters = []
+    for endpoint in endpoints:
+        status, body = await request_json(endpoint, "GET", "/health", timeout=30.0)
+        if status != 200:
+            raise RuntimeError(f"worker {endpoint.url} answered /health with {status}")
+        counters.append(body)
+    return counters
+
+
+def counter_delta(before: list[dict], after: list[dict], key: str) -> list[float]:
+    return [b[key] - a[key] for a, b in zip(before, after)]
+
+
+async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int) -> dict:
+    """CPU per streamed token outside the engine's steps, measured: in each worker (HTTP, JSON, the
+    event loop's hand-off) and in this process (the router forwarding it, the client reading it).
+    Four requests per worker through a round-robin router, streamed as in the run."""
+    specs = [worker_spec(e.url, p.model, p.limits) for e, p in zip(endpoints, profiles)]
+    requests = [Request(i, 0.05 * i, 32, 24) for i in range(4 * len(endpoints))]
+    router = Router(
+        list(zip(endpoints, specs)), make_scheduler("round_robin", seed), health_interval=0, request_timeout=600
+    )
+    await router.start()
+    before = await worker_counters(endpoints)
+    own = time.process_time()
+    try:
+        result = await drive(router, requests, 600.0)
+    finally:
+        await router.close()
+    own = time.process_time() - own
+    after = await worker_counters(endpoints)
+    tokens = counter_delta(before, after, "tokens")
+    outside = [
+        p - e
+        for p, e in zip(counter_delta(before, after, "process_cpu_s"), counter_delta(before, after, "engine_cpu_s"))
+    ]
+    if result["failed"] or min(tokens) <= 0:
+        raise RuntimeError(f"the overhead calibration lost requests: {result}")
+    engine = counter_delta(before, after, "engine_cpu_s")
+    predicted = simulate(specs, make_scheduler("round_robin", seed), requests, SLO(10.0, 1.0))
+    return {
+        "worker_s_per_token": [o / t for o, t in zip(outside, tokens)],
+        "router_client_s_per_token": own / sum(tokens),
+        "engine_cpu_s": engine,
+        "engine_cpu_predicted_s": [predicted.cpu_s[s.name] for s in specs],
+    }
 
 
 async def run(args) -> dict:
@@ -191,12 +275,29 @@ async def run(args) -> dict:
     processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
-        specs = [worker_spec(e.url, p.model, p.limits) for e, p in zip(endpoints, profiles)]
+        overhead = await measure_overhead(endpoints, profiles, args.seed)
+        print(
+            "overhead per streamed token: workers "
+            + ", ".join(f"{s * 1e3:.2f}" for s in overhead["worker_s_per_token"])
+            + f" ms CPU; router + client {overhead['router_client_s_per_token'] * 1e3:.2f} ms CPU. Engine CPU "
+            + ", ".join(f"{m:.2f}" for m in overhead["engine_cpu_s"])
+            + " s measured vs "
+            + ", ".join(f"{p:.2f}" for p in overhead["engine_cpu_predicted_s"])
+            + " s from the profile",
+            flush=True,
+        )
+        specs = [
+            worker_spec(e.url, p.model.with_token_overhead(o, "HTTP streaming"), p.limits)
+            for e, p, o in zip(endpoints, profiles, overhead["worker_s_per_token"])
+        ]
+        shares = measure_cpu_shares(len(specs))
+        print(f"CPU shares with 1..{len(specs)} busy: {', '.join(f'{s:.2f}' for s in shares.shares)}", flush=True)
         probe_requests = make_requests(args.requests, 1.0, args.seed)
         stats = workload_stats(probe_requests)
-        capacity = sum(
+        per_core = [
             capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight) for s in specs
-        )
+        ]
+        capacity = sum(per_core) * shares.share(len(specs))  # all busy: each gets that share of a core
         rate = args.load * capacity
         requests = make_requests(args.requests, rate, args.seed)
         results = {
@@ -208,21 +309,28 @@ async def run(args) -> dict:
                     "heads": w[2],
                     "limits": vars(s.limits),
                     "latency_model": s.latency.to_dict(),
-                    "capacity_req_s": capacity_requests_s(
-                        s, stats.mean_prompt, stats.mean_output, stats.context_in_flight
-                    ),
+                    "capacity_req_s_one_core": c,
                 }
-                for s, w in zip(specs, WORKERS)
+                for s, w, c in zip(specs, WORKERS, per_core)
             ],
+            "overhead": overhead,
+            "cpu_shares_before_rate": shares.to_dict(),
+            "capacity_req_s": capacity,
             "rate_req_s": rate,
             "requests": args.requests,
             "runs": {},
         }
         print(
-            f"workers' profiled capacity {capacity:.2f} req/s in all; offered {rate:.2f} req/s ({args.load:.0%})",
+            f"workers' capacity {capacity:.2f} req/s in all (one core each: "
+            + ", ".join(f"{c:.2f}" for c in per_core)
+            + f"); offered {rate:.2f} req/s ({args.load:.0%})",
             flush=True,
         )
         for scheduler in args.schedulers:
+            shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
+            prediction = simulate(
+                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
+            )
             router = Router(
                 [(e, s) for e, s in zip(endpoints, specs)],
                 make_scheduler(scheduler, args.seed, stats),
@@ -230,35 +338,121 @@ async def run(args) -> dict:
                 request_timeout=args.timeout,
                 max_in_flight=10_000,
             )
+            before = await worker_counters(endpoints)
+            own = time.process_time()
             await router.start()
+            timeline: list[tuple[float, float, float]] = []  # (seconds into the run, engine CPU, engine busy)
+            stop = asyncio.Event()
+
+            async def sample_counters() -> None:
+                start = time.perf_counter()
+                while not stop.is_set():
+                    counters = await worker_counters(endpoints)
+                    timeline.append(
+                        (
+                            time.perf_counter() - start,
+                            sum(c["engine_cpu_s"] for c in counters),
+                            sum(c["engine_busy_s"] for c in counters),
+                        )
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+
+            sampler = asyncio.create_task(sample_counters())
             try:
                 measured = await drive(router, requests, args.timeout)
             finally:
+                stop.set()
+                await sampler
                 await router.close()
-            predicted = simulate(
+            own = time.process_time() - own
+            after = await worker_counters(endpoints)
+            engine_cpu = counter_delta(before, after, "engine_cpu_s")
+            engine_busy = counter_delta(before, after, "engine_busy_s")
+            got = CpuShares.from_counters(engine_cpu, engine_busy)
+            expected = CpuShares.from_counters(
+                [prediction.cpu_s[s.name] for s in specs], [prediction.busy_s[s.name] for s in specs]
+            )
+            # a diagnostic, not the prediction: the same simulation with the shares scaled to what the run got
+            replay = simulate(
                 specs,
                 make_scheduler(scheduler, args.seed, stats),
                 requests,
                 SLO(10.0, 1.0),
-                shared_cores=args.cores,
+                cpu_shares=CpuShares(
+                    tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
+                ),
             ).report
+            # and replayed with the share the run got in each sampling interval: a host whose load moved
+            over_time = share_over_time(timeline, expected)
+            replay_t = simulate(
+                specs,
+                make_scheduler(scheduler, args.seed, stats),
+                requests,
+                SLO(10.0, 1.0),
+                cpu_shares=shares,
+                share_over_time=over_time,
+            ).report
+            report = prediction.report
+            # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
+            predicted_engine = [
+                prediction.cpu_s[s.name] - o * sum(r.output_tokens for r in prediction.records if r.instance == s.name)
+                for s, o in zip(specs, overhead["worker_s_per_token"])
+            ]
             run_result = {
                 "measured": measured,
                 "router": router.snapshot(),
+                "cpu_shares": shares.to_dict(),
                 "predicted": {
-                    "throughput_tok_s": predicted.throughput_tok_s,
-                    "latency_p99_s": predicted.latency_p99_s,
-                    "ttft_p99_s": predicted.ttft_p99_s,
-                    "duration_s": predicted.duration_s,
+                    "throughput_tok_s": report.throughput_tok_s,
+                    "latency_p50_s": report.latency_p50_s,
+                    "latency_p99_s": report.latency_p99_s,
+                    "ttft_p99_s": report.ttft_p99_s,
+                    "duration_s": report.duration_s,
+                    "requests_per_instance": report.requests_per_instance,
+                    "engine_cpu_s": predicted_engine,
+                    "mean_cpu_share": expected,
                 },
+                "replayed_at_measured_share": {
+                    "throughput_tok_s": replay.throughput_tok_s,
+                    "latency_p50_s": replay.latency_p50_s,
+                    "latency_p99_s": replay.latency_p99_s,
+                },
+                "replayed_at_share_over_time": {
+                    "throughput_tok_s": replay_t.throughput_tok_s,
+                    "latency_p50_s": replay_t.latency_p50_s,
+                    "latency_p99_s": replay_t.latency_p99_s,
+                },
+                "share_timeline": timeline,
+                "engine_cpu_s": engine_cpu,
+                "engine_busy_s": engine_busy,
+                "mean_cpu_share": got,
+                "router_client_cpu_s": own,
+                "load_average": os.getloadavg(),
             }
             results["runs"][scheduler] = run_result
-            error = predicted.throughput_tok_s / measured["throughput_tok_s"] - 1
+
+            def err(key: str) -> str:
+                return f"{run_result['predicted'][key] / measured[key] - 1:+.0%}"
+
             print(
-                f"  {scheduler:12s} measured {measured['throughput_tok_s']:7.1f} tok/s, "
-                f"P99 {measured['latency_p99_s']:6.2f} s, TTFT P99 {measured['ttft_p99_s']:5.2f} s "
+                f"  {scheduler:12s} measured {measured['throughput_tok_s']:6.1f} tok/s, "
+                f"P50 {measured['latency_p50_s']:6.2f} s, P99 {measured['latency_p99_s']:6.2f} s "
                 f"({measured['completed']} ok, {measured['failed']} failed) | simulator "
-                f"{predicted.throughput_tok_s:7.1f} tok/s ({error:+.1%}), P99 {predicted.latency_p99_s:6.2f} s",
+                f"{report.throughput_tok_s:6.1f} tok/s ({err('throughput_tok_s')}), P50 {report.latency_p50_s:6.2f} s "
+                f"({err('latency_p50_s')}), P99 {report.latency_p99_s:6.2f} s ({err('latency_p99_s')}) | "
+                f"CPU share per busy worker: predicted {expected:.2f}, got {got:.2f}; engine CPU "
+                + ", ".join(f"{c:.1f}" for c in engine_cpu)
+                + " s vs predicted "
+                + ", ".join(f"{c:.1f}" for c in predicted_engine)
+                + f" s; router + client {own:.1f} s CPU",
+                flush=True,
+            )
+            print(
+                f"  {'':12s} replayed at the share the run got: {replay.throughput_tok_s:6.1f} tok/s, "
+                f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s; with the share it got "
+                f"every {SAMPLE_EVERY_S:g} s: {replay_t.throughput_tok_s:6.1f} tok/s, P50 {replay_t.latency_p50_s:6.2f} s, "
+                f"P99 {replay_t.latency_p99_s:6.2f} s",
                 flush=True,
             )
         return results
@@ -281,11 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
-    parser.add_argument(
-        "--cores", type=int, default=os.cpu_count(), help="cores the workers share, for the simulator (default: all)"
-    )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--name", default="live_router", help="the results file's name (<out>/<name>.json)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its workers
     results = asyncio.run(run(args))
@@ -298,9 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "live_router.json").write_text(json.dumps(results, indent=2) + "\n")
-    errors = [abs(r["predicted"]["throughput_tok_s"] / r["measured"]["throughput_tok_s"] - 1) for r in runs.values()]
-    print(f"simulator vs measurement, throughput error: median {statistics.median(errors):.1%}, max {max(errors):.1%}")
+    (out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    for key in ("throughput_tok_s", "latency_p50_s", "latency_p99_s"):
+        errors = [abs(r["predicted"][key] / r["measured"][key] - 1) for r in runs.values()]
+        print(f"simulator vs measurement, {key}: |error| median {statistics.median(errors):.1%}, max {max(errors):.1%}")
     return 0
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 from serving_helpers import instance
 
 from trex.workloads.serving.batching import BatchedRequest, BatchingEngine
 from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.cpu_share import CpuShares, measure_cpu_shares
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.http import Endpoint, open_request, request_json
 from trex.workloads.serving.instance_model import EngineLimits
@@ -145,6 +147,10 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
             worker.close()
         assert [len(s) for s in streams] == [5 + i for i in range(6)]
         assert status == 200 and health["served"] == 6 and health["max_num_seqs"] == 4
+        # CPU accounting a bench prices the HTTP overhead with: the engine's steps and the whole process
+        assert health["tokens"] == sum(5 + i for i in range(6))
+        assert 0 < health["engine_cpu_s"] <= health["process_cpu_s"] and health["engine_busy_s"] > 0
+        assert health["steps"]["prefill"] == 6 and health["steps"]["decode"] == worker.batching.steps["decode"]
         assert worker.batching.steps["decode"] < sum(4 + i for i in range(6))
 
     asyncio.run(scenario())
@@ -182,6 +188,60 @@ def test_instances_sharing_cores_run_slower_while_both_are_busy():
         Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(), shared_cores=0)
 
 
+def test_measured_cpu_shares_stretch_steps_by_the_share_each_busy_instance_gets():
+    requests = [Request(i, 0.0, 10, 20) for i in range(4)]
+    specs = [instance("a", 1.0), instance("b", 1.0)]
+
+    def run(**options):
+        return Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), **options).run(requests)
+
+    alone = run()
+    # a host where other processes leave each instance 40% of a core alone, 25% when both are busy
+    loaded = run(cpu_shares=CpuShares((0.4, 0.25)))
+    assert loaded.report.duration_s == pytest.approx(4 * alone.report.duration_s, rel=0.05)
+    assert loaded.cpu_s == pytest.approx(alone.cpu_s)  # contention costs wall time, not CPU time
+    assert CpuShares.from_counters(list(loaded.cpu_s.values()), list(loaded.busy_s.values())) == pytest.approx(
+        0.25, rel=0.02
+    )  # the first step of the first instance runs alone, at 0.4
+    assert CpuShares.from_cores(2, 3).shares == (1.0, 1.0, pytest.approx(2 / 3))
+    assert CpuShares((0.5, 0.3)).share(3) == pytest.approx(0.2)  # past the table: the same CPU split further
+    with pytest.raises(ServingError, match="not both"):
+        run(shared_cores=2, cpu_shares=CpuShares((1.0, 1.0)))
+    with pytest.raises(ServingError, match="fractions of a core"):
+        CpuShares((0.5, 1.5))
+
+
+def test_decode_steps_after_a_join_or_leave_pay_the_repack():
+    spec = instance("a", 1.0)
+    costly = replace(spec, latency=replace(spec.latency, repack=(0.005, 1e-4)))
+    requests = [Request(0, 0.0, 10, 5), Request(1, 0.0, 10, 8)]
+
+    def busy(s):
+        return Simulation([s], make_scheduler("round_robin"), SLO(10, 1)).run(requests).busy_s["a"]
+
+    # both prompts prefill in one step and join before the first decode step: one repack of 2 x (10 + 1)
+    # tokens; the first leaves after 4 decode steps: one repack of the second's 10 + 5 tokens before step 5;
+    # the other decode steps re-pack nothing
+    assert busy(costly) - busy(spec) == pytest.approx(0.005 + 1e-4 * 22 + 0.005 + 1e-4 * 15)
+
+
+def test_cpu_share_probes_measure_this_host():
+    shares = measure_cpu_shares(2, seconds=0.3, rounds=1)
+    assert len(shares.shares) == 2 and all(0 < s <= 1 for s in shares.shares)
+    with pytest.raises(ServingError, match="instances >= 1"):
+        measure_cpu_shares(0)
+
+
+def test_per_token_overhead_is_charged_to_the_step_that_emits_the_token():
+    model = LatencyModel((0.01, 1e-4, 0.0), (0.02, 1e-3, 1e-6), "fit", 0.004)
+    loaded = model.with_token_overhead(0.0005, "HTTP streaming")
+    assert loaded.prefill_s(32, 32 * 32) == pytest.approx(model.prefill_s(32, 32 * 32) + 0.0005)
+    assert loaded.decode_s(8, 400) == pytest.approx(model.decode_s(8, 400) + 8 * 0.0005)
+    assert loaded.decode_multi == model.decode_multi and "HTTP streaming 0.50 ms/token" in loaded.source
+    with pytest.raises(ServingError, match="non-negative"):
+        model.with_token_overhead(-1e-3)
+
+
 def test_profile_files_carry_the_engine_limits(tmp_path):
     model = LatencyModel((0.01, 1e-4, 0.0), (0.02, 1e-3, 1e-6))
     path = save_samples([], model, tmp_path / "p.json", extra={"limits": {"max_num_seqs": 8, "max_prefill_seqs": 1}})
@@ -190,3 +250,18 @@ def test_profile_files_carry_the_engine_limits(tmp_path):
     bad = save_samples([], model, tmp_path / "bad.json", extra={"limits": {"max_num_seqz": 8}})
     with pytest.raises(ServingError, match="unknown or missing field"):
         load_engine_limits(bad)
+
+
+def test_a_host_whose_share_moves_during_the_run_slows_the_steps_then():
+    requests = [Request(i, 0.0, 10, 20) for i in range(2)]
+    shares = CpuShares((0.5, 0.5))
+
+    def duration(**options):
+        sim = Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(10, 1), cpu_shares=shares, **options)
+        return sim.run(requests).report.duration_s
+
+    steady = duration()
+    assert duration(share_over_time=lambda now: 1.0) == pytest.approx(steady)
+    assert duration(share_over_time=lambda now: 0.5) == pytest.approx(2 * steady, rel=0.02)
+    with pytest.raises(ServingError, match="give cpu_shares"):
+        Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(), share_over_time=lambda now: 1.0)

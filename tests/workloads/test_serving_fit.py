@@ -94,6 +94,20 @@ def test_profile_file_round_trips_and_bad_files_are_named(tmp_path):
         load_latency_model(bad)
     with pytest.raises(ServingError, match="does not exist"):
         load_latency_model(tmp_path / "missing.json")
+    bad.write_text(json.dumps({"prefill": [1, 2, 3], "decode": [1, 2, 3], "repack": [0.001]}))
+    with pytest.raises(ServingError, match="repack"):
+        load_latency_model(bad)
+
+
+def test_repack_cost_is_fitted_from_repack_samples_and_round_trips(tmp_path):
+    truth = LatencyModel((0.004, 2e-5, 3e-9), (0.010, 1e-4, 5e-8), repack=(0.002, 6e-5))
+    repacks = [StepSample("repack", b, 0, 0, b * c, truth.repack_s(b * c)) for b in (1, 4, 8) for c in (16, 64)]
+    fitted = fit_latency(synthetic(truth) + repacks)
+    assert fitted.repack == pytest.approx(truth.repack, rel=1e-6)
+    assert fit_latency(synthetic(truth)).repack == (0.0, 0.0)  # no repack samples: nothing to charge
+    path = save_samples(repacks, fitted, tmp_path / "p.json")
+    assert load_latency_model(path).repack == pytest.approx(truth.repack, rel=1e-6)
+    assert fitted.repack_s(0) == 0.0 and fitted.predict(repacks[-1]) == pytest.approx(repacks[-1].seconds)
 
 
 def test_profile_measures_a_real_cpu_instance_and_reports_held_out_error():
@@ -118,5 +132,7 @@ def test_profile_measures_a_real_cpu_instance_and_reports_held_out_error():
             WorkerModelConfig(layers=1, hidden=32, heads=2, vocab=64), threads=1, grid=grid, max_num_seqs=2
         )
     assert all(s.seconds > 0 for s in result.samples)
-    assert all(c >= 0 for c in (*result.model.prefill, *result.model.decode))
+    assert all(c >= 0 for c in (*result.model.prefill, *result.model.decode, *result.model.repack))
+    repacks = [s for s in result.samples if s.kind == "repack"]  # the engine's cache copy, timed for real
+    assert len(repacks) == 8 and all(s not in result.held_out for s in repacks) and result.model.repack_s(200) > 0
     assert result.check.samples == len(result.held_out) and np.isfinite(result.check.max_error)

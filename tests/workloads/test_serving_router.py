@@ -234,3 +234,95 @@ def test_router_and_workers_listen_on_loopback_only(engine):
     asyncio.run(scenario())
     with pytest.raises(ServingError, match="http://HOST:PORT"):
         parse_workers("ftp://x")
+
+
+async def start_streaming_fake(behaviour: str) -> tuple[asyncio.Server, Endpoint]:
+    """A worker that opens a stream and then breaks: `sse_garbage` sends a line that is not an event before any
+    token, `tokens_then_hang` sends two tokens and goes silent, `tokens_then_garbage` two tokens and then a
+    line that is not an event."""
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        if behaviour == "sse_garbage":
+            writer.write(b"<html>proxy error</html>\n\n")
+        else:
+            for i in range(2):
+                event = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": f" t{i}"}]}
+                writer.write(f"data: {json.dumps(event)}\n\n".encode())
+            if behaviour == "tokens_then_garbage":
+                writer.write(b"Traceback (most recent call last):\n\n")
+        await writer.drain()
+        if behaviour == "tokens_then_hang":
+            await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
+
+
+async def stream_events(router: Router, max_tokens: int = 3) -> list[str]:
+    response = await open_request(
+        Endpoint("127.0.0.1", router.port),
+        "POST",
+        "/v1/completions",
+        {"prompt": "a b c", "max_tokens": max_tokens, "stream": True},
+        20,
+    )
+    events = [line.decode().strip() async for line in response.lines(20) if line.strip()]
+    response.close()
+    return events
+
+
+def test_a_stream_that_is_garbage_before_any_token_is_retried_on_a_healthy_worker(engine):
+    async def scenario():
+        worker, server, good = await start_worker(engine)
+        bad_server, bad = await start_streaming_fake("sse_garbage")
+        router = await start_router([bad, good], scheduler="round_robin", request_timeout=2.0)
+        try:
+            events = await stream_events(router)
+            assert events[-1] == "data: [DONE]" and not any("error" in e for e in events)
+            stats = router.snapshot()
+            assert stats["completed"] == 1 and stats["retried"] == 1 and stats["failed"] == 0
+            assert "not server-sent events" in stats["workers"][0]["last_error"]
+            assert stats["in_flight"] == 0 and all(w["in_flight"] == 0 for w in stats["workers"])
+        finally:
+            await router.close()
+            bad_server.close()
+            server.close()
+            worker.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("behaviour", ["tokens_then_hang", "tokens_then_garbage"])
+def test_a_stream_that_breaks_after_tokens_ends_with_an_error_event_and_is_counted_failed(engine, behaviour):
+    """Tokens already reached the client, so the request cannot move: the client gets an error event naming the
+    worker and the cause, then [DONE]; the router counts it failed, frees its slot, and serves the next request
+    on the healthy worker."""
+
+    async def scenario():
+        worker, server, good = await start_worker(engine)
+        bad_server, bad = await start_streaming_fake(behaviour)
+        router = await start_router([bad, good], scheduler="round_robin", request_timeout=0.5)
+        try:
+            events = await stream_events(router)
+            assert events[-1] == "data: [DONE]"
+            tokens = [e for e in events[:-1] if "choices" in e]
+            assert len(tokens) == 2  # what the worker sent before it broke reached the client
+            error = json.loads(events[-2][5:])["error"]
+            cause = "no answer within 0.5 s" if behaviour == "tokens_then_hang" else "not server-sent events"
+            assert bad.url in error["message"] and "mid-stream" in error["message"] and cause in error["message"]
+            status, _ = await complete(router)  # the broken worker is down: the next request goes to the good one
+            assert status == 200
+            stats = router.snapshot()
+            assert stats["received"] == 2 and stats["failed"] == 1 and stats["completed"] == 1
+            assert stats["in_flight"] == 0 and all(w["in_flight"] == 0 for w in stats["workers"])
+            assert stats["workers"][0]["failures"] == 1 and not stats["workers"][0]["healthy"]
+        finally:
+            await router.close()
+            bad_server.close()
+            server.close()
+            worker.close()
+
+    asyncio.run(scenario())

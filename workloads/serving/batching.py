@@ -24,6 +24,7 @@ entries stay right-aligned, so a sequence's cache is the last `context` columns 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,6 +188,8 @@ class BatchingEngine:
         self.wake = threading.Condition()
         self.stopped = False
         self.steps = {"prefill": 0, "decode": 0}
+        self.cpu_s = 0.0  # the engine thread's CPU time in steps: what the profile's clock measures
+        self.busy_s = 0.0  # wall time in steps: CPU time stretched by whatever else wants the cores
         self.thread: threading.Thread | None = None
 
     # -- the two steps (also what `trex serve profile` times) ------------------------------------------
@@ -270,10 +273,14 @@ class BatchingEngine:
                         self.wake.wait()
                     if self.stopped:
                         break
+                cpu, wall = time.thread_time(), time.perf_counter()
                 try:
                     self.step()
                 except Exception as error:  # a failed step fails the requests in it, never silently
                     self._fail_all(error)
+                finally:
+                    self.cpu_s += time.thread_time() - cpu
+                    self.busy_s += time.perf_counter() - wall
 
     def _fail_all(self, error: BaseException) -> None:
         with self.wake:

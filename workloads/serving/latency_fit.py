@@ -39,7 +39,7 @@ class StepSample:
     """One timed step. Prefill: `tokens` prompt tokens over `seqs` prompts with `pairs` = sum(len^2).
     Decode: `seqs` sequences holding `context` tokens in all."""
 
-    kind: Literal["prefill", "decode"]
+    kind: Literal["prefill", "decode", "repack"]
     seqs: int
     tokens: int
     pairs: int
@@ -49,6 +49,8 @@ class StepSample:
     def features(self) -> list[float]:
         if self.kind == "prefill":
             return [1.0, float(self.tokens), float(self.pairs)]
+        if self.kind == "repack":
+            return [1.0, float(self.context)]
         return [1.0, float(self.seqs), float(self.context), float(self.seqs >= 2)]
 
 
@@ -60,6 +62,10 @@ class LatencyModel:
     decode: tuple[float, float, float]  # b0, per sequence, per context token
     source: str = ""
     decode_multi: float = 0.0  # extra per decode step of two or more sequences (GEMM instead of GEMV kernels)
+    # re-packing the batch's KV cache when sequences joined or left since the last decode step: r0 + r_ctx *
+    # context tokens re-packed. The local CPU worker's left-padded batch cache copies itself then; a paged KV
+    # cache (vLLM, SGLang) does not, and the cost model's instances have (0, 0)
+    repack: tuple[float, float] = (0.0, 0.0)
 
     def prefill_s(self, tokens: int, pairs: int) -> float:
         a0, a1, a2 = self.prefill
@@ -74,10 +80,27 @@ class LatencyModel:
         b0, b1, b2 = self.decode
         return b0 + b1 * seqs + b2 * context + (self.decode_multi if seqs >= 2 else 0.0)
 
+    def repack_s(self, context: int) -> float:
+        r0, r1 = self.repack
+        return r0 + r1 * context if context > 0 else 0.0
+
     def predict(self, sample: StepSample) -> float:
         if sample.kind == "prefill":
             return self.prefill_s(sample.tokens, sample.pairs)
+        if sample.kind == "repack":
+            return self.repack_s(sample.context)
         return self.decode_s(sample.seqs, sample.context)
+
+    def with_token_overhead(self, seconds: float, what: str = "per-token overhead") -> LatencyModel:
+        """The model with `seconds` more per token emitted: work the instance's host does for every token
+        outside the timed step (an HTTP worker streaming it), charged to the step that produced it -
+        a prefill step emits one token, a decode step one per sequence."""
+        if seconds < 0 or not np.isfinite(seconds):
+            raise ServingError(f"a per-token overhead must be finite and non-negative (got {seconds})")
+        a0, a1, a2 = self.prefill
+        b0, b1, b2 = self.decode
+        source = f"{self.source} + {what} {seconds * 1e3:.2f} ms/token"
+        return LatencyModel((a0 + seconds, a1, a2), (b0, b1 + seconds, b2), source, self.decode_multi, self.repack)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +123,21 @@ class LatencyModel:
         multi = data.get("decode_multi", 0.0)
         if isinstance(multi, bool) or not isinstance(multi, (int, float)) or multi < 0 or not np.isfinite(multi):
             raise ServingError(f"{source}: `decode_multi` must be a finite non-negative number (got {multi!r})")
-        return LatencyModel(prefill, decode, str(data.get("source", source)), float(multi))  # type: ignore[arg-type]
+        try:
+            repack = tuple(float(x) for x in data.get("repack", (0.0, 0.0)))
+        except (TypeError, ValueError):
+            repack = ()
+        if len(repack) != 2 or any(x < 0 or not np.isfinite(x) for x in repack):
+            raise ServingError(
+                f"{source}: `repack` must be two finite non-negative numbers (got {data.get('repack')!r})"
+            )
+        return LatencyModel(
+            prefill,  # type: ignore[arg-type]
+            decode,  # type: ignore[arg-type]
+            str(data.get("source", source)),
+            float(multi),
+            repack,  # type: ignore[arg-type]
+        )
 
 
 def non_negative_lstsq(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -140,7 +177,14 @@ def fit_latency(samples: list[StepSample], source: str = "") -> LatencyModel:
         coef = non_negative_lstsq(features * weights[:, None], np.ones(len(chosen)))
         models[kind] = tuple(float(c) for c in coef)
     decode = models["decode"]
-    return LatencyModel(models["prefill"], decode[:3], source, decode[3])  # type: ignore[arg-type]
+    repack: tuple[float, float] = (0.0, 0.0)
+    repacks = [s for s in samples if s.kind == "repack"]
+    if len({s.context for s in repacks}) >= 2:  # measured by `trex serve profile`: fit r0 + r_ctx * context
+        weights = 1.0 / np.array([max(s.seconds, 1e-9) for s in repacks])
+        features = np.array([s.features() for s in repacks])
+        coef = non_negative_lstsq(features * weights[:, None], np.ones(len(repacks)))
+        repack = (float(coef[0]), float(coef[1]))
+    return LatencyModel(models["prefill"], decode[:3], source, decode[3], repack)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

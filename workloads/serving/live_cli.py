@@ -134,6 +134,8 @@ def run_profile(args: argparse.Namespace) -> int:
         f"decode  = {b0 * 1e3:.3f} ms + {b1 * 1e6:.3f} us/sequence + {b2 * 1e9:.4f} ns/context token "
         f"+ {result.model.decode_multi * 1e3:.3f} ms with 2+ sequences"
     )
+    r0, r1 = result.model.repack
+    print(f"repack  = {r0 * 1e3:.3f} ms + {r1 * 1e6:.3f} us/context token (when sequences join or leave)")
     print(check.describe())
     for s in result.held_out:
         predicted = result.model.predict(s)

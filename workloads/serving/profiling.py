@@ -6,7 +6,10 @@ Llama on this CPU with `threads` threads) driven through the worker's continuous
 
 * prefill: one prompt alone (the worker prefills one prompt per step), at several prompt lengths;
 * decode: one step over a batch of `B` running sequences of `c` tokens each (the left-padded
-  batch cache, the attention mask, RoPE positions - the worker's code path), at several B and c.
+  batch cache, the attention mask, RoPE positions - the worker's code path), at several B and c;
+* re-pack: the copy of each of those batches' caches that the engine makes when a sequence joins
+  or leaves (fitted as r0 + r_ctx * context tokens; charged by the simulator to the decode step
+  after a join or leave).
 
 Each point is the median of `repeats` timed runs after `warmup` untimed rounds (the median, not the
 minimum: the simulator must predict a typical step, and one lucky run is not one); the runs are
@@ -124,18 +127,29 @@ def profile_instance(
             for batch in grid.decode_batches:
                 batching = BatchingEngine(engine.model, torch, max_num_seqs=max_num_seqs)
                 for _ in range(batch):  # prompts of `context` tokens, each with its first token
-                    batching.prefill(BatchedRequest(prompt(context), grid.repeats + grid.warmup + 2))
+                    batching.prefill(
+                        BatchedRequest(prompt(context), grid.repeats + grid.warmup + 3)
+                    )  # + 3: none finishes
                 batching.decode()  # joins the batch (re-pack); the timed steps are plain decode steps
                 batches[(context, batch)] = batching
         times = _interleaved({key: batching.decode for key, batching in batches.items()}, grid, clock_fn)
         middle = 1 + grid.warmup + grid.repeats // 2  # tokens the median step's sequences hold beyond the prompt
         for (context, batch), seconds in times.items():
             samples.append(StepSample("decode", batch, batch, 0, batch * (context + middle), seconds))
+        # re-packing each batch's cache (what the engine does when a sequence joins or leaves): the same
+        # copy whatever changed, so time re-packing the batch as it is
+        repacks = {key: (lambda b=batching: b.batch.repack([])) for key, batching in batches.items()}
+        times = _interleaved(repacks, grid, clock_fn)
+        for (context, batch), seconds in times.items():
+            held_context = sum(seq.context for seq in batches[(context, batch)].batch.sequences)
+            samples.append(StepSample("repack", batch, 0, 0, held_context, seconds))
     held_prompts = set(grid.held_out_prompts)
 
     def held(sample: StepSample) -> bool:
         if sample.kind == "prefill":
             return sample.tokens in held_prompts
+        if sample.kind == "repack":
+            return False
         return sample.seqs not in grid.fit_batches
 
     fit_samples = [s for s in samples if not held(s)]

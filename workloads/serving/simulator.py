@@ -7,16 +7,21 @@ instance's fitted `LatencyModel`:
   tokens (a longer prompt runs alone), `max_prefill_seqs` prompts (when set), `max_num_seqs`
   sequences and the KV cache's free bytes;
   every admitted request gets its first token at the end of the step;
-* otherwise a decode step: every running sequence gains one token. Before the step the KV cache
+* otherwise a decode step: every running sequence gains one token (plus, when sequences joined or
+  left since the last one, the re-pack of the batch's cache the instance's `LatencyModel.repack`
+  prices: the local CPU worker's left-padded cache; zero for a paged one). Before the step the KV cache
   must hold each sequence's next token; when it cannot, the most recently admitted sequence is
   preempted (its cache freed, re-queued at the head to be recomputed), as vLLM does.
 
 Requests arrive at their trace times and are dispatched on arrival by a `Scheduler` that sees the
 instances' live `InstanceLoad`s. A request that no instance's KV cache could ever hold is dropped
 with the reason; so is one that finds its instance's queue at `max_waiting` (backpressure).
-Instances that share one host's CPU cores (`shared_cores`: the local CPU workers of the live
-bench, one thread each) run their steps slower while more of them are busy than there are cores:
-a step starting while k instances are busy takes max(1, k / cores) times its profiled time. After
+Instances that share one host's CPU cores (the local CPU workers of the live bench, one thread
+each) run their steps slower while others are busy: given the host's `cpu_shares`
+(`cpu_share.CpuShares`: the fraction of a core each of k busy instances gets, measured on a shared
+host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while k instances are busy
+takes its profiled CPU time divided by that share (times `share_over_time(now)` when given: a
+host whose other load moved during the run, measured afterwards). After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -28,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from trex.workloads.serving.capacity import SLO
+from trex.workloads.serving.cpu_share import CpuShares
 from trex.workloads.serving.deployment import InstanceSpec
 from trex.workloads.serving.errors import ServingError
 from trex.workloads.serving.metrics import RequestRecord, ServingReport, summarise
@@ -62,6 +68,7 @@ class _Instance:
     kv_next: float = 0.0  # sum of the running sequences' kv_next
     context: int = 0  # tokens held by the running sequences
     stale: bool = True  # the load needs a refresh before the scheduler reads it
+    repack_due: bool = False  # sequences joined or left since the last decode step (see LatencyModel.repack)
 
     def refresh(self) -> None:
         """Rebuild the scheduler-visible load from the queues (expected, not true, remaining output)."""
@@ -84,6 +91,8 @@ class SimulationResult:
     records: list[RequestRecord]
     scheduler: str
     instances: list[str]
+    busy_s: dict[str, float] = field(default_factory=dict)  # per instance: wall time in steps
+    cpu_s: dict[str, float] = field(default_factory=dict)  # per instance: the same steps' CPU time
 
     def to_dict(self) -> dict:
         return {"scheduler": self.scheduler, "instances": self.instances, **self.report.to_dict()}
@@ -100,6 +109,8 @@ class Simulation:
         drain_s: float = 3600.0,
         expected_output: int | None = None,
         shared_cores: int | None = None,
+        cpu_shares: CpuShares | None = None,
+        share_over_time=None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -110,7 +121,16 @@ class Simulation:
         self.scheduler, self.slo = scheduler, slo
         if shared_cores is not None and shared_cores < 1:
             raise ServingError(f"shared_cores must be at least 1 (got {shared_cores})")
-        self.max_waiting, self.drain_s, self.shared_cores = max_waiting, drain_s, shared_cores
+        if shared_cores is not None and cpu_shares is not None:
+            raise ServingError("give shared_cores (an idle host) or cpu_shares (a measured one), not both")
+        if shared_cores is not None:
+            cpu_shares = CpuShares.from_cores(shared_cores, len(instances))
+        if share_over_time is not None and cpu_shares is None:
+            raise ServingError("share_over_time scales cpu_shares: give cpu_shares (or shared_cores) too")
+        self.max_waiting, self.drain_s, self.cpu_shares = max_waiting, drain_s, cpu_shares
+        # a host whose other load changes during the run: the shares times share_over_time(now)
+        self.share_over_time = share_over_time
+        self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
         self.expected_output = expected_output or int(scheduler.mean_output)
         self.events: list = []
         self.order = 0
@@ -179,11 +199,13 @@ class Simulation:
 
     def _join(self, inst: _Instance, seq: _Sequence) -> None:
         seq.kv_next = inst.spec.kv.bytes_for(seq.context + 1)
+        inst.repack_due = True
         inst.running.append(seq)
         inst.kv_next += seq.kv_next
         inst.context += seq.context
 
     def _leave(self, inst: _Instance, seq: _Sequence) -> None:
+        inst.repack_due = True
         inst.running.remove(seq)
         inst.kv_next -= seq.kv_next
         inst.context -= seq.context
@@ -204,13 +226,20 @@ class Simulation:
                 victim.to_prefill = victim.context
                 inst.waiting.appendleft(victim)
             seconds = inst.spec.latency.decode_s(len(inst.running), inst.context)
+            if inst.repack_due:  # the engine re-packs its batch cache before the step (zero for a paged cache)
+                seconds += inst.spec.latency.repack_s(inst.context)
+                inst.repack_due = False
             inst.step = ("decode", list(inst.running))
         else:
             inst.busy = False
             return
-        if self.shared_cores is not None:  # instances co-located on a host share its cores
+        self.cpu_s[inst.spec.name] += seconds
+        if self.cpu_shares is not None:  # instances co-located on a host share its cores
             busy = 1 + sum(other.busy for other in self.instances if other is not inst)
-            seconds *= max(1.0, busy / self.shared_cores)
+            share = self.cpu_shares.share(busy)
+            if self.share_over_time is not None:
+                share = min(1.0, share * self.share_over_time(now))
+            seconds /= share
         inst.busy = True
         inst.busy_s += seconds
         self._push(now + seconds, "step", inst)
@@ -280,7 +309,8 @@ class Simulation:
         span = self.last_arrival - start
         steady = self.tokens_while_arriving / span if span > 0 else float("nan")
         report = summarise(records, self.slo, busy, start, steady)
-        return SimulationResult(report, records, self.scheduler.name, [i.spec.name for i in self.instances])
+        names = [i.spec.name for i in self.instances]
+        return SimulationResult(report, records, self.scheduler.name, names, busy, dict(self.cpu_s))
 
 
 def simulate(

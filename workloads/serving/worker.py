@@ -128,6 +128,7 @@ class Worker:
         self.engine, self.name = engine, name
         self.batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=max_num_seqs, threads=engine.threads)
         self.served = 0
+        self.tokens = 0  # output tokens sent to clients
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -146,6 +147,13 @@ class Worker:
                         "running": self.batching.running,
                         "waiting": len(self.batching.waiting),
                         "max_num_seqs": self.batching.max_num_seqs,
+                        "steps": dict(self.batching.steps),
+                        # CPU accounting: the engine thread's steps (CPU and wall) and the whole process
+                        # (the engine plus HTTP and streaming), so a bench can price the overhead per token
+                        "engine_cpu_s": self.batching.cpu_s,
+                        "engine_busy_s": self.batching.busy_s,
+                        "process_cpu_s": time.process_time(),
+                        "tokens": self.tokens,
                     },
                 )
             elif request.method == "GET" and request.path == "/v1/models":
@@ -214,6 +222,7 @@ class Worker:
                 await write_json(writer, 500, error_payload(f"the engine failed: {error}", "server_error", 500))
                 return
             self.served += 1
+            self.tokens += len(out)
             text = " ".join(f"t{t}" for t in out)
             choice = (
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
@@ -262,6 +271,7 @@ class Worker:
             await writer.drain()
         await job
         self.served += 1
+        self.tokens += max_tokens
         last = (
             {"index": 0, "delta": {}, "finish_reason": "length"}
             if chat
