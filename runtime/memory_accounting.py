@@ -33,28 +33,38 @@ class SavedActivations:
 
     @contextmanager
     def counting(self) -> Iterator[None]:
+        from torch.distributed.tensor import DTensor
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
         seen: set[int] = self._parameter_storages()
         total = 0
 
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
+        def count(local: torch.Tensor) -> None:
             nonlocal total
-            local = tensor
-            from torch.distributed.tensor import DTensor
+            if is_traceable_wrapper_subclass(local):
+                # A wrapper (the AsyncCollectiveTensor a functional collective returns, e.g. the sequence shard
+                # a reduce-scatter hands the first decoder layer) has no storage of its own: its inner tensors
+                # hold the bytes.
+                names, _ = local.__tensor_flatten__()
+                for name in names:
+                    count(getattr(local, name))
+                return
+            try:
+                storage = local.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                return  # a tensor without storage holds nothing of its own
+            key = storage.data_ptr()
+            if key not in seen and storage.nbytes():
+                seen.add(key)
+                total += storage.nbytes()
 
-            if isinstance(local, DTensor):
-                local = local.to_local()
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             base = tensor._base if tensor._base is not None else tensor
             # A weight (or a view of it, like the transpose a matmul keeps) is not an activation; FSDP's
             # unsharded parameters exist only during the forward but are parameters all the same.
             if not isinstance(base, torch.nn.Parameter) and local.device.type != "meta":
-                try:
-                    storage = local.untyped_storage()
-                    key = storage.data_ptr()
-                    if key not in seen and storage.nbytes():
-                        seen.add(key)
-                        total += storage.nbytes()
-                except (RuntimeError, NotImplementedError):
-                    pass  # tensors without storage (e.g. wrapper subclasses) hold nothing of their own
+                count(local)
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -93,6 +93,9 @@ def test_one_rank_json_summary(capsys):
     # Parameters, gradients and optimizer states are arithmetic: measured equals predicted.
     for part in ("parameters", "gradients", "optimizer_states"):
         assert memory[part] == predicted[part], part
+    # Activations: the eager implementation's saved tensors (runtime.activation_model), byte for byte on 1 rank.
+    assert summary["predicted_activation_model"].startswith("transformers eager qwen3_moe")
+    assert memory["activations"] == predicted["activations"]
     assert summary["step_time_s"] > 0 and summary["predicted_step_time_s"] > 0
 
 
