@@ -41,7 +41,8 @@ Per decoder layer of Qwen3-MoE (transformers `Qwen3MoeDecoderLayer`, fp32, t tok
   total. Ids and targets are row slices of the step's global batch, which every rank holds whole
   (`runtime.data`): the storage they keep alive is the global batch's, gbs x seq int64 each.
 
-Tensor parallelism (runtime.tensor_parallel, DTensor styles with sequence parallelism): norms, routers
+Tensor parallelism (runtime.tensor_parallel, DTensor styles with sequence parallelism): the embedding is
+vocabulary-parallel (runtime.vocab_parallel: its lookup keeps the shifted ids, its mask the bool mask); norms, routers
 and routed experts run on this rank's t = T/tp tokens; attention and the dense MLP all-gather the
 sequence and their projections keep the *gathered* input (T tokens: eager DTensor keeps what the
 matmul read, it does not re-gather in the backward); heads and MLP columns are 1/tp per rank; the
@@ -63,7 +64,7 @@ from typing import Any
 
 from trex.cost_model.parallel import ParallelConfig
 
-INT64, INT32, FP32 = 8, 4, 4
+INT64, INT32, FP32, BOOL = 8, 4, 4, 1
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,13 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
     # The micro-batch's ids and targets are row slices (views) of the step's global batch, which every rank
     # holds whole (runtime.data.as_global_batch): the storage the embedding and the loss keep is gbs x seq.
     batch_ids = plan.gbs * plan.seq
-    kept = [Kept("embedding", "embedding: token ids (a view of the global batch)", batch_ids, INT64)]
+    if tp > 1:  # runtime.vocab_parallel: the lookup reads shifted ids; the mask zeroes rows of other ranks
+        kept = [
+            Kept("embedding", "vocab-parallel lookup: this rank's row ids", tokens, INT64),
+            Kept("embedding", "vocab-parallel masked_fill: mask (bool)", tokens, BOOL),
+        ]
+    else:
+        kept = [Kept("embedding", "embedding: token ids (a view of the global batch)", batch_ids, INT64)]
     # Attention, every layer
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
     kept.append(Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers))
