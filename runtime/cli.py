@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     result = launch(job, args.nproc)
     if started_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0:
         return 0
-    predicted = predict(config, plan, args.nproc, compiled=args.compile)
+    predicted = predict(config, plan, args.nproc, compiled=args.compile, optimizer=job.optimizer)
     peak = max(m["total"] for m in result["memory_by_rank"])
     summary = {
         "losses": result["losses"],

@@ -18,10 +18,18 @@ from trex.cost_model.parallel import ParallelConfig
 
 
 def predict(
-    config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu", *, compiled: bool = False
+    config: Any,
+    plan: ParallelConfig,
+    nproc: int,
+    cluster: str = "cpu",
+    *,
+    compiled: bool = False,
+    optimizer: str = "adamw",
 ) -> dict[str, Any]:
     """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}, "activation_model"} or {"error": why}
-    when the model cannot price it. `compiled`: the ranks run `trex.compile`d models (--compile)."""
+    when the model cannot price it. `compiled`: the ranks run `trex.compile`d models (--compile).
+    `optimizer`: what the ranks step (`TrainJob.optimizer`); a plan that leaves it to the model ("auto",
+    which for DeepSeek-V4 means Muon) is priced with the optimizer the run actually uses."""
     from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import spec_from_config
     from trex.cost_model.step import estimate_step
@@ -33,6 +41,8 @@ def predict(
         # transformers builds no multi-token-prediction layers (num_nextn_predict_layers is read only by
         # other frameworks): the runtime trains what is built, so the prediction leaves MTP out
         spec = dataclasses.replace(spec, mtp_layers=())
+        if plan.optimizer == "auto":
+            plan = dataclasses.replace(plan, optimizer=optimizer)
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
