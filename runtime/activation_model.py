@@ -52,9 +52,11 @@ Expert parallelism: each rank receives as many rows as it sends under balanced r
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
 experts op, which is the routing's imbalance, not a modelling error.
 
-Covered: Qwen3-MoE in fp32, any dp/ZeRO/ep/tp plan the runtime executes, eager (not `--compile`,
-whose partitioner chooses its own saved set). Anything else returns the reason it is not covered, and
-the prediction falls back to the production-kernel formula, saying so.
+Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
+executes, eager (not `--compile`, whose partitioner chooses its own saved set). Anything else (DeepSeek-V4,
+bf16) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula,
+saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
+branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
 from __future__ import annotations
@@ -120,7 +122,14 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
         raise NotCovered("pipeline and context parallelism are not executed by the runtime")
     if model_type == "qwen3_moe":
         return _qwen3_moe(config, plan)
-    raise NotCovered(f"the eager implementation of {model_type or 'this model'} is not described (covered: qwen3_moe)")
+    if model_type == "deepseek_v3":
+        return _deepseek_v3(config, plan)
+    raise NotCovered(
+        f"the eager implementation of {model_type or 'this model'} is not described (covered: {', '.join(COVERED)})"
+    )
+
+
+COVERED = ("qwen3_moe", "deepseek_v3")
 
 
 # -- building blocks: one function per transformers module, returning what it keeps ---------------------
@@ -210,16 +219,7 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
     }
     moe_layers = layers - len(dense_layers)
-    # The micro-batch's ids and targets are row slices (views) of the step's global batch, which every rank
-    # holds whole (runtime.data.as_global_batch): the storage the embedding and the loss keep is gbs x seq.
-    batch_ids = plan.gbs * plan.seq
-    if tp > 1:  # runtime.vocab_parallel: the lookup reads shifted ids; the mask zeroes rows of other ranks
-        kept = [
-            Kept("embedding", "vocab-parallel lookup: this rank's row ids", tokens, INT64),
-            Kept("embedding", "vocab-parallel masked_fill: mask (bool)", tokens, BOOL),
-        ]
-    else:
-        kept = [Kept("embedding", "embedding: token ids (a view of the global batch)", batch_ids, INT64)]
+    kept = _embedding(plan, tokens)
     # Attention, every layer
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
     kept.append(Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers))
@@ -244,18 +244,123 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
             kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
     if dense_layers:
         kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers))
-    kept += _rms_norm("head", "final norm", local, hidden, 1)
-    kept += [
+    kept += _head(plan, config, tokens, local)
+    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+    style = ", DTensor sequence parallelism" if tp > 1 else ""
+    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
+
+
+def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
+    """The lookup keeps its ids; under tp (runtime.vocab_parallel) the shifted ids and the bool mask.
+
+    The micro-batch's ids and targets are row slices (views) of the step's global batch, which every rank
+    holds whole (runtime.data.as_global_batch): the storage the embedding and the loss keep is gbs x seq."""
+    if plan.tp > 1:
+        return [
+            Kept("embedding", "vocab-parallel lookup: this rank's row ids", tokens, INT64),
+            Kept("embedding", "vocab-parallel masked_fill: mask (bool)", tokens, BOOL),
+        ]
+    return [Kept("embedding", "embedding: token ids (a view of the global batch)", plan.gbs * plan.seq, INT64)]
+
+
+def _head(plan: ParallelConfig, config: Any, tokens: float, local: float) -> list[Kept]:
+    hidden = config.hidden_size
+    return _rms_norm("head", "final norm", local, hidden, 1) + [
         Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32),
         Kept(
             "head",
             "cross_entropy: log-softmax (float32, this rank's vocabulary)",
-            tokens * config.vocab_size / tp,
+            tokens * config.vocab_size / plan.tp,
             FP32,
         ),
-        Kept("head", "cross_entropy: targets (a view of the global batch)", batch_ids, INT64),
+        Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
         Kept("head", "cross_entropy: total weight", 1, FP32),
     ]
+
+
+def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
+    """DeepSeek-V3 (transformers `DeepseekV3DecoderLayer`, MLA) in fp32, under runtime.tensor_parallel_heads.
+
+    Differences from Qwen3-MoE, op by op: MLA's q_a/kv_a projections share the (gathered, under tp) norm
+    output; q_a_layernorm and kv_a_layernorm run on the latents of every token of the gathered sequence
+    (replicated over tp), kv_a_layernorm's input being a view of kv_a's whole output (latent + rope);
+    q_b/kv_b keep their norms' outputs. SDPA with a value head narrower than the query/key head runs
+    torch's math path on CPU, whose decomposition keeps the scaled q and the transposed k of the first
+    bmm, the softmax output (heads x seq x seq per sequence) and v; `o_proj` keeps a contiguous copy of the
+    output. The router (sigmoid, grouped top-k) keeps its input, the float32 sigmoid, the top-k indices
+    (read by the gather of the chosen scores), the normalisation's denominator and result; the group
+    selection (per-group top-2 sums, the groups' top-k, the mask of the other groups) saves tensors too,
+    but only its indices are used, so that branch reaches no loss and autograd frees it, with what it
+    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared experts are a gated MLP on the MoE block's input (the
+    same tensor as the router's without tp; the gathered sequence under tp, 1/tp of its width). Under tp
+    the first layer's input is a slice (a view) of the embedding's all-gathered whole sequence, so the
+    storage its norm keeps is the whole sequence's."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    tp = plan.tp
+    tokens = plan.mbs * plan.seq
+    local = tokens / tp
+    h_local = heads / tp
+    q_lora, kv_lora = config.q_lora_rank, config.kv_lora_rank
+    nope, rope, v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+    layers = config.num_hidden_layers
+    dense = min(config.first_k_dense_replace, layers)
+    moe_layers = layers - dense
+    kept = _embedding(plan, tokens)
+    kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
+    first_input = tokens if tp > 1 else local  # under tp: a view of the all-gathered embedding output
+    kept.append(Kept("attention", "input_layernorm (layer 0): input", first_input * hidden, FP32))
+    kept += _rms_norm("attention", "input_layernorm (layer 0)", local, hidden, 1, keeps_input=False)
+    kept.append(
+        Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+    )
+    if q_lora:
+        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers)
+        kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+    kept += [
+        Kept("attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers),
+        Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
+        Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
+        Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
+        Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
+        Kept("attention", "sdpa (math): scaled q", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): k transposed", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
+        # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
+        # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
+        # with one sequence per micro-batch, v alone otherwise.
+        Kept(
+            "attention",
+            "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)",
+            tokens * h_local * (nope + v_dim if plan.mbs == 1 else v_dim),
+            FP32,
+            layers,
+        ),
+        Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers),
+    ]
+    kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
+    if dense:
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense)
+    if moe_layers:
+        experts, top_k = config.n_routed_experts, config.num_experts_per_tok
+        kept += [
+            Kept("moe", "router linear: input", local * hidden, FP32, moe_layers),
+            Kept("moe", "sigmoid (float32): output", local * experts, FP32, moe_layers),
+            Kept("moe", "top-k: indices (the weights' gather)", local * top_k, INT64, moe_layers),
+        ]
+        if getattr(config, "norm_topk_prob", False):
+            kept += [
+                Kept("moe", "top-k normalisation: denominator", local, FP32, moe_layers),
+                Kept("moe", "top-k normalisation: result", local * top_k, FP32, moe_layers),
+            ]
+        width = config.moe_intermediate_size
+        if plan.ep > 1:
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+        else:
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+        if config.n_shared_experts:
+            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers)
+            kept += shared if tp > 1 else shared[1:]  # without tp the input is the router's
+    kept += _head(plan, config, tokens, local)
     experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
-    style = ", DTensor sequence parallelism" if tp > 1 else ""
-    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
+    style = ", head-parallel tp" if tp > 1 else ""
+    return ActivationModel(f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), fp32", tuple(kept))
