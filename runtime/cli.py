@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     result = launch(job, args.nproc)
     if started_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0:
         return 0
-    predicted = predict(config, plan, args.nproc)
+    predicted = predict(config, plan, args.nproc, compiled=args.compile, optimizer=job.optimizer)
     peak = max(m["total"] for m in result["memory_by_rank"])
     summary = {
         "losses": result["losses"],
@@ -191,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         "predicted_memory_per_rank_bytes": predicted.get("memory_per_rank_bytes"),
         "memory_by_rank_bytes": result["memory_by_rank"],
         "predicted_memory_bytes": predicted.get("memory_bytes"),
+        "predicted_activation_model": predicted.get("activation_model"),
     }
     if "error" in predicted:
         summary["prediction_error"] = predicted["error"]

@@ -54,7 +54,12 @@ def apply_in_process_group(model: nn.Module, plan: Any) -> Any:
         )
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", "") or ""
-    problems = runtime_limits(p, model_type)
+    problems = runtime_limits(
+        p,
+        model_type,
+        vocab_size=getattr(config, "vocab_size", 0) or 0,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+    )
     if p.tp > 1:
         from trex.runtime.tensor_parallel_heads import FAMILIES, check_divisible
 

@@ -2,7 +2,8 @@
 
 `torch.autograd.graph.saved_tensors_hooks` sees every tensor a forward keeps for its backward
 (including `ctx.save_for_backward` inside custom ops). Storages are counted once (views of one
-buffer share it), so the sum is the activation memory one micro-batch holds when its forward ends.
+buffer share it) and only if still alive when the forward ends, so the sum is the activation memory
+one micro-batch holds when its backward starts.
 On an accelerator the allocator's peak is the better number; on CPU this is the one there is.
 """
 
@@ -33,30 +34,55 @@ class SavedActivations:
 
     @contextmanager
     def counting(self) -> Iterator[None]:
-        seen: set[int] = self._parameter_storages()
-        total = 0
+        """Count, when the block ends, the storages of the tensors saved in it that are still alive.
+
+        A tensor saved by an op whose result no later op differentiates (DeepSeek-V3's router computes
+        group scores whose top-k *indices* choose the experts: the scores' branch reaches no loss) is freed
+        with that branch during the forward; it is not held when the backward starts, and its address may
+        be reused by a later tensor. So the hook keeps weak references, and a storage counts if one of
+        its saved tensors is alive at the end."""
+        import weakref
+
+        from torch.distributed.tensor import DTensor
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        parameters: set[int] = self._parameter_storages()
+        saved: dict[int, tuple[int, list[weakref.ref]]] = {}  # storage address -> (bytes, saved tensors)
+
+        def alive(refs: list[weakref.ref]) -> bool:
+            return any(ref() is not None for ref in refs)
+
+        def record(local: torch.Tensor, holder: torch.Tensor) -> None:
+            """`holder`: the tensor the autograd graph keeps (a DTensor or wrapper around `local`)."""
+            if is_traceable_wrapper_subclass(local):
+                # A wrapper (the AsyncCollectiveTensor a functional collective returns, e.g. the sequence shard
+                # a reduce-scatter hands the first decoder layer) has no storage of its own: its inner tensors
+                # hold the bytes.
+                names, _ = local.__tensor_flatten__()
+                for name in names:
+                    record(getattr(local, name), holder)
+                return
+            try:
+                storage = local.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                return  # a tensor without storage holds nothing of its own
+            key = storage.data_ptr()
+            if key in parameters or not storage.nbytes():
+                return
+            if key not in saved or not alive(saved[key][1]):  # new, or an address freed and reused
+                saved[key] = (storage.nbytes(), [])
+            saved[key][1].append(weakref.ref(holder))
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal total
-            local = tensor
-            from torch.distributed.tensor import DTensor
-
-            if isinstance(local, DTensor):
-                local = local.to_local()
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             base = tensor._base if tensor._base is not None else tensor
             # A weight (or a view of it, like the transpose a matmul keeps) is not an activation; FSDP's
             # unsharded parameters exist only during the forward but are parameters all the same.
             if not isinstance(base, torch.nn.Parameter) and local.device.type != "meta":
-                try:
-                    storage = local.untyped_storage()
-                    key = storage.data_ptr()
-                    if key not in seen and storage.nbytes():
-                        seen.add(key)
-                        total += storage.nbytes()
-                except (RuntimeError, NotImplementedError):
-                    pass  # tensors without storage (e.g. wrapper subclasses) hold nothing of their own
+                record(local, tensor)
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield
+        total = sum(nbytes for nbytes, refs in saved.values() if alive(refs))
         self.peak_bytes = max(self.peak_bytes, total)

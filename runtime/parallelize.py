@@ -246,7 +246,7 @@ def parallelize(
         else:
             from trex.runtime.tensor_parallel import apply_tensor_parallel
 
-            apply_tensor_parallel(model, meshes.world["tp"])
+            tp_shards = apply_tensor_parallel(model, meshes.world["tp"])
     expert_names: set[str] = set()
     if plan.ep > 1:
         from trex.runtime.expert_parallel import shard_experts
@@ -304,6 +304,8 @@ def parallelize(
         optimizer.tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
         return AppliedPlan(model, plan, optimizer, meshes, {}, notes)
     homes = {}
+    routed_experts = _routed_expert_names(model) if plan.tp > 1 else set()
+    tp_group = meshes.world.get_group("tp") if plan.tp > 1 else None
     for name, param in model.named_parameters():
         if name in expert_names:
             homes[name] = ParamHome(meshes.experts, (Replicate(), Shard(0)), global_shapes[name])
@@ -311,8 +313,17 @@ def parallelize(
             homes[name] = ParamHome(meshes.world, (Replicate(), param.placements[0]), global_shapes[name])
         elif name in tp_shards:  # this rank's heads / MLP columns: the whole shard's gradient, summed over dp
             homes[name] = ParamHome(meshes.world, (Replicate(), Shard(tp_shards[name])), global_shapes[name])
-        elif plan.tp > 1:  # computed on this rank's tokens only: summed over tp and dp
+        elif plan.tp > 1 and name in routed_experts:
+            # Routed experts at ep=1 see this rank's tokens: their expert-data-parallel group is every rank
+            # (dp x tp, Megatron's folding with etp=1), which their gradients are summed and ZeRO-sharded over.
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
+        elif plan.tp > 1:
+            # Replicated on the tp ranks but computed on this rank's tokens or heads only (norms, router, q/k
+            # norms, MLA down-projections): each micro-batch's gradient is summed over tp as it arrives, then
+            # the parameter is an ordinary dense one, summed and ZeRO-sharded over dp (Megatron's layout, the
+            # one the cost model prices).
+            homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
+            param.register_hook(_sum_over(tp_group))
         else:
             homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
     stepper = DataParallelAdamW(
@@ -324,6 +335,24 @@ def parallelize(
         optimizer=optimizer,
     )
     return AppliedPlan(model, plan, stepper, meshes, homes, notes)
+
+
+def _routed_expert_names(model: nn.Module) -> set[str]:
+    from trex.integrations.transformers_moe import experts_modules
+
+    prefixes = [name + "." for name, _ in experts_modules(model)]
+    return {name for name, _ in model.named_parameters() if any(name.startswith(p) for p in prefixes)}
+
+
+def _sum_over(group: dist.ProcessGroup):
+    """A gradient hook: the sum of this gradient over `group` (each rank's part of a replicated parameter's)."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    return hook
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

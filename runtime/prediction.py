@@ -1,5 +1,13 @@
-"""What the cost model predicts for a run: step time and memory per rank, on the calibrated `cpu`
-cluster (or the named one), for the model's spec and the resolved plan."""
+"""What the cost model predicts for a run: step time and memory per rank, on the calibrated `cpu` cluster
+(or the named one), for the model's spec and the resolved plan.
+
+Parameters, gradients, optimizer states and step time come from `cost_model.step.estimate_step`.
+Activations come from the description of the program the rank executes (`runtime.activation_model`:
+transformers' eager modules and the runtime's tp/ep implementations) where it covers the run; the
+cost model's own activation formula prices production fused kernels (what the planner ranks plans
+by) and is reported beside it as `activations_production_kernels`. Where the eager description does
+not cover a run, the production formula is the prediction and `activation_model` says why.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +17,53 @@ from typing import Any
 from trex.cost_model.parallel import ParallelConfig
 
 
-def predict(config: Any, plan: ParallelConfig, nproc: int, cluster: str = "cpu") -> dict[str, Any]:
-    """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}} or {"error": why} when the model "
-    "cannot price it."""
+def predict(
+    config: Any,
+    plan: ParallelConfig,
+    nproc: int,
+    cluster: str = "cpu",
+    *,
+    compiled: bool = False,
+    optimizer: str = "adamw",
+) -> dict[str, Any]:
+    """{"step_time_s", "memory_per_rank_bytes", "memory_bytes": {...}, "activation_model"} or {"error": why}
+    when the model cannot price it. `compiled`: the ranks run `trex.compile`d models (--compile).
+    `optimizer`: what the ranks step (`TrainJob.optimizer`); a plan that leaves it to the model ("auto",
+    which for DeepSeek-V4 means Muon) is priced with the optimizer the run actually uses."""
     from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import spec_from_config
     from trex.cost_model.step import estimate_step
     from trex.errors import TrexError
+    from trex.runtime.activation_model import NotCovered, eager_activations
 
     try:
         spec = spec_from_config(config, getattr(config, "model_type", "model"))
         # transformers builds no multi-token-prediction layers (num_nextn_predict_layers is read only by
         # other frameworks): the runtime trains what is built, so the prediction leaves MTP out
         spec = dataclasses.replace(spec, mtp_layers=())
+        if plan.optimizer == "auto":
+            plan = dataclasses.replace(plan, optimizer=optimizer)
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
     memory = estimate.memory
+    try:
+        eager = eager_activations(config, plan, compiled=compiled)
+        activations, described = eager.total_bytes, eager.implementation
+    except NotCovered as why:
+        activations, described = memory.activations, f"production-kernel formula ({why})"
     parts = {
         "parameters": memory.weights,
         "gradients": memory.gradients,
         "optimizer_states": memory.optimizer_states,
-        "activations": memory.activations,
+        "activations": activations,
         "transient": memory.transient,
     }
-    return {"step_time_s": estimate.step_time_s, "memory_per_rank_bytes": memory.total, "memory_bytes": parts}
+    total = memory.total - memory.activations + activations
+    return {
+        "step_time_s": estimate.step_time_s,
+        "memory_per_rank_bytes": total,
+        "memory_bytes": parts,
+        "activations_production_kernels": memory.activations,
+        "activation_model": described,
+    }

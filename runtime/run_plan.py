@@ -35,8 +35,9 @@ class PlanRefused(TrexError):
         super().__init__("plan refused: " + "; ".join(problems))
 
 
-def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
-    """What the plan asks for that this runtime does not execute yet (empty when it runs)."""
+def runtime_limits(plan: ParallelConfig, model_type: str, *, vocab_size: int = 0, tied: bool = False) -> list[str]:
+    """What the plan asks for that this runtime does not execute yet (empty when it runs). `vocab_size` and
+    `tied` (tie_word_embeddings) describe the model's embedding, which tensor parallelism splits by rows."""
     problems = []
     if plan.pp > 1:
         from trex.runtime.pipeline.limits import pipeline_limits
@@ -56,6 +57,16 @@ def runtime_limits(plan: ParallelConfig, model_type: str) -> list[str]:
         problems.append(
             f"tp={plan.tp}: tensor parallelism is implemented for {', '.join(TENSOR_PARALLEL_FAMILIES)} only; "
             f"run {model_type} with tp=1 - use ep and dp for it"
+        )
+    if plan.tp > 1 and vocab_size and vocab_size % plan.tp:
+        problems.append(
+            f"tp={plan.tp} does not divide the vocabulary of {vocab_size} rows (the embedding and the head are split "
+            f"by vocabulary rows); use a tp that divides {vocab_size}"
+        )
+    if plan.tp > 1 and tied:
+        problems.append(
+            f"tp={plan.tp}: {model_type} ties its embedding and LM head (tie_word_embeddings), which tensor "
+            "parallelism splits differently (rows of the lookup, columns of the logits); run it with tp=1"
         )
     if plan.tp > 1 and plan.seq % plan.tp:
         problems.append(
@@ -101,7 +112,13 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
         plan = dataclasses.replace(plan, dp=nproc // per_replica)
     spec = spec_from_config(config, getattr(config, "model_type", "model"))
     problems = validate(plan, spec, nproc)
-    problems += [p for p in runtime_limits(plan, getattr(config, "model_type", "")) if p not in problems]
+    limits = runtime_limits(
+        plan,
+        getattr(config, "model_type", ""),
+        vocab_size=getattr(config, "vocab_size", 0) or 0,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+    )
+    problems += [p for p in limits if p not in problems]
     if plan.tp > 1 and getattr(config, "model_type", "") in HEAD_PARALLEL_FAMILIES:
         from trex.runtime.tensor_parallel_heads import check_divisible
 
@@ -147,7 +164,11 @@ def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1
         plan = dataclasses.replace(
             parse_plan(text, seq=seq, gbs=gbs, mbs=mbs, precision=precision), sequence_parallel=p.tp > 1
         )
-        if not runtime_limits(plan, model_type) and not validate(plan, spec, nproc):
+        embedding = {
+            "vocab_size": getattr(config, "vocab_size", 0) or 0,
+            "tied": bool(getattr(config, "tie_word_embeddings", False)),
+        }
+        if not runtime_limits(plan, model_type, **embedding) and not validate(plan, spec, nproc):
             print(
                 f"trex train: --plan auto chose {text} (predicted {candidate.prediction.step_time_s:.3g} s per step "
                 f"on {nproc} x {cluster})",

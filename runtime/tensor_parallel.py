@@ -4,7 +4,8 @@ Recomputation in Large Transformer Models", 2022) applied with torch's DTensor s
 Between blocks the residual stream is sequence-sharded (`Shard(1)`): norms run on their slice
 (`SequenceParallel`), attention all-gathers the sequence, splits heads across ranks (column-parallel
 q/k/v, row-parallel o with a reduce-scatter back to the sequence shard), and the embedding is
-vocab-parallel (row-parallel over the vocabulary). The head is column-parallel over the vocabulary
+vocab-parallel (`runtime.vocab_parallel`: rows split over tp, masked lookup, reduce-scatter into the
+sequence shard; its gradient exists for this rank's rows only). The head is column-parallel over the vocabulary
 and the loss runs on vocabulary shards (`loss_parallel`), so full logits never exist on one rank.
 MoE blocks take their sequence slice as plain tensors: router and experts see only this rank's
 tokens (their gradients are summed over the tp ranks as well as dp, see `runtime.parallelize`);
@@ -65,8 +66,13 @@ class _MoEBlockStyle(PrepareModuleInput):
         return self.output_style._apply(module, device_mesh)
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard a Qwen3-MoE-style causal LM (model.model.{embed_tokens, layers, norm}, model.lm_head) over `tp_mesh`."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]:
+    """Shard a Qwen3-MoE-style causal LM (model.model.{embed_tokens, layers, norm}, model.lm_head) over `tp_mesh`.
+
+    Returns {parameter name: the dim it is split on over tp} for the plain (non-DTensor) parameters split
+    here: the vocabulary-parallel embedding's rows."""
+    from trex.runtime.vocab_parallel import VocabParallelEmbedding
+
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         raise TrexError(
@@ -81,10 +87,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     ):
         if count % tp:
             raise TrexError(f"tp={tp} does not divide the {count} {what} of {config.model_type}")
-    top = {
-        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
-        "norm": SequenceParallel(),
-    }
+    check_untied(model)
+    top = {"norm": SequenceParallel()}
     if hasattr(
         inner, "rotary_emb"
     ):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
@@ -105,3 +109,16 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
             **_mlp_plan(layer.mlp),
         }
         parallelize_module(layer, tp_mesh, plan)
+    inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, tp_mesh, "dtensor_shard")
+    return {"model.embed_tokens.weight": 0}
+
+
+def check_untied(model: nn.Module) -> None:
+    """The embedding and the LM head are split differently (rows of the vocabulary for the lookup, columns of
+    the logits for the head): a model that ties them cannot be split this way."""
+    head, embedding = getattr(model, "lm_head", None), model.get_input_embeddings()
+    if head is not None and head.weight is embedding.weight:
+        raise TrexError(
+            f"{model.config.model_type} ties its embedding and LM head (tie_word_embeddings); tensor parallelism "
+            "splits them differently: run it with tp=1"
+        )

@@ -21,9 +21,11 @@ vocabulary-parallel on DTensor (loss on vocabulary shards, `loss_parallel`) as i
 
 Gradient bookkeeping: a parameter sharded here receives its whole shard's gradient; every replicated
 parameter receives this rank's part only (its tokens, or its heads' use of a shared latent), so
-`runtime.parallelize` sums those over tp as well as dp. The embedding runs replicated on the whole
-sequence (the mask and rotary tables need it) and its gradient is partial the same way: the slice into
-the first layer passes gradient only for this rank's tokens.
+`runtime.parallelize` sums those over tp as well as dp. The embedding is vocabulary-parallel
+(`runtime.vocab_parallel`): each rank holds 1/tp of its rows, and the lookup's partial sums are
+reduce-scattered and all-gathered back into the whole sequence (the model builds its masks and rotary
+tables from the full shape before the first layer takes this rank's slice); its gradient is whole for
+this rank's rows.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
 from trex.errors import TrexError
+from trex.runtime.tensor_parallel import check_untied
+from trex.runtime.vocab_parallel import VocabParallelEmbedding
 
 # transformers model_type -> the attention layout this module shards
 FAMILIES = ("deepseek_v3", "deepseek_v4")
@@ -182,6 +186,7 @@ def apply_head_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]
     problems = check_divisible(config, parts)
     if problems:
         raise TrexError("; ".join(problems))
+    check_untied(model)
     inner = model.model
     shards: dict[str, int] = {}
     shard_attention = _shard_v4_attention if config.model_type == "deepseek_v4" else _shard_v3_attention
@@ -197,6 +202,8 @@ def apply_head_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]
             _shard_mlp(mlp, group, rank, parts, shards, prefix + "mlp.")
         layer.register_forward_pre_hook(_local_token_ids(rank, parts), with_kwargs=True)
     inner.layers[0].register_forward_pre_hook(_enter_sequence_shard(rank, parts), with_kwargs=True)
+    inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, tp_mesh, "replicated")
+    shards["model.embed_tokens.weight"] = 0
     parallelize_module(
         model,
         tp_mesh,

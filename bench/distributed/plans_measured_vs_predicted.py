@@ -149,15 +149,19 @@ def main() -> int:
                 "static_predicted": static_predicted,
                 "activations_measured": peak["activations"],
                 "activations_predicted": pm.get("activations"),
+                "activations_mean_measured": statistics.fmean(m["activations"] for m in result["memory_by_rank"]),
+                "activations_production_kernels": predicted.get("activations_production_kernels"),
+                "activation_model": predicted.get("activation_model"),
                 "losses_equal_1_rank": same,
             }
         )
     print(
         "| plan | measured step (ms) | predicted step (ms) | measured memory/rank (KiB) | predicted (KiB) | "
         "static measured = predicted | "
-        "activations measured / predicted (KiB) | losses = 1-rank |"
+        "activations measured (largest rank / mean) / predicted (KiB) | measured / predicted | "
+        "production-kernel formula (KiB) | losses = 1-rank |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         static = f"no: {r['static_measured']} vs {r['static_predicted']}"
         static = "yes" if r["static_measured"] == r["static_predicted"] else static
@@ -166,9 +170,14 @@ def main() -> int:
             f"{r['measured_memory'] / 1024:.0f} | "
             f"{r['predicted_memory'] / 1024:.0f} | "
             f"{static} | "
-            f"{r['activations_measured'] / 1024:.0f} / {r['activations_predicted'] / 1024:.0f} | "
+            f"{r['activations_measured'] / 1024:.0f} / {r['activations_mean_measured'] / 1024:.0f} / "
+            f"{r['activations_predicted'] / 1024:.0f} | "
+            f"{r['activations_measured'] / r['activations_predicted']:.3f} / "
+            f"{r['activations_mean_measured'] / r['activations_predicted']:.3f} | "
+            f"{r['activations_production_kernels'] / 1024:.0f} | "
             f"{'yes' if r['losses_equal_1_rank'] else 'NO'} |"
         )
+    print(f"\nactivations predicted by: {sorted({r['activation_model'] for r in rows})}")
     step_rho = memory_rho = float("nan")
     if len(rows) > 1:
         step_rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])

@@ -57,6 +57,18 @@ def test_head_parallel_attention_refusals_carry_the_numbers():
     resolve_plan("tp=2,zero=3", tiny_config("deepseek-v4"), 4, seq=16, gbs=4, mbs=1)  # accepted
 
 
+def test_vocabulary_tp_cannot_split_is_refused():
+    """The embedding and the head are split by vocabulary rows; a tied pair cannot be split two ways."""
+    config = tiny_config("qwen3-moe", vocab_size=126)
+    with pytest.raises(PlanRefused, match="tp=4 does not divide the vocabulary of 126 rows"):
+        resolve_plan("tp=4", config, 4, seq=16, gbs=4, mbs=1)
+    tied = tiny_config("qwen3-moe")
+    tied.tie_word_embeddings = True
+    with pytest.raises(PlanRefused, match="ties its embedding and LM head"):
+        resolve_plan("tp=2", tied, 2, seq=16, gbs=4, mbs=1)
+    resolve_plan("tp=2", tiny_config("qwen3-moe", vocab_size=126), 2, seq=16, gbs=4, mbs=1)  # 126 = 2 x 63
+
+
 def test_batch_that_does_not_split_over_replicas_is_refused():
     assert "gbs=3 is not a multiple of mbs*dp = 1*2 = 2" in refusal("", 2, gbs=3)
 
@@ -91,6 +103,9 @@ def test_one_rank_json_summary(capsys):
     # Parameters, gradients and optimizer states are arithmetic: measured equals predicted.
     for part in ("parameters", "gradients", "optimizer_states"):
         assert memory[part] == predicted[part], part
+    # Activations: the eager implementation's saved tensors (runtime.activation_model), byte for byte on 1 rank.
+    assert summary["predicted_activation_model"].startswith("transformers eager qwen3_moe")
+    assert memory["activations"] == predicted["activations"]
     assert summary["step_time_s"] > 0 and summary["predicted_step_time_s"] > 0
 
 

@@ -1,0 +1,366 @@
+"""Activation memory of the program a rank of `trex train` runs: what its forward keeps for the backward.
+
+The cost model's activation formula (`cost_model.layer_cost`) prices production kernels: a fused
+RMSNorm keeps its input and one rstd per token, flash attention keeps q, k, v, its output and the
+log-sum-exp, a fused SwiGLU keeps its input only, Megatron's sequence parallelism keeps the sequence
+*shard* of a GEMM input and all-gathers it again in the backward. That is the right price for ranking
+plans of a production run, and the planner keeps it.
+
+A rank of the runtime executes something else: transformers' eager modules, run op by op, where
+autograd keeps every tensor some op's derivative formula reads. This module describes those tensors
+for the implementation that actually runs, op by op, so the runtime's prediction
+(`predicted_memory_per_rank_bytes`) prices the program the rank executes. Each entry below is one
+tensor autograd saves, named after the op whose backward reads it (torch's `derivatives.yaml` says
+which inputs or outputs each op keeps), with its element count and dtype. Tensors are counted once per
+storage: a view of a saved tensor (a reshape before a matmul, a transpose of SDPA's output) is the
+same memory and is not repeated.
+
+Per decoder layer of Qwen3-MoE (transformers `Qwen3MoeDecoderLayer`, fp32, t tokens on this rank):
+
+  RMSNorm (eager: `x.pow(2).mean()`, `x * rsqrt(var + eps)`, `weight * normed`), four per layer
+  counting the per-head q/k norms: pow keeps its input x; rsqrt keeps its output (one per row);
+  `x * rstd` keeps x and rstd; `weight * normed` keeps `normed` (the weight's gradient reads it).
+  The norm's output itself is kept by whichever op reads it next (a Linear keeps its input).
+  Attention (`sdpa`): q/k/v projections keep their common input; the q/k norms keep the per-head
+  projections; RoPE's `q * cos + rotate_half(q) * sin` keeps cos and sin (computed once per forward,
+  shared by every layer); SDPA (the CPU flash kernel) keeps q and k after RoPE, v, its output and a
+  float32 log-sum-exp per query and head. `o_proj` reads a view of SDPA's output.
+  Router (`Qwen3MoeTopKRouter`): the linear keeps its input; the float32 softmax keeps its output;
+  topk keeps its indices (int64); the in-place normalisation keeps the row sum and the result.
+  Routed experts, transformers' `grouped_mm` implementation (ep = 1): the row gather keeps its index
+  (int64), the weight gather its permutation, the un-permute its index; `grouped_mm` keeps the sorted
+  rows and the int32 offsets; SiLU keeps gate_up's output; the gate*up product keeps both factors;
+  the down `grouped_mm` keeps the product; the weighting keeps the expert output and the weights.
+  Routed experts, `trex.moe_experts_ep` (ep > 1, runtime.expert_parallel): the op's context keeps the
+  routing weights, the permutation and counts (int64), the received rows regrouped by expert, their
+  gate_up output and the expert output before combining (the activation is recomputed in its backward).
+  Dense MLP (layers in `mlp_only_layers`): gate/up keep their input; SiLU its input; the product both
+  factors; down its input.
+  Ends: the embedding keeps the token ids (int64); the final norm as above; the LM head its input;
+  `cross_entropy` keeps its float32 log-softmax over the vocabulary, the targets and the scalar weight
+  total. Ids and targets are row slices of the step's global batch, which every rank holds whole
+  (`runtime.data`): the storage they keep alive is the global batch's, gbs x seq int64 each.
+
+Tensor parallelism (runtime.tensor_parallel, DTensor styles with sequence parallelism): the embedding is
+vocabulary-parallel (runtime.vocab_parallel: its lookup keeps the shifted ids, its mask the bool mask); norms, routers
+and routed experts run on this rank's t = T/tp tokens; attention and the dense MLP all-gather the
+sequence and their projections keep the *gathered* input (T tokens: eager DTensor keeps what the
+matmul read, it does not re-gather in the backward); heads and MLP columns are 1/tp per rank; the
+LM head keeps its gathered input and the loss its vocabulary shard.
+
+Expert parallelism: each rank receives as many rows as it sends under balanced routing (the
+expectation); a measured rank that received more rows than it sent keeps proportionally more in the
+experts op, which is the routing's imbalance, not a modelling error.
+
+Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
+executes, eager (not `--compile`, whose partitioner chooses its own saved set). Anything else (DeepSeek-V4,
+bf16) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula,
+saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
+branch of the forward that reaches no loss is freed with what it saved before the backward starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trex.cost_model.parallel import ParallelConfig
+
+INT64, INT32, FP32, BOOL = 8, 4, 4, 1
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One tensor autograd keeps for the backward: `elements` of `itemsize` bytes, in `count` layers."""
+
+    part: str  # where it is kept: "embedding", "attention", "moe", "mlp", "head", ...
+    what: str  # the op that keeps it, and which tensor
+    elements: float
+    itemsize: int
+    count: int = 1
+
+    @property
+    def nbytes(self) -> float:
+        return self.elements * self.itemsize * self.count
+
+
+@dataclass(frozen=True)
+class ActivationModel:
+    """The tensors one micro-batch's forward keeps on one rank, and what implementation they describe."""
+
+    implementation: str
+    kept: tuple[Kept, ...]
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(k.nbytes for k in self.kept)
+
+    def by_part(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for k in self.kept:
+            out[k.part] = out.get(k.part, 0.0) + k.nbytes
+        return out
+
+
+class NotCovered(Exception):
+    """The program this plan runs is not described here (the reason is the message)."""
+
+
+def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = False) -> ActivationModel:
+    """What one micro-batch keeps on one rank of `trex train` running `config` under `plan`.
+
+    Raises NotCovered (with the reason) for programs this description does not cover."""
+    model_type = getattr(config, "model_type", "")
+    if compiled:
+        raise NotCovered("a compiled rank keeps what the partitioner chose, not the eager implementation's tensors")
+    if plan.precision != "fp32":
+        raise NotCovered(
+            f"precision {plan.precision}: autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms; "
+            "only fp32 eager is described"
+        )
+    if plan.pp > 1 or plan.cp > 1:
+        raise NotCovered("pipeline and context parallelism are not executed by the runtime")
+    if model_type == "qwen3_moe":
+        return _qwen3_moe(config, plan)
+    if model_type == "deepseek_v3":
+        return _deepseek_v3(config, plan)
+    raise NotCovered(
+        f"the eager implementation of {model_type or 'this model'} is not described (covered: {', '.join(COVERED)})"
+    )
+
+
+COVERED = ("qwen3_moe", "deepseek_v3")
+
+
+# -- building blocks: one function per transformers module, returning what it keeps ---------------------
+
+
+def _rms_norm(part: str, name: str, rows: float, width: int, count: int, *, keeps_input: bool = True) -> list[Kept]:
+    """Eager RMSNorm over `rows` rows of `width`: its input (pow and `x * rstd`), rstd, the normalized
+    tensor (`weight * normed`). `keeps_input=False` when the input is already kept by another op."""
+    out = [Kept(part, f"{name}: input (pow, x*rstd)", rows * width, FP32, count)] if keeps_input else []
+    return out + [
+        Kept(part, f"{name}: rstd (rsqrt output)", rows, FP32, count),
+        Kept(part, f"{name}: normalized (weight*normed)", rows * width, FP32, count),
+    ]
+
+
+def _gated_mlp(part: str, rows: float, hidden: int, width: float, count: int) -> list[Kept]:
+    """`down(act(gate(x)) * up(x))` as separate Linears: x, gate's output (SiLU's input), SiLU's output and
+    up's output (the product's factors), the product (down's input)."""
+    return [
+        Kept(part, "gate/up proj: input", rows * hidden, FP32, count),
+        Kept(part, "silu: input (gate output)", rows * width, FP32, count),
+        Kept(part, "mul: silu output", rows * width, FP32, count),
+        Kept(part, "mul: up output", rows * width, FP32, count),
+        Kept(part, "down proj: input", rows * width, FP32, count),
+    ]
+
+
+def _router(tokens: float, hidden: int, experts: int, top_k: int, normalize: bool, count: int) -> list[Kept]:
+    out = [
+        Kept("moe", "router linear: input", tokens * hidden, FP32, count),
+        Kept("moe", "softmax (float32): output", tokens * experts, FP32, count),
+        Kept("moe", "topk: indices", tokens * top_k, INT64, count),
+    ]
+    if normalize:
+        out += [
+            Kept("moe", "top-k normalisation: row sum", tokens, FP32, count),
+            Kept("moe", "top-k normalisation: result", tokens * top_k, FP32, count),
+        ]
+    return out
+
+
+def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, count: int) -> list[Kept]:
+    """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs."""
+    return [
+        Kept("moe", "row gather / weight gather / un-permute: indices", 3 * rows, INT64, count),
+        Kept("moe", "grouped_mm: offsets", experts, INT32, count),
+        Kept("moe", "gate_up grouped_mm: sorted rows", rows * hidden, FP32, count),
+        Kept("moe", "silu: gate_up output (gate and up halves)", rows * 2 * width, FP32, count),
+        Kept("moe", "mul: silu output", rows * width, FP32, count),
+        Kept("moe", "down grouped_mm: gated product", rows * width, FP32, count),
+        Kept("moe", "weighting: routing weights", rows, FP32, count),
+        Kept("moe", "weighting: expert output", rows * hidden, FP32, count),
+    ]
+
+
+def _expert_parallel_experts(
+    tokens: float, top_k: int, hidden: int, width: int, experts: int, count: int
+) -> list[Kept]:
+    """`trex.moe_experts_ep`'s saved context; received rows = sent rows (balanced routing)."""
+    rows = tokens * top_k
+    received = rows
+    return [
+        Kept("moe", "moe_experts_ep: routing weights", tokens * top_k, FP32, count),
+        Kept("moe", "moe_experts_ep: permutation", rows, INT64, count),
+        Kept("moe", "moe_experts_ep: counts and received counts", 2 * experts, INT64, count),
+        Kept("moe", "moe_experts_ep: regroup index", received, INT64, count),
+        Kept("moe", "moe_experts_ep: received rows by expert", received * hidden, FP32, count),
+        Kept("moe", "moe_experts_ep: gate_up output", received * 2 * width, FP32, count),
+        Kept("moe", "moe_experts_ep: expert output before combine", rows * hidden, FP32, count),
+    ]
+
+
+def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
+    hidden = config.hidden_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    tp = plan.tp
+    tokens = plan.mbs * plan.seq  # T: the micro-batch's tokens (the gathered sequence under tp)
+    local = tokens / tp  # t: this rank's sequence shard (all tokens when tp = 1)
+    q_width, kv_width = heads * head_dim / tp, kv_heads * head_dim / tp
+    h_local, kv_local = heads / tp, kv_heads / tp
+    layers = config.num_hidden_layers
+    dense_layers = {
+        i
+        for i in range(layers)
+        if i in set(getattr(config, "mlp_only_layers", None) or [])
+        or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
+    }
+    moe_layers = layers - len(dense_layers)
+    kept = _embedding(plan, tokens)
+    # Attention, every layer
+    kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
+    kept.append(Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers))
+    kept += _rms_norm("attention", "q_norm", tokens * h_local, head_dim, layers)
+    kept += _rms_norm("attention", "k_norm", tokens * kv_local, head_dim, layers)
+    kept.append(Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * head_dim, FP32))
+    kept += [
+        Kept("attention", "sdpa: q after rope", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa: k after rope", tokens * kv_width, FP32, layers),
+        Kept("attention", "sdpa: v", tokens * kv_width, FP32, layers),
+        Kept("attention", "sdpa: output (o_proj reads a view)", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa: log-sum-exp (float32)", tokens * h_local, FP32, layers),
+    ]
+    kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
+    if moe_layers:
+        experts, top_k = config.num_experts, config.num_experts_per_tok
+        width = config.moe_intermediate_size
+        kept += _router(local, hidden, experts, top_k, bool(getattr(config, "norm_topk_prob", False)), moe_layers)
+        if plan.ep > 1:
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+        else:
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+    if dense_layers:
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers))
+    kept += _head(plan, config, tokens, local)
+    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+    style = ", DTensor sequence parallelism" if tp > 1 else ""
+    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
+
+
+def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
+    """The lookup keeps its ids; under tp (runtime.vocab_parallel) the shifted ids and the bool mask.
+
+    The micro-batch's ids and targets are row slices (views) of the step's global batch, which every rank
+    holds whole (runtime.data.as_global_batch): the storage the embedding and the loss keep is gbs x seq."""
+    if plan.tp > 1:
+        return [
+            Kept("embedding", "vocab-parallel lookup: this rank's row ids", tokens, INT64),
+            Kept("embedding", "vocab-parallel masked_fill: mask (bool)", tokens, BOOL),
+        ]
+    return [Kept("embedding", "embedding: token ids (a view of the global batch)", plan.gbs * plan.seq, INT64)]
+
+
+def _head(plan: ParallelConfig, config: Any, tokens: float, local: float) -> list[Kept]:
+    hidden = config.hidden_size
+    return _rms_norm("head", "final norm", local, hidden, 1) + [
+        Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32),
+        Kept(
+            "head",
+            "cross_entropy: log-softmax (float32, this rank's vocabulary)",
+            tokens * config.vocab_size / plan.tp,
+            FP32,
+        ),
+        Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
+        Kept("head", "cross_entropy: total weight", 1, FP32),
+    ]
+
+
+def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
+    """DeepSeek-V3 (transformers `DeepseekV3DecoderLayer`, MLA) in fp32, under runtime.tensor_parallel_heads.
+
+    Differences from Qwen3-MoE, op by op: MLA's q_a/kv_a projections share the (gathered, under tp) norm
+    output; q_a_layernorm and kv_a_layernorm run on the latents of every token of the gathered sequence
+    (replicated over tp), kv_a_layernorm's input being a view of kv_a's whole output (latent + rope);
+    q_b/kv_b keep their norms' outputs. SDPA with a value head narrower than the query/key head runs
+    torch's math path on CPU, whose decomposition keeps the scaled q and the transposed k of the first
+    bmm, the softmax output (heads x seq x seq per sequence) and v; `o_proj` keeps a contiguous copy of the
+    output. The router (sigmoid, grouped top-k) keeps its input, the float32 sigmoid, the top-k indices
+    (read by the gather of the chosen scores), the normalisation's denominator and result; the group
+    selection (per-group top-2 sums, the groups' top-k, the mask of the other groups) saves tensors too,
+    but only its indices are used, so that branch reaches no loss and autograd frees it, with what it
+    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared experts are a gated MLP on the MoE block's input (the
+    same tensor as the router's without tp; the gathered sequence under tp, 1/tp of its width). Under tp
+    the first layer's input is a slice (a view) of the embedding's all-gathered whole sequence, so the
+    storage its norm keeps is the whole sequence's."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    tp = plan.tp
+    tokens = plan.mbs * plan.seq
+    local = tokens / tp
+    h_local = heads / tp
+    q_lora, kv_lora = config.q_lora_rank, config.kv_lora_rank
+    nope, rope, v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+    layers = config.num_hidden_layers
+    dense = min(config.first_k_dense_replace, layers)
+    moe_layers = layers - dense
+    kept = _embedding(plan, tokens)
+    kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
+    first_input = tokens if tp > 1 else local  # under tp: a view of the all-gathered embedding output
+    kept.append(Kept("attention", "input_layernorm (layer 0): input", first_input * hidden, FP32))
+    kept += _rms_norm("attention", "input_layernorm (layer 0)", local, hidden, 1, keeps_input=False)
+    kept.append(
+        Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+    )
+    if q_lora:
+        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers)
+        kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+    kept += [
+        Kept("attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers),
+        Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
+        Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
+        Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
+        Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
+        Kept("attention", "sdpa (math): scaled q", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): k transposed", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
+        # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
+        # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
+        # with one sequence per micro-batch, v alone otherwise.
+        Kept(
+            "attention",
+            "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)",
+            tokens * h_local * (nope + v_dim if plan.mbs == 1 else v_dim),
+            FP32,
+            layers,
+        ),
+        Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers),
+    ]
+    kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
+    if dense:
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense)
+    if moe_layers:
+        experts, top_k = config.n_routed_experts, config.num_experts_per_tok
+        kept += [
+            Kept("moe", "router linear: input", local * hidden, FP32, moe_layers),
+            Kept("moe", "sigmoid (float32): output", local * experts, FP32, moe_layers),
+            Kept("moe", "top-k: indices (the weights' gather)", local * top_k, INT64, moe_layers),
+        ]
+        if getattr(config, "norm_topk_prob", False):
+            kept += [
+                Kept("moe", "top-k normalisation: denominator", local, FP32, moe_layers),
+                Kept("moe", "top-k normalisation: result", local * top_k, FP32, moe_layers),
+            ]
+        width = config.moe_intermediate_size
+        if plan.ep > 1:
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+        else:
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+        if config.n_shared_experts:
+            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers)
+            kept += shared if tp > 1 else shared[1:]  # without tp the input is the router's
+    kept += _head(plan, config, tokens, local)
+    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+    style = ", head-parallel tp" if tp > 1 else ""
+    return ActivationModel(f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), fp32", tuple(kept))
