@@ -85,6 +85,12 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="each rank keeps rank<R>.json here (pid, current step) for supervisors; default: a temporary directory",
     )
+    parser.add_argument(
+        "--emulate-link",
+        metavar="LINK",
+        help="make gloo collectives take a modelled link's time: 'alpha_us=20,gbps=5' (GB/s), 'zero', or a tier of "
+        "the hardware catalog (e.g. infiniband-ndr); for measuring overlap on CPU",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
 
 
@@ -108,6 +114,11 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         raise TrexError("--save-every needs --checkpoint-dir")
     if args.resume and args.checkpoint_dir is None:
         raise TrexError("--resume needs --checkpoint-dir (the directory an earlier run saved into)")
+    emulate_link = getattr(args, "emulate_link", None)
+    if emulate_link is not None:
+        from trex.runtime.emulated_link import parse_link
+
+        emulate_link = parse_link(emulate_link).spec  # refuse a bad link before any process starts
     config = config if config is not None else load_config(args.model)
     plan = resolve_plan(
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
@@ -146,6 +157,7 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         timeout_s=args.timeout,
         verbose=not args.json,
         progress_dir=str(args.progress_dir) if args.progress_dir else None,
+        emulate_link=emulate_link,
         **fields,
     )
     return job, config, plan

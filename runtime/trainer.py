@@ -61,6 +61,7 @@ class TrainJob:
     export_dir: str | None = None  # rank 0 writes the final model here with save_pretrained
     optimizer: str = "adamw"  # or "muon" (matrices; AdamW for the rest), see runtime/muon.py
     init_dir: str | None = None  # start from these weights (a save_pretrained directory) instead of the seed's
+    emulate_link: str | None = None  # gloo collectives take this link's modelled time (runtime/emulated_link.py)
 
     @classmethod
     def create(
@@ -122,6 +123,10 @@ def run_rank(job: TrainJob) -> dict[str, Any]:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device, backend = device_and_backend()
+    if job.emulate_link is not None and backend == "gloo":
+        from trex.runtime.emulated_link import install
+
+        backend = install(job.emulate_link)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Under torchrun the process group exists even for one rank (so nccl/hccl is exercised end to end).
