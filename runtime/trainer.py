@@ -381,7 +381,7 @@ class Trainer:
             module = graph.joint or graph.forward
             for node in module.graph.nodes if module is not None else []:
                 name = str(node.target)
-                if node.op == "call_function" and ("moe_experts" in name or "c10d" in name):
+                if node.op == "call_function" and ("moe_experts" in name or "c10d" in name or ".ep_" in name):
                     counts[name] = counts.get(name, 0) + 1
         return counts
 
