@@ -479,12 +479,12 @@ def check_across_ranks(sequence: list[str], graph_id: int, timeout_s: float = 60
 # the pass
 
 
-def _ensure_costs(gm: fx.GraphModule, target: str) -> None:
+def _ensure_costs(gm: fx.GraphModule, cluster) -> None:
     if all("cost" in n.meta for n in gm.graph.nodes if n.op == "call_function"):
         return
     from trex.cost_model.annotate import annotate
 
-    annotate(gm, cost_cluster(target))
+    annotate(gm, cluster)
 
 
 def cost_cluster(target: str):
@@ -516,19 +516,19 @@ class ReorderComm:
         graph = gm.graph
         if not any(is_collective(n) for n in graph.nodes):
             return PassResult(modified=False)
-        _ensure_costs(gm, ctx.target)
+        cluster = cost_cluster(ctx.target)
+        _ensure_costs(gm, cluster)
         budget = int(ctx.options.get(BUDGET_OPTION, DEFAULT_BUDGET_BYTES))
         before_sequence = collective_sequence(graph)
         before = simulate(graph.nodes)
         decisions: list[Decision] = []
 
-        alpha, bandwidth = _link_of(cost_cluster(ctx.target))
+        alpha, bandwidth = _link_of(cluster)
         if ctx.fuel.take():
             decisions += bucket_collectives(gm, alpha, bandwidth)
             if decisions:
                 from trex.cost_model.annotate import annotate_node
 
-                cluster = cost_cluster(ctx.target)
                 for n in graph.nodes:
                     if "cost" not in n.meta and n.op == "call_function":
                         n.meta["cost"] = annotate_node(n, cluster)

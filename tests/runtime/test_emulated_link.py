@@ -1,4 +1,5 @@
-"""Emulated links: a collective's wall time follows the link model, its wait costs no CPU, results are gloo's.
+"""Emulated links: a collective's wall time follows the link model, its wait costs no CPU, results are gloo's;
+and reorder_comm's cross-rank check of the collective order, on the same two ranks.
 
 Two gloo ranks under `trex_link` with a slow link (alpha 2 ms, 0.01 GB/s): every functional collective
 (the nodes of captured graphs), the plain `dist.*` calls and an all-to-all with uneven splits give
@@ -72,6 +73,17 @@ def timed_collectives(link: str) -> dict:
     plain = torch.empty(2 * x.numel())
     dist.all_gather_into_tensor(plain, x)
     out["values"]["dist.all_gather_into_tensor"] = plain
+    # reorder_comm's deadlock check across ranks: the same collective order passes, a different one is named
+    from trex.passes.reorder_comm import CollectiveOrderError, check_across_ranks
+
+    out["same_order"] = check_across_ranks(["all_reduce@0[float32]", "all_gather@0[float32]"], 0)
+    try:
+        sequence = ["all_reduce@0[float32]", "all_gather@0[float32]"]
+        check_across_ranks(sequence if rank == 0 else sequence[::-1], 1)
+        out["other_order"] = "accepted"
+    except CollectiveOrderError as error:
+        out["other_order"] = str(error)
+    dist.barrier()
     dist.destroy_process_group()
     return out
 
@@ -79,6 +91,8 @@ def timed_collectives(link: str) -> dict:
 def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
     results = launch_function(timed_collectives, (LINK,), 2)
     x = [torch.arange(32768, dtype=torch.float32) + r for r in range(2)]
+    assert "published digest" in results[0]["same_order"] and "same collective order" in results[1]["same_order"]
+    assert "rank 1 would issue its 2 collectives of graph 1 in another order than rank 0" in results[1]["other_order"]
     for rank, result in results.items():
         values = result["values"]
         torch.testing.assert_close(values["all_reduce"], x[0] + x[1])
