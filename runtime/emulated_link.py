@@ -334,7 +334,19 @@ def _create_group(store, rank: int, size: int, timeout) -> EmulatedLinkGroup:
     inner = dist.ProcessGroupGloo(store, rank, size, timeout)
     group = EmulatedLinkGroup(inner, rank, size, link)
     group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, inner)
+    GROUPS.append(group)
     return group
+
+
+GROUPS: list[EmulatedLinkGroup] = []  # this process's emulated groups
+
+
+def set_link(link: LinkModel | str) -> None:
+    """Switch every emulated group of this process to `link` (a benchmark compares links on one compiled
+    program: the step with a slow link minus the same step with `zero` is the exposed communication)."""
+    link = parse_link(link) if isinstance(link, str) else link
+    for group in GROUPS:
+        group.link = link
 
 
 def current_link() -> LinkModel | None:
