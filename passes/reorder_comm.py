@@ -250,10 +250,26 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
         for d in ds:
             users[d].append(n)
     missing = {n: len(ds) for n, ds in deps.items()}
+    # A joint graph keeps its forward before its backward (the partitioner reads it that way): nodes that
+    # depend on a tangent wait until every other node is placed.
+    backward: set[fx.Node] = set()
+    for n in nodes:
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(d in backward for d in deps[n]):
+            backward.add(n)
+    backward.discard(nodes[-1])
+    forward_left = [sum(1 for n in nodes if n not in backward and n.op != "output")]
+    gated: list[fx.Node] = []
     ready: list[tuple[int, fx.Node]] = []
+
+    def release(n: fx.Node) -> None:
+        if n in backward and n.op != "placeholder" and forward_left[0] > 0:
+            gated.append(n)
+        else:
+            heapq.heappush(ready, (position[n], n))
+
     for n in nodes:
         if missing[n] == 0:
-            heapq.heappush(ready, (position[n], n))
+            release(n)
 
     order: list[fx.Node] = []
     scheduled: set[fx.Node] = set()
@@ -294,10 +310,16 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
             now = max(now, done_at.get(start, now))
         else:
             now += seconds
+        if n not in backward and n.op != "output":  # (placeholders of tangents are never gated)
+            forward_left[0] -= 1
+            if forward_left[0] == 0:
+                for g in gated:
+                    heapq.heappush(ready, (position[g], g))
+                gated.clear()
         for u in users[n]:
             missing[u] -= 1
             if missing[u] == 0:
-                heapq.heappush(ready, (position[u], u))
+                release(u)
 
     while ready:
         # 1. a ready start is issued at once, when the budget holds its buffer that early

@@ -33,7 +33,53 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def build(plan: str, model_name: str, passes: str | None):
+class InductorOverlap:
+    """The peer: Inductor's FX overlap scheduler (`torch/_inductor/fx_passes/overlap_scheduling.py`,
+    `schedule_overlap_bucketing`) run in reorder_comm's place on the same joint graph, given the same
+    per-node times (trex's cost model on the emulated link) through its `custom_runtime_estimation` hook."""
+
+    name = "inductor_overlap"
+
+    def run(self, gm, ctx):
+        from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
+
+        from trex.cost_model.annotate import annotate
+        from trex.pass_manager import Decision, PassResult
+        from trex.passes.reorder_comm import cost_cluster
+
+        annotate(gm, cost_cluster(ctx.target))
+
+        def milliseconds(node, _override):
+            cost = node.meta.get("cost")
+            return cost.time_s * 1e3 if cost is not None and cost.priced else None
+
+        try:
+            result = schedule_overlap_bucketing(
+                gm,
+                custom_runtime_estimation=milliseconds,
+                compute_estimator="analytical",
+                collective_estimator="analytical",
+                collective_bucketing=True,
+            )
+        except Exception as error:  # noqa: BLE001 - the peer's failure is a result, reported
+            return PassResult(False, [Decision("failed", "graph", f"{type(error).__name__}: {error}"[:300])])
+        if result is not gm:
+            gm.graph = result.graph
+        gm.recompile()
+        return PassResult(True, [Decision("scheduled", "graph", "Inductor's overlap scheduler ran")])
+
+
+def pipeline(label: str):
+    from trex.passes import DEFAULT_PIPELINE
+
+    if label == "pass":
+        return None
+    if label == "no_pass":
+        return "-reorder_comm"
+    return [InductorOverlap() if name == "reorder_comm" else name for name in DEFAULT_PIPELINE]
+
+
+def build(plan: str, model_name: str, passes, layers: int = 0):
     import torch.distributed as dist
 
     import trex
@@ -41,7 +87,10 @@ def build(plan: str, model_name: str, passes: str | None):
     from trex.runtime.data_parallel import shard_parameters_in_graph
     from trex.runtime.expert_parallel import route_through_ep, shard_experts
 
-    model = build_model(tiny_config(model_name), seed=0)
+    config = tiny_config(model_name)
+    if layers:
+        config.num_hidden_layers = layers
+    model = build_model(config, seed=0)
     if plan == "ep":
         shard_experts(model, dist.group.WORLD)
     else:
@@ -79,9 +128,9 @@ def rank_main(args: dict) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"rank": rank, "plans": {}}
     for plan in args["plans"]:
-        for label, passes in (("pass", None), ("no_pass", "-reorder_comm")):
+        for label in args["labels"]:
             torch._dynamo.reset()
-            model, compiled = build(plan, args["model"], passes)
+            model, compiled = build(plan, args["model"], pipeline(label), args["layers"])
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
             vocab = model.config.vocab_size
             ids = torch.randint(0, vocab, (args["rows"], args["seq"] + 1), generator=torch.Generator().manual_seed(1))
@@ -115,6 +164,13 @@ def rank_main(args: dict) -> dict:
                 "link_s": link_s,
                 "losses": losses,
                 "predicted_exposed_s": predicted(compiled, args["link"], label == "pass"),
+                "peer": [
+                    d.reason
+                    for g in compiled.trex.graphs
+                    for r in g.report.records
+                    if r.name == "inductor_overlap"
+                    for d in r.decisions
+                ],
             }
             del model, compiled, optimizer
     dist.destroy_process_group()
@@ -131,9 +187,11 @@ def main() -> int:
     parser.add_argument("--model", default="deepseek-v3")
     parser.add_argument("--plans", default="ep,zero3")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the tiny config's)")
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
+    parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor overlap-scheduler runs")
     args = parser.parse_args()
     from trex.runtime.launcher import launch_function
 
@@ -143,8 +201,10 @@ def main() -> int:
         "model": args.model,
         "plans": args.plans.split(","),
         "steps": args.steps,
+        "layers": args.layers,
         "seq": args.seq,
         "rows": args.rows,
+        "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
     }
     results = launch_function(rank_main, (config,), 2)
     if args.json:
@@ -158,7 +218,7 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for plan in config["plans"]:
         exposed = {}
-        for label in ("no_pass", "pass"):
+        for label in ["no_pass", "pass"] + config["labels"][2:]:
             row = r0[f"{plan}/{label}"]
             diffs = [s - z for s, z in zip(row["slow"], row["zero"])]
             exposed[label] = diffs
@@ -177,7 +237,15 @@ def main() -> int:
             f"median exposed reduced by {reduction:.0%}; step time without / with the pass {spread(gain)}; "
             f"losses identical: {same}"
         )
-        for label in ("no_pass", "pass"):
+        if "inductor" in config["labels"]:
+            peer = r0[f"{plan}/inductor"]
+            ratio = [t / p for t, p in zip(sorted(r0[f"{plan}/pass"]["slow"]), sorted(peer["slow"]))]
+            print(
+                f"{plan}: step time trex / Inductor overlap scheduler {spread(ratio)}; Inductor's pass: "
+                f"{'; '.join(sorted(set(peer['peer']))) or 'did not run'}; losses identical to no pass: "
+                f"{peer['losses'] == r0[f'{plan}/no_pass']['losses']}"
+            )
+        for label in config["labels"]:
             row = r0[f"{plan}/{label}"]
             measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
             print(

@@ -1,5 +1,6 @@
 """Emulated links: a collective's wall time follows the link model, its wait costs no CPU, results are gloo's;
-and reorder_comm's cross-rank check of the collective order, on the same two ranks.
+and, on the same two ranks, reorder_comm's cross-rank check of the collective order and ZeRO-3 inside the graph
+compiled with and without reorder_comm (losses equal to one process training the whole batch).
 
 Two gloo ranks under `trex_link` with a slow link (alpha 2 ms, 0.01 GB/s): every functional collective
 (the nodes of captured graphs), the plain `dist.*` calls and an all-to-all with uneven splits give
@@ -84,7 +85,56 @@ def timed_collectives(link: str) -> dict:
     except CollectiveOrderError as error:
         out["other_order"] = str(error)
     dist.barrier()
+    out["zero3"] = zero3_in_graph_losses()
     dist.destroy_process_group()
+    return out
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = torch.nn.Linear(16, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def small_net_losses(model, rows, steps=2, forward=None):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    data = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
+    losses = []
+    for _ in range(steps):
+        loss = ((forward or model)(data[rows]) ** 2).sum() / data.size(0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def zero3_in_graph_losses() -> dict:
+    """ZeRO-3 inside the graph, compiled by trex with and without reorder_comm: per-rank losses of 2 AdamW steps
+    and the pass's decisions."""
+    import torch.distributed as dist
+
+    import trex
+    from trex.runtime.data_parallel import shard_parameters_in_graph
+
+    rank = dist.get_rank()
+    out = {}
+    for label, passes in (("pass", None), ("no_pass", "-reorder_comm")):
+        torch._dynamo.reset()
+        model = SmallNet()
+        shard_parameters_in_graph(model, dist.group.WORLD)
+        compiled = trex.compile(model, backend="eager", passes=passes)
+        losses = small_net_losses(model, slice(4 * rank, 4 * rank + 4), forward=compiled)
+        totals = []
+        for loss in losses:
+            dist.all_reduce(loss)
+            totals.append(float(loss))
+        records = [r for g in compiled.trex.graphs for r in g.report.records if r.name == "reorder_comm" and r.ran]
+        out[label] = {"losses": totals, "decisions": [d.action for r in records for d in r.decisions]}
     return out
 
 
@@ -93,6 +143,15 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
     x = [torch.arange(32768, dtype=torch.float32) + r for r in range(2)]
     assert "published digest" in results[0]["same_order"] and "same collective order" in results[1]["same_order"]
     assert "rank 1 would issue its 2 collectives of graph 1 in another order than rank 0" in results[1]["other_order"]
+    # ZeRO-3 in the graph over the emulated link: trex.compile with and without reorder_comm gives the losses
+    # of one process training the whole batch
+    want = [float(x) for x in small_net_losses(SmallNet(), slice(0, 8))]
+    for result in results.values():
+        zero3 = result["zero3"]
+        assert zero3["pass"]["losses"] == zero3["no_pass"]["losses"], zero3
+        assert zero3["pass"]["losses"] == pytest.approx(want, rel=1e-5)
+        assert "summary" in zero3["pass"]["decisions"] and "schedule" in zero3["pass"]["decisions"]
+        assert not zero3["no_pass"]["decisions"]
     for rank, result in results.items():
         values = result["values"]
         torch.testing.assert_close(values["all_reduce"], x[0] + x[1])
