@@ -53,18 +53,21 @@ class InductorOverlap:
             cost = node.meta.get("cost")
             return cost.time_s * 1e3 if cost is not None and cost.priced else None
 
+        from trex.graph_copy import copy_graph_module
+
+        trial = copy_graph_module(gm)
         try:
             result = schedule_overlap_bucketing(
-                gm,
+                trial,
                 custom_runtime_estimation=milliseconds,
                 compute_estimator="analytical",
                 collective_estimator="analytical",
                 collective_bucketing=True,
             )
-        except Exception as error:  # noqa: BLE001 - the peer's failure is a result, reported
+            result.graph.lint()
+        except Exception as error:  # noqa: BLE001 - the peer's failure is a result: reported, graph left as it was
             return PassResult(False, [Decision("failed", "graph", f"{type(error).__name__}: {error}"[:300])])
-        if result is not gm:
-            gm.graph = result.graph
+        gm.graph = result.graph
         gm.recompile()
         return PassResult(True, [Decision("scheduled", "graph", "Inductor's overlap scheduler ran")])
 
