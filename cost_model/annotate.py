@@ -201,7 +201,14 @@ def _loops(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> tuple[
     return 1, 1
 
 
-_EXPERTS_OPS = ("trex.moe_experts", "trex.moe_experts_backward", "trex.moe_experts_ep", "trex.moe_experts_ep_backward")
+_EXPERTS_OPS = (
+    "trex.moe_experts",
+    "trex.moe_experts_backward",
+    "trex.moe_experts_ep",
+    "trex.moe_experts_ep_backward",
+    "trex.ep_experts_local",
+    "trex.ep_experts_local_backward",
+)
 
 
 def _time(

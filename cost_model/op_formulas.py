@@ -419,6 +419,59 @@ _MOE_EXPERTS_EP_BACKWARD = OpFormula(
 )
 
 
+def _bind_ep_experts_local(node: Any) -> dict | None:
+    """`trex.ep_experts_local(_backward)`, the local experts of the split expert-parallel layer: priced at the
+    balanced-routing row count the op carries as its last argument (`expected_rows`), as `moe_experts_ep` is
+    (the received-row count itself is data dependent)."""
+    gate_up, down = node.args[2].meta["val"], node.args[3].meta["val"]
+    rows, width = int(node.args[-1]), node.args[0].meta["val"].shape[-1]
+    experts = gate_up.shape[0]
+    return {
+        S: rows,
+        H: width,
+        M: gate_up.numel() // (experts * width),
+        N: down.numel() // (experts * width),
+        E: experts,
+        T: rows,
+        s_in: gate_up.element_size(),
+        Bytes_in: 0,
+    }
+
+
+_EP_EXPERTS_LOCAL = OpFormula(
+    "moe",
+    _EXPERT_GEMMS + 4 * S * N + 2 * S * H,
+    (2 * T * H + 3 * S * H + S * M + S * N + E * H * (M + N)) * s_in,
+    _bind_ep_experts_local,
+    "local experts' grouped GEMMs over the rows received (balanced: rows sent); the exchanges are their own nodes",
+)
+_EP_EXPERTS_LOCAL_BACKWARD = OpFormula(
+    "moe",
+    2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
+    (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in,
+    _bind_ep_experts_local,
+    "data and weight gradients of the local grouped GEMMs",
+)
+
+
+def _bind_ep_exchange(node: Any) -> dict | None:
+    """`trex.ep_exchange` (an expert-parallel all-to-all): the rows this rank sends. When that count is data
+    dependent (the combine's send, the dispatch gradient's), the receive count stands for it: under
+    balanced routing a rank sends as many rows as it receives."""
+    rows_in, outs = node.args[0].meta["val"], node_outputs(node)
+    rows = rows_in.shape[0]
+    if not isinstance(rows, int) and outs and isinstance(outs[0].shape[0], int):
+        rows = outs[0].shape[0]
+    if not isinstance(rows, int):
+        return None
+    row_bytes = math.prod(rows_in.shape[1:]) * rows_in.element_size()
+    return {Bytes_in: rows * row_bytes, Bytes_out: rows * row_bytes}
+
+
+_EP_EXCHANGE = OpFormula(
+    "collective", sympy.Integer(0), Bytes_in, _bind_ep_exchange, "all-to-all of the rows this rank sends"
+)
+
 # ---------------------------------------------------------------------------------------------
 # Collectives (functional c10d). Bytes are the buffer the algorithm moves; time comes from the
 # cluster model in trex.cost_model.collectives.
@@ -429,7 +482,7 @@ def _bind_collective(node: Any) -> dict | None:
     outs = node_outputs(node)
     if not ins:
         return None
-    return {Bytes_in: nbytes(ins[0]), Bytes_out: sum(nbytes(t) for t in outs)}
+    return {Bytes_in: sum(nbytes(t) for t in ins), Bytes_out: sum(nbytes(t) for t in outs)}  # coalesced: all
 
 
 COLLECTIVE = OpFormula(
@@ -526,6 +579,8 @@ EXACT: dict[str, OpFormula] = {
     "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
     "trex.moe_experts_ep": _MOE_EXPERTS_EP,
     "trex.moe_experts_ep_backward": _MOE_EXPERTS_EP_BACKWARD,
+    "trex.ep_experts_local": _EP_EXPERTS_LOCAL,
+    "trex.ep_experts_local_backward": _EP_EXPERTS_LOCAL_BACKWARD,
     "aten._scaled_dot_product_flash_attention": _ATTN_FWD,
     "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
     "aten._scaled_dot_product_efficient_attention": _ATTN_FWD,
@@ -708,6 +763,9 @@ EXACT: dict[str, OpFormula] = {
     "_c10d_functional.all_gather_into_tensor_coalesced": COLLECTIVE,
     "_c10d_functional.reduce_scatter_tensor_coalesced": REDUCING_COLLECTIVE,
     "_c10d_functional.wait_tensor": SYNC,
+    "trex.ep_exchange": _EP_EXCHANGE,
+    "trex.ep_counts": COLLECTIVE,
+    "trex.ep_rows": SYNC,
     "_c10d_functional_autograd.all_to_all_single": COLLECTIVE,
     "_c10d_functional_autograd.all_gather_into_tensor": COLLECTIVE,
     "_c10d_functional_autograd.reduce_scatter_tensor": REDUCING_COLLECTIVE,
@@ -722,6 +780,8 @@ COLLECTIVE_KIND = {
     "all_gather_into_tensor": "all_gather",
     "all_gather_into_tensor_coalesced": "all_gather",
     "all_to_all_single": "all_to_all",
+    "ep_exchange": "all_to_all",
+    "ep_counts": "all_to_all",
     "broadcast": "all_gather",
 }
 

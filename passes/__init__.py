@@ -23,6 +23,7 @@ _PASS_CLASSES = {
     "CostDrivenFusion": "trex.passes.cost_driven_fusion",
     "TritonPatterns": "trex.passes.triton_patterns",
     "Recompute": "trex.passes.recompute",
+    "ReorderComm": "trex.passes.reorder_comm",
 }
 
 
@@ -48,6 +49,7 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "canonicalize_moe",  # fused MoE ops -> dispatch / grouped_mm / combine, tagged per layer
     "dead_code_elimination",  # drop values nothing uses
     "triton_patterns",  # aten regions -> trex's Triton kernels (when the target is a GPU, or when asked)
+    "reorder_comm",  # collectives issued early / waited late under compute, same order on every rank
     "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
 )
 
@@ -94,6 +96,7 @@ __all__ = [
     "CostDrivenFusion",
     "DeadCodeElimination",
     "Recompute",
+    "ReorderComm",
     "TritonPatterns",
     "resolve_pipeline",
 ]

@@ -96,6 +96,12 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         default="",
         help='pipeline chunks as inclusive layer ranges in model order, e.g. "0-1,2-3" (default: the plan\'s split)',
     )
+    parser.add_argument(
+        "--emulate-link",
+        metavar="LINK",
+        help="make gloo collectives take a modelled link's time: 'alpha_us=20,gbps=5' (GB/s), 'zero', or a tier of "
+        "the hardware catalog (e.g. infiniband-ndr); for measuring overlap on CPU",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
 
 
@@ -119,6 +125,11 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         raise TrexError("--save-every needs --checkpoint-dir")
     if args.resume and args.checkpoint_dir is None:
         raise TrexError("--resume needs --checkpoint-dir (the directory an earlier run saved into)")
+    emulate_link = getattr(args, "emulate_link", None)
+    if emulate_link is not None:
+        from trex.runtime.emulated_link import parse_link
+
+        emulate_link = parse_link(emulate_link).spec  # refuse a bad link before any process starts
     config = config if config is not None else load_config(args.model)
     plan = resolve_plan(
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
@@ -164,6 +175,7 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         progress_dir=str(args.progress_dir) if args.progress_dir else None,
         schedule=args.schedule,
         stage_split=args.stage_split,
+        emulate_link=emulate_link,
         **fields,
     )
     return job, config, plan

@@ -266,3 +266,53 @@ def _all_gather_into(target: torch.Tensor, shard: torch.Tensor, dim: int, home: 
     dist.all_gather_into_tensor(gathered, moved.contiguous(), group=home.replica_group)
     with torch.no_grad():
         target.copy_(gathered[:size].movedim(0, dim))
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO-3 inside the captured graph (the SimpleFSDP idea: Zhang et al. 2024, "SimpleFSDP: Simpler
+# Fully Sharded Data Parallel with torch.compile")
+#
+# FSDP2 gathers parameters in hooks, outside any graph, so no graph pass can move its collectives.
+# Here each parameter is stored as this rank's 1/N flat shard and the module reads it through a
+# parametrization that all-gathers it with the functional collective whose autograd is a
+# reduce-scatter: the captured joint graph holds one all-gather per parameter in the forward (its
+# input a graph input, so it can be prefetched) and one reduce-scatter per gradient in the backward.
+
+
+class GatheredParameter(nn.Module):
+    """Parametrization: the whole parameter, all-gathered from this rank's flat shard (padding cut off)."""
+
+    def __init__(self, shape: tuple[int, ...], group: dist.ProcessGroup):
+        super().__init__()
+        self.shape, self.numel, self.group = tuple(shape), math.prod(shape), group
+
+    def forward(self, shard: torch.Tensor) -> torch.Tensor:
+        import torch.distributed._functional_collectives as funcol
+
+        full = funcol.all_gather_single_autograd(shard, 0, self.group)
+        return full[: self.numel].view(self.shape)
+
+
+def shard_parameters_in_graph(model: nn.Module, group: dist.ProcessGroup) -> dict[str, tuple[int, ...]]:
+    """Replace every parameter of `model` by this rank's flat shard (zero-padded to a multiple of the group
+    size), read through `GatheredParameter`. Gradients land on the shards, summed over the group (the loss
+    is normalized by the global batch), so a plain optimizer on `model.parameters()` is ZeRO-3.
+    Returns each sharded parameter's whole shape; a parameter shared by several modules (tied weights)
+    keeps one shard that every module gathers."""
+    from torch.nn.utils import parametrize
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    shards: dict[int, nn.Parameter] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for module_name, module in list(model.named_modules()):
+        for attr, param in list(module.named_parameters(recurse=False)):
+            shard = shards.get(id(param))
+            if shard is None:
+                flat = param.detach().flatten()
+                padded = torch.cat([flat, flat.new_zeros(-flat.numel() % world)])
+                shard = nn.Parameter(padded.chunk(world)[rank].clone(), requires_grad=param.requires_grad)
+                shards[id(param)] = shard
+            parametrize.register_parametrization(module, attr, GatheredParameter(param.shape, group), unsafe=True)
+            module.parametrizations[attr].original = shard
+            shapes[f"{module_name}.{attr}" if module_name else attr] = tuple(param.shape)
+    return shapes

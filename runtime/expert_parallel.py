@@ -208,13 +208,272 @@ moe_experts_ep.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------
+# The same layer as separate graph nodes: dispatch exchange / local experts / combine exchange.
+#
+# `moe_experts_ep` hides its all-to-alls inside one node, so no graph pass can move them. The split form
+# below gives the captured graph one node per exchange (`trex.ep_exchange`, which starts the all-to-all
+# as a functional collective) followed by `_c10d_functional.wait_tensor`, and one node for the local
+# experts; a scheduling pass can then issue an exchange early and wait for it late. The arithmetic is
+# the fused op's, primitive for primitive, so losses and gradients are the same.
+
+
+def _splits(counts: Tensor) -> list[int]:
+    return [int(c) for c in counts.tolist()]
+
+
+@torch.library.custom_op("trex::ep_counts", mutates_args=())
+def ep_counts(counts: Tensor, group_name: str) -> Tensor:
+    """Per-expert row counts this rank sends [E] -> the counts every rank sends to this rank's experts [ep, E_local].
+
+    Blocking (the row exchanges are sized by it) and small: its cost is the link's latency."""
+    group = _group(group_name)
+    ep = dist.get_world_size(group)
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts.contiguous(), group=group)
+    return received.view(ep, counts.numel() // ep)
+
+
+@ep_counts.register_fake
+def _(counts, group_name):
+    ep = dist.get_world_size(_group(group_name))
+    return counts.new_empty(ep, counts.numel() // ep)
+
+
+@torch.library.custom_op("trex::ep_rows", mutates_args=())
+def ep_rows(counts: Tensor) -> int:
+    """The number of rows an exchange receives (the sum of its receive counts): the graph's data-dependent size.
+
+    Its own node binds that size, so the exchange after it has a known output size and the partitioner never
+    re-runs a collective just to learn a size."""
+    return int(counts.sum())
+
+
+@ep_rows.register_fake
+def _(counts):
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+@torch.library.custom_op("trex::ep_exchange", mutates_args=())
+def ep_exchange(rows: Tensor, send_counts: Tensor, recv_counts: Tensor, out_rows: int, group_name: str) -> Tensor:
+    """Start the all-to-all of `rows` (send_counts[r] rows to rank r; recv_counts[r] arrive from rank r).
+
+    Returns the receive buffer of a functional collective: `_c10d_functional.wait_tensor` on it completes
+    the exchange (the graph holds that wait as its own node). `out_rows` is the receive size when the
+    graph knows it statically (the combine), else -1 (data dependent)."""
+    recv_splits, send_splits = _splits(recv_counts), _splits(send_counts)
+    return torch.ops._c10d_functional.all_to_all_single(rows.contiguous(), recv_splits, send_splits, group_name)
+
+
+@ep_exchange.register_fake
+def _(rows, send_counts, recv_counts, out_rows, group_name):
+    if isinstance(out_rows, int) and out_rows < 0:
+        out_rows = torch.library.get_ctx().new_dynamic_size()
+    return rows.new_empty(out_rows, *rows.shape[1:])
+
+
+def _exchange_setup(ctx, inputs, output):
+    rows, send_counts, recv_counts, _, group_name = inputs
+    ctx.save_for_backward(send_counts, recv_counts)
+    ctx.rows, ctx.group_name = rows.size(0), group_name
+
+
+def _exchange_backward(ctx, grad):
+    send_counts, recv_counts = ctx.saved_tensors
+    return exchange(grad, recv_counts, send_counts, ctx.rows, ctx.group_name), None, None, None, None
+
+
+ep_exchange.register_autograd(_exchange_backward, setup_context=_exchange_setup)
+
+
+def exchange(rows: Tensor, send_counts: Tensor, recv_counts: Tensor, out_rows, group_name: str) -> Tensor:
+    """`ep_exchange` and its wait (two graph nodes); differentiable: the gradient takes the reverse exchange.
+
+    `wait_tensor` has no autograd formula of its own; autograd passes the gradient through it unchanged,
+    which is its meaning (it returns its input once the collective has landed)."""
+    started = ops.ep_exchange(rows.contiguous(), send_counts, recv_counts, out_rows, group_name)
+    return torch.ops._c10d_functional.wait_tensor(started)
+
+
+@torch.library.custom_op("trex::ep_experts_local", mutates_args=())
+def ep_experts_local(
+    received: Tensor,
+    recv_counts: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    expected_rows: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """This rank's experts over the rows it received (ordered by source rank, then expert).
+
+    Returns (out[R,H] in received order, regroup[R], grouped_in[R,H], gate_up_out[R,2I]); the last three
+    are saved for the backward. `expected_rows` (rows under balanced routing) only prices the node."""
+    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
+    local_experts = w_gate_up.size(0)
+    local_expert = torch.arange(local_experts).repeat(recv_counts.size(0)).repeat_interleave(recv_counts.reshape(-1))
+    regroup = torch.sort(local_expert, stable=True)[1]
+    grouped_in = received.to(w_gate_up.dtype).index_select(0, regroup)
+    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
+    gate_up_out = ops.grouped_mm(grouped_in, w_gate_up, local_offsets)
+    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
+    local_out = ops.grouped_mm(activated, w_down, local_offsets)
+    return _scatter_rows(local_out, regroup), regroup, grouped_in, gate_up_out
+
+
+@ep_experts_local.register_fake
+def _(received, recv_counts, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed, expected_rows):
+    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
+    rows = received.size(0)
+    return (
+        received.new_empty(rows, w_down.size(-1), dtype=w_down.dtype),
+        recv_counts.new_empty(rows, dtype=torch.int64),
+        received.new_empty(rows, received.size(-1), dtype=w_gate_up.dtype),
+        received.new_empty(rows, w_gate_up.size(-1), dtype=w_gate_up.dtype),
+    )
+
+
+@torch.library.custom_op("trex::ep_experts_local_backward", mutates_args=())
+def ep_experts_local_backward(
+    grad_out: Tensor,
+    recv_counts: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    regroup: Tensor,
+    grouped_in: Tensor,
+    gate_up_out: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    expected_rows: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of `ep_experts_local` w.r.t. the received rows and this rank's expert weights."""
+    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
+    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
+    grad_local_out = grad_out.index_select(0, regroup)
+    grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
+    grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
+    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
+    grad_grouped_in = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), local_offsets)
+    grad_received = _scatter_rows(grad_grouped_in, regroup)
+    if weights_transposed:
+        grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
+        grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
+    else:
+        grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
+        grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
+    return grad_received, grad_gate_up, grad_down
+
+
+@ep_experts_local_backward.register_fake
+def _(
+    grad_out,
+    recv_counts,
+    gate_up_proj,
+    down_proj,
+    regroup,
+    grouped_in,
+    gate_up_out,
+    activation,
+    swiglu_limit,
+    weights_transposed,
+    expected_rows,
+):
+    return (
+        torch.empty_like(grouped_in),
+        torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
+        torch.empty_like(down_proj, memory_format=torch.contiguous_format),
+    )
+
+
+def _local_setup(ctx, inputs, output):
+    received, recv_counts, gate_up_proj, down_proj, activation, swiglu_limit, transposed, expected_rows = inputs
+    ctx.save_for_backward(recv_counts, gate_up_proj, down_proj, *output[1:])
+    ctx.attributes = (activation, swiglu_limit, transposed, expected_rows)
+    ctx.received_dtype = received.dtype
+
+
+def _local_backward(ctx, grad_out, *_unused):
+    recv_counts, gate_up_proj, down_proj, regroup, grouped_in, gate_up_out = ctx.saved_tensors
+    activation, swiglu_limit, transposed, expected_rows = ctx.attributes
+    grad_received, grad_gate_up, grad_down = ops.ep_experts_local_backward(
+        grad_out.contiguous(),
+        recv_counts,
+        gate_up_proj,
+        down_proj,
+        regroup,
+        grouped_in,
+        gate_up_out,
+        activation,
+        swiglu_limit,
+        transposed,
+        expected_rows,
+    )
+    return grad_received.to(ctx.received_dtype), None, grad_gate_up, grad_down, None, None, None, None
+
+
+ep_experts_local.register_autograd(_local_backward, setup_context=_local_setup)
+
+
+def moe_experts_ep_split(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    group_name: str,
+    ep: int,
+) -> Tensor:
+    """`moe_experts_ep`'s output, computed as dispatch exchange -> local experts -> combine exchange nodes
+    (`ep`: the group's size, known when the experts were sharded; Dynamo cannot look a group up)."""
+    w_gate_up, _ = _expert_weights(gate_up_proj, down_proj, weights_transposed)
+    local_experts = w_gate_up.size(0)
+    sorted_hidden, perm, offsets = ops.moe_dispatch(hidden.to(w_gate_up.dtype), top_k_index, local_experts * ep)
+    counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
+    recv_counts = ops.ep_counts(counts, group_name)
+    send_rows, recv_rows = counts.view(ep, local_experts).sum(1), recv_counts.sum(1)
+    received = exchange(sorted_hidden, send_rows, recv_rows, ops.ep_rows(recv_rows), group_name)
+    local_out, *_saved = ops.ep_experts_local(
+        received,
+        recv_counts,
+        gate_up_proj,
+        down_proj,
+        activation,
+        swiglu_limit,
+        weights_transposed,
+        top_k_index.numel(),
+    )
+    expert_out = exchange(local_out, recv_rows, send_rows, sorted_hidden.size(0), group_name)
+    return ops.moe_combine(expert_out, perm, top_k_weights).to(hidden.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # transformers experts modules -> the distributed op
 
 
 def ep_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
-    """The "trex_ep" experts implementation: one `trex.moe_experts_ep` op over the module's EP group."""
+    """The "trex_ep" experts implementation over the module's EP group: dispatch / local experts / combine as
+    separate graph nodes (`moe_experts_ep_split`), or the one fused `trex.moe_experts_ep` node when the module
+    says `trex_ep_fused`."""
     layout = self.trex_ep_layout
-    out, *_saved = ops.moe_experts_ep(
+    operation = ops.moe_experts_ep if getattr(self, "trex_ep_fused", False) else None
+    if operation is None:
+        return moe_experts_ep_split(
+            hidden_states,
+            top_k_index,
+            top_k_weights,
+            self.gate_up_proj,
+            self.down_proj,
+            layout.activation,
+            layout.swiglu_limit,
+            layout.weights_transposed,
+            self.trex_ep_group,
+            self.trex_ep_size,
+        )
+    out, *_saved = operation(
         hidden_states,
         top_k_index,
         top_k_weights,
@@ -265,6 +524,7 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
             names.append(f"{name}.{attr}" if name else attr)
         module.trex_ep_layout = layout
         module.trex_ep_group = group.group_name
+        module.trex_ep_size = ep
     route_through_ep(model)
     return names
 

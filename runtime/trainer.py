@@ -67,6 +67,7 @@ class TrainJob:
     # -- pipeline parallelism (pp > 1, runtime/pipeline) ----------------------------------------------
     schedule: str = ""  # gpipe | 1f1b | interleaved | zbv | dualpipev; "": 1f1b (interleaved with vpp > 1)
     stage_split: str = ""  # inclusive layer ranges per chunk ("0-1,2-3"); "": the plan's split
+    emulate_link: str | None = None  # gloo collectives take this link's modelled time (runtime/emulated_link.py)
 
     @classmethod
     def create(
@@ -135,6 +136,10 @@ def run_rank(job: TrainJob) -> dict[str, Any]:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device, backend = device_and_backend()
+    if job.emulate_link is not None and backend == "gloo":
+        from trex.runtime.emulated_link import install
+
+        backend = install(job.emulate_link)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Under torchrun the process group exists even for one rank (so nccl/hccl is exercised end to end).
@@ -394,7 +399,7 @@ class Trainer:
             module = graph.joint or graph.forward
             for node in module.graph.nodes if module is not None else []:
                 name = str(node.target)
-                if node.op == "call_function" and ("moe_experts" in name or "c10d" in name):
+                if node.op == "call_function" and ("moe_experts" in name or "c10d" in name or ".ep_" in name):
                     counts[name] = counts.get(name, 0) + 1
         return counts
 

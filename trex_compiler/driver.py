@@ -161,9 +161,11 @@ class TrexCompiler:
         self, graph: CapturedGraph, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
     ):
         self._run_pipeline(graph, joint)
+        _save_trex_collectives(joint)
         start = time.perf_counter()
         partition = min_cut_rematerialization_partition if self.options.partitioner == "min_cut" else default_partition
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        _drop_unused_trex_collectives(backward)
         graph.seconds["partition"] = time.perf_counter() - start
         graph.forward, graph.backward = forward, backward
         if self.dump is not None:
@@ -199,6 +201,41 @@ class TrexCompiler:
                 lowering.describe() + "\n",
             )
         return make_boxed_func(lowering.module)
+
+
+_TREX_COLLECTIVES = ("ep_exchange", "ep_counts")  # trex's own collective ops (runtime/expert_parallel.py)
+
+
+def _is_trex_collective(node: fx.Node) -> bool:
+    target = node.target
+    return (
+        node.op == "call_function"
+        and getattr(target, "namespace", None) == "trex"
+        and target.__name__.split(".")[0] in _TREX_COLLECTIVES
+    )
+
+
+def _save_trex_collectives(joint: fx.GraphModule) -> None:
+    """trex's collective ops are never recomputed in the backward: the partitioner treats them as it treats
+    `_c10d_functional` ops (a recomputed exchange would talk again)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for node in joint.graph.nodes:
+        if _is_trex_collective(node):
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
+def _drop_unused_trex_collectives(backward: fx.GraphModule) -> None:
+    """The partitioner copies a forward exchange into the backward when its inputs are there, even when
+    nothing uses it (the node carries a data-dependent size); such a copy would talk over the group again
+    for nothing, so it goes."""
+    dropped = False
+    for node in reversed(list(backward.graph.nodes)):
+        if _is_trex_collective(node) and not node.users:
+            backward.graph.erase_node(node)
+            dropped = True
+    if dropped:
+        backward.recompile()
 
 
 def dynamo_backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None):

@@ -74,9 +74,15 @@ def compiled_rank(plans: list[Plan]) -> list[dict]:
                 annotate(module, "cpu")
                 for node in module.graph.nodes:
                     name = str(node.target)
-                    if node.op != "call_function" or not ("c10d_functional" in name or "moe_experts_ep" in name):
-                        continue
                     short = name.split(".")[-2]
+                    expert_parallel = short in (
+                        "ep_exchange",
+                        "ep_counts",
+                        "ep_experts_local",
+                        "ep_experts_local_backward",
+                    )
+                    if node.op != "call_function" or not ("c10d_functional" in name or expert_parallel):
+                        continue
                     found[short] = found.get(short, 0) + 1
                     cost = node.meta.get("cost")
                     if cost is not None and cost.priced and (cost.time_s > 0 or short == "wait_tensor"):
@@ -104,6 +110,9 @@ def test_tp_and_ep_plans_compile_on_two_ranks_with_their_collectives_priced_in_t
         # reduce-scatter it out; their backwards are the opposite collectives, in the same joint graph
         assert tp["found"].get("all_gather_into_tensor", 0) >= 4 * layers, tp["found"]
         assert tp["found"].get("reduce_scatter_tensor", 0) >= 4 * layers, tp["found"]
-        # ep: one forward and one backward expert-parallel node per MoE layer, priced with their all-to-alls
-        assert ep["found"].get("moe_experts_ep") == moe_layers, ep["found"]
-        assert ep["found"].get("moe_experts_ep_backward") == moe_layers, ep["found"]
+        # ep: per MoE layer a counts exchange, dispatch and combine exchanges (forward and backward: four), the
+        # local experts forward and backward; every exchange priced as an all-to-all on the EP group
+        assert ep["found"].get("ep_exchange") == 4 * moe_layers, ep["found"]
+        assert ep["found"].get("ep_counts") == moe_layers, ep["found"]
+        assert ep["found"].get("ep_experts_local") == moe_layers, ep["found"]
+        assert ep["found"].get("ep_experts_local_backward") == moe_layers, ep["found"]

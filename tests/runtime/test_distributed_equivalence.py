@@ -178,7 +178,8 @@ def test_two_rank_plans_of_mla_families_match(model):
 
 @pytest.mark.slow
 def test_compiled_ranks_capture_the_expert_parallel_op_and_match():
-    """With trex.compile on every rank, the EP op is one node per MoE layer of the captured graph."""
+    """With trex.compile on every rank, each MoE layer's dispatch and combine exchanges are nodes of the captured
+    graph (forward and backward: four per layer), around one local-experts node."""
     model = "tiny-qwen3-moe"
     ref = reference(model)
     jobs = [
@@ -188,7 +189,8 @@ def test_compiled_ranks_capture_the_expert_parallel_op_and_match():
     (result,) = launch_function(run_jobs, (jobs,), 2)[0]
     assert_same_run(result, ref, f"{model} ep=2 compiled")
     layers = 4
-    assert result["captured_ops"].get("trex.moe_experts_ep.default") == layers, result["captured_ops"]
+    assert result["captured_ops"].get("trex.ep_experts_local.default") == layers, result["captured_ops"]
+    assert result["captured_ops"].get("trex.ep_exchange.default") == 4 * layers, result["captured_ops"]
 
 
 @pytest.mark.slow

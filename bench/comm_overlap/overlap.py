@@ -1,0 +1,262 @@
+"""Exposed communication with and without `reorder_comm`, on 2 gloo ranks over an emulated slow link.
+
+    python bench/comm_overlap/overlap.py --link "alpha_us=1000,gbps=0.2" --steps 5
+
+Two plans of a tiny DeepSeek-V3 (random init, seed 0) on 2 CPU ranks, each rank training on half of a
+global batch:
+
+  ep     experts sharded over the 2 ranks (runtime/expert_parallel.py, the split dispatch / experts /
+         combine nodes); the timed region is forward + backward (the captured program the pass schedules;
+         the replicated weights' gradient all-reduce runs outside it and is not timed)
+  zero3  ZeRO-3 inside the graph (runtime/data_parallel.shard_parameters_in_graph): every parameter
+         all-gathered in the forward, its gradient reduce-scattered in the backward; timed region
+         forward + backward (the AdamW step on the shards has no communication)
+
+Each plan is compiled twice with trex.compile (eager backend): the default pipeline, and the same with
+`-reorder_comm`. Every timed step runs once with the slow link and once with the `zero` link (same
+compiled program, `emulated_link.set_link`), interleaved; exposed communication of a step is the
+difference. The prediction is the pass's own timeline (cost model + the link model) over the joint graph.
+Losses of the two compilations must be identical (printed). Ratios: min / median / max over the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+class InductorOverlap:
+    """The peer: Inductor's FX overlap scheduler (`torch/_inductor/fx_passes/overlap_scheduling.py`,
+    `schedule_overlap_bucketing`) run in reorder_comm's place on the same joint graph, given the same
+    per-node times (trex's cost model on the emulated link) through its `custom_runtime_estimation` hook."""
+
+    name = "inductor_overlap"
+
+    def run(self, gm, ctx):
+        from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
+
+        from trex.cost_model.annotate import annotate
+        from trex.pass_manager import Decision, PassResult
+        from trex.passes.reorder_comm import cost_cluster
+
+        annotate(gm, cost_cluster(ctx.target))
+
+        def milliseconds(node, _override):
+            cost = node.meta.get("cost")
+            return cost.time_s * 1e3 if cost is not None and cost.priced else None
+
+        from trex.graph_copy import copy_graph_module
+
+        trial = copy_graph_module(gm)
+        try:
+            result = schedule_overlap_bucketing(
+                trial,
+                custom_runtime_estimation=milliseconds,
+                compute_estimator="analytical",
+                collective_estimator="analytical",
+                collective_bucketing=True,
+            )
+            result.graph.lint()
+        except Exception as error:  # noqa: BLE001 - the peer's failure is a result: reported, graph left as it was
+            return PassResult(False, [Decision("failed", "graph", f"{type(error).__name__}: {error}"[:300])])
+        gm.graph = result.graph
+        gm.recompile()
+        return PassResult(True, [Decision("scheduled", "graph", "Inductor's overlap scheduler ran")])
+
+
+def pipeline(label: str):
+    from trex.passes import DEFAULT_PIPELINE
+
+    if label == "pass":
+        return None
+    if label == "no_pass":
+        return "-reorder_comm"
+    return [InductorOverlap() if name == "reorder_comm" else name for name in DEFAULT_PIPELINE]
+
+
+def build(plan: str, model_name: str, passes, layers: int = 0):
+    import torch.distributed as dist
+
+    import trex
+    from trex.models import build_model, tiny_config
+    from trex.runtime.data_parallel import shard_parameters_in_graph
+    from trex.runtime.expert_parallel import route_through_ep, shard_experts
+
+    config = tiny_config(model_name)
+    if layers:
+        config.num_hidden_layers = layers
+    model = build_model(config, seed=0)
+    if plan == "ep":
+        shard_experts(model, dist.group.WORLD)
+    else:
+        shard_parameters_in_graph(model, dist.group.WORLD)
+    compiled = trex.compile(model, backend="eager", passes=passes)
+    if plan == "ep":
+        route_through_ep(model)
+    return model, compiled
+
+
+def predicted(compiled, link: str, ran_pass: bool) -> float:
+    """Exposed communication the pass's timeline predicts for the joint graph(s) as they run."""
+    from trex.cost_model.annotate import annotate
+    from trex.passes.reorder_comm import simulate
+    from trex.runtime.emulated_link import parse_link
+
+    total = 0.0
+    for graph in compiled.trex.graphs:
+        joint = graph.joint or graph.forward
+        annotate(joint, parse_link(link).cluster())
+        total += simulate(joint.graph.nodes).exposed_s
+    return total
+
+
+def rank_main(args: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from trex.runtime import emulated_link
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group(emulated_link.install(args["link"]))  # the pass prices on this link
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict = {"rank": rank, "plans": {}}
+    for plan in args["plans"]:
+        for label in args["labels"]:
+            torch._dynamo.reset()
+            model, compiled = build(plan, args["model"], pipeline(label), args["layers"])
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+            vocab = model.config.vocab_size
+            ids = torch.randint(0, vocab, (args["rows"], args["seq"] + 1), generator=torch.Generator().manual_seed(1))
+            mine = ids.chunk(world)[rank]
+            losses, slow, zero, link_s = [], [], [], []
+            for step in range(args["steps"] + 1):
+                for which in ("slow", "zero"):
+                    emulated_link.set_link(args["link"] if which == "slow" else "zero")
+                    dist.barrier()
+                    emulated_link.STATS.reset()
+                    start = time.perf_counter()
+                    logits = compiled(input_ids=mine[:, :-1], use_cache=False).logits
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), mine[:, 1:].flatten(), reduction="sum")
+                    loss = loss / ids[:, 1:].numel()
+                    loss.backward()
+                    elapsed = time.perf_counter() - start
+                    charged = emulated_link.STATS.total_seconds
+                    optimizer.zero_grad(set_to_none=True)  # timing steps do not update (same program, same data)
+                    if step == 0:
+                        continue  # compile
+                    (slow if which == "slow" else zero).append(elapsed)
+                    if which == "slow":
+                        link_s.append(charged)
+                        total = loss.detach().clone()
+                        emulated_link.set_link("zero")
+                        dist.all_reduce(total)
+                        losses.append(float(total))
+            out["plans"][f"{plan}/{label}"] = {
+                "slow": slow,
+                "zero": zero,
+                "link_s": link_s,
+                "losses": losses,
+                "predicted_exposed_s": predicted(compiled, args["link"], label == "pass"),
+                "peer": [
+                    d.reason
+                    for g in compiled.trex.graphs
+                    for r in g.report.records
+                    if r.name == "inductor_overlap"
+                    for d in r.decisions
+                ],
+            }
+            del model, compiled, optimizer
+    dist.destroy_process_group()
+    return out
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.4f} / {statistics.median(values):.4f} / {max(values):.4f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--link", default="alpha_us=1000,gbps=0.2")
+    parser.add_argument("--model", default="deepseek-v3")
+    parser.add_argument("--plans", default="ep,zero3")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the tiny config's)")
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
+    parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor overlap-scheduler runs")
+    args = parser.parse_args()
+    from trex.runtime.launcher import launch_function
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config = {
+        "link": args.link,
+        "model": args.model,
+        "plans": args.plans.split(","),
+        "steps": args.steps,
+        "layers": args.layers,
+        "seq": args.seq,
+        "rows": args.rows,
+        "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
+    }
+    results = launch_function(rank_main, (config,), 2)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    r0 = results[0]["plans"]
+    print(f"link {args.link}; {args.steps} timed steps; seconds min / median / max (rank 0)")
+    print(
+        "| plan | pass | step, slow link | step, zero link | exposed comm (slow - zero) | comm charged / step | "
+        "comm share of step | predicted exposed | losses |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for plan in config["plans"]:
+        exposed = {}
+        for label in ["no_pass", "pass"] + config["labels"][2:]:
+            row = r0[f"{plan}/{label}"]
+            diffs = [s - z for s, z in zip(row["slow"], row["zero"])]
+            exposed[label] = diffs
+            share = statistics.median(row["link_s"]) / statistics.median(row["slow"])
+            print(
+                f"| {plan} | {label} | {spread(row['slow'])} | {spread(row['zero'])} | {spread(diffs)} | "
+                f"{statistics.median(row['link_s']):.4f} | {share:.0%} | {row['predicted_exposed_s']:.4f} | "
+                f"{', '.join(f'{x:.6f}' for x in row['losses'][:3])} |"
+            )
+        same = r0[f"{plan}/pass"]["losses"] == r0[f"{plan}/no_pass"]["losses"]
+        ratio = [p / n for p, n in zip(sorted(exposed["pass"]), sorted(exposed["no_pass"])) if n > 0]
+        gain = [n / p for p, n in zip(sorted(r0[f"{plan}/pass"]["slow"]), sorted(r0[f"{plan}/no_pass"]["slow"]))]
+        reduction = 1 - statistics.median(exposed["pass"]) / statistics.median(exposed["no_pass"])
+        print(
+            f"{plan}: exposed comm with / without the pass (sorted pairs) {spread(ratio) if ratio else 'n/a'}; "
+            f"median exposed reduced by {reduction:.0%}; step time without / with the pass {spread(gain)}; "
+            f"losses identical: {same}"
+        )
+        if "inductor" in config["labels"]:
+            peer = r0[f"{plan}/inductor"]
+            ratio = [t / p for t, p in zip(sorted(r0[f"{plan}/pass"]["slow"]), sorted(peer["slow"]))]
+            print(
+                f"{plan}: step time trex / Inductor overlap scheduler {spread(ratio)}; Inductor's pass: "
+                f"{'; '.join(sorted(set(peer['peer']))) or 'did not run'}; losses identical to no pass: "
+                f"{peer['losses'] == r0[f'{plan}/no_pass']['losses']}"
+            )
+        for label in config["labels"]:
+            row = r0[f"{plan}/{label}"]
+            measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
+            print(
+                f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {measured:.4f} s, "
+                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

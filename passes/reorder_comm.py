@@ -1,0 +1,696 @@
+"""The `reorder_comm` pass: hide communication under compute, from the cost model's per-node times.
+
+A rank's captured graph runs its collectives as start / wait pairs (`_c10d_functional.*` and
+`trex.ep_exchange` start one; `_c10d_functional.wait_tensor` completes it). Between the two the link
+works while the rank computes; whatever part of the transfer is still running at the wait is exposed.
+The pass reschedules the graph (a list scheduler over its data dependences) so that:
+
+- every collective is issued as soon as its inputs exist (all-gather prefetch, early gradient
+  reductions), unless the extra memory that holds its buffer earlier would pass the budget;
+- every wait is as late as its users allow, and compute that does not depend on a pending transfer
+  is pulled in front of the wait while the transfer would otherwise be exposed (within the budget);
+- latency-bound collectives of the same kind and group whose inputs are ready together are issued as
+  one coalesced collective when the alpha-beta model says the saved latencies pay;
+- the order in which collectives are issued is the original one, on every rank: the pass never
+  reorders two collectives (the deadlock-freedom invariant, checked after the rewrite, and across the
+  ranks of an initialised process group through its store).
+
+Time comes from `node.meta["cost"]` (the cost model; nodes without it are priced first, on the target's
+cluster, or on the emulated link when `TREX_EMULATE_LINK` is set). The same simulation (one compute
+stream, one serial link) predicts the exposed communication before and after; both go in the decisions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from trex.errors import TrexError
+from trex.pass_manager import Decision, PassContext, PassResult
+
+DEFAULT_BUDGET_BYTES = 1 << 30  # extra live memory the pass may add when no budget is given
+BUDGET_OPTION = "comm_memory_budget_bytes"  # PassContext.options key (trex.compile(..., options=...))
+BLOCKING_COLLECTIVES = ("trex.ep_counts",)  # collectives that complete inside their own node
+
+
+class CollectiveOrderError(TrexError):
+    """The rewrite changed the order in which this rank issues collectives, or ranks disagree on it."""
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return packet._qualified_op_name.replace("::", ".")
+    return str(target)
+
+
+def is_wait(node: fx.Node) -> bool:
+    return node.op == "call_function" and _name(node) == "_c10d_functional.wait_tensor"
+
+
+def is_start(node: fx.Node) -> bool:
+    """A node that starts an asynchronous collective (its result is ready at a later wait_tensor)."""
+    if node.op != "call_function":
+        return False
+    name = _name(node)
+    return (name.startswith("_c10d_functional.") and not is_wait(node)) or name == "trex.ep_exchange"
+
+
+def is_blocking_collective(node: fx.Node) -> bool:
+    return node.op == "call_function" and _name(node) in BLOCKING_COLLECTIVES
+
+
+def is_collective(node: fx.Node) -> bool:
+    return is_start(node) or is_blocking_collective(node)
+
+
+def _group_of(node: fx.Node) -> str:
+    names = [a.name for a in node.target._schema.arguments]
+    values = dict(zip(names, node.args))
+    values.update(node.kwargs)
+    return str(values.get("group_name", values.get("tag", "?")))
+
+
+def collective_signature(node: fx.Node) -> str:
+    """What every rank must agree on for one collective: op, group and the buffers' dtypes."""
+    dtypes = []
+    for arg in node.args:
+        for item in arg if isinstance(arg, (list, tuple)) else [arg]:
+            value = item.meta.get("val") if isinstance(item, fx.Node) else None
+            if isinstance(value, torch.Tensor):
+                dtypes.append(str(value.dtype).replace("torch.", ""))
+    return f"{_name(node)}@{_group_of(node)}[{','.join(dtypes)}]"
+
+
+def collective_sequence(graph: fx.Graph) -> list[str]:
+    """The collectives in issue order; a coalesced start counts once per bucketed member (`bucketed` meta)."""
+    sequence = []
+    for node in graph.nodes:
+        if is_collective(node):
+            members = node.meta.get("reorder_comm_members")
+            sequence.extend(members if members else [collective_signature(node)])
+    return sequence
+
+
+def check_same_order(before: list[str], after: list[str]) -> None:
+    if before != after:
+        first = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+        raise CollectiveOrderError(
+            f"reorder_comm changed the collective order at position {first}: "
+            f"{before[first : first + 2]} became {after[first : first + 2]} "
+            f"({len(before)} vs {len(after)} collectives); ranks could deadlock. Run with TREX_PASSES=-reorder_comm "
+            "and report this graph"
+        )
+
+
+def _seconds(node: fx.Node) -> float:
+    cost = node.meta.get("cost")
+    return float(cost.time_s) if cost is not None and getattr(cost, "priced", False) else 0.0
+
+
+def _out_bytes(node: fx.Node) -> int:
+    cached = node.meta.get("reorder_comm_bytes")
+    if cached is None:
+        cached = node.meta["reorder_comm_bytes"] = _static_bytes(node)
+    return cached
+
+
+def _static_bytes(node: fx.Node) -> int:
+    value = node.meta.get("val")
+    total = 0
+    for t in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(t, torch.Tensor):
+            try:
+                total += int(t.numel()) * t.element_size()
+            except (TypeError, ValueError, RuntimeError):  # a data-dependent size: no static bound
+                pass
+    return total
+
+
+def _inputs(node: fx.Node) -> list[fx.Node]:
+    return list(dict.fromkeys(node.all_input_nodes))
+
+
+# ---------------------------------------------------------------------------------------------
+# the timing model: one compute stream, one serial link per process
+
+
+@dataclass
+class Timeline:
+    """Simulated times of one schedule."""
+
+    step_s: float = 0.0
+    exposed_s: float = 0.0
+    comm_s: float = 0.0
+    exposed_by_start: dict[str, float] = field(default_factory=dict)
+    hidden_by: dict[str, list[str]] = field(default_factory=dict)  # start -> compute nodes that ran under it
+
+
+def simulate(order: Iterable[fx.Node]) -> Timeline:
+    """Run the schedule on the model: compute nodes take their time; a start hands its transfer to the link
+    (which is busy with one transfer at a time); a wait stalls compute until its transfer is done."""
+    timeline = Timeline()
+    now, link_free = 0.0, 0.0
+    done_at: dict[fx.Node, float] = {}
+    running: dict[fx.Node, list[str]] = {}
+    for node in order:
+        if node.op != "call_function":
+            continue
+        seconds = _seconds(node)
+        if is_start(node):
+            begin = max(now, link_free)
+            link_free = begin + seconds
+            done_at[node] = link_free
+            running[node] = []
+            timeline.comm_s += seconds
+        elif is_blocking_collective(node):
+            begin = max(now, link_free)
+            timeline.exposed_s += begin + seconds - now
+            timeline.exposed_by_start[node.name] = begin + seconds - now
+            now = link_free = begin + seconds
+            timeline.comm_s += seconds
+        elif is_wait(node):
+            start = _start_of(node)
+            if start in done_at:
+                stall = max(0.0, done_at[start] - now)
+                timeline.exposed_s += stall
+                timeline.exposed_by_start[start.name] = timeline.exposed_by_start.get(start.name, 0.0) + stall
+                timeline.hidden_by[start.name] = running.pop(start, [])
+                now += stall
+        else:
+            now += seconds
+            if seconds > 0:
+                for names in running.values():
+                    names.append(node.name)
+    timeline.step_s = now
+    return timeline
+
+
+def _start_of(wait: fx.Node) -> fx.Node | None:
+    """The start node a wait completes (through the getitem of a coalesced start)."""
+    source = wait.args[0] if wait.args else None
+    while isinstance(source, fx.Node) and not is_start(source) and source.op == "call_function":
+        if _name(source) in ("operator.getitem", "_operator.getitem", "<built-in function getitem>"):
+            source = source.args[0]
+        else:
+            return None
+    return source if isinstance(source, fx.Node) and is_start(source) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the scheduler
+
+
+@dataclass
+class Schedule:
+    order: list[fx.Node]
+    moved_starts: dict[str, int]  # start -> how many nodes earlier it is issued
+    hoisted: dict[str, list[str]]  # wait -> compute nodes pulled in front of it
+    held_back: dict[str, str]  # start -> why it was not issued earlier
+
+
+def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
+    """A list schedule: issue collectives as early as inputs, collective order and budget allow; defer a
+    wait while independent ready compute can fill its transfer; otherwise keep the original order."""
+    nodes = list(graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    deps: dict[fx.Node, set[fx.Node]] = {n: set(_inputs(n)) for n in nodes}
+    # side effects keep their relative order: each impure non-collective node follows the previous one
+    previous_effect = None
+    for n in nodes:
+        if n.op == "call_function" and n.is_impure() and not is_wait(n):
+            if previous_effect is not None:
+                deps[n].add(previous_effect)
+            previous_effect = n
+    collectives = [n for n in nodes if is_collective(n)]
+    for earlier, later in zip(collectives, collectives[1:]):
+        deps[later].add(earlier)  # the issue order never changes
+    kind = {
+        n: "start"
+        if is_start(n)
+        else "wait"
+        if is_wait(n)
+        else "blocking"
+        if is_blocking_collective(n)
+        else "compute"
+        if n.op == "call_function"
+        else n.op
+        for n in nodes
+    }
+    users: dict[fx.Node, list[fx.Node]] = {n: [] for n in nodes}
+    for n, ds in deps.items():
+        for d in ds:
+            users[d].append(n)
+    missing = {n: len(ds) for n, ds in deps.items()}
+    # A joint graph keeps its forward before its backward (the partitioner reads it that way): nodes that
+    # depend on a tangent wait until every other node is placed.
+    backward: set[fx.Node] = set()
+    for n in nodes:
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(d in backward for d in deps[n]):
+            backward.add(n)
+    backward.discard(nodes[-1])
+    forward_left = [sum(1 for n in nodes if n not in backward and n.op != "output")]
+    gated: list[fx.Node] = []
+    ready: list[tuple[int, fx.Node]] = []
+
+    def release(n: fx.Node) -> None:
+        if n in backward and n.op != "placeholder" and forward_left[0] > 0:
+            gated.append(n)
+        else:
+            heapq.heappush(ready, (position[n], n))
+
+    for n in nodes:
+        if missing[n] == 0:
+            release(n)
+
+    order: list[fx.Node] = []
+    scheduled: set[fx.Node] = set()
+    now, link_free = 0.0, 0.0
+    done_at: dict[fx.Node, float] = {}
+    early: list[tuple[int, int]] = []  # (original position, bytes) of nodes placed before the frontier reached them
+    held = [0]  # their bytes, while the frontier has not reached them: the extra live memory
+    front_at = [0]  # the first original position not yet scheduled
+    moved, hoisted, held_back = {}, {}, {}
+
+    def frontier() -> int:
+        while front_at[0] < len(nodes) and nodes[front_at[0]] in scheduled:
+            front_at[0] += 1
+        while early and early[0][0] <= front_at[0]:
+            held[0] -= heapq.heappop(early)[1]
+        return front_at[0]
+
+    def extra_bytes(_front: int) -> int:
+        return held[0]
+
+    def place(n: fx.Node) -> None:
+        nonlocal now, link_free
+        if position[n] > frontier():
+            size = _out_bytes(n)
+            heapq.heappush(early, (position[n], size))
+            held[0] += size
+        scheduled.add(n)
+        order.append(n)
+        frontier()
+        seconds = _seconds(n) if n.op == "call_function" else 0.0
+        if is_start(n):
+            begin = max(now, link_free)
+            link_free = done_at[n] = begin + seconds
+        elif is_blocking_collective(n):
+            now = link_free = max(now, link_free) + seconds
+        elif is_wait(n):
+            start = _start_of(n)
+            now = max(now, done_at.get(start, now))
+        else:
+            now += seconds
+        if n not in backward and n.op != "output":  # (placeholders of tangents are never gated)
+            forward_left[0] -= 1
+            if forward_left[0] == 0:
+                for g in gated:
+                    heapq.heappush(ready, (position[g], g))
+                gated.clear()
+        for u in users[n]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                release(u)
+
+    while ready:
+        # 1. a ready start is issued at once, when the budget holds its buffer that early
+        starts = [(p, n) for p, n in ready if kind[n] == "start"]
+        if starts:
+            _, start = min(starts, key=lambda item: item[0])
+            front = frontier()
+            extra = extra_bytes(front) + (_out_bytes(start) if position[start] > front else 0)
+            if extra <= budget_bytes or position[start] <= front:
+                ready.remove((position[start], start))
+                heapq.heapify(ready)
+                if position[start] > front:
+                    moved[start.name] = position[start] - front
+                place(start)
+                continue
+            held_back[start.name] = (
+                f"issuing it {position[start] - front} nodes early would hold {extra} B of extra live memory, "
+                f"over the budget of {budget_bytes} B"
+            )
+        _, first = ready[0]
+        chosen = first
+        if kind[first] == "wait" and done_at.get(_start_of(first), 0.0) > now:
+            # the transfer is still running: fill it with the earliest independent ready compute
+            front = frontier()
+            for _, n in sorted(ready)[1:]:
+                if kind[n] != "compute" or _seconds(n) <= 0:
+                    continue
+                if extra_bytes(front) + _out_bytes(n) > budget_bytes:
+                    continue
+                chosen = n
+                hoisted.setdefault(first.name, []).append(n.name)
+                break
+        if chosen is first:
+            heapq.heappop(ready)
+        else:
+            ready.remove((position[chosen], chosen))
+            heapq.heapify(ready)
+        place(chosen)
+    if len(order) != len(nodes):
+        raise TrexError(f"reorder_comm: scheduled {len(order)} of {len(nodes)} nodes (a dependence cycle?)")
+    return Schedule(order, moved, hoisted, held_back)
+
+
+def apply_order(graph: fx.Graph, order: list[fx.Node]) -> bool:
+    """Move the graph's nodes into `order` (a topological order of the same nodes)."""
+    current = list(graph.nodes)
+    if current == order:
+        return False
+    anchor = order[0]
+    for node in order[1:]:
+        anchor.append(node)
+        anchor = node
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# bucketing
+
+
+def _bucketable(node: fx.Node) -> str | None:
+    name = _name(node)
+    if name in ("_c10d_functional.all_gather_into_tensor", "_c10d_functional.all_reduce"):
+        return name
+    return None
+
+
+def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s: float) -> list[Decision]:
+    """Coalesce runs of consecutive same-kind, same-group, latency-bound collectives (each message below
+    alpha * bandwidth, where the latency is at least the transfer) whose inputs all exist at the first one's
+    place. A bucket stops at `9 alpha B` bytes: there the latency is a tenth of the transfer and merging more
+    saves little while delaying the first result."""
+    if link_alpha_s <= 0 or not link_bytes_per_s or link_bytes_per_s == float("inf"):
+        return []
+    small = link_alpha_s * link_bytes_per_s
+    cap = 9 * small
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    decisions = []
+    run: list[fx.Node] = []
+
+    def flush() -> None:
+        if len(run) >= 2:
+            decisions.append(_coalesce(gm, list(run), small, cap))
+        run.clear()
+
+    for node in nodes:
+        if not is_collective(node):
+            continue
+        kind = _bucketable(node)
+        waits = [u for u in node.users if is_wait(u)]
+        if kind is None or len(waits) != 1 or _out_bytes(node) <= 0 or _out_bytes(node) > small:
+            flush()
+            continue
+        if run:
+            head = run[0]
+            same = _bucketable(head) == kind and _group_of(head) == _group_of(node) and node.args[1:] == head.args[1:]
+            inputs_ready = all(position[i] < position[head] for i in _inputs(node))
+            fits = sum(_out_bytes(n) for n in run) + _out_bytes(node) <= cap
+            if not (same and inputs_ready and fits):
+                flush()
+        run.append(node)
+    flush()
+    return [d for d in decisions if d is not None]
+
+
+def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) -> Decision:
+    graph = gm.graph
+    head = run[0]
+    kind = _name(head)
+    members = [collective_signature(n) for n in run]
+    with graph.inserting_before(head):
+        tensors = [n.args[0] for n in run]
+        if kind.endswith("all_gather_into_tensor"):
+            op = torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default
+        else:
+            op = torch.ops._c10d_functional.all_reduce_coalesced.default
+        bucket = graph.call_function(op, (tensors, *head.args[1:]))
+        bucket.meta["val"] = [n.meta.get("val") for n in run]
+        bucket.meta["reorder_comm_members"] = members
+        for i, n in enumerate(run):
+            item = graph.call_function(__import__("operator").getitem, (bucket, i))
+            item.meta["val"] = n.meta.get("val")
+            n.replace_all_uses_with(item)
+    for n in run:
+        graph.erase_node(n)
+    total = sum(_out_bytes_val(v) for v in bucket.meta["val"])
+    return Decision(
+        "bucket",
+        ", ".join(n.name for n in run),
+        f"{len(run)} latency-bound {kind.split('.')[-1]} of the same group (each <= alpha*B = {small:.0f} B) issued "
+        f"as one: {len(run) - 1} link latencies saved; bucket {total} B <= cap 9*alpha*B = {cap:.0f} B",
+        {"members": len(run), "bytes": total},
+    )
+
+
+def _out_bytes_val(value: Any) -> int:
+    return int(value.numel()) * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the cross-rank check
+
+
+_CHECKS = 0
+
+
+def check_across_ranks(sequence: list[str], graph_id: int, timeout_s: float = 60.0) -> str | None:
+    """With an initialised process group: every rank publishes its sequence's digest in the group's store and
+    compares it with rank 0's. Returns a description of what was checked (None without a group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    digest = hashlib.sha256("\n".join(sequence).encode()).hexdigest()[:16]
+    store = _get_default_store()
+    rank = dist.get_rank()
+    global _CHECKS
+    _CHECKS += 1  # every rank compiles its graphs in the same order: the n-th check of each rank pairs up
+    key = f"trex/reorder_comm/check{_CHECKS}"
+    if rank == 0:
+        store.set(key, digest)
+        return f"rank 0 published digest {digest} of {len(sequence)} collectives"
+    store.wait([key], timedelta(seconds=timeout_s))
+    theirs = store.get(key).decode()
+    if theirs != digest:
+        raise CollectiveOrderError(
+            f"rank {rank} would issue its {len(sequence)} collectives of graph {graph_id} in another order than rank 0 "
+            f"(digest {digest} vs {theirs}); the ranks' graphs differ. Run with TREX_PASSES=-reorder_comm to compare"
+        )
+    return f"same collective order as rank 0 (digest {digest}, {len(sequence)} collectives)"
+
+
+# ---------------------------------------------------------------------------------------------
+# the pass
+
+
+def _ensure_costs(gm: fx.GraphModule, cluster) -> None:
+    if all("cost" in n.meta for n in gm.graph.nodes if n.op == "call_function"):
+        return
+    from trex.cost_model.annotate import annotate
+
+    annotate(gm, cluster)
+
+
+def cost_cluster(target: str):
+    """The cluster collectives are priced on: the emulated link when this process emulates one (the time the
+    link will really take), else the target's."""
+    from trex.cost_model.annotate import cluster_of
+
+    text = os.environ.get("TREX_EMULATE_LINK", "").strip()
+    if text:
+        from trex.runtime.emulated_link import parse_link
+
+        return parse_link(text).cluster(target if target == "cpu" else "cpu")
+    return cluster_of(target)
+
+
+def _link_of(cluster) -> tuple[float, float]:
+    tier = cluster.tiers[-1] if cluster.tiers else None
+    return (tier.latency_s, tier.bandwidth(1)) if tier is not None else (0.0, float("inf"))
+
+
+class ReorderComm:
+    """Invariant established: every collective is issued as early and waited for as late as the cost model,
+    the dependences and the memory budget allow, with compute between start and wait that hides it; the
+    order in which collectives are issued is unchanged (identical on every rank). See the module docstring."""
+
+    name: ClassVar[str] = "reorder_comm"
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        graph = gm.graph
+        if not any(is_collective(n) for n in graph.nodes):
+            return PassResult(modified=False)
+        cluster = cost_cluster(ctx.target)
+        _ensure_costs(gm, cluster)
+        budget = int(ctx.options.get(BUDGET_OPTION, DEFAULT_BUDGET_BYTES))
+        before_sequence = collective_sequence(graph)
+        before = simulate(graph.nodes)
+        decisions: list[Decision] = []
+
+        alpha, bandwidth = _link_of(cluster)
+        if ctx.fuel.take():
+            decisions += bucket_collectives(gm, alpha, bandwidth)
+            if decisions:
+                from trex.cost_model.annotate import annotate_node
+
+                for n in graph.nodes:
+                    if "cost" not in n.meta and n.op == "call_function":
+                        n.meta["cost"] = annotate_node(n, cluster)
+
+        plan = schedule(graph, budget)
+        after = simulate(plan.order)
+        modified = bool(decisions)
+        if after.exposed_s <= before.exposed_s + 1e-12 and ctx.fuel.take():
+            modified = apply_order(graph, plan.order) or modified
+        else:
+            after = simulate(graph.nodes)
+            decisions.append(
+                Decision(
+                    "keep_order",
+                    "graph",
+                    "the rescheduled graph would not expose less communication on the model "
+                    f"({after.exposed_s * 1e3:.3f} ms before)",
+                )
+            )
+        check_same_order(before_sequence, collective_sequence(graph))
+        decisions += self._collective_decisions(graph, before, after, plan)
+        decisions += ep_micro_chunk_decisions(graph, alpha)
+        across = check_across_ranks(collective_sequence(graph), ctx.graph_id)
+        decisions.append(
+            Decision(
+                "summary",
+                "graph",
+                f"predicted exposed communication {before.exposed_s * 1e3:.3f} -> {after.exposed_s * 1e3:.3f} ms of "
+                f"{before.comm_s * 1e3:.3f} ms on the link; step {before.step_s * 1e3:.3f} -> {after.step_s * 1e3:.3f} "
+                f"ms; collective order unchanged ({len(before_sequence)} collectives)"
+                + (f"; {across}" if across else ""),
+                {
+                    "exposed_before_s": before.exposed_s,
+                    "exposed_after_s": after.exposed_s,
+                    "comm_s": before.comm_s,
+                    "step_before_s": before.step_s,
+                    "step_after_s": after.step_s,
+                    "budget_bytes": budget,
+                },
+            )
+        )
+        gm.meta["reorder_comm"] = {
+            "exposed_before_s": before.exposed_s,
+            "exposed_after_s": after.exposed_s,
+            "comm_s": before.comm_s,
+            "step_before_s": before.step_s,
+            "step_after_s": after.step_s,
+        }
+        return PassResult(modified=modified, decisions=decisions)
+
+    @staticmethod
+    def _collective_decisions(graph: fx.Graph, before: Timeline, after: Timeline, plan: Schedule) -> list[Decision]:
+        out = []
+        for node in graph.nodes:
+            if not is_collective(node):
+                continue
+            hidden = after.hidden_by.get(node.name, [])
+            hidden_s = sum(_seconds(n) for n in graph.nodes if n.name in set(hidden))
+            moved = plan.moved_starts.get(node.name, 0)
+            reason = (
+                f"{_seconds(node) * 1e3:.3f} ms on the link; exposed {before.exposed_by_start.get(node.name, 0) * 1e3:.3f}"
+                f" -> {after.exposed_by_start.get(node.name, 0) * 1e3:.3f} ms; "
+                + (f"issued {moved} nodes earlier; " if moved else "issued where its inputs are ready; ")
+                + (
+                    f"hidden under {len(hidden)} compute nodes ({hidden_s * 1e3:.3f} ms: {', '.join(hidden[:4])}"
+                    + (", ..." if len(hidden) > 4 else "")
+                    + ")"
+                    if hidden
+                    else "nothing independent to hide it"
+                )
+                + (f"; held back: {plan.held_back[node.name]}" if node.name in plan.held_back else "")
+            )
+            out.append(
+                Decision(
+                    "schedule",
+                    node.name,
+                    reason,
+                    {
+                        "op": _name(node),
+                        "link_s": _seconds(node),
+                        "exposed_before_s": before.exposed_by_start.get(node.name, 0.0),
+                        "exposed_after_s": after.exposed_by_start.get(node.name, 0.0),
+                        "moved_earlier_by": moved,
+                        "hidden_by": hidden[:16],
+                    },
+                )
+            )
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# expert parallelism: would two micro-chunks pay?
+
+
+def ep_micro_chunk_decisions(graph: fx.Graph, alpha_s: float) -> list[Decision]:
+    """For each expert-parallel layer (a dispatch exchange, the local experts, a combine exchange): the gain
+    of splitting its tokens into two chunks so one chunk's exchange runs under the other's experts.
+
+    With dispatch d, experts c, combine b (seconds) the one-chunk layer takes d + c + b; two chunks pipeline
+    to about d/2 + max(c/2, d/2) + max(c/2, b/2) + b/2 plus one extra latency per exchange (twice as many
+    messages). The split pays when that saves more than 5% of the layer. The decision is recorded; the
+    rewrite itself is not applied by this version of the pass (the layer stays one chunk)."""
+    decisions = []
+    for node in graph.nodes:
+        if not (node.op == "call_function" and _name(node) == "trex.ep_experts_local"):
+            continue
+        dispatch = _exchange_feeding(node)
+        combine = _exchange_after(node)
+        if dispatch is None or combine is None:
+            continue
+        d, c, b = _seconds(dispatch), _seconds(node), _seconds(combine)
+        one = d + c + b
+        alpha = 2 * alpha_s
+        two = d / 2 + max(c / 2, d / 2) + max(c / 2, b / 2) + b / 2 + alpha
+        pays = one > 0 and (one - two) / one > 0.05
+        decisions.append(
+            Decision(
+                "ep_two_chunks" if pays else "ep_one_chunk",
+                node.name,
+                f"dispatch {d * 1e3:.3f} ms, experts {c * 1e3:.3f} ms, combine {b * 1e3:.3f} ms: one chunk "
+                f"{one * 1e3:.3f} ms, two chunks ~{two * 1e3:.3f} ms ("
+                + ("would save " if pays else "saves too little: ")
+                + f"{(one - two) * 1e3:.3f} ms); "
+                + ("split recommended, not applied by this version" if pays else "kept as one chunk"),
+                {"dispatch_s": d, "experts_s": c, "combine_s": b, "one_chunk_s": one, "two_chunks_s": two},
+            )
+        )
+    return decisions
+
+
+def _exchange_feeding(experts: fx.Node) -> fx.Node | None:
+    received = experts.args[0] if experts.args else None
+    if isinstance(received, fx.Node) and is_wait(received):
+        return _start_of(received)
+    return None
+
+
+def _exchange_after(experts: fx.Node) -> fx.Node | None:
+    for user in experts.users:  # getitem(out, 0) -> ep_exchange
+        for consumer in user.users:
+            if is_start(consumer):
+                return consumer
+    return None

@@ -1,0 +1,201 @@
+"""The `reorder_comm` pass keeps meaning and collective order, and hides communication on the model.
+
+Graphs are built with real functional collectives over a one-rank gloo group in this process (so they
+execute: a one-rank all-reduce or all-gather is the identity), with costs written into
+`node.meta["cost"]` by the test. Hypothesis draws random graphs of compute and collectives with random
+costs; the rescheduled graph must compute the same outputs bit for bit, issue the same collectives in
+the same order, and never predict more exposed communication than the original.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from trex.cost_model.annotate import NodeCost
+from trex.graph_copy import copy_graph_module
+from trex.pass_manager import PassContext
+from trex.passes.reorder_comm import (
+    CollectiveOrderError,
+    ReorderComm,
+    check_same_order,
+    collective_sequence,
+    is_start,
+    is_wait,
+    simulate,
+)
+
+funcol = torch.ops._c10d_functional
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group():
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        yield
+        dist.destroy_process_group()
+    else:
+        yield
+
+
+def group_name() -> str:
+    return dist.group.WORLD.group_name
+
+
+def finish(graph: fx.Graph, outputs: list[fx.Node], inputs: list[torch.Tensor], costs: dict[str, float]):
+    graph.output(tuple(outputs))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    FakeTensorProp(gm).propagate(*inputs)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            seconds = costs.get(node.name, 0.0)
+            kind = "collective" if is_start(node) else "sync" if is_wait(node) else "gemm"
+            node.meta["cost"] = NodeCost(str(node.target), kind, 0.0, 0.0, seconds)
+    return gm
+
+
+def run_pass(gm: fx.GraphModule, **options):
+    return ReorderComm().run(gm, PassContext(options=options))
+
+
+def test_a_wait_is_deferred_under_independent_compute_and_the_decision_says_what_hides_it():
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    start = graph.call_function(funcol.all_reduce.default, (x, "sum", group_name()))
+    wait = graph.call_function(funcol.wait_tensor.default, (start,))
+    used = graph.call_function(torch.ops.aten.relu.default, (wait,))
+    independent = graph.call_function(torch.ops.aten.mm.default, (w, w))  # after the wait in program order
+    later = graph.call_function(torch.ops.aten.mm.default, (independent, w))
+    inputs = [torch.randn(4, 4), torch.randn(4, 4)]
+    gm = finish(graph, [used, later], inputs, {start.name: 5e-3, independent.name: 3e-3, later.name: 3e-3})
+    before = copy_graph_module(gm)
+    result = run_pass(gm)
+    assert result.modified
+    order = [n.name for n in gm.graph.nodes]
+    assert order.index(independent.name) < order.index(wait.name) < order.index(used.name)
+    summary = next(d for d in result.decisions if d.action == "summary")
+    assert summary.data["exposed_before_s"] == pytest.approx(5e-3)
+    assert summary.data["exposed_after_s"] == pytest.approx(0.0, abs=1e-12)  # 6 ms of compute hide 5 ms
+    decision = next(d for d in result.decisions if d.subject == start.name)
+    assert independent.name in decision.data["hidden_by"] and "hidden under" in decision.reason
+    for got, want in zip(gm(*inputs), before(*inputs)):
+        assert torch.equal(got, want)
+
+
+def test_an_early_start_is_held_back_by_the_memory_budget():
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    busy = graph.call_function(torch.ops.aten.mm.default, (w, w))
+    start = graph.call_function(funcol.all_gather_into_tensor.default, (x, 1, group_name()))  # a prefetch
+    wait = graph.call_function(funcol.wait_tensor.default, (start,))
+    used = graph.call_function(torch.ops.aten.add.Tensor, (wait, busy))
+    inputs = [torch.randn(64, 64), torch.randn(64, 64)]
+    costs = {busy.name: 2e-3, start.name: 2e-3}
+    free = finish(graph, [used], inputs, costs)
+    tight = copy_graph_module(free)
+    run_pass(free)
+    assert [n.name for n in free.graph.nodes].index(start.name) < [n.name for n in free.graph.nodes].index(busy.name)
+    result = run_pass(tight, comm_memory_budget_bytes=16)  # the gathered buffer is 16 KiB: it may not come early
+    names = [n.name for n in tight.graph.nodes]
+    assert names.index(start.name) > names.index(busy.name)
+    assert "over the budget" in next(d for d in result.decisions if d.subject == start.name).reason
+
+
+def test_the_order_check_names_the_first_difference():
+    check_same_order(["a@g[f32]", "b@g[f32]"], ["a@g[f32]", "b@g[f32]"])
+    with pytest.raises(CollectiveOrderError, match=r"position 0: \['a@g\[f32\]', 'b@g\[f32\]'\] became"):
+        check_same_order(["a@g[f32]", "b@g[f32]"], ["b@g[f32]", "a@g[f32]"])
+
+
+def test_small_all_gathers_of_ready_inputs_are_bucketed_when_the_link_is_latency_bound(monkeypatch):
+    monkeypatch.setenv("TREX_EMULATE_LINK", "alpha_us=1000,gbps=1")  # alpha*B = 1 MB: small messages
+    graph = fx.Graph()
+    params = [graph.placeholder(f"p{i}") for i in range(3)]
+    x = graph.placeholder("x")
+    starts = [graph.call_function(funcol.all_gather_into_tensor.default, (p, 1, group_name())) for p in params]
+    waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in starts]
+    outs = [graph.call_function(torch.ops.aten.mm.default, (x, w)) for w in waits]
+    inputs = [torch.randn(4, 4) for _ in range(3)] + [torch.randn(2, 4)]
+    gm = finish(graph, outs, inputs, {s.name: 1.1e-3 for s in starts})
+    before = copy_graph_module(gm)
+    sequence = collective_sequence(gm.graph)
+    result = run_pass(gm)
+    bucket = next(d for d in result.decisions if d.action == "bucket")
+    assert bucket.data["members"] == 3 and "2 link latencies saved" in bucket.reason
+    assert sum(1 for n in gm.graph.nodes if is_start(n)) == 1
+    assert collective_sequence(gm.graph) == sequence  # the bucket stands for its members, in order
+    gm.recompile()
+    for got, want in zip(gm(*inputs), before(*inputs)):
+        assert torch.equal(got, want)
+
+
+UNARY = (torch.ops.aten.relu.default, torch.ops.aten.neg.default, torch.ops.aten.tanh.default)
+BINARY = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.mm.default)
+
+
+@st.composite
+def graphs_with_collectives(draw):
+    """A random program over 4x4 tensors: compute ops, collectives started on any value and waited for
+    at a random later point (values are used only after their wait), random costs."""
+    graph = fx.Graph()
+    inputs = [graph.placeholder(f"x{i}") for i in range(draw(st.integers(1, 3)))]
+    values = list(inputs)
+    pending: list[tuple[fx.Node, fx.Node]] = []  # (start, source)
+    costs: dict[str, float] = {}
+    for _ in range(draw(st.integers(2, 14))):
+        action = draw(st.sampled_from(["unary", "binary", "binary", "start", "wait"]))
+        if action == "start":
+            source = draw(st.sampled_from(values))
+            kind = draw(st.sampled_from(["all_reduce", "all_gather"]))
+            if kind == "all_reduce":
+                node = graph.call_function(funcol.all_reduce.default, (source, "sum", group_name()))
+            else:
+                node = graph.call_function(funcol.all_gather_into_tensor.default, (source, 1, group_name()))
+            pending.append((node, source))
+        elif action == "wait" and pending:
+            start, _ = pending.pop(draw(st.integers(0, len(pending) - 1)))
+            values.append(graph.call_function(funcol.wait_tensor.default, (start,)))
+            node = values[-1]
+        elif action == "unary":
+            node = graph.call_function(draw(st.sampled_from(UNARY)), (draw(st.sampled_from(values)),))
+            values.append(node)
+        else:
+            a, b = draw(st.sampled_from(values)), draw(st.sampled_from(values))
+            node = graph.call_function(draw(st.sampled_from(BINARY)), (a, b))
+            values.append(node)
+        costs[node.name] = draw(st.sampled_from([0.0, 1e-4, 1e-3, 4e-3]))
+    for start, _ in pending:
+        values.append(graph.call_function(funcol.wait_tensor.default, (start,)))
+    outputs = [v for v in values if v.op != "placeholder"] or values
+    tensors = [torch.randn(4, 4, generator=torch.Generator().manual_seed(i)) for i in range(len(inputs))]
+    return finish(graph, outputs, tensors, costs), tensors
+
+
+@given(graphs_with_collectives(), st.sampled_from([0, 64, 1 << 30]))
+def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
+    gm, inputs = case
+    before = copy_graph_module(gm)
+    sequence = collective_sequence(gm.graph)
+    exposed = simulate(gm.graph.nodes).exposed_s
+    result = run_pass(gm, comm_memory_budget_bytes=budget)
+    gm.graph.lint()
+    gm.recompile()
+    assert collective_sequence(gm.graph) == sequence
+    if sequence:
+        summary = next(d for d in result.decisions if d.action == "summary")
+        assert summary.data["exposed_after_s"] <= exposed + 1e-12
+    else:
+        assert not result.modified and not result.decisions  # nothing to schedule
+    for got, want in zip(gm(*inputs), before(*inputs)):
+        assert torch.equal(got, want)
+    for node in gm.graph.nodes:  # every wait still follows its start, every use follows its wait
+        if is_wait(node):
+            names = [n for n in gm.graph.nodes]
+            assert names.index(node.args[0]) < names.index(node)
+            assert all(names.index(node) < names.index(u) for u in node.users if u.op != "output")
+    assert sum(map(is_wait, gm.graph.nodes)) == sum(map(is_wait, before.graph.nodes))
