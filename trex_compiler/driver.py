@@ -135,7 +135,9 @@ class TrexCompiler:
             self.options.progress(f"graph {graph.graph_id}: {what} ({time.perf_counter() - graph.started_at:.1f} s)")
 
     def _context(self, graph: CapturedGraph) -> PassContext:
-        return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id)
+        # passes.decompose_moe: the leading backend fuses around the MoE primitives' aten form
+        options = {"decompose_moe": bool(getattr(self.options.backends[0], "decomposes_moe_primitives", False))}
+        return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id, options=options)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
         start = time.perf_counter()
