@@ -18,14 +18,13 @@ and the graph keeps the primitives. Grouped GEMMs in dtypes `aten._grouped_mm` d
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
+from trex.graph_inline import inline_traced, replace_node
 from trex.ops import moe_decompositions as aten_form
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
@@ -74,12 +73,12 @@ class DecomposeMoe:
             if not ctx.fuel.take():
                 break
             fn, inputs, reason = plan
-            outputs = _inline(gm, node, fn, inputs)
+            outputs = inline_traced(gm, node, fn, inputs, inherit=(*PROVENANCE_KEYS, "trex_moe"))
             if node.target is ops.moe_dispatch.default:
                 sorted_hidden, perm, offsets, inverse = outputs
                 outputs = (sorted_hidden, perm, offsets)
                 inverses[perm] = inverse
-            _replace_uses(gm, node, outputs)
+            replace_node(gm, node, outputs)
             decisions.append(Decision("decompose", node.name, reason, {"op": str(node.target)}))
         if any(d.action == "decompose" for d in decisions):
             gm.graph.eliminate_dead_code()
@@ -175,42 +174,3 @@ _RULES: dict[Any, Callable[[fx.Node, dict], Plan | None]] = {
     ops.moe_combine_backward.default: _combine_backward,
     ops.moe_dispatch_backward.default: _dispatch_backward,
 }
-
-
-def _inline(gm: fx.GraphModule, node: fx.Node, fn: Callable[..., Any], inputs: list[fx.Node]) -> Any:
-    """Trace `fn` on the inputs' fake values and copy its nodes in before `node`; returns its outputs' nodes."""
-    fake_args = [_val(a) for a in inputs]
-    mode = torch._guards.detect_fake_mode(fake_args)
-    with mode:
-        sub = make_fx(fn, tracing_mode="real")(*fake_args)
-    env: dict[fx.Node, Any] = {}
-    placeholders = iter(inputs)
-    outputs = None
-    with gm.graph.inserting_before(node):
-        for sub_node in sub.graph.nodes:
-            if sub_node.op == "placeholder":
-                env[sub_node] = next(placeholders)
-            elif sub_node.op == "output":
-                outputs = fx.node.map_arg(sub_node.args[0], lambda n: env[n])
-            elif sub_node.op == "get_attr":
-                raise RuntimeError(f"the aten form of {node.target} traced a tensor constant ({sub_node.target})")
-            else:
-                new = gm.graph.node_copy(sub_node, lambda n: env[n])
-                for key in (*PROVENANCE_KEYS, "trex_moe"):
-                    if key in node.meta:
-                        new.meta[key] = node.meta[key]
-                env[sub_node] = new
-    return outputs
-
-
-def _replace_uses(gm: fx.GraphModule, node: fx.Node, outputs: Any) -> None:
-    if isinstance(outputs, (tuple, list)):
-        for user in list(node.users):
-            if user.op == "call_function" and user.target is operator.getitem:
-                user.replace_all_uses_with(outputs[user.args[1]])
-                gm.graph.erase_node(user)
-            else:
-                raise RuntimeError(f"{node.name} is used by {user.name} other than through its tuple outputs")
-    else:
-        node.replace_all_uses_with(outputs)
-    gm.graph.erase_node(node)
