@@ -80,3 +80,29 @@ def test_fp32_gemms_are_left_alone():
     compiled(x).backward()
     record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
     assert not record.modified
+
+
+def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().sum()
+
+    torch.manual_seed(0)
+    model, x = Attention().bfloat16(), torch.randn(2, 6, 16, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend="eager", passes=[CpuGemmPrecision(native=set())])
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
+    ops_done = {d.data["op"] for d in record.decisions}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops_done
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done
