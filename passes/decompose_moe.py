@@ -12,8 +12,8 @@ permutation (a scatter) per layer serves combine, the combine backward and the d
 
 The pass runs last among the MoE passes, so passes that work per MoE layer (expert parallelism,
 recompute, the Ascend patterns) still see the primitives; with any other leading backend it declines
-and the graph keeps the primitives. Grouped GEMMs in dtypes `aten._grouped_mm` does not take stay
-`trex.grouped_mm`.
+and the graph keeps the primitives. Grouped GEMMs in dtypes `aten._grouped_mm` does not trace (fp32)
+become `trex.extern_grouped_mm(_weight_grad)`: the same kernel without the custom-op wrapper.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ OPTION = "decompose_moe"
 
 
 class DecomposeMoe:
-    """Invariant established (when the leading backend asks for it, or `force=True`): no
-    `trex.moe_dispatch`, `moe_combine`, `moe_combine_backward` or `moe_dispatch_backward` node remains,
-    and no `trex.grouped_mm(_weight_grad)` in fp32/bf16; every value they produced is computed by
-    core aten ops (`aten._grouped_mm` for the GEMMs) with the same shapes and dtypes. Each inlined
+    """Invariant established (when the leading backend asks for it, or `force=True`): no trex MoE
+    primitive (`trex.moe_dispatch`, `grouped_mm`, `grouped_mm_weight_grad`, `moe_combine`,
+    `moe_combine_backward`, `moe_dispatch_backward`) remains; every value they produced is computed by
+    core aten ops, the GEMMs by `aten._grouped_mm` (bf16) or `trex.extern_grouped_mm(_weight_grad)`,
+    with the same shapes and dtypes. Each inlined
     primitive keeps its provenance and `trex_moe` tag and consumes one unit of fuel.
     """
 
@@ -66,13 +67,9 @@ class DecomposeMoe:
             if node.op != "call_function" or node.target not in _RULES:
                 continue
             rule = _RULES[node.target]
-            plan = rule(node, inverses)
-            if plan is None:
-                decisions.append(Decision("keep", node.name, "aten._grouped_mm does not take these dtypes"))
-                continue
             if not ctx.fuel.take():
                 break
-            fn, inputs, reason = plan
+            fn, inputs, reason = rule(node, inverses)
             outputs = inline_traced(gm, node, fn, inputs, inherit=(*PROVENANCE_KEYS, "trex_moe"))
             if node.target is ops.moe_dispatch.default:
                 sorted_hidden, perm, offsets, inverse = outputs
@@ -108,18 +105,18 @@ def _dispatch(node: fx.Node, inverses) -> Plan:
     )
 
 
-def _grouped_mm(node: fx.Node, inverses) -> Plan | None:
+def _grouped_mm(node: fx.Node, inverses) -> Plan:
     input, weight, _ = node.args
-    if not aten_form.grouped_mm_decomposable(_val(input), _val(weight)):
-        return None
-    return aten_form.grouped_mm, list(node.args), "aten._grouped_mm (extern GEMM; no Python body around it)"
+    if aten_form.grouped_mm_decomposable(_val(input), _val(weight)):
+        return aten_form.grouped_mm, list(node.args), "aten._grouped_mm (extern GEMM; no Python body around it)"
+    return aten_form.grouped_mm, list(node.args), "trex.extern_grouped_mm (aten._grouped_mm traces in bf16 only)"
 
 
-def _grouped_mm_weight_grad(node: fx.Node, inverses) -> Plan | None:
+def _grouped_mm_weight_grad(node: fx.Node, inverses) -> Plan:
     a, b, _ = node.args
-    if not aten_form.grouped_mm_decomposable(_val(a), _val(b)):
-        return None
-    return aten_form.grouped_mm_weight_grad, list(node.args), "aten._grouped_mm over a^T (extern GEMM)"
+    if aten_form.grouped_mm_decomposable(_val(a), _val(b)):
+        return aten_form.grouped_mm_weight_grad, list(node.args), "aten._grouped_mm over a^T (extern GEMM)"
+    return aten_form.grouped_mm_weight_grad, list(node.args), "trex.extern_grouped_mm_weight_grad"
 
 
 def _with_inverse(perm: fx.Node, inverses, using: Callable[..., Any], others: list[fx.Node]) -> tuple[Callable, list]:
@@ -166,7 +163,7 @@ def _dispatch_backward(node: fx.Node, inverses) -> Plan:
     return fn, inputs, f"sum of each token's k row gradients through {source} (no scatter-add)"
 
 
-_RULES: dict[Any, Callable[[fx.Node, dict], Plan | None]] = {
+_RULES: dict[Any, Callable[[fx.Node, dict], Plan]] = {
     ops.moe_dispatch.default: _dispatch,
     ops.grouped_mm.default: _grouped_mm,
     ops.grouped_mm_weight_grad.default: _grouped_mm_weight_grad,

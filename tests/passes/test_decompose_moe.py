@@ -18,6 +18,8 @@ from trex.testing import assert_pass_preserves_semantics, graphs
 
 ops = torch.ops.trex
 PRIMITIVES = {
+    ops.grouped_mm.default,
+    ops.grouped_mm_weight_grad.default,
     ops.moe_dispatch.default,
     ops.moe_combine.default,
     ops.moe_combine_backward.default,
@@ -73,6 +75,12 @@ def test_grouped_gemms_use_aten_grouped_mm_in_bf16():
     )
     assert aten_form.grouped_mm_decomposable(rows, weight)
     assert not aten_form.grouped_mm_decomposable(rows.float(), weight.float())  # its meta function is bf16-only
+    # fp32: the autograd-free extern kernel, same values as the custom op
+    rows, weight, b = rows.float(), weight.float(), b.float()
+    torch.testing.assert_close(aten_form.grouped_mm(rows, weight, offsets), ops.grouped_mm(rows, weight, offsets))
+    torch.testing.assert_close(
+        aten_form.grouped_mm_weight_grad(rows, b, offsets), ops.grouped_mm_weight_grad(rows, b, offsets)
+    )
 
 
 @settings(max_examples=8)
@@ -82,9 +90,9 @@ def test_decomposition_preserves_semantics_on_random_joint_graphs(case):
     case.gm.recompile()
     record = assert_pass_preserves_semantics(DecomposeMoe(force=True), case.gm, case.inputs)
     assert not PRIMITIVES & {n.target for n in case.gm.graph.nodes}
-    assert all(d.action in ("decompose", "keep") for d in record.decisions)
-    for node in case.gm.graph.nodes:  # fp32 grouped GEMMs stay trex.grouped_mm (aten's meta is bf16-only)
-        if node.target in (ops.grouped_mm.default, ops.grouped_mm_weight_grad.default):
+    assert all(d.action == "decompose" for d in record.decisions)
+    for node in case.gm.graph.nodes:  # fp32 grouped GEMMs: the lean extern kernel (aten's meta is bf16-only)
+        if node.target in (ops.extern_grouped_mm.default, ops.extern_grouped_mm_weight_grad.default):
             assert node.args[0].meta["val"].dtype != torch.bfloat16
 
 
@@ -127,7 +135,7 @@ def test_eager_backend_runs_the_decomposed_layer_like_the_primitives(dtype):
     graph = compiled.trex.graphs[0]
     targets = {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
     assert not PRIMITIVES & targets
-    assert (ops.grouped_mm.default in targets) == (dtype == torch.float32)
+    assert (ops.extern_grouped_mm.default in targets) == (dtype == torch.float32)
     # one inverse permutation (scatter) per layer serves combine and both backward gathers
     scatters = [n for n in graph.joint.graph.nodes if n.target is torch.ops.aten.scatter.src and "trex_moe" in n.meta]
     assert len(scatters) == 1

@@ -15,7 +15,13 @@ its own loops and only the GEMMs stay extern calls (`aten._grouped_mm`):
 * combine gathers the k rows of every token, scales them by the token's routing weights in token
   order and sums over k: the same products, summed in slot order;
 * the dispatch backward sums the k sorted-row gradients of every token (was: a scatter-add in
-  sorted-row order; for k > 2 the sum order differs, within float rounding).
+  sorted-row order; for k > 2 the sum order differs, within float rounding);
+* a grouped GEMM `aten._grouped_mm` cannot trace (its meta function takes bf16 only; the CPU kernel
+  also computes fp32) becomes `trex.extern_grouped_mm(_weight_grad)`: the same body as the
+  `trex.grouped_mm` custom op, registered as a plain dispatcher kernel without the custom-op
+  wrapper's autograd and checks (about 10 us per call where `trex.grouped_mm` costs about 50 us more
+  than `aten._grouped_mm` on this CPU). They have no autograd: they live only in graphs whose
+  backward is already explicit (the joint graph trex partitions).
 
 `trex.passes.decompose_moe` inlines them into the joint graph when the leading backend asks for it.
 """
@@ -24,6 +30,26 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from trex.ops import moe
+
+# The autograd-free extern kernels for generated code (see the module docstring).
+_library = torch.library.Library(moe.NAMESPACE, "FRAGMENT")
+_library.define("extern_grouped_mm(Tensor input, Tensor weight, Tensor offsets) -> Tensor")
+_library.define("extern_grouped_mm_weight_grad(Tensor a, Tensor b, Tensor offsets) -> Tensor")
+_library.impl("extern_grouped_mm", moe.grouped_mm_compute, "CompositeExplicitAutograd")
+_library.impl("extern_grouped_mm_weight_grad", moe.grouped_mm_weight_grad_compute, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("trex::extern_grouped_mm", lib=_library)
+def _(input, weight, offsets):
+    return input.new_empty(input.size(0), weight.size(-1))
+
+
+@torch.library.register_fake("trex::extern_grouped_mm_weight_grad", lib=_library)
+def _(a, b, offsets):
+    return a.new_empty(offsets.numel(), a.size(1), b.size(1))
+
 
 # What aten._grouped_mm's meta function (the one tracing and Inductor run) accepts in torch 2.13: bf16
 # only, although the CPU kernel also computes fp32 (which `trex.grouped_mm` calls in its own body).
@@ -53,11 +79,15 @@ def grouped_mm_decomposable(input: Tensor, weight: Tensor) -> bool:
 
 
 def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
-    return torch._grouped_mm(input, weight, offs=offsets.to(torch.int32))
+    if grouped_mm_decomposable(input, weight):
+        return torch._grouped_mm(input, weight, offs=offsets.to(torch.int32))
+    return torch.ops.trex.extern_grouped_mm(input, weight, offsets)
 
 
 def grouped_mm_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
-    return torch._grouped_mm(a.t(), b, offs=offsets.to(torch.int32))
+    if grouped_mm_decomposable(a, b):
+        return torch._grouped_mm(a.t(), b, offs=offsets.to(torch.int32))
+    return torch.ops.trex.extern_grouped_mm_weight_grad(a, b, offsets)
 
 
 def _token_rows(rows: Tensor, inverse: Tensor, top_k: int) -> Tensor:
