@@ -2,9 +2,9 @@
 
 A bf16 GEMM accumulates in fp32 wherever it runs; what differs is how its operands reach the
 multiply units. CPUs with AVX512-BF16 or AMX multiply bf16 directly; without them (AVX2 machines,
-this project's development CPU among them) oneDNN/MKL take a slow path, and a bf16 `mm` costs 8-27x
-the fp32 `mm` of the same shape (bench/RESULTS.md section 11, third session: e.g. 128x64 @ 64x128,
-847 us bf16 vs 31 us fp32, one thread). Converting the operands to fp32 (exact), multiplying in fp32
+this project's development CPU among them) oneDNN/MKL take a slow path: at the tiny models' shapes a
+bf16 `mm` costs 6-23x the fp32 `mm` on upcast operands, CPU flash attention 1.7x (bench/cpu_ops/
+gemm_precision_and_op_overhead.py; bench/RESULTS.md section 11, third session). Converting the operands to fp32 (exact), multiplying in fp32
 and rounding the product once to bf16 computes the same value as the bf16 GEMM up to the order of
 the fp32 accumulation, at a fraction of the time, and a code generator fuses the conversions into the
 kernels that produce the operands.
@@ -37,7 +37,7 @@ GEMMS = frozenset(
         aten.baddbmm.default,
         torch.ops.trex.grouped_mm.default,
         torch.ops.trex.grouped_mm_weight_grad.default,
-        # CPU attention is GEMMs too (2.7x slower in bf16 here, fwd+bwd, 4 x 4 heads x 32 x 32)
+        # CPU attention is GEMMs too (1.7x slower in bf16 here, fwd+bwd, 4 x 4 heads x 32 x 32)
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     }

@@ -19,8 +19,8 @@ its own loops and only the GEMMs stay extern calls (`aten._grouped_mm`):
 * a grouped GEMM `aten._grouped_mm` cannot trace (its meta function takes bf16 only; the CPU kernel
   also computes fp32) becomes `trex.extern_grouped_mm(_weight_grad)`: the same body as the
   `trex.grouped_mm` custom op, registered as a plain dispatcher kernel without the custom-op
-  wrapper's autograd and checks (about 10 us per call where `trex.grouped_mm` costs about 50 us more
-  than `aten._grouped_mm` on this CPU). They have no autograd: they live only in graphs whose
+  wrapper's autograd and checks (bench/cpu_ops/gemm_precision_and_op_overhead.py: 84 vs 145 us per
+  call, `aten._grouped_mm` itself 68 us, on the loaded development CPU). They have no autograd: they live only in graphs whose
   backward is already explicit (the joint graph trex partitions).
 
 `trex.passes.decompose_moe` inlines them into the joint graph when the leading backend asks for it.
