@@ -197,6 +197,9 @@ class TrexCompiler:
                 self.dump.graph_dir(ctx).relative_to(self.dump.root) / f"lowering_{which}.txt",
                 lowering.describe() + "\n",
             )
+        if lowering.boxed is not None:  # one region: AOTAutograd's input list goes to it (inputs freed early)
+            lowering.boxed._boxed_call = True  # type: ignore[attr-defined]
+            return lowering.boxed
         return make_boxed_func(lowering.module)
 
 

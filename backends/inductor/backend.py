@@ -87,7 +87,14 @@ class InductorBackend(Backend):
             outputs = compiled(list(args))
             return outputs[0] if single_output else tuple(outputs)
 
+        def run_boxed(args: list[Any]) -> Any:
+            # Inductor's calling convention: it empties `args` as it starts, so an input (a saved
+            # activation, in the backward) is freed when the generated code no longer needs it.
+            outputs = compiled(args)
+            return outputs[0] if single_output else outputs
+
         run.trex_region = region  # type: ignore[attr-defined]
+        run.boxed = run_boxed  # type: ignore[attr-defined]  # see lowering.boxed_single_region
         return run
 
 
