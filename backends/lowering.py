@@ -7,6 +7,7 @@ submodules (without creating cycles) that the backend lowers; the eager glue run
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from collections import Counter
@@ -35,6 +36,7 @@ class Lowering:
     notes: list[str] = field(default_factory=list)  # e.g. a supports() that raised
     region_seconds: dict[str, float] = field(default_factory=dict)  # submodule -> its backend's lower() time
     predicted_seconds: dict[str, float] = field(default_factory=dict)  # backend -> cost-model time of its nodes
+    boxed: Callable[[list[Any]], Any] | None = None  # the whole graph as one region, called boxed (see below)
 
     def counts(self) -> Counter:
         return Counter(self.assignment.values())
@@ -211,4 +213,60 @@ def lower_graph(
             setattr(gm, submodule_name, LoweredSubgraph(backend.name, compiled, submodule))
         gm.recompile()
     lowering.module = eager.lower(gm, [p.meta.get("val") for p in gm.graph.find_nodes(op="placeholder")])
+    lowering.boxed = boxed_single_region(gm)
     return lowering
+
+
+def boxed_single_region(gm: fx.GraphModule) -> Callable[[list[Any]], Any] | None:
+    """When the lowered graph is one backend region and nothing else (the default: all of the forward,
+    or all of the backward, to Inductor), a boxed callable (one list argument, which it empties) that
+    runs the region without the glue graph in between; None otherwise, or when the backend's compiled
+    region has no boxed entry (`compiled.boxed`).
+
+    Why: AOTAutograd hands a compiled graph its inputs as one list it may empty. The glue graph's
+    frame holds every input until the graph returns, so the backward's saved activations would all
+    live to its end; a region called with the list itself releases each one after its last use, as
+    `torch.compile` does (and one Python frame less per call).
+    """
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    regions = [n for n in calls if n.op == "call_module" and isinstance(getattr(gm, n.target), LoweredSubgraph)]
+    if len(regions) != 1:
+        return None
+    region = regions[0]
+    boxed = getattr(getattr(gm, region.target).compiled, "boxed", None)
+    getitems = [n for n in calls if n is not region]
+    if boxed is None or any(n.target is not operator.getitem or n.args[0] is not region for n in getitems):
+        return None
+    if any(not isinstance(a, fx.Node) or a.op != "placeholder" for a in region.args) or region.kwargs:
+        return None
+    position = {p: i for i, p in enumerate(placeholders)}
+    inputs = [position[a] for a in region.args]
+    (result,) = gm.graph.find_nodes(op="output")[0].args
+    if result is region:  # the region's value is the graph's value
+        plan: Any = None
+    elif isinstance(result, (tuple, list)):
+        # each output: ("region", index) | ("input", placeholder position) | ("constant", value)
+        plan = []
+        for item in result:
+            if isinstance(item, fx.Node) and item in getitems:
+                plan.append(("region", item.args[1]))
+            elif isinstance(item, fx.Node) and item.op == "placeholder":
+                plan.append(("input", position[item]))
+            elif isinstance(item, fx.Node):
+                return None
+            else:
+                plan.append(("constant", item))
+    else:
+        return None
+
+    def run(args: list[Any]) -> Any:
+        kept = {} if plan is None else {i: args[i] for kind, i in plan if kind == "input"}
+        region_args = [args[i] for i in inputs]
+        args.clear()
+        outputs = boxed(region_args)
+        if plan is None:
+            return outputs
+        return [outputs[i] if kind == "region" else kept[i] if kind == "input" else i for kind, i in plan]
+
+    return run

@@ -10,7 +10,8 @@ A training step is forward + backward + AdamW (`fused=True`, the same optimizer 
 Inductor's on-disk caches are off, so both compilers compile cold. The steps of the variants are
 interleaved round by round, so load from other processes on the machine hits all variants alike;
 the table shows median (min-max) step times over the rounds, the ratios trex/peer per round
-(median, min-max), each variant's first call (capture + compile + one step) and the peak memory the
+(median, min-max), the same ratios in CPU time of the stepping thread (what a step costs when other
+processes share the cores), each variant's first call (capture + compile + one step) and the peak memory the
 CPU allocator reached during one step above what the step started with (torch.profiler memory
 events). With --meta it also times the meta-device capture of the full-size models.
 """
@@ -42,12 +43,14 @@ class TrainStep:
         self.optimizer = torch.optim.AdamW(parameters, lr=1e-4, fused=True)
         self.input_ids = input_ids
 
-    def step(self) -> float:
-        start = time.perf_counter()
+    def step(self) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this thread): with one torch thread all of a step's work runs on
+        the calling thread, so its CPU time is what the step costs even when other processes take the cores."""
+        start, start_cpu = time.perf_counter(), time.thread_time()
         self.module(input_ids=self.input_ids, labels=self.input_ids, use_cache=False).loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.thread_time() - start_cpu
 
 
 def peak_step_bytes(step: TrainStep) -> int:
@@ -100,10 +103,14 @@ def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, tr
         add("inductor", lambda m: torch.compile(m, fullgraph=True))
 
     times: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(steps):
         for name, variant in variants.items():
-            times[name].append(variant.step())
+            wall, cpu_seconds = variant.step()
+            times[name].append(wall)
+            cpu[name].append(cpu_seconds)
     row["times"] = times
+    row["cpu"] = cpu
     row["peak"] = {name: peak_step_bytes(v) for name, v in variants.items()}
     return row
 
@@ -121,6 +128,8 @@ def print_table(rows: list[dict], inductor: bool, file=None) -> None:
     header = "| model | dtype | eager step ms | trex step ms | trex speedup vs eager |"
     if inductor:
         header += " Inductor step ms | trex speedup vs Inductor |"
+    header += " CPU ms per step: eager / trex" + (" / Inductor" if inductor else "")
+    header += " | trex speedup in CPU time vs eager" + (" / vs Inductor" if inductor else "") + " |"
     header += (
         " first call s: trex"
         + (" / Inductor" if inductor else "")
@@ -136,6 +145,10 @@ def print_table(rows: list[dict], inductor: bool, file=None) -> None:
         line += f" {_ratio_cell(t['trex'], t['eager'])} |"
         if inductor:
             line += f" {_ms(t['inductor'])} | {_ratio_cell(t['trex'], t['inductor'])} |"
+        c = r["cpu"]
+        names = ["eager", "trex"] + (["inductor"] if inductor else [])
+        line += " " + " / ".join(f"{statistics.median(c[n]) * 1e3:.1f}" for n in names) + " |"
+        line += " " + " / ".join(_ratio_cell(c["trex"], c[n]) for n in names if n != "trex") + " |"
         line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
         peaks = [r["peak"]["eager"], r["peak"]["trex"]] + ([r["peak"]["inductor"]] if inductor else [])
         line += " " + " / ".join(f"{p / 2**20:.1f}" for p in peaks) + " |"

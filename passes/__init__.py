@@ -21,6 +21,8 @@ _PASS_CLASSES = {
     "CanonicalizeMoe": "trex.passes.canonicalize",
     "DeadCodeElimination": "trex.passes.dead_code_elimination",
     "CostDrivenFusion": "trex.passes.cost_driven_fusion",
+    "CpuGemmPrecision": "trex.passes.cpu_gemm_precision",
+    "DecomposeMoe": "trex.passes.decompose_moe",
     "TritonPatterns": "trex.passes.triton_patterns",
     "Recompute": "trex.passes.recompute",
     "ReorderComm": "trex.passes.reorder_comm",
@@ -49,6 +51,8 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "canonicalize_moe",  # fused MoE ops -> dispatch / grouped_mm / combine, tagged per layer
     "dead_code_elimination",  # drop values nothing uses
     "triton_patterns",  # aten regions -> trex's Triton kernels (when the target is a GPU, or when asked)
+    "cpu_gemm_precision",  # bf16/fp16 GEMMs as fp32 GEMMs on CPUs without native bf16/fp16 units
+    "decompose_moe",  # MoE primitives -> core aten, when the leading backend generates code from aten (Inductor)
     "reorder_comm",  # collectives issued early / waited late under compute, same order on every rank
     "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
 )
@@ -94,7 +98,9 @@ __all__ = [
     "PASSES",
     "CanonicalizeMoe",
     "CostDrivenFusion",
+    "CpuGemmPrecision",
     "DeadCodeElimination",
+    "DecomposeMoe",
     "Recompute",
     "ReorderComm",
     "TritonPatterns",

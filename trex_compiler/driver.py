@@ -137,7 +137,9 @@ class TrexCompiler:
             self.options.progress(f"graph {graph.graph_id}: {what} ({time.perf_counter() - graph.started_at:.1f} s)")
 
     def _context(self, graph: CapturedGraph) -> PassContext:
-        return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id)
+        # passes.decompose_moe: the leading backend fuses around the MoE primitives' aten form
+        options = {"decompose_moe": bool(getattr(self.options.backends[0], "decomposes_moe_primitives", False))}
+        return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id, options=options)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
         start = time.perf_counter()
@@ -200,6 +202,9 @@ class TrexCompiler:
                 self.dump.graph_dir(ctx).relative_to(self.dump.root) / f"lowering_{which}.txt",
                 lowering.describe() + "\n",
             )
+        if lowering.boxed is not None:  # one region: AOTAutograd's input list goes to it (inputs freed early)
+            lowering.boxed._boxed_call = True  # type: ignore[attr-defined]
+            return lowering.boxed
         return make_boxed_func(lowering.module)
 
 

@@ -58,6 +58,9 @@ class InductorBackend(Backend):
     name: ClassVar[str] = "inductor"
     description: ClassVar[str] = "torch._inductor code generation (C++/OpenMP on CPU, Triton on GPU) for whole regions"
     partitioner: ClassVar[str] = "min_cut"  # its fused kernels recompute pointwise chains for free
+    # passes.decompose_moe: Inductor fuses the gathers and sums of the MoE primitives' aten form into its
+    # kernels, where the primitives themselves would be opaque extern calls with Python bodies
+    decomposes_moe_primitives: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
@@ -84,7 +87,14 @@ class InductorBackend(Backend):
             outputs = compiled(list(args))
             return outputs[0] if single_output else tuple(outputs)
 
+        def run_boxed(args: list[Any]) -> Any:
+            # Inductor's calling convention: it empties `args` as it starts, so an input (a saved
+            # activation, in the backward) is freed when the generated code no longer needs it.
+            outputs = compiled(args)
+            return outputs[0] if single_output else outputs
+
         run.trex_region = region  # type: ignore[attr-defined]
+        run.boxed = run_boxed  # type: ignore[attr-defined]  # see lowering.boxed_single_region
         return run
 
 

@@ -59,6 +59,7 @@ def test_inductor_takes_forward_and_backward_as_one_region_each_and_matches_eage
         assert set(lowering.assignment.values()) == {"inductor"}  # the trex MoE primitives too, as extern calls
         assert all(seconds > 0 for seconds in lowering.region_seconds.values())
         assert lowering.predicted_seconds["inductor"] > 0
+        assert lowering.boxed is not None  # one region: called with AOTAutograd's list, inputs freed early
     summary = compiled.trex.summary()
     assert "forward: inductor" in summary and "ms predicted" in summary and "region(s) compiled in" in summary
 

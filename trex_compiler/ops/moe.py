@@ -86,9 +86,8 @@ def _group_bounds(offsets: Tensor) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends))
 
 
-@torch.library.custom_op("trex::grouped_mm", mutates_args=())
-def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
-    """out[rows of e] = input[rows of e] @ weight[e], for every expert e."""
+def grouped_mm_compute(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
+    """The body of `trex.grouped_mm` (also run by `trex.extern_grouped_mm`, its autograd-free twin)."""
     if input.dtype in (torch.float32, torch.bfloat16) and input.dtype == weight.dtype:
         return torch._grouped_mm(input, weight, offs=offsets.to(torch.int32))
     out = input.new_zeros(input.size(0), weight.size(-1))
@@ -96,6 +95,12 @@ def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
         if end > start:
             out[start:end] = input[start:end] @ weight[expert]
     return out
+
+
+@torch.library.custom_op("trex::grouped_mm", mutates_args=())
+def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
+    """out[rows of e] = input[rows of e] @ weight[e], for every expert e."""
+    return grouped_mm_compute(input, weight, offsets)
 
 
 @grouped_mm.register_fake
@@ -108,9 +113,8 @@ def _(input, weight, offsets):
     return input.new_empty(input.size(0), weight.size(2))
 
 
-@torch.library.custom_op("trex::grouped_mm_weight_grad", mutates_args=())
-def grouped_mm_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
-    """out[e] = a[rows of e]^T @ b[rows of e]: the weight gradient of a grouped GEMM."""
+def grouped_mm_weight_grad_compute(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
+    """The body of `trex.grouped_mm_weight_grad` (and of `trex.extern_grouped_mm_weight_grad`)."""
     if a.dtype in (torch.float32, torch.bfloat16) and a.dtype == b.dtype:
         return torch._grouped_mm(a.t(), b, offs=offsets.to(torch.int32))
     out = a.new_zeros(offsets.numel(), a.size(1), b.size(1))
@@ -118,6 +122,12 @@ def grouped_mm_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
         if end > start:
             out[expert] = a[start:end].t() @ b[start:end]
     return out
+
+
+@torch.library.custom_op("trex::grouped_mm_weight_grad", mutates_args=())
+def grouped_mm_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
+    """out[e] = a[rows of e]^T @ b[rows of e]: the weight gradient of a grouped GEMM."""
+    return grouped_mm_weight_grad_compute(a, b, offsets)
 
 
 @grouped_mm_weight_grad.register_fake

@@ -1,0 +1,135 @@
+"""CPU GEMM precision: bf16/fp16 GEMMs run as fp32 GEMMs on CPUs without native low-precision GEMM units.
+
+A bf16 GEMM accumulates in fp32 wherever it runs; what differs is how its operands reach the
+multiply units. CPUs with AVX512-BF16 or AMX multiply bf16 directly; without them (AVX2 machines,
+this project's development CPU among them) oneDNN/MKL take a slow path: at the tiny models' shapes a
+bf16 `mm` costs 6-23x the fp32 `mm` on upcast operands, CPU flash attention 1.7x (bench/cpu_ops/
+gemm_precision_and_op_overhead.py; bench/RESULTS.md section 11, third session). Converting the operands to fp32 (exact), multiplying in fp32
+and rounding the product once to bf16 computes the same value as the bf16 GEMM up to the order of
+the fp32 accumulation, at a fraction of the time, and a code generator fuses the conversions into the
+kernels that produce the operands.
+
+The pass rewrites `aten.mm`, `addmm`, `bmm`, `baddbmm`, trex's grouped GEMMs (`trex.grouped_mm`,
+`trex.grouped_mm_weight_grad`) and CPU flash attention (forward and backward) whose floating operands
+are all bf16 (fp16) into
+convert -> the same op in fp32 -> convert back, when the target is a CPU and the CPU compiling (the one
+the program will run on) lacks native bf16 (fp16) GEMM support. It runs before `decompose_moe`, which
+keeps fp32 grouped GEMMs as `trex.grouped_mm` (aten._grouped_mm traces in bf16 only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from trex.graph_inline import inline_traced, replace_node
+from trex.pass_manager import Decision, PassContext, PassResult
+from trex.passes.canonicalize.moe import PROVENANCE_KEYS
+
+aten = torch.ops.aten
+GEMMS = frozenset(
+    {
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.baddbmm.default,
+        torch.ops.trex.grouped_mm.default,
+        torch.ops.trex.grouped_mm_weight_grad.default,
+        # CPU attention is GEMMs too (1.7x slower in bf16 here, fwd+bwd, 4 x 4 heads x 32 x 32)
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    }
+)
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def native_cpu_gemm_dtypes() -> set[torch.dtype]:
+    """The low-precision dtypes this CPU multiplies natively (AVX512-BF16 / AMX-BF16, AMX-FP16)."""
+    native = set()
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        native.add(torch.bfloat16)
+    if torch.cpu._is_amx_fp16_supported():
+        native.add(torch.float16)
+    return native
+
+
+def _operand_dtype(node: fx.Node) -> torch.dtype | None:
+    """The one low-precision dtype of the node's floating operands (fp32 ones, e.g. attention's
+    logsumexp, aside), or None when there is none or they mix two."""
+    dtypes = set()
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float32:
+            dtypes.add(value.dtype)
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _upcast_call(node: fx.Node) -> tuple[Any, list[fx.Node]]:
+    """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype."""
+    inputs = list(node.all_input_nodes)
+    position = {arg: i for i, arg in enumerate(inputs)}
+    target, value = node.target, node.meta["val"]
+
+    def fp32(*tensors):
+        def operand(arg):
+            tensor = tensors[position[arg]]
+            return tensor.float() if tensor.is_floating_point() else tensor
+
+        args = fx.node.map_arg(node.args, operand)
+        kwargs = fx.node.map_arg(node.kwargs, operand)
+        result = target(*args, **kwargs)
+        if isinstance(value, torch.Tensor):
+            return result.to(value.dtype)
+        return tuple(r.to(v.dtype) if isinstance(v, torch.Tensor) else r for r, v in zip(result, value))
+
+    return fp32, inputs
+
+
+class CpuGemmPrecision:
+    """Invariant established: on a CPU target without native bf16 (fp16) GEMMs, no GEMM of the list above
+    has bf16 (fp16) operands; each became converts to fp32, the GEMM in fp32, and a convert of its result
+    back (same shape and dtype). Each rewrite consumes one unit of fuel.
+    """
+
+    name: ClassVar[str] = "cpu_gemm_precision"
+
+    def __init__(self, native: set[torch.dtype] | None = None):
+        self.native = native  # None: ask this CPU (tests pass a set to stand in for another CPU)
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        from trex.targets import get_target
+
+        if get_target(ctx.target).device_type != "cpu":
+            return _decline(f"target {ctx.target!r} is not a CPU")
+        native = native_cpu_gemm_dtypes() if self.native is None else self.native
+        slow = [d for d in LOW_PRECISION if d not in native]
+        if not slow:
+            return _decline("this CPU multiplies bf16 and fp16 natively")
+        decisions = []
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in GEMMS or _operand_dtype(node) not in slow:
+                continue
+            if not ctx.fuel.take():
+                break
+            dtype = _operand_dtype(node)
+            fn, inputs = _upcast_call(node)
+            replace_node(gm, node, inline_traced(gm, node, fn, inputs, inherit=(*PROVENANCE_KEYS, "trex_moe")))
+            decisions.append(
+                Decision(
+                    "upcast",
+                    node.name,
+                    f"{str(dtype).removeprefix('torch.')} GEMM on a CPU without native "
+                    f"{str(dtype).removeprefix('torch.')} units: fp32 GEMM on exact upcasts, rounded once",
+                    {"op": str(node.target)},
+                )
+            )
+        if decisions:
+            gm.graph.lint()
+            gm.recompile()
+        return PassResult(modified=bool(decisions), decisions=decisions)
+
+
+def _decline(reason: str) -> PassResult:
+    return PassResult(modified=False, decisions=[Decision("decline", "graph", reason)])

@@ -1,0 +1,108 @@
+"""cpu_gemm_precision: on a CPU without native bf16 GEMMs, bf16 GEMMs run in fp32 and train like eager bf16."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import trex
+from trex.pass_manager import PassContext
+from trex.passes import CpuGemmPrecision
+
+ops = torch.ops.trex
+GEMMS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, ops.grouped_mm.default}
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, hidden=16, experts=4):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, hidden)  # addmm (with its bias) and mm in the backward
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * hidden, hidden) * hidden**-0.5)
+        self.down = torch.nn.Parameter(torch.randn(experts, hidden, hidden) * hidden**-0.5)
+
+    def forward(self, x):
+        x = self.proj(x)
+        weights, index = torch.topk(torch.softmax(self.router(x), -1), 2, dim=-1)
+        return (
+            torch.ops.trex.moe_experts(x, index, weights, self.gate_up, self.down, "silu", 0.0, False)[0] ** 2
+        ).sum()
+
+
+def _gemm_dtypes(gm):
+    return {
+        (n.target, arg.meta["val"].dtype)
+        for n in gm.graph.nodes
+        if n.target in GEMMS
+        for arg in n.all_input_nodes
+        if arg.meta["val"].is_floating_point()
+    }
+
+
+def test_bf16_gemms_become_fp32_gemms_and_train_like_eager_bf16():
+    torch.manual_seed(0)
+    model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16, requires_grad=True)
+    reference, x_ref = copy.deepcopy(model), x.detach().clone().requires_grad_(True)
+    passes = ["canonicalize_moe", CpuGemmPrecision(native=set())]  # stands in for a CPU without bf16 units
+    compiled = trex.compile(model, backend="eager", passes=passes)
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x_ref)
+    expected.backward()
+    tolerance = dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(loss, expected, **tolerance)
+    torch.testing.assert_close(x.grad, x_ref.grad, **tolerance)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(p.grad, q.grad, **tolerance)
+    graph = compiled.trex.graphs[0]
+    for module in (graph.forward, graph.backward):
+        dtypes = _gemm_dtypes(module)
+        assert dtypes and {d for _, d in dtypes} == {torch.float32}, dtypes
+    record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
+    assert record.decisions and all(d.action == "upcast" and "bfloat16" in d.reason for d in record.decisions)
+
+
+def test_declines_where_the_cpu_multiplies_bf16_natively_or_the_target_is_not_a_cpu():
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    gm = torch.fx.GraphModule({}, graph)
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}).run(gm, PassContext())
+    assert not native.modified and "natively" in native.decisions[0].reason
+    gpu = CpuGemmPrecision(native=set()).run(gm, PassContext(target="h100"))
+    assert not gpu.modified and "not a CPU" in gpu.decisions[0].reason
+
+
+def test_fp32_gemms_are_left_alone():
+    model, x = _Block(), torch.randn(12, 16)
+    compiled = trex.compile(model, backend="eager", passes=["canonicalize_moe", CpuGemmPrecision(native=set())])
+    compiled(x).backward()
+    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
+    assert not record.modified
+
+
+def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().sum()
+
+    torch.manual_seed(0)
+    model, x = Attention().bfloat16(), torch.randn(2, 6, 16, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend="eager", passes=[CpuGemmPrecision(native=set())])
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
+    ops_done = {d.data["op"] for d in record.decisions}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops_done
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done

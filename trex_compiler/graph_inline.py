@@ -1,0 +1,59 @@
+"""Inline a traced function in place of one fx node: how a pass rewrites a node as other ops.
+
+The function is traced by `make_fx` on the FakeTensor values of the inputs (so every new node carries
+`meta["val"]`), its nodes are copied in before the node, and they inherit the node's provenance
+(`nn_module_stack`, `stack_trace`, ...) so dumps, recompute and per-layer passes still place them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def inline_traced(
+    gm: fx.GraphModule, node: fx.Node, fn: Callable[..., Any], inputs: list[fx.Node], inherit: Iterable[str]
+) -> Any:
+    """Trace `fn(*inputs)` and copy its nodes in before `node`; returns the nodes of its outputs (same
+    structure as `fn`'s result). The new nodes copy `node.meta[key]` for every key of `inherit`."""
+    fake_args = [a.meta["val"] for a in inputs]
+    mode = torch._guards.detect_fake_mode(fake_args)
+    with mode:
+        sub = make_fx(fn, tracing_mode="real")(*fake_args)
+    inherit = [key for key in inherit if key in node.meta]
+    env: dict[fx.Node, Any] = {}
+    placeholders = iter(inputs)
+    outputs = None
+    with gm.graph.inserting_before(node):
+        for sub_node in sub.graph.nodes:
+            if sub_node.op == "placeholder":
+                env[sub_node] = next(placeholders)
+            elif sub_node.op == "output":
+                outputs = fx.node.map_arg(sub_node.args[0], lambda n: env[n])
+            elif sub_node.op == "get_attr":
+                raise RuntimeError(f"the rewrite of {node.format_node()} traced a tensor constant ({sub_node.target})")
+            else:
+                new = gm.graph.node_copy(sub_node, lambda n: env[n])
+                for key in inherit:
+                    new.meta[key] = node.meta[key]
+                env[sub_node] = new
+    return outputs
+
+
+def replace_node(gm: fx.GraphModule, node: fx.Node, outputs: Any) -> None:
+    """Point every use of `node` (through its tuple outputs' getitems, or directly) at `outputs`; erase it."""
+    if isinstance(outputs, (tuple, list)):
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(outputs[user.args[1]])
+                gm.graph.erase_node(user)
+            else:
+                raise RuntimeError(f"{node.name} is used by {user.name} other than through its tuple outputs")
+    else:
+        node.replace_all_uses_with(outputs)
+    gm.graph.erase_node(node)

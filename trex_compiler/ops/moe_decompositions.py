@@ -1,0 +1,121 @@
+"""The trex MoE primitives written in core aten ops, for code generators that fuse around them.
+
+A backend that generates code from aten (Inductor) sees each `trex.moe_*` primitive as an opaque
+extern call: a Python body behind the custom-op dispatcher, run between its generated kernels, whose
+gathers, scalings and sums it cannot fuse with the neighbouring ops and whose intermediate values
+the partitioner must save. These functions compute the same values with static shapes and no host
+synchronisation, so the code generator fuses the row gathers and the routing-weight products into
+its own loops and only the GEMMs stay extern calls (`aten._grouped_mm`):
+
+* dispatch sorts the expert ids once and also returns the inverse permutation (`inverse[perm[s]] = s`,
+  one scatter): combine, the combine backward and the dispatch backward then *gather* each token's
+  k rows through it instead of scattering (no `index_put` with accumulation: deterministic, no
+  atomics, fusable into the reductions that follow); the expert offsets come from `searchsorted` on
+  the sorted ids (a fixed-size output, where `bincount`'s size depends on the data);
+* combine gathers the k rows of every token, scales them by the token's routing weights in token
+  order and sums over k: the same products, summed in slot order;
+* the dispatch backward sums the k sorted-row gradients of every token (was: a scatter-add in
+  sorted-row order; for k > 2 the sum order differs, within float rounding);
+* a grouped GEMM `aten._grouped_mm` cannot trace (its meta function takes bf16 only; the CPU kernel
+  also computes fp32) becomes `trex.extern_grouped_mm(_weight_grad)`: the same body as the
+  `trex.grouped_mm` custom op, registered as a plain dispatcher kernel without the custom-op
+  wrapper's autograd and checks (bench/cpu_ops/gemm_precision_and_op_overhead.py: 84 vs 145 us per
+  call, `aten._grouped_mm` itself 68 us, on the loaded development CPU). They have no autograd: they live only in graphs whose
+  backward is already explicit (the joint graph trex partitions).
+
+`trex.passes.decompose_moe` inlines them into the joint graph when the leading backend asks for it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trex.ops import moe
+
+# The autograd-free extern kernels for generated code (see the module docstring).
+_library = torch.library.Library(moe.NAMESPACE, "FRAGMENT")
+_library.define("extern_grouped_mm(Tensor input, Tensor weight, Tensor offsets) -> Tensor")
+_library.define("extern_grouped_mm_weight_grad(Tensor a, Tensor b, Tensor offsets) -> Tensor")
+_library.impl("extern_grouped_mm", moe.grouped_mm_compute, "CompositeExplicitAutograd")
+_library.impl("extern_grouped_mm_weight_grad", moe.grouped_mm_weight_grad_compute, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("trex::extern_grouped_mm", lib=_library)
+def _(input, weight, offsets):
+    return input.new_empty(input.size(0), weight.size(-1))
+
+
+@torch.library.register_fake("trex::extern_grouped_mm_weight_grad", lib=_library)
+def _(a, b, offsets):
+    return a.new_empty(offsets.numel(), a.size(1), b.size(1))
+
+
+# What aten._grouped_mm's meta function (the one tracing and Inductor run) accepts in torch 2.13: bf16
+# only, although the CPU kernel also computes fp32 (which `trex.grouped_mm` calls in its own body).
+GROUPED_MM_DTYPES = (torch.bfloat16,)
+
+
+def inverse_permutation(perm: Tensor) -> Tensor:
+    """`inverse[perm[s]] = s`: one scatter, functional (usable inside a traced joint graph)."""
+    positions = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return torch.zeros_like(perm).scatter(0, perm, positions)
+
+
+def moe_dispatch(hidden: Tensor, top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`trex.moe_dispatch`, plus the inverse permutation: (sorted_hidden, perm, offsets, inverse)."""
+    top_k = top_k_index.size(-1)
+    sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+    sorted_hidden = hidden.index_select(0, perm // top_k)
+    experts = torch.arange(num_experts, device=top_k_index.device, dtype=sorted_ids.dtype)
+    # offsets[e] = number of rows routed to experts <= e (ids >= num_experts are counted by none, as bincount[:E])
+    offsets = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    return sorted_hidden, perm, offsets, inverse_permutation(perm)
+
+
+def grouped_mm_decomposable(input: Tensor, weight: Tensor) -> bool:
+    """aten._grouped_mm traces with these operands (both bf16); otherwise `trex.grouped_mm` stays."""
+    return input.dtype in GROUPED_MM_DTYPES and input.dtype == weight.dtype
+
+
+def grouped_mm(input: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
+    if grouped_mm_decomposable(input, weight):
+        return torch._grouped_mm(input, weight, offs=offsets.to(torch.int32))
+    return torch.ops.trex.extern_grouped_mm(input, weight, offsets)
+
+
+def grouped_mm_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
+    if grouped_mm_decomposable(a, b):
+        return torch._grouped_mm(a.t(), b, offs=offsets.to(torch.int32))
+    return torch.ops.trex.extern_grouped_mm_weight_grad(a, b, offsets)
+
+
+def _token_rows(rows: Tensor, inverse: Tensor, top_k: int) -> Tensor:
+    """The k sorted rows of every token, in slot order: [T, k, H]."""
+    return rows.index_select(0, inverse).view(inverse.numel() // top_k, top_k, rows.size(-1))
+
+
+def moe_combine(expert_out: Tensor, inverse: Tensor, top_k_weights: Tensor) -> Tensor:
+    """`trex.moe_combine` (given the inverse permutation instead of the permutation)."""
+    dtype = torch.promote_types(expert_out.dtype, top_k_weights.dtype)
+    rows = _token_rows(expert_out, inverse, top_k_weights.size(-1)).to(dtype)
+    return (rows * top_k_weights.to(dtype).unsqueeze(-1)).sum(dim=1)
+
+
+def moe_combine_backward(
+    grad_out: Tensor, expert_out: Tensor, perm: Tensor, inverse: Tensor, top_k_weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`trex.moe_combine_backward`: (grad of expert_out [S,H], grad of top_k_weights [T,k])."""
+    top_k = top_k_weights.size(-1)
+    weight_rows = top_k_weights.reshape(-1).index_select(0, perm)
+    grad_rows = grad_out.index_select(0, perm // top_k)
+    grad_expert_out = (grad_rows * weight_rows.unsqueeze(-1)).to(expert_out.dtype)
+    # in token order: grad_weights[t, j] = <grad_out[t], expert_out[row of (t, j)]>
+    products = grad_out.unsqueeze(1) * _token_rows(expert_out, inverse, top_k)
+    grad_weights = products.sum(dim=-1).to(top_k_weights.dtype)
+    return grad_expert_out, grad_weights
+
+
+def moe_dispatch_backward(grad_sorted: Tensor, inverse: Tensor, num_tokens: int) -> Tensor:
+    """`trex.moe_dispatch_backward`: every token's gradient is the sum of its k sorted rows' gradients."""
+    return _token_rows(grad_sorted, inverse, inverse.numel() // num_tokens).sum(dim=1)
