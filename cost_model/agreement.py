@@ -58,7 +58,16 @@ from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
 
 CLASSES = ("gemm", "moe_gemm", "attention")
-_GROUPED = frozenset({"trex.grouped_mm", "trex.grouped_mm_weight_grad", "aten._grouped_mm", "aten._scaled_grouped_mm"})
+_GROUPED = frozenset(
+    {
+        "trex.grouped_mm",
+        "trex.grouped_mm_weight_grad",
+        "trex.extern_grouped_mm",
+        "trex.extern_grouped_mm_weight_grad",
+        "aten._grouped_mm",
+        "aten._scaled_grouped_mm",
+    }
+)
 _FUSED_EXPERTS = frozenset({"trex.moe_experts", "trex.moe_experts_backward"})
 _MEMORY_KINDS = frozenset(
     {"pointwise", "reduction", "norm", "softmax", "loss", "gather_scatter", "copy", "creation", "sort", "moe"}

@@ -161,7 +161,7 @@ def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) ->
     if S in values:  # grouped: S rows over E groups
         experts = max(1, int(values[E]))
         rows = values[S] / experts
-        weight_grad = name == "trex.grouped_mm_weight_grad" or (
+        weight_grad = name in ("trex.grouped_mm_weight_grad", "trex.extern_grouped_mm_weight_grad") or (
             name == "aten._grouped_mm"
             and len(node_outputs(node)[0].shape) == 3
             and len(node.args[0].meta["val"].shape) == 2

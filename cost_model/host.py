@@ -38,6 +38,8 @@ EXPERT_GEMM_OPS = frozenset(
         "aten._scaled_grouped_mm",
         "trex.grouped_mm",
         "trex.grouped_mm_weight_grad",
+        "trex.extern_grouped_mm",
+        "trex.extern_grouped_mm_weight_grad",
         "trex.moe_experts",
         "trex.moe_experts_backward",
     }

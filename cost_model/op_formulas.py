@@ -555,6 +555,9 @@ EXACT: dict[str, OpFormula] = {
     "aten._scaled_grouped_mm": _GROUPED,
     "trex.grouped_mm": _GROUPED,
     "trex.grouped_mm_weight_grad": _GROUPED_WGRAD,
+    # decompose_moe's autograd-free twins run the same bodies (trex/ops/moe_decompositions.py)
+    "trex.extern_grouped_mm": _GROUPED,
+    "trex.extern_grouped_mm_weight_grad": _GROUPED_WGRAD,
     "trex.moe_dispatch": OpFormula(
         "moe",
         S * sympy.log(S, 2),

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from trex.graph_inline import inline_traced, replace_node
+from trex.graph_inline import inline_traced, on_meta_device, replace_node
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
 
@@ -103,6 +103,10 @@ class CpuGemmPrecision:
 
         if get_target(ctx.target).device_type != "cpu":
             return _decline(f"target {ctx.target!r} is not a CPU")
+        if not ctx.options.get("gemms_on_this_cpu", True):
+            return _decline("the leading backend lowers GEMMs to another device's kernels, not this CPU's")
+        if on_meta_device(gm):
+            return _decline("a graph of meta tensors is captured to be priced, never run on this CPU")
         native = native_cpu_gemm_dtypes() if self.native is None else self.native
         slow = [d for d in LOW_PRECISION if d not in native]
         if not slow:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from trex.graph_inline import inline_traced, replace_node
+from trex.graph_inline import inline_traced, on_meta_device, replace_node
 from trex.ops import moe_decompositions as aten_form
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
@@ -49,6 +49,11 @@ class DecomposeMoe:
         self.force = force
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        if not self.force and on_meta_device(gm):
+            return PassResult(
+                modified=False,
+                decisions=[Decision("decline", "graph", "a graph of meta tensors is captured to be priced, never run")],
+            )
         if not (self.force or ctx.options.get(OPTION, False)):
             return PassResult(
                 modified=False,

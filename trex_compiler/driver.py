@@ -137,8 +137,13 @@ class TrexCompiler:
             self.options.progress(f"graph {graph.graph_id}: {what} ({time.perf_counter() - graph.started_at:.1f} s)")
 
     def _context(self, graph: CapturedGraph) -> PassContext:
-        # passes.decompose_moe: the leading backend fuses around the MoE primitives' aten form
-        options = {"decompose_moe": bool(getattr(self.options.backends[0], "decomposes_moe_primitives", False))}
+        # passes.decompose_moe: the leading backend fuses around the MoE primitives' aten form;
+        # passes.cpu_gemm_precision: the leading backend runs GEMMs on this CPU's kernels (not a device's)
+        leading = self.options.backends[0]
+        options = {
+            "decompose_moe": bool(getattr(leading, "decomposes_moe_primitives", False)),
+            "gemms_on_this_cpu": bool(getattr(leading, "runs_gemms_on_this_cpu", True)),
+        }
         return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id, options=options)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:

@@ -57,3 +57,13 @@ def replace_node(gm: fx.GraphModule, node: fx.Node, outputs: Any) -> None:
     else:
         node.replace_all_uses_with(outputs)
     gm.graph.erase_node(node)
+
+
+def on_meta_device(gm: fx.GraphModule) -> bool:
+    """True when the graph's inputs live on the meta device: it was captured to be priced (a meta capture
+    of a full-size model), so rewrites that only make this machine run it faster do not apply."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            return value.device.type == "meta"
+    return False

@@ -49,6 +49,8 @@ class _GraphState:
 
 class AscendBackend(Backend):
     name: ClassVar[str] = "ascend"
+    # its GEMMs become torch_npu ops for an NPU (emulated here), not this CPU's kernels: cpu_gemm_precision stays out
+    runs_gemms_on_this_cpu: ClassVar[bool] = False
     description: ClassVar[str] = (
         "torch_npu fused ops (RMSNorm, SwiGLU, RoPE, flash attention, MoE gating/permute/unpermute, "
         "grouped GEMMs; forward and backward), checked against torch_npu's schemas; CPU emulation without an NPU"

@@ -113,7 +113,7 @@ def _capture(family):
     from trex.models import build_model, tiny_config
 
     config = tiny_config(family)
-    compiled = trex.compile(build_model(config))
+    compiled = trex.compile(build_model(config), backend="eager")  # the canonical graph, not a CPU lowering
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     compiled(input_ids=ids, labels=ids)
     (joint,) = [g.joint for g in compiled.trex.graphs if g.joint is not None]
@@ -164,6 +164,33 @@ def test_grouped_mm_nodes_cost_two_s_k_n(qwen3_moe):
             rows, k = node.args[0].meta["val"].shape
             n = node.args[1].meta["val"].shape[-1]
             assert node.meta["cost"].flops == 2 * rows * k * n
+
+
+def test_decompose_moes_extern_grouped_gemms_are_priced_like_the_primitives():
+    """decompose_moe (when Inductor leads) turns fp32 grouped GEMMs into trex.extern_grouped_mm(_weight_grad):
+    the same kernels, so the same FLOPs and time as trex.grouped_mm(_weight_grad)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import trex.ops.moe_decompositions  # noqa: F401 - registers the extern ops
+
+    x, w, dy = torch.randn(96, 32), torch.randn(4, 32, 48), torch.randn(96, 48)
+    offsets = torch.tensor([10, 40, 70, 96], dtype=torch.int32)
+
+    def both(op_fwd, op_wgrad):
+        return lambda x, w, dy, o: (op_fwd(x, w, o), op_wgrad(x, dy, o))
+
+    costs = {}
+    for label, fwd, wgrad in (
+        ("primitive", torch.ops.trex.grouped_mm.default, torch.ops.trex.grouped_mm_weight_grad.default),
+        ("extern", torch.ops.trex.extern_grouped_mm.default, torch.ops.trex.extern_grouped_mm_weight_grad.default),
+    ):
+        gm = make_fx(both(fwd, wgrad), tracing_mode="fake")(x, w, dy, offsets)
+        annotate(gm, "h100")
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        assert all(n.meta["cost"].priced for n in nodes), [(n.target, n.meta["cost"].note) for n in nodes]
+        costs[label] = [(n.meta["cost"].flops, n.meta["cost"].time_s) for n in nodes]
+    assert costs["extern"] == costs["primitive"]
+    assert costs["extern"][0][0] == 2 * 96 * 32 * 48
 
 
 def test_explain_prints_the_per_op_table_and_totals(qwen3_moe, capsys):
