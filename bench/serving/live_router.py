@@ -138,6 +138,7 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
     endpoint = Endpoint("127.0.0.1", router.port)
     start = time.perf_counter()
     latencies, ttfts, tokens, failures = [], [], 0, 0
+    client: dict[str, tuple[float, float, float]] = {}  # tag -> (sent, first token, done) on this host's clock
 
     async def one(request: Request) -> None:
         nonlocal tokens, failures
@@ -147,6 +148,7 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
             "prompt": " ".join(f"w{i}" for i in range(request.prompt_tokens)),
             "max_tokens": request.output_tokens,
             "stream": True,
+            "user": f"r{request.id}",  # the worker's timeline names the request by it
         }
         try:
             response = await open_request(endpoint, "POST", "/v1/completions", payload, timeout)
@@ -168,8 +170,10 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
             failures += 1
             return
         tokens += count
+        done = time.perf_counter()
         ttfts.append(first - sent)
-        latencies.append(time.perf_counter() - sent)
+        latencies.append(done - sent)
+        client[f"r{request.id}"] = (sent, first, done)
 
     await asyncio.gather(*(one(r) for r in requests))
     duration = time.perf_counter() - start
@@ -181,6 +185,8 @@ async def drive(router: Router, requests: list[Request], timeout: float) -> dict
         "latency_p50_s": float(np.percentile(latencies, 50)),
         "latency_p99_s": float(np.percentile(latencies, 99)),
         "ttft_p99_s": float(np.percentile(ttfts, 99)),
+        "start_s": start,
+        "client_timeline": client,
     }
 
 
@@ -233,6 +239,144 @@ async def worker_counters(endpoints: list[Endpoint]) -> list[dict]:
 
 def counter_delta(before: list[dict], after: list[dict], key: str) -> list[float]:
     return [b[key] - a[key] for a, b in zip(before, after)]
+
+
+async def worker_timelines(endpoints: list[Endpoint]) -> list[dict]:
+    """Each worker's engine timeline (`/trex/timeline`): its steps and finished requests."""
+    timelines = []
+    for endpoint in endpoints:
+        status, body = await request_json(endpoint, "GET", "/trex/timeline", timeout=60.0)
+        if status != 200:
+            raise RuntimeError(f"worker {endpoint.url} answered /trex/timeline with {status}")
+        timelines.append(body)
+    return timelines
+
+
+def _pct(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{np.mean(values):6.3f} / {np.percentile(values, 50):6.3f} / {np.percentile(values, 99):6.3f}"
+
+
+def compare_timelines(measured: dict, timelines: list[dict], prediction, specs, models) -> dict:
+    """Where the time goes, measured at the workers and the client against the simulator's timeline for the
+    same arrivals: per worker the steps (count, batch, CPU against the profile's model for the same step, wall
+    over CPU by how many workers were busy, stalls between steps), per request the legs of its latency."""
+    start, client = measured["start_s"], measured["client_timeline"]
+    steps = []  # (worker index, kind, start, end, cpu, seqs, context, padded, repacked) of this run, run clock
+    for i, timeline in enumerate(timelines):
+        for kind, s0, s1, cpu, seqs, context, padded, repacked in timeline["steps"]:
+            if s0 >= start:
+                steps.append((i, kind, s0 - start, s1 - start, cpu, seqs, context, padded, repacked))
+    intervals = [[(s[2], s[3]) for s in steps if s[0] == i] for i in range(len(timelines))]
+
+    def busy_at(i: int, t: float) -> int:  # workers other than i in a step at time t
+        count = 0
+        for j, spans in enumerate(intervals):
+            if j != i:
+                k = bisect.bisect_right(spans, (t, float("inf"))) - 1
+                count += k >= 0 and spans[k][0] <= t < spans[k][1]
+        return count
+
+    out: dict = {"workers": [], "requests": {}}
+    sim_steps = prediction.steps
+    for i, (spec, model) in enumerate(zip(specs, models)):
+        mine = [s for s in steps if s[0] == i]
+        decode = [s for s in mine if s[1] == "decode" and s[5] > 0]
+        prefill = [s for s in mine if s[1] == "prefill"]
+        sim_mine = [s for s in sim_steps if s[0] == spec.name]
+        sim_decode = [s for s in sim_mine if s[1] == "decode"]
+        model_cpu = [model.decode_s(s[5], s[6]) + (model.repack_s(s[6]) if s[8] else 0.0) for s in decode]
+        model_cpu_padded = [model.decode_s(s[5], s[7]) + (model.repack_s(s[7]) if s[8] else 0.0) for s in decode]
+        stalls = []  # the engine had sequences running (a decode step came next) yet ran no step
+        for a, b in zip(mine, mine[1:]):
+            if b[1] == "decode":
+                stalls.append(b[2] - a[3])
+        by_busy: dict[int, list[tuple[float, float, float]]] = {}  # busy workers -> (CPU, wall, model CPU)
+        for s in mine:
+            if s[1] == "prefill":
+                predicted = model.prefill_s(s[6], s[6] ** 2)
+            else:
+                predicted = model.decode_s(s[5], s[6]) + (model.repack_s(s[6]) if s[8] else 0.0)
+            by_busy.setdefault(1 + busy_at(i, (s[2] + s[3]) / 2), []).append((s[4], s[3] - s[2], predicted))
+        share = {k: sum(c for c, _, _ in v) / max(sum(w for _, w, _ in v), 1e-9) for k, v in sorted(by_busy.items())}
+        inflation = {
+            k: sum(c for c, _, _ in v) / max(sum(p for _, _, p in v), 1e-9) for k, v in sorted(by_busy.items())
+        }
+        row = {
+            "worker": spec.name,
+            "prefill_steps": [len(prefill), sum(1 for s in sim_mine if s[1] == "prefill")],
+            "decode_steps": [len(decode), len(sim_decode)],
+            "mean_decode_seqs": [
+                float(np.mean([s[5] for s in decode])) if decode else 0.0,
+                float(np.mean([s[5] for s in sim_decode])) if sim_decode else 0.0,
+            ],
+            "repacked_fraction": [
+                float(np.mean([s[8] for s in decode])) if decode else 0.0,
+                float(np.mean([s[7] for s in sim_decode])) if sim_decode else 0.0,
+            ],
+            "decode_cpu_s": [sum(s[4] for s in decode), sum(s[4] for s in sim_decode)],
+            "decode_cpu_model_s": sum(model_cpu),
+            "decode_cpu_model_padded_s": sum(model_cpu_padded),
+            "prefill_cpu_s": [sum(s[4] for s in prefill), sum(s[4] for s in sim_mine if s[1] == "prefill")],
+            "prefill_cpu_model_s": sum(model.prefill_s(s[6], s[6] ** 2) for s in prefill),
+            "wall_s": [sum(s[3] - s[2] for s in mine), sum(s[3] - s[2] for s in sim_mine)],
+            "stall_s": [sum(stalls), len(stalls)],
+            "share_by_busy": share,
+            "cpu_over_model_by_busy": inflation,
+            "steps_by_busy": {k: len(v) for k, v in sorted(by_busy.items())},
+        }
+        out["workers"].append(row)
+    # per request: the legs of its latency, measured (client and worker clocks are the same CLOCK_MONOTONIC)
+    legs: dict[str, list[float]] = {
+        k: [] for k in ("to_engine", "queue", "prefill", "first_delivery", "decode", "delivery", "total")
+    }
+    sim_legs: dict[str, list[float]] = {k: [] for k in ("ttft", "decode", "total")}
+    records = {f"r{r.id}": r for r in prediction.records if r.status == "completed"}
+    engine = {}
+    for timeline in timelines:
+        for tag, _, _, submitted, prefill_start, first, last in timeline["requests"]:
+            if submitted >= start and tag in client:
+                engine[tag] = (submitted, prefill_start, first, last)
+    for tag, (sent, first_client, done) in client.items():
+        if tag not in engine:
+            continue
+        submitted, prefill_start, first, last = engine[tag]
+        legs["to_engine"].append(submitted - sent)
+        legs["queue"].append(prefill_start - submitted)
+        legs["prefill"].append(first - prefill_start)
+        legs["first_delivery"].append(first_client - first)
+        legs["decode"].append(last - first)
+        legs["delivery"].append(done - last)
+        legs["total"].append(done - sent)
+        record = records.get(tag)
+        if record is not None:
+            sim_legs["ttft"].append(record.first_token_s - record.arrival_s)
+            sim_legs["decode"].append(record.finish_s - record.first_token_s)
+            sim_legs["total"].append(record.finish_s - record.arrival_s)
+    out["requests"] = {"measured": legs, "simulated": sim_legs}
+    for row in out["workers"]:
+        print(
+            f"    {row['worker']}: steps prefill {row['prefill_steps'][0]} / sim {row['prefill_steps'][1]}, decode "
+            f"{row['decode_steps'][0]} / {row['decode_steps'][1]}, mean batch {row['mean_decode_seqs'][0]:.1f} / "
+            f"{row['mean_decode_seqs'][1]:.1f}, re-packed {row['repacked_fraction'][0]:.0%} / "
+            f"{row['repacked_fraction'][1]:.0%}; decode CPU {row['decode_cpu_s'][0]:.1f} s (model for these steps "
+            f"{row['decode_cpu_model_s']:.1f}, padded {row['decode_cpu_model_padded_s']:.1f}) / sim "
+            f"{row['decode_cpu_s'][1]:.1f}; prefill CPU {row['prefill_cpu_s'][0]:.2f} (model "
+            f"{row['prefill_cpu_model_s']:.2f}) / sim {row['prefill_cpu_s'][1]:.2f}; step wall {row['wall_s'][0]:.1f} / "
+            f"{row['wall_s'][1]:.1f} s; stalls {row['stall_s'][0]:.2f} s over {row['stall_s'][1]} gaps; CPU/wall by "
+            "busy workers "
+            + ", ".join(f"{k}: {v:.2f}" for k, v in row["share_by_busy"].items())
+            + "; CPU/model by busy workers "
+            + ", ".join(f"{k}: {v:.2f} ({row['steps_by_busy'][k]})" for k, v in row["cpu_over_model_by_busy"].items()),
+            flush=True,
+        )
+    print("    request legs (s), mean / P50 / P99:", flush=True)
+    for key, values in legs.items():
+        print(f"      measured {key:10s} {_pct(values)}", flush=True)
+    for key, values in sim_legs.items():
+        print(f"      simulated {key:9s} {_pct(values)}", flush=True)
+    return out
 
 
 async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int) -> dict:
@@ -367,6 +511,8 @@ async def run(args) -> dict:
                 await router.close()
             own = time.process_time() - own
             after = await worker_counters(endpoints)
+            timelines = await worker_timelines(endpoints)
+            compared = compare_timelines(measured, timelines, prediction, specs, [p.model for p in profiles])
             engine_cpu = counter_delta(before, after, "engine_cpu_s")
             engine_busy = counter_delta(before, after, "engine_busy_s")
             got = CpuShares.from_counters(engine_cpu, engine_busy)
@@ -424,6 +570,8 @@ async def run(args) -> dict:
                     "latency_p99_s": replay_t.latency_p99_s,
                 },
                 "share_timeline": timeline,
+                "timeline_comparison": compared,
+                "worker_timelines": timelines,
                 "engine_cpu_s": engine_cpu,
                 "engine_busy_s": engine_busy,
                 "mean_cpu_share": got,

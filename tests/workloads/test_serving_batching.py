@@ -129,7 +129,12 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
         endpoint = Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
 
         async def one(words: int, max_tokens: int) -> list[str]:
-            payload = {"prompt": " ".join(f"w{i}" for i in range(words)), "max_tokens": max_tokens, "stream": True}
+            payload = {
+                "prompt": " ".join(f"w{i}" for i in range(words)),
+                "max_tokens": max_tokens,
+                "stream": True,
+                "user": f"c{words}",
+            }
             response = await open_request(endpoint, "POST", "/v1/completions", payload, 30)
             texts = []
             async for line in response.lines(30):
@@ -142,6 +147,7 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
         try:
             streams = await asyncio.gather(*(one(3 + i, 5 + i) for i in range(6)))
             status, health = await request_json(endpoint, "GET", "/health", timeout=5)
+            _, timeline = await request_json(endpoint, "GET", "/trex/timeline", timeout=5)
         finally:
             server.close()
             worker.close()
@@ -152,6 +158,21 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
         assert 0 < health["engine_cpu_s"] <= health["process_cpu_s"] and health["engine_busy_s"] > 0
         assert health["steps"]["prefill"] == 6 and health["steps"]["decode"] == worker.batching.steps["decode"]
         assert worker.batching.steps["decode"] < sum(4 + i for i in range(6))
+        # the engine's timeline, what a live bench compares with the simulator's: each request by its `user` tag,
+        # its legs in order; every step with its shape, in order and not overlapping
+        requests = {r[0]: dict(zip(timeline["request_fields"], r)) for r in timeline["requests"]}
+        assert sorted(requests) == sorted(f"c{3 + i}" for i in range(6))
+        for tag, r in requests.items():
+            assert r["prompt_tokens"] == int(tag[1:]) and r["max_tokens"] == int(tag[1:]) + 2
+            assert r["submitted_s"] <= r["prefill_start_s"] < r["first_token_s"] <= r["last_token_s"]
+            assert r["last_token_s"] <= timeline["now_s"]
+        steps = [dict(zip(timeline["step_fields"], s)) for s in timeline["steps"]]
+        assert [s["kind"] for s in steps].count("prefill") == 6 == len(steps) - health["steps"]["decode"]
+        assert sorted(s["context"] for s in steps if s["kind"] == "prefill") == [3 + i for i in range(6)]
+        assert all(a["end_s"] <= b["start_s"] for a, b in zip(steps, steps[1:]))
+        decode = [s for s in steps if s["kind"] == "decode"]
+        assert all(1 <= s["seqs"] <= 4 and s["context"] <= s["padded"] and s["cpu_s"] > 0 for s in decode)
+        assert decode[0]["repacked"] and sum(s["seqs"] for s in decode) == sum(4 + i for i in range(6))
 
     asyncio.run(scenario())
 
@@ -219,10 +240,21 @@ def test_decode_steps_after_a_join_or_leave_pay_the_repack():
     def busy(s):
         return Simulation([s], make_scheduler("round_robin"), SLO(10, 1)).run(requests).busy_s["a"]
 
-    # both prompts prefill in one step and join before the first decode step: one repack of 2 x (10 + 1)
+    # both prompts prefill (one per step: the first arrives at an idle engine) and join before the first decode
+    # step: one repack of 2 x (10 + 1)
     # tokens; the first leaves after 4 decode steps: one repack of the second's 10 + 5 tokens before step 5;
     # the other decode steps re-pack nothing
     assert busy(costly) - busy(spec) == pytest.approx(0.005 + 1e-4 * 22 + 0.005 + 1e-4 * 15)
+    # the simulator's timeline says the same step by step: the steps a live worker logs at `/trex/timeline`
+    steps = Simulation([costly], make_scheduler("round_robin"), SLO(10, 1)).run(requests).steps
+    assert [(kind, seqs, repacked) for _, kind, _, _, _, seqs, _, repacked in steps] == [
+        ("prefill", 1, False),
+        ("prefill", 1, False),
+        *[("decode", 2, i == 0) for i in range(4)],
+        *[("decode", 1, i == 0) for i in range(3)],
+    ]
+    assert [context for *_, context, _ in steps[:4]] == [10, 10, 22, 24]  # prompt tokens; then 2 x (10 + 1 + i)
+    assert all(a[3] == pytest.approx(b[2]) for a, b in zip(steps, steps[1:]))  # back to back, never overlapping
 
 
 def test_cpu_share_probes_measure_this_host():

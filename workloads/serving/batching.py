@@ -43,6 +43,11 @@ class BatchedRequest:
     tokens: list[int] = field(default_factory=list)
     kv: list | None = None  # per layer (keys, values) of shape (1, heads, context, dim), before joining the batch
     cancelled: bool = False  # the client went away: the sequence leaves at the next step
+    tag: str = ""  # the client's label (OpenAI `user`), so a timeline can be matched to the request sent
+    # the request's timeline on this engine (time.perf_counter: CLOCK_MONOTONIC, comparable across processes)
+    submitted_s: float = 0.0
+    prefill_start_s: float = 0.0
+    token_s: list[float] = field(default_factory=list)  # when each token was emitted
 
     @property
     def context(self) -> int:
@@ -54,6 +59,7 @@ class BatchedRequest:
         return self.cancelled or len(self.tokens) >= self.max_tokens
 
 
+TIMELINE_LENGTH = 100_000  # steps and finished requests an engine remembers for `/trex/timeline`
 ROOM = 64  # columns a re-packed cache can grow by before its buffers are reallocated (doubling)
 
 
@@ -191,6 +197,10 @@ class BatchingEngine:
         self.cpu_s = 0.0  # the engine thread's CPU time in steps: what the profile's clock measures
         self.busy_s = 0.0  # wall time in steps: CPU time stretched by whatever else wants the cores
         self.thread: threading.Thread | None = None
+        # what a live bench compares with the simulator's timeline (bounded: a long-running worker keeps the last)
+        self.step_log: deque = deque(maxlen=TIMELINE_LENGTH)  # (kind, start, end, cpu, seqs, context, width, repacked)
+        self.timeline: deque = deque(maxlen=TIMELINE_LENGTH)  # finished requests: (tag, prompt, max_tokens,
+        # submitted, prefill start, first token, last token)
 
     # -- the two steps (also what `trex serve profile` times) ------------------------------------------
     def prefill(self, request: BatchedRequest) -> None:
@@ -200,21 +210,30 @@ class BatchingEngine:
         request.kv = [(layer.keys, layer.values) for layer in result.cache.layers]
         self._emit(request, int(result.logits[0, -1].argmax()))
 
-    def decode(self) -> None:
-        """Re-pack the batch if sequences joined or left, then one decode step over all of it."""
-        if self.joining or any(seq.finished for seq in self.batch.sequences):
+    def decode(self) -> bool:
+        """Re-pack the batch if sequences joined or left, then one decode step over all of it; True if it
+        re-packed."""
+        repacked = bool(self.joining or any(seq.finished for seq in self.batch.sequences))
+        if repacked:
             self.batch.repack(self.joining)
             self.joining = []
         if not len(self.batch):
-            return
+            return repacked
         for seq, token in zip(list(self.batch.sequences), self.batch.decode(self.model)):
             self._emit(seq, token)
+        return repacked
 
     def _emit(self, request: BatchedRequest, token: int) -> None:
         request.tokens.append(token)
+        request.token_s.append(time.perf_counter())
         if request.on_token is not None:
             request.on_token(token)
         if request.finished:
+            if not request.cancelled:
+                self.timeline.append(
+                    (request.tag, len(request.prompt_ids), request.max_tokens, request.submitted_s)
+                    + (request.prefill_start_s, request.token_s[0], request.token_s[-1])
+                )
             if request.on_done is not None and not request.cancelled:
                 request.on_done(list(request.tokens))
         elif request.kv is not None:
@@ -231,6 +250,7 @@ class BatchingEngine:
         with self.wake:
             if self.stopped:
                 raise ServingError("the engine has stopped")
+            request.submitted_s = time.perf_counter()
             self.waiting.append(request)
             self.wake.notify()
         if self.thread is None:
@@ -243,23 +263,36 @@ class BatchingEngine:
                 self.thread.start()
 
     def step(self) -> bool:
-        """One engine step; False when there was nothing to do."""
+        """One engine step; False when there was nothing to do. Each step is logged (`step_log`): its kind,
+        wall start and end, CPU time, sequences, context tokens, padded width, and whether it re-packed."""
         with self.wake:
             while self.waiting and self.waiting[0].cancelled:
                 self.waiting.popleft()
             request = self.waiting.popleft() if self.waiting and self.running < self.max_num_seqs else None
+        start, cpu = time.perf_counter(), time.thread_time()
         if request is not None:
             self.steps["prefill"] += 1
+            request.prefill_start_s = start
             try:
                 self.prefill(request)
             except Exception:
                 if request.kv is None and not request.finished:  # it joined nothing: fail it with the rest
                     self.joining.append(request)
                 raise
+            tokens = len(request.prompt_ids)
+            self.step_log.append(("prefill", start, time.perf_counter(), time.thread_time() - cpu, 1, tokens, 0, False))
             return True
         if self.running:
             self.steps["decode"] += 1
-            self.decode()
+            repacked = self.decode()
+            seqs = len(self.batch)
+            # the tokens each sequence attended over (its cache and the new one: the simulator's context) and the
+            # padded batch's: every row is as wide as the longest
+            context = sum(seq.context for seq in self.batch.sequences)
+            width = seqs * self.batch.width
+            self.step_log.append(
+                ("decode", start, time.perf_counter(), time.thread_time() - cpu, seqs, context, width, repacked)
+            )
             return True
         return False
 

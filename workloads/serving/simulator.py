@@ -93,6 +93,9 @@ class SimulationResult:
     instances: list[str]
     busy_s: dict[str, float] = field(default_factory=dict)  # per instance: wall time in steps
     cpu_s: dict[str, float] = field(default_factory=dict)  # per instance: the same steps' CPU time
+    # every step: (instance, kind, start, end, cpu, sequences, context tokens, re-packed) - the timeline a live
+    # run's workers log (`/trex/timeline`), to compare step by step
+    steps: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"scheduler": self.scheduler, "instances": self.instances, **self.report.to_dict()}
@@ -131,6 +134,7 @@ class Simulation:
         # a host whose other load changes during the run: the shares times share_over_time(now)
         self.share_over_time = share_over_time
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
+        self.steps: list = []
         self.expected_output = expected_output or int(scheduler.mean_output)
         self.events: list = []
         self.order = 0
@@ -212,6 +216,7 @@ class Simulation:
 
     def _start_step(self, now: float, inst: _Instance) -> None:
         inst.stale = True
+        repacked = False
         batch = self._admit(inst)
         if batch:
             seconds = inst.spec.latency.prefill_lengths_s([s.to_prefill for s in batch])
@@ -226,6 +231,7 @@ class Simulation:
                 victim.to_prefill = victim.context
                 inst.waiting.appendleft(victim)
             seconds = inst.spec.latency.decode_s(len(inst.running), inst.context)
+            repacked = inst.repack_due
             if inst.repack_due:  # the engine re-packs its batch cache before the step (zero for a paged cache)
                 seconds += inst.spec.latency.repack_s(inst.context)
                 inst.repack_due = False
@@ -233,6 +239,8 @@ class Simulation:
         else:
             inst.busy = False
             return
+        kind, sequences = inst.step
+        cpu = seconds
         self.cpu_s[inst.spec.name] += seconds
         if self.cpu_shares is not None:  # instances co-located on a host share its cores
             busy = 1 + sum(other.busy for other in self.instances if other is not inst)
@@ -242,6 +250,8 @@ class Simulation:
             seconds /= share
         inst.busy = True
         inst.busy_s += seconds
+        context = sum(s.to_prefill for s in sequences) if kind == "prefill" else inst.context
+        self.steps.append((inst.spec.name, kind, now, now + seconds, cpu, len(sequences), context, repacked))
         self._push(now + seconds, "step", inst)
 
     def _finish_step(self, now: float, inst: _Instance) -> None:
@@ -310,7 +320,7 @@ class Simulation:
         steady = self.tokens_while_arriving / span if span > 0 else float("nan")
         report = summarise(records, self.slo, busy, start, steady)
         names = [i.spec.name for i in self.instances]
-        return SimulationResult(report, records, self.scheduler.name, names, busy, dict(self.cpu_s))
+        return SimulationResult(report, records, self.scheduler.name, names, busy, dict(self.cpu_s), self.steps)
 
 
 def simulate(

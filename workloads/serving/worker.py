@@ -6,7 +6,7 @@ continuous batching (`batching.BatchingEngine`: prefill-first, up to `max_num_se
 decoding together; `max_num_seqs=1` serves one request at a time) on `threads` intra-op threads.
 Workers of different sizes or thread counts give the router instances of genuinely unequal capacity.
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (with
+Endpoints: GET /health, GET /trex/timeline (the engine's steps and finished requests), GET /v1/models, POST /v1/completions and /v1/chat/completions (with
 `"stream": true`, server-sent events ending in `data: [DONE]`). Text is tokenized as whitespace
 words hashed into the vocabulary; output tokens print as `t<id>`. Generation runs for `max_tokens`
 tokens (as benchmarks run vLLM with ignore_eos), so the work per request is what it asks for.
@@ -156,6 +156,28 @@ class Worker:
                         "tokens": self.tokens,
                     },
                 )
+            elif request.method == "GET" and request.path == "/trex/timeline":
+                # every step and finished request the engine remembers (perf_counter seconds: CLOCK_MONOTONIC,
+                # comparable with a bench's clock on the same host), for comparing with the simulator's timeline
+                await write_json(
+                    writer,
+                    200,
+                    {
+                        "now_s": time.perf_counter(),
+                        "steps": list(self.batching.step_log),
+                        "step_fields": ["kind", "start_s", "end_s", "cpu_s", "seqs", "context", "padded", "repacked"],
+                        "requests": list(self.batching.timeline),
+                        "request_fields": [
+                            "tag",
+                            "prompt_tokens",
+                            "max_tokens",
+                            "submitted_s",
+                            "prefill_start_s",
+                            "first_token_s",
+                            "last_token_s",
+                        ],
+                    },
+                )
             elif request.method == "GET" and request.path == "/v1/models":
                 await write_json(writer, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
             elif request.method == "POST" and request.path in ("/v1/completions", "/v1/chat/completions"):
@@ -198,7 +220,9 @@ class Worker:
 
             loop.call_soon_threadsafe(settle)
 
-        request = BatchedRequest(prompt_ids, max_tokens, on_token if stream else None, on_done)
+        request = BatchedRequest(
+            prompt_ids, max_tokens, on_token if stream else None, on_done, tag=str(payload.get("user", ""))
+        )
         self.batching.submit(request)
         try:
             await self._respond(writer, chat, stream, prompt_ids, max_tokens, tokens, job)
