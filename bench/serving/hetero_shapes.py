@@ -13,6 +13,7 @@ is picked.
 
     python bench/serving/hetero_shapes.py                   # 8 shapes x llama3-70b, 1 seed
     python bench/serving/hetero_shapes.py --models llama3-70b qwen3-235b-a22b
+    python bench/serving/hetero_shapes.py --plot-only       # the plot of results/hetero_shapes.json
 """
 
 from __future__ import annotations
@@ -72,6 +73,44 @@ def run_shape(path: Path, model: str, slo: SLO, requests: int, iterations: int, 
     return result
 
 
+ANCHORS = (1.225, 0.336)  # the paper's gains over round robin (which cluster each belongs to is not given)
+
+
+def plot_shapes(results: list[dict], path: Path) -> str:
+    """Gain over round robin against the deployment's slowest / fastest instance rate, one point per shape and
+    scheduler, with each shape's ceiling (round robin saturates at N x the slowest instance) and the anchors."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib==3.11.2)"
+    shapes = [r for r in results if "gain_over_rr" in r]
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    x = [r["slowest_over_fastest"] for r in shapes]
+    ax.scatter(x, [100 * r["rr_ceiling_gain"] for r in shapes], marker="_", s=400, color="black",
+               label="ceiling: sum(c_i) / (N min c_i) - 1")  # fmt: skip
+    for name, marker, color in (("jsq", "s", "#1f77b4"), ("po2", "^", "#2ca02c"), ("trex", "o", "#d62728")):
+        ax.scatter(x, [100 * r["gain_over_rr"].get(name, float("nan")) for r in shapes], marker=marker,
+                   color=color, label=name, alpha=0.8)  # fmt: skip
+    for gain in ANCHORS:
+        ax.axhline(100 * gain, color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(f"paper +{100 * gain:.1f}%", (0.98, 100 * gain), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", fontsize=8, color="grey")  # fmt: skip
+    for r, xi in zip(shapes, x):
+        label = r["cluster"].split(":")[0] if ":" in r["cluster"] else r["cluster"]
+        ax.annotate(label, (xi, 100 * r["gain_over_rr"].get("trex", 0.0)), fontsize=6, xytext=(4, 4),
+                    textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("slowest / fastest instance (the planner's per-instance output tok/s)")
+    ax.set_ylabel("throughput at SLO over round robin (%)")
+    ax.set_title("GPU + NPU shapes: gain over round robin (Llama-3-70B)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return f"plot: {path}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama3-70b"])
@@ -80,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedulers", nargs="+", default=["round_robin", "jsq", "po2", "trex"])
     parser.add_argument("--limit", type=int, default=0, help="only the first N shapes (a smoke run)")
     parser.add_argument("--out", default=str(HERE / "results" / "hetero_shapes.json"))
+    parser.add_argument("--plot-only", action="store_true", help="plot the results already in --out; run nothing")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        print(plot_shapes(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png")))
+        return 0
     slo = SLO(3.0, 0.15)
     shapes = list(itertools.product(args.models, GPUS, NPUS, SERVERS))
     if args.limit:
@@ -108,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"{len(results)} shapes in {time.time() - start:.0f} s; {args.out}")
+    print(plot_shapes(results, Path(args.out).with_suffix(".png")))
     return 0
 
 

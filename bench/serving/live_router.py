@@ -17,6 +17,11 @@ What the simulator is given, all measured in this invocation, before the run it 
    second - the share of a core each busy worker gets while k are busy, other processes included.
    The simulator stretches each step by 1 / share(k busy).
 
+4. each worker's step CPU beside 0, 1, 2 other busy workers over what its profile predicts for the same steps
+   (`step_timeline.cpu_factors`, from the workers' own step timelines during a few calibration bursts):
+   co-running workers share the cache, the memory bandwidth and the cores' clock, so a step's CPU time
+   depends on how many run at once; the simulator scales each step's CPU by its worker's factor.
+
 The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
 share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
 asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
@@ -53,6 +58,7 @@ from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
 from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
 from trex.workloads.serving.simulator import simulate
+from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
 from trex.workloads.serving.worker import WorkerModelConfig
 from trex.workloads.serving.workload import Request, workload_stats
 
@@ -379,6 +385,49 @@ def compare_timelines(measured: dict, timelines: list[dict], prediction, specs, 
     return out
 
 
+async def stream_one(endpoint: Endpoint, request: Request, timeout: float = 600.0) -> int:
+    """One streamed completion straight to a worker; the tokens received."""
+    payload = {
+        "prompt": " ".join(f"w{i}" for i in range(request.prompt_tokens)),
+        "max_tokens": request.output_tokens,
+        "stream": True,
+        "user": f"calibration{request.id}",
+    }
+    response = await open_request(endpoint, "POST", "/v1/completions", payload, timeout)
+    count = 0
+    try:
+        async for line in response.lines(timeout):
+            text = line.decode().strip()
+            if text.startswith("data:") and text != "data: [DONE]" and json.loads(text[5:])["choices"][0].get("text"):
+                count += 1
+    finally:
+        response.close()
+    return count
+
+
+async def measure_cpu_factors(endpoints: list[Endpoint], profiles: list, seed: int, burst: int) -> dict:
+    """Each worker's step CPU beside 0, 1, 2 busy others over its profile's prediction (`step_timeline.cpu_factors`),
+    from the workers' own timelines: `burst` requests of the run's length mix to each worker alone in turn, then
+    to all of them at once (as they finish one by one, steps beside 1 other are logged too)."""
+    requests = make_requests(burst * (len(endpoints) + 1), 1.0, seed + 1000)
+    start = time.perf_counter()
+    chunks = [requests[i * burst : (i + 1) * burst] for i in range(len(endpoints) + 1)]
+    for endpoint, chunk in zip(endpoints, chunks):
+        await asyncio.gather(*(stream_one(endpoint, r) for r in chunk))
+    await asyncio.gather(*(stream_one(endpoint, r) for endpoint in endpoints for r in chunks[-1]))
+    timelines = [
+        [TimedStep.from_row(row) for row in timeline["steps"] if row[1] >= start]
+        for timeline in await worker_timelines(endpoints)
+    ]
+    factors = cpu_factors(timelines, [p.model for p in profiles])
+    counts = busy_counts(timelines)
+    return {
+        "factors": [list(f) for f in factors],
+        "steps_by_busy": [[c.count(k) for k in range(1, len(endpoints) + 1)] for c in counts],
+        "seconds": time.perf_counter() - start,
+    }
+
+
 async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int) -> dict:
     """CPU per streamed token outside the engine's steps, measured: in each worker (HTTP, JSON, the
     event loop's hand-off) and in this process (the router forwarding it, the client reading it).
@@ -434,6 +483,22 @@ async def run(args) -> dict:
             worker_spec(e.url, p.model.with_token_overhead(o, "HTTP streaming"), p.limits)
             for e, p, o in zip(endpoints, profiles, overhead["worker_s_per_token"])
         ]
+        corun = (
+            await measure_cpu_factors(endpoints, profiles, args.seed, args.calibration_burst)
+            if args.calibration_burst
+            else None
+        )
+        factors = {s.name: tuple(f) for s, f in zip(specs, corun["factors"])} if corun else None
+        if corun:
+            print(
+                f"step CPU over the profile's with 1..{len(specs)} workers busy ({corun['seconds']:.0f} s of "
+                "calibration): "
+                + "; ".join(
+                    ", ".join(f"{f:.2f}" for f in fs) + f" ({'/'.join(map(str, n))} steps)"
+                    for fs, n in zip(corun["factors"], corun["steps_by_busy"])
+                ),
+                flush=True,
+            )
         shares = measure_cpu_shares(len(specs))
         print(f"CPU shares with 1..{len(specs)} busy: {', '.join(f'{s:.2f}' for s in shares.shares)}", flush=True)
         probe_requests = make_requests(args.requests, 1.0, args.seed)
@@ -458,6 +523,7 @@ async def run(args) -> dict:
                 for s, w, c in zip(specs, WORKERS, per_core)
             ],
             "overhead": overhead,
+            "cpu_factors": corun,
             "cpu_shares_before_rate": shares.to_dict(),
             "capacity_req_s": capacity,
             "rate_req_s": rate,
@@ -473,7 +539,12 @@ async def run(args) -> dict:
         for scheduler in args.schedulers:
             shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
             prediction = simulate(
-                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
+                specs,
+                make_scheduler(scheduler, args.seed, stats),
+                requests,
+                SLO(10.0, 1.0),
+                cpu_shares=shares,
+                cpu_factors=factors,
             )
             router = Router(
                 [(e, s) for e, s in zip(endpoints, specs)],
@@ -528,6 +599,7 @@ async def run(args) -> dict:
                 cpu_shares=CpuShares(
                     tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
                 ),
+                cpu_factors=factors,
             ).report
             # and replayed with the share the run got in each sampling interval: a host whose load moved
             over_time = share_over_time(timeline, expected)
@@ -538,6 +610,7 @@ async def run(args) -> dict:
                 SLO(10.0, 1.0),
                 cpu_shares=shares,
                 share_over_time=over_time,
+                cpu_factors=factors,
             ).report
             report = prediction.report
             # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
@@ -623,6 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
+    parser.add_argument(
+        "--calibration-burst",
+        type=int,
+        default=8,
+        help="requests per worker in the step-CPU calibration (0: none; the simulator then assumes the profile's CPU)",
+    )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--name", default="live_router", help="the results file's name (<out>/<name>.json)")

@@ -21,6 +21,7 @@ from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.latency_fit import LatencyModel, load_engine_limits, save_samples
 from trex.workloads.serving.schedulers import make_scheduler
 from trex.workloads.serving.simulator import Simulation
+from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
 from trex.workloads.serving.worker import TinyEngine, Worker, WorkerModelConfig
 from trex.workloads.serving.workload import Request
 
@@ -297,3 +298,51 @@ def test_a_host_whose_share_moves_during_the_run_slows_the_steps_then():
     assert duration(share_over_time=lambda now: 0.5) == pytest.approx(2 * steady, rel=0.02)
     with pytest.raises(ServingError, match="give cpu_shares"):
         Simulation([instance("a", 1.0)], make_scheduler("round_robin"), SLO(), share_over_time=lambda now: 1.0)
+
+
+def test_step_cpu_factors_come_from_the_workers_timelines_by_how_many_were_busy():
+    model = LatencyModel((0.01, 0.0, 0.0), (0.02, 0.0, 0.0))  # every decode step 20 ms of CPU, alone
+
+    def steps(start: float, n: int, cpu: float, width: float = 0.05) -> list[TimedStep]:
+        return [TimedStep("decode", start + i * width, start + (i + 1) * width, cpu, 1, 10) for i in range(n)]
+
+    # a runs alone for 20 steps at the profile's CPU, then beside b for 20 steps at 1.5x; b runs only beside a
+    a = steps(0.0, 20, 0.020) + steps(1.0, 20, 0.030)
+    b = steps(1.0, 20, 0.040)
+    assert busy_counts([a, b]) == [[1] * 20 + [2] * 20, [2] * 20]
+    factors = cpu_factors([a, b], [model, model])
+    assert factors[0] == pytest.approx((1.0, 1.5))
+    assert factors[1] == pytest.approx((2.0, 2.0))  # never alone: the nearest count measured stands in
+    assert TimedStep.from_row(["decode", 0, 1, 0.5, 2, 30, 40, True]).repacked
+    with pytest.raises(ServingError, match="calibration requests"):
+        cpu_factors([a[:5], b], [model, model])
+    with pytest.raises(ServingError, match="fields"):
+        TimedStep.from_row(["decode", 0, 1])
+
+
+def test_simulated_steps_take_their_instance_s_cpu_factor_for_the_instances_busy():
+    requests = [Request(i, 0.0, 10, 20) for i in range(4)]
+    specs = [instance("a", 1.0), instance("b", 1.0)]
+
+    def run(**options):
+        return Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), **options).run(requests)
+
+    plain = run()
+    # b's steps cost twice their profile's CPU beside a busy a (and as much as profiled alone); a's are unchanged
+    scaled = run(cpu_factors={"b": (1.0, 2.0)})
+    assert scaled.cpu_s["a"] == pytest.approx(plain.cpu_s["a"])
+    a_spans = [(start, end) for name, _, start, end, *_ in scaled.steps if name == "a"]
+    doubled = []
+    for name, kind, start, _, cpu, seqs, context, _ in scaled.steps:
+        if name == "b":
+            profiled = specs[1].latency.prefill_s(context, context**2) if kind == "prefill" else (
+                specs[1].latency.decode_s(seqs, context))  # fmt: skip
+            beside_a = any(s <= start < e for s, e in a_spans)
+            assert cpu == pytest.approx(profiled * (2.0 if beside_a else 1.0))
+            doubled.append(beside_a)
+    assert any(doubled) and not all(doubled)  # b's last steps run after a has finished: alone, as profiled
+    assert scaled.busy_s["b"] == pytest.approx(scaled.cpu_s["b"])  # CPU, not shares: no cpu_shares given
+    with pytest.raises(ServingError, match="not in the deployment"):
+        run(cpu_factors={"c": (1.0,)})
+    with pytest.raises(ServingError, match="positive finite"):
+        run(cpu_factors={"a": (1.0, 0.0)})

@@ -21,7 +21,9 @@ each) run their steps slower while others are busy: given the host's `cpu_shares
 (`cpu_share.CpuShares`: the fraction of a core each of k busy instances gets, measured on a shared
 host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while k instances are busy
 takes its profiled CPU time divided by that share (times `share_over_time(now)` when given: a
-host whose other load moved during the run, measured afterwards). After
+host whose other load moved during the run, measured afterwards). The CPU a step takes may itself depend on
+how many instances are busy beside it (`cpu_factors`, measured from the workers' step timelines by
+`step_timeline.cpu_factors`: shared cache and memory bandwidth, the cores' clock). After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -114,6 +116,7 @@ class Simulation:
         shared_cores: int | None = None,
         cpu_shares: CpuShares | None = None,
         share_over_time=None,
+        cpu_factors: dict[str, tuple[float, ...]] | None = None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -131,6 +134,14 @@ class Simulation:
         if share_over_time is not None and cpu_shares is None:
             raise ServingError("share_over_time scales cpu_shares: give cpu_shares (or shared_cores) too")
         self.max_waiting, self.drain_s, self.cpu_shares = max_waiting, drain_s, cpu_shares
+        # per instance: its steps' CPU over its profile's with k instances busy (`step_timeline.cpu_factors`)
+        self.cpu_factors = dict(cpu_factors or {})
+        unknown = sorted(set(self.cpu_factors) - set(names))
+        if unknown:
+            raise ServingError(f"cpu_factors name instances that are not in the deployment: {unknown}")
+        for name, factors in self.cpu_factors.items():
+            if not factors or any(not 0 < f < float("inf") for f in factors):
+                raise ServingError(f"{name}'s cpu_factors must be positive finite numbers (got {factors})")
         # a host whose other load changes during the run: the shares times share_over_time(now)
         self.share_over_time = share_over_time
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
@@ -240,10 +251,13 @@ class Simulation:
             inst.busy = False
             return
         kind, sequences = inst.step
+        busy = 1 + sum(other.busy for other in self.instances if other is not inst)
+        factors = self.cpu_factors.get(inst.spec.name)
+        if factors:  # the step's CPU beside `busy - 1` other busy instances: shared cache, memory bandwidth, clock
+            seconds *= factors[min(busy, len(factors)) - 1]
         cpu = seconds
         self.cpu_s[inst.spec.name] += seconds
         if self.cpu_shares is not None:  # instances co-located on a host share its cores
-            busy = 1 + sum(other.busy for other in self.instances if other is not inst)
             share = self.cpu_shares.share(busy)
             if self.share_over_time is not None:
                 share = min(1.0, share * self.share_over_time(now))
