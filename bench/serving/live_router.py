@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -613,6 +614,10 @@ async def run(args) -> dict:
                 cpu_factors=factors,
             ).report
             report = prediction.report
+            # what the prediction would have been without the step-CPU calibration (the previous sessions' model)
+            unscaled = simulate(
+                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
+            ).report
             # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
             predicted_engine = [
                 prediction.cpu_s[s.name] - o * sum(r.output_tokens for r in prediction.records if r.instance == s.name)
@@ -632,6 +637,11 @@ async def run(args) -> dict:
                     "engine_cpu_s": predicted_engine,
                     "mean_cpu_share": expected,
                 },
+                "predicted_without_cpu_factors": {
+                    "throughput_tok_s": unscaled.throughput_tok_s,
+                    "latency_p50_s": unscaled.latency_p50_s,
+                    "latency_p99_s": unscaled.latency_p99_s,
+                },
                 "replayed_at_measured_share": {
                     "throughput_tok_s": replay.throughput_tok_s,
                     "latency_p50_s": replay.latency_p50_s,
@@ -644,7 +654,6 @@ async def run(args) -> dict:
                 },
                 "share_timeline": timeline,
                 "timeline_comparison": compared,
-                "worker_timelines": timelines,
                 "engine_cpu_s": engine_cpu,
                 "engine_busy_s": engine_busy,
                 "mean_cpu_share": got,
@@ -652,6 +661,17 @@ async def run(args) -> dict:
                 "load_average": os.getloadavg(),
             }
             results["runs"][scheduler] = run_result
+            # the raw timelines of this run (steps and requests since it started), written apart, compressed
+            results.setdefault("timelines", {})[scheduler] = {
+                "client": measured.pop("client_timeline"),
+                "workers": [
+                    {
+                        "steps": [r for r in t["steps"] if r[1] >= measured["start_s"]],
+                        "requests": [r for r in t["requests"] if r[3] >= measured["start_s"]],
+                    }
+                    for t in timelines
+                ],
+            }
 
             def err(key: str) -> str:
                 return f"{run_result['predicted'][key] / measured[key] - 1:+.0%}"
@@ -667,6 +687,13 @@ async def run(args) -> dict:
                 + " s vs predicted "
                 + ", ".join(f"{c:.1f}" for c in predicted_engine)
                 + f" s; router + client {own:.1f} s CPU",
+                flush=True,
+            )
+            print(
+                f"  {'':12s} predicted without the step-CPU factors: {unscaled.throughput_tok_s:6.1f} tok/s "
+                f"({unscaled.throughput_tok_s / measured['throughput_tok_s'] - 1:+.0%}), P50 {unscaled.latency_p50_s:6.2f} s "
+                f"({unscaled.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {unscaled.latency_p99_s:6.2f} s "
+                f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
                 flush=True,
             )
             print(
@@ -717,7 +744,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    timelines = results.pop("timelines", {})
     (out / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    with gzip.open(out / f"{args.name}_timelines.json.gz", "wt") as handle:
+        json.dump(timelines, handle)
     for key in ("throughput_tok_s", "latency_p50_s", "latency_p99_s"):
         errors = [abs(r["predicted"][key] / r["measured"][key] - 1) for r in runs.values()]
         print(f"simulator vs measurement, {key}: |error| median {statistics.median(errors):.1%}, max {max(errors):.1%}")
