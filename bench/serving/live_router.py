@@ -613,6 +613,27 @@ async def run(args) -> dict:
                 share_over_time=over_time,
                 cpu_factors=factors,
             ).report
+            # a diagnostic: replayed with the step CPU each worker's steps actually took over its profile's, this run
+            run_steps = [
+                [
+                    TimedStep.from_row(r)
+                    for r in t["steps"]
+                    if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])
+                ]
+                for t in timelines
+            ]
+            run_factor = [
+                sum(st.cpu_s for st in steps) / max(sum(st.model_cpu_s(p.model) for st in steps), 1e-9)
+                for steps, p in zip(run_steps, profiles)
+            ]
+            replay_cpu = simulate(
+                specs,
+                make_scheduler(scheduler, args.seed, stats),
+                requests,
+                SLO(10.0, 1.0),
+                cpu_shares=shares,
+                cpu_factors={s.name: (f,) * len(specs) for s, f in zip(specs, run_factor)},
+            ).report
             report = prediction.report
             # what the prediction would have been without the step-CPU calibration (the previous sessions' model)
             unscaled = simulate(
@@ -641,6 +662,12 @@ async def run(args) -> dict:
                     "throughput_tok_s": unscaled.throughput_tok_s,
                     "latency_p50_s": unscaled.latency_p50_s,
                     "latency_p99_s": unscaled.latency_p99_s,
+                },
+                "run_step_cpu_over_profile": run_factor,
+                "replayed_with_run_step_cpu": {
+                    "throughput_tok_s": replay_cpu.throughput_tok_s,
+                    "latency_p50_s": replay_cpu.latency_p50_s,
+                    "latency_p99_s": replay_cpu.latency_p99_s,
                 },
                 "replayed_at_measured_share": {
                     "throughput_tok_s": replay.throughput_tok_s,
@@ -694,6 +721,14 @@ async def run(args) -> dict:
                 f"({unscaled.throughput_tok_s / measured['throughput_tok_s'] - 1:+.0%}), P50 {unscaled.latency_p50_s:6.2f} s "
                 f"({unscaled.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {unscaled.latency_p99_s:6.2f} s "
                 f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
+                flush=True,
+            )
+            print(
+                f"  {'':12s} replayed with the step CPU the run took ("
+                + ", ".join(f"{f:.2f}" for f in run_factor)
+                + f" x the profile's): P50 {replay_cpu.latency_p50_s:6.2f} s "
+                f"({replay_cpu.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {replay_cpu.latency_p99_s:6.2f} s "
+                f"({replay_cpu.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
                 flush=True,
             )
             print(

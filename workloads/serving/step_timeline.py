@@ -3,15 +3,19 @@
 A worker's engine logs every step it runs (`batching.BatchingEngine.step_log`, served at `GET
 /trex/timeline`): kind, wall start and end, the engine thread's CPU time, sequences and context
 tokens, and whether the decode step re-packed the batch cache. Its profile (`trex serve profile`)
-priced the same kinds of step with the instance running alone. On a host where instances share
-cores, a step's *CPU time* is not a constant of its shape: while other instances' steps run on the
-other cores they share the last-level cache and the memory bandwidth (every decode step streams all
-the weights), and the cores' clock drops as more of them are busy. `cpu_factors` measures that from
+priced the same kinds of step in the profiling process. On a host where instances share cores, a
+step's *CPU time* need not be a constant of its shape: while other instances' steps run on the other
+cores they share the last-level cache and the memory bandwidth (every decode step streams all the
+weights), and the cores' clock may drop as more of them are busy. `cpu_factors` measures that from
 the timelines themselves: for each instance and each number `k` of instances busy when its step ran
 (itself included, from the other instances' overlapping steps), the CPU its steps took over the CPU
 its profile predicts for the same shapes. The simulator multiplies a step's CPU by its instance's
 factor for the instances busy when the step starts (`Simulation(cpu_factors=)`); `CpuShares` then
 stretches CPU into wall time, a separate effect (the time slices other runnable processes take).
+What the live bench measured with it (bench/RESULTS.md section 8, fourth session): on the loaded
+host under the bench lock the factor moves little with `k` (0.82 -> 0.89 from one to three busy,
+one worker, one run) and more with the batch size and over time, which a factor by `k` does not
+capture.
 """
 
 from __future__ import annotations
