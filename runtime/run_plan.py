@@ -146,7 +146,7 @@ def planned_layout(
     calibrated `cpu` cluster on CPU), among the layouts this runtime executes (cp, etp = 1; tp only for
     the families it shards; pp and vpp for the families the pipeline runtime cuts), as a plan string and
     the planner's stage split (layers per chunk; None without pp). The first of the best and its
-    runners-up that the runtime accepts is taken, so the answer always runs. `fix` (`--plan "auto:dp=1"`)
+    runners-up that the runtime accepts is taken, so the answer always runs. `fix` (`--plan "auto:pp=2"`)
     narrows the search as `trex plan --fix` does."""
     import sys
 

@@ -70,8 +70,8 @@ def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipe
     cases = [("pp=2", "1f1b"), ("pp=2,vpp=2", "zbv"), ("pp=2,zero=3", "1f1b")]  # zero=3: FSDP2 chunk roots
     jobs = [job(model, plan, 2, schedule, gather_gradients=True) for plan, schedule in cases]
     jobs.append(job(model, "pp=2", 2, "gpipe", checkpoint_dir=str(tmp_path / "ckpt"), resume=True))
-    # `--plan auto` prices pipeline layouts too; with dp and tp fixed to 1 it must take one, and it runs
-    jobs.append(job(model, "auto:dp=1,tp=1", 2, gather_gradients=True))
+    # `--plan auto` prices pipeline layouts too: held to pp=2 it picks vpp, the split and ZeRO, and that runs
+    jobs.append(job(model, "auto:pp=2", 2, gather_gradients=True))
     results = launch_function(run_jobs, (jobs,), 2)
     for (plan, schedule), result in zip(cases, results[0]):
         assert result["world_size"] == 2
@@ -86,7 +86,7 @@ def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipe
     assert resumed["losses"] == pytest.approx(ref["losses"][1:], rel=LOSS_RTOL)
     planned = results[0][4]
     assert planned["pipeline"]["pp"] == 2
-    assert_same_run(planned, ref, f"{model} auto:dp=1,tp=1 -> {planned['pipeline']['split']}")
+    assert_same_run(planned, ref, f"{model} auto:pp=2 -> {planned['pipeline']['split']}")
     for a, b in zip(results[0], results[1]):  # every rank reports the same losses
         assert a["losses"] == b["losses"]
 
