@@ -195,57 +195,107 @@ def simulate_actions(
     durations: dict[str, Sequence[float]],
     stages: int,
     p2p: float = 0.0,
+    overhead: float = 0.0,
+    cores: float | None = None,
 ) -> list[ActionTask]:
-    """List scheduling of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
+    """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
     Dependencies: F(s, mb) after F(s-1, mb); B or I (s, mb) after F(s, mb) and after the backward (B or I)
     of (s+1, mb); W(s, mb) after I(s, mb). `durations[kind][s]`: one micro-batch of kind through stage s.
-    A dependency on another rank's action adds `p2p` (the activation or gradient transfer)."""
+    A dependency on another rank's action adds `p2p` (the activation or gradient transfer: a wait, no CPU).
+    Every action first costs `overhead` on its rank (the schedule runtime's own work per action: posting
+    sends and receives, bookkeeping), which is not compute: the returned task starts after it.
+    `cores`: when the ranks share fewer cores than there are ranks (CPU ranks on one host), the ranks
+    working at a moment (overhead or compute) progress at min(1, cores / working) - processor sharing;
+    None: every rank has its own processor."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
     free = {rank: 0.0 for rank in orders}
+    working: dict[int, list] = {}  # rank -> [phase "O"/"C", work left, compute start]
     tasks: list[ActionTask] = []
     remaining = sum(len(order) for order in orders.values())
 
     def backward_done(stage: int, mb: int) -> float | None:
         return done.get(("B", stage, mb), done.get(("I", stage, mb)))
 
+    def earliest(rank: int) -> float | None:
+        """When the rank's next action may begin (its inputs arrived), None while an input is missing."""
+        kind, stage, mb = orders[rank][position[rank]]
+        deps: list[tuple[float | None, int]] = []  # (time, stage it comes from)
+        if kind == "F" and stage > 0:
+            deps.append((done.get(("F", stage - 1, mb)), stage - 1))
+        elif kind in ("B", "I"):
+            deps.append((done.get(("F", stage, mb)), stage))
+            if stage < stages - 1:
+                deps.append((backward_done(stage + 1, mb), stage + 1))
+        elif kind == "W":
+            deps.append((done.get(("I", stage, mb)), stage))
+        if any(t is None for t, _ in deps):
+            return None
+        return max([free[rank]] + [t + (p2p if owner.get(s, rank) != rank else 0.0) for t, s in deps])
+
+    now = 0.0
     while remaining:
-        progressed = False
-        for rank, order in orders.items():
-            while position[rank] < len(order):
-                kind, stage, mb = order[position[rank]]
-                deps: list[tuple[float, int]] = []  # (time, stage it comes from)
-                if kind == "F" and stage > 0:
-                    deps.append((done.get(("F", stage - 1, mb)), stage - 1))
-                elif kind in ("B", "I"):
-                    deps.append((done.get(("F", stage, mb)), stage))
-                    if stage < stages - 1:
-                        deps.append((backward_done(stage + 1, mb), stage + 1))
-                elif kind == "W":
-                    deps.append((done.get(("I", stage, mb)), stage))
-                if any(t is None for t, _ in deps):
-                    break
-                ready = max([free[rank]] + [t + (p2p if owner.get(s, rank) != rank else 0.0) for t, s in deps])
-                end = ready + durations[kind][stage]
-                done[(kind, stage, mb)] = end
-                free[rank] = end
-                tasks.append(ActionTask(rank, kind, stage, mb, ready, end))
-                position[rank] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {rank: order[position[rank]] for rank, order in orders.items() if position[rank] < len(order)}
-            raise RuntimeError(f"pipeline action lists deadlock (waiting: {stuck})")
+        starts = []
+        for rank in orders:
+            if rank in working or position[rank] >= len(orders[rank]):
+                continue
+            ready = earliest(rank)
+            if ready is None:
+                continue
+            if ready <= now:
+                kind, stage, _ = orders[rank][position[rank]]
+                working[rank] = ["O", overhead, now] if overhead > 0 else ["C", durations[kind][stage], now]
+            else:
+                starts.append(ready)
+        if not working:
+            if not starts:
+                stuck = {r: order[position[r]] for r, order in orders.items() if position[r] < len(order)}
+                raise RuntimeError(f"pipeline action lists deadlock (waiting: {stuck})")
+            now = min(starts)
+            continue
+        rate = 1.0 if cores is None or len(working) <= cores else cores / len(working)
+        step = min(left for _, left, _ in working.values()) / rate
+        if starts:
+            step = min(step, min(starts) - now)
+        now += step
+        for rank in list(working):
+            state = working[rank]
+            state[1] -= step * rate
+            if state[1] > 1e-12 * max(1.0, now):
+                continue
+            kind, stage, mb = orders[rank][position[rank]]
+            if state[0] == "O":
+                working[rank] = ["C", durations[kind][stage], now]
+                continue
+            done[(kind, stage, mb)] = now
+            free[rank] = now
+            tasks.append(ActionTask(rank, kind, stage, mb, state[2], now))
+            del working[rank]
+            position[rank] += 1
+            remaining -= 1
     return tasks
 
 
-def simulated_bubble(tasks: Sequence[ActionTask]) -> float:
-    """Mean over ranks of the idle share of the makespan."""
+def simulated_bubble(
+    tasks: Sequence[ActionTask], head: float = 0.0, tail: float = 0.0, own_span: bool = False
+) -> float:
+    """Mean over ranks of the idle share of the step.
+
+    own_span=False: every rank's step is the pipeline's makespan (the papers' definition). own_span=True:
+    a rank's step ends with its own last action, plus `tail`, and begins `head` before the simulation's
+    time 0 - what a rank's clock around the schedule's `step()` measures (the last stage returns before
+    the first stage finishes its drain)."""
     if not tasks:
         return 0.0
-    span = max(t.end for t in tasks) - min(t.start for t in tasks)
-    ranks = sorted({t.rank for t in tasks})
-    busy = [sum(t.end - t.start for t in tasks if t.rank == r) for r in ranks]
-    return 1.0 - sum(busy) / (len(ranks) * span) if span > 0 else 0.0
+    begin = min(0.0, min(t.start for t in tasks))
+    makespan = max(t.end for t in tasks)
+    fractions = []
+    for rank in sorted({t.rank for t in tasks}):
+        mine = [t for t in tasks if t.rank == rank]
+        end = max(t.end for t in mine) if own_span else makespan
+        span = head + (end - begin) + tail
+        busy = sum(t.end - t.start for t in mine)
+        fractions.append(1.0 - busy / span if span > 0 else 0.0)
+    return sum(fractions) / len(fractions)

@@ -52,7 +52,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--plan",
         default="",
         help='parallel plan, e.g. "tp=2,ep=2,zero=1" (dp is derived from --nproc; default: all 1), "auto" (the '
-        "planner's fastest plan for --nproc devices of this machine among those the runtime executes), or a plan "
+        "planner's fastest plan for --nproc devices of this machine among those the runtime executes; "
+        '"auto:pp=2" narrows its search as `trex plan --fix` does), or a plan '
         "file written by `trex plan --out` (its degrees; the batch comes from the flags)",
     )
     parser.add_argument("--nproc", type=int, default=1, help="processes to start (default 1)")

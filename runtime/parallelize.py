@@ -216,7 +216,10 @@ def parallelize(
     lr: float,
     weight_decay: float,
     optimizer: str = "adamw",
+    fsdp_roots: list[nn.Module] | None = None,
 ) -> AppliedPlan:
+    """`fsdp_roots` (zero=3 only): the modules that run forward and are wrapped last by `fully_shard`, instead of
+    `model` itself - a pipeline rank's chunk modules, which hold its embedding / head and share its layers."""
     model.to(device)
     if optimizer == "muon":
         from trex.runtime.muon import check_muon_plan
@@ -292,8 +295,10 @@ def parallelize(
                 fully_shard(module, mesh=edp_mesh, shard_placement_fn=placement)
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=dp_mesh, shard_placement_fn=placement)
-        fully_shard(model, mesh=dp_mesh, shard_placement_fn=placement)
-        for module in model.modules():
+        roots = fsdp_roots or [model]
+        for root in roots:
+            fully_shard(root, mesh=dp_mesh, shard_placement_fn=placement)
+        for module in [m for root in roots for m in root.modules()]:
             if isinstance(module, FSDPModule):
                 # Plain SUM reduce-scatter, divided by 1 (gloo has no PREMUL_SUM/AVG): the loss is already
                 # normalized by the global batch, so replicas' gradients add up.

@@ -86,9 +86,9 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
 
     if nproc < 1:
         raise PlanRefused([f"--nproc={nproc} must be a positive integer"])
-    if text.strip() == "auto":
-        text = planned_degrees(config, nproc, **training)
     split = None
+    if text.strip() == "auto" or text.strip().startswith("auto:"):
+        text, split = planned_layout(config, nproc, **training, fix=text.strip()[len("auto:") :])
     if text.endswith(".json") or Path(text).is_file():
         text, split = _degrees_of_plan_file(Path(text), config, nproc)
     plan = parse_plan(text, **training)
@@ -135,22 +135,35 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
 
 
 def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1, precision: str = "fp32") -> str:
+    """`--plan auto` as a plan string (degrees only; see `planned_layout`)."""
+    return planned_layout(config, nproc, seq=seq, gbs=gbs, mbs=mbs, precision=precision)[0]
+
+
+def planned_layout(
+    config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1, precision: str = "fp32", fix: str = ""
+) -> tuple[str, tuple[int, ...] | None]:
     """`--plan auto`: the planner's fastest plan for `nproc` devices of the machine this runs on (the
-    calibrated `cpu` cluster on CPU), among the layouts this runtime executes (pp, cp, etp = 1; tp only
-    for the families it shards), as a plan string. The first of the best and its runners-up that the
-    runtime accepts is taken, so the answer always runs."""
+    calibrated `cpu` cluster on CPU), among the layouts this runtime executes (cp, etp = 1; tp only for
+    the families it shards; pp and vpp for the families the pipeline runtime cuts), as a plan string and
+    the planner's stage split (layers per chunk; None without pp). The first of the best and its
+    runners-up that the runtime accepts is taken, so the answer always runs. `fix` (`--plan "auto:pp=2"`)
+    narrows the search as `trex plan --fix` does."""
     import sys
 
     import torch
 
     from trex.cost_model.catalog import get_cluster
     from trex.cost_model.model_spec import spec_from_config
+    from trex.errors import TrexError
     from trex.planner import SearchSpace, plan_parallel
+    from trex.runtime.pipeline.limits import check_pipeline_job
+    from trex.runtime.pipeline.stages import PIPELINE_FAMILIES
 
     model_type = getattr(config, "model_type", "")
-    fixed = f"pp=1,vpp=1,cp=1,etp=1,recompute=none,mbs={mbs}" + (
-        "" if model_type in TENSOR_PARALLEL_FAMILIES else ",tp=1"
-    )
+    pipelined = model_type in PIPELINE_FAMILIES and not getattr(config, "tie_word_embeddings", False)
+    fixed = f"cp=1,etp=1,recompute=none,mbs={mbs}" + ("" if pipelined else ",pp=1,vpp=1")
+    fixed += "" if model_type in TENSOR_PARALLEL_FAMILIES else ",tp=1"
+    fixed += f",{fix}" if fix else ""
     cluster = "h100" if torch.cuda.is_available() else "cpu"
     spec = spec_from_config(config, model_type or "model")
     result = plan_parallel(
@@ -160,21 +173,30 @@ def planned_degrees(config: Any, nproc: int, *, seq: int, gbs: int, mbs: int = 1
     candidates = ([result.best] if result.best is not None else []) + [r.plan for r in result.runners_up]
     for candidate in candidates:
         p = candidate.parallel
-        text = ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "ep", "dp", "zero"))
+        text = ",".join(f"{key}={getattr(p, key)}" for key in ("tp", "pp", "vpp", "ep", "dp", "zero"))
+        split = tuple(p.layers_per_chunk) if p.pp > 1 and p.layers_per_chunk else None
         plan = dataclasses.replace(
-            parse_plan(text, seq=seq, gbs=gbs, mbs=mbs, precision=precision), sequence_parallel=p.tp > 1
+            parse_plan(text, seq=seq, gbs=gbs, mbs=mbs, precision=precision),
+            sequence_parallel=p.tp > 1,
+            layers_per_chunk=split,
         )
         embedding = {
             "vocab_size": getattr(config, "vocab_size", 0) or 0,
             "tied": bool(getattr(config, "tie_word_embeddings", False)),
         }
-        if not runtime_limits(plan, model_type, **embedding) and not validate(plan, spec, nproc):
-            print(
-                f"trex train: --plan auto chose {text} (predicted {candidate.prediction.step_time_s:.3g} s per step "
-                f"on {nproc} x {cluster})",
-                file=sys.stderr,
-            )
-            return text
+        if runtime_limits(plan, model_type, **embedding) or validate(plan, spec, nproc):
+            continue
+        if plan.pp > 1:
+            try:  # the default schedule (1F1B, interleaved with vpp > 1) must run the planner's split
+                check_pipeline_job(config, plan)
+            except TrexError:
+                continue
+        print(
+            f"trex train: --plan auto chose {text}{f' with layers per chunk {split}' if split else ''} (predicted "
+            f"{candidate.prediction.step_time_s:.3g} s per step on {nproc} x {cluster})",
+            file=sys.stderr,
+        )
+        return text, split
     raise PlanRefused([f"--plan auto: no plan the runtime executes fits {nproc} device(s) ({fixed}); give --plan"])
 
 

@@ -34,6 +34,19 @@ def model_config(directory: Path, hidden: int, layers: int) -> str:
     return str(path)
 
 
+def model_step(pipeline: dict) -> float:
+    """The cost model's compute per rank and step (all its micro-batches through its chunks), slowest rank:
+    a check of the absolute task times the prediction uses against the measured `step s`."""
+    times = pipeline.get("predicted_task_seconds") or {}
+    if not times:
+        return float("nan")
+    chunks_of = {}
+    for index, rank in enumerate(pipeline["chunk_ranks"]):
+        chunks_of.setdefault(rank, []).append(index)
+    m = pipeline["microbatches"]
+    return max(m * sum(times["F"][c] + times["B"][c] for c in chunks) for chunks in chunks_of.values())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
@@ -55,8 +68,9 @@ def main() -> int:
     rows, ratios = [], {}
     print(
         f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
-        "| schedule | pp | vpp | m | measured | predicted (sim) | closed form | measured/predicted "
-        "| sim. with measured tasks | step s |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| schedule | pp | vpp | m | measured | predicted | measured/predicted | compute only | closed form "
+        "| sim. with measured tasks | action ms | p2p ms | remote delay ms | step s | model step s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -80,7 +94,7 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |||||", flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} ||||||||||", flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
         for (schedule, pp_, vpp, m), result in zip(labels, results):
             bubble = result["pipeline"]["bubble_fraction"]
@@ -89,11 +103,14 @@ def main() -> int:
             ratios.setdefault(schedule, []).append(ratio)
             closed = bubble.get("predicted_closed_form")
             step = statistics.median(result["step_times_s"][1:] or result["step_times_s"])
+            costs = result["pipeline"]["runtime_overheads"]
             rows.append((schedule, pp_, vpp, m, measured, predicted, closed, ratio))
             print(
-                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | "
-                f"{'-' if closed is None else f'{closed:.3f}'} | {ratio:.2f} | "
-                f"{bubble['simulated_with_measured_tasks']:.3f} | {step:.3f} |",
+                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | {ratio:.2f} | "
+                f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
+                f"{bubble['simulated_with_measured_tasks']:.3f} | {costs['action_s'] * 1e3:.2f} | "
+                f"{costs['p2p_s'] * 1e3:.2f} | {costs['remote_delay_s'] * 1e3:.2f} | {step:.3f} | "
+                f"{model_step(result['pipeline']):.3f} |",
                 flush=True,
             )
     print("\nmeasured/predicted bubble per schedule: min / median / max")

@@ -27,13 +27,14 @@ from trex.cost_model.pipeline import (
 
 
 def measured_bubble(records_by_rank: list, stages: int) -> dict:
-    """`records_by_rank`: per rank (pipeline rank, [(step seconds, intervals), ...]). Returns the mean bubble
-    over ranks and steps, the mean per pipeline rank, and the mean task times (kind -> per chunk seconds)."""
+    """`records_by_rank`: per rank (pipeline rank, [(step seconds, intervals, step start), ...]). Returns the
+    mean bubble over ranks and steps, the mean per pipeline rank, and the mean task times (kind -> per chunk
+    seconds)."""
     per_rank, by_stage = [], defaultdict(list)
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
     for stage_rank, records in records_by_rank:
         fractions = []
-        for seconds, intervals in records:
+        for seconds, intervals, *_ in records:
             busy = sum(i.end - i.start for i in intervals)
             fractions.append(max(0.0, 1.0 - busy / seconds) if seconds > 0 else 0.0)
             for i in intervals:
@@ -53,23 +54,57 @@ def measured_bubble(records_by_rank: list, stages: int) -> dict:
 
 
 def model_task_times(layers_per_chunk: tuple[int, ...]) -> dict[str, list[float]]:
-    """The cost model's relative task times per chunk (see the module docstring)."""
+    """Relative task times per chunk (forward in proportion to the layers, see the module docstring): the
+    fallback when the cost model cannot price the chunks in seconds."""
     forward = [float(n) for n in layers_per_chunk]
     return {"F": forward, "B": [2 * f for f in forward], "I": forward, "W": forward}
 
 
-def predicted_bubble(pipe, schedule: str, split, microbatches: int, measured_times: dict | None = None) -> dict:
-    """{"predicted": simulated bubble with the cost model's task times, "predicted_closed_form": the papers'
-    formula (GPipe, 1F1B, interleaved)}, and with `measured_times` the simulation with measured task times."""
+def chunk_task_times(chunks) -> dict[str, list[float]]:
+    """The cost model's seconds per micro-batch of each chunk (`StepEstimate.chunks`): forward, backward,
+    and the backward's input- and weight-gradient halves (GEMMs of equal FLOPs)."""
+    forward = [c.forward_s for c in chunks]
+    backward = [c.backward_s for c in chunks]
+    return {"F": forward, "B": backward, "I": [b / 2 for b in backward], "W": [b / 2 for b in backward]}
+
+
+def predicted_bubble(
+    pipe,
+    schedule: str,
+    split,
+    microbatches: int,
+    measured_times: dict | None = None,
+    task_times: dict | None = None,
+    overheads=None,
+    cores: float | None = None,
+) -> dict:
+    """The predicted bubble: the simulation of the schedule's own action lists with the cost model's task
+    times in seconds (`task_times`, relative ones when None) and, with `overheads` (a measured
+    `calibration.PipelineOverheads`), the per-action runtime work, the link's p2p time per cross-rank
+    dependency and the step's head and tail; `cores`: the cores the pipeline's ranks share (None: one
+    each). Beside it the papers' closed form (GPipe, 1F1B, interleaved), the simulation without the
+    runtime's costs (`predicted_compute_only`), and with `measured_times` the same simulation fed with
+    the measured task times (what the model explains when its compute times are right)."""
     from trex.runtime.pipeline.schedules import compute_actions
 
     orders = compute_actions(pipe)
     stages = len(split.chunks)
-    out = {"predicted": simulated_bubble(simulate_actions(orders, model_task_times(split.layers_per_chunk), stages))}
+    times = task_times or model_task_times(split.layers_per_chunk)
+    runtime = {}
+    if overheads is not None and task_times is not None:
+        runtime = {"p2p": overheads.p2p_s, "overhead": overheads.action_s, "cores": cores}
+    edges = {"head": overheads.head_s, "tail": overheads.tail_s} if runtime else {}
+
+    def bubble(durations: dict, **costs) -> float:
+        tasks = simulate_actions(orders, durations, stages, **costs)
+        return simulated_bubble(tasks, own_span=True, **(edges if costs else {}))
+
+    out = {"predicted": bubble(times, **runtime), "predicted_compute_only": bubble(times)}
     if schedule in CLOSED_FORM_SCHEDULES:
         out["predicted_closed_form"] = closed_form_bubble(schedule, split.pp, split.vpp, microbatches)
     if measured_times is not None:
-        times = {kind: list(values) for kind, values in measured_times.items() if kind != "L"}
-        times["F"] = [f + loss for f, loss in zip(times["F"], measured_times.get("L", [0.0] * stages))]
-        out["simulated_with_measured_tasks"] = simulated_bubble(simulate_actions(orders, times, stages))
+        measured = {kind: list(values) for kind, values in measured_times.items() if kind != "L"}
+        measured["F"] = [f + loss for f, loss in zip(measured["F"], measured_times.get("L", [0.0] * stages))]
+        # measured task times already carry the cores' time-sharing: no processor sharing on top
+        out["simulated_with_measured_tasks"] = bubble(measured, **{**runtime, "cores": None} if runtime else {})
     return out

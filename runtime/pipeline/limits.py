@@ -19,10 +19,6 @@ def pipeline_limits(plan: ParallelConfig) -> list[str]:
             f"pp={plan.pp} with tp={plan.tp}: tensor parallelism inside pipeline stages is not executed yet; use tp=1 "
             "with pp (dp, zero=0/1/2 and ep compose with it)"
         )
-    if plan.zero == 3:
-        problems.append(
-            f"pp={plan.pp} with zero=3: FSDP2 inside pipeline stages is not executed yet; use zero=0, 1 or 2 with pp"
-        )
     return problems
 
 
@@ -50,6 +46,14 @@ def check_pipeline_job(
         problems.append(
             f"--schedule {name} splits each backward into input- and weight-gradient passes, which a compiled "
             "chunk (one fused backward) cannot run; drop --compile or use gpipe, 1f1b or interleaved"
+        )
+    if plan.zero == 3 and name in V_SCHEDULES:
+        # FSDP2 computes on all-gathered copies of its sharded parameters; the engine's weight-gradient pass
+        # differentiates with respect to the module's (sharded) parameters, so the split backward of the V
+        # schedules would not produce FSDP's gradients (measured: gradients wrong from the first step).
+        problems.append(
+            f"--schedule {name} splits each backward into input- and weight-gradient passes, which FSDP2 (zero=3) "
+            "stages cannot run; use zero=1 or 2 with it, or gpipe, 1f1b or interleaved with zero=3"
         )
     try:  # every problem at once: the split's and the schedule's
         split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)

@@ -104,9 +104,14 @@ def from_counts(counts: tuple[int, ...], num_layers: int, pp: int, vpp: int, pla
     problems = []
     if len(counts) != chunks:
         problems.append(f"the stage split has {len(counts)} chunks; pp*vpp = {pp}*{vpp} = {chunks}")
-    if any(n < 1 for n in counts):
-        empty = [i for i, n in enumerate(counts) if n < 1]
-        problems.append(f"chunk(s) {', '.join(map(str, empty))} hold {min(counts)} layers; every chunk needs >= 1")
+    # The end chunks may hold no decoder layer: the first still runs the embedding, the last the norm, the
+    # head and the loss (the planner's account-for-embedding/loss split, `cost_model.pipeline`).
+    empty = [i for i, n in enumerate(counts) if n < 0 or (n < 1 and i not in (0, len(counts) - 1))]
+    if empty:
+        problems.append(
+            f"chunk(s) {', '.join(map(str, empty))} hold {min(counts[i] for i in empty)} layers; every chunk but the "
+            "first and the last (which hold the embedding and the head) needs >= 1"
+        )
     if sum(counts) != num_layers:
         problems.append(
             f"the stage split places {sum(counts)} layers ({'+'.join(map(str, counts))}); the model has {num_layers} "

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trex.errors import TrexError
+from trex.runtime.pipeline.timing import collector_paused
 from trex.runtime.trainer import IGNORE_INDEX, Trainer
 
 
@@ -60,14 +61,24 @@ class PipelineTrainer(Trainer):
         self.source = self.batch_source()
         meshes_rank = dist.get_rank() // plan.stage_ranks  # pp is the outermost mesh dim
         part = keep_rank_part(model, self.split, meshes_rank)
+        # ZeRO-3: each chunk module is an FSDP root (its layers sharded first, then the chunk, which holds the
+        # embedding or the head) - the module the engine's stage runs, so its schedule defers the gradient
+        # reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan wraps model parts.
+        chunks = build_chunks(part, self.split, meshes_rank) if plan.zero == 3 else None
         self.applied = parallelize(
-            part, plan, self.device, lr=job.lr, weight_decay=job.weight_decay, optimizer=job.optimizer
+            part,
+            plan,
+            self.device,
+            lr=job.lr,
+            weight_decay=job.weight_decay,
+            optimizer=job.optimizer,
+            fsdp_roots=chunks,
         )
         self.model = part
         self.stage_rank = self.applied.meshes.pipeline.get_local_rank()
         if self.stage_rank != meshes_rank:
             raise TrexError(f"internal: pipeline rank {self.stage_rank} differs from the layout's {meshes_rank}")
-        self.chunks = build_chunks(part, self.split, self.stage_rank)
+        self.chunks = chunks or build_chunks(part, self.split, self.stage_rank)
         runners = list(self.chunks)
         if job.compile:
             runners = [self.compile_chunk(chunk) for chunk in self.chunks]
@@ -88,7 +99,7 @@ class PipelineTrainer(Trainer):
         ]
         self.pipe = build_schedule(self.schedule_name, stages, plan.microbatches, self.micro_batch_loss)
         self.normalizer = 1
-        self.step_records: list[tuple[float, list]] = []  # (step seconds, intervals) per step
+        self.step_records: list[tuple[float, list, float]] = []  # (step seconds, intervals, start) per step
         self.count_activations = True
         from trex.runtime.pipeline.activations import LiveActivations
 
@@ -135,9 +146,9 @@ class PipelineTrainer(Trainer):
         args = (rows.inputs,) if self.holds_first else ()
         self.clock.take()
         start = time.perf_counter()
-        with counting, autocast:
+        with counting, autocast, collector_paused():
             self.pipe.step(*args, target=rows.targets, losses=losses)
-        self.step_records.append((time.perf_counter() - start, self.clock.take()))
+        self.step_records.append((time.perf_counter() - start, self.clock.take(), start))
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:
             self.gathered = self.gather_full_gradients()
@@ -172,27 +183,91 @@ class PipelineTrainer(Trainer):
         return result
 
     def report(self) -> dict:
-        """Schedule, split and bubble (measured from every rank's intervals; predicted by the cost model)."""
-        from trex.runtime.pipeline.bubble import measured_bubble, predicted_bubble
+        """Schedule, split and bubble (measured from every rank's intervals; predicted by the cost model with
+        the schedule runtime's per-action costs, measured by a calibration run of the same schedule)."""
+        from trex.runtime.pipeline.bubble import chunk_task_times, measured_bubble, predicted_bubble
 
         records = self.step_records[1:] if len(self.step_records) > 1 else self.step_records  # step 1: warm-up
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (self.stage_rank, records))
         measured = measured_bubble(everyone, len(self.split.chunks))
+        overheads = self.calibrate_runtime()
+        chunks, why = self.predicted_chunks()
         predicted = predicted_bubble(
-            self.pipe, self.schedule_name, self.split, self.plan.microbatches, measured["task_seconds"]
+            self.pipe,
+            self.schedule_name,
+            self.split,
+            self.plan.microbatches,
+            measured["task_seconds"],
+            task_times=chunk_task_times(chunks) if chunks else None,
+            overheads=overheads,
+            cores=self.pipeline_cores(),
         )
-        return {
+        out = {
             "schedule": self.schedule_name,
             "pp": self.split.pp,
             "vpp": self.split.vpp,
             "microbatches": self.plan.microbatches,
             "layers_per_chunk": list(self.split.layers_per_chunk),
             "placement": self.split.placement,
+            "chunk_ranks": [c.rank for c in self.split.chunks],
             "split": self.split.describe(),
             "bubble_fraction": {"measured": measured["bubble"], **predicted},
             "measured": measured,
+            "runtime_overheads": overheads.to_dict(),
+            "predicted_task_seconds": chunk_task_times(chunks) if chunks else None,
+            "pipeline_cores": self.pipeline_cores(),
         }
+        if why:
+            out["prediction_note"] = why
+        return out
+
+    def calibrate_runtime(self):
+        """The schedule runtime's per-action work and the link, measured on this pipeline group by the same
+        schedule over null chunks (`calibration.measure_overheads`)."""
+        from trex.runtime.pipeline.calibration import measure_overheads
+
+        return measure_overheads(
+            self.schedule_name,
+            self.split,
+            self.plan.microbatches,
+            (self.plan.mbs, self.plan.seq, self.config.hidden_size),
+            self.config.vocab_size,
+            self.applied.meshes.pipeline.get_group(),
+            self.device,
+        )
+
+    def predicted_chunks(self):
+        """The cost model's per-chunk times for this run (`cost_model.step.estimate_step` on the `cpu` target
+        with the split that runs); (None, why) when it cannot price the model."""
+        import dataclasses
+
+        from trex.cost_model.catalog import get_cluster
+        from trex.cost_model.model_spec import spec_from_config
+        from trex.cost_model.step import estimate_step
+
+        try:
+            spec = spec_from_config(self.config, getattr(self.config, "model_type", "model"))
+            spec = dataclasses.replace(spec, mtp_layers=())  # transformers builds no MTP layers
+            plan = dataclasses.replace(self.plan, layers_per_chunk=tuple(self.split.layers_per_chunk))
+            if plan.optimizer == "auto":
+                plan = dataclasses.replace(plan, optimizer=self.job.optimizer)
+            estimate = estimate_step(spec, get_cluster("cpu", dist.get_world_size()), plan)
+        except TrexError as error:
+            return None, f"relative task times (the cost model could not price the chunks: {error})"
+        return estimate.chunks, ""
+
+    def pipeline_cores(self) -> float | None:
+        """Cores one pipeline group's ranks share when every rank runs on this host (CPU ranks): the host's
+        cores split over the data-parallel copies of the pipeline; None when there is a core per rank."""
+        import os
+
+        if self.device.type != "cpu":
+            return None
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        share = cores * self.split.pp / world
+        return share if share < self.split.pp else None
 
     def captured_ops(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -82,3 +82,40 @@ def test_weight_gradients_fill_the_drain():
 def test_closed_form_refuses_schedules_without_one():
     with pytest.raises(ValueError, match="no closed-form bubble for 'zbv'"):
         closed_form_bubble("zbv", 2, 2, 4)
+
+
+def test_per_action_overhead_and_p2p_are_idle_time_the_simulation_prices():
+    """Each action first costs `overhead` on its rank (not compute), each cross-rank dependency `p2p`: one
+    rank's chain of 4 actions takes 4 (overhead + compute); the second rank waits for the transfers."""
+    orders = one_chunk_orders("gpipe", 2, 2)
+    times = {"F": [1.0, 1.0], "B": [2.0, 2.0]}
+    plain = simulate_actions(orders, times, 2)
+    costly = simulate_actions(orders, times, 2, p2p=0.5, overhead=0.25)
+    rank0 = sorted((t for t in costly if t.rank == 0), key=lambda t: t.start)
+    assert rank0[0].start == pytest.approx(0.25)  # overhead before the first forward
+    first_f1 = next(t for t in costly if t.rank == 1 and t.kind == "F" and t.microbatch == 0)
+    assert first_f1.start == pytest.approx(0.25 + 1.0 + 0.5 + 0.25)  # F(0,0) end + p2p + overhead
+    busy = sum(t.end - t.start for t in costly)
+    assert busy == pytest.approx(sum(t.end - t.start for t in plain))  # overheads are not compute
+    assert simulated_bubble(costly) > simulated_bubble(plain)
+
+
+def test_ranks_sharing_fewer_cores_slow_down_while_they_overlap():
+    """Processor sharing: two independent ranks' forwards on one core take twice as long each."""
+    times = {"F": [1.0, 1.0]}
+    orders = {0: [("F", 0, 0)], 1: [("F", 0, 1)]}  # stage 0's forwards of two micro-batches: no dependency
+    owned = simulate_actions(orders, times, 2)
+    shared = simulate_actions(orders, times, 2, cores=1)
+    assert max(t.end for t in owned) == pytest.approx(1.0)
+    assert [t.end for t in shared] == pytest.approx([2.0, 2.0])
+
+
+def test_own_span_bubble_ends_each_rank_at_its_last_action():
+    """GPipe: the last stage returns before the first stage's drain, so its own step is shorter; head and
+    tail lengthen every rank's step without adding compute."""
+    orders = one_chunk_orders("gpipe", 2, 4)
+    tasks = simulate_actions(orders, {"F": [1.0, 1.0], "B": [2.0, 2.0]}, 2)
+    shared_span = simulated_bubble(tasks)
+    own = simulated_bubble(tasks, own_span=True)
+    assert own < shared_span
+    assert simulated_bubble(tasks, head=1.0, tail=1.0, own_span=True) > own

@@ -1,11 +1,11 @@
 """Pipeline parallelism gives the losses and gradients of the 1-rank run, for every schedule, and
 resumes a checkpoint saved under another pipeline layout.
 
-Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B and under ZB-V
-(vpp=2, V placement, backward split into input and weight gradients), and resumes under pp=2 (GPipe)
-a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
+Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B, under ZB-V
+(vpp=2, V placement, backward split into input and weight gradients) and under 1F1B with ZeRO-3 (each
+chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
-chunks per stage), pp composed with ep and dp/ZeRO on 4 ranks, and pp=2 -> pp=4 / pp=1 resumes.
+chunks per stage), pp composed with ep and dp/ZeRO-1/2/3 on 4 ranks, and pp=2 -> pp=4 / pp=1 resumes.
 """
 
 from __future__ import annotations
@@ -55,15 +55,23 @@ def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
     assert 0.0 <= bubble["predicted"] < 1.0, label
     assert len(pipeline["layers_per_chunk"]) == pipeline["pp"] * pipeline["vpp"], label
     assert len(pipeline["measured"]["by_stage"]) == pipeline["pp"], label  # every stage measured
+    # the runtime's own costs, measured by the calibration run of the same schedule over null chunks
+    costs = pipeline["runtime_overheads"]
+    assert costs["samples"] > 0 and costs["action_s"] > 0 and costs["p2p_s"] > 0, label
+    assert costs["link_latency_us"] > 0, label
+    # with them, the prediction has more idle time than the compute alone
+    assert bubble["predicted"] > bubble["predicted_compute_only"], label
 
 
 def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipeline_layout(tmp_path):
     model = "tiny-qwen3-moe"
     ref = execute(job(model, "", 1, gather_gradients=True))
     execute(job(model, "", 1, steps=1, checkpoint_dir=str(tmp_path / "ckpt"), save_every=1))  # saved with pp=1
-    cases = [("pp=2", "1f1b"), ("pp=2,vpp=2", "zbv")]
+    cases = [("pp=2", "1f1b"), ("pp=2,vpp=2", "zbv"), ("pp=2,zero=3", "1f1b")]  # zero=3: FSDP2 chunk roots
     jobs = [job(model, plan, 2, schedule, gather_gradients=True) for plan, schedule in cases]
     jobs.append(job(model, "pp=2", 2, "gpipe", checkpoint_dir=str(tmp_path / "ckpt"), resume=True))
+    # `--plan auto` prices pipeline layouts too: held to pp=2 it picks vpp, the split and ZeRO, and that runs
+    jobs.append(job(model, "auto:pp=2", 2, gather_gradients=True))
     results = launch_function(run_jobs, (jobs,), 2)
     for (plan, schedule), result in zip(cases, results[0]):
         assert result["world_size"] == 2
@@ -73,9 +81,12 @@ def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipe
     assert results[0][0]["pipeline"]["bubble_fraction"]["predicted_closed_form"] == pytest.approx(
         1 / 5
     )  # (p-1)/(m+p-1)
-    resumed = results[0][2]
+    resumed = results[0][3]
     assert resumed["first_step"] == 1
     assert resumed["losses"] == pytest.approx(ref["losses"][1:], rel=LOSS_RTOL)
+    planned = results[0][4]
+    assert planned["pipeline"]["pp"] == 2
+    assert_same_run(planned, ref, f"{model} auto:pp=2 -> {planned['pipeline']['split']}")
     for a, b in zip(results[0], results[1]):  # every rank reports the same losses
         assert a["losses"] == b["losses"]
 
@@ -135,6 +146,8 @@ def test_every_schedule_with_four_stages_matches_the_one_rank_run(tmp_path, fami
 
 COMPOSED_CASES = [
     ("pp=2,ep=2", "1f1b"),
+    ("pp=2,dp=2,zero=3", "1f1b"),
+    ("pp=2,vpp=2,dp=2,zero=3", "interleaved"),
     ("pp=2,dp=2,zero=1", "1f1b"),
     ("pp=2,dp=2,zero=2", "gpipe"),
     ("pp=2,vpp=2,ep=2", "zbv"),

@@ -96,7 +96,9 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
     )
     assert "layer 1 is placed twice" in refused("pp=2", 2, stage_split="0-1,1-3")
     assert "--schedule applies to pipeline parallelism; the plan has pp=1" in refused("", 1, schedule="gpipe")
-    assert "FSDP2 inside pipeline stages is not executed yet" in refused("pp=2,zero=3", 4)
+    assert "which FSDP2 (zero=3) stages cannot run; use zero=1 or 2 with it" in refused(
+        "pp=2,vpp=2,zero=3", 2, schedule="zbv"
+    )
     assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
 
 
@@ -124,3 +126,13 @@ def test_a_planner_plan_file_brings_its_stage_split(tmp_path):
     split = split_for_plan(resolved, config.num_hidden_layers)
     assert [(c.start, c.end, c.rank) for c in split.chunks] == [(0, 1, 0), (1, 4, 1)]
     check_pipeline_model(config, split)  # V4's hash-routed layer 0 sits in chunk 0
+
+
+def test_end_chunks_may_hold_only_the_embedding_or_the_head():
+    """The planner's account-for-embedding/loss split (4 layers over pp=2 x vpp=3: 0,1,1,1,1,0) runs; an empty
+    chunk in the middle is refused."""
+    split = from_counts((0, 1, 1, 1, 1, 0), 4, 2, 3)
+    assert split.chunks[0].first and split.chunks[0].end == split.chunks[0].start
+    assert split.chunks[-1].last and split.layers_per_chunk[-1] == 0
+    with pytest.raises(TrexError, match=r"chunk\(s\) 2 hold 0 layers; every chunk but the first and the last"):
+        from_counts((1, 1, 0, 1, 1, 0), 4, 2, 3)

@@ -1,0 +1,250 @@
+"""What one pipeline action costs besides its compute, measured on the ranks that run the schedule.
+
+The cost model's pipeline simulation prices each forward and backward; the schedule runtime adds, per
+action, its own work (posting and waiting on the activation/gradient sends and receives, bookkeeping
+in Python) and, per cross-rank dependency, the transfer over the link. Neither is a constant to fit to
+the measured bubble: both are measured here by calibration micro-benchmarks, once per job, on the same
+process group, before the prediction is made.
+
+* The link: a point-to-point message of `nbytes` costs `send_recv(nbytes, tier)` of the target's link
+  tier (`cost_model.collectives`). On CPU that is the `cpu` target's gloo-loopback tier when `trex
+  calibrate` measured it; an uncalibrated tier is replaced by a ping-pong micro-benchmark between two
+  pipeline ranks (alpha-beta fit over message sizes around the activation's).
+* The runtime: the same schedule class of the engine (`schedules.build_schedule`) runs the same
+  action lists over *null* chunks - modules with the real chunks' input and output shapes and almost
+  no compute (the activations sent between ranks keep their size) - with the same action timestamps
+  as the training run (`timing.TimedPipelineStage`). From those timestamps: the gap between two
+  consecutive actions of a rank whose inputs had already arrived (`action_s`, the per-action
+  overhead), the time from `step()` to the first action and from the last action to the return
+  (`head_s`, `tail_s`), and, as a check of the link model, the delay from a neighbour's action end to
+  the dependent action's start (`remote_delay_s`, which the simulation prices as p2p + action_s).
+
+Timestamps of different ranks are compared directly: `time.perf_counter` is the host's monotonic
+clock, shared by the processes of one host (the CPU ranks this runs on).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PipelineOverheads:
+    action_s: float  # runtime work per action on a rank, outside the compute (mean over the calibration)
+    head_s: float  # step() -> the first action, on the pipeline rank whose first action waits for nothing
+    tail_s: float  # the last action -> step() returns (median over ranks)
+    p2p_s: float  # the link model's time for one activation message
+    remote_delay_s: float  # measured: a neighbour's action end -> the dependent action's start
+    link_latency_us: float
+    link_bandwidth_gbs: float
+    link_source: str
+    activation_bytes: int
+    samples: int  # local gaps the action overhead is the mean of
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- the link ---------------------------------------------------------------------------------------------
+
+
+def measure_p2p_tier(group, nbytes: int, repeats: int = 20):
+    """Alpha-beta of gloo send/recv between pipeline ranks 0 and 1 of `group` (a ping-pong; half the round
+    trip per message), fitted over sizes around `nbytes`. Every rank of the group must call it."""
+    from trex.cost_model.calibrate import fit_line
+    from trex.cost_model.cluster import Tier
+
+    me = dist.get_rank(group)
+    peer = {0: 1, 1: 0}.get(me)
+    points = []
+    for size in sorted({max(256, nbytes // 16), max(1024, nbytes), 4 * max(1024, nbytes)}):
+        buffer = torch.zeros(size // 4)
+        times = []
+        for i in range(repeats + 2):
+            dist.barrier(group=group)
+            if peer is None:
+                continue
+            other = dist.get_global_rank(group, peer)
+            start = time.perf_counter()
+            if me == 0:
+                dist.send(buffer, other, group=group)
+                dist.recv(buffer, other, group=group)
+            else:
+                dist.recv(buffer, other, group=group)
+                dist.send(buffer, other, group=group)
+            if i >= 2:
+                times.append((time.perf_counter() - start) / 2)
+        if peer is not None:
+            points.append((float(size), statistics.median(times)))
+    shared: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shared, points, group=group)
+    latency, slope = fit_line(shared[0])
+    return Tier(
+        "gloo-p2p",
+        None,
+        bandwidth_gbs=(1.0 / slope) / 1e9 if slope > 0 else 1e3,
+        latency_us=latency * 1e6,
+        efficiency=1.0,
+        topology="switch",
+        source="measured: gloo send/recv ping-pong between two pipeline ranks (runtime.pipeline.calibration)",
+    )
+
+
+def link_tier(group, nbytes: int):
+    """The `cpu` target's link tier when `trex calibrate` measured it, else the ping-pong micro-benchmark's."""
+    from trex.cost_model.catalog import get_cluster
+
+    tier = get_cluster("cpu", dist.get_world_size()).tiers[0]
+    if tier.source.startswith("measured"):
+        return tier
+    return measure_p2p_tier(group, nbytes)
+
+
+# -- the schedule runtime ---------------------------------------------------------------------------------
+
+
+class NullChunk(nn.Module):
+    """A chunk with the real one's input and output shapes and almost no compute: token ids -> hidden
+    states on the first chunk, hidden -> hidden in the middle, hidden -> logits on the last. Each holds
+    a parameter, so the zero-bubble schedules' weight-gradient actions have something to compute."""
+
+    def __init__(self, first: bool, last: bool, hidden: int, vocab: int):
+        super().__init__()
+        self.first, self.last, self.hidden = first, last, hidden
+        self.scale = nn.Parameter(torch.ones(hidden))
+        self.head = nn.Parameter(torch.ones(vocab)) if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = x.unsqueeze(-1).float().expand(*x.shape, self.hidden)
+        x = x * self.scale
+        if self.last:
+            x = x[..., :1] * self.head
+        return x
+
+
+def gaps(records_by_rank: list, stages: int) -> dict:
+    """Split one run's non-compute time by cause. `records_by_rank`: per rank (pipeline rank,
+    [(step seconds, intervals, step start), ...]). The loss interval is merged into its forward."""
+    local, remote, heads, tails = [], [], [], []
+    ends, owner = {}, {}
+    for rank, records in records_by_rank:
+        for step, (_, intervals, _) in enumerate(records):
+            for i in intervals:
+                if i.kind != "L":
+                    ends[(step, i.kind, i.stage, i.microbatch)] = i.end
+                    owner[i.stage] = rank
+    for rank, records in records_by_rank:
+        for step, (seconds, intervals, started) in enumerate(records):
+            actions = _merge_losses(sorted(intervals, key=lambda i: i.start))
+            if not actions:
+                continue
+            if rank == 0:
+                heads.append(actions[0][3] - started)
+            tails.append(started + seconds - actions[-1][4])
+            previous = None
+            for kind, stage, mb, start, end in actions:
+                incoming = [
+                    ends.get((step,) + dep)
+                    for dep in _dependencies(kind, stage, mb, stages, ends, step)
+                    if owner.get(dep[1]) != rank
+                ]
+                incoming = [t for t in incoming if t is not None]
+                if previous is not None and (not incoming or max(incoming) <= previous):
+                    local.append(start - previous)
+                elif incoming and (previous is None or max(incoming) > previous):
+                    remote.append(start - max(incoming))
+                previous = end
+    return {"local": local, "remote": remote, "head": heads, "tail": tails}
+
+
+def _merge_losses(intervals: list) -> list[tuple[str, int, int, float, float]]:
+    out: list[list] = []
+    for i in intervals:
+        if i.kind == "L" and out and out[-1][0] == "F":
+            out[-1][4] = i.end
+        elif i.kind != "L":
+            out.append([i.kind, i.stage, i.microbatch, i.start, i.end])
+    return [tuple(a) for a in out]
+
+
+def _dependencies(kind: str, stage: int, mb: int, stages: int, ends: dict, step: int) -> list[tuple]:
+    if kind == "F":
+        return [("F", stage - 1, mb)] if stage > 0 else []
+    if kind in ("B", "I"):
+        deps = [("F", stage, mb)]
+        if stage < stages - 1:
+            deps.append(("B", stage + 1, mb) if (step, "B", stage + 1, mb) in ends else ("I", stage + 1, mb))
+        return deps
+    return [("I", stage, mb)]
+
+
+def measure_overheads(
+    schedule: str,
+    split,
+    microbatches: int,
+    activation: tuple[int, int, int],
+    vocab: int,
+    group,
+    device: torch.device,
+    steps: int = 6,
+) -> PipelineOverheads:
+    """Run `schedule` over null chunks on this rank's pipeline group (every rank of the group calls it) and
+    measure the per-action overhead, the step's head and tail, and the link (see the module docstring).
+    `activation`: (micro-batch rows, sequence, hidden) of the activation a chunk sends."""
+    from trex.cost_model.collectives import send_recv
+    from trex.runtime.pipeline.schedules import build_schedule
+    from trex.runtime.pipeline.timing import StageClock, collector_paused, timed_stage
+
+    rows, seq, hidden = activation
+    nbytes = rows * seq * hidden * 4
+    tier = link_tier(group, nbytes)
+    me = dist.get_rank(group)
+    clock = StageClock()
+    mine = split.chunks_of(me)
+    stages = [
+        timed_stage(clock, NullChunk(c.first, c.last, hidden, vocab), c.index, len(split.chunks), device, group=group)
+        for c in mine
+    ]
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with clock.busy("L", split.chunks[-1].index, -1):
+            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+
+    pipe = build_schedule(schedule, stages, microbatches, loss_fn)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows * microbatches, seq), generator=generator)
+    holds_first = any(c.first for c in mine)
+    records = []
+    for step in range(steps + 1):
+        dist.barrier(group=group)
+        clock.take()
+        started = time.perf_counter()
+        with collector_paused():  # as the training step runs
+            pipe.step(*((ids,) if holds_first else ()), target=ids, losses=[])
+        seconds = time.perf_counter() - started
+        intervals = clock.take()
+        if step:  # the first step infers shapes
+            records.append((seconds, intervals, started))
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, (me, records), group=group)
+    found = gaps(everyone, len(split.chunks))
+    median = statistics.median
+    return PipelineOverheads(
+        action_s=statistics.fmean(found["local"]) if found["local"] else 0.0,
+        head_s=median(found["head"]) if found["head"] else 0.0,
+        tail_s=median(found["tail"]) if found["tail"] else 0.0,
+        p2p_s=send_recv(nbytes, tier),
+        remote_delay_s=statistics.fmean(found["remote"]) if found["remote"] else 0.0,
+        link_latency_us=tier.latency_us,
+        link_bandwidth_gbs=tier.bandwidth_gbs,
+        link_source=tier.source,
+        activation_bytes=nbytes,
+        samples=len(found["local"]),
+    )
