@@ -171,6 +171,22 @@ class TritonPatterns:
         return PassResult(bool(decisions), decisions)
 
 
+# Closures over one node's constants, for `inline_traced` (make_fx traces every parameter of the function it
+# is given, so the constants cannot be default arguments).
+
+
+def _permute(experts: int):
+    return lambda hidden, index: torch.ops.trex_triton.moe_permute(hidden, index, experts)
+
+
+def _permute_backward(tokens: int):
+    return lambda grad, inverse: (torch.ops.trex_triton.moe_permute_backward(grad, inverse, tokens),)
+
+
+def _grouped(kernel):
+    return lambda a, b, offsets: (kernel(a, b, offsets),)
+
+
 def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decision]:
     """Each trex MoE primitive -> its trex_triton kernel op (see the module docstring), in graph order, so a
     layer's dispatch is rewritten (and its inverse map known) before the combine and backwards that use it."""
@@ -200,9 +216,7 @@ def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
             hidden, index, experts = node.args
             if not ctx.fuel.take():
                 break
-            permuted, perm, inverse, offsets = inline_traced(
-                gm, node, lambda h, i, e=experts: kernels.moe_permute(h, i, e), [hidden, index], inherit
-            )
+            permuted, perm, inverse, offsets = inline_traced(gm, node, _permute(experts), [hidden, index], inherit)
             replace_node(gm, node, (permuted, perm, offsets))
             inverses[perm] = inverse
             what = "trex_triton.moe_permute (counting sort with index maps, padding-free)"
@@ -235,9 +249,7 @@ def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
             if not ctx.fuel.take():
                 break
             inverse = inverse_of(perm, node)
-            (out,) = inline_traced(
-                gm, node, lambda g, i, t=tokens: (kernels.moe_permute_backward(g, i, t),), [grad, inverse], inherit
-            )
+            (out,) = inline_traced(gm, node, _permute_backward(tokens), [grad, inverse], inherit)
             replace_node(gm, node, out)
             what = "trex_triton.moe_permute_backward (each token's k row gradients gathered and summed)"
         elif target in (trex_ops.grouped_mm.default, trex_ops.grouped_mm_weight_grad.default):
@@ -245,7 +257,7 @@ def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
                 break
             name = "grouped_mm" if target is trex_ops.grouped_mm.default else "grouped_mm_weight_grad"
             kernel = getattr(kernels, name)
-            (out,) = inline_traced(gm, node, lambda a, b, o, op=kernel: (op(a, b, o),), list(node.args), inherit)
+            (out,) = inline_traced(gm, node, _grouped(kernel), list(node.args), inherit)
             replace_node(gm, node, out)
             what = f"trex_triton.{name} (one launch for every expert, no padding)"
         else:
