@@ -65,7 +65,7 @@ def test_pass_declines_on_a_cpu_target_and_says_why():
     assert not record.modified and "TritonPatterns(force=True)" in record.decisions[0].reason
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["qwen3-moe", pytest.param("deepseek-v3", marks=pytest.mark.slow)])
 def test_moe_primitives_rewritten_to_the_kernels_train_like_eager(family):
     """With the rewrite asked for, every MoE primitive of a tiny transformers MoE model (forward and backward)
     runs as a trex_triton kernel op (Triton's interpreter on CPU), and loss and gradients equal eager's."""
