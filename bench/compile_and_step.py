@@ -7,7 +7,8 @@ For each tiny model family (DeepSeek-V4, DeepSeek-V3, Qwen3-MoE) and dtype, in o
 one model and gives every variant its own copy: eager PyTorch, `torch.compile` (Inductor, CPU) and
 `trex.compile` (its default backends, Inductor then eager, unless --trex-backends says otherwise).
 A training step is forward + backward + AdamW (`fused=True`, the same optimizer for every variant).
-Inductor's on-disk caches are off, so both compilers compile cold. The steps of the variants are
+Inductor's on-disk caches are off, so both compilers compile cold (after one tiny warm-up compile that
+pays Inductor's once-per-process costs for both, see `warm_up_compilers`). The steps of the variants are
 interleaved round by round, so load from other processes on the machine hits all variants alike;
 the table shows median (min-max) step times over the rounds, the ratios trex/peer per round
 (median, min-max), the same ratios in CPU time of the stepping thread (what a step costs when other
@@ -73,6 +74,15 @@ def peak_step_bytes(step: TrainStep) -> int:
     first = events[[i for i, e in enumerate(events) if e.get("name") == "[memory]"][0]]["args"]
     baseline = first["Total Allocated"] - first.get("Bytes", 0)
     return max(totals) - baseline
+
+
+def warm_up_compilers() -> None:
+    """Pay Inductor's once-per-process costs before either compiler is timed: its imports, the C++ compiler
+    and vector-ISA probes (small test programs it compiles), the compile worker threads. Without this the
+    variant compiled first (trex) pays them and the one after it (torch.compile) does not."""
+    x = torch.randn(8, requires_grad=True)
+    torch.compile(lambda t: (t * 2).sin().sum())(x).backward()
+    torch._dynamo.reset()
 
 
 def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, trex_backends: list[str] | None) -> dict:
@@ -191,6 +201,7 @@ def main() -> None:
     import torch._inductor.config as inductor_config
 
     inductor_config.force_disable_caches = True  # cold compiles for trex's Inductor regions and for torch.compile alike
+    warm_up_compilers()
     backends = args.trex_backends.split(",") if args.trex_backends else None
     inductor = not args.no_inductor
     rows = []

@@ -6,6 +6,12 @@ Matches, in the aten graph, the forward of
     the backward reads, so the backward nodes keep their meaning.
   * SwiGLU:   mul(silu(gate), up) becomes `trex_triton.swiglu(gate, up)` (the silu stays while the
     backward reads it).
+and the trex MoE primitives (forward and backward, as `canonicalize_moe` leaves them in the joint graph):
+  * `trex.moe_dispatch` becomes `trex_triton.moe_permute` (counting sort, padding-free, which also yields
+    the inverse index map); `trex.moe_combine`, `moe_combine_backward` and `moe_dispatch_backward`
+    become `trex_triton.moe_unpermute`, `moe_unpermute_backward` and `moe_permute_backward`, which
+    gather through that inverse map (no scatter-add);
+  * `trex.grouped_mm` / `grouped_mm_weight_grad` become `trex_triton.grouped_mm` / `grouped_mm_weight_grad`.
 The rewrite is on when the compile target runs on a GPU (where the kernels compile) or when asked
 (`TritonPatterns(force=True)` in `passes=`); elsewhere the pass declines, says so, and changes nothing
 (on a CPU the library's ops would run their references: same meaning, no gain).
@@ -19,6 +25,7 @@ from typing import ClassVar
 import torch
 from torch import fx
 
+from trex.graph_inline import inline_traced, replace_node
 from trex.pass_manager import Decision, PassContext, PassResult
 
 aten = torch.ops.aten
@@ -157,7 +164,103 @@ class TritonPatterns:
                     {"kernel": "swiglu"},
                 )
             )
+        decisions += _rewrite_moe_primitives(gm, ctx)
         if decisions:
             graph.eliminate_dead_code()
             gm.recompile()
         return PassResult(bool(decisions), decisions)
+
+
+# Closures over one node's constants, for `inline_traced` (make_fx traces every parameter of the function it
+# is given, so the constants cannot be default arguments).
+
+
+def _permute(experts: int):
+    return lambda hidden, index: torch.ops.trex_triton.moe_permute(hidden, index, experts)
+
+
+def _permute_backward(tokens: int):
+    return lambda grad, inverse: (torch.ops.trex_triton.moe_permute_backward(grad, inverse, tokens),)
+
+
+def _grouped(kernel):
+    return lambda a, b, offsets: (kernel(a, b, offsets),)
+
+
+def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decision]:
+    """Each trex MoE primitive -> its trex_triton kernel op (see the module docstring), in graph order, so a
+    layer's dispatch is rewritten (and its inverse map known) before the combine and backwards that use it."""
+    from trex.passes.canonicalize.moe import PROVENANCE_KEYS
+
+    trex_ops, kernels = torch.ops.trex, torch.ops.trex_triton
+    inherit = (*PROVENANCE_KEYS, "trex_moe")
+    inverses: dict[fx.Node, fx.Node] = {}  # perm -> the inverse map moe_permute made with it
+    decisions: list[Decision] = []
+
+    def inverse_of(perm: fx.Node, node: fx.Node) -> fx.Node:
+        if perm not in inverses:  # a permutation from elsewhere: invert it here (one scatter)
+            (inverses[perm],) = inline_traced(
+                gm,
+                node,
+                lambda p: (torch.empty_like(p).scatter_(0, p, torch.arange(p.numel(), device=p.device)),),
+                [perm],
+                inherit,
+            )
+        return inverses[perm]
+
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not hasattr(trex_ops, "moe_dispatch"):
+            continue
+        target = node.target
+        if target is trex_ops.moe_dispatch.default:
+            hidden, index, experts = node.args
+            if not ctx.fuel.take():
+                break
+            permuted, perm, inverse, offsets = inline_traced(gm, node, _permute(experts), [hidden, index], inherit)
+            replace_node(gm, node, (permuted, perm, offsets))
+            inverses[perm] = inverse
+            what = "trex_triton.moe_permute (counting sort with index maps, padding-free)"
+        elif target is trex_ops.moe_combine.default:
+            expert_out, perm, weights = node.args
+            if not ctx.fuel.take():
+                break
+            inverse = inverse_of(perm, node)
+            (out,) = inline_traced(
+                gm, node, lambda o, i, w: (kernels.moe_unpermute(o, i, w),), [expert_out, inverse, weights], inherit
+            )
+            replace_node(gm, node, out)
+            what = "trex_triton.moe_unpermute (gather through the inverse map, weighted sum in fp32)"
+        elif target is trex_ops.moe_combine_backward.default:
+            grad, expert_out, perm, weights = node.args
+            if not ctx.fuel.take():
+                break
+            inverse = inverse_of(perm, node)
+            outputs = inline_traced(
+                gm,
+                node,
+                lambda g, o, i, w: kernels.moe_unpermute_backward(g, o, i, w),
+                [grad, expert_out, inverse, weights],
+                inherit,
+            )
+            replace_node(gm, node, outputs)
+            what = "trex_triton.moe_unpermute_backward"
+        elif target is trex_ops.moe_dispatch_backward.default:
+            grad, perm, tokens = node.args
+            if not ctx.fuel.take():
+                break
+            inverse = inverse_of(perm, node)
+            (out,) = inline_traced(gm, node, _permute_backward(tokens), [grad, inverse], inherit)
+            replace_node(gm, node, out)
+            what = "trex_triton.moe_permute_backward (each token's k row gradients gathered and summed)"
+        elif target in (trex_ops.grouped_mm.default, trex_ops.grouped_mm_weight_grad.default):
+            if not ctx.fuel.take():
+                break
+            name = "grouped_mm" if target is trex_ops.grouped_mm.default else "grouped_mm_weight_grad"
+            kernel = getattr(kernels, name)
+            (out,) = inline_traced(gm, node, _grouped(kernel), list(node.args), inherit)
+            replace_node(gm, node, out)
+            what = f"trex_triton.{name} (one launch for every expert, no padding)"
+        else:
+            continue
+        decisions.append(Decision("rewrite", node.name, f"{target} -> {what}", {"kernel": what.split()[0]}))
+    return decisions

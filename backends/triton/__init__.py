@@ -17,7 +17,15 @@ import torch
 from torch import fx
 
 from trex.backends.backend import Backend
-from trex.backends.triton.kernels import grouped_gemm, linear_cross_entropy, rms_norm, rope, swiglu
+from trex.backends.triton.kernels import (
+    grouped_gemm,
+    linear_cross_entropy,
+    moe_permute,
+    rms_norm,
+    rope,
+    router,
+    swiglu,
+)
 
 NAMESPACE = "trex_triton"
 
@@ -27,8 +35,10 @@ __all__ = [
     "grouped_gemm",
     "kernel_ops",
     "linear_cross_entropy",
+    "moe_permute",
     "rms_norm",
     "rope",
+    "router",
     "swiglu",
 ]
 

@@ -89,7 +89,15 @@ def liger(name, labels):
 def kernel_cases(device, dry):
     import torch
 
-    from trex.backends.triton.kernels import grouped_gemm, linear_cross_entropy, rms_norm, rope, swiglu
+    from trex.backends.triton.kernels import (
+        grouped_gemm,
+        linear_cross_entropy,
+        moe_permute,
+        rms_norm,
+        rope,
+        router,
+        swiglu,
+    )
 
     dtype = torch.float32 if dry else torch.bfloat16
     tokens = 64 if dry else TOKENS
@@ -108,6 +116,12 @@ def kernel_cases(device, dry):
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
     labels = torch.randint(0, vocab, (tokens,), device=device)
     kernel_cases.labels = labels  # Liger's linear+CE takes the same labels
+    top_k = 2 if dry else V4["top_k"]
+    index = torch.randint(0, experts, (tokens, top_k), device=device)
+    _, _, inverse, _ = moe_permute.moe_permute_reference(torch.empty(tokens, 1, device=device), index, experts)
+    bias = torch.randn(experts, device=device) * 0.01  # the aux-free balancing bias (fp32, as the models keep it)
+    # V4 scores with sqrt(softplus) over its experts, normalises and scales by 2.5 (routed_scaling_factor)
+    route = (top_k, "sqrtsoftplus", True, 1e-20, 2.5)
     return [
         (
             "rms_norm",
@@ -124,6 +138,27 @@ def kernel_cases(device, dry):
             lambda x, w: grouped_gemm.grouped_mm_reference(x, w, offsets),
             [mk(rows, hidden), mk(experts, hidden, 2 * inter) * hidden**-0.5],
             (0, 1),
+        ),
+        (
+            "moe_permute",
+            lambda h: moe_permute.moe_permute(h, index, experts)[0],
+            lambda h: moe_permute.moe_permute_reference(h, index, experts)[0],
+            [mk(tokens, hidden)],
+            (0,),
+        ),
+        (
+            "moe_unpermute",
+            lambda out, w: moe_permute.moe_unpermute(out, inverse, w),
+            lambda out, w: moe_permute.moe_unpermute_reference(out, inverse, w),
+            [mk(rows, hidden), torch.rand(tokens, top_k, device=device)],
+            (0, 1),
+        ),
+        (
+            "router_topk",
+            lambda logits: router.router_topk(logits, bias, *route)[0],
+            lambda logits: router.router_topk_reference(logits, bias, *route)[0],
+            [torch.randn(tokens, experts, device=device)],
+            (0,),
         ),
         (
             "linear_cross_entropy",
@@ -255,8 +290,20 @@ def bench_moe_layer_host_vs_device(device, dry):
         out = torch.ops.trex.moe_experts(x, index, weights.to(dtype), gate_up, down, "silu", 0.0, False)[0]
         out.sum().backward()
 
+    def layer_without_host_syncs():
+        """The same layer from sync-free pieces (trex.moe_dispatch counts experts with bincount, whose CUDA
+        kernel reads the largest id on the host, which a CUDA graph capture forbids): the aten form that
+        passes.decompose_moe inlines, differentiated by autograd."""
+        from trex.ops import moe_decompositions as aten_form
+
+        sorted_x, perm, offsets, inverse = aten_form.moe_dispatch(x, index, experts)
+        offsets = offsets.to(torch.int32)
+        gate, up = torch._grouped_mm(sorted_x, gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
+        expert_out = torch._grouped_mm(torch.nn.functional.silu(gate) * up, down.transpose(-2, -1), offs=offsets)
+        aten_form.moe_combine(expert_out, inverse, weights.to(dtype)).sum().backward()
+
     result = {}
-    for label, fn in (("eager", layer),):
+    for label, fn in (("eager", layer), ("eager_sync_free", layer_without_host_syncs)):
         start = time.perf_counter()
         fn()
         host = time.perf_counter() - start
@@ -264,10 +311,14 @@ def bench_moe_layer_host_vs_device(device, dry):
         result[f"{label}_device_s"] = timed(fn, device, 3 if dry else 20)
     if device == "cuda":
         graph = torch.cuda.CUDAGraph()
-        for _ in range(3):
-            layer()  # warm-up on the side stream is what capture requires
+        side = torch.cuda.Stream()  # capture needs its warm-up (autograd's first run) off the default stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                layer_without_host_syncs()
+        torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
-            layer()
+            layer_without_host_syncs()
         start = time.perf_counter()
         graph.replay()
         result["cuda_graph_host_s"] = time.perf_counter() - start

@@ -108,3 +108,79 @@ def test_kernels_fall_back_to_reference_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not kernels_run_on(gate)
     torch.testing.assert_close(swiglu(gate, up), interpreted)
+
+
+def test_moe_permute_kernel_matches_reference_and_trex_dispatch():
+    """Counting-sort permute across several slot blocks, with dropped slots, against the reference (all four
+    outputs and the gradient of hidden), and against `trex.moe_dispatch` where every id is an expert."""
+    import trex.ops  # noqa: F401
+    from trex.backends.triton.kernels.moe_permute import moe_permute, moe_permute_reference
+
+    torch.manual_seed(0)
+    tokens, top_k, experts = 37, 3, 5  # 111 slots: two 64-slot blocks, the second partial
+    hidden = torch.randn(tokens, 150)  # 150 columns: two 128-wide blocks
+    index = torch.randint(0, experts, (tokens, top_k))
+    index[3, 1], index[5, 0] = experts + 2, -1  # dropped slots sort after every expert
+    ours, theirs = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    out, expected = moe_permute(ours, index, experts), moe_permute_reference(theirs, index, experts)
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b)
+    grad = torch.randn_like(expected[0])
+    (out[0] * grad).sum().backward()
+    (expected[0] * grad).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
+
+    index = torch.randint(0, experts, (tokens, top_k))
+    permuted, perm, inverse, offsets = moe_permute(hidden, index, experts)
+    sorted_hidden, dispatch_perm, dispatch_offsets = torch.ops.trex.moe_dispatch(hidden, index, experts)
+    torch.testing.assert_close(permuted, sorted_hidden)
+    torch.testing.assert_close(perm, dispatch_perm)
+    torch.testing.assert_close(offsets, dispatch_offsets)
+    torch.testing.assert_close(inverse[perm], torch.arange(tokens * top_k))
+
+
+def test_moe_unpermute_kernel_matches_reference_forward_and_backward():
+    from trex.backends.triton.kernels.moe_permute import moe_permute, moe_unpermute, moe_unpermute_reference
+
+    torch.manual_seed(1)
+    tokens, top_k, experts = 21, 4, 6
+    _, _, inverse, _ = moe_permute(torch.randn(tokens, 8), torch.randint(0, experts, (tokens, top_k)), experts)
+    expert_out, weights = torch.randn(tokens * top_k, 130), torch.rand(tokens, top_k)
+    _compare(
+        lambda out, w: moe_unpermute(out, inverse, w),
+        lambda out, w: moe_unpermute_reference(out, inverse, w),
+        [expert_out, weights],
+    )
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "raw"])
+@pytest.mark.parametrize("biased", [True, False], ids=["bias", "no-bias"])
+def test_router_topk_kernel_matches_reference_forward_and_backward(score, normalize, biased):
+    """Scores, aux-free-bias selection (the bias moves the choice, not the weights), normalisation and
+    scaling; the logits' gradient. 11 experts (a masked 16-wide block), k = 3."""
+    from trex.backends.triton.kernels.router import router_topk, router_topk_reference
+
+    torch.manual_seed(2)
+    logits = torch.randn(9, 11) * 2
+    bias = torch.randn(11) * 0.5 if biased else None
+    weights, indices = router_topk(logits, bias, 3, score, normalize, 1e-20, 2.5)
+    expected_weights, expected_indices = router_topk_reference(logits, bias, 3, score, normalize, 1e-20, 2.5)
+    torch.testing.assert_close(indices, expected_indices)
+    if biased:  # the bias changes which experts win for some token
+        assert not torch.equal(indices, router_topk_reference(logits, None, 3, score, normalize, 1e-20, 2.5)[1])
+    _compare(
+        lambda x: router_topk(x, bias, 3, score, normalize, 1e-20, 2.5)[0],
+        lambda x: router_topk_reference(x, bias, 3, score, normalize, 1e-20, 2.5)[0],
+        [logits],
+    )
+    torch.testing.assert_close(weights, expected_weights)
+
+
+def test_router_topk_rejects_bad_arguments_with_the_fix():
+    from trex.backends.triton.kernels.router import router_topk
+
+    with pytest.raises(ValueError, match="score must be one of"):
+        router_topk(torch.randn(2, 4), None, 2, "tanh", True, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"top_k must lie in \[1, 4\]"):
+        router_topk(torch.randn(2, 4), None, 5, "softmax", True, 0.0, 1.0)
