@@ -65,6 +65,7 @@ from trex.workloads.or_data.wording import (
     SAME_DECISIONS,
     WHOLE,
     WHOLE_STATED,
+    choose,
     realize,
 )
 
@@ -224,14 +225,14 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
         bullet = pick(rng, CONSTRAINT_BULLETS)  # one format per list
         lines = []
         for number_, constraint in enumerate(math.constraints):
-            why = constraint.why or constraint.description
+            why = choose(constraint.why, rng) if constraint.why else constraint.description
             if as_list:
                 line = bullet.format(label=constraint.label, why=why)
             else:
                 frame = CONSTRAINT_SENTENCE_FIRST if number_ == 0 else CONSTRAINT_SENTENCE_NEXT
                 line = capitalize(realize(frame, rng, label=constraint.label.lower(), why=why))
             if constraint.technique:
-                line += f" {constraint.technique}"
+                line += f" {choose(constraint.technique, rng)}"
             expansion = rows_in_words(constraint, math, rng)
             if expansion:
                 line += f" {expansion}"
