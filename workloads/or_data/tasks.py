@@ -27,7 +27,7 @@ from math import prod as math_prod
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
-from trex.workloads.or_data.explain import element_words, iis_explanation, variable_phrase
+from trex.workloads.or_data.explain import element_words, iis_explanation, limits_analysis, variable_phrase
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
@@ -497,6 +497,19 @@ def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
     )
 
 
+def _limits(problem: Problem) -> str:
+    """`explain.limits_analysis` of an optimal plan (dual values when the certificate is an LP
+    dual), "" otherwise."""
+    if problem.status != "optimal" or not problem.values:
+        return ""
+    certificate = problem.certificate
+    duals = None
+    if certificate is not None and certificate.kind == "dual":
+        sign = 1.0 if problem.model.sense == "minimize" else -1.0
+        duals = {name: sign * value for name, value in certificate.rows.items()}
+    return limits_analysis(problem.model, problem.math, problem.values, _wording_rng(problem), duals)
+
+
 def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
     """Why the optimum moved: the changed row's shadow price (LP) or whether it was binding,
     or for a changed objective coefficient what keeping the old plan would have given."""
@@ -745,8 +758,8 @@ def _build_task(
         if source == "lp":  # only the LP file is given: read the model from its names, not from the story
             base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
         parts = AnswerParts(program=problem.program, **solved, **base_parts)
-    else:  # decision
-        parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
+    else:  # decision: the plan, then what holds it in place
+        parts = AnswerParts(math=math_brief, program=problem.program, analysis=_limits(problem), **solved, **base_parts)
     uses_statement = variant in ("code", "decision") or (variant == "model" and source != "code")
     return Task(
         task_id,
