@@ -121,8 +121,11 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
     decisions move in steps). Rows in which every variable is zero are tight only trivially (a
     linking row of an unused option) and are not counted. "" when the model has no inequality row."""
     families: dict[str, list[tuple[str, float]]] = {}
+    equations: dict[str, int] = {}
     for row in model.rows:
         if row.sense == "==":
+            family = row.name.split("__")[0]
+            equations[family] = equations.get(family, 0) + 1
             continue
         if all(abs(values.get(name, 0.0)) <= 1e-9 for name, _ in row.terms) and abs(row.rhs) <= 1e-9:
             continue
@@ -163,10 +166,14 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         lines.append(text + ".")
     intro = realize(
         "[Reading the plan against the constraints|Checking each constraint at the optimum|Where the plan meets "
-        "its limits]: a row is binding when it holds with equality[, with no room to spare|: the plan meets it "
-        "exactly], and a row with slack [has room left|is not met exactly].",
+        "its limits]: a row is binding when it holds with equality[, with no room to spare| (the plan meets it "
+        "exactly)], and a row with slack [has room left|is not met exactly].",
         rng,
     )
+    for family, count_ in equations.items():
+        label, _ = element_words(next(row.name for row in model.rows if row.name.split("__")[0] == family), math)
+        rows_word = "1 equation" if count_ == 1 else f"{count_} equations"
+        lines.append(f"- {capitalize(label)}: {rows_word}, met exactly by every feasible plan.")
     if duals:
         priced = [(name, duals.get(name, 0.0)) for name in binding_all if abs(duals.get(name, 0.0)) > 1e-9][:3]
         if priced:

@@ -514,10 +514,18 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
     """Why the optimum moved: the changed row's shadow price (LP) or whether it was binding,
     or for a changed objective coefficient what keeping the old plan would have given."""
     new_rows = {row.name: row for row in changed.model.rows}
-    for row in base.model.rows:
-        other = new_rows.get(row.name)
-        if other is None or other.rhs == row.rhs:
-            continue
+
+    def slack_of(row) -> float:
+        activity = row.activity(base.values)
+        return row.rhs - activity if row.sense == "<=" else activity - row.rhs if row.sense == ">=" else 0.0
+
+    # a change that moves several right-hand sides is explained by the row the plan presses against
+    moved = sorted(
+        (row for row in base.model.rows if row.name in new_rows and new_rows[row.name].rhs != row.rhs),
+        key=lambda row: max(slack_of(row), 0.0),
+    )
+    for row in moved:
+        other = new_rows[row.name]
         step = other.rhs - row.rhs
         what, whom = element_words(row.name, base.math)
         label = f"{what.lower()} limit" + (f" for {whom}" if whom else "")
@@ -548,6 +556,12 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             return (
                 f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
             )
+        if row.sense == "==":  # an equation is not "used to the full": every plan must meet its new value
+            return f"The {label} is an equation that every plan must meet exactly, so the plan has to follow " + (
+                "its new value; here the change is absorbed without changing the optimum."
+                if abs(delta) < 1e-9
+                else "its new value, and the optimum moves with it."
+            )
         if slack <= 1e-6 and abs(delta) < 1e-9:  # binding, yet the optimum stays: say so, claim no forced change
             return f"The {label} was used to the full in the original plan, " + (
                 "but the same decisions still meet it after the change, so the optimum does not move."
@@ -574,7 +588,13 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             return (
                 f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
                 f"{format_objective(kept)}, "
-                + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}.")
+                + (
+                    "which is still optimal."
+                    if same_plan
+                    else "which is still optimal (re-optimizing finds another plan of the same value)."
+                    if abs(kept - changed.outcome.objective) <= 1e-6 * (1 + abs(kept))
+                    else f"but re-optimizing reaches {changed.outcome.text()}."
+                )
             )
         return f"The change alters coefficients of the {where} constraint, and the original plan no longer satisfies it, so the plan has to change."
     new_variables = {variable.name: variable for variable in changed.model.variables}
