@@ -167,6 +167,15 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
         ),
         ("same, answer prose only (mean)", f"{summary['answer_prose_overlap']:.1%}", "-"),
         (
+            "same, every family cut to k random answers (k = 4 is the scale of the issue's 40-sample reading)",
+            "; ".join(
+                f"k = {k}: {value:.1%}" if value is not None else f"k = {k}: -"
+                for k, value in summary.get("answer_overlap_at", {}).items()
+            )
+            or "-",
+            "-",
+        ),
+        (
             "answer 5-grams by part: share of the 5-grams (share of those found in another answer)",
             "; ".join(
                 f"{part} {value['grams']:.0%} ({value['shared']:.0%})"

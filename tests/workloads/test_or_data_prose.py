@@ -3,6 +3,8 @@ the IIS explanation and the diversity measures (all fast: no sandbox, small solv
 
 from __future__ import annotations
 
+import random
+import re
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 
 from trex.workloads.or_data.code_style import IMPORTS, MODEL_NAMES, REPORTS, CodeStyle, restyle
 from trex.workloads.or_data.config import SynthConfig
-from trex.workloads.or_data.diversity import code_style_key, overlap, skeleton
+from trex.workloads.or_data.diversity import code_style_key, overlap, overlap_at, skeleton
 from trex.workloads.or_data.explain import iis_explanation
 from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.iis import deletion_filter
@@ -213,3 +215,40 @@ def test_agreement_leaves_a_capital_a_inside_a_name_alone():
         == "Terminal B, Terminal A and Pump Station 1 only pass oil on."
     )
     assert agree("A analyzer runs. (A apple)") == "An analyzer runs. (An apple)"
+
+
+def test_family_reasons_have_several_wordings_and_every_one_reads_cleanly():
+    from trex.workloads.or_data.wording import choose
+
+    assert choose(r"[a|b] keeps $x \in [0, 1]$ and x[i]", random.Random(0)) in (
+        r"a keeps $x \in [0, 1]$ and x[i]",
+        r"b keeps $x \in [0, 1]$ and x[i]",
+    )
+    varied = 0
+    for name, family in FAMILIES.items():
+        math = family.math_model(family.generate(random.Random(5), "optimal").data)
+        texts = {understanding(math, random.Random(seed)) for seed in range(6)}
+        reasons = {choose(c.why + c.technique, random.Random(seed)) for c in math.constraints for seed in range(6)}
+        varied += len(reasons) > len(math.constraints)
+        for text in texts:
+            assert "|" not in re.sub(r"\$[^$]*\$", "", text), (name, text)
+            assert not check_prose(text), (name, check_prose(text))
+    assert varied >= 15  # nearly every family words its knowledge in more than one way
+
+
+def test_overlap_at_a_fixed_family_size_compares_runs_of_different_sizes():
+    shared = "the plan ships every pallet from the plant to the store on time"
+    texts = [f"{shared} {word} alpha beta gamma delta" for word in ("red", "blue", "green", "black", "white")]
+    # with more texts a 5-gram is more likely to occur in another one: the measure rises with k
+    assert overlap_at(texts, 2) <= overlap_at(texts, 5) == overlap(texts)
+    assert overlap_at(texts, 6) is None
+
+
+def test_planned_status_shares_hold_for_every_seed():
+    """The issue asks for infeasible/unbounded shares within 1 point of the configuration on 1,000
+    samples; the plan's per-family golden-ratio draws keep every seed within half a point."""
+    for seed in range(6):
+        config = SynthConfig(seed=seed, families=tuple(FAMILIES))
+        statuses = [plan(config, index).status for index in range(1000)]
+        assert abs(statuses.count("unbounded") / 1000 - config.unbounded_share) <= 0.005, seed
+        assert abs(statuses.count("infeasible") / 1000 - config.infeasible_share) <= 0.005, seed

@@ -252,3 +252,29 @@ def test_lp_input_answer_reads_the_model_from_the_lp_file(problem, runner):
         "`open`" in reasoning and "`serve`" in reasoning and "`capacity`" in reasoning and "mixed-integer" in reasoning
     )
     assert "warehouse" not in reasoning  # story words the LP file does not give
+
+
+def test_decision_answers_say_which_limits_bind_and_price_them_in_an_lp(runner):
+    from trex.workloads.or_data.explain import binding_rows, element_words
+
+    lp_problem = verified("production_planning", 3, runner)
+    assert lp_problem.certificate is not None and lp_problem.certificate.kind == "dual"
+    task = task_for(lp_problem, "solve_analyze", "decision", runner)
+    limits = split_sections(STYLE.render(task.category, task.variant, task.reference))["What limits the plan"]
+    tight = binding_rows(lp_problem.model, lp_problem.values)
+    inequality_rows = [row for row in lp_problem.model.rows if row.sense != "=="]
+    # the count of binding capacity rows and each binding row's element are the plan's own
+    assert f"{len(tight)} of {len(inequality_rows)} rows binding" in limits
+    for name in tight:
+        assert element_words(name, lp_problem.math)[1] in limits
+    # an LP answer gives the dual value of a binding row with a nonzero price
+    priced = [name for name in tight if abs(lp_problem.certificate.rows.get(name, 0.0)) > 1e-9]
+    assert priced and "dual values" in limits
+    mip = verified("knapsack", 3, runner)
+    mip_limits = split_sections(STYLE.render(*_decision(mip, runner)))["What limits the plan"]
+    assert "dual values" not in mip_limits and "steps" in mip_limits
+
+
+def _decision(problem, runner):
+    task = task_for(problem, "solve_analyze", "decision", runner)
+    return task.category, task.variant, task.reference

@@ -7,6 +7,7 @@ Computed from the SFT records alone (`trex data stats` prints it), per family:
 | skeletons | distinct prompt skeletons: the prompt's first and last sentences with numbers and capitalized names masked (`skeleton`), and the largest share any one skeleton has |
 | answer_overlap | masked 5-gram overlap: the share of an answer's distinct 5-grams (numbers and names masked) that also occur in another answer of the same family, averaged over answers; for the whole answer and for its prose alone (code, LP, LaTeX and tables set aside) |
 | answer_parts | where the whole answer's 5-grams come from: for each part (prose, code, LP file, math: LaTeX, tables, inline code and headings), its share of the family's answer 5-grams and the share of those found in another answer (5-grams counted within a part, so the figure approximates the whole-answer one) |
+| answer_overlap_at | the same whole-answer overlap with every family cut to k random answers (k = 4, 15, 50; mean over draws): the measure grows with the number of answers it compares, so runs of different sizes (the issue's 40-sample reading had about 4 answers per family) are compared at equal k |
 | repeated_sentences | the share of answer prose sentences that occur verbatim (masked) in another sample of the family |
 | code_templates | distinct program templates: the program with its data block, strings and numbers masked |
 | code_styles | distinct `code_style` variants found in the programs (library or import, model name, report) |
@@ -20,6 +21,7 @@ quarters of an answer's 5-grams are its own.
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -68,6 +70,19 @@ def overlap(texts: Sequence[str], n: int = 5) -> float:
         frequency.update(gram_set)
     shares = [sum(1 for gram in gram_set if frequency[gram] > 1) / len(gram_set) for gram_set in sets if gram_set]
     return round(sum(shares) / len(shares), 4) if shares else 0.0
+
+
+OVERLAP_SIZES = (4, 15, 50)
+
+
+def overlap_at(texts: Sequence[str], k: int, draws: int = 8, seed: int = 0) -> float | None:
+    """`overlap` among `k` texts drawn at random from `texts` (mean over `draws` draws; all of
+    them once when there are exactly `k`); None when there are fewer than `k`."""
+    if len(texts) < k:
+        return None
+    rng = random.Random(seed)
+    rounds = 1 if len(texts) == k else draws
+    return round(sum(overlap(rng.sample(list(texts), k)) for _ in range(rounds)) / rounds, 4)
 
 
 _PYTHON_FENCE = re.compile(r"```python\n.*?```", re.S)
@@ -192,6 +207,7 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "top_skeleton_share": round(skeletons.most_common(1)[0][1] / len(items), 4) if items else 0.0,
             "answer_overlap": overlap(answers),
             "answer_prose_overlap": overlap(prose),
+            "answer_overlap_at": {k: overlap_at(answers, k) for k in OVERLAP_SIZES},
             "answer_parts": overlap_by_part(answers),
             "prompt_overlap": overlap(prompts),
             "repeated_sentences": repeated_sentences(prose),
@@ -215,10 +231,16 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         }
         for part in PARTS
     }
+
+    def mean_at(k: int) -> float | None:
+        found = [value["answer_overlap_at"][k] for value in values if value["answer_overlap_at"][k] is not None]
+        return round(sum(found) / len(found), 4) if found and len(found) == len(values) else None
+
     return {
         "families": families,
         "summary": {
             "answer_parts": parts,
+            "answer_overlap_at": {k: mean_at(k) for k in OVERLAP_SIZES},
             "answer_overlap": mean("answer_overlap"),
             "answer_prose_overlap": mean("answer_prose_overlap"),
             "prompt_overlap": mean("prompt_overlap"),
@@ -277,6 +299,16 @@ def diversity_markdown(report: dict[str, Any]) -> list[str]:
         f"variables per instance by decade: {summary['size_decades']}",
         "",
     ]
+    if "answer_overlap_at" in summary:
+        at = summary["answer_overlap_at"]
+        lines += [
+            "Answer overlap with every family cut to k random answers (the measure grows with k): "
+            + "; ".join(
+                f"k = {k}: " + (f"{value:.1%}" if value is not None else "- (a family has fewer answers)")
+                for k, value in at.items()
+            ),
+            "",
+        ]
     if "answer_parts" in summary:
         parts = summary["answer_parts"]
         lines += [

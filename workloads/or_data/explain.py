@@ -111,3 +111,105 @@ def limits_in_words(model, math: MathModel, values: dict[str, float], limit: int
         phrases.append(f"{what.lower()} for {whom}" if whom else what.lower())
     more = f" (and {len(rows) - limit} more)" if len(rows) > limit else ""
     return join(phrases) + more
+
+
+def limits_analysis(model, math: MathModel, values: dict[str, float], rng: random.Random, duals=None) -> str:
+    """What holds an optimal plan in place, read from the plan itself: for each constraint family
+    how many of its inequality rows are binding (no slack left) and which, the rows with the most
+    slack, and what that means for changing a limit (the dual value per unit for an LP, given in
+    `duals` as row -> multiplier in the minimization sense; for a MIP the caveat that whole-number
+    decisions move in steps). Rows in which every variable is zero are tight only trivially (a
+    linking row of an unused option) and are not counted. "" when the model has no inequality row."""
+    families: dict[str, list[tuple[str, float]]] = {}
+    equations: dict[str, int] = {}
+    for row in model.rows:
+        if row.sense == "==":
+            family = row.name.split("__")[0]
+            equations[family] = equations.get(family, 0) + 1
+            continue
+        if all(abs(values.get(name, 0.0)) <= 1e-9 for name, _ in row.terms) and abs(row.rhs) <= 1e-9:
+            continue
+        activity = row.activity(values)
+        slack = row.rhs - activity if row.sense == "<=" else activity - row.rhs
+        families.setdefault(row.name.split("__")[0], []).append((row.name, max(slack, 0.0)))
+    if not families:
+        return ""
+    lines = []
+    binding_all: list[str] = []
+    for rows in families.values():
+        label, _ = element_words(rows[0][0], math)
+        tight = [name for name, slack in rows if slack <= 1e-6 * (1 + abs(_rhs(model, name)))]
+        binding_all += tight
+        loose = sorted(((slack, name) for name, slack in rows if name not in tight), reverse=True)
+        whom = [_grouped(element_words(name, math)[1]) for name in tight]
+        named = [w for w in whom if w][:4]
+        if len(rows) == 1:
+            state = (
+                realize("[binding, with no slack left|binding (it holds with equality)]", rng)
+                if tight
+                else (f"{number(round(loose[0][0], 6))} of slack left")
+            )
+            lines.append(f"- {capitalize(label)}" + (f" for {whom[0]}" if whom and whom[0] else "") + f": {state}.")
+            continue
+        text = f"- {capitalize(label)}: {len(tight)} of {len(rows)} rows binding"
+        if named:
+            text += f" ({join(named)}{', ...' if len(tight) > len(named) else ''})"
+        if loose:
+            slack, name = loose[0]
+            who = _grouped(element_words(name, math)[1])
+            text += realize(
+                "[; the most slack is|; the loosest row is] {who} with {slack} to spare",
+                rng,
+                who=who or "one row",
+                slack=number(round(slack, 6)),
+            )
+        lines.append(text + ".")
+    intro = realize(
+        "[Reading the plan against the constraints|Checking each constraint at the optimum|Where the plan meets "
+        "its limits]: a row is binding when it holds with equality[, with no room to spare| (the plan meets it "
+        "exactly)], and a row with slack [has room left|is not met exactly].",
+        rng,
+    )
+    for family, count_ in equations.items():
+        label, _ = element_words(next(row.name for row in model.rows if row.name.split("__")[0] == family), math)
+        rows_word = "1 equation" if count_ == 1 else f"{count_} equations"
+        lines.append(f"- {capitalize(label)}: {rows_word}, met exactly by every feasible plan.")
+    if duals:
+        priced = [(name, duals.get(name, 0.0)) for name in binding_all if abs(duals.get(name, 0.0)) > 1e-9][:3]
+        if priced:
+            items = []
+            for name, price in priced:
+                label, whom = element_words(name, math)
+                items.append(f"{label.lower()}{f' for {whom}' if whom else ''} {number(round(abs(price), 6))}")
+            closing = realize(
+                "[As this is a linear program|Because the model is an LP], the optimum can improve only if at least "
+                "one binding row is loosened, and the dual values (shadow prices) say by how much it changes per "
+                "unit of extra right-hand side: {items}.",
+                rng,
+                items=join(items),
+            )
+        else:
+            closing = realize(
+                "[As this is a linear program|Because the model is an LP], the optimum can improve only if at least "
+                "one binding row is loosened; a row with slack has a shadow price of 0, so a small change to its "
+                "limit leaves the optimum where it is.",
+                rng,
+            )
+    else:
+        closing = realize(
+            "[With whole-number decisions|In a mixed-integer program] the optimum moves in steps: loosening a "
+            "binding row helps only when [a whole unit more fits|the extra room admits a different whole-number "
+            "plan], and [a row with slack can start to bind|a limit with slack can become the binding one] once "
+            "other data change.",
+            rng,
+        )
+    return "\n".join([intro, "", *lines, "", closing])
+
+
+def _grouped(whom: str) -> str:
+    """A row of several keys ("camera, tent") in parentheses, so a list of them stays readable."""
+    return f"({whom})" if ", " in whom else whom
+
+
+def _rhs(model, name: str) -> float:
+    return next(row.rhs for row in model.rows if row.name == name)

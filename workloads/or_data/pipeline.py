@@ -59,10 +59,17 @@ class Plan:
     variant: str
 
 
+_GOLDEN = (5**0.5 - 1) / 2  # the golden-ratio conjugate: the most evenly spread Weyl sequence
+
+
 def plan(config: SynthConfig, index: int) -> Plan:
     """Families and task slots are balanced in blocks (`seeds.balanced`); the status is drawn
     with the configured shares, the unbounded share concentrated on the families that can be
-    unbounded so the overall share holds."""
+    unbounded so the overall share holds. The draw for a family's k-th sample (its block) is
+    the k-th point of a golden-ratio (Weyl) sequence from a per-family random start: its shares
+    stay within about one sample of the configured ones per family, where independent draws
+    would scatter them (with 2 of 18 families able to be unbounded, i.i.d. draws put seed
+    2341's 1,000 samples at 4.3% unbounded for 3% configured)."""
     family_name = balanced(config.seed, index, config.families, "family")
     category, variant = balanced(config.seed, index, TASK_SLOTS, "task")
     can_be_unbounded = [name for name in config.families if "unbounded" in FAMILIES[name].statuses]
@@ -71,7 +78,8 @@ def plan(config: SynthConfig, index: int) -> Plan:
         # capped at half of those families: with 2 of 17 families able to be unbounded, shares up to
         # about 5.9% are reachable
         unbounded = min(0.5, config.unbounded_share * len(config.families) / len(can_be_unbounded))
-    draw = stream(config.seed, index, "status").random()
+    block = index // len(config.families)
+    draw = (stream(config.seed, 0, f"status:{family_name}").random() + block * _GOLDEN) % 1.0
     status = (
         "unbounded" if draw < unbounded else "infeasible" if draw < unbounded + config.infeasible_share else "optimal"
     )

@@ -11,7 +11,7 @@ markdown sections per task variant, ending with the objective marker line the ev
 | text_to_code / code | Understanding, Model, Program, Optimal decision (what the program printed), Answer |
 | model_to_code / translate | Understanding, Program, Optimal decision, Answer |
 | model_to_code / repair | Diagnosis, Fix, Corrected program, Answer |
-| solve_analyze / decision | Understanding, Model, Program, Optimal decision (or Why there is no solution), Answer |
+| solve_analyze / decision | Understanding, Model, Program, Optimal decision (or Why there is no solution), What limits the plan (binding rows, slack, dual values; optional), Answer |
 | solve_analyze / what_if | Understanding, Model, Program, What changes, Answer |
 
 Every answer that reaches an outcome says what the solved plan is: the decisions with units (or
@@ -51,6 +51,7 @@ SECTION_PARTS: dict[str, tuple[str, str]] = {
     "optimal_decision": ("decisions", "bullets"),
     "no_solution": ("explanation", "text"),
     "what_changes": ("analysis", "text"),
+    "limits": ("analysis", "text"),
     "answer": ("outcome", "marker"),
 }
 
@@ -66,6 +67,7 @@ DEFAULT_HEADINGS = {
     "optimal_decision": "Optimal decision",
     "no_solution": "Why there is no solution",
     "what_changes": "What changes",
+    "limits": "What limits the plan",
     "answer": "Answer",
 }
 
@@ -74,7 +76,7 @@ DEFAULT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("text_to_code", "code"): ("understanding", "model", "program", "optimal_decision", "answer"),
     ("model_to_code", "translate"): ("understanding", "program", "optimal_decision", "answer"),
     ("model_to_code", "repair"): ("diagnosis", "fix", "corrected_program", "answer"),
-    ("solve_analyze", "decision"): ("understanding", "model", "program", "optimal_decision", "answer"),
+    ("solve_analyze", "decision"): ("understanding", "model", "program", "optimal_decision", "limits", "answer"),
     ("solve_analyze", "what_if"): ("understanding", "model", "program", "what_changes", "answer"),
 }
 
@@ -83,6 +85,8 @@ DEFAULT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     variant: frozenset({"optimal_decision", "no_solution"}) for variant in ("model", "code", "translate")
 }
+# A decision without an inequality row to read (or with no optimum) has no limits section.
+OPTIONAL["decision"] = frozenset({"limits"})
 # A model task whose prompt gives the LP file (LP -> model) does not repeat it in the answer.
 OPTIONAL["model"] = OPTIONAL["model"] | {"lp_file"}
 

@@ -27,7 +27,7 @@ from math import prod as math_prod
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
-from trex.workloads.or_data.explain import element_words, iis_explanation, variable_phrase
+from trex.workloads.or_data.explain import element_words, iis_explanation, limits_analysis, variable_phrase
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
@@ -65,6 +65,7 @@ from trex.workloads.or_data.wording import (
     SAME_DECISIONS,
     WHOLE,
     WHOLE_STATED,
+    choose,
     realize,
 )
 
@@ -224,14 +225,14 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
         bullet = pick(rng, CONSTRAINT_BULLETS)  # one format per list
         lines = []
         for number_, constraint in enumerate(math.constraints):
-            why = constraint.why or constraint.description
+            why = choose(constraint.why, rng) if constraint.why else constraint.description
             if as_list:
                 line = bullet.format(label=constraint.label, why=why)
             else:
                 frame = CONSTRAINT_SENTENCE_FIRST if number_ == 0 else CONSTRAINT_SENTENCE_NEXT
                 line = capitalize(realize(frame, rng, label=constraint.label.lower(), why=why))
             if constraint.technique:
-                line += f" {constraint.technique}"
+                line += f" {choose(constraint.technique, rng)}"
             expansion = rows_in_words(constraint, math, rng)
             if expansion:
                 line += f" {expansion}"
@@ -496,14 +497,35 @@ def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
     )
 
 
+def _limits(problem: Problem) -> str:
+    """`explain.limits_analysis` of an optimal plan (dual values when the certificate is an LP
+    dual), "" otherwise."""
+    if problem.status != "optimal" or not problem.values:
+        return ""
+    certificate = problem.certificate
+    duals = None
+    if certificate is not None and certificate.kind == "dual":
+        sign = 1.0 if problem.model.sense == "minimize" else -1.0
+        duals = {name: sign * value for name, value in certificate.rows.items()}
+    return limits_analysis(problem.model, problem.math, problem.values, _wording_rng(problem), duals)
+
+
 def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
     """Why the optimum moved: the changed row's shadow price (LP) or whether it was binding,
     or for a changed objective coefficient what keeping the old plan would have given."""
     new_rows = {row.name: row for row in changed.model.rows}
-    for row in base.model.rows:
-        other = new_rows.get(row.name)
-        if other is None or other.rhs == row.rhs:
-            continue
+
+    def slack_of(row) -> float:
+        activity = row.activity(base.values)
+        return row.rhs - activity if row.sense == "<=" else activity - row.rhs if row.sense == ">=" else 0.0
+
+    # a change that moves several right-hand sides is explained by the row the plan presses against
+    moved = sorted(
+        (row for row in base.model.rows if row.name in new_rows and new_rows[row.name].rhs != row.rhs),
+        key=lambda row: max(slack_of(row), 0.0),
+    )
+    for row in moved:
+        other = new_rows[row.name]
         step = other.rhs - row.rhs
         what, whom = element_words(row.name, base.math)
         label = f"{what.lower()} limit" + (f" for {whom}" if whom else "")
@@ -534,6 +556,12 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             return (
                 f"The {label} had {format_objective(slack)} unused in the original plan, so the change does not bind."
             )
+        if row.sense == "==":  # an equation is not "used to the full": every plan must meet its new value
+            return f"The {label} is an equation that every plan must meet exactly, so the plan has to follow " + (
+                "its new value; here the change is absorbed without changing the optimum."
+                if abs(delta) < 1e-9
+                else "its new value, and the optimum moves with it."
+            )
         if slack <= 1e-6 and abs(delta) < 1e-9:  # binding, yet the optimum stays: say so, claim no forced change
             return f"The {label} was used to the full in the original plan, " + (
                 "but the same decisions still meet it after the change, so the optimum does not move."
@@ -560,7 +588,13 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             return (
                 f"The change alters coefficients of the {where} constraint; the original plan still satisfies it and would score "
                 f"{format_objective(kept)}, "
-                + ("which is still optimal." if same_plan else f"but re-optimizing reaches {changed.outcome.text()}.")
+                + (
+                    "which is still optimal."
+                    if same_plan
+                    else "which is still optimal (re-optimizing finds another plan of the same value)."
+                    if abs(kept - changed.outcome.objective) <= 1e-6 * (1 + abs(kept))
+                    else f"but re-optimizing reaches {changed.outcome.text()}."
+                )
             )
         return f"The change alters coefficients of the {where} constraint, and the original plan no longer satisfies it, so the plan has to change."
     new_variables = {variable.name: variable for variable in changed.model.variables}
@@ -744,8 +778,8 @@ def _build_task(
         if source == "lp":  # only the LP file is given: read the model from its names, not from the story
             base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
         parts = AnswerParts(program=problem.program, **solved, **base_parts)
-    else:  # decision
-        parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
+    else:  # decision: the plan, then what holds it in place
+        parts = AnswerParts(math=math_brief, program=problem.program, analysis=_limits(problem), **solved, **base_parts)
     uses_statement = variant in ("code", "decision") or (variant == "model" and source != "code")
     return Task(
         task_id,

@@ -36,6 +36,20 @@ def realize(template: str, rng: random.Random, **fills: str) -> str:
     return re.sub(r"\s{2,}", " ", text).replace(" ,", ",").replace(" .", ".").strip()
 
 
+_CHOICE = re.compile(r"\[([^\[\]|]*(?:\|[^\[\]|]*)+)\]")
+
+
+def choose(text: str, rng: random.Random) -> str:
+    """`text` with every `[a|b|...]` group replaced by one alternative (innermost first); brackets
+    without a `|` (LaTeX, "x[i]") and `{...}` are left alone. The families write their reasons
+    (`ConstraintDef.why`, `technique`) this way: one piece of knowledge, several correct wordings."""
+    while True:
+        match = _CHOICE.search(text)
+        if match is None:
+            return re.sub(r"\s{2,}", " ", text)
+        text = text[: match.start()] + rng.choice(match.group(1).split("|")) + text[match.end() :]
+
+
 # -- understanding -------------------------------------------------------------------------------
 
 DECISIONS = (

@@ -309,8 +309,10 @@ model.setObjective(quicksum(rate[a] * spend[a] for a in activities), sense="maxi
                     r"\sum_{a \in A} x_a \le B",
                     "budget",
                     (),
-                    why="the money spent on all options together cannot exceed what there is; leftover money is allowed, "
-                    "so this is an inequality rather than an equation",
+                    why="[the money spent on all options together|total spending over all options|what the options cost together] "
+                    "[cannot exceed|must stay within|may not go beyond] [what there is|the budget|the money available]; "
+                    "[leftover money is allowed|part of the budget may stay unspent], "
+                    "[so this is an inequality rather than an equation|which makes the row an inequality, not an equation]",
                 )
             )
         if data.hours is not None:
@@ -325,7 +327,8 @@ model.setObjective(quicksum(rate[a] * spend[a] for a in activities), sense="maxi
                     r"\sum_{a \in A} e_a x_a \le H",
                     "staff",
                     (),
-                    why="every unit allocated also costs staff hours, and only a fixed number of hours is available",
+                    why="[every unit allocated also costs staff hours|each allocated unit also takes staff time], and only a "
+                    "[fixed|limited] number of hours [is available|can be worked]",
                 )
             )
         if data.group_share:
@@ -338,8 +341,10 @@ model.setObjective(quicksum(rate[a] * spend[a] for a in activities), sense="maxi
                     r"\sum_{a \in G} x_a \ge \gamma \sum_{a \in A} x_a",
                     "group_share",
                     (),
-                    why=f"policy reserves a minimum share for {sc.group_name}; multiplying the share out against the total "
-                    "keeps the rule linear",
+                    why=f"policy reserves a minimum share for {sc.group_name}; [multiplying the share out against the total "
+                    "keeps the rule linear|a share is a ratio, and multiplying it out against the total turns it into a "
+                    "linear row|written as a ratio the rule would not be linear, so the share is multiplied out against "
+                    "the total]",
                 )
             )
         if data.borrow_rate:

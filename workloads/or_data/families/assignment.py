@@ -224,7 +224,9 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                     r"\sum_{w:(w,t) \in A} x_{wt} = 1",
                     "cover",
                     ("T",),
-                    why=f"every {sc.task[0]} has to be done, and done by one {sc.worker[0]} only, so the choices for it sum to exactly one",
+                    why=f"every {sc.task[0]} has to be done, and [done by one {sc.worker[0]} only|by exactly one {sc.worker[0]}], "
+                    "so [the choices for it sum to exactly one|its yes/no choices add up to exactly one"
+                    "|exactly one of its assignment variables is 1]",
                 ),
                 ConstraintDef(
                     "Load",
@@ -232,7 +234,8 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                     r"\sum_{t:(w,t) \in A} x_{wt} \le k",
                     "load",
                     ("W",),
-                    why=f"a {sc.worker[0]} has limited time, so the number of {sc.task[1]} given to one {sc.worker[0]} is capped",
+                    why=f"a {sc.worker[0]} has [limited time|only so many hours], so the number of {sc.task[1]} "
+                    f"[given to one {sc.worker[0]}|one {sc.worker[0]} takes on|assigned to the same {sc.worker[0]}] is capped",
                 ),
             ),
         )

@@ -319,11 +319,15 @@ model.setObjective(
                     r"I_{t-1} - B_{t-1} + x_t + z_t = d_t + I_t - B_t",
                     "balance",
                     ("T",),
-                    why=f"every {sc.unit[0]} demanded in a {sc.period} is served from stock, from that {sc.period}'s "
-                    "production or later, and whatever is served late stays on the books as backlog until it is made",
-                    technique="Stock and backlog both enter the balance with opposite signs, so one row tracks the net "
-                    "position; since holding and the late penalty both cost money, the optimum never carries stock "
-                    "and backlog in the same period.",
+                    why=f"every {sc.unit[0]} demanded in a {sc.period} is served [from stock, from that {sc.period}'s "
+                    f"production or later|from stock, from what is made that {sc.period}, or late], and [whatever is "
+                    "served late stays on the books as backlog until it is made|an order served late is carried as "
+                    "backlog until production catches up|late orders stay open as backlog until they are filled]",
+                    technique="[Stock and backlog both enter the balance with opposite signs, so one row tracks the net "
+                    "position|Stock enters the balance with one sign and backlog with the other, so a single row keeps "
+                    "the net position]; since [holding and the late penalty both cost money|carrying stock and serving "
+                    "late are both charged], the optimum never [carries stock and backlog in the same period|holds "
+                    "stock in a period while orders of that period are still late].",
                 ),
             ),
         )

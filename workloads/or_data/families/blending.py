@@ -336,7 +336,8 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
                     r"\sum_{f \in I} x_f = B",
                     "batch",
                     (),
-                    why="the ingredients make up the whole batch, so their amounts must add up to its size exactly",
+                    why="the ingredients [make up the whole batch|are all there is in the batch|form the entire batch], so "
+                    "their amounts must add up to [its size exactly|exactly the batch size]",
                 )
             )
         if data.minimum:
@@ -355,11 +356,14 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
                     rf"\sum_{{f \in I}} a_{{qf}} x_f \ge {level}",
                     "min_quality",
                     ("Q_l",),
-                    why="the mix must deliver enough of each required quality, and every ingredient contributes its own content"
+                    why="[the mix must deliver enough of each required quality|each required quality must reach its minimum in "
+                    "the mix], and [every ingredient contributes its own content|each ingredient adds its own content "
+                    "of it]"
                     + (
                         ""
                         if diet
-                        else "; the level is an average over the batch, so it is written against the batch size"
+                        else "; the level is an average over the batch, so [it is written against the batch size"
+                        "|the requirement is scaled by the batch size]"
                     ),
                 )
             )
@@ -379,7 +383,8 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
                     rf"\sum_{{f \in I}} a_{{qf}} x_f \le {upper}",
                     "max_quality",
                     ("Q_h",),
-                    why="some qualities are harmful in excess, so the mix may contain only so much of them",
+                    why="some qualities [are harmful in excess|do harm above a certain level], so the mix may contain only "
+                    "[so much of them|a limited amount of them]",
                 )
             )
         bound = ""

@@ -371,7 +371,8 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                         "cover",
                         ("Z",),
                         why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
-                        f"counting the built sites among those that reach it gives that number",
+                        "[counting the built sites among those that reach it gives that number|the sum of the build "
+                        "variables over the sites that reach it is that number]",
                     ),
                 ),
             )
@@ -412,9 +413,11 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                     r"u_z \le \sum_{s \in N_z} y_s",
                     "reach",
                     ("Z",),
-                    why=f"the objective rewards covered population, so without this link every {sc.zone[0]} would claim to be covered",
-                    technique=f"This is a linking constraint: the coverage indicator may be 1 only when at least one built {sc.site[0]} "
-                    "reaches the zone, which ties the yes/no coverage flag to the building decisions.",
+                    why=f"[the objective rewards covered population|covered population is what the objective counts], so "
+                    f"without this link every {sc.zone[0]} would [claim to be covered|count as covered for free]",
+                    technique=f"[This is a linking constraint|The row links two kinds of decision]: the coverage indicator "
+                    f"may be 1 only when at least one built {sc.site[0]} reaches the zone, [which ties the yes/no "
+                    "coverage flag to the building decisions|so coverage cannot be claimed without building].",
                 ),
                 ConstraintDef(
                     "Budget",
@@ -422,7 +425,8 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                     r"\sum_{s \in S} c_s y_s \le B",
                     "budget",
                     (),
-                    why="there is only a fixed amount of money for construction",
+                    why="[there is only a fixed amount of money for construction|the money for construction is limited"
+                    "|the building budget is fixed]",
                 ),
             ),
         )

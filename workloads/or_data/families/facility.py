@@ -281,7 +281,8 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{s \in S} x_{cs} = 1",
                     "demand",
                     ("C",),
-                    why=f"a {sc.customer[0]} must be served in full by one {sc.site[0]}, never split",
+                    why=f"a {sc.customer[0]} [must be served in full by one {sc.site[0]}, never split|gets all of its demand "
+                    f"from a single {sc.site[0]}|is served by exactly one {sc.site[0]} and never split between two]",
                 ),
                 ConstraintDef(
                     "Capacity",
@@ -289,9 +290,12 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{c \in C} d_c x_{cs} \le Q_s y_s",
                     "capacity",
                     ("S",),
-                    why=f"a {sc.site[0]} can handle only so many {sc.unit[1]}, and a closed one none at all",
-                    technique=f"Multiplying the capacity by the opening decision links the two kinds of decision: with the {sc.site[0]} "
-                    "closed the right-hand side is 0, so nothing can be assigned to it; a separate rule 'serve only if open' is not needed.",
+                    why=f"a {sc.site[0]} can handle only [so many|a limited number of] {sc.unit[1]}, and a closed one "
+                    "[none at all|none]",
+                    technique=f"[Multiplying the capacity by the opening decision links the two kinds of decision|The "
+                    "capacity is multiplied by the opening decision, which links the two kinds of decision]: with the "
+                    f"{sc.site[0]} closed the right-hand side is 0, so nothing can be assigned to it; [a separate rule "
+                    "'serve only if open' is not needed|no separate rule 'serve only if open' is needed].",
                 ),
             ]
             objective = r"\sum_{s \in S} f_s y_s + \sum_{c \in C} \sum_{s \in S} g_{cs} d_c x_{cs}"
@@ -321,7 +325,8 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{s \in S} x_{cs} = d_c",
                     "demand",
                     ("C",),
-                    why=f"every {sc.customer[0]} must receive its whole demand, possibly from several {sc.site[1]}",
+                    why=f"every {sc.customer[0]} must [receive its whole demand|be supplied in full], [possibly from "
+                    f"several {sc.site[1]}|which may be split between several {sc.site[1]}]",
                 ),
                 ConstraintDef(
                     "Capacity",
@@ -329,9 +334,12 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{c \in C} x_{cs} \le Q_s y_s",
                     "capacity",
                     ("S",),
-                    why=f"a {sc.site[0]} can ship only up to its capacity, and a closed one nothing",
-                    technique=f"Multiplying the capacity by the opening decision links the flows to the yes/no choice: closing a "
-                    f"{sc.site[0]} sets its capacity to 0, so the fixed cost must be paid before anything is shipped from it.",
+                    why=f"a {sc.site[0]} can ship [only up to its capacity|no more than its capacity], and a closed one "
+                    "[nothing|nothing at all]",
+                    technique="[Multiplying the capacity by the opening decision links the flows to the yes/no choice|The "
+                    "capacity term carries the opening decision as a factor, which ties the flows to the yes/no "
+                    f"choice]: closing a {sc.site[0]} sets its capacity to 0, so [the fixed cost must be paid before "
+                    "anything is shipped from it|nothing leaves it unless its fixed cost is paid].",
                 ),
             ]
             objective = r"\sum_{s \in S} f_s y_s + \sum_{c \in C} \sum_{s \in S} g_{cs} x_{cs}"
@@ -344,7 +352,8 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{s \in S} y_s \le K",
                     "max_open",
                     (),
-                    why=f"management allows only a limited number of {sc.site[1]} to be open at once",
+                    why=f"[management allows only a limited number of {sc.site[1]} to be open at once|at most a fixed "
+                    f"number of {sc.site[1]} may be open at the same time]",
                 )
             )
         return MathModel(

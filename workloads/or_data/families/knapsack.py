@@ -340,7 +340,8 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                 r"\sum_{i \in I} w_{di} y_i \le C_d",
                 "capacity",
                 ("D",),
-                why="each limit (money, time or space) has a fixed amount, and every chosen item uses part of it",
+                why="[each limit (money, time or space) has a fixed amount|every limit, whether money, time or space, is "
+                "fixed], and every chosen item [uses part of it|takes up part of it]",
             )
         ]
         if data.conflicts:
@@ -352,7 +353,8 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                     r"y_i + y_j \le 1",
                     "conflict",
                     ("K",),
-                    why="some items exclude each other; with yes/no variables, 'not both' is a sum of at most one",
+                    why="some items exclude each other; with yes/no variables, ['not both' is a sum of at most one|'not "
+                    "both' means that their sum is at most one]",
                 )
             )
         if data.requires:
@@ -368,8 +370,8 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                     r"y_i \le y_j",
                     "requires",
                     ("R",),
-                    why="an item that depends on another is only useful when that one is chosen too, which the inequality "
-                    "between the two yes/no variables expresses",
+                    why="an item that depends on another is only useful when that one is chosen too, which [the inequality "
+                    "between the two yes/no variables expresses|bounding one yes/no variable by the other expresses]",
                 )
             )
         if data.mandatory:
@@ -381,7 +383,7 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                     r"y_i = 1",
                     "mandatory",
                     ("M",),
-                    why="some items are already committed to and must be in any selection",
+                    why="some items [are already committed to|were promised beforehand] and must be in any selection",
                 )
             )
         return MathModel(

@@ -329,8 +329,10 @@ model.setObjective(
                     r"I_{t-1} + x_t = d_t + I_t",
                     "inventory",
                     ("T",),
-                    why=f"what is on hand at the start of a {sc.period} plus what is made must cover that {sc.period}'s demand, "
-                    "and whatever is left is carried over; this links the periods together",
+                    why=f"[what is on hand at the start of a {sc.period} plus what is made|the opening stock of a "
+                    f"{sc.period} plus its production] must cover that {sc.period}'s demand, and [whatever is left is "
+                    f"carried over|what remains is carried into the next {sc.period}]; [this links the periods "
+                    "together|this is what ties the periods to each other]",
                 ),
                 ConstraintDef(
                     "Setup and capacity",
@@ -338,10 +340,14 @@ model.setObjective(
                     r"x_t \le Q_t y_t",
                     "capacity",
                     ("T",),
-                    why=f"production is limited by the plant's capacity and happens only in a {sc.period} that pays the setup cost",
-                    technique="This is a big-M style linking constraint with the capacity as M: when the setup indicator is 0 the "
-                    "right-hand side is 0 and nothing can be made; when it is 1 the full capacity is available. Since capacity "
-                    "bounds production anyway, this M is as tight as it can be.",
+                    why=f"production is limited by the plant's capacity and happens only in a {sc.period} that [pays the "
+                    "setup cost|carries a setup]",
+                    technique="[This is a big-M style linking constraint with the capacity as M|The row is a big-M link "
+                    "whose M is the capacity]: when the setup indicator is 0 the right-hand side is 0 and nothing can "
+                    "be made; when it is 1 the full capacity is available. [Since capacity bounds production anyway, "
+                    "this M never cuts off a feasible plan|Production can never exceed capacity, so this M removes no "
+                    "feasible plan]; a smaller M, such as the demand still to come when it is below capacity, would "
+                    "tighten the LP relaxation further.",
                 ),
             ),
         )

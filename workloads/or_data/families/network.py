@@ -356,8 +356,9 @@ model.setObjective(throughput, sense="maximize")
                         f"{conservation} = b_n",
                         "balance",
                         ("N",),
-                        why="goods are neither created nor lost at a node: what leaves minus what arrives is the node's own "
-                        "supply (positive), its demand (negative) or zero at a pass-through point",
+                        why="[goods are neither created nor lost at a node|nothing is created or lost at a node]: what leaves "
+                        "minus what arrives is the node's own supply (positive), its demand (negative) or zero at a "
+                        "pass-through point",
                     ),
                 ),
             )
@@ -394,8 +395,9 @@ model.setObjective(throughput, sense="maximize")
                     f"{conservation} = " + r"\begin{cases} F & n = s \\ -F & n = t \\ 0 & \text{otherwise} \end{cases}",
                     "balance",
                     ("N",),
-                    why="flow is conserved at every intermediate node, so everything that leaves the source arrives at the sink; "
-                    "the throughput variable measures that amount, and each arc's capacity bounds its flow",
+                    why="flow is conserved at every intermediate node, so everything that leaves the source arrives at the "
+                    "sink; [the throughput variable measures that amount|that amount is what the throughput variable "
+                    "measures], and [each arc's capacity bounds its flow|no arc carries more than its capacity]",
                 ),
             ),
         )

@@ -312,9 +312,10 @@ model.setObjective(
                     r"\begin{cases} q_k & n = o_k \\ -q_k & n = t_k \\ 0 & \text{otherwise} \end{cases}",
                     "balance",
                     ("K", "N"),
-                    why="each commodity is a separate flow: it leaves its own origin, reaches its own destination and "
-                    "is neither created nor lost on the way, so conservation must hold for every commodity at "
-                    "every node",
+                    why="each commodity is a separate flow: it leaves its own origin, reaches its own destination "
+                    "and [is neither created nor lost on the way|nothing of it appears or vanishes in between], so "
+                    "[conservation must hold for every commodity at every node|every node needs one balance row per "
+                    "commodity]",
                 ),
                 ConstraintDef(
                     "Capacity",
@@ -322,12 +323,14 @@ model.setObjective(
                     r"\sum_{k \in K} x_{kij} \le u_{ij} \, [y_{ij} \text{ if } (i,j) \in A^{new}]",
                     "capacity",
                     ("A",),
-                    why="the commodities compete for the same links, so their total on a link is limited, and a link "
-                    "that is not built cannot carry anything",
-                    technique="On a candidate link the capacity is multiplied by the build variable: with $y_{ij} = 0$ "
-                    "the right-hand side is 0 and the link is closed, with $y_{ij} = 1$ its full capacity opens. This "
-                    "linking constraint is what charges the fixed cost whenever a link is used; the capacity itself is "
-                    "the tightest big-M possible.",
+                    why="the commodities [compete for the same links|share the links], so their total on a link "
+                    "is limited, and a link that is not built [cannot carry anything|carries nothing]",
+                    technique="[On a candidate link the capacity is multiplied by the build variable|A candidate "
+                    "link's capacity carries the build variable as a factor]: with $y_{ij} = 0$ the right-hand side is 0 "
+                    "and the link is closed, with $y_{ij} = 1$ its full capacity opens. [This linking constraint is "
+                    "what charges the fixed cost whenever a link is used|Because of this link, no flow can use a "
+                    "candidate without its fixed cost being paid]; [the capacity itself is the tightest big-M "
+                    "possible|no flow can exceed the capacity anyway, so it is the natural big-M].",
                 ),
             ),
         )

@@ -366,9 +366,11 @@ model.setObjective(quicksum(cut), sense="minimize")
                         r"\sum_{i \in I} s_i z_{ik} \le C u_k",
                         "fill",
                         ("K",),
-                        why=f"the {sc.item[1]} in one {sc.bin[0]} must fit its capacity, and an unused {sc.bin[0]} holds nothing",
-                        technique=f"Multiplying the capacity by the usage indicator links packing to usage: putting anything into a {sc.bin[0]} "
-                        "forces its indicator to 1, which is what the objective counts.",
+                        why=f"the {sc.item[1]} in one {sc.bin[0]} must fit [its capacity|within its capacity], and an unused "
+                        f"{sc.bin[0]} [holds nothing|stays empty]",
+                        technique=f"[Multiplying the capacity by the usage indicator links packing to usage|The capacity is "
+                        "multiplied by the usage indicator, which links packing to usage]: putting anything into a "
+                        f"{sc.bin[0]} forces its indicator to 1, which is what the objective counts.",
                     ),
                     ConstraintDef(
                         "Symmetry",
@@ -378,8 +380,9 @@ model.setObjective(quicksum(cut), sense="minimize")
                         ("K",),
                         max(0, data.bins - 1),
                         r"k \ge 2",
-                        why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions that only differ "
-                        "by renumbering; it is not needed for correctness, but it speeds up the search",
+                        why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions "
+                        "that only differ by renumbering; [it is not needed for correctness, but it speeds up the "
+                        "search|the model is correct without it, but the search is faster with it]",
                     ),
                 ),
             )
@@ -421,7 +424,8 @@ model.setObjective(quicksum(cut), sense="minimize")
                     r"\sum_{p \in P} a_{tp} x_p \ge q_t",
                     "order",
                     ("T",),
-                    why="each piece type must be produced at least in the quantity ordered; extra pieces are waste but allowed",
+                    why="each piece type must be produced at least in the quantity ordered; [extra pieces are waste but "
+                    "allowed|overproduction is allowed, it is only waste]",
                 ),
             ),
             notes=(

@@ -196,11 +196,14 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
                 "the purchases cover the requirement",
                 r"\sum_{(s,k) \in A} y_{sk} \ge D",
                 "demand",
-                why=f"the {sc.commodity} for {sc.need} must all be bought; buying more would only cost money",
-                technique="The piecewise-linear price of a source is linearised with one variable per price tier, "
-                "bounded by the tier's size. Because each tier is dearer than the one before (a convex cost), the "
-                "minimization fills a cheaper tier before a dearer one by itself, so no binary variables are needed "
-                "to keep the tiers in order; falling prices (quantity discounts) would need them.",
+                why=f"the {sc.commodity} for {sc.need} must all be bought; [buying more would only cost money|buying "
+                "more than needed only adds cost]",
+                technique="[The piecewise-linear price of a source is linearised with one variable per price tier, "
+                "bounded by the tier's size|Each source's piecewise-linear price becomes linear with one variable per "
+                "price tier, bounded by the tier's size]. Because each tier is dearer than the one before (a convex "
+                "cost), the minimization fills a cheaper tier before a dearer one by itself, so no binary variables "
+                "are needed to keep the tiers in order; [falling prices (quantity discounts) would need them|with "
+                "quantity discounts (falling prices) they would be needed].",
             )
         ]
         sets = [
@@ -233,7 +236,7 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
                     "commitment",
                     ("C",),
                     why="the contracts oblige the buyer to take at least the agreed volume from these sources, "
-                    "even where another source is cheaper",
+                    "[even where another source is cheaper|whether or not another source is cheaper]",
                 )
             )
         return MathModel(

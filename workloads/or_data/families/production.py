@@ -352,8 +352,9 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
                 r"\sum_{p \in P} a_{rp} x_p \le b_r",
                 "capacity",
                 ("R",),
-                why=f"every {sc.unit[0]} draws on the limited resources, and each resource has only a fixed amount per {sc.period}, "
-                "so the products' combined use of it is capped",
+                why=f"every {sc.unit[0]} draws on the limited resources, and each resource has only a fixed amount "
+                f"per {sc.period}, so [the products' combined use of it is capped|the combined use over all products "
+                "is capped]",
             )
         ]
         if data.mix is not None:
@@ -365,8 +366,9 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
                     f"x_{{\\text{{{data.mix[0]}}}}} \\ge \\sigma \\sum_{{p \\in P}} x_p",
                     "mix",
                     (),
-                    why=f"management wants {data.mix[0]} to keep a minimum share of the range; the share is written as "
-                    "a linear inequality by multiplying it out against total output instead of dividing",
+                    why=f"management wants {data.mix[0]} to keep a minimum share of the range; [the share is written as "
+                    "a linear inequality by multiplying it out against total output instead of dividing|dividing by "
+                    "total output would not be linear, so the share is multiplied out against it]",
                 )
             )
         return MathModel(

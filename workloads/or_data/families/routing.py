@@ -317,7 +317,7 @@ model.setObjective(quicksum(distance[i, j] * arc[i, j] for (i, j) in distance), 
                     r"\sum_{i \in V,\, i \ne j} x_{ij} = 1",
                     "enter",
                     ("C",),
-                    why=f"each {sc.customer[0]} is served by one visit, so exactly one arc leads into it",
+                    why=f"each {sc.customer[0]} is served by one visit, so exactly one arc [leads into it|enters it]",
                 ),
                 ConstraintDef(
                     "Leave",
@@ -333,7 +333,7 @@ model.setObjective(quicksum(distance[i, j] * arc[i, j] for (i, j) in distance), 
                     "at most $K$ routes start at the depot",
                     r"\sum_{j \in C} x_{0j} \le K",
                     "fleet",
-                    why=f"every route needs a {sc.vehicle[0]} of its own and only {data.vehicles} are available",
+                    why=f"every route needs a {sc.vehicle[0]} of its own and only {data.vehicles} [are available|can be used]",
                 ),
                 ConstraintDef(
                     "Routes needed",
@@ -342,9 +342,10 @@ model.setObjective(quicksum(distance[i, j] * arc[i, j] for (i, j) in distance), 
                     "routes_needed",
                     why=f"a route carries at most {number(data.capacity)} {sc.load[1]}, so the "
                     f"{number(data.total_demand)} {sc.load[1]} of demand need at least {data.routes_needed} routes",
-                    technique="Every feasible plan satisfies it already; stating it adds no restriction but closes "
-                    "part of the gap between the LP relaxation and the integer optimum, and it exposes at once a "
-                    "fleet too small for the demand.",
+                    technique="Every feasible plan satisfies it already; [stating it adds no restriction but closes "
+                    "part of the gap between the LP relaxation and the integer optimum|it removes no plan, yet it "
+                    "narrows the gap between the LP relaxation and the integer optimum], and it [exposes at once a "
+                    "fleet too small for the demand|shows at once when the fleet is too small for the demand].",
                 ),
                 ConstraintDef(
                     "Load",

@@ -336,8 +336,9 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                         "load",
                         ("M",),
                         why=f"the makespan is the latest finishing time, a maximum over {sc.machine[1]}",
-                        technique="Minimizing a maximum is linearised this way: one variable is required to be at least every "
-                        "machine's total load, and minimizing it pushes it down onto the largest load.",
+                        technique="[Minimizing a maximum is linearised this way|This is the standard way to minimize a "
+                        "maximum linearly]: one variable is required to be at least every machine's total load, and "
+                        "minimizing it pushes it down onto the largest load.",
                     ),
                 ),
             )
@@ -392,10 +393,12 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                     "i_first",
                     ("K",),
                     count,
-                    why=f"the machine handles one {sc.job[0]} at a time, so of any two {sc.job[1]} one must finish before the other starts",
-                    technique="This is a big-M disjunction: when the order indicator says the first job goes first, the "
-                    "term with M vanishes and the precedence is enforced; otherwise M (the latest release plus all "
-                    "processing, so no schedule can exceed it) makes the inequality hold trivially.",
+                    why=f"the machine handles one {sc.job[0]} at a time, so of any two {sc.job[1]} one must finish "
+                    "before the other starts",
+                    technique="[This is a big-M disjunction|The either-or rule is written with a big-M]: when the "
+                    "order indicator says the first job goes first, the term with M vanishes and the precedence is "
+                    "enforced; otherwise M (the latest release plus all processing, so no schedule can exceed it) "
+                    "makes the inequality hold trivially.",
                 ),
                 ConstraintDef(
                     "Order (second before first)",
@@ -404,7 +407,8 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                     "j_first",
                     ("K",),
                     count,
-                    why="it is the other half of the same either-or choice, active exactly when the first half is switched off",
+                    why="it is the other half of the same either-or choice, active exactly when the first half is "
+                    "[switched off|inactive]",
                 ),
                 ConstraintDef(
                     "Completion",

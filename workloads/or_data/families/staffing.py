@@ -230,8 +230,9 @@ model.setObjective(quicksum(cost[s] * staff[s] for s in shifts), sense="minimize
                     r"\sum_{s \in S: p \in W_s} x_s \ge n_p",
                     "need",
                     ("P",),
-                    why="shifts overlap several periods, so the staff present in a period is the sum over the shifts "
-                    "working then, and that sum must reach the period's need",
+                    why="shifts overlap several periods, so [the staff present in a period is the sum over the shifts "
+                    "working then|the staff on duty in a period is the sum over the shifts that cover it], and that "
+                    "sum must reach the period's need",
                 ),
             ),
         )

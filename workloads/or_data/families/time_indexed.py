@@ -240,10 +240,11 @@ model.setObjective(quicksum(weight[j] * (t + duration[j]) * start[j, t] for (j, 
                     ("T",),
                     why=f"the {sc.machine} handles one job at a time, and a job started at $t$ occupies every slot "
                     "until it finishes",
-                    technique="Time is cut into slots and a start variable exists for every job and slot, so the "
-                    "'no overlap' rule becomes a simple count per slot and the completion time is a constant per "
-                    "variable; this needs no big-M, and its LP relaxation is much tighter than that of the disjunctive "
-                    "model, at the price of one variable per job and slot.",
+                    technique="[Time is cut into slots and a start variable exists for every job and slot, so the|With "
+                    "time cut into slots and one start variable per job and slot, the] 'no overlap' rule becomes a "
+                    "simple count per slot and the completion time is a constant per variable; this needs no big-M, "
+                    "and its LP relaxation is much tighter than that of the disjunctive model, at the price of one "
+                    "variable per job and slot.",
                 ),
             ),
         )

@@ -301,7 +301,7 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
                 r"\sum_{d:(s,d) \in A} x_{sd} \le a_s",
                 "supply",
                 ("S",),
-                why=f"a {sc.source[0]} cannot ship more than it has",
+                why=f"a {sc.source[0]} cannot ship more than [it has|its supply]",
             ),
             ConstraintDef(
                 "Demand",
@@ -309,7 +309,7 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
                 r"\sum_{s:(s,d) \in A} x_{sd} " + ("= b_d" if data.exact_demand else r"\ge b_d"),
                 "demand",
                 ("D",),
-                why=f"every {sc.destination[0]} must get what it ordered"
+                why=f"every {sc.destination[0]} must get [what it ordered|its full order]"
                 + (
                     "" if data.exact_demand else "; delivering more is allowed but costs money, so the optimum will not"
                 ),
