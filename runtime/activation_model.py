@@ -31,9 +31,13 @@ Per decoder layer of Qwen3-MoE (transformers `Qwen3MoeDecoderLayer`, fp32, t tok
   (int64), the weight gather its permutation, the un-permute its index; `grouped_mm` keeps the sorted
   rows and the int32 offsets; SiLU keeps gate_up's output; the gate*up product keeps both factors;
   the down `grouped_mm` keeps the product; the weighting keeps the expert output and the weights.
-  Routed experts, `trex.moe_experts_ep` (ep > 1, runtime.expert_parallel): the op's context keeps the
-  routing weights, the permutation and counts (int64), the received rows regrouped by expert, their
-  gate_up output and the expert output before combining (the activation is recomputed in its backward).
+  Routed experts under ep > 1 (runtime.expert_parallel, split graph nodes): `trex.moe_dispatch` keeps the
+  permutation (int64); each `trex.ep_exchange` keeps its send and receive row counts (ep int64 each; the
+  combine's exchange keeps the dispatch's two, swapped); `trex.ep_experts_local` keeps the received
+  counts per (rank, local expert) (E int64), its regroup index (int64), the received rows regrouped by
+  expert and their gate_up output (the activation is recomputed in its backward); `trex.moe_combine`
+  keeps the combine exchange's output (the expert output, one row per (token, slot)), the permutation
+  again and the routing weights.
   Dense MLP (layers in `mlp_only_layers`): gate/up keep their input; SiLU its input; the product both
   factors; down its input.
   Ends: the embedding keeps the token ids (int64); the final norm as above; the LM head its input;
@@ -186,19 +190,20 @@ def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, coun
 
 
 def _expert_parallel_experts(
-    tokens: float, top_k: int, hidden: int, width: int, experts: int, count: int
+    tokens: float, top_k: int, hidden: int, width: int, experts: int, ep: int, count: int
 ) -> list[Kept]:
-    """`trex.moe_experts_ep`'s saved context; received rows = sent rows (balanced routing)."""
+    """What the split expert-parallel layer's nodes keep; received rows = sent rows (balanced routing)."""
     rows = tokens * top_k
     received = rows
     return [
-        Kept("moe", "moe_experts_ep: routing weights", tokens * top_k, FP32, count),
-        Kept("moe", "moe_experts_ep: permutation", rows, INT64, count),
-        Kept("moe", "moe_experts_ep: counts and received counts", 2 * experts, INT64, count),
-        Kept("moe", "moe_experts_ep: regroup index", received, INT64, count),
-        Kept("moe", "moe_experts_ep: received rows by expert", received * hidden, FP32, count),
-        Kept("moe", "moe_experts_ep: gate_up output", received * 2 * width, FP32, count),
-        Kept("moe", "moe_experts_ep: expert output before combine", rows * hidden, FP32, count),
+        Kept("moe", "moe_dispatch: permutation (moe_combine keeps it too)", rows, INT64, count),
+        Kept("moe", "ep_exchange: send and receive row counts per rank", 2 * ep, INT64, count),
+        Kept("moe", "ep_experts_local: received counts per (rank, local expert)", experts, INT64, count),
+        Kept("moe", "ep_experts_local: regroup index", received, INT64, count),
+        Kept("moe", "ep_experts_local: received rows by expert", received * hidden, FP32, count),
+        Kept("moe", "ep_experts_local: gate_up output", received * 2 * width, FP32, count),
+        Kept("moe", "moe_combine: expert output (the combine exchange's)", rows * hidden, FP32, count),
+        Kept("moe", "moe_combine: routing weights", tokens * top_k, FP32, count),
     ]
 
 
@@ -239,13 +244,13 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         width = config.moe_intermediate_size
         kept += _router(local, hidden, experts, top_k, bool(getattr(config, "norm_topk_prob", False)), moe_layers)
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers)
         else:
             kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
     if dense_layers:
         kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers))
     kept += _head(plan, config, tokens, local)
-    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+    experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", DTensor sequence parallelism" if tp > 1 else ""
     return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
 
@@ -354,13 +359,13 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
             ]
         width = config.moe_intermediate_size
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers)
         else:
             kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
         if config.n_shared_experts:
             shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers)
             kept += shared if tp > 1 else shared[1:]  # without tp the input is the router's
     kept += _head(plan, config, tokens, local)
-    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+    experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", head-parallel tp" if tp > 1 else ""
     return ActivationModel(f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), fp32", tuple(kept))
