@@ -70,7 +70,7 @@ from typing import Any
 
 from trex.cost_model.parallel import ParallelConfig
 
-INT64, INT32, FP32, BOOL = 8, 4, 4, 1
+INT64, INT32, FP32, BF16, BOOL = 8, 4, 4, 2, 1
 
 
 @dataclass(frozen=True)
@@ -117,10 +117,12 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
     model_type = getattr(config, "model_type", "")
     if compiled:
         raise NotCovered("a compiled rank keeps what the partitioner chose, not the eager implementation's tensors")
-    if plan.precision != "fp32":
+    if plan.precision not in ("fp32", "bf16"):
+        raise NotCovered(f"precision {plan.precision} is not executed by the runtime's eager path")
+    if plan.precision == "bf16" and (model_type != "qwen3_moe" or plan.tp > 1):
         raise NotCovered(
-            f"precision {plan.precision}: autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms; "
-            "only fp32 eager is described"
+            f"bf16 autocast is described for qwen3_moe without tp (got {model_type or 'this model'}, tp={plan.tp}): "
+            "autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms, op by op"
         )
     if plan.pp > 1 or plan.cp > 1:
         raise NotCovered("pipeline and context parallelism are not executed by the runtime")
@@ -139,31 +141,60 @@ COVERED = ("qwen3_moe", "deepseek_v3")
 # -- building blocks: one function per transformers module, returning what it keeps ---------------------
 
 
-def _rms_norm(part: str, name: str, rows: float, width: int, count: int, *, keeps_input: bool = True) -> list[Kept]:
-    """Eager RMSNorm over `rows` rows of `width`: its input (pow and `x * rstd`), rstd, the normalized
-    tensor (`weight * normed`). `keeps_input=False` when the input is already kept by another op."""
-    out = [Kept(part, f"{name}: input (pow, x*rstd)", rows * width, FP32, count)] if keeps_input else []
+def _rms_norm(
+    part: str, name: str, rows: float, width: int, count: int, *, keeps_input: bool = True, normalized: int = FP32
+) -> list[Kept]:
+    """Eager RMSNorm over `rows` rows of `width`: its input (pow and `x * rstd`, upcast to float32), rstd, the
+    normalized tensor (`weight * normed`), cast back to the input's dtype (`normalized`: its itemsize; bf16 for a
+    norm of a bf16 projection's output under autocast). `keeps_input=False` when another op keeps the input."""
+    out = [Kept(part, f"{name}: input (pow, x*rstd; float32)", rows * width, FP32, count)] if keeps_input else []
     return out + [
         Kept(part, f"{name}: rstd (rsqrt output)", rows, FP32, count),
-        Kept(part, f"{name}: normalized (weight*normed)", rows * width, FP32, count),
+        Kept(part, f"{name}: normalized (weight*normed)", rows * width, normalized, count),
     ]
 
 
-def _gated_mlp(part: str, rows: float, hidden: int, width: float, count: int) -> list[Kept]:
+def _autocast_linears(part: str, name: str, rows: float, weights: list[float], count: int) -> list[Kept]:
+    """Linears under bf16 autocast reading one float32 tensor: each call casts its input to bf16 (autocast
+    caches casts of leaf weights only, so Linears sharing an input make one copy each) and its weight (a
+    cached bf16 copy, kept by the matmul like an activation); `weights` are their weights' element counts."""
+    return [Kept(part, f"{name}: bf16 copy of the input (one per Linear)", rows, BF16, count * len(weights))] + [
+        Kept(part, f"{name}: bf16 copy of the weight", elements, BF16, count) for elements in weights
+    ]
+
+
+def _gated_mlp(part: str, rows: float, hidden: int, width: float, count: int, *, bf16: bool = False) -> list[Kept]:
     """`down(act(gate(x)) * up(x))` as separate Linears: x, gate's output (SiLU's input), SiLU's output and
-    up's output (the product's factors), the product (down's input)."""
-    return [
-        Kept(part, "gate/up proj: input", rows * hidden, FP32, count),
-        Kept(part, "silu: input (gate output)", rows * width, FP32, count),
-        Kept(part, "mul: silu output", rows * width, FP32, count),
-        Kept(part, "mul: up output", rows * width, FP32, count),
-        Kept(part, "down proj: input", rows * width, FP32, count),
-    ]
+    up's output (the product's factors), the product (down's input). Under bf16 autocast gate and up each
+    cast x and their weights, their outputs are bf16 and down casts its weight (its input already bf16)."""
+    act = BF16 if bf16 else FP32
+    inputs = (
+        _autocast_linears(part, "gate/up proj", rows * hidden, [hidden * width] * 2, count)
+        if bf16
+        else [Kept(part, "gate/up proj: input", rows * hidden, FP32, count)]
+    )
+    down = [Kept(part, "down proj: bf16 copy of the weight", width * hidden, BF16, count)] if bf16 else []
+    return (
+        inputs
+        + [
+            Kept(part, "silu: input (gate output)", rows * width, act, count),
+            Kept(part, "mul: silu output", rows * width, act, count),
+            Kept(part, "mul: up output", rows * width, act, count),
+            Kept(part, "down proj: input", rows * width, act, count),
+        ]
+        + down
+    )
 
 
-def _router(tokens: float, hidden: int, experts: int, top_k: int, normalize: bool, count: int) -> list[Kept]:
-    out = [
-        Kept("moe", "router linear: input", tokens * hidden, FP32, count),
+def _router(
+    tokens: float, hidden: int, experts: int, top_k: int, normalize: bool, count: int, *, bf16: bool = False
+) -> list[Kept]:
+    linear = (
+        _autocast_linears("moe", "router linear", tokens * hidden, [hidden * experts], count)
+        if bf16
+        else [Kept("moe", "router linear: input", tokens * hidden, FP32, count)]
+    )
+    out = linear + [
         Kept("moe", "softmax (float32): output", tokens * experts, FP32, count),
         Kept("moe", "topk: indices", tokens * top_k, INT64, count),
     ]
@@ -175,8 +206,12 @@ def _router(tokens: float, hidden: int, experts: int, top_k: int, normalize: boo
     return out
 
 
-def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, count: int) -> list[Kept]:
-    """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs."""
+def _grouped_mm_experts(
+    rows: float, hidden: int, width: int, experts: int, count: int, weights: int = FP32
+) -> list[Kept]:
+    """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs (float32 under autocast too:
+    the grouped GEMMs are not on autocast's list). `weights`: the routing weights' itemsize (bf16 when the
+    router's output dtype, bf16 under autocast, is restored after its float32 softmax)."""
     return [
         Kept("moe", "row gather / weight gather / un-permute: indices", 3 * rows, INT64, count),
         Kept("moe", "grouped_mm: offsets", experts, INT32, count),
@@ -184,13 +219,13 @@ def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, coun
         Kept("moe", "silu: gate_up output (gate and up halves)", rows * 2 * width, FP32, count),
         Kept("moe", "mul: silu output", rows * width, FP32, count),
         Kept("moe", "down grouped_mm: gated product", rows * width, FP32, count),
-        Kept("moe", "weighting: routing weights", rows, FP32, count),
+        Kept("moe", "weighting: routing weights", rows, weights, count),
         Kept("moe", "weighting: expert output", rows * hidden, FP32, count),
     ]
 
 
 def _expert_parallel_experts(
-    tokens: float, top_k: int, hidden: int, width: int, experts: int, ep: int, count: int
+    tokens: float, top_k: int, hidden: int, width: int, experts: int, ep: int, count: int, weights: int = FP32
 ) -> list[Kept]:
     """What the split expert-parallel layer's nodes keep; received rows = sent rows (balanced routing)."""
     rows = tokens * top_k
@@ -203,7 +238,7 @@ def _expert_parallel_experts(
         Kept("moe", "ep_experts_local: received rows by expert", received * hidden, FP32, count),
         Kept("moe", "ep_experts_local: gate_up output", received * 2 * width, FP32, count),
         Kept("moe", "moe_combine: expert output (the combine exchange's)", rows * hidden, FP32, count),
-        Kept("moe", "moe_combine: routing weights", tokens * top_k, FP32, count),
+        Kept("moe", "moe_combine: routing weights", tokens * top_k, weights, count),
     ]
 
 
@@ -224,35 +259,48 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
     }
     moe_layers = layers - len(dense_layers)
+    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    act = BF16 if bf16 else FP32  # what the projections and SDPA produce
     kept = _embedding(plan, tokens)
     # Attention, every layer
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
-    kept.append(Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers))
-    kept += _rms_norm("attention", "q_norm", tokens * h_local, head_dim, layers)
-    kept += _rms_norm("attention", "k_norm", tokens * kv_local, head_dim, layers)
+    if bf16:
+        projections = [hidden * q_width, hidden * kv_width, hidden * kv_width]
+        kept += _autocast_linears("attention", "q/k/v proj", tokens * hidden, projections, layers)
+        kept.append(Kept("attention", "o_proj: bf16 copy of the weight", q_width * hidden, BF16, layers))
+    else:
+        kept.append(
+            Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+        )
+    # the q/k norms read the bf16 projections under autocast: float32 input copy, bf16 normalized tensor
+    kept += _rms_norm("attention", "q_norm", tokens * h_local, head_dim, layers, normalized=act)
+    kept += _rms_norm("attention", "k_norm", tokens * kv_local, head_dim, layers, normalized=act)
     kept.append(Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * head_dim, FP32))
+    # under autocast RoPE's float32 q/k (the norm's float32 weight times bf16) are cast to bf16 for SDPA
     kept += [
-        Kept("attention", "sdpa: q after rope", tokens * q_width, FP32, layers),
-        Kept("attention", "sdpa: k after rope", tokens * kv_width, FP32, layers),
-        Kept("attention", "sdpa: v", tokens * kv_width, FP32, layers),
-        Kept("attention", "sdpa: output (o_proj reads a view)", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa: q after rope", tokens * q_width, act, layers),
+        Kept("attention", "sdpa: k after rope", tokens * kv_width, act, layers),
+        Kept("attention", "sdpa: v", tokens * kv_width, act, layers),
+        Kept("attention", "sdpa: output (o_proj reads a view)", tokens * q_width, act, layers),
         Kept("attention", "sdpa: log-sum-exp (float32)", tokens * h_local, FP32, layers),
     ]
     kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
     if moe_layers:
         experts, top_k = config.num_experts, config.num_experts_per_tok
         width = config.moe_intermediate_size
-        kept += _router(local, hidden, experts, top_k, bool(getattr(config, "norm_topk_prob", False)), moe_layers)
+        normalize = bool(getattr(config, "norm_topk_prob", False))
+        kept += _router(local, hidden, experts, top_k, normalize, moe_layers, bf16=bf16)
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers, act)
         else:
-            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers, act)
     if dense_layers:
-        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers))
-    kept += _head(plan, config, tokens, local)
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers), bf16=bf16)
+    kept += _head(plan, config, tokens, local, bf16=bf16)
     experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", DTensor sequence parallelism" if tp > 1 else ""
-    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
+    precision = "bf16 autocast" if bf16 else "fp32"
+    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), {precision}", tuple(kept))
 
 
 def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
@@ -268,19 +316,27 @@ def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
     return [Kept("embedding", "embedding: token ids (a view of the global batch)", plan.gbs * plan.seq, INT64)]
 
 
-def _head(plan: ParallelConfig, config: Any, tokens: float, local: float) -> list[Kept]:
+def _head(plan: ParallelConfig, config: Any, tokens: float, local: float, *, bf16: bool = False) -> list[Kept]:
     hidden = config.hidden_size
-    return _rms_norm("head", "final norm", local, hidden, 1) + [
-        Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32),
-        Kept(
-            "head",
-            "cross_entropy: log-softmax (float32, this rank's vocabulary)",
-            tokens * config.vocab_size / plan.tp,
-            FP32,
-        ),
-        Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
-        Kept("head", "cross_entropy: total weight", 1, FP32),
-    ]
+    lm_head = (
+        _autocast_linears("head", "lm_head", tokens * hidden, [hidden * config.vocab_size / plan.tp], 1)
+        if bf16
+        else [Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32)]
+    )
+    return (
+        _rms_norm("head", "final norm", local, hidden, 1)
+        + lm_head
+        + [
+            Kept(
+                "head",
+                "cross_entropy: log-softmax (float32, this rank's vocabulary)",
+                tokens * config.vocab_size / plan.tp,
+                FP32,
+            ),
+            Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
+            Kept("head", "cross_entropy: total weight", 1, FP32),
+        ]
+    )
 
 
 def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:

@@ -43,6 +43,13 @@ def predict(
         spec = dataclasses.replace(spec, mtp_layers=())
         if plan.optimizer == "auto":
             plan = dataclasses.replace(plan, optimizer=optimizer)
+        if plan.data_parallel > 1 or plan.edp > 1:
+            # runtime.data_parallel's ZeRO-1 all-reduces each gradient and keeps its shard (ZeRO-2 reduce-scatters)
+            plan = dataclasses.replace(
+                plan,
+                grad_reduce_calls=reduction_calls(config, plan),
+                grad_reduce_op="all_reduce" if plan.zero == 1 else "auto",
+            )
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
@@ -61,9 +68,33 @@ def predict(
     }
     total = memory.total - memory.activations + activations
     return {
+        "grad_reduce_calls": plan.grad_reduce_calls,
         "step_time_s": estimate.step_time_s,
+        "step_breakdown_s": estimate.breakdown.to_dict(),
         "memory_per_rank_bytes": total,
         "memory_bytes": parts,
         "activations_production_kernels": memory.activations,
         "activation_model": described,
     }
+
+
+def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
+    """(dense, expert) collectives one data-parallel gradient reduction (or weight gather) of the runtime issues.
+
+    ZeRO-0/1/2 (`runtime.data_parallel.DataParallelAdamW`) reduce and gather tensor by tensor: one call per
+    parameter tensor. ZeRO-3 (FSDP2, `runtime.parallelize`) issues one call per `fully_shard` unit: every decoder
+    layer and the root module (embedding, final norm, head), plus each experts module under ep > 1 (sharded over
+    the expert-data-parallel group on its own). Counted on the model built on the meta device (nothing allocated).
+    """
+    from trex.integrations.transformers_moe import experts_modules
+    from trex.models import build_model
+
+    model = build_model(config, device="meta")
+    experts = experts_modules(model)
+    expert_params = {id(p) for _, module in experts for p in (module.gate_up_proj, module.down_proj)}
+    params = list(model.parameters())
+    if plan.zero >= 3:
+        layers = len(getattr(getattr(model, "model", model), "layers", []))
+        return layers + 1, len(experts) if plan.ep > 1 else 0
+    dense = sum(1 for p in params if id(p) not in expert_params)
+    return dense, len(expert_params)
