@@ -72,6 +72,10 @@ class ParallelConfig:
     # the collective that reduces gradients: "auto" = reduce_scatter for a sharded optimizer (zero >= 1, Megatron's
     # distributed optimizer), all_reduce at zero=0; an executor whose ZeRO-1 all-reduces and keeps its shard says so
     grad_reduce_op: str = "auto"
+    # parameters replicated over tp but computed on a rank's tokens (norms, router) need their gradients summed
+    # over tp: (collectives per micro-batch, bytes) when an executor issues that every backward tensor by tensor;
+    # None = once per step, coalesced with the data-parallel reduction (Megatron's layer-norm all-reduce)
+    tp_grad_sync: tuple[int, float] | None = None
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
     optimizer_state_dtype: Precision = "fp32"  # optimizer moments
     optimizer: Optimizer = "auto"  # auto (model's own), adamw, muon

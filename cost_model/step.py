@@ -487,6 +487,14 @@ def estimate_step(
         if memory_worst is None or estimate.total > memory_worst.total:
             memory_worst = estimate
     assert memory_worst is not None
+    # an executor that sums the tp-replicated parameters' gradients every backward, tensor by tensor, blocking
+    tp_sync = 0.0
+    if plan.tp > 1 and plan.tp_grad_sync is not None:
+        calls, nbytes = plan.tp_grad_sync
+        if calls > 0:
+            tp_place = cluster.strided_placement(*layout.groups["tp"])
+            tp_sync = m * calls * collectives.all_reduce(max(nbytes, 1.0) / calls, tp_place)
+    dp_sync += tp_sync
     step = pipeline + dp_sync + optimizer
 
     compute = m * sum(compute_per_chunk[c] for c in slow_ids)

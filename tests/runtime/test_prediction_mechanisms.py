@@ -106,3 +106,22 @@ def test_bf16_activations_of_one_rank_equal_the_prediction():
     assert result["memory_by_rank"][0]["activations"] == predicted["memory_bytes"]["activations"]
     fp32 = predict(load_config(MODEL), TrainJob.create(MODEL, "", 1, seq=16, gbs=2, mbs=1, steps=1).parallel, 1)
     assert predicted["memory_bytes"]["activations"] > fp32["memory_bytes"]["activations"]  # bf16 copies of weights
+
+
+def test_tp_replicated_gradients_are_summed_every_micro_batch():
+    from trex.runtime.prediction import tp_replicated_gradients
+
+    config = load_config(MODEL)
+    plan = plan_of("tp=2")
+    calls, nbytes = tp_replicated_gradients(config, plan)
+    # per layer: input and post-attention norms, q/k norms, the router; plus the final norm
+    assert calls == 5 * config.num_hidden_layers + 1
+    hidden, experts, head_dim = config.hidden_size, config.num_experts, config.head_dim
+    per_layer = 2 * hidden + 2 * head_dim + hidden * experts
+    assert nbytes == 4 * (config.num_hidden_layers * per_layer + hidden)
+    spec = spec_from_config(config, MODEL)
+    cluster = _cpu_cluster(1000.0, None).sized(4)
+    without = estimate_step(spec, cluster, plan).breakdown.dp_sync_s
+    with_sync = estimate_step(spec, cluster, dataclasses.replace(plan, tp_grad_sync=(calls, nbytes))).breakdown
+    # each micro-batch's backward: `calls` all-reduces of 1 ms latency (plus their bytes at 1 GB/s)
+    assert with_sync.dp_sync_s - without == pytest.approx(plan.microbatches * (calls * 1e-3 + nbytes / 1e9), rel=1e-6)
