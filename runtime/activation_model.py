@@ -56,10 +56,17 @@ Expert parallelism: each rank receives as many rows as it sends under balanced r
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
 experts op, which is the routing's imbalance, not a modelling error.
 
+bf16 (`torch.autocast`, Qwen3-MoE without tp): every Linear casts its float32 input to a bf16 copy of its
+own (autocast caches casts of leaf weights only, so q/k/v make three copies of one input) and keeps it with
+a bf16 copy of its weight; projections and SDPA produce bf16, so SDPA's q, k, v and output are bf16; the
+q/k norms upcast their bf16 input (a float32 copy) and keep the normalized tensor in bf16; the router
+restores its bf16 output dtype after the float32 softmax, so the experts' weighting keeps bf16 weights;
+the residual stream, the other norms and the grouped-GEMM experts stay float32.
+
 Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, eager (not `--compile`, whose partitioner chooses its own saved set). Anything else (DeepSeek-V4,
-bf16) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula,
-saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
+executes, and Qwen3-MoE in bf16 without tp; eager (not `--compile`, whose partitioner chooses its own saved
+set). Anything else (DeepSeek-V4; bf16 of V3 or under tp) raises NotCovered with the reason, and the
+prediction falls back to the production-kernel formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
 branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 

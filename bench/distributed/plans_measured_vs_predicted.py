@@ -1,12 +1,15 @@
 """Measured vs predicted step time and memory per rank for many plans on N CPU ranks (gloo).
 
+    trex calibrate --ranks 4 --threads 1        # the `cpu` profile: compute, and gloo per kind over 2 and 4 ranks
     python bench/distributed/plans_measured_vs_predicted.py --nproc 4 --steps 4
 
 All plans run in ONE start of N ranks (`trex.runtime.launcher.run_jobs`), one after the other, on a
 small Qwen3-MoE built from a config written next to the results (random init, seed 0). For every plan:
 the median step time (steps after the first), the largest per-rank memory (parameters, gradients,
 optimizer states from the tensors; activations from saved-tensor accounting), the cost model's
-prediction on the calibrated `cpu` cluster, and whether its losses equal the 1-rank run. At the end:
+prediction on the calibrated `cpu` cluster (calibrate with `--ranks` = `--nproc`, under the same load as the
+run: the gloo collectives' cost depends on how many processes share the cores), and whether its losses equal
+the 1-rank run. At the end:
 Spearman rank correlation of predicted vs measured step time and memory, and the exactness of the
 static memory (parameters + gradients + optimizer states).
 
