@@ -63,10 +63,13 @@ q/k norms upcast their bf16 input (a float32 copy) and keep the normalized tenso
 restores its bf16 output dtype after the float32 softmax, so the experts' weighting keeps bf16 weights;
 the residual stream, the other norms and the grouped-GEMM experts stay float32.
 
+DeepSeek-V3 under autocast keeps the same kinds of copies (its MLA projections, router, shared experts and
+dense MLP are Linears), while its SDPA math path stays float32 (v becomes a float32 copy).
+
 Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, and Qwen3-MoE in bf16 without tp; eager (not `--compile`, whose partitioner chooses its own saved
-set). Anything else (DeepSeek-V4; bf16 of V3 or under tp) raises NotCovered with the reason, and the
-prediction falls back to the production-kernel formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
+executes, and both in bf16 without tp; eager (not `--compile`, whose partitioner chooses its own saved set).
+Anything else (DeepSeek-V4; bf16 under tp) raises NotCovered with the reason, and the prediction falls back
+to the production-kernel formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
 branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
@@ -126,9 +129,10 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
         raise NotCovered("a compiled rank keeps what the partitioner chose, not the eager implementation's tensors")
     if plan.precision not in ("fp32", "bf16"):
         raise NotCovered(f"precision {plan.precision} is not executed by the runtime's eager path")
-    if plan.precision == "bf16" and (model_type != "qwen3_moe" or plan.tp > 1):
+    if plan.precision == "bf16" and (model_type not in ("qwen3_moe", "deepseek_v3") or plan.tp > 1):
         raise NotCovered(
-            f"bf16 autocast is described for qwen3_moe without tp (got {model_type or 'this model'}, tp={plan.tp}): "
+            f"bf16 autocast is described for qwen3_moe and deepseek_v3 without tp (got {model_type or 'this model'}, "
+            f"tp={plan.tp}): "
             "autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms, op by op"
         )
     if plan.pp > 1 or plan.cp > 1:
@@ -373,62 +377,93 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     layers = config.num_hidden_layers
     dense = min(config.first_k_dense_replace, layers)
     moe_layers = layers - dense
+    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    act = BF16 if bf16 else FP32
     kept = _embedding(plan, tokens)
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
     first_input = tokens if tp > 1 else local  # under tp: a view of the all-gathered embedding output
     kept.append(Kept("attention", "input_layernorm (layer 0): input", first_input * hidden, FP32))
     kept += _rms_norm("attention", "input_layernorm (layer 0)", local, hidden, 1, keeps_input=False)
-    kept.append(
-        Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
-    )
+    if bf16:
+        down = [hidden * q_lora] if q_lora else []
+        kept += _autocast_linears(
+            "attention", "q_a/kv_a proj", tokens * hidden, down + [hidden * (kv_lora + rope)], layers
+        )
+    else:
+        kept.append(
+            Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+        )
+    q_width = h_local * (nope + rope)
     if q_lora:
-        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers)
-        kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers, normalized=act)
+        if bf16:  # the norm's output is float32 (its weight times the bf16 normalized): q_b casts it
+            kept += _autocast_linears("attention", "q_b_proj", tokens * q_lora, [q_lora * q_width], layers)
+        else:
+            kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+    if bf16:
+        # the norm upcasts the latent slice of kv_a's bf16 output (a float32 copy of kv_lora columns)
+        kept += _rms_norm("attention", "kv_a_layernorm", tokens, kv_lora, layers, normalized=BF16)
+        kept += _autocast_linears(
+            "attention", "kv_b_proj", tokens * kv_lora, [kv_lora * h_local * (nope + v_dim)], layers
+        )
+    else:
+        kept += [
+            Kept(
+                "attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers
+            ),
+            Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
+            Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
+            Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
+        ]
+    # SDPA's math path runs in float32 under autocast too (q and k are float32 once RoPE's float32 part is
+    # concatenated; v arrives as a float32 copy), so only v's storage changes: its own copy, not kv_b's output
+    v_kept = tokens * h_local * (nope + v_dim if plan.mbs == 1 and not bf16 else v_dim)
     kept += [
-        Kept("attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers),
-        Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
-        Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
-        Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
         Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
-        Kept("attention", "sdpa (math): scaled q", tokens * h_local * (nope + rope), FP32, layers),
-        Kept("attention", "sdpa (math): k transposed", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): scaled q", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa (math): k transposed", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
         # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
         # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
         # with one sequence per micro-batch, v alone otherwise.
-        Kept(
-            "attention",
-            "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)",
-            tokens * h_local * (nope + v_dim if plan.mbs == 1 else v_dim),
-            FP32,
-            layers,
-        ),
-        Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers),
+        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)", v_kept, FP32, layers),
     ]
+    if bf16:  # o_proj casts the float32 attention output: its bf16 copy is the input it keeps
+        kept += _autocast_linears("attention", "o_proj", tokens * h_local * v_dim, [h_local * v_dim * hidden], layers)
+    else:
+        kept.append(Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers))
     kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
     if dense:
-        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense)
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense, bf16=bf16)
     if moe_layers:
         experts, top_k = config.n_routed_experts, config.num_experts_per_tok
+        # the router's linear runs under autocast (bf16 logits), and its sigmoid and normalisation keep that dtype
+        kept += (
+            _autocast_linears("moe", "router linear", local * hidden, [hidden * experts], moe_layers)
+            if bf16
+            else [Kept("moe", "router linear: input", local * hidden, FP32, moe_layers)]
+        )
         kept += [
-            Kept("moe", "router linear: input", local * hidden, FP32, moe_layers),
-            Kept("moe", "sigmoid (float32): output", local * experts, FP32, moe_layers),
+            Kept("moe", "sigmoid: output", local * experts, act, moe_layers),
             Kept("moe", "top-k: indices (the weights' gather)", local * top_k, INT64, moe_layers),
         ]
         if getattr(config, "norm_topk_prob", False):
             kept += [
-                Kept("moe", "top-k normalisation: denominator", local, FP32, moe_layers),
-                Kept("moe", "top-k normalisation: result", local * top_k, FP32, moe_layers),
+                Kept("moe", "top-k normalisation: denominator", local, act, moe_layers),
+                Kept("moe", "top-k normalisation: result", local * top_k, act, moe_layers),
             ]
         width = config.moe_intermediate_size
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers, act)
         else:
-            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers, act)
         if config.n_shared_experts:
-            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers)
-            kept += shared if tp > 1 else shared[1:]  # without tp the input is the router's
-    kept += _head(plan, config, tokens, local)
+            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers, bf16=bf16)
+            kept += shared if tp > 1 or bf16 else shared[1:]  # fp32 without tp: the input is the router's
+    kept += _head(plan, config, tokens, local, bf16=bf16)
     experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", head-parallel tp" if tp > 1 else ""
-    return ActivationModel(f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), fp32", tuple(kept))
+    precision = "bf16 autocast" if bf16 else "fp32"
+    return ActivationModel(
+        f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), {precision}", tuple(kept)
+    )
