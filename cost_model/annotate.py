@@ -28,7 +28,6 @@ from trex.cost_model.devices import DeviceProfile
 from trex.cost_model.op_formulas import (
     COLLECTIVE_KIND,
     B,
-    Bytes_in,
     E,
     H,
     K,
@@ -204,8 +203,6 @@ def _loops(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> tuple[
 _EXPERTS_OPS = (
     "trex.moe_experts",
     "trex.moe_experts_backward",
-    "trex.moe_experts_ep",
-    "trex.moe_experts_ep_backward",
     "trex.ep_experts_local",
     "trex.ep_experts_local_backward",
 )
@@ -246,18 +243,7 @@ def _time(
         )
         if name.endswith("backward"):
             gemms = 2 * gemms
-        exchange = values.get(Bytes_in, 0.0)
-        if not exchange:
-            return gemms + device.memory_time(moved, 6), ""
-        # the expert-parallel op: its two all-to-alls (dispatch + combine, or their gradients) over its group
-        size, ranks = _group_size(node, groups, world_size)
-        if size <= 0:
-            return 0.0, "expert-parallel group size unknown: pass groups= or world_size="
-        a2a = 0.0
-        if size > 1:
-            placement = cluster.placement(ranks) if ranks else cluster.strided_placement(size, 1)
-            a2a = 2 * collectives.collective_time("all_to_all", exchange, placement)
-        return gemms + device.memory_time(moved - 2 * exchange, 6) + a2a, ""
+        return gemms + device.memory_time(moved, 6), ""
     if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
         return device.op_time(measured, kind, flops, moved), ""
     if kind == "collective":

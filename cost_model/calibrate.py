@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from trex.cost_model.catalog import UNCALIBRATED_GLOO_LATENCY_US
-from trex.cost_model.cluster import Cluster, Tier, cluster_to_dict
+from trex.cost_model.cluster import Cluster, MeasuredCollective, Tier, cluster_to_dict
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
 
@@ -61,7 +61,7 @@ class Calibration:
     copy: list[tuple[float, float]] = field(default_factory=list)  # bytes moved, seconds
     pointwise: list[tuple[float, float]] = field(default_factory=list)
     attention: list[tuple[str, float, float]] = field(default_factory=list)  # direction, flops, seconds
-    collectives: list[tuple[str, float, float]] = field(default_factory=list)  # kind, bytes, seconds
+    collectives: list[tuple[str, int, float, float]] = field(default_factory=list)  # kind, group, bytes, seconds
     kinds: dict[str, tuple[float, float]] = field(
         default_factory=dict
     )  # op kind / op -> (seconds per call, bytes per second)
@@ -71,7 +71,14 @@ class Calibration:
     seconds: float = 0.0
 
     def cluster(self) -> Cluster:
-        return Cluster("cpu", f"this machine, calibrated: {self.profile.description}", self.profile, (self.tier,), 1)
+        return Cluster(
+            "cpu",
+            f"this machine, calibrated: {self.profile.description}",
+            self.profile,
+            (self.tier,),
+            1,
+            cores=host_cores(),
+        )
 
 
 def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 2, min_seconds: float = 0.0) -> float:
@@ -393,48 +400,78 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _collective_worker(rank: int, world: int, port: int, sizes: list[int], repeats: int, queue: Any) -> None:
+def _collective_worker(
+    rank: int, world: int, port: int, sizes: list[int], repeats: int, queue: Any, groups: tuple[int, ...] = (2,)
+) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # as the runtime's ranks run (OMP_NUM_THREADS=1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         results = []
-        for elements in sizes:
-            x = torch.rand(elements)
-            gathered = torch.empty(elements * world)
-            scattered = torch.empty(max(1, elements // world))
-            source = torch.rand(max(1, elements // world) * world)
-            a2a_out = torch.empty(max(1, elements // world) * world)
-            cases = {
-                "all_reduce": (lambda: dist.all_reduce(x), elements * 4.0),
-                "all_gather": (lambda: dist.all_gather_into_tensor(gathered, x), elements * world * 4.0),
-                "reduce_scatter": (lambda: dist.reduce_scatter_tensor(scattered, source), source.numel() * 4.0),
-                "all_to_all": (lambda: dist.all_to_all_single(a2a_out, source), source.numel() * 4.0),
-            }
-            for kind, (fn, nbytes) in cases.items():
-                dist.barrier()
-                try:
-                    seconds = best_time(fn, repeats, warmup=2)
-                except RuntimeError:  # a backend without this collective: skip it
-                    continue
-                results.append((kind, nbytes, seconds))
+        for size in groups:
+            # every rank creates every block's group (new_group is collective); the blocks then run at once, as
+            # the runtime's groups of one kind (the dp groups of a tp plan) do
+            blocks = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+            group = blocks[rank // size]
+            for elements in sizes:
+                x = torch.rand(elements)
+                gathered = torch.empty(elements * size)
+                part = max(1, elements // size)
+                scattered = torch.empty(part)
+                source = torch.rand(part * size)
+                a2a_out = torch.empty(part * size)
+                cases = {
+                    "all_reduce": (lambda: dist.all_reduce(x, group=group), elements * 4.0),
+                    "all_gather": (
+                        lambda: dist.all_gather_into_tensor(gathered, x, group=group),
+                        elements * size * 4.0,
+                    ),
+                    "reduce_scatter": (
+                        lambda: dist.reduce_scatter_tensor(scattered, source, group=group),
+                        source.numel() * 4.0,
+                    ),
+                    "all_to_all": (lambda: dist.all_to_all_single(a2a_out, source, group=group), source.numel() * 4.0),
+                }
+                for kind, (fn, nbytes) in cases.items():
+                    dist.barrier()
+                    try:
+                        seconds = median_time(fn, repeats, warmup=2)
+                    except RuntimeError:  # a backend without this collective: skip it
+                        continue
+                    results.append((kind, size, nbytes, seconds))
         if rank == 0:
             queue.put(results)
     finally:
         dist.destroy_process_group()
 
 
+def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+    """The median of `repeats` calls: processes that share cores wait for each other's time slices, and a run
+    meets the typical wait, not the luckiest (the minimum `best_time` takes for a kernel alone)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def measure_collectives(
-    sizes: list[int], repeats: int, world: int = 2, timeout: float = 120.0
-) -> list[tuple[str, float, float]]:
+    sizes: list[int], repeats: int, world: int = 2, timeout: float = 300.0, groups: tuple[int, ...] | None = None
+) -> list[tuple[str, int, float, float]]:
+    """(kind, group size, bytes, seconds) for each collective kind over gloo with `world` local processes,
+    over groups of each size in `groups` (default: 2 and `world`) that tile the processes."""
     import torch.multiprocessing as mp
 
+    groups = tuple(sorted({g for g in (groups or (2, world)) if 1 < g <= world and world % g == 0}))
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = _free_port()
     processes = [
-        context.Process(target=_collective_worker, args=(rank, world, port, sizes, repeats, queue))
+        context.Process(target=_collective_worker, args=(rank, world, port, sizes, repeats, queue, groups))
         for rank in range(world)
     ]
     for p in processes:
@@ -447,6 +484,26 @@ def measure_collectives(
             if p.is_alive():
                 p.terminate()
     return results
+
+
+def fit_collectives(results: list[tuple[str, int, float, float]]) -> tuple[MeasuredCollective, ...]:
+    """One latency + bytes / bandwidth line per (kind, group size), least squares over the sizes measured."""
+    out = []
+    for kind, group in sorted({(k, g) for k, g, _, _ in results}):
+        points = [(nbytes, seconds) for k, g, nbytes, seconds in results if (k, g) == (kind, group)]
+        if len(points) < 2:
+            continue
+        latency, slope = fit_line(points)
+        out.append(MeasuredCollective(kind, group, latency * 1e6, 1.0 / slope / 1e9))
+    return tuple(out)
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask), which local ranks share."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -519,23 +576,25 @@ def _fit_gemm(matmul: list[tuple[str, int, int, int, float]], base: DeviceProfil
     return best_fit
 
 
-def calibrate(fast: bool = False, collectives: bool = True, threads: int | None = None) -> Calibration:
+def calibrate(fast: bool = False, collectives: bool = True, threads: int | None = None, ranks: int = 2) -> Calibration:
     """Measure this machine (see module docstring) and return the fitted profile and tier.
 
     threads: intra-op threads to measure with (default: torch's current setting). On a machine
     other processes share, fewer threads than cores avoids timing the OS scheduler instead of the
     kernels (an OpenMP barrier waits a whole time slice for a descheduled thread).
+    ranks: local processes the gloo collectives are timed with (groups of 2 and of `ranks`), as many as the
+    runs to be predicted start: processes that share the cores slow each other's collectives.
     """
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _calibrate(fast, collectives)
+        return _calibrate(fast, collectives, ranks)
     finally:
         torch.set_num_threads(previous)
 
 
-def _calibrate(fast: bool, collectives: bool) -> Calibration:
+def _calibrate(fast: bool, collectives: bool, ranks: int = 2) -> Calibration:
     started = time.perf_counter()
     threads = torch.get_num_threads()
     repeats = 3 if fast else 7
@@ -645,11 +704,12 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
     )  # measured against the triangle's FLOPs
     result.profile = profile
     if collectives:
-        result.collectives = measure_collectives(collective_sizes, repeats)
-        reduce_points = [(nbytes, seconds) for kind, nbytes, seconds in result.collectives if kind == "all_reduce"]
+        result.collectives = measure_collectives(collective_sizes, repeats, world=max(2, ranks))
+        reduce_points = [(b, sec) for kind, g, b, sec in result.collectives if kind == "all_reduce" and g == 2]
         latency, slope = fit_line(reduce_points)
         # ring all_reduce over 2 ranks: 2 steps of latency, 2*(1/2) n / B of traffic; loopback
-        # traffic cannot beat the memory bandwidth measured above
+        # traffic cannot beat the memory bandwidth measured above. Groups of a measured size use their
+        # kind's own line (`Tier.collectives`); the ring formula prices the others.
         link = min(1.0 / slope, bandwidth)
         result.tier = Tier(
             "gloo-loopback",
@@ -658,7 +718,8 @@ def _calibrate(fast: bool, collectives: bool) -> Calibration:
             latency_us=latency / 2 * 1e6,
             efficiency=1.0,
             topology="switch",
-            source="measured by `trex calibrate`: all_reduce over gloo, 2 local processes",
+            source=f"measured by `trex calibrate`: each collective kind over gloo, {max(2, ranks)} local processes",
+            collectives=fit_collectives(result.collectives),
         )
     result.seconds = time.perf_counter() - started
     return result
@@ -710,7 +771,7 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         "copy": [f"{b / 1e6:.1f} MB: {s * 1e6:.1f} us" for b, s in result.copy],
         "pointwise": [f"{b / 1e3:.1f} kB: {s * 1e6:.2f} us" for b, s in result.pointwise],
         "attention": [f"{d} {f / 1e6:.1f} MFLOP: {s * 1e6:.1f} us" for d, f, s in result.attention],
-        "collectives": [f"{k} {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, b, s in result.collectives],
+        "collectives": [f"{k} over {g}: {b / 1e3:.1f} kB: {s * 1e6:.1f} us" for k, g, b, s in result.collectives],
         "op_kinds": [
             f"{k}: {fixed * 1e6:.2f} us + bytes / {rate / 1e9:.2f} GB/s" for k, (fixed, rate) in result.kinds.items()
         ],

@@ -29,6 +29,22 @@ Topology = Literal["switch", "full_mesh"]
 
 
 @dataclass(frozen=True)
+class MeasuredCollective:
+    """One collective kind timed end to end on a tier, over groups of `group` ranks: seconds = latency + bytes /
+    bandwidth (bytes as `trex.cost_model.collectives` counts them for that kind). A CPU's gloo implements each kind
+    differently (ring all-reduce, gathers by broadcast, all-to-all as pairwise sends) and its processes share the
+    cores, so no single (latency, bandwidth) pair fits them all; `trex calibrate` measures each one."""
+
+    kind: str
+    group: int
+    latency_us: float
+    bandwidth_gbs: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_us * 1e-6 + nbytes / (self.bandwidth_gbs * 1e9)
+
+
+@dataclass(frozen=True)
 class Tier:
     name: str
     size: int | None  # devices per domain; None for the outermost tier (the whole cluster)
@@ -37,6 +53,11 @@ class Tier:
     efficiency: float = 0.85  # achievable fraction of bandwidth for large messages
     topology: Topology = "switch"
     source: str = ""
+    collectives: tuple[MeasuredCollective, ...] = ()  # measured kinds (a calibrated CPU's gloo); else the formulas
+
+    def measured(self, kind: str, group: int) -> MeasuredCollective | None:
+        """The measurement of `kind` over `group` ranks on this tier, if one was taken."""
+        return next((m for m in self.collectives if m.kind == kind and m.group == group), None)
 
     def bandwidth(self, peers: int) -> float:
         """Bytes/s one device can push to `peers` other members of its group over this tier."""
@@ -85,6 +106,14 @@ class Cluster:
     max_devices: int | None = None  # None: grows by adding domains of the outermost tier
     unit: int | None = None  # devices allocated together (a server); defaults to the innermost tier's domain
     sources: tuple[str, ...] = ()
+    # CPU cores the devices share when they are processes on one host (a calibrated `cpu`); None: a device is
+    # its own processor (GPUs, NPUs). More single-threaded ranks than cores time-share them.
+    cores: int | None = None
+
+    @property
+    def time_share(self) -> float:
+        """How many ranks take turns on each core: compute runs this many times slower than one rank alone."""
+        return max(1.0, self.devices / self.cores) if self.cores else 1.0
 
     @property
     def node_size(self) -> int:
@@ -161,6 +190,7 @@ _TIER_FIELDS = {
     "efficiency": "achievable fraction (0-1] of bandwidth",
     "topology": "'switch' or 'full_mesh'",
     "source": "where the numbers come from",
+    "collectives": "measured kinds: tables of kind, group, latency_us, bandwidth_gbs (written by `trex calibrate`)",
 }
 
 
@@ -236,6 +266,7 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
                 float(tier.get("efficiency", 0.85)),
                 topology,
                 tier.get("source", ""),
+                _measured_collectives(tier.get("collectives", []), source, index),
             )
         )
     if tiers[-1].size is not None:
@@ -250,7 +281,28 @@ def cluster_from_dict(data: dict[str, Any], source: str = "<dict>") -> Cluster:
         int(devices),
         table.get("max_devices"),
         table.get("unit"),
+        cores=_cores(table.get("cores"), source),
     )
+
+
+def _measured_collectives(entries: Any, source: str, index: int) -> tuple[MeasuredCollective, ...]:
+    fields = ("kind", "group", "latency_us", "bandwidth_gbs")
+    if not isinstance(entries, list) or any(not isinstance(e, dict) or set(e) != set(fields) for e in entries):
+        raise _tier_fail(
+            source, index, "collectives", "must be a list of tables", f"each with exactly {', '.join(fields)}"
+        )
+    return tuple(
+        MeasuredCollective(str(e["kind"]), int(e["group"]), float(e["latency_us"]), float(e["bandwidth_gbs"]))
+        for e in entries
+    )
+
+
+def _cores(value: Any, source: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TrexError(f"cluster file {source}: cluster.cores must be a positive integer (got {value!r})")
+    return value
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -272,6 +324,11 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
         }
         if tier.size is not None:
             entry["size"] = tier.size
+        if tier.collectives:
+            entry["collectives"] = [
+                {"kind": m.kind, "group": m.group, "latency_us": m.latency_us, "bandwidth_gbs": m.bandwidth_gbs}
+                for m in tier.collectives
+            ]
         tiers.append(entry)
     return {
         **device_profile_to_dict(cluster.device),
@@ -280,5 +337,6 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Any]:
             "description": cluster.description,
             "devices": cluster.devices,
             "tiers": tiers,
+            **({"cores": cluster.cores} if cluster.cores else {}),
         },
     }

@@ -15,6 +15,10 @@ hierarchically, one phase per tier: all_reduce = reduce_scatter inside, all_redu
 hierarchical cost never exceeds the flat ring on the slowest tier (a tested invariant). `auto`
 takes the cheaper, as NCCL's tuner does. All-to-all traffic to different tiers moves concurrently
 on separate links, so its time is the slowest tier's share.
+
+A tier may carry end-to-end measurements per collective kind and group size (`Tier.collectives`, what
+`trex calibrate` times for a CPU's gloo, whose kinds are different algorithms on processes sharing the
+cores); a group on that one tier, of a measured size, is priced by the measurement instead.
 """
 
 from __future__ import annotations
@@ -24,6 +28,17 @@ from collections.abc import Sequence
 from typing import Literal
 
 from trex.cost_model.cluster import Cluster, Level, Placement, Tier
+
+
+def _measured(kind: str, nbytes: float, placement: Placement) -> float | None:
+    """A group on one tier whose `kind` was timed end to end over groups of its size (a calibrated CPU's gloo):
+    that measurement, which already holds the algorithm gloo runs and the cores its processes share."""
+    if len(placement.levels) != 1:
+        return None
+    level = placement.levels[0]
+    measured = level.tier.measured(kind, level.fanout) if level.fanout == placement.size else None
+    return None if measured is None else measured.seconds(nbytes)
+
 
 Algorithm = Literal["auto", "flat", "tree", "hierarchical"]
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -54,17 +69,20 @@ def _flat_latency(placement: Placement) -> float:
 
 def all_gather(nbytes: float, placement: Placement, algorithm: Algorithm = "auto") -> float:
     """Seconds to all-gather a buffer of `nbytes` (the gathered size) over the group."""
-    return _gather_like(nbytes, placement, algorithm)
+    return _gather_like(nbytes, placement, algorithm, "all_gather")
 
 
 def reduce_scatter(nbytes: float, placement: Placement, algorithm: Algorithm = "auto") -> float:
     """Seconds to reduce-scatter a buffer of `nbytes` (the unreduced input size) over the group."""
-    return _gather_like(nbytes, placement, algorithm)
+    return _gather_like(nbytes, placement, algorithm, "reduce_scatter")
 
 
-def _gather_like(nbytes: float, placement: Placement, algorithm: Algorithm) -> float:
+def _gather_like(nbytes: float, placement: Placement, algorithm: Algorithm, kind: str) -> float:
     if placement.size <= 1 or nbytes <= 0:
         return 0.0
+    measured = _measured(kind, nbytes, placement)
+    if measured is not None:
+        return measured
     if len(placement.levels) == 1:
         level = placement.levels[0]
         return _ring(level.tier, level.fanout, nbytes, 1)
@@ -91,6 +109,9 @@ def all_reduce(nbytes: float, placement: Placement, algorithm: Algorithm = "auto
     """Seconds to all-reduce `nbytes` over the group (auto: the cheapest of ring, tree, hierarchical)."""
     if placement.size <= 1 or nbytes <= 0:
         return 0.0
+    measured = _measured("all_reduce", nbytes, placement)
+    if measured is not None:
+        return measured
     g = placement.size
     tier = _flat_tier(placement)
     ring = 2 * (g - 1) * _flat_latency(placement) + 2 * (g - 1) / g * nbytes / tier.bandwidth(g - 1)
@@ -110,6 +131,9 @@ def all_to_all(nbytes_per_rank: float, placement: Placement) -> float:
     """Seconds for a uniform all-to-all: each rank sends `nbytes_per_rank` spread evenly over the group."""
     if placement.size <= 1 or nbytes_per_rank <= 0:
         return 0.0
+    measured = _measured("all_to_all", nbytes_per_rank, placement)
+    if measured is not None:
+        return measured
     return max(all_to_all_tier_times(nbytes_per_rank, placement).values())
 
 

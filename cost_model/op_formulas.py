@@ -378,51 +378,10 @@ _MOE_EXPERTS_BACKWARD = OpFormula(
 )
 
 
-def _bind_moe_experts_ep(node: Any, backward: bool = False) -> dict | None:
-    """`trex.moe_experts_ep(_backward)`: this rank's experts over the rows the EP group sends it.
-
-    The received-row count is data dependent (an unbacked size in the graph); the formula takes its
-    expectation under balanced routing, where a rank receives as many (token, slot) rows as it sends:
-    S = rows sent = tokens * top-k. The exchange buffer (bytes_in) is those rows' hidden vectors, moved
-    twice per direction (dispatch and combine, or their gradients).
-    """
-    hidden = node.args[1 if backward else 0].meta["val"]
-    gate_up, down = node.args[3].meta["val"], node.args[4].meta["val"]
-    rows = (node.args[5] if backward else node.args[1]).meta["val"].numel()
-    experts, width = gate_up.shape[0], hidden.shape[-1]
-    return {
-        S: rows,
-        H: width,
-        M: gate_up.numel() // (experts * width),
-        N: down.numel() // (experts * width),
-        E: experts,
-        T: hidden.shape[0],
-        s_in: hidden.element_size(),
-        Bytes_in: rows * width * hidden.element_size(),
-    }
-
-
-_MOE_EXPERTS_EP = OpFormula(
-    "moe",
-    _EXPERT_GEMMS + 4 * S * N + 2 * S * H,
-    (2 * T * H + 3 * S * H + S * M + S * N + E * H * (M + N)) * s_in + 2 * Bytes_in,
-    _bind_moe_experts_ep,
-    "local experts' grouped GEMMs over the rows received (balanced: rows sent), plus dispatch and combine "
-    "all-to-alls of bytes_in each over the expert-parallel group",
-)
-_MOE_EXPERTS_EP_BACKWARD = OpFormula(
-    "moe",
-    2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
-    (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in + 2 * Bytes_in,
-    lambda n: _bind_moe_experts_ep(n, True),
-    "data and weight gradients of the local grouped GEMMs, plus the two gradient all-to-alls",
-)
-
-
 def _bind_ep_experts_local(node: Any) -> dict | None:
     """`trex.ep_experts_local(_backward)`, the local experts of the split expert-parallel layer: priced at the
-    balanced-routing row count the op carries as its last argument (`expected_rows`), as `moe_experts_ep` is
-    (the received-row count itself is data dependent)."""
+    balanced-routing row count the op carries as its last argument (`expected_rows`): a rank receives as many
+    (token, slot) rows as it sends (the received-row count itself is data dependent)."""
     gate_up, down = node.args[2].meta["val"], node.args[3].meta["val"]
     rows, width = int(node.args[-1]), node.args[0].meta["val"].shape[-1]
     experts = gate_up.shape[0]
@@ -434,7 +393,6 @@ def _bind_ep_experts_local(node: Any) -> dict | None:
         E: experts,
         T: rows,
         s_in: gate_up.element_size(),
-        Bytes_in: 0,
     }
 
 
@@ -580,8 +538,6 @@ EXACT: dict[str, OpFormula] = {
     ),
     "trex.moe_experts": _MOE_EXPERTS,
     "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
-    "trex.moe_experts_ep": _MOE_EXPERTS_EP,
-    "trex.moe_experts_ep_backward": _MOE_EXPERTS_EP_BACKWARD,
     "trex.ep_experts_local": _EP_EXPERTS_LOCAL,
     "trex.ep_experts_local_backward": _EP_EXPERTS_LOCAL_BACKWARD,
     "aten._scaled_dot_product_flash_attention": _ATTN_FWD,

@@ -65,6 +65,17 @@ class ParallelConfig:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     overlap_p2p: bool = True
+    # collectives one data-parallel gradient reduction (and one parameter gather) is issued as, (dense, expert):
+    # None = one flattened bucket each (Megatron / DeepSpeed bucket the gradients); an executor that reduces
+    # tensor by tensor, or per FSDP unit, says how many (each call pays the link's latency)
+    grad_reduce_calls: tuple[int, int] | None = None
+    # the collective that reduces gradients: "auto" = reduce_scatter for a sharded optimizer (zero >= 1, Megatron's
+    # distributed optimizer), all_reduce at zero=0; an executor whose ZeRO-1 all-reduces and keeps its shard says so
+    grad_reduce_op: str = "auto"
+    # parameters replicated over tp but computed on a rank's tokens (norms, router) need their gradients summed
+    # over tp: (collectives per micro-batch, bytes) when an executor issues that every backward tensor by tensor;
+    # None = once per step, coalesced with the data-parallel reduction (Megatron's layer-norm all-reduce)
+    tp_grad_sync: tuple[int, float] | None = None
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
     optimizer_state_dtype: Precision = "fp32"  # optimizer moments
     optimizer: Optimizer = "auto"  # auto (model's own), adamw, muon
@@ -223,6 +234,12 @@ def validate(plan: ParallelConfig, spec: ModelSpec, devices: int) -> list[str]:
     ]
     if not_positive:
         return not_positive  # every count below divides by these
+    if plan.grad_reduce_op not in ("auto", "all_reduce", "reduce_scatter"):
+        problems.append(f"grad_reduce_op={plan.grad_reduce_op!r} must be auto, all_reduce or reduce_scatter")
+    if plan.grad_reduce_calls is not None and any(
+        not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in plan.grad_reduce_calls
+    ):
+        problems.append(f"grad_reduce_calls={plan.grad_reduce_calls} must be two non-negative integers")
     dp = plan.dp
     if dp is None:
         if devices % (plan.tp * plan.pp * plan.cp):

@@ -246,6 +246,17 @@ def data_parallel_exposure(
     return max(0.0, each - m * forward) + max(0.0, each + reduce - window_b), reduce + 2 * each
 
 
+def _reduction_calls(plan: ParallelConfig, layer_fraction: float) -> tuple[int, int]:
+    """How many collectives one data-parallel reduction (or gather) of a device's (dense, expert) parameters is
+    issued as: one per bucket when the framework flattens gradients into a bucket (`plan.grad_reduce_calls` None,
+    the production default), else the given counts for the whole model (one per parameter tensor for a per-tensor
+    ZeRO, one per FSDP unit), shared out over pipeline stages by their fraction of the layers."""
+    if plan.grad_reduce_calls is None:
+        return 1, 1
+    dense_calls, expert_calls = plan.grad_reduce_calls
+    return max(1, round(dense_calls * layer_fraction)), max(1, round(expert_calls * layer_fraction))
+
+
 def estimate_step(
     spec: ModelSpec, cluster: Cluster, plan: ParallelConfig, *, check: bool = True, detail: bool = False
 ) -> StepEstimate:
@@ -289,6 +300,7 @@ def estimate_step(
     kind_params = {kind: _layer_params(layer, hidden, plan) for kind, layer in spec.layer_kinds.items()}
     kind_muon = {kind: _muon_flops(layer, hidden, plan) for kind, layer in spec.layer_kinds.items()}
     exposed_p2p = 0.0 if (plan.overlap_p2p or plan.pp == 1) else p2p
+    share = cluster.time_share
     signature_cache: dict[tuple, tuple[ChunkTimes, ParamCounts, float, float, float, float, float, float]] = {}
     chunks: list[ChunkTimes] = []
     chunk_params: list[ParamCounts] = []
@@ -324,15 +336,17 @@ def estimate_step(
                 parts.append((head, 1))
                 head_weights = spec.head_params or (spec.vocab_size * hidden if plan.pp > 1 else 0)
                 params = params + ParamCounts(dense=head_weights / plan.tp + spec.final_norm_params)
-            f = sum(p.forward_s * n for p, n in parts)
-            b = sum(p.backward_s * n for p, n in parts)
-            r = sum(p.recompute_s * n for p, n in parts)
+            # ranks that time-share a CPU's cores (cluster.time_share > 1) run their kernels that much slower;
+            # measured collectives already include it
+            f = share * sum(p.forward_s * n for p, n in parts)
+            b = share * sum(p.backward_s * n for p, n in parts)
+            r = share * sum(p.recompute_s * n for p, n in parts)
             cf = sum(p.comm_forward_s * n for p, n in parts)
             cb = sum(p.comm_backward_s * n for p, n in parts)
             saved = sum(p.saved_bytes * n for p, n in parts)
             flops = sum(p.flops * n for p, n in parts)
             peak = max((p.transient_bytes for p, _ in parts), default=0.0)
-            wait_f, wait_b = chunk_host_wait(parts)
+            wait_f, wait_b = (share * w for w in chunk_host_wait(parts))
             times = ChunkTimes(
                 c,
                 layer_ids,
@@ -392,6 +406,7 @@ def estimate_step(
     )
     edp_place = cluster.strided_placement(*layout.groups["edp"])
     grad_bytes = 4.0 if plan.grad_dtype == "fp32" else 2.0
+    weight_bytes = 4.0 if plan.precision == "fp32" else 2.0  # what the gather moves: the updated weights
     device_cache: dict[tuple, tuple[float, float, float, MemoryEstimate]] = {}
     for d in range(plan.pp):
         ids = device_chunks(d, plan.pp, plan.vpp)
@@ -415,22 +430,27 @@ def estimate_step(
                 params = params + chunk_params[c]
             dense_grads = params.dense * grad_bytes
             expert_grads = params.expert * grad_bytes
+            layer_fraction = sum(len(chunks[c].layers) for c in ids) / max(1, spec.num_layers)
+            dense_calls, expert_calls = _reduction_calls(plan, layer_fraction)
+
+            def issued(kind: str, nbytes: float, place, calls: int) -> float:
+                """`calls` collectives of `kind` that together move `nbytes` (a bucket or tensor each)."""
+                return calls * collectives.collective_time(kind, nbytes / calls, place) if nbytes > 0 else 0.0
+
+            reduce_op = plan.grad_reduce_op if plan.grad_reduce_op != "auto" else None
+            reduce_op = reduce_op or ("reduce_scatter" if plan.zero >= 1 else "all_reduce")
+            grad_sync = issued(reduce_op, dense_grads, dp_place, dense_calls) + issued(
+                reduce_op, expert_grads, edp_place, expert_calls
+            )
+            gather = 0.0
             if plan.zero >= 1:
-                grad_sync = collectives.reduce_scatter(dense_grads, dp_place) + collectives.reduce_scatter(
-                    expert_grads, edp_place
+                gather = issued("all_gather", params.dense * weight_bytes, dp_place, dense_calls) + issued(
+                    "all_gather", params.expert * weight_bytes, edp_place, expert_calls
                 )
-                gather = collectives.all_gather(params.dense * 2.0, dp_place) + collectives.all_gather(
-                    params.expert * 2.0, edp_place
-                )
-            else:
-                grad_sync = collectives.all_reduce(dense_grads, dp_place) + collectives.all_reduce(
-                    expert_grads, edp_place
-                )
-                gather = 0.0
             forward = sum(chunks[c].forward_s for c in ids)
             backward = sum(chunks[c].backward_s for c in ids)
             exposed, sync_total = data_parallel_exposure(plan, grad_sync, gather, forward, backward)
-            step_opt = optimizer_step_time(
+            step_opt = share * optimizer_step_time(
                 params,
                 device,
                 dp=plan.data_parallel * plan.cp,
@@ -467,6 +487,14 @@ def estimate_step(
         if memory_worst is None or estimate.total > memory_worst.total:
             memory_worst = estimate
     assert memory_worst is not None
+    # an executor that sums the tp-replicated parameters' gradients every backward, tensor by tensor, blocking
+    tp_sync = 0.0
+    if plan.tp > 1 and plan.tp_grad_sync is not None:
+        calls, nbytes = plan.tp_grad_sync
+        if calls > 0:
+            tp_place = cluster.strided_placement(*layout.groups["tp"])
+            tp_sync = m * calls * collectives.all_reduce(max(nbytes, 1.0) / calls, tp_place)
+    dp_sync += tp_sync
     step = pipeline + dp_sync + optimizer
 
     compute = m * sum(compute_per_chunk[c] for c in slow_ids)

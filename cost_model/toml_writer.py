@@ -1,6 +1,6 @@
 """A minimal TOML writer for profile files (the standard library reads TOML but cannot write it).
 
-Handles what profiles hold: nested tables of strings, numbers, booleans, lists of scalars, and lists
+Handles what profiles hold: nested tables of strings, numbers, booleans, lists of scalars or inline tables, and lists
 of tables (`[[cluster.tiers]]`). `tomllib.loads(dumps(d)) == d` for such dicts.
 """
 
@@ -28,6 +28,8 @@ def _scalar(value: Any) -> str:
         return json.dumps(value)  # a TOML basic string is a JSON string for everything we write
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, Mapping):  # an inline table (inside a list of a [[table]] entry)
+        return "{" + ", ".join(f"{_key(k)} = {_scalar(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 

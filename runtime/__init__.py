@@ -10,7 +10,6 @@ Modules, in the order a run meets them:
   parallelize       apply a plan to a model: tp, ep, ZeRO-0/1/2 or FSDP2 (ZeRO-3)
   tensor_parallel   TP + sequence parallelism with DTensor styles, vocab-parallel embedding and loss
   expert_parallel   EP as graph nodes: `trex.ep_counts`, `ep_exchange` + wait (dispatch, combine), `ep_experts_local`;
-                    (the older fused `trex.moe_experts_ep` op is still defined and priced, but no runtime path uses it)
   data_parallel     gradient reduction over each parameter's replica group; ZeRO-0/1/2 AdamW
   data              seed-determined global batches (synthetic or .jsonl), replica rows, micro-batches
   checkpoint        atomic DCP checkpoints that resume exactly, under any plan

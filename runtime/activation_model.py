@@ -31,9 +31,13 @@ Per decoder layer of Qwen3-MoE (transformers `Qwen3MoeDecoderLayer`, fp32, t tok
   (int64), the weight gather its permutation, the un-permute its index; `grouped_mm` keeps the sorted
   rows and the int32 offsets; SiLU keeps gate_up's output; the gate*up product keeps both factors;
   the down `grouped_mm` keeps the product; the weighting keeps the expert output and the weights.
-  Routed experts, `trex.moe_experts_ep` (ep > 1, runtime.expert_parallel): the op's context keeps the
-  routing weights, the permutation and counts (int64), the received rows regrouped by expert, their
-  gate_up output and the expert output before combining (the activation is recomputed in its backward).
+  Routed experts under ep > 1 (runtime.expert_parallel, split graph nodes): `trex.moe_dispatch` keeps the
+  permutation (int64); each `trex.ep_exchange` keeps its send and receive row counts (ep int64 each; the
+  combine's exchange keeps the dispatch's two, swapped); `trex.ep_experts_local` keeps the received
+  counts per (rank, local expert) (E int64), its regroup index (int64), the received rows regrouped by
+  expert and their gate_up output (the activation is recomputed in its backward); `trex.moe_combine`
+  keeps the combine exchange's output (the expert output, one row per (token, slot)), the permutation
+  again and the routing weights.
   Dense MLP (layers in `mlp_only_layers`): gate/up keep their input; SiLU its input; the product both
   factors; down its input.
   Ends: the embedding keeps the token ids (int64); the final norm as above; the LM head its input;
@@ -52,10 +56,20 @@ Expert parallelism: each rank receives as many rows as it sends under balanced r
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
 experts op, which is the routing's imbalance, not a modelling error.
 
+bf16 (`torch.autocast`, Qwen3-MoE without tp): every Linear casts its float32 input to a bf16 copy of its
+own (autocast caches casts of leaf weights only, so q/k/v make three copies of one input) and keeps it with
+a bf16 copy of its weight; projections and SDPA produce bf16, so SDPA's q, k, v and output are bf16; the
+q/k norms upcast their bf16 input (a float32 copy) and keep the normalized tensor in bf16; the router
+restores its bf16 output dtype after the float32 softmax, so the experts' weighting keeps bf16 weights;
+the residual stream, the other norms and the grouped-GEMM experts stay float32.
+
+DeepSeek-V3 under autocast keeps the same kinds of copies (its MLA projections, router, shared experts and
+dense MLP are Linears), while its SDPA math path stays float32 (v becomes a float32 copy).
+
 Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, eager (not `--compile`, whose partitioner chooses its own saved set). Anything else (DeepSeek-V4,
-bf16) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula,
-saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
+executes, and both in bf16 without tp; eager (not `--compile`, whose partitioner chooses its own saved set).
+Anything else (DeepSeek-V4; bf16 under tp) raises NotCovered with the reason, and the prediction falls back
+to the production-kernel formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
 branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
@@ -66,7 +80,7 @@ from typing import Any
 
 from trex.cost_model.parallel import ParallelConfig
 
-INT64, INT32, FP32, BOOL = 8, 4, 4, 1
+INT64, INT32, FP32, BF16, BOOL = 8, 4, 4, 2, 1
 
 
 @dataclass(frozen=True)
@@ -113,10 +127,13 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
     model_type = getattr(config, "model_type", "")
     if compiled:
         raise NotCovered("a compiled rank keeps what the partitioner chose, not the eager implementation's tensors")
-    if plan.precision != "fp32":
+    if plan.precision not in ("fp32", "bf16"):
+        raise NotCovered(f"precision {plan.precision} is not executed by the runtime's eager path")
+    if plan.precision == "bf16" and (model_type not in ("qwen3_moe", "deepseek_v3") or plan.tp > 1):
         raise NotCovered(
-            f"precision {plan.precision}: autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms; "
-            "only fp32 eager is described"
+            f"bf16 autocast is described for qwen3_moe and deepseek_v3 without tp (got {model_type or 'this model'}, "
+            f"tp={plan.tp}): "
+            "autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms, op by op"
         )
     if plan.pp > 1 or plan.cp > 1:
         raise NotCovered("pipeline and context parallelism are not executed by the runtime")
@@ -135,31 +152,60 @@ COVERED = ("qwen3_moe", "deepseek_v3")
 # -- building blocks: one function per transformers module, returning what it keeps ---------------------
 
 
-def _rms_norm(part: str, name: str, rows: float, width: int, count: int, *, keeps_input: bool = True) -> list[Kept]:
-    """Eager RMSNorm over `rows` rows of `width`: its input (pow and `x * rstd`), rstd, the normalized
-    tensor (`weight * normed`). `keeps_input=False` when the input is already kept by another op."""
-    out = [Kept(part, f"{name}: input (pow, x*rstd)", rows * width, FP32, count)] if keeps_input else []
+def _rms_norm(
+    part: str, name: str, rows: float, width: int, count: int, *, keeps_input: bool = True, normalized: int = FP32
+) -> list[Kept]:
+    """Eager RMSNorm over `rows` rows of `width`: its input (pow and `x * rstd`, upcast to float32), rstd, the
+    normalized tensor (`weight * normed`), cast back to the input's dtype (`normalized`: its itemsize; bf16 for a
+    norm of a bf16 projection's output under autocast). `keeps_input=False` when another op keeps the input."""
+    out = [Kept(part, f"{name}: input (pow, x*rstd; float32)", rows * width, FP32, count)] if keeps_input else []
     return out + [
         Kept(part, f"{name}: rstd (rsqrt output)", rows, FP32, count),
-        Kept(part, f"{name}: normalized (weight*normed)", rows * width, FP32, count),
+        Kept(part, f"{name}: normalized (weight*normed)", rows * width, normalized, count),
     ]
 
 
-def _gated_mlp(part: str, rows: float, hidden: int, width: float, count: int) -> list[Kept]:
+def _autocast_linears(part: str, name: str, rows: float, weights: list[float], count: int) -> list[Kept]:
+    """Linears under bf16 autocast reading one float32 tensor: each call casts its input to bf16 (autocast
+    caches casts of leaf weights only, so Linears sharing an input make one copy each) and its weight (a
+    cached bf16 copy, kept by the matmul like an activation); `weights` are their weights' element counts."""
+    return [Kept(part, f"{name}: bf16 copy of the input (one per Linear)", rows, BF16, count * len(weights))] + [
+        Kept(part, f"{name}: bf16 copy of the weight", elements, BF16, count) for elements in weights
+    ]
+
+
+def _gated_mlp(part: str, rows: float, hidden: int, width: float, count: int, *, bf16: bool = False) -> list[Kept]:
     """`down(act(gate(x)) * up(x))` as separate Linears: x, gate's output (SiLU's input), SiLU's output and
-    up's output (the product's factors), the product (down's input)."""
-    return [
-        Kept(part, "gate/up proj: input", rows * hidden, FP32, count),
-        Kept(part, "silu: input (gate output)", rows * width, FP32, count),
-        Kept(part, "mul: silu output", rows * width, FP32, count),
-        Kept(part, "mul: up output", rows * width, FP32, count),
-        Kept(part, "down proj: input", rows * width, FP32, count),
-    ]
+    up's output (the product's factors), the product (down's input). Under bf16 autocast gate and up each
+    cast x and their weights, their outputs are bf16 and down casts its weight (its input already bf16)."""
+    act = BF16 if bf16 else FP32
+    inputs = (
+        _autocast_linears(part, "gate/up proj", rows * hidden, [hidden * width] * 2, count)
+        if bf16
+        else [Kept(part, "gate/up proj: input", rows * hidden, FP32, count)]
+    )
+    down = [Kept(part, "down proj: bf16 copy of the weight", width * hidden, BF16, count)] if bf16 else []
+    return (
+        inputs
+        + [
+            Kept(part, "silu: input (gate output)", rows * width, act, count),
+            Kept(part, "mul: silu output", rows * width, act, count),
+            Kept(part, "mul: up output", rows * width, act, count),
+            Kept(part, "down proj: input", rows * width, act, count),
+        ]
+        + down
+    )
 
 
-def _router(tokens: float, hidden: int, experts: int, top_k: int, normalize: bool, count: int) -> list[Kept]:
-    out = [
-        Kept("moe", "router linear: input", tokens * hidden, FP32, count),
+def _router(
+    tokens: float, hidden: int, experts: int, top_k: int, normalize: bool, count: int, *, bf16: bool = False
+) -> list[Kept]:
+    linear = (
+        _autocast_linears("moe", "router linear", tokens * hidden, [hidden * experts], count)
+        if bf16
+        else [Kept("moe", "router linear: input", tokens * hidden, FP32, count)]
+    )
+    out = linear + [
         Kept("moe", "softmax (float32): output", tokens * experts, FP32, count),
         Kept("moe", "topk: indices", tokens * top_k, INT64, count),
     ]
@@ -171,8 +217,12 @@ def _router(tokens: float, hidden: int, experts: int, top_k: int, normalize: boo
     return out
 
 
-def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, count: int) -> list[Kept]:
-    """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs."""
+def _grouped_mm_experts(
+    rows: float, hidden: int, width: int, experts: int, count: int, weights: int = FP32
+) -> list[Kept]:
+    """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs (float32 under autocast too:
+    the grouped GEMMs are not on autocast's list). `weights`: the routing weights' itemsize (bf16 when the
+    router's output dtype, bf16 under autocast, is restored after its float32 softmax)."""
     return [
         Kept("moe", "row gather / weight gather / un-permute: indices", 3 * rows, INT64, count),
         Kept("moe", "grouped_mm: offsets", experts, INT32, count),
@@ -180,25 +230,26 @@ def _grouped_mm_experts(rows: float, hidden: int, width: int, experts: int, coun
         Kept("moe", "silu: gate_up output (gate and up halves)", rows * 2 * width, FP32, count),
         Kept("moe", "mul: silu output", rows * width, FP32, count),
         Kept("moe", "down grouped_mm: gated product", rows * width, FP32, count),
-        Kept("moe", "weighting: routing weights", rows, FP32, count),
+        Kept("moe", "weighting: routing weights", rows, weights, count),
         Kept("moe", "weighting: expert output", rows * hidden, FP32, count),
     ]
 
 
 def _expert_parallel_experts(
-    tokens: float, top_k: int, hidden: int, width: int, experts: int, count: int
+    tokens: float, top_k: int, hidden: int, width: int, experts: int, ep: int, count: int, weights: int = FP32
 ) -> list[Kept]:
-    """`trex.moe_experts_ep`'s saved context; received rows = sent rows (balanced routing)."""
+    """What the split expert-parallel layer's nodes keep; received rows = sent rows (balanced routing)."""
     rows = tokens * top_k
     received = rows
     return [
-        Kept("moe", "moe_experts_ep: routing weights", tokens * top_k, FP32, count),
-        Kept("moe", "moe_experts_ep: permutation", rows, INT64, count),
-        Kept("moe", "moe_experts_ep: counts and received counts", 2 * experts, INT64, count),
-        Kept("moe", "moe_experts_ep: regroup index", received, INT64, count),
-        Kept("moe", "moe_experts_ep: received rows by expert", received * hidden, FP32, count),
-        Kept("moe", "moe_experts_ep: gate_up output", received * 2 * width, FP32, count),
-        Kept("moe", "moe_experts_ep: expert output before combine", rows * hidden, FP32, count),
+        Kept("moe", "moe_dispatch: permutation (moe_combine keeps it too)", rows, INT64, count),
+        Kept("moe", "ep_exchange: send and receive row counts per rank", 2 * ep, INT64, count),
+        Kept("moe", "ep_experts_local: received counts per (rank, local expert)", experts, INT64, count),
+        Kept("moe", "ep_experts_local: regroup index", received, INT64, count),
+        Kept("moe", "ep_experts_local: received rows by expert", received * hidden, FP32, count),
+        Kept("moe", "ep_experts_local: gate_up output", received * 2 * width, FP32, count),
+        Kept("moe", "moe_combine: expert output (the combine exchange's)", rows * hidden, FP32, count),
+        Kept("moe", "moe_combine: routing weights", tokens * top_k, weights, count),
     ]
 
 
@@ -219,35 +270,48 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
     }
     moe_layers = layers - len(dense_layers)
+    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    act = BF16 if bf16 else FP32  # what the projections and SDPA produce
     kept = _embedding(plan, tokens)
     # Attention, every layer
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
-    kept.append(Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers))
-    kept += _rms_norm("attention", "q_norm", tokens * h_local, head_dim, layers)
-    kept += _rms_norm("attention", "k_norm", tokens * kv_local, head_dim, layers)
+    if bf16:
+        projections = [hidden * q_width, hidden * kv_width, hidden * kv_width]
+        kept += _autocast_linears("attention", "q/k/v proj", tokens * hidden, projections, layers)
+        kept.append(Kept("attention", "o_proj: bf16 copy of the weight", q_width * hidden, BF16, layers))
+    else:
+        kept.append(
+            Kept("attention", "q/k/v proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+        )
+    # the q/k norms read the bf16 projections under autocast: float32 input copy, bf16 normalized tensor
+    kept += _rms_norm("attention", "q_norm", tokens * h_local, head_dim, layers, normalized=act)
+    kept += _rms_norm("attention", "k_norm", tokens * kv_local, head_dim, layers, normalized=act)
     kept.append(Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * head_dim, FP32))
+    # under autocast RoPE's float32 q/k (the norm's float32 weight times bf16) are cast to bf16 for SDPA
     kept += [
-        Kept("attention", "sdpa: q after rope", tokens * q_width, FP32, layers),
-        Kept("attention", "sdpa: k after rope", tokens * kv_width, FP32, layers),
-        Kept("attention", "sdpa: v", tokens * kv_width, FP32, layers),
-        Kept("attention", "sdpa: output (o_proj reads a view)", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa: q after rope", tokens * q_width, act, layers),
+        Kept("attention", "sdpa: k after rope", tokens * kv_width, act, layers),
+        Kept("attention", "sdpa: v", tokens * kv_width, act, layers),
+        Kept("attention", "sdpa: output (o_proj reads a view)", tokens * q_width, act, layers),
         Kept("attention", "sdpa: log-sum-exp (float32)", tokens * h_local, FP32, layers),
     ]
     kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
     if moe_layers:
         experts, top_k = config.num_experts, config.num_experts_per_tok
         width = config.moe_intermediate_size
-        kept += _router(local, hidden, experts, top_k, bool(getattr(config, "norm_topk_prob", False)), moe_layers)
+        normalize = bool(getattr(config, "norm_topk_prob", False))
+        kept += _router(local, hidden, experts, top_k, normalize, moe_layers, bf16=bf16)
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers, act)
         else:
-            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers, act)
     if dense_layers:
-        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers))
-    kept += _head(plan, config, tokens, local)
-    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, len(dense_layers), bf16=bf16)
+    kept += _head(plan, config, tokens, local, bf16=bf16)
+    experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", DTensor sequence parallelism" if tp > 1 else ""
-    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), fp32", tuple(kept))
+    precision = "bf16 autocast" if bf16 else "fp32"
+    return ActivationModel(f"transformers eager qwen3_moe (sdpa, {experts_impl}{style}), {precision}", tuple(kept))
 
 
 def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
@@ -263,19 +327,27 @@ def _embedding(plan: ParallelConfig, tokens: float) -> list[Kept]:
     return [Kept("embedding", "embedding: token ids (a view of the global batch)", plan.gbs * plan.seq, INT64)]
 
 
-def _head(plan: ParallelConfig, config: Any, tokens: float, local: float) -> list[Kept]:
+def _head(plan: ParallelConfig, config: Any, tokens: float, local: float, *, bf16: bool = False) -> list[Kept]:
     hidden = config.hidden_size
-    return _rms_norm("head", "final norm", local, hidden, 1) + [
-        Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32),
-        Kept(
-            "head",
-            "cross_entropy: log-softmax (float32, this rank's vocabulary)",
-            tokens * config.vocab_size / plan.tp,
-            FP32,
-        ),
-        Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
-        Kept("head", "cross_entropy: total weight", 1, FP32),
-    ]
+    lm_head = (
+        _autocast_linears("head", "lm_head", tokens * hidden, [hidden * config.vocab_size / plan.tp], 1)
+        if bf16
+        else [Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32)]
+    )
+    return (
+        _rms_norm("head", "final norm", local, hidden, 1)
+        + lm_head
+        + [
+            Kept(
+                "head",
+                "cross_entropy: log-softmax (float32, this rank's vocabulary)",
+                tokens * config.vocab_size / plan.tp,
+                FP32,
+            ),
+            Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
+            Kept("head", "cross_entropy: total weight", 1, FP32),
+        ]
+    )
 
 
 def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
@@ -305,62 +377,93 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     layers = config.num_hidden_layers
     dense = min(config.first_k_dense_replace, layers)
     moe_layers = layers - dense
+    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    act = BF16 if bf16 else FP32
     kept = _embedding(plan, tokens)
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
     first_input = tokens if tp > 1 else local  # under tp: a view of the all-gathered embedding output
     kept.append(Kept("attention", "input_layernorm (layer 0): input", first_input * hidden, FP32))
     kept += _rms_norm("attention", "input_layernorm (layer 0)", local, hidden, 1, keeps_input=False)
-    kept.append(
-        Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
-    )
+    if bf16:
+        down = [hidden * q_lora] if q_lora else []
+        kept += _autocast_linears(
+            "attention", "q_a/kv_a proj", tokens * hidden, down + [hidden * (kv_lora + rope)], layers
+        )
+    else:
+        kept.append(
+            Kept("attention", "q_a/kv_a proj: input (the gathered sequence under tp)", tokens * hidden, FP32, layers)
+        )
+    q_width = h_local * (nope + rope)
     if q_lora:
-        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers)
-        kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+        kept += _rms_norm("attention", "q_a_layernorm", tokens, q_lora, layers, normalized=act)
+        if bf16:  # the norm's output is float32 (its weight times the bf16 normalized): q_b casts it
+            kept += _autocast_linears("attention", "q_b_proj", tokens * q_lora, [q_lora * q_width], layers)
+        else:
+            kept.append(Kept("attention", "q_b_proj: input", tokens * q_lora, FP32, layers))
+    if bf16:
+        # the norm upcasts the latent slice of kv_a's bf16 output (a float32 copy of kv_lora columns)
+        kept += _rms_norm("attention", "kv_a_layernorm", tokens, kv_lora, layers, normalized=BF16)
+        kept += _autocast_linears(
+            "attention", "kv_b_proj", tokens * kv_lora, [kv_lora * h_local * (nope + v_dim)], layers
+        )
+    else:
+        kept += [
+            Kept(
+                "attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers
+            ),
+            Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
+            Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
+            Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
+        ]
+    # SDPA's math path runs in float32 under autocast too (q and k are float32 once RoPE's float32 part is
+    # concatenated; v arrives as a float32 copy), so only v's storage changes: its own copy, not kv_b's output
+    v_kept = tokens * h_local * (nope + v_dim if plan.mbs == 1 and not bf16 else v_dim)
     kept += [
-        Kept("attention", "kv_a_layernorm: input (a view of kv_a's output)", tokens * (kv_lora + rope), FP32, layers),
-        Kept("attention", "kv_a_layernorm: rstd", tokens, FP32, layers),
-        Kept("attention", "kv_a_layernorm: normalized", tokens * kv_lora, FP32, layers),
-        Kept("attention", "kv_b_proj: input", tokens * kv_lora, FP32, layers),
         Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
-        Kept("attention", "sdpa (math): scaled q", tokens * h_local * (nope + rope), FP32, layers),
-        Kept("attention", "sdpa (math): k transposed", tokens * h_local * (nope + rope), FP32, layers),
+        Kept("attention", "sdpa (math): scaled q", tokens * q_width, FP32, layers),
+        Kept("attention", "sdpa (math): k transposed", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
         # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
         # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
         # with one sequence per micro-batch, v alone otherwise.
-        Kept(
-            "attention",
-            "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)",
-            tokens * h_local * (nope + v_dim if plan.mbs == 1 else v_dim),
-            FP32,
-            layers,
-        ),
-        Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers),
+        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)", v_kept, FP32, layers),
     ]
+    if bf16:  # o_proj casts the float32 attention output: its bf16 copy is the input it keeps
+        kept += _autocast_linears("attention", "o_proj", tokens * h_local * v_dim, [h_local * v_dim * hidden], layers)
+    else:
+        kept.append(Kept("attention", "o_proj: input (contiguous copy)", tokens * h_local * v_dim, FP32, layers))
     kept += _rms_norm("mlp", "post_attention_layernorm", local, hidden, layers)
     if dense:
-        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense)
+        kept += _gated_mlp("mlp", tokens, hidden, config.intermediate_size / tp, dense, bf16=bf16)
     if moe_layers:
         experts, top_k = config.n_routed_experts, config.num_experts_per_tok
+        # the router's linear runs under autocast (bf16 logits), and its sigmoid and normalisation keep that dtype
+        kept += (
+            _autocast_linears("moe", "router linear", local * hidden, [hidden * experts], moe_layers)
+            if bf16
+            else [Kept("moe", "router linear: input", local * hidden, FP32, moe_layers)]
+        )
         kept += [
-            Kept("moe", "router linear: input", local * hidden, FP32, moe_layers),
-            Kept("moe", "sigmoid (float32): output", local * experts, FP32, moe_layers),
+            Kept("moe", "sigmoid: output", local * experts, act, moe_layers),
             Kept("moe", "top-k: indices (the weights' gather)", local * top_k, INT64, moe_layers),
         ]
         if getattr(config, "norm_topk_prob", False):
             kept += [
-                Kept("moe", "top-k normalisation: denominator", local, FP32, moe_layers),
-                Kept("moe", "top-k normalisation: result", local * top_k, FP32, moe_layers),
+                Kept("moe", "top-k normalisation: denominator", local, act, moe_layers),
+                Kept("moe", "top-k normalisation: result", local * top_k, act, moe_layers),
             ]
         width = config.moe_intermediate_size
         if plan.ep > 1:
-            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, moe_layers)
+            kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, moe_layers, act)
         else:
-            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers)
+            kept += _grouped_mm_experts(local * top_k, hidden, width, experts, moe_layers, act)
         if config.n_shared_experts:
-            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers)
-            kept += shared if tp > 1 else shared[1:]  # without tp the input is the router's
-    kept += _head(plan, config, tokens, local)
-    experts_impl = "trex.moe_experts_ep" if plan.ep > 1 else "transformers grouped_mm"
+            shared = _gated_mlp("moe", tokens, hidden, width * config.n_shared_experts / tp, moe_layers, bf16=bf16)
+            kept += shared if tp > 1 or bf16 else shared[1:]  # fp32 without tp: the input is the router's
+    kept += _head(plan, config, tokens, local, bf16=bf16)
+    experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     style = ", head-parallel tp" if tp > 1 else ""
-    return ActivationModel(f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), fp32", tuple(kept))
+    precision = "bf16 autocast" if bf16 else "fp32"
+    return ActivationModel(
+        f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), {precision}", tuple(kept)
+    )

@@ -1,19 +1,21 @@
-"""Expert parallelism: the distributed `trex.moe_experts_ep` op and the sharding of experts modules.
+"""Expert parallelism: the expert-parallel MoE layer as graph nodes, and the sharding of experts modules.
 
-With ep > 1 each rank of an expert-parallel group holds E/ep consecutive experts. The op routes
-this rank's (token, slot) rows to the ranks that own their experts and brings the results back:
+With ep > 1 each rank of an expert-parallel group holds E/ep consecutive experts. The layer routes
+this rank's (token, slot) rows to the ranks that own their experts and brings the results back, each
+step its own custom op, so a captured graph shows (and a pass can move) every exchange:
 
   dispatch  sort rows by global expert (`trex.moe_dispatch`); exchange per-expert row counts
-            (`all_to_all_single`, equal splits), then the rows themselves (`all_to_all_single`,
-            uneven splits from those counts)
-  experts   regroup the received rows by local expert; two grouped GEMMs with the gated activation
-  combine   the reverse `all_to_all_single`, then `trex.moe_combine` (routing weights, sum over k)
+            (`trex.ep_counts`, an all-to-all with equal splits), then the rows themselves
+            (`trex.ep_exchange` + `_c10d_functional.wait_tensor`, uneven splits from those counts)
+  experts   `trex.ep_experts_local`: regroup the received rows by local expert; two grouped GEMMs with
+            the gated activation
+  combine   the reverse `trex.ep_exchange` + wait, then `trex.moe_combine` (routing weights, sum over k)
 
-The backward (`trex.moe_experts_ep_backward`) runs the same two exchanges in reverse order on the
-gradients. Both ops are `torch.library.custom_op`s with fake implementations (the received-row count
-is data dependent: an unbacked size) and an autograd registration, so a captured graph holds one
-node per MoE layer that names the expert-parallel group it talks over. The local math is the one
-`trex.moe_experts` runs (same primitives), which is why the losses equal the 1-rank run.
+The ops are `torch.library.custom_op`s with fake implementations (the received-row count is data
+dependent: an unbacked size bound by `trex.ep_rows`) and autograd registrations (an exchange's gradient
+is the reverse exchange; `ep_experts_local_backward` the local experts' data and weight gradients). The
+local math is the one `trex.moe_experts` runs (same primitives), which is why the losses equal the
+1-rank run.
 """
 
 from __future__ import annotations
@@ -35,186 +37,19 @@ def _group(group_name: str) -> dist.ProcessGroup:
     return _resolve_process_group(group_name)
 
 
-def _exchange(rows: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup) -> Tensor:
-    out = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
-    dist.all_to_all_single(out, rows.contiguous(), recv_splits, send_splits, group=group)
-    return out
+# ---------------------------------------------------------------------------------------------
+# The layer as separate graph nodes: dispatch exchange / local experts / combine exchange.
+#
+# The captured graph holds one node per exchange (`trex.ep_exchange`, which starts the all-to-all as a
+# functional collective) followed by `_c10d_functional.wait_tensor`, and one node for the local experts;
+# a scheduling pass (passes/reorder_comm) can then issue an exchange early and wait for it late. The local
+# arithmetic is `trex.moe_experts`' (same primitives), so losses and gradients equal the 1-rank run.
 
 
 def _scatter_rows(rows: Tensor, index: Tensor) -> Tensor:
     out = torch.empty_like(rows)
     out[index] = rows
     return out
-
-
-@torch.library.custom_op("trex::moe_experts_ep", mutates_args=())
-def moe_experts_ep(
-    hidden: Tensor,
-    top_k_index: Tensor,
-    top_k_weights: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-    group_name: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Routed experts sharded over the expert-parallel group `group_name` (E = local experts * ep).
-
-    Returns (out[T,H], perm[S], counts[E], recv_counts[ep,E_local], regroup[R], grouped_in[R,H],
-    gate_up_out[R,2I], expert_out[S,H]); all but `out` are saved for the backward.
-    """
-    group = _group(group_name)
-    ep = dist.get_world_size(group)
-    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
-    local_experts = w_gate_up.size(0)
-    sorted_hidden, perm, offsets = ops.moe_dispatch(hidden.to(w_gate_up.dtype), top_k_index, local_experts * ep)
-    counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
-    recv_counts = torch.empty_like(counts)
-    dist.all_to_all_single(recv_counts, counts, group=group)  # counts first: the row exchange is sized by them
-    recv_counts = recv_counts.view(ep, local_experts)
-    send_splits = counts.view(ep, local_experts).sum(1).tolist()
-    recv_splits = recv_counts.sum(1).tolist()
-    received = _exchange(sorted_hidden, send_splits, recv_splits, group)
-    local_expert = torch.arange(local_experts).repeat(ep).repeat_interleave(recv_counts.reshape(-1))
-    regroup = torch.sort(local_expert, stable=True)[1]
-    grouped_in = received.index_select(0, regroup)
-    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
-    gate_up_out = ops.grouped_mm(grouped_in, w_gate_up, local_offsets)
-    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
-    local_out = ops.grouped_mm(activated, w_down, local_offsets)
-    expert_out = _exchange(_scatter_rows(local_out, regroup), recv_splits, send_splits, group)
-    out = ops.moe_combine(expert_out, perm, top_k_weights).to(hidden.dtype)
-    return out, perm, counts, recv_counts, regroup, grouped_in, gate_up_out, expert_out
-
-
-@moe_experts_ep.register_fake
-def _(
-    hidden,
-    top_k_index,
-    top_k_weights,
-    gate_up_proj,
-    down_proj,
-    activation,
-    swiglu_limit,
-    weights_transposed,
-    group_name,
-):
-    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
-    ep = dist.get_world_size(_group(group_name))
-    rows = top_k_index.numel()
-    received = torch.library.get_ctx().new_dynamic_size()  # rows other ranks route to this rank's experts
-    dtype = w_gate_up.dtype
-    return (
-        hidden.new_empty(hidden.shape),
-        top_k_index.new_empty(rows, dtype=torch.int64),
-        top_k_index.new_empty(w_gate_up.size(0) * ep, dtype=torch.int64),
-        top_k_index.new_empty(ep, w_gate_up.size(0), dtype=torch.int64),
-        top_k_index.new_empty(received, dtype=torch.int64),
-        hidden.new_empty(received, hidden.size(-1), dtype=dtype),
-        hidden.new_empty(received, w_gate_up.size(-1), dtype=dtype),
-        hidden.new_empty(rows, w_down.size(-1), dtype=w_down.dtype),
-    )
-
-
-@torch.library.custom_op("trex::moe_experts_ep_backward", mutates_args=())
-def moe_experts_ep_backward(
-    grad_out: Tensor,
-    hidden: Tensor,
-    top_k_weights: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    perm: Tensor,
-    counts: Tensor,
-    recv_counts: Tensor,
-    regroup: Tensor,
-    grouped_in: Tensor,
-    gate_up_out: Tensor,
-    expert_out: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-    group_name: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of `moe_experts_ep` w.r.t. hidden, top_k_weights and this rank's expert weights."""
-    group = _group(group_name)
-    ep = dist.get_world_size(group)
-    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
-    local_experts = w_gate_up.size(0)
-    send_splits = counts.view(ep, local_experts).sum(1).tolist()
-    recv_splits = recv_counts.sum(1).tolist()
-    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
-    combine_dtype = torch.promote_types(expert_out.dtype, top_k_weights.dtype)
-    grad_expert_out, grad_weights = ops.moe_combine_backward(
-        grad_out.to(combine_dtype).contiguous(), expert_out, perm, top_k_weights
-    )
-    grad_local_out = _exchange(grad_expert_out, send_splits, recv_splits, group).index_select(0, regroup)
-    grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
-    grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
-    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
-    grad_grouped_in = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), local_offsets)
-    grad_sorted = _exchange(_scatter_rows(grad_grouped_in, regroup), recv_splits, send_splits, group)
-    grad_hidden = ops.moe_dispatch_backward(grad_sorted, perm, hidden.size(0)).to(hidden.dtype)
-    if weights_transposed:
-        grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
-    else:
-        grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
-    return grad_hidden, grad_weights, grad_gate_up, grad_down
-
-
-@moe_experts_ep_backward.register_fake
-def _(
-    grad_out,
-    hidden,
-    top_k_weights,
-    gate_up_proj,
-    down_proj,
-    perm,
-    counts,
-    recv_counts,
-    regroup,
-    grouped_in,
-    gate_up_out,
-    expert_out,
-    activation,
-    swiglu_limit,
-    weights_transposed,
-    group_name,
-):
-    return (
-        torch.empty_like(hidden),
-        torch.empty_like(top_k_weights),
-        torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
-        torch.empty_like(down_proj, memory_format=torch.contiguous_format),
-    )
-
-
-def _setup_context(ctx, inputs, output):
-    hidden, _, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed, group_name = inputs
-    ctx.save_for_backward(hidden, top_k_weights, gate_up_proj, down_proj, *output[1:])
-    ctx.attributes = (activation, swiglu_limit, weights_transposed, group_name)
-
-
-def _backward(ctx, grad_out, *_unused):
-    grad_hidden, grad_weights, grad_gate_up, grad_down = ops.moe_experts_ep_backward(
-        grad_out.contiguous(), *ctx.saved_tensors, *ctx.attributes
-    )
-    return grad_hidden, None, grad_weights, grad_gate_up, grad_down, None, None, None, None
-
-
-moe_experts_ep.register_autograd(_backward, setup_context=_setup_context)
-
-
-# ---------------------------------------------------------------------------------------------
-# The same layer as separate graph nodes: dispatch exchange / local experts / combine exchange.
-#
-# `moe_experts_ep` hides its all-to-alls inside one node, so no graph pass can move them. The split form
-# below gives the captured graph one node per exchange (`trex.ep_exchange`, which starts the all-to-all
-# as a functional collective) followed by `_c10d_functional.wait_tensor`, and one node for the local
-# experts; a scheduling pass can then issue an exchange early and wait for it late. The arithmetic is
-# the fused op's, primitive for primitive, so losses and gradients are the same.
 
 
 def _splits(counts: Tensor) -> list[int]:
@@ -415,7 +250,7 @@ def _local_backward(ctx, grad_out, *_unused):
 ep_experts_local.register_autograd(_local_backward, setup_context=_local_setup)
 
 
-def moe_experts_ep_split(
+def routed_experts_ep(
     hidden: Tensor,
     top_k_index: Tensor,
     top_k_weights: Tensor,
@@ -427,8 +262,9 @@ def moe_experts_ep_split(
     group_name: str,
     ep: int,
 ) -> Tensor:
-    """`moe_experts_ep`'s output, computed as dispatch exchange -> local experts -> combine exchange nodes
-    (`ep`: the group's size, known when the experts were sharded; Dynamo cannot look a group up)."""
+    """The routed experts' output over the expert-parallel group `group_name`: dispatch exchange -> local
+    experts -> combine exchange, each its own graph node (`ep`: the group's size, known when the experts were
+    sharded; Dynamo cannot look a group up)."""
     w_gate_up, _ = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     local_experts = w_gate_up.size(0)
     sorted_hidden, perm, offsets = ops.moe_dispatch(hidden.to(w_gate_up.dtype), top_k_index, local_experts * ep)
@@ -455,25 +291,9 @@ def moe_experts_ep_split(
 
 
 def ep_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
-    """The "trex_ep" experts implementation over the module's EP group: dispatch / local experts / combine as
-    separate graph nodes (`moe_experts_ep_split`), or the one fused `trex.moe_experts_ep` node when the module
-    says `trex_ep_fused`."""
+    """The "trex_ep" experts implementation: `routed_experts_ep` over the module's EP group."""
     layout = self.trex_ep_layout
-    operation = ops.moe_experts_ep if getattr(self, "trex_ep_fused", False) else None
-    if operation is None:
-        return moe_experts_ep_split(
-            hidden_states,
-            top_k_index,
-            top_k_weights,
-            self.gate_up_proj,
-            self.down_proj,
-            layout.activation,
-            layout.swiglu_limit,
-            layout.weights_transposed,
-            self.trex_ep_group,
-            self.trex_ep_size,
-        )
-    out, *_saved = operation(
+    return routed_experts_ep(
         hidden_states,
         top_k_index,
         top_k_weights,
@@ -483,12 +303,13 @@ def ep_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tens
         layout.swiglu_limit,
         layout.weights_transposed,
         self.trex_ep_group,
+        self.trex_ep_size,
     )
-    return out
 
 
 def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
-    """Keep this rank's E/ep experts of every experts module and route them through `trex.moe_experts_ep`.
+    """Keep this rank's E/ep experts of every experts module and route them through the expert-parallel layer
+    (`routed_experts_ep`).
 
     Returns the names of the expert parameters (their gradients reduce over the expert-data-parallel group).
     """

@@ -43,6 +43,15 @@ def predict(
         spec = dataclasses.replace(spec, mtp_layers=())
         if plan.optimizer == "auto":
             plan = dataclasses.replace(plan, optimizer=optimizer)
+        if plan.data_parallel > 1 or plan.edp > 1:
+            # runtime.data_parallel's ZeRO-1 all-reduces each gradient and keeps its shard (ZeRO-2 reduce-scatters)
+            plan = dataclasses.replace(
+                plan,
+                grad_reduce_calls=reduction_calls(config, plan),
+                grad_reduce_op="all_reduce" if plan.zero == 1 else "auto",
+            )
+        if plan.tp > 1:
+            plan = dataclasses.replace(plan, tp_grad_sync=tp_replicated_gradients(config, plan))
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
@@ -61,9 +70,56 @@ def predict(
     }
     total = memory.total - memory.activations + activations
     return {
+        "grad_reduce_calls": plan.grad_reduce_calls,
+        "tp_grad_sync": plan.tp_grad_sync,
         "step_time_s": estimate.step_time_s,
+        "step_breakdown_s": estimate.breakdown.to_dict(),
         "memory_per_rank_bytes": total,
         "memory_bytes": parts,
         "activations_production_kernels": memory.activations,
         "activation_model": described,
     }
+
+
+def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
+    """(dense, expert) collectives one data-parallel gradient reduction (or weight gather) of the runtime issues.
+
+    ZeRO-0/1/2 (`runtime.data_parallel.DataParallelAdamW`) reduce and gather tensor by tensor: one call per
+    parameter tensor. ZeRO-3 (FSDP2, `runtime.parallelize`) issues one call per `fully_shard` unit: every decoder
+    layer and the root module (embedding, final norm, head), plus each experts module under ep > 1 (sharded over
+    the expert-data-parallel group on its own). Counted on the model built on the meta device (nothing allocated).
+    """
+    from trex.integrations.transformers_moe import experts_modules
+    from trex.models import build_model
+
+    model = build_model(config, device="meta")
+    experts = experts_modules(model)
+    expert_params = {id(p) for _, module in experts for p in (module.gate_up_proj, module.down_proj)}
+    params = list(model.parameters())
+    if plan.zero >= 3:
+        layers = len(getattr(getattr(model, "model", model), "layers", []))
+        return layers + 1, len(experts) if plan.ep > 1 else 0
+    dense = sum(1 for p in params if id(p) not in expert_params)
+    return dense, len(expert_params)
+
+
+# Parameters the runtime's tensor parallelism keeps whole on every tp rank (runtime.parallelize: not a DTensor, not a
+# head/column shard): norms (1-D), routers, MLA's low-rank down-projections and V4's compressor/indexer weights.
+_REPLICATED_UNDER_TP = (".mlp.gate.weight", "q_a_proj.weight", "kv_a_proj_with_mqa.weight", "compressor", "indexer")
+
+
+def tp_replicated_gradients(config: Any, plan: ParallelConfig) -> tuple[int, float]:
+    """(all-reduces per micro-batch, bytes) the runtime issues over tp for the gradients of parameters replicated
+    on the tp ranks (`runtime.parallelize` registers a hook per tensor that sums it over tp every backward).
+    Counted on the meta-device model by the runtime's rule: 1-D parameters and the replicated projections."""
+    from trex.integrations.transformers_moe import experts_modules
+    from trex.models import build_model
+
+    model = build_model(config, device="meta")
+    experts = {id(p) for _, module in experts_modules(model) for p in module.parameters(recurse=False)}
+    replicated = [
+        p
+        for name, p in model.named_parameters()
+        if id(p) not in experts and (p.dim() == 1 or any(key in name for key in _REPLICATED_UNDER_TP))
+    ]
+    return len(replicated), float(sum(p.numel() * 4 for p in replicated))

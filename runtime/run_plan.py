@@ -101,8 +101,17 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
                 "recompute= from the plan"
             ]
         )
-    # What the runtime executes: no recompute (the prediction then keeps every activation, as the run does).
-    plan = dataclasses.replace(plan, sequence_parallel=plan.tp > 1, recompute="none")
+    # What the runtime executes: no recompute (the prediction then keeps every activation, as the run does);
+    # ZeRO-0/1/2 (runtime.data_parallel) reduce gradients with blocking calls after (ZeRO-2: during) the backward
+    # and gather the updated weights after the step, hiding neither under compute. FSDP2 (ZeRO-3) prefetches.
+    overlap = plan.zero >= 3
+    plan = dataclasses.replace(
+        plan,
+        sequence_parallel=plan.tp > 1,
+        recompute="none",
+        overlap_grad_reduce=overlap,
+        overlap_param_gather=overlap,
+    )
     per_replica = plan.tp * plan.pp * plan.cp
     if plan.dp is None:
         if nproc % per_replica:

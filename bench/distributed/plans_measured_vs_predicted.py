@@ -1,12 +1,15 @@
 """Measured vs predicted step time and memory per rank for many plans on N CPU ranks (gloo).
 
+    trex calibrate --ranks 4 --threads 1        # the `cpu` profile: compute, and gloo per kind over 2 and 4 ranks
     python bench/distributed/plans_measured_vs_predicted.py --nproc 4 --steps 4
 
 All plans run in ONE start of N ranks (`trex.runtime.launcher.run_jobs`), one after the other, on a
 small Qwen3-MoE built from a config written next to the results (random init, seed 0). For every plan:
 the median step time (steps after the first), the largest per-rank memory (parameters, gradients,
 optimizer states from the tensors; activations from saved-tensor accounting), the cost model's
-prediction on the calibrated `cpu` cluster, and whether its losses equal the 1-rank run. At the end:
+prediction on the calibrated `cpu` cluster (calibrate with `--ranks` = `--nproc`, under the same load as the
+run: the gloo collectives' cost depends on how many processes share the cores), and whether its losses equal
+the 1-rank run. At the end:
 Spearman rank correlation of predicted vs measured step time and memory, and the exactness of the
 static memory (parameters + gradients + optimizer states).
 
@@ -153,6 +156,8 @@ def main() -> int:
                 "activations_production_kernels": predicted.get("activations_production_kernels"),
                 "activation_model": predicted.get("activation_model"),
                 "losses_equal_1_rank": same,
+                "predicted_breakdown_s": predicted.get("step_breakdown_s"),
+                "grad_reduce_calls": predicted.get("grad_reduce_calls"),
             }
         )
     print(
@@ -178,6 +183,25 @@ def main() -> int:
             f"{'yes' if r['losses_equal_1_rank'] else 'NO'} |"
         )
     print(f"\nactivations predicted by: {sorted({r['activation_model'] for r in rows})}")
+    from trex.cost_model.catalog import get_cluster
+
+    cluster = get_cluster("cpu", args.nproc)
+    print(
+        f"\npredicted on: {cluster.description}; {cluster.cores or '?'} cores shared by {args.nproc} ranks "
+        f"(time share {cluster.time_share:g}); gloo kinds measured: "
+        f"{', '.join(sorted({f'{m.kind}/{m.group}' for t in cluster.tiers for m in t.collectives})) or 'none'}"
+    )
+    print(
+        "\n| plan | compute | exposed comm (tp/ep + dp) | dp sync | optimizer | host wait | dp calls (dense, expert) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        b = r["predicted_breakdown_s"] or {}
+        print(
+            f"| {r['plan']} | {b.get('compute', 0) * 1e3:.1f} | {b.get('exposed_communication', 0) * 1e3:.1f} | "
+            f"{b.get('data_parallel_sync', 0) * 1e3:.1f} | {b.get('optimizer', 0) * 1e3:.1f} | "
+            f"{b.get('host_wait', 0) * 1e3:.1f} | {r['grad_reduce_calls']} |"
+        )
     step_rho = memory_rho = float("nan")
     if len(rows) > 1:
         step_rho = spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows])

@@ -54,6 +54,7 @@ def test_saved_profile_is_what_target_cpu_uses(measured, tmp_path, monkeypatch):
     assert load_device_profile(path) == measured.profile
     assert get_device("cpu") == measured.profile
     assert get_cluster("cpu").tiers == (measured.tier,)
+    assert get_cluster("cpu").cores == measured.cluster().cores >= 1
 
     assert "calibrated" not in " ".join(_cpu_estimate().notes)  # measured numbers: no warning
 
@@ -114,3 +115,36 @@ def test_spearman_on_hand_examples():
     assert ranks([10.0, 20.0, 20.0, 5.0]) == [2.0, 3.5, 3.5, 1.0]
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_each_collective_kind_gets_its_own_measured_line(measured):
+    from dataclasses import replace
+
+    from trex.cost_model import collectives
+    from trex.cost_model.cluster import MeasuredCollective
+
+    kinds = {(m.kind, m.group) for m in measured.tier.collectives}
+    assert kinds >= {("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2)}
+    cluster = measured.cluster().sized(2)
+    placement = cluster.strided_placement(2, 1)
+    for m in measured.tier.collectives:
+        assert m.latency_us > 0 and m.bandwidth_gbs > 0
+        # a group of the measured size on that tier is priced by its kind's own line, not the ring formula
+        assert collectives.collective_time(m.kind, 1e6, placement) == pytest.approx(m.seconds(1e6))
+    # a group size that was not measured falls back to the alpha-beta formulas on the tier's latency and bandwidth
+    bare = replace(measured.cluster(), tiers=(replace(measured.tier, collectives=()),))
+    wider, wider_bare = (c.sized(8).strided_placement(8, 1) for c in (measured.cluster(), bare))
+    assert collectives.all_reduce(1e6, wider) == collectives.all_reduce(1e6, wider_bare)
+    # (the tier's own latency and bandwidth are fitted to the 2-rank all-reduce, so there the two agree by design;
+    # a measured line is what prices its group, whatever it says)
+    slow = MeasuredCollective("all_reduce", 2, 1e6, 1.0)
+    marked = replace(bare, tiers=(replace(measured.tier, collectives=(slow,)),))
+    assert collectives.all_reduce(1e6, marked.sized(2).strided_placement(2, 1)) == pytest.approx(slow.seconds(1e6))
+
+
+def test_ranks_that_share_cores_time_share_them(measured):
+    from dataclasses import replace
+
+    cluster = replace(measured.cluster(), cores=2)
+    assert cluster.sized(2).time_share == 1.0 and cluster.sized(4).time_share == 2.0
+    assert get_cluster("h100", 8).time_share == 1.0  # a GPU is its own processor

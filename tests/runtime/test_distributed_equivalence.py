@@ -103,10 +103,11 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
     assert memory["zero=2"]["parameters"] == full["parameters"]
     # The prediction (runtime.prediction) on the measured runs: parameters, gradients and optimizer states are
     # arithmetic, equal on every rank; activations follow the eager implementation's saved tensors
-    # (runtime.activation_model), exactly without ep. Under ep a rank keeps the rows it receives: the ranks
-    # together receive what they send, but each rank reports its largest micro-batch (4 here, of 8-16 tokens),
-    # so the mean over ranks is off by the routing's imbalance (3-8% measured), not exact. With one micro-batch
-    # per rank the mean is exact (bench/RESULTS.md section 10.2).
+    # (runtime.activation_model), exactly without ep. Under ep a rank keeps the rows it receives. In every
+    # micro-batch the ranks together receive what they send, so the mean over ranks of one micro-batch is the
+    # prediction exactly; each rank reports its largest micro-batch (2 here, of 16 tokens), so the mean of those
+    # maxima is at least the prediction and above it by the routing's imbalance: 2.8% (ep=2) and 7.7%
+    # (tp=2,ep=2, 8 tokens per rank) on this seed. With one micro-batch per rank the mean is exact (RESULTS 10.2).
     config = load_config(model)
     for plan, result in zip(TWO_RANK_PLANS, by_rank[0]):
         predicted = predict(config, TrainJob.create(model, plan, 2, **SHAPE, steps=STEPS).parallel, 2)["memory_bytes"]
@@ -114,7 +115,10 @@ def test_two_rank_plans_match_the_one_rank_run_and_resume_under_another_plan(tmp
             for part in ("parameters", "gradients", "optimizer_states"):
                 assert rank_memory[part] == predicted[part], f"{plan}: {part} {rank_memory[part]} vs {predicted[part]}"
         mean = sum(m["activations"] for m in result["memory_by_rank"]) / len(result["memory_by_rank"])
-        assert mean == pytest.approx(predicted["activations"], rel=0.15 if "ep=" in plan else 1e-9), plan
+        if "ep=" in plan:
+            assert predicted["activations"] * (1 - 1e-9) <= mean <= predicted["activations"] * 1.08, plan
+        else:
+            assert mean == pytest.approx(predicted["activations"], rel=1e-9), plan
     for resume in by_rank[0][-2:]:
         assert resume["first_step"] == 1
         assert resume["losses"] == pytest.approx(ref["losses"][1:], rel=LOSS_RTOL)

@@ -24,6 +24,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-collectives", action="store_true", help="skip the gloo collective benchmarks (no subprocesses)"
     )
     parser.add_argument(
+        "--ranks",
+        type=int,
+        default=2,
+        help="local processes to time the gloo collectives with (groups of 2 and of this many): as many as the "
+        "`trex train --nproc` runs to be predicted start (default 2)",
+    )
+    parser.add_argument(
         "--threads", type=int, help="intra-op threads to measure with (default: torch's current setting)"
     )
     parser.set_defaults(run=run)
@@ -38,13 +45,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise TrexError(f"--threads must be at least 1 (got {args.threads})")
+    if args.ranks < 2:
+        raise TrexError(f"--ranks must be at least 2 (got {args.ranks}): a collective needs two processes")
     from trex.cost_model.devices import calibrated_cpu_path
     from trex.outputs import output_file
 
     output_file(args.out or calibrated_cpu_path(), "--out" if args.out else "the calibration cache ($TREX_CACHE_DIR)")
     console = Console(file=sys.stdout)
     console.print("measuring this machine" + (" (fast mode)" if args.fast else "") + " ...")
-    result = calibrate(fast=args.fast, collectives=not args.no_collectives, threads=args.threads)
+    result = calibrate(fast=args.fast, collectives=not args.no_collectives, threads=args.threads, ranks=args.ranks)
     path = save_calibration(result, args.out)
     profile, tier = result.profile, result.tier
     table = Table(title=f"calibrated cpu profile ({result.seconds:.1f} s)")
@@ -66,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if result.collectives:
         table.add_row("gloo latency", f"{tier.latency_us:.1f} us")
         table.add_row("gloo bandwidth", f"{tier.bandwidth_gbs:.2f} GB/s")
+        for m in tier.collectives:
+            table.add_row(
+                f"gloo {m.kind} over {m.group}", f"{m.latency_us:.1f} us + bytes / {m.bandwidth_gbs:.2f} GB/s"
+            )
     console.print(table)
     console.print(f"saved to {path}")
     return 0
