@@ -379,18 +379,31 @@ def apply_order(graph: fx.Graph, order: list[fx.Node]) -> bool:
 # bucketing
 
 
+_BUCKETABLE = {
+    "_c10d_functional.all_gather_into_tensor": torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default,
+    "_c10d_functional.all_reduce": torch.ops._c10d_functional.all_reduce_coalesced.default,
+    "_c10d_functional.reduce_scatter_tensor": torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default,
+}
+# Reductions of gradients become ready one by one in the backward: their bucket is issued where its last
+# member's input is ready (at the last member), so the earlier members wait for it.
+_BUCKETED_AT_LAST = ("_c10d_functional.all_reduce", "_c10d_functional.reduce_scatter_tensor")
+
+
 def _bucketable(node: fx.Node) -> str | None:
     name = _name(node)
-    if name in ("_c10d_functional.all_gather_into_tensor", "_c10d_functional.all_reduce"):
-        return name
-    return None
+    return name if name in _BUCKETABLE else None
 
 
 def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s: float) -> list[Decision]:
     """Coalesce runs of consecutive same-kind, same-group, latency-bound collectives (each message below
-    alpha * bandwidth, where the latency is at least the transfer) whose inputs all exist at the first one's
-    place. A bucket stops at `9 alpha B` bytes: there the latency is a tenth of the transfer and merging more
-    saves little while delaying the first result."""
+    alpha * bandwidth, where the latency is at least the transfer). A bucket stops at `9 alpha B` bytes: there
+    the latency is a tenth of the transfer and merging more saves little while delaying the first result.
+
+    All-gathers (parameters, ready together) are issued at the first member, when every member's input exists
+    there. Gradient reductions are issued at the last member (where the last gradient is ready); a member
+    joins only while the compute between the bucket's first member and it is at most the latencies the
+    bucket saves (alpha per merged message): past that, waiting for the next gradient costs more time than
+    one more message would."""
     if link_alpha_s <= 0 or not link_bytes_per_s or link_bytes_per_s == float("inf"):
         return []
     small = link_alpha_s * link_bytes_per_s
@@ -398,6 +411,11 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
     graph = gm.graph
     nodes = list(graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
+    elapsed, clock = {}, 0.0  # compute seconds before each node in the original order
+    for n in nodes:
+        elapsed[n] = clock
+        if n.op == "call_function" and not is_collective(n) and not is_wait(n):
+            clock += _seconds(n)
     decisions = []
     run: list[fx.Node] = []
 
@@ -417,9 +435,14 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
         if run:
             head = run[0]
             same = _bucketable(head) == kind and _group_of(head) == _group_of(node) and node.args[1:] == head.args[1:]
-            inputs_ready = all(position[i] < position[head] for i in _inputs(node))
+            if kind in _BUCKETED_AT_LAST:
+                # every member's wait must come after the bucket (placed at this node)
+                ready = all(position[w] > position[node] for m in run for w in m.users if is_wait(w))
+                ready = ready and elapsed[node] - elapsed[head] <= link_alpha_s * len(run)
+            else:
+                ready = all(position[i] < position[head] for i in _inputs(node))
             fits = sum(_out_bytes(n) for n in run) + _out_bytes(node) <= cap
-            if not (same and inputs_ready and fits):
+            if not (same and ready and fits):
                 flush()
         run.append(node)
     flush()
@@ -428,16 +451,13 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
 
 def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) -> Decision:
     graph = gm.graph
-    head = run[0]
-    kind = _name(head)
+    kind = _name(run[0])
+    at_last = kind in _BUCKETED_AT_LAST
+    anchor = run[-1] if at_last else run[0]
     members = [collective_signature(n) for n in run]
-    with graph.inserting_before(head):
+    with graph.inserting_before(anchor):
         tensors = [n.args[0] for n in run]
-        if kind.endswith("all_gather_into_tensor"):
-            op = torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default
-        else:
-            op = torch.ops._c10d_functional.all_reduce_coalesced.default
-        bucket = graph.call_function(op, (tensors, *head.args[1:]))
+        bucket = graph.call_function(_BUCKETABLE[kind], (tensors, *run[0].args[1:]))
         bucket.meta["val"] = [n.meta.get("val") for n in run]
         bucket.meta["reorder_comm_members"] = members
         for i, n in enumerate(run):
@@ -451,7 +471,8 @@ def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) 
         "bucket",
         ", ".join(n.name for n in run),
         f"{len(run)} latency-bound {kind.split('.')[-1]} of the same group (each <= alpha*B = {small:.0f} B) issued "
-        f"as one: {len(run) - 1} link latencies saved; bucket {total} B <= cap 9*alpha*B = {cap:.0f} B",
+        f"as one{' where the last input is ready' if at_last else ''}: {len(run) - 1} link latencies saved; bucket "
+        f"{total} B <= cap 9*alpha*B = {cap:.0f} B",
         {"members": len(run), "bytes": total},
     )
 
@@ -527,6 +548,28 @@ def _link_of(cluster) -> tuple[float, float]:
     return (tier.latency_s, tier.bandwidth(1)) if tier is not None else (0.0, float("inf"))
 
 
+def _price_new_nodes(gm: fx.GraphModule, cluster) -> None:
+    from trex.cost_model.annotate import annotate_node
+
+    for n in gm.graph.nodes:
+        if "cost" not in n.meta and n.op == "call_function":
+            n.meta["cost"] = annotate_node(n, cluster)
+
+
+def _bucketing_that_pays(gm: fx.GraphModule, alpha: float, bandwidth: float, cluster, budget: int, reference: float):
+    """Bucket a copy of the graph and schedule it: the bucketed timeline when it exposes no more communication
+    than `reference` (the better of the graph as it is and its unbucketed schedule; a bucket issued at its last
+    member delays its first ones), else None."""
+    from trex.graph_copy import copy_graph_module
+
+    trial = copy_graph_module(gm)
+    if not bucket_collectives(trial, alpha, bandwidth):
+        return None
+    _price_new_nodes(trial, cluster)
+    timeline = simulate(schedule(trial.graph, budget).order)
+    return timeline if timeline.exposed_s <= reference + 1e-12 else None
+
+
 class ReorderComm:
     """Invariant established: every collective is issued as early and waited for as late as the cost model,
     the dependences and the memory budget allow, with compute between start and wait that hides it; the
@@ -546,17 +589,17 @@ class ReorderComm:
         decisions: list[Decision] = []
 
         alpha, bandwidth = _link_of(cluster)
-        if ctx.fuel.take():
-            decisions += bucket_collectives(gm, alpha, bandwidth)
-            if decisions:
-                from trex.cost_model.annotate import annotate_node
-
-                for n in graph.nodes:
-                    if "cost" not in n.meta and n.op == "call_function":
-                        n.meta["cost"] = annotate_node(n, cluster)
-
         plan = schedule(graph, budget)
         after = simulate(plan.order)
+        if ctx.fuel.take():
+            bucketed = _bucketing_that_pays(
+                gm, alpha, bandwidth, cluster, budget, min(after.exposed_s, before.exposed_s)
+            )
+            if bucketed is not None:
+                decisions += bucket_collectives(gm, alpha, bandwidth)  # the same rewrite as on the trial copy
+                _price_new_nodes(gm, cluster)
+                plan = schedule(graph, budget)
+                after = simulate(plan.order)
         modified = bool(decisions)
         if after.exposed_s <= before.exposed_s + 1e-12 and ctx.fuel.take():
             modified = apply_order(graph, plan.order) or modified
@@ -646,36 +689,57 @@ class ReorderComm:
 
 
 def ep_micro_chunk_decisions(graph: fx.Graph, alpha_s: float) -> list[Decision]:
-    """For each expert-parallel layer (a dispatch exchange, the local experts, a combine exchange): the gain
-    of splitting its tokens into two chunks so one chunk's exchange runs under the other's experts.
+    """For each expert-parallel layer (dispatch exchanges, local experts, combine exchanges; one set per
+    micro-chunk, the chunks of a layer share its expert weights): the chunk count the cost model
+    (`cost_model.ep_chunks.choose_chunks`) picks for the layer's summed times, against the count it runs in.
 
-    With dispatch d, experts c, combine b (seconds) the one-chunk layer takes d + c + b; two chunks pipeline
-    to about d/2 + max(c/2, d/2) + max(c/2, b/2) + b/2 plus one extra latency per exchange (twice as many
-    messages). The split pays when that saves more than 5% of the layer. The decision is recorded; the
-    rewrite itself is not applied by this version of the pass (the layer stays one chunk)."""
-    decisions = []
+    The split itself is made before capture, where the tokens are cut (`runtime.expert_parallel.plan_ep_chunks`
+    prices the layer with the same cost model and formula); a chunked layer's graph holds one dispatch / experts
+    / combine set per chunk, in pipeline order, and this pass then schedules their starts and waits."""
+    from trex.cost_model.ep_chunks import choose_chunks
+
+    layers: dict[Any, list[fx.Node]] = {}
     for node in graph.nodes:
-        if not (node.op == "call_function" and _name(node) == "trex.ep_experts_local"):
+        if node.op == "call_function" and _name(node) == "trex.ep_experts_local":
+            layers.setdefault(node.args[2], []).append(node)
+    decisions = []
+    for experts_nodes in layers.values():
+        exchanges = [(_exchange_feeding(n), _exchange_after(n)) for n in experts_nodes]
+        if any(d is None or b is None for d, b in exchanges):
             continue
-        dispatch = _exchange_feeding(node)
-        combine = _exchange_after(node)
-        if dispatch is None or combine is None:
-            continue
-        d, c, b = _seconds(dispatch), _seconds(node), _seconds(combine)
-        one = d + c + b
-        alpha = 2 * alpha_s
-        two = d / 2 + max(c / 2, d / 2) + max(c / 2, b / 2) + b / 2 + alpha
-        pays = one > 0 and (one - two) / one > 0.05
+        n = len(experts_nodes)
+        alpha = min([alpha_s] + [_seconds(x) for pair in exchanges for x in pair])
+        # the one-chunk equivalents: n chunk messages carry n latencies, one chunk carries one
+        d = sum(_seconds(x) for x, _ in exchanges) - (n - 1) * alpha
+        b = sum(_seconds(x) for _, x in exchanges) - (n - 1) * alpha
+        c = sum(_seconds(x) for x in experts_nodes)
+        choice = choose_chunks(d, c, b, alpha)
+        if n > 1:
+            action, verdict = (
+                "ep_chunks_applied",
+                f"the layer runs in {n} chunks (cost model's choice: {choice.chunks})",
+            )
+        elif choice.chunks > 1:
+            action = "ep_split_pays"
+            verdict = (
+                f"runs as one chunk; {choice.chunks} would pay: runtime.expert_parallel.plan_ep_chunks(model, tokens) "
+                "applies the split before capture"
+            )
+        else:
+            action, verdict = "ep_one_chunk", "kept as one chunk"
         decisions.append(
             Decision(
-                "ep_two_chunks" if pays else "ep_one_chunk",
-                node.name,
-                f"dispatch {d * 1e3:.3f} ms, experts {c * 1e3:.3f} ms, combine {b * 1e3:.3f} ms: one chunk "
-                f"{one * 1e3:.3f} ms, two chunks ~{two * 1e3:.3f} ms ("
-                + ("would save " if pays else "saves too little: ")
-                + f"{(one - two) * 1e3:.3f} ms); "
-                + ("split recommended, not applied by this version" if pays else "kept as one chunk"),
-                {"dispatch_s": d, "experts_s": c, "combine_s": b, "one_chunk_s": one, "two_chunks_s": two},
+                action,
+                experts_nodes[0].name,
+                f"{verdict}: {choice.reason}",
+                {
+                    "chunks": n,
+                    "chosen": choice.chunks,
+                    "dispatch_s": d,
+                    "experts_s": c,
+                    "combine_s": b,
+                    "seconds_by_chunks": choice.seconds,
+                },
             )
         )
     return decisions
