@@ -35,8 +35,9 @@ from torch import fx
 from trex.errors import TrexError
 from trex.pass_manager import Decision, PassContext, PassResult
 
-DEFAULT_BUDGET_BYTES = 1 << 30  # extra live memory the pass may add when no budget is given
 BUDGET_OPTION = "comm_memory_budget_bytes"  # PassContext.options key (trex.compile(..., options=...))
+HEADROOM_OPTION = "plan_memory_headroom_bytes"  # a plan's predicted free device memory, when the caller has one
+TRAINING_STATE_PER_PARAMETER = 4  # parameter, gradient and AdamW's two moments, each the parameter's size
 BLOCKING_COLLECTIVES = ("trex.ep_counts",)  # collectives that complete inside their own node
 
 
@@ -570,6 +571,62 @@ def _bucketing_that_pays(gm: fx.GraphModule, alpha: float, bandwidth: float, clu
     return timeline if timeline.exposed_s <= reference + 1e-12 else None
 
 
+def default_budget(gm: fx.GraphModule, cluster, options: dict) -> tuple[int, str]:
+    """The extra live memory the pass may add, and where the figure comes from: the budget the caller gave;
+    else the plan's memory headroom (device memory minus its predicted static and activation memory) when the
+    caller passes it; else the same headroom predicted from this graph: the device's usable memory minus the
+    training state of the graph's parameters (parameter, gradient, two AdamW moments) and the peak of the
+    values live at once in the graph's own order (its activations)."""
+    if BUDGET_OPTION in options:
+        return int(options[BUDGET_OPTION]), "given"
+    if HEADROOM_OPTION in options:
+        return max(0, int(options[HEADROOM_OPTION])), "the plan's memory headroom"
+    usable = int(cluster.device.usable_memory_bytes)
+    parameters = sum(_out_bytes(n) for n in _trained_inputs(gm.graph))
+    static = TRAINING_STATE_PER_PARAMETER * parameters
+    peak = _peak_live_bytes(gm.graph)
+    headroom = max(0, usable - static - peak)
+    return headroom, (
+        f"device memory headroom: {usable / 2**30:.2f} GiB usable - {static / 2**30:.3f} GiB training state - "
+        f"{peak / 2**30:.3f} GiB peak live values of the graph"
+    )
+
+
+def _trained_inputs(graph: fx.Graph) -> list[fx.Node]:
+    """The inputs of a joint graph that get a gradient: AOTAutograd's joint graph returns the forward's outputs
+    and then one gradient per `primals` input (None where there is none)."""
+    primals = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    if not any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes):
+        return []
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    values = output.args[0] if output is not None and output.args else ()
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if len(values) < len(primals):
+        return []
+    grads = values[len(values) - len(primals) :]
+    return [p for p, g in zip(primals, grads) if isinstance(g, fx.Node)]
+
+
+def _peak_live_bytes(graph: fx.Graph) -> int:
+    """The most bytes of node values alive at once when the graph runs in its order (a value lives from its node
+    to its last user; graph inputs are counted as static memory, not here)."""
+    nodes = list(graph.nodes)
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for d in n.all_input_nodes:
+            last_use[d] = i
+    live, peak = 0, 0
+    freed_at: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "call_function":
+            size = _out_bytes(n)
+            live += size
+            freed_at[last_use.get(n, i)] = freed_at.get(last_use.get(n, i), 0) + size
+        peak = max(peak, live)
+        live -= freed_at.pop(i, 0)
+    return peak
+
+
 class ReorderComm:
     """Invariant established: every collective is issued as early and waited for as late as the cost model,
     the dependences and the memory budget allow, with compute between start and wait that hides it; the
@@ -583,7 +640,7 @@ class ReorderComm:
             return PassResult(modified=False)
         cluster = cost_cluster(ctx.target)
         _ensure_costs(gm, cluster)
-        budget = int(ctx.options.get(BUDGET_OPTION, DEFAULT_BUDGET_BYTES))
+        budget, budget_source = default_budget(gm, cluster, ctx.options)
         before_sequence = collective_sequence(graph)
         before = simulate(graph.nodes)
         decisions: list[Decision] = []
@@ -623,8 +680,8 @@ class ReorderComm:
                 "graph",
                 f"predicted exposed communication {before.exposed_s * 1e3:.3f} -> {after.exposed_s * 1e3:.3f} ms of "
                 f"{before.comm_s * 1e3:.3f} ms on the link; step {before.step_s * 1e3:.3f} -> {after.step_s * 1e3:.3f} "
-                f"ms; collective order unchanged ({len(before_sequence)} collectives)"
-                + (f"; {across}" if across else ""),
+                f"ms; collective order unchanged ({len(before_sequence)} collectives); extra live memory budget "
+                f"{budget / 2**20:.1f} MiB ({budget_source})" + (f"; {across}" if across else ""),
                 {
                     "exposed_before_s": before.exposed_s,
                     "exposed_after_s": after.exposed_s,
@@ -632,6 +689,7 @@ class ReorderComm:
                     "step_before_s": before.step_s,
                     "step_after_s": after.step_s,
                     "budget_bytes": budget,
+                    "budget_source": budget_source,
                 },
             )
         )

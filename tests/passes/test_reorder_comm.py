@@ -243,3 +243,24 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
             assert names.index(node.args[0]) < names.index(node)
             assert all(names.index(node) < names.index(u) for u in node.users if u.op != "output")
     assert sum(map(is_wait, gm.graph.nodes)) == sum(map(is_wait, before.graph.nodes))
+
+
+def test_the_default_budget_is_the_memory_headroom_of_the_plan_or_the_graph():
+    from trex.cost_model.catalog import get_cluster
+    from trex.passes.reorder_comm import default_budget
+
+    graph = fx.Graph()  # a joint graph: forward output, then one gradient per primals input (None: no gradient)
+    weight, x, tangent = graph.placeholder("primals_1"), graph.placeholder("primals_2"), graph.placeholder("tangents_1")
+    out = graph.call_function(torch.ops.aten.mm.default, (x, weight))
+    x_t = graph.call_function(torch.ops.aten.t.default, (x,))
+    grad = graph.call_function(torch.ops.aten.mm.default, (x_t, tangent))
+    inputs = [torch.randn(256, 256), torch.randn(8, 256), torch.randn(8, 256)]
+    gm = finish(graph, [out, grad, None], inputs, {})
+    cluster = get_cluster("cpu")
+    assert default_budget(gm, cluster, {"comm_memory_budget_bytes": 123}) == (123, "given")
+    assert default_budget(gm, cluster, {"plan_memory_headroom_bytes": 5 << 20})[0] == 5 << 20
+    budget, source = default_budget(gm, cluster, {})
+    # usable memory - 4 x the 256 KiB weight (parameter, gradient, AdamW moments) - the peak of live values:
+    # the 8 KiB product, then x^T (8 KiB) and the 256 KiB gradient with it
+    assert budget == int(cluster.device.usable_memory_bytes) - 4 * 256 * 256 * 4 - (8 * 256 * 4 * 2 + 256 * 256 * 4)
+    assert "device memory headroom" in source
