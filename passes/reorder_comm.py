@@ -437,8 +437,9 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
             head = run[0]
             same = _bucketable(head) == kind and _group_of(head) == _group_of(node) and node.args[1:] == head.args[1:]
             if kind in _BUCKETED_AT_LAST:
-                # every member's wait must come after the bucket (placed at this node)
-                ready = all(position[w] > position[node] for m in run for w in m.users if is_wait(w))
+                # every use of a member's result must come after the bucket (placed at this node); a member's
+                # wait placed before it moves behind the bucket
+                ready = all(position[u] > position[node] for m in run for w in m.users if is_wait(w) for u in w.users)
                 ready = ready and elapsed[node] - elapsed[head] <= link_alpha_s * len(run)
             else:
                 ready = all(position[i] < position[head] for i in _inputs(node))
@@ -461,10 +462,18 @@ def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) 
         bucket = graph.call_function(_BUCKETABLE[kind], (tensors, *run[0].args[1:]))
         bucket.meta["val"] = [n.meta.get("val") for n in run]
         bucket.meta["reorder_comm_members"] = members
+        items = []
         for i, n in enumerate(run):
             item = graph.call_function(__import__("operator").getitem, (bucket, i))
             item.meta["val"] = n.meta.get("val")
             n.replace_all_uses_with(item)
+            items.append(item)
+    if at_last:  # the members' waits that stood before the bucket now follow it
+        last = items[-1]
+        for item in items:
+            for wait in [u for u in item.users if is_wait(u)]:
+                last.append(wait)
+                last = wait
     for n in run:
         graph.erase_node(n)
     total = sum(_out_bytes_val(v) for v in bucket.meta["val"])

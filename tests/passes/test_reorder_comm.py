@@ -138,11 +138,11 @@ def test_gradient_reduce_scatters_are_bucketed_where_the_last_gradient_is_ready(
     monkeypatch.setenv("TREX_EMULATE_LINK", "alpha_us=1000,gbps=1")  # latency-bound small messages
     graph = fx.Graph()
     x, w = graph.placeholder("x"), graph.placeholder("w")
-    grads, starts = [], []
-    for _ in range(3):  # a backward: each gradient ready in turn, its reduce-scatter issued right after it
+    grads, starts, waits = [], [], []
+    for _ in range(3):  # a backward: each gradient ready in turn, reduce-scattered and waited for right after it
         grads.append(graph.call_function(torch.ops.aten.mm.default, (grads[-1] if grads else x, w)))
         starts.append(graph.call_function(funcol.reduce_scatter_tensor.default, (grads[-1], "sum", 1, group_name())))
-    waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in starts]
+        waits.append(graph.call_function(funcol.wait_tensor.default, (starts[-1],)))
     inputs = [torch.randn(4, 4), torch.randn(4, 4)]
     # 0.2 ms of compute between gradients: waiting for the next one costs less than the 1 ms latency it saves
     gm = finish(graph, waits, inputs, {**{s.name: 1.1e-3 for s in starts}, **{g.name: 2e-4 for g in grads}})
