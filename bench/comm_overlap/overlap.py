@@ -12,8 +12,10 @@ global batch:
          all-gathered in the forward, its gradient reduce-scattered in the backward; timed region
          forward + backward (the AdamW step on the shards has no communication)
 
-Each plan is compiled twice with trex.compile (eager backend): the default pipeline, and the same with
-`-reorder_comm`. Every timed step runs once with the slow link and once with the `zero` link (same
+Each plan is compiled three times with trex.compile (eager backend): the default pipeline (`pass`; for EP
+the layers also take the micro-chunk count the cost model picks, `plan_ep_chunks`), the same with
+`-reorder_comm` (`no_pass`, one chunk), and `-reorder_comm` with Inductor's overlap scheduler run on the
+partitioned forward and backward graphs (`inductor`; `--no-inductor` skips it). Every timed step runs once with the slow link and once with the `zero` link (same
 compiled program, `emulated_link.set_link`), interleaved; exposed communication of a step is the
 difference. The prediction is the pass's own timeline (cost model + the link model) over the joint graph.
 Losses of the two compilations must be identical (printed). Ratios: min / median / max over the steps.
