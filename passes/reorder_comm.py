@@ -35,8 +35,9 @@ from torch import fx
 from trex.errors import TrexError
 from trex.pass_manager import Decision, PassContext, PassResult
 
-DEFAULT_BUDGET_BYTES = 1 << 30  # extra live memory the pass may add when no budget is given
 BUDGET_OPTION = "comm_memory_budget_bytes"  # PassContext.options key (trex.compile(..., options=...))
+HEADROOM_OPTION = "plan_memory_headroom_bytes"  # a plan's predicted free device memory, when the caller has one
+TRAINING_STATE_PER_PARAMETER = 4  # parameter, gradient and AdamW's two moments, each the parameter's size
 BLOCKING_COLLECTIVES = ("trex.ep_counts",)  # collectives that complete inside their own node
 
 
@@ -379,18 +380,31 @@ def apply_order(graph: fx.Graph, order: list[fx.Node]) -> bool:
 # bucketing
 
 
+_BUCKETABLE = {
+    "_c10d_functional.all_gather_into_tensor": torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default,
+    "_c10d_functional.all_reduce": torch.ops._c10d_functional.all_reduce_coalesced.default,
+    "_c10d_functional.reduce_scatter_tensor": torch.ops._c10d_functional.reduce_scatter_tensor_coalesced.default,
+}
+# Reductions of gradients become ready one by one in the backward: their bucket is issued where its last
+# member's input is ready (at the last member), so the earlier members wait for it.
+_BUCKETED_AT_LAST = ("_c10d_functional.all_reduce", "_c10d_functional.reduce_scatter_tensor")
+
+
 def _bucketable(node: fx.Node) -> str | None:
     name = _name(node)
-    if name in ("_c10d_functional.all_gather_into_tensor", "_c10d_functional.all_reduce"):
-        return name
-    return None
+    return name if name in _BUCKETABLE else None
 
 
 def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s: float) -> list[Decision]:
     """Coalesce runs of consecutive same-kind, same-group, latency-bound collectives (each message below
-    alpha * bandwidth, where the latency is at least the transfer) whose inputs all exist at the first one's
-    place. A bucket stops at `9 alpha B` bytes: there the latency is a tenth of the transfer and merging more
-    saves little while delaying the first result."""
+    alpha * bandwidth, where the latency is at least the transfer). A bucket stops at `9 alpha B` bytes: there
+    the latency is a tenth of the transfer and merging more saves little while delaying the first result.
+
+    All-gathers (parameters, ready together) are issued at the first member, when every member's input exists
+    there. Gradient reductions are issued at the last member (where the last gradient is ready); a member
+    joins only while the compute between the bucket's first member and it is at most the latencies the
+    bucket saves (alpha per merged message): past that, waiting for the next gradient costs more time than
+    one more message would."""
     if link_alpha_s <= 0 or not link_bytes_per_s or link_bytes_per_s == float("inf"):
         return []
     small = link_alpha_s * link_bytes_per_s
@@ -398,6 +412,11 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
     graph = gm.graph
     nodes = list(graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
+    elapsed, clock = {}, 0.0  # compute seconds before each node in the original order
+    for n in nodes:
+        elapsed[n] = clock
+        if n.op == "call_function" and not is_collective(n) and not is_wait(n):
+            clock += _seconds(n)
     decisions = []
     run: list[fx.Node] = []
 
@@ -417,9 +436,15 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
         if run:
             head = run[0]
             same = _bucketable(head) == kind and _group_of(head) == _group_of(node) and node.args[1:] == head.args[1:]
-            inputs_ready = all(position[i] < position[head] for i in _inputs(node))
+            if kind in _BUCKETED_AT_LAST:
+                # every use of a member's result must come after the bucket (placed at this node); a member's
+                # wait placed before it moves behind the bucket
+                ready = all(position[u] > position[node] for m in run for w in m.users if is_wait(w) for u in w.users)
+                ready = ready and elapsed[node] - elapsed[head] <= link_alpha_s * len(run)
+            else:
+                ready = all(position[i] < position[head] for i in _inputs(node))
             fits = sum(_out_bytes(n) for n in run) + _out_bytes(node) <= cap
-            if not (same and inputs_ready and fits):
+            if not (same and ready and fits):
                 flush()
         run.append(node)
     flush()
@@ -428,22 +453,27 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
 
 def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) -> Decision:
     graph = gm.graph
-    head = run[0]
-    kind = _name(head)
+    kind = _name(run[0])
+    at_last = kind in _BUCKETED_AT_LAST
+    anchor = run[-1] if at_last else run[0]
     members = [collective_signature(n) for n in run]
-    with graph.inserting_before(head):
+    with graph.inserting_before(anchor):
         tensors = [n.args[0] for n in run]
-        if kind.endswith("all_gather_into_tensor"):
-            op = torch.ops._c10d_functional.all_gather_into_tensor_coalesced.default
-        else:
-            op = torch.ops._c10d_functional.all_reduce_coalesced.default
-        bucket = graph.call_function(op, (tensors, *head.args[1:]))
+        bucket = graph.call_function(_BUCKETABLE[kind], (tensors, *run[0].args[1:]))
         bucket.meta["val"] = [n.meta.get("val") for n in run]
         bucket.meta["reorder_comm_members"] = members
+        items = []
         for i, n in enumerate(run):
             item = graph.call_function(__import__("operator").getitem, (bucket, i))
             item.meta["val"] = n.meta.get("val")
             n.replace_all_uses_with(item)
+            items.append(item)
+    if at_last:  # the members' waits that stood before the bucket now follow it
+        last = items[-1]
+        for item in items:
+            for wait in [u for u in item.users if is_wait(u)]:
+                last.append(wait)
+                last = wait
     for n in run:
         graph.erase_node(n)
     total = sum(_out_bytes_val(v) for v in bucket.meta["val"])
@@ -451,7 +481,8 @@ def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) 
         "bucket",
         ", ".join(n.name for n in run),
         f"{len(run)} latency-bound {kind.split('.')[-1]} of the same group (each <= alpha*B = {small:.0f} B) issued "
-        f"as one: {len(run) - 1} link latencies saved; bucket {total} B <= cap 9*alpha*B = {cap:.0f} B",
+        f"as one{' where the last input is ready' if at_last else ''}: {len(run) - 1} link latencies saved; bucket "
+        f"{total} B <= cap 9*alpha*B = {cap:.0f} B",
         {"members": len(run), "bytes": total},
     )
 
@@ -527,6 +558,84 @@ def _link_of(cluster) -> tuple[float, float]:
     return (tier.latency_s, tier.bandwidth(1)) if tier is not None else (0.0, float("inf"))
 
 
+def _price_new_nodes(gm: fx.GraphModule, cluster) -> None:
+    from trex.cost_model.annotate import annotate_node
+
+    for n in gm.graph.nodes:
+        if "cost" not in n.meta and n.op == "call_function":
+            n.meta["cost"] = annotate_node(n, cluster)
+
+
+def _bucketing_that_pays(gm: fx.GraphModule, alpha: float, bandwidth: float, cluster, budget: int, reference: float):
+    """Bucket a copy of the graph and schedule it: the bucketed timeline when it exposes no more communication
+    than `reference` (the better of the graph as it is and its unbucketed schedule; a bucket issued at its last
+    member delays its first ones), else None."""
+    from trex.graph_copy import copy_graph_module
+
+    trial = copy_graph_module(gm)
+    if not bucket_collectives(trial, alpha, bandwidth):
+        return None
+    _price_new_nodes(trial, cluster)
+    timeline = simulate(schedule(trial.graph, budget).order)
+    return timeline if timeline.exposed_s <= reference + 1e-12 else None
+
+
+def default_budget(gm: fx.GraphModule, cluster, options: dict) -> tuple[int, str]:
+    """The extra live memory the pass may add, and where the figure comes from: the budget the caller gave;
+    else the plan's memory headroom (device memory minus its predicted static and activation memory) when the
+    caller passes it; else the same headroom predicted from this graph: the device's usable memory minus the
+    training state of the graph's parameters (parameter, gradient, two AdamW moments) and the peak of the
+    values live at once in the graph's own order (its activations)."""
+    if BUDGET_OPTION in options:
+        return int(options[BUDGET_OPTION]), "given"
+    if HEADROOM_OPTION in options:
+        return max(0, int(options[HEADROOM_OPTION])), "the plan's memory headroom"
+    usable = int(cluster.device.usable_memory_bytes)
+    parameters = sum(_out_bytes(n) for n in _trained_inputs(gm.graph))
+    static = TRAINING_STATE_PER_PARAMETER * parameters
+    peak = _peak_live_bytes(gm.graph)
+    headroom = max(0, usable - static - peak)
+    return headroom, (
+        f"device memory headroom: {usable / 2**30:.2f} GiB usable - {static / 2**30:.3f} GiB training state - "
+        f"{peak / 2**30:.3f} GiB peak live values of the graph"
+    )
+
+
+def _trained_inputs(graph: fx.Graph) -> list[fx.Node]:
+    """The inputs of a joint graph that get a gradient: AOTAutograd's joint graph returns the forward's outputs
+    and then one gradient per `primals` input (None where there is none)."""
+    primals = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    if not any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes):
+        return []
+    output = next((n for n in graph.nodes if n.op == "output"), None)
+    values = output.args[0] if output is not None and output.args else ()
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    if len(values) < len(primals):
+        return []
+    grads = values[len(values) - len(primals) :]
+    return [p for p, g in zip(primals, grads) if isinstance(g, fx.Node)]
+
+
+def _peak_live_bytes(graph: fx.Graph) -> int:
+    """The most bytes of node values alive at once when the graph runs in its order (a value lives from its node
+    to its last user; graph inputs are counted as static memory, not here)."""
+    nodes = list(graph.nodes)
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for d in n.all_input_nodes:
+            last_use[d] = i
+    live, peak = 0, 0
+    freed_at: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "call_function":
+            size = _out_bytes(n)
+            live += size
+            freed_at[last_use.get(n, i)] = freed_at.get(last_use.get(n, i), 0) + size
+        peak = max(peak, live)
+        live -= freed_at.pop(i, 0)
+    return peak
+
+
 class ReorderComm:
     """Invariant established: every collective is issued as early and waited for as late as the cost model,
     the dependences and the memory budget allow, with compute between start and wait that hides it; the
@@ -540,23 +649,23 @@ class ReorderComm:
             return PassResult(modified=False)
         cluster = cost_cluster(ctx.target)
         _ensure_costs(gm, cluster)
-        budget = int(ctx.options.get(BUDGET_OPTION, DEFAULT_BUDGET_BYTES))
+        budget, budget_source = default_budget(gm, cluster, ctx.options)
         before_sequence = collective_sequence(graph)
         before = simulate(graph.nodes)
         decisions: list[Decision] = []
 
         alpha, bandwidth = _link_of(cluster)
-        if ctx.fuel.take():
-            decisions += bucket_collectives(gm, alpha, bandwidth)
-            if decisions:
-                from trex.cost_model.annotate import annotate_node
-
-                for n in graph.nodes:
-                    if "cost" not in n.meta and n.op == "call_function":
-                        n.meta["cost"] = annotate_node(n, cluster)
-
         plan = schedule(graph, budget)
         after = simulate(plan.order)
+        if ctx.fuel.take():
+            bucketed = _bucketing_that_pays(
+                gm, alpha, bandwidth, cluster, budget, min(after.exposed_s, before.exposed_s)
+            )
+            if bucketed is not None:
+                decisions += bucket_collectives(gm, alpha, bandwidth)  # the same rewrite as on the trial copy
+                _price_new_nodes(gm, cluster)
+                plan = schedule(graph, budget)
+                after = simulate(plan.order)
         modified = bool(decisions)
         if after.exposed_s <= before.exposed_s + 1e-12 and ctx.fuel.take():
             modified = apply_order(graph, plan.order) or modified
@@ -580,8 +689,8 @@ class ReorderComm:
                 "graph",
                 f"predicted exposed communication {before.exposed_s * 1e3:.3f} -> {after.exposed_s * 1e3:.3f} ms of "
                 f"{before.comm_s * 1e3:.3f} ms on the link; step {before.step_s * 1e3:.3f} -> {after.step_s * 1e3:.3f} "
-                f"ms; collective order unchanged ({len(before_sequence)} collectives)"
-                + (f"; {across}" if across else ""),
+                f"ms; collective order unchanged ({len(before_sequence)} collectives); extra live memory budget "
+                f"{budget / 2**20:.1f} MiB ({budget_source})" + (f"; {across}" if across else ""),
                 {
                     "exposed_before_s": before.exposed_s,
                     "exposed_after_s": after.exposed_s,
@@ -589,6 +698,7 @@ class ReorderComm:
                     "step_before_s": before.step_s,
                     "step_after_s": after.step_s,
                     "budget_bytes": budget,
+                    "budget_source": budget_source,
                 },
             )
         )
@@ -646,36 +756,57 @@ class ReorderComm:
 
 
 def ep_micro_chunk_decisions(graph: fx.Graph, alpha_s: float) -> list[Decision]:
-    """For each expert-parallel layer (a dispatch exchange, the local experts, a combine exchange): the gain
-    of splitting its tokens into two chunks so one chunk's exchange runs under the other's experts.
+    """For each expert-parallel layer (dispatch exchanges, local experts, combine exchanges; one set per
+    micro-chunk, the chunks of a layer share its expert weights): the chunk count the cost model
+    (`cost_model.ep_chunks.choose_chunks`) picks for the layer's summed times, against the count it runs in.
 
-    With dispatch d, experts c, combine b (seconds) the one-chunk layer takes d + c + b; two chunks pipeline
-    to about d/2 + max(c/2, d/2) + max(c/2, b/2) + b/2 plus one extra latency per exchange (twice as many
-    messages). The split pays when that saves more than 5% of the layer. The decision is recorded; the
-    rewrite itself is not applied by this version of the pass (the layer stays one chunk)."""
-    decisions = []
+    The split itself is made before capture, where the tokens are cut (`runtime.expert_parallel.plan_ep_chunks`
+    prices the layer with the same cost model and formula); a chunked layer's graph holds one dispatch / experts
+    / combine set per chunk, in pipeline order, and this pass then schedules their starts and waits."""
+    from trex.cost_model.ep_chunks import choose_chunks
+
+    layers: dict[Any, list[fx.Node]] = {}
     for node in graph.nodes:
-        if not (node.op == "call_function" and _name(node) == "trex.ep_experts_local"):
+        if node.op == "call_function" and _name(node) == "trex.ep_experts_local":
+            layers.setdefault(node.args[2], []).append(node)
+    decisions = []
+    for experts_nodes in layers.values():
+        exchanges = [(_exchange_feeding(n), _exchange_after(n)) for n in experts_nodes]
+        if any(d is None or b is None for d, b in exchanges):
             continue
-        dispatch = _exchange_feeding(node)
-        combine = _exchange_after(node)
-        if dispatch is None or combine is None:
-            continue
-        d, c, b = _seconds(dispatch), _seconds(node), _seconds(combine)
-        one = d + c + b
-        alpha = 2 * alpha_s
-        two = d / 2 + max(c / 2, d / 2) + max(c / 2, b / 2) + b / 2 + alpha
-        pays = one > 0 and (one - two) / one > 0.05
+        n = len(experts_nodes)
+        alpha = min([alpha_s] + [_seconds(x) for pair in exchanges for x in pair])
+        # the one-chunk equivalents: n chunk messages carry n latencies, one chunk carries one
+        d = sum(_seconds(x) for x, _ in exchanges) - (n - 1) * alpha
+        b = sum(_seconds(x) for _, x in exchanges) - (n - 1) * alpha
+        c = sum(_seconds(x) for x in experts_nodes)
+        choice = choose_chunks(d, c, b, alpha)
+        if n > 1:
+            action, verdict = (
+                "ep_chunks_applied",
+                f"the layer runs in {n} chunks (cost model's choice: {choice.chunks})",
+            )
+        elif choice.chunks > 1:
+            action = "ep_split_pays"
+            verdict = (
+                f"runs as one chunk; {choice.chunks} would pay: runtime.expert_parallel.plan_ep_chunks(model, tokens) "
+                "applies the split before capture"
+            )
+        else:
+            action, verdict = "ep_one_chunk", "kept as one chunk"
         decisions.append(
             Decision(
-                "ep_two_chunks" if pays else "ep_one_chunk",
-                node.name,
-                f"dispatch {d * 1e3:.3f} ms, experts {c * 1e3:.3f} ms, combine {b * 1e3:.3f} ms: one chunk "
-                f"{one * 1e3:.3f} ms, two chunks ~{two * 1e3:.3f} ms ("
-                + ("would save " if pays else "saves too little: ")
-                + f"{(one - two) * 1e3:.3f} ms); "
-                + ("split recommended, not applied by this version" if pays else "kept as one chunk"),
-                {"dispatch_s": d, "experts_s": c, "combine_s": b, "one_chunk_s": one, "two_chunks_s": two},
+                action,
+                experts_nodes[0].name,
+                f"{verdict}: {choice.reason}",
+                {
+                    "chunks": n,
+                    "chosen": choice.chunks,
+                    "dispatch_s": d,
+                    "experts_s": c,
+                    "combine_s": b,
+                    "seconds_by_chunks": choice.seconds,
+                },
             )
         )
     return decisions

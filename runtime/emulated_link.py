@@ -225,7 +225,9 @@ class EmulatedLinkGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     # -- completion -------------------------------------------------------------------------------
-    def _delayed(self, works: list, kind: str, nbytes: int):
+    def _delayed(self, works: list, kind: str, nbytes: int, then=None):
+        """A Work that completes `seconds` of link time after the gloo works did; `then` (unpacking a packed
+        bucket into its members' outputs) runs when they did, before the Work completes."""
         from torch._C._distributed_c10d import _create_work_from_future
 
         seconds = self.link.collective_seconds(kind, nbytes, self.size())
@@ -244,6 +246,13 @@ class EmulatedLinkGroup(dist.ProcessGroup):
                 pending[0] -= 1
                 if pending[0]:
                     return
+            if then is not None:
+                try:
+                    then()
+                except Exception as error:  # noqa: BLE001 - handed to whoever waits
+                    future.set_exception(error)
+                    return
+            with self._lock:
                 start = max(time.perf_counter(), self._free_at)
                 self._free_at = start + seconds
                 deadline = self._free_at
@@ -273,8 +282,22 @@ class EmulatedLinkGroup(dist.ProcessGroup):
         return self._delayed([work], "all_gather", _nbytes(inputs) * self.size())
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self.inner._allgather_base(o, i) for o, i in zip(outputs, inputs)]
-        return self._delayed(works, "all_gather", _nbytes(outputs))
+        """A bucket of all-gathers: its members packed into one flat buffer and gathered by one gloo call (a
+        bucket is one message on a real link, and one call here costs the host what one collective does),
+        unpacked into the members' outputs when it lands."""
+        if len(inputs) < 2 or len({t.dtype for t in inputs}) > 1:
+            works = [self.inner._allgather_base(o, i) for o, i in zip(outputs, inputs)]
+            return self._delayed(works, "all_gather", _nbytes(outputs))
+        world, sizes = self.size(), [t.numel() for t in inputs]
+        packed = torch.cat([t.reshape(-1) for t in inputs])
+        gathered = packed.new_empty(world * packed.numel())
+
+        def unpack():  # rank r's block of `gathered` is its members back to back; a member's output is [world, n]
+            for out, part in zip(outputs, gathered.view(world, -1).split(sizes, dim=1)):
+                out.view(world, -1).copy_(part)
+
+        work = self.inner._allgather_base(gathered, packed)
+        return self._delayed([work], "all_gather", _nbytes(outputs), then=unpack)
 
     def _allgather_base(self, output, input, opts=None):
         return self._delayed([self.inner._allgather_base(output, input)], "all_gather", _nbytes([output]))
@@ -287,10 +310,22 @@ class EmulatedLinkGroup(dist.ProcessGroup):
         return self._delayed([work], "reduce_scatter", _nbytes(outputs) * self.size())
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [
-            self.inner._reduce_scatter_base(o, i, *(() if opts is None else (opts,))) for o, i in zip(outputs, inputs)
-        ]
-        return self._delayed(works, "reduce_scatter", _nbytes(inputs))
+        """A bucket of reduce-scatters as one gloo call on a packed buffer (see allgather_into_tensor_coalesced):
+        rank r's block of the packed input is every member's r-th block, back to back."""
+        extra = () if opts is None else (opts,)
+        if len(inputs) < 2 or len({t.dtype for t in inputs}) > 1:
+            works = [self.inner._reduce_scatter_base(o, i, *extra) for o, i in zip(outputs, inputs)]
+            return self._delayed(works, "reduce_scatter", _nbytes(inputs))
+        world, sizes = self.size(), [t.numel() for t in outputs]
+        packed = torch.cat([t.reshape(world, -1) for t in inputs], dim=1).reshape(-1)
+        reduced = packed.new_empty(packed.numel() // world)
+
+        def unpack():
+            for out, part in zip(outputs, reduced.split(sizes)):
+                out.view(-1).copy_(part)
+
+        work = self.inner._reduce_scatter_base(reduced, packed, *extra)
+        return self._delayed([work], "reduce_scatter", _nbytes(inputs), then=unpack)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         work = self.inner._reduce_scatter_base(output, input, *(() if opts is None else (opts,)))

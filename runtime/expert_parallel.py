@@ -261,29 +261,142 @@ def routed_experts_ep(
     weights_transposed: bool,
     group_name: str,
     ep: int,
+    chunks: int = 1,
 ) -> Tensor:
     """The routed experts' output over the expert-parallel group `group_name`: dispatch exchange -> local
     experts -> combine exchange, each its own graph node (`ep`: the group's size, known when the experts were
-    sharded; Dynamo cannot look a group up)."""
+    sharded; Dynamo cannot look a group up).
+
+    With `chunks` > 1 the tokens are cut into that many micro-chunks, traced in pipeline order: every chunk's
+    (blocking) count exchange, then every chunk's dispatch started, then per chunk its experts and its combine
+    started, then the combines' waits. Chunk i+1's dispatch then travels while chunk i's experts compute, and
+    chunk i's combine while chunk i+1's do (`cost_model.ep_chunks`). Each row's arithmetic is the one-chunk
+    layer's; only the grouping of rows in the grouped GEMMs (and the order of the weight gradients' sums)
+    differs."""
     w_gate_up, _ = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     local_experts = w_gate_up.size(0)
-    sorted_hidden, perm, offsets = ops.moe_dispatch(hidden.to(w_gate_up.dtype), top_k_index, local_experts * ep)
-    counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
-    recv_counts = ops.ep_counts(counts, group_name)
-    send_rows, recv_rows = counts.view(ep, local_experts).sum(1), recv_counts.sum(1)
-    received = exchange(sorted_hidden, send_rows, recv_rows, ops.ep_rows(recv_rows), group_name)
-    local_out, *_saved = ops.ep_experts_local(
-        received,
-        recv_counts,
-        gate_up_proj,
-        down_proj,
-        activation,
-        swiglu_limit,
-        weights_transposed,
-        top_k_index.numel(),
+    chunks = max(1, min(int(chunks), hidden.size(0)))
+    parts = list(zip(hidden.chunk(chunks), top_k_index.chunk(chunks), top_k_weights.chunk(chunks)))
+    routed = []
+    for part_hidden, part_index, _ in parts:
+        sorted_hidden, perm, offsets = ops.moe_dispatch(part_hidden.to(w_gate_up.dtype), part_index, local_experts * ep)
+        counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
+        recv_counts = ops.ep_counts(counts, group_name)
+        routed.append((sorted_hidden, perm, counts, recv_counts))
+    dispatched = []
+    for sorted_hidden, _, counts, recv_counts in routed:
+        send_rows, recv_rows = counts.view(ep, local_experts).sum(1), recv_counts.sum(1)
+        started = ops.ep_exchange(sorted_hidden.contiguous(), send_rows, recv_rows, ops.ep_rows(recv_rows), group_name)
+        dispatched.append((started, send_rows, recv_rows))
+    combines = []
+    for (started, send_rows, recv_rows), (sorted_hidden, _, _, recv_counts), (_, part_index, _) in zip(
+        dispatched, routed, parts
+    ):
+        received = torch.ops._c10d_functional.wait_tensor(started)
+        local_out, *_saved = ops.ep_experts_local(
+            received,
+            recv_counts,
+            gate_up_proj,
+            down_proj,
+            activation,
+            swiglu_limit,
+            weights_transposed,
+            part_index.numel(),
+        )
+        combines.append(
+            ops.ep_exchange(local_out.contiguous(), recv_rows, send_rows, sorted_hidden.size(0), group_name)
+        )
+    outputs = [
+        ops.moe_combine(torch.ops._c10d_functional.wait_tensor(started), perm, part_weights).to(hidden.dtype)
+        for started, (_, perm, _, _), (_, _, part_weights) in zip(combines, routed, parts)
+    ]
+    return outputs[0] if chunks == 1 else torch.cat(outputs)
+
+
+def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[str, float]:
+    """The cost model's times (seconds) for one EP layer of `module` on `tokens` tokens of this rank, one chunk:
+    the dispatch and combine exchanges, the local experts (forward), the blocking count exchange and the link's
+    latency. Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
+    (meta tensors), so the figures are the ones reorder_comm reads from `node.meta["cost"]`."""
+    from torch import fx
+
+    from trex.cost_model.annotate import annotate_node
+
+    gate_up, down = module.gate_up_proj, module.down_proj
+    dtype = gate_up.dtype
+    width = _expert_weights(gate_up, down, module.trex_ep_layout.weights_transposed)[0].size(1)
+    rows = tokens * top_k
+    graph = fx.Graph()
+
+    def value(name: str, tensor: Tensor) -> fx.Node:
+        node = graph.placeholder(name)
+        node.meta["val"] = tensor
+        return node
+
+    meta = torch.device("meta")
+    sent = value("rows", torch.empty(rows, width, dtype=dtype, device=meta))
+    counts = value("counts", torch.empty(module.trex_ep_size, dtype=torch.int64, device=meta))
+    experts_counts = value(
+        "expert_counts", torch.empty(gate_up.size(0) * module.trex_ep_size, dtype=torch.int64, device=meta)
     )
-    expert_out = exchange(local_out, recv_rows, send_rows, sorted_hidden.size(0), group_name)
-    return ops.moe_combine(expert_out, perm, top_k_weights).to(hidden.dtype)
+    weights = [value(n, torch.empty(p.shape, dtype=p.dtype, device=meta)) for n, p in (("w1", gate_up), ("w2", down))]
+    group = module.trex_ep_group
+    layout = module.trex_ep_layout
+    nodes = {
+        "dispatch": graph.call_function(ops.ep_exchange.default, (sent, counts, counts, rows, group)),
+        "experts": graph.call_function(
+            ops.ep_experts_local.default,
+            (sent, counts, *weights, layout.activation, layout.swiglu_limit, layout.weights_transposed, rows),
+        ),
+        "counts": graph.call_function(ops.ep_counts.default, (experts_counts, group)),
+    }
+    nodes["dispatch"].meta["val"] = torch.empty(rows, width, dtype=dtype, device=meta)
+    nodes["counts"].meta["val"] = torch.empty(module.trex_ep_size, gate_up.size(0), dtype=torch.int64, device=meta)
+    nodes["experts"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
+    out = {}
+    for name, node in nodes.items():
+        cost = annotate_node(node, cluster)
+        out[name] = float(cost.time_s) if cost is not None and cost.priced else 0.0
+    out["combine"] = out["dispatch"]
+    tier = cluster.tiers[-1] if cluster.tiers else None
+    out["alpha"] = tier.latency_s if tier is not None else 0.0
+    return out
+
+
+def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[str, int, str]]:
+    """Choose each EP layer's micro-chunk count from the cost model (`cost_model.ep_chunks.choose_chunks` on
+    `price_ep_layer`'s times for `tokens` tokens per rank) and set it on the module for the next capture.
+
+    `cluster`: what the exchanges are priced on; default the emulated link when this process emulates one
+    (`TREX_EMULATE_LINK`), else the `cpu` cluster. Returns (module name, chunks, reason) per layer: the
+    decision with its reason (the chunked layer's graph then shows the split it made)."""
+    from trex.cost_model.ep_chunks import choose_chunks
+
+    if cluster is None:
+        from trex.runtime.emulated_link import current_link
+
+        link = current_link()
+        if link is not None:
+            cluster = link.cluster("cpu")
+        else:
+            from trex.cost_model.annotate import cluster_of
+
+            cluster = cluster_of("cpu")
+    from trex.integrations.transformers_moe import experts_modules
+
+    top_k = int(getattr(getattr(model, "config", None), "num_experts_per_tok", 1) or 1)
+    decisions = []
+    for name, module in experts_modules(model):
+        if not hasattr(module, "trex_ep_layout"):
+            continue
+        times = price_ep_layer(module, tokens, top_k, cluster)
+        choice = choose_chunks(
+            times["dispatch"], times["experts"], times["combine"], times["alpha"], times["counts"], max_chunks=tokens
+        )
+        module.trex_ep_chunks = choice.chunks
+        module.trex_ep_chunk_reason = choice.reason
+        decisions.append((name, choice.chunks, choice.reason))
+    return decisions
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,6 +417,7 @@ def ep_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tens
         layout.weights_transposed,
         self.trex_ep_group,
         self.trex_ep_size,
+        getattr(self, "trex_ep_chunks", 1),
     )
 
 

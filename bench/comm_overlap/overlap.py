@@ -12,8 +12,10 @@ global batch:
          all-gathered in the forward, its gradient reduce-scattered in the backward; timed region
          forward + backward (the AdamW step on the shards has no communication)
 
-Each plan is compiled twice with trex.compile (eager backend): the default pipeline, and the same with
-`-reorder_comm`. Every timed step runs once with the slow link and once with the `zero` link (same
+Each plan is compiled three times with trex.compile (eager backend): the default pipeline (`pass`; for EP
+the layers also take the micro-chunk count the cost model picks, `plan_ep_chunks`), the same with
+`-reorder_comm` (`no_pass`, one chunk), and `-reorder_comm` with Inductor's overlap scheduler run on the
+partitioned forward and backward graphs (`inductor`; `--no-inductor` skips it). Every timed step runs once with the slow link and once with the `zero` link (same
 compiled program, `emulated_link.set_link`), interleaved; exposed communication of a step is the
 difference. The prediction is the pass's own timeline (cost model + the link model) over the joint graph.
 Losses of the two compilations must be identical (printed). Ratios: min / median / max over the steps.
@@ -22,6 +24,7 @@ Losses of the two compilations must be identical (printed). Ratios: min / median
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,30 +36,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-class InductorOverlap:
+PEER_RESULTS: list[str] = []  # what Inductor's scheduler did on each graph it was given (this process)
+
+
+def inductor_overlap(gm, target: str):
     """The peer: Inductor's FX overlap scheduler (`torch/_inductor/fx_passes/overlap_scheduling.py`,
-    `schedule_overlap_bucketing`) run in reorder_comm's place on the same joint graph, given the same
-    per-node times (trex's cost model on the emulated link) through its `custom_runtime_estimation` hook."""
+    `schedule_overlap_bucketing`) on a partitioned forward or backward graph (where Inductor runs it: a post-grad
+    pass, after the partitioner; on the joint graph its FSDP pre-bucketing makes a graph the partitioner rejects),
+    given the same per-node times as reorder_comm (trex's cost model on the emulated link) through its
+    `custom_runtime_estimation` hook and, for compute nodes, in place of its CUDA-only roofline."""
+    from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
 
-    name = "inductor_overlap"
+    from trex.cost_model.annotate import annotate
+    from trex.graph_copy import copy_graph_module
+    from trex.passes.reorder_comm import cost_cluster
 
-    def run(self, gm, ctx):
-        from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing
+    annotate(gm, cost_cluster(target))
 
-        from trex.cost_model.annotate import annotate
-        from trex.pass_manager import Decision, PassResult
-        from trex.passes.reorder_comm import cost_cluster
+    def milliseconds(node, _override):
+        cost = node.meta.get("cost")
+        return cost.time_s * 1e3 if cost is not None and cost.priced else None
 
-        annotate(gm, cost_cluster(ctx.target))
-
-        def milliseconds(node, _override):
-            cost = node.meta.get("cost")
-            return cost.time_s * 1e3 if cost is not None and cost.priced else None
-
-        from trex.graph_copy import copy_graph_module
-
-        trial = copy_graph_module(gm)
-        try:
+    trial = copy_graph_module(gm)
+    try:
+        with trex_roofline(milliseconds):
             result = schedule_overlap_bucketing(
                 trial,
                 custom_runtime_estimation=milliseconds,
@@ -64,57 +67,96 @@ class InductorOverlap:
                 collective_estimator="analytical",
                 collective_bucketing=True,
             )
-            result.graph.lint()
-        except Exception as error:  # noqa: BLE001 - the peer's failure is a result: reported, graph left as it was
-            return PassResult(False, [Decision("failed", "graph", f"{type(error).__name__}: {error}"[:300])])
-        gm.graph = result.graph
-        gm.recompile()
-        return PassResult(True, [Decision("scheduled", "graph", "Inductor's overlap scheduler ran")])
+        result.graph.lint()
+    except Exception as error:  # noqa: BLE001 - the peer's failure is a result: reported, graph left as it was
+        PEER_RESULTS.append(f"failed: {type(error).__name__}: {error}"[:300])
+        return gm
+    gm.graph = result.graph
+    gm.recompile()
+    PEER_RESULTS.append("Inductor's overlap scheduler ran")
+    return gm
+
+
+def peer_on_partitioned_graphs():
+    """Make this process's trex compiles hand each partitioned forward / backward graph to `inductor_overlap`
+    before lowering it (the bench compiles the peer's program with `-reorder_comm`)."""
+    from trex.driver import TrexCompiler
+
+    original = TrexCompiler._lower
+
+    def lower(self, graph, which, gm):
+        if which in ("forward", "backward"):
+            gm = inductor_overlap(gm, self.options.target.name)
+            setattr(graph, which, gm)
+        return original(self, graph, which, gm)
+
+    TrexCompiler._lower = lower
+    return original
+
+
+@contextlib.contextmanager
+def trex_roofline(milliseconds):
+    """Inductor's overlap scheduler prices every compute node with its own roofline
+    (`overlap_scheduling.estimate_roofline_runtime_ms`) before it asks `custom_runtime_estimation`; that roofline
+    reads the GPU's DRAM bandwidth from Triton's active driver, which a CPU-only machine does not have
+    (`RuntimeError: 0 active drivers`). While the peer runs, its roofline is trex's cost-model time for the node:
+    both schedulers then see the same per-node times (0 for nodes the cost model leaves unpriced)."""
+    from torch._inductor.fx_passes import overlap_scheduling
+
+    original = overlap_scheduling.estimate_roofline_runtime_ms
+    overlap_scheduling.estimate_roofline_runtime_ms = lambda node: milliseconds(node, None) or 0.0
+    try:
+        yield
+    finally:
+        overlap_scheduling.estimate_roofline_runtime_ms = original
 
 
 def pipeline(label: str):
-    from trex.passes import DEFAULT_PIPELINE
-
-    if label == "pass":
-        return None
-    if label == "no_pass":
-        return "-reorder_comm"
-    return [InductorOverlap() if name == "reorder_comm" else name for name in DEFAULT_PIPELINE]
+    return None if label == "pass" else "-reorder_comm"
 
 
-def build(plan: str, model_name: str, passes, layers: int = 0):
+def build(plan: str, model_name: str, passes, layers: int = 0, tokens: int = 0, moe_intermediate: int = 0):
+    """The plan's model and its trex compile. With reorder_comm in the pipeline (`passes` None) the EP plan's
+    layers take the micro-chunk count the cost model chooses for `tokens` tokens per rank (plan_ep_chunks);
+    without the pass they stay one chunk (the split is part of what the pass stands for)."""
     import torch.distributed as dist
 
     import trex
     from trex.models import build_model, tiny_config
     from trex.runtime.data_parallel import shard_parameters_in_graph
-    from trex.runtime.expert_parallel import route_through_ep, shard_experts
+    from trex.runtime.expert_parallel import plan_ep_chunks, route_through_ep, shard_experts
 
     config = tiny_config(model_name)
     if layers:
         config.num_hidden_layers = layers
+    if moe_intermediate:
+        config.moe_intermediate_size = moe_intermediate
     model = build_model(config, seed=0)
+    chunking = []
     if plan == "ep":
         shard_experts(model, dist.group.WORLD)
+        if passes is None and tokens:
+            chunking = plan_ep_chunks(model, tokens)
     else:
         shard_parameters_in_graph(model, dist.group.WORLD)
     compiled = trex.compile(model, backend="eager", passes=passes)
     if plan == "ep":
         route_through_ep(model)
-    return model, compiled
+    return model, compiled, chunking
 
 
-def predicted(compiled, link: str, ran_pass: bool) -> float:
-    """Exposed communication the pass's timeline predicts for the joint graph(s) as they run."""
+def predicted(compiled, link: str) -> float:
+    """Exposed communication the pass's timeline (cost model + link model) predicts for the graphs as they run:
+    the partitioned forward and backward graphs (each waits for its own collectives), or the inference graph."""
     from trex.cost_model.annotate import annotate
     from trex.passes.reorder_comm import simulate
     from trex.runtime.emulated_link import parse_link
 
     total = 0.0
     for graph in compiled.trex.graphs:
-        joint = graph.joint or graph.forward
-        annotate(joint, parse_link(link).cluster())
-        total += simulate(joint.graph.nodes).exposed_s
+        for module in [graph.forward, graph.backward] if graph.backward is not None else [graph.joint or graph.forward]:
+            annotate(module, parse_link(link).cluster())
+            total += simulate(module.graph.nodes).exposed_s
     return total
 
 
@@ -133,7 +175,16 @@ def rank_main(args: dict) -> dict:
     for plan in args["plans"]:
         for label in args["labels"]:
             torch._dynamo.reset()
-            model, compiled = build(plan, args["model"], pipeline(label), args["layers"])
+            PEER_RESULTS.clear()
+            restore = peer_on_partitioned_graphs() if label == "inductor" else None
+            model, compiled, chunking = build(
+                plan,
+                args["model"],
+                pipeline(label),
+                args["layers"],
+                args["rows"] * args["seq"] // 2,
+                args["moe_intermediate"],
+            )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
             vocab = model.config.vocab_size
             ids = torch.randint(0, vocab, (args["rows"], args["seq"] + 1), generator=torch.Generator().manual_seed(1))
@@ -166,15 +217,14 @@ def rank_main(args: dict) -> dict:
                 "zero": zero,
                 "link_s": link_s,
                 "losses": losses,
-                "predicted_exposed_s": predicted(compiled, args["link"], label == "pass"),
-                "peer": [
-                    d.reason
-                    for g in compiled.trex.graphs
-                    for r in g.report.records
-                    if r.name == "inductor_overlap"
-                    for d in r.decisions
-                ],
+                "predicted_exposed_s": predicted(compiled, args["link"]),
+                "peer": list(PEER_RESULTS),
+                "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
             }
+            if restore is not None:
+                from trex.driver import TrexCompiler
+
+                TrexCompiler._lower = restore
             del model, compiled, optimizer
     dist.destroy_process_group()
     return out
@@ -191,6 +241,9 @@ def main() -> int:
     parser.add_argument("--plans", default="ep,zero3")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--layers", type=int, default=0, help="decoder layers (default: the tiny config's)")
+    parser.add_argument(
+        "--moe-intermediate", type=int, default=0, help="experts' intermediate size (default: the tiny config's)"
+    )
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
@@ -205,6 +258,7 @@ def main() -> int:
         "plans": args.plans.split(","),
         "steps": args.steps,
         "layers": args.layers,
+        "moe_intermediate": args.moe_intermediate,
         "seq": args.seq,
         "rows": args.rows,
         "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
@@ -214,6 +268,9 @@ def main() -> int:
         args.json.write_text(json.dumps(results, indent=1))
     r0 = results[0]["plans"]
     print(f"link {args.link}; {args.steps} timed steps; seconds min / median / max (rank 0)")
+    for plan in config["plans"]:
+        for line in r0[f"{plan}/pass"]["chunking"]:
+            print(f"{plan} micro-chunks (cost model): {line}")
     print(
         "| plan | pass | step, slow link | step, zero link | exposed comm (slow - zero) | comm charged / step | "
         "comm share of step | predicted exposed | losses |"

@@ -134,6 +134,48 @@ def test_small_all_gathers_of_ready_inputs_are_bucketed_when_the_link_is_latency
         assert torch.equal(got, want)
 
 
+def test_gradient_reduce_scatters_are_bucketed_where_the_last_gradient_is_ready(monkeypatch):
+    monkeypatch.setenv("TREX_EMULATE_LINK", "alpha_us=1000,gbps=1")  # latency-bound small messages
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    grads, starts, waits = [], [], []
+    for _ in range(3):  # a backward: each gradient ready in turn, reduce-scattered and waited for right after it
+        grads.append(graph.call_function(torch.ops.aten.mm.default, (grads[-1] if grads else x, w)))
+        starts.append(graph.call_function(funcol.reduce_scatter_tensor.default, (grads[-1], "sum", 1, group_name())))
+        waits.append(graph.call_function(funcol.wait_tensor.default, (starts[-1],)))
+    inputs = [torch.randn(4, 4), torch.randn(4, 4)]
+    # 0.2 ms of compute between gradients: waiting for the next one costs less than the 1 ms latency it saves
+    gm = finish(graph, waits, inputs, {**{s.name: 1.1e-3 for s in starts}, **{g.name: 2e-4 for g in grads}})
+    before = copy_graph_module(gm)
+    sequence = collective_sequence(gm.graph)
+    result = run_pass(gm)
+    bucket = next(d for d in result.decisions if d.action == "bucket")
+    assert bucket.data["members"] == 3 and "where the last input is ready" in bucket.reason
+    assert collective_sequence(gm.graph) == sequence
+    summary = next(d for d in result.decisions if d.action == "summary")
+    assert summary.data["exposed_after_s"] < summary.data["exposed_before_s"]
+    gm.recompile()
+    for got, want in zip(gm(*inputs), before(*inputs)):
+        assert torch.equal(got, want)
+
+
+def test_reduce_scatters_far_apart_are_not_held_for_a_bucket(monkeypatch):
+    monkeypatch.setenv("TREX_EMULATE_LINK", "alpha_us=1000,gbps=1")
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    first = graph.call_function(torch.ops.aten.mm.default, (x, w))
+    early = graph.call_function(funcol.reduce_scatter_tensor.default, (first, "sum", 1, group_name()))
+    second = graph.call_function(torch.ops.aten.mm.default, (first, w))
+    late = graph.call_function(funcol.reduce_scatter_tensor.default, (second, "sum", 1, group_name()))
+    waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in (early, late)]
+    # 5 ms of compute between the two: holding the first for the second would cost more than one latency
+    gm = finish(
+        graph, waits, [torch.randn(4, 4), torch.randn(4, 4)], {early.name: 1.1e-3, late.name: 1.1e-3, second.name: 5e-3}
+    )
+    result = run_pass(gm)
+    assert not any(d.action == "bucket" for d in result.decisions)
+
+
 UNARY = (torch.ops.aten.relu.default, torch.ops.aten.neg.default, torch.ops.aten.tanh.default)
 BINARY = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.mm.default)
 
@@ -151,9 +193,11 @@ def graphs_with_collectives(draw):
         action = draw(st.sampled_from(["unary", "binary", "binary", "start", "wait"]))
         if action == "start":
             source = draw(st.sampled_from(values))
-            kind = draw(st.sampled_from(["all_reduce", "all_gather"]))
+            kind = draw(st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
             if kind == "all_reduce":
                 node = graph.call_function(funcol.all_reduce.default, (source, "sum", group_name()))
+            elif kind == "reduce_scatter":
+                node = graph.call_function(funcol.reduce_scatter_tensor.default, (source, "sum", 1, group_name()))
             else:
                 node = graph.call_function(funcol.all_gather_into_tensor.default, (source, 1, group_name()))
             pending.append((node, source))
@@ -199,3 +243,24 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
             assert names.index(node.args[0]) < names.index(node)
             assert all(names.index(node) < names.index(u) for u in node.users if u.op != "output")
     assert sum(map(is_wait, gm.graph.nodes)) == sum(map(is_wait, before.graph.nodes))
+
+
+def test_the_default_budget_is_the_memory_headroom_of_the_plan_or_the_graph():
+    from trex.cost_model.catalog import get_cluster
+    from trex.passes.reorder_comm import default_budget
+
+    graph = fx.Graph()  # a joint graph: forward output, then one gradient per primals input (None: no gradient)
+    weight, x, tangent = graph.placeholder("primals_1"), graph.placeholder("primals_2"), graph.placeholder("tangents_1")
+    out = graph.call_function(torch.ops.aten.mm.default, (x, weight))
+    x_t = graph.call_function(torch.ops.aten.t.default, (x,))
+    grad = graph.call_function(torch.ops.aten.mm.default, (x_t, tangent))
+    inputs = [torch.randn(256, 256), torch.randn(8, 256), torch.randn(8, 256)]
+    gm = finish(graph, [out, grad, None], inputs, {})
+    cluster = get_cluster("cpu")
+    assert default_budget(gm, cluster, {"comm_memory_budget_bytes": 123}) == (123, "given")
+    assert default_budget(gm, cluster, {"plan_memory_headroom_bytes": 5 << 20})[0] == 5 << 20
+    budget, source = default_budget(gm, cluster, {})
+    # usable memory - 4 x the 256 KiB weight (parameter, gradient, AdamW moments) - the peak of live values:
+    # the 8 KiB product, then x^T (8 KiB) and the 256 KiB gradient with it
+    assert budget == int(cluster.device.usable_memory_bytes) - 4 * 256 * 256 * 4 - (8 * 256 * 4 * 2 + 256 * 256 * 4)
+    assert "device memory headroom" in source

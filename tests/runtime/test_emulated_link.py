@@ -74,6 +74,12 @@ def timed_collectives(link: str) -> dict:
     plain = torch.empty(2 * x.numel())
     dist.all_gather_into_tensor(plain, x)
     out["values"]["dist.all_gather_into_tensor"] = plain
+    # buckets (reorder_comm's coalesced collectives) travel packed in one gloo call and come back unpacked
+    members = [x[:96].reshape(48, 2), x[96:100], x[100:164].reshape(2, 32)]
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor_coalesced(members, 2, group.group_name)
+    out["values"]["bucketed all_gather"] = [fc.wait_tensor(t).clone() for t in gathered]
+    reduced = torch.ops._c10d_functional.reduce_scatter_tensor_coalesced(members, "sum", 2, group.group_name)
+    out["values"]["bucketed reduce_scatter"] = [fc.wait_tensor(t).clone() for t in reduced]
     # reorder_comm's deadlock check across ranks: the same collective order passes, a different one is named
     from trex.passes.reorder_comm import CollectiveOrderError, check_across_ranks
 
@@ -160,6 +166,11 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
         torch.testing.assert_close(values["reduce_scatter"], (x[0] + x[1]).chunk(2)[rank])
         want = torch.cat([x[src].split(SENDS[src])[rank] for src in range(2)])
         torch.testing.assert_close(values["all_to_all"], want)
+        members = [[t[:96].reshape(48, 2), t[96:100], t[100:164].reshape(2, 32)] for t in x]
+        for got, one, two in zip(values["bucketed all_gather"], *members):
+            torch.testing.assert_close(got, torch.cat([one, two]))
+        for got, one, two in zip(values["bucketed reduce_scatter"], *members):
+            torch.testing.assert_close(got, (one + two).chunk(2)[rank])
         for kind, (wall, cpu, model) in result["timings"].items():
             assert model > 4e-3, (kind, model)  # the link model charges milliseconds here
             assert wall >= model, (rank, kind, wall, model)  # never faster than the link

@@ -1,0 +1,83 @@
+"""How many micro-chunks an expert-parallel layer should run in: the dispatch / experts / combine pipeline.
+
+An EP layer exchanges its rows (dispatch), runs the local experts on what arrived, and exchanges the results
+back (combine). In one chunk the experts wait for the whole dispatch and the combine waits for all experts:
+nothing hides the two exchanges. Cut the tokens into n chunks and the link carries chunk i+1's dispatch
+while the experts compute chunk i, and chunk i's combine while they compute chunk i+1 (the "two
+micro-batches" overlap of DeepSeek-V3's training, arXiv:2412.19437 section 3.2). Every chunk pays the
+link's latency again (n messages per exchange, and one more blocking count exchange each).
+
+`chunked_layer_seconds` is the same model reorder_comm's timeline uses (one compute stream, one serial link):
+the dispatches go out back to back, chunk i's experts start when its rows have arrived and the previous
+chunk's experts are done, its combine goes out when its experts are done and the link is free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHUNK_CHOICES = (1, 2, 4)  # micro-chunk counts considered
+MIN_GAIN = 0.05  # a split must save at least this share of the one-chunk layer time
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    chunks: int
+    seconds: dict[int, float]  # chunk count -> predicted layer time
+    reason: str
+
+
+def chunked_layer_seconds(
+    dispatch_s: float, experts_s: float, combine_s: float, alpha_s: float, chunks: int, counts_s: float = 0.0
+) -> float:
+    """Predicted time of one EP layer run in `chunks` micro-chunks.
+
+    dispatch_s / combine_s: one-chunk exchange times, each including one link latency `alpha_s`; a chunk's
+    exchange takes `alpha_s + (t - alpha_s) / chunks`. experts_s: the local experts over all rows (a chunk takes
+    1/chunks of it). counts_s: the blocking count exchange in front of the layer, paid once per chunk."""
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    alpha = min(alpha_s, dispatch_s, combine_s)
+
+    def part(total: float) -> float:
+        return alpha + (total - alpha) / chunks
+
+    link = counts_s * chunks  # the blocking count exchanges run first
+    now = link
+    arrived = []
+    for _ in range(chunks):
+        link += part(dispatch_s)
+        arrived.append(link)
+    combine_done = 0.0
+    for i in range(chunks):
+        now = max(now, arrived[i]) + experts_s / chunks
+        link = max(link, now) + part(combine_s)
+        combine_done = link
+    return max(now, combine_done)
+
+
+def choose_chunks(
+    dispatch_s: float, experts_s: float, combine_s: float, alpha_s: float, counts_s: float = 0.0, max_chunks: int = 4
+) -> ChunkChoice:
+    """The chunk count of `CHUNK_CHOICES` (up to max_chunks, the rows there are) with the shortest predicted
+    layer; one chunk unless the split saves at least MIN_GAIN of the one-chunk time."""
+    seconds = {
+        n: chunked_layer_seconds(dispatch_s, experts_s, combine_s, alpha_s, n, counts_s)
+        for n in CHUNK_CHOICES
+        if n <= max(1, max_chunks)
+    }
+    one = seconds[1]
+    best = min(seconds, key=lambda n: (seconds[n], n))
+    pays = one > 0 and (one - seconds[best]) / one >= MIN_GAIN
+    chunks = best if pays else 1
+    summary = ", ".join(f"{n} chunk{'s' if n > 1 else ''} {t * 1e3:.3f} ms" for n, t in seconds.items())
+    reason = (
+        f"dispatch {dispatch_s * 1e3:.3f} ms, experts {experts_s * 1e3:.3f} ms, combine {combine_s * 1e3:.3f} ms, "
+        f"link latency {alpha_s * 1e6:.0f} us: {summary}; "
+        + (
+            f"{chunks} chunks save {(one - seconds[chunks]) * 1e3:.3f} ms ({(one - seconds[chunks]) / one:.0%})"
+            if chunks > 1
+            else f"one chunk (the best split saves {(one - seconds[best]) / one if one else 0:.0%} < {MIN_GAIN:.0%})"
+        )
+    )
+    return ChunkChoice(chunks, seconds, reason)

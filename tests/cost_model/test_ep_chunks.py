@@ -1,0 +1,27 @@
+"""cost_model.ep_chunks: the micro-chunk pipeline model of an expert-parallel layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from trex.cost_model.ep_chunks import choose_chunks, chunked_layer_seconds
+
+
+def test_one_chunk_is_the_serial_layer():
+    assert chunked_layer_seconds(3.0, 2.0, 4.0, 0.5, 1, counts_s=0.25) == pytest.approx(0.25 + 3 + 2 + 4)
+
+
+def test_two_chunks_overlap_the_second_dispatch_and_the_first_combine_with_the_experts():
+    # d = b = c = 2, no latency: link D1 [0,1] D2 [1,2]; E1 [1,2]; B1 [2,3]; E2 [2,3]; B2 [3,4]
+    assert chunked_layer_seconds(2.0, 2.0, 2.0, 0.0, 2) == pytest.approx(4.0)
+    # every chunk pays the latency again: each exchange message costs alpha + its share of the bytes
+    assert chunked_layer_seconds(2.0, 2.0, 2.0, 1.0, 2) > chunked_layer_seconds(2.0, 2.0, 2.0, 0.0, 2)
+
+
+def test_the_split_is_chosen_only_when_it_pays():
+    latency_bound = choose_chunks(13e-3, 0.3e-3, 13e-3, 10e-3, counts_s=10e-3)
+    assert latency_bound.chunks == 1 and "one chunk" in latency_bound.reason
+    balanced = choose_chunks(1e-3, 2e-3, 1e-3, 10e-6, counts_s=10e-6)
+    assert balanced.chunks > 1 and balanced.seconds[balanced.chunks] < 0.95 * balanced.seconds[1]
+    assert f"{balanced.chunks} chunks save" in balanced.reason
+    assert choose_chunks(1e-3, 2e-3, 1e-3, 10e-6, max_chunks=1).chunks == 1  # one token cannot be split
