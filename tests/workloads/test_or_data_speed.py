@@ -105,6 +105,37 @@ def test_an_lp_file_is_read_and_solved_once_and_its_copies_are_independent():
     assert solve.lp_counts_scip(lp) == (2, 1)
 
 
+def test_plain_branch_and_bound_reads_every_family_to_the_verdict_of_scips_defaults():
+    """The LP-file check solves by plain branch and bound (`solve.plain_branch_and_bound`): on every
+    family's instances, optimal, infeasible and unbounded, the same status and objective as SCIP
+    with its default presolving, heuristics and cuts."""
+    from pyscipopt import Model
+
+    from trex.workloads.or_data.lp_format import write_lp
+    from trex.workloads.or_data.outcome import Outcome
+
+    def default_scip(lp: str) -> solve.SolveResult:
+        with solve.lp_file(lp) as path:
+            scip = Model()
+            scip.hideOutput()
+            scip.readProblem(path)
+        return solve._solve_read_scip(scip)
+
+    cases = [(name, seed, "optimal") for name in FAMILIES for seed in (3,)]
+    cases += [(name, 5, status) for name in FAMILIES for status in ("infeasible", "unbounded")]
+    checked = set()
+    for name, seed, status in cases:
+        if status != "optimal" and status not in FAMILIES[name].statuses:
+            continue
+        made = generated(name, seed, status)
+        lp = write_lp(FAMILIES[name].linear_model(made.data))
+        plain, default = solve.solve_lp_text_scip(lp), default_scip(lp)
+        assert plain.status == default.status, (name, seed, status)
+        assert Outcome(plain.status, plain.objective).matches(Outcome(default.status, default.objective))
+        checked.add(default.status)
+    assert checked == {"optimal", "infeasible", "unbounded"}
+
+
 def test_a_cpt_instance_whose_document_shows_no_program_is_verified_without_running_it(runner):  # noqa: F811
     seeds = [seed for seed in range(40) if document_plan(stream(seed, 0, "cpt_layout")) == CONCEPT]
     assert seeds, "a concept document is drawn 30% of the time"
