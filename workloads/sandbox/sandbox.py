@@ -446,7 +446,6 @@ class Sandbox:
             "OPENBLAS_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "MALLOC_ARENA_MAX": "2",
-            **host_markers(),
         }
         if bwrap:
             from trex.workloads.sandbox.bwrap import bwrap_binary, worker_argv
@@ -571,29 +570,9 @@ class Sandbox:
             # multi-threaded solvers are not killed by the address-space limit for memory never used
             "MALLOC_ARENA_MAX": "2",
             "TREX_SANDBOX_TOKEN": token,
-            **host_markers(),
         }
         env.update(self.extra_env)
         return env
-
-
-# Host environment variables a sandbox process keeps (when set), although the sandbox otherwise
-# starts from an empty environment: markers that tell the host's process managers which run a
-# process belongs to, never configuration a program could act on. TREX_BENCH=1 marks a locked
-# benchmark on a shared machine (`/work/bin/bench`), whose priority manager lowers every Python
-# and bwrap process without it to nice 19: without the marker, a locked benchmark's warm workers
-# and every program they fork ran at the lowest priority while the rest of the run had the cores.
-HOST_MARKERS = ("TREX_BENCH",)
-
-
-def host_markers() -> dict[str, str]:
-    """The `HOST_MARKERS` set in this process's environment (a marker's value must be a short
-    plain word: it reaches the program's environment)."""
-    return {
-        name: value
-        for name in HOST_MARKERS
-        if (value := os.environ.get(name)) is not None and len(value) <= 16 and value.isalnum()
-    }
 
 
 def _default_python() -> str:
