@@ -563,6 +563,18 @@ def _interleave_tables_ok(x: Any, cos: Any, sin: Any) -> bool:
     ) == list(shape)
 
 
+def _float_cast(node: Any) -> fx.Node | None:
+    """node when it is a plain dtype conversion (`_to_copy(x, dtype=...)`), else None."""
+    if _is(node, aten._to_copy.default) and set(node.kwargs) <= {"dtype"} and len(node.args) == 1:
+        return node
+    return None
+
+
+def _casts(node: Any, x: Any, dtype: Any) -> bool:
+    """node is x converted to dtype."""
+    return _float_cast(node) is not None and node.args[0] is x and _dtype(node) == dtype
+
+
 class InterleavedRotary(Pattern):
     """x * cos + rotate_interleaved(x) * sin on 4-D tensors, rotate_interleaved(x) written as
     stack([-x[..., 1::2], x[..., 0::2]], -1) viewed back to x's shape, with cos and sin already
@@ -579,20 +591,27 @@ class InterleavedRotary(Pattern):
             if not (_is(straight, aten.mul.Tensor) and _is(rotated, aten.mul.Tensor)):
                 continue
             for flat, sin in (rotated.args, rotated.args[::-1]):
-                found = self._rotated(flat)
+                cast = _float_cast(flat)  # bf16 V4: both arms are cast to fp32 (the rotation itself in bf16)
+                found = self._rotated(cast.args[0] if cast is not None else flat)
                 if found is None:
                     continue
                 x, region = found
-                if x not in straight.args:
+                arms = [a for a in straight.args if a is x or (cast is not None and _casts(a, x, _dtype(cast)))]
+                if len(arms) != 1 or (cast is not None) != (arms[0] is not x):
                     continue
-                cos = straight.args[1] if straight.args[0] is x else straight.args[0]
+                if cast is not None:
+                    region = [*region, cast, arms[0]]
+                cos = straight.args[1] if straight.args[0] is arms[0] else straight.args[0]
                 if not _interleave_tables_ok(x, cos, sin):
                     continue
                 out = _val(node)
-                if list(out.shape) != list(_val(x).shape) or out.dtype != _val(x).dtype:
+                promoted = torch.promote_types(_dtype(arms[0]), torch.promote_types(_dtype(cos), _dtype(sin)))
+                if list(out.shape) != list(_val(x).shape) or out.dtype != promoted:
                     continue
 
-                def emit(e: Emitter, x=x, cos=cos, sin=sin):
+                def emit(e: Emitter, x=x, cos=cos, sin=sin, dtype=promoted):
+                    # bf16 heads with fp32 tables (V4 in bf16) compute in fp32, as eager's type promotion does
+                    x, cos, sin = (e.cast(t, dtype, _dtype(t)) for t in (x, cos, sin))
                     return {node: e.npu("npu_rotary_mul", (x, cos, sin), {"rotary_mode": "interleave"})}
 
                 return Match(self.name, self.op, [*region, straight, rotated, node], emit)
