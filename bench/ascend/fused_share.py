@@ -83,7 +83,10 @@ def _per_step(params, target: str = "ascend-910c") -> str:
     zero, cast = 4 * elements / rate + device.kernel_overhead_s, 6 * elements / rate + device.kernel_overhead_s
     return (
         f"<!-- per optimizer step, not per backward: {len(buffers)} main_grad buffers, {elements / 1e9:.2f} G "
-        f"elements: zero-fill {zero * 1e6:.0f} us, cast to bf16 .grad {cast * 1e6:.0f} us (each per buffer set) -->"
+        f"elements: zero-fill {zero * 1e6:.0f} us (each per buffer set; with --grads published, after "
+        f"zero_grad(set_to_none)); with --grads main-grad, an optimizer reading bf16 .grad would add a cast of "
+        f"{cast * 1e6:.0f} us (--grads published prices that cast in the graph, every backward, for bf16 "
+        "parameters) -->"
     )
 
 
