@@ -251,6 +251,7 @@ def test_deepseek_interleaved_rope_forms_lower_to_npu_rotary_mul_interleave(form
     assert x.shape[-1] == r1.shape[-1] == r2.shape[-1] == 8 and tuple(r1.shape[:2]) == (1, 1)  # 11SD tables
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["v4", "v3"])
 def test_deepseek_interleaved_rope_forms_in_bf16_match_eager(form):
     torch.manual_seed(0)
