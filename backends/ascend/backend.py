@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from torch import fx
 
-from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads
+from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads, main_grad_publish
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
 from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
 from trex.backends.backend import Backend
@@ -63,13 +63,20 @@ class AscendBackend(Backend):
         *,
         emulate: bool | None = None,
         check: Callable[..., Any] | None = None,
-        main_grad: bool = False,
+        main_grad: bool = True,
+        publish_grads: bool = True,
     ):
-        """`main_grad=True`: the routed experts' weight gradients accumulate in place into a persistent
-        float32 `param.main_grad` (gradient-accumulation fusion, see `main_grad.py`) instead of being
-        returned as `param.grad`; the caller zero-fills it once per step (`zero_main_grads`)."""
+        """`main_grad` (default on, as Megatron-LM's `gradient_accumulation_fusion` and MindSpeed's DeepSeek
+        recipes): the routed experts' weight gradients accumulate in place into a persistent float32
+        `param.main_grad` through `npu_grouped_matmul_add_` (see `main_grad.py`); `main_grad=False` opts
+        out (the functional lowering: a zero-filled fp32 accumulator and a cast back, every backward).
+        `publish_grads` (default on): `param.grad` still holds the gradient as torch would leave it (the
+        buffer itself for fp32 parameters), so plain torch optimizers work unchanged; `publish_grads=False`
+        is the Megatron contract: `.grad` stays None, the optimizer reads `main_grad` and the caller
+        zero-fills it once per step (`zero_main_grads`)."""
         self.target = target
         self.main_grad = main_grad
+        self.publish_grads = publish_grads
         self.patterns = tuple(patterns)
         self.emulate = emulate
         self.check = check
@@ -84,6 +91,9 @@ class AscendBackend(Backend):
             prepared = {n for n in graph.nodes if n.meta.get(PREPARED)}
             state = _GraphState({n for m in matches for n in m.nodes} | prepared)
             state.report = price_graph(graph, self.target, matches)
+            state.report.publishes_grads = any(
+                n.op == "call_function" and n.target is main_grad_publish for n in graph.nodes
+            )
             self.reports.append(state.report)
             self._graphs[graph] = state
         self._current = state
@@ -104,7 +114,9 @@ class AscendBackend(Backend):
         """With `main_grad`, the backward's expert weight gradients become in-place accumulations."""
         if self.main_grad and phase == "backward":
             emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
-            accumulate_into_main_grads(gm, graph_inputs, target=self.target, emitter=emitter)
+            accumulate_into_main_grads(
+                gm, graph_inputs, target=self.target, emitter=emitter, publish=self.publish_grads
+            )
 
     def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         gm = copy_graph_module(gm)

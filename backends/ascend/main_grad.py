@@ -16,10 +16,21 @@ returns no gradient for that parameter: `param.grad` stays None and `param.main_
 sum over the backwards since the last `zero_main_grads`. An optimizer that reads `.grad` gets it with
 `main_grads_to_grads` (once per step). The buffer is read by the lowered graph as it is, so it is
 zeroed in place, never replaced.
+
+With `publish=True` (what `backend=["ascend"]` does by default) the graph also keeps torch's `.grad`
+contract, so a plain torch optimizer, `clip_grad_norm_` or trex train see the gradient where they look:
+before the in-place call, `main_grad_begin` brings the buffer in line with `param.grad` (None, e.g. after
+`optimizer.zero_grad()`: zero-fill, once per step; the `.grad` it published last and nobody touched: keep
+summing; anything else, e.g. a `.grad` the user set or scaled in place: copy it in, as autograd would add
+to it); after it, `main_grad_publish` sets `param.grad` to the sum: the buffer itself for a float32
+parameter (no copy: the graph writes the gradient where the optimizer reads it), a cast of it (priced,
+every backward) for a bf16/fp16 parameter, whose `.grad` must have the parameter's dtype.
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -79,6 +90,60 @@ def main_grads_to_grads(params: torch.nn.Module | Iterable[torch.nn.Parameter]) 
     return given
 
 
+class _Slot:
+    """One parameter whose gradient a lowered graph accumulates into `main_grad` and publishes to `.grad`."""
+
+    def __init__(self, param: torch.nn.Parameter):
+        self.param = weakref.ref(param)
+        self.published: torch.Tensor | None = None  # the `.grad` tensor this slot set last ...
+        self.version = -1  # ... and its version counter then (an in-place change by the user bumps it)
+
+
+_SLOTS: dict[int, _Slot] = {}
+_SLOT_IDS = itertools.count()
+
+
+def _slot_for(param: torch.nn.Parameter) -> int:
+    slot_id = next(_SLOT_IDS)
+    _SLOTS[slot_id] = _Slot(param)
+    weakref.finalize(param, _SLOTS.pop, slot_id, None)
+    return slot_id
+
+
+def _live(slot_id: int) -> tuple[_Slot, torch.nn.Parameter]:
+    slot = _SLOTS.get(slot_id)
+    param = slot.param() if slot is not None else None
+    if param is None:
+        raise AscendSchemaError(
+            f"main_grad slot {slot_id}: the parameter this compiled graph accumulates into no longer exists; "
+            "compile the model again"
+        )
+    return slot, param
+
+
+def main_grad_begin(slot_id: int) -> torch.Tensor:
+    """The parameter's `main_grad`, brought in line with its `.grad` first (see the module docstring)."""
+    slot, param = _live(slot_id)
+    buffer = main_grad_of(param)
+    grad = param.grad
+    with torch.no_grad():
+        if grad is None:
+            buffer.zero_()  # optimizer.zero_grad() (set_to_none) since the last backward: the step's one fill
+        elif grad is buffer or (grad is slot.published and grad._version == slot.version):
+            pass  # what the last backward left: keep summing (micro-batches, or no zero_grad in between)
+        else:
+            buffer.copy_(grad)  # set or changed by someone else: autograd would add to it, so do we
+    return buffer
+
+
+@torch.fx.node.has_side_effect
+def main_grad_publish(slot_id: int, summed: torch.Tensor) -> None:
+    """Set `param.grad` to the float32 sum (the buffer itself for a float32 parameter, else its cast)."""
+    slot, param = _live(slot_id)
+    param.grad = summed
+    slot.published, slot.version = summed, summed._version
+
+
 def _accumulator_traffic_s(node: fx.Node, cluster: Any) -> float:
     """Extra memory time of accumulating into float32 in place: read and write 4 bytes per weight
     element where the functional GEMM wrote its output once in the output's dtype."""
@@ -89,15 +154,18 @@ def _accumulator_traffic_s(node: fx.Node, cluster: Any) -> float:
 
 
 def accumulate_into_main_grads(
-    gm: fx.GraphModule, graph_inputs: Sequence[Any] | None, *, target: str, emitter: Any
+    gm: fx.GraphModule, graph_inputs: Sequence[Any] | None, *, target: str, emitter: Any, publish: bool = False
 ) -> list[fx.Node]:
     """Rewrite `gm` (a backward graph) in place as the module docstring says; returns the emitted calls.
 
     `emitter` is a `patterns.Emitter` on gm's graph (schema-checked torch_npu calls). A weight gradient
     is rewritten only when the graph's outputs line up with `graph_inputs` and the input at its position is
-    a parameter of the gradient's shape; anything else keeps the functional lowering.
+    a parameter of the gradient's shape; anything else keeps the functional lowering. `publish`: keep
+    `param.grad` as torch sets it (`main_grad_begin` / `main_grad_publish`); else `.grad` stays None.
     """
-    from trex.cost_model.annotate import annotate_node, cluster_of
+    from trex.cost_model.annotate import NodeCost, annotate_node, cluster_of
+
+    bookkeeping = NodeCost("main_grad bookkeeping", "host", 0.0, 0.0, 0.0, note="sets .grad; no kernel")
 
     output = next(iter(gm.graph.find_nodes(op="output")))
     results = output.args[0]
@@ -123,12 +191,16 @@ def accumulate_into_main_grads(
         cost = annotate_node(result, cluster)
         if cost is not None:
             cost = replace(cost, time_s=cost.time_s + _accumulator_traffic_s(result, cluster))
-        target_name = f"_trex_main_grad_{index}"
-        gm.register_buffer(target_name, main_grad_of(param), persistent=False)
+        fake_mode = _fake_mode_of(result)
         with gm.graph.inserting_before(result):
-            buffer = gm.graph.get_attr(target_name)
-            fake_mode = _fake_mode_of(result)
-            buffer.meta["val"] = fake_mode.from_tensor(getattr(gm, target_name)) if fake_mode else main_grad_of(param)
+            if publish:  # the buffer as the graph's run finds it, in line with param.grad
+                buffer = gm.graph.call_function(main_grad_begin, (_slot_for(param),))
+                buffer.meta[REPLACED_COST] = bookkeeping
+            else:  # Megatron-style: the lowered graph holds the buffer itself
+                target_name = f"_trex_main_grad_{index}"
+                gm.register_buffer(target_name, main_grad_of(param), persistent=False)
+                buffer = gm.graph.get_attr(target_name)
+            buffer.meta["val"] = fake_mode.from_tensor(main_grad_of(param)) if fake_mode else main_grad_of(param)
             first_glue = len(emitter.glue)
             group_list = emitter.cast(offsets, torch.int64, offsets.meta["val"].dtype)
             call = emitter.npu(
@@ -137,7 +209,13 @@ def accumulate_into_main_grads(
                 {"transpose_x": True, "transpose_weight": False, "group_type": 2, "group_list_type": 0},
                 allowed={"transpose_x": [True], "transpose_weight": [False], "group_type": [2]},
             )
-        for node in [call, *emitter.glue[first_glue:]]:
+            published = []
+            if publish:  # a bf16/fp16 parameter's .grad has its dtype: one cast per backward, priced as glue
+                summed = emitter.cast(call, param.dtype, torch.float32)
+                sets = gm.graph.call_function(main_grad_publish, (buffer.args[0], summed))
+                sets.meta[REPLACED_COST] = bookkeeping
+                published = [buffer, sets]
+        for node in [call, *emitter.glue[first_glue:], *published]:
             node.meta[PREPARED] = True
             if "trex_moe" in result.meta:
                 node.meta["trex_moe"] = result.meta["trex_moe"]

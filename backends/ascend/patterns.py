@@ -543,6 +543,163 @@ class RotaryBackward(Pattern):
         ]
 
 
+def _strided_half(node: Any, x: Any, start: int) -> bool:
+    """node is x[..., start::2] (the even or odd lanes of x's last dimension)."""
+    if not _is(node, aten.slice.Tensor) or node.args[0] is not x or not _last_dim(x, node.args[1]):
+        return False
+    args = [*node.args, None, None, None][:5]
+    begin, end, step = args[2], args[3], args[4]
+    return (begin or 0) == start and (end is None or end >= _val(x).size(-1)) and step == 2
+
+
+def _interleave_tables_ok(x: Any, cos: Any, sin: Any) -> bool:
+    """4-D x, and cos/sin broadcast to it with x's last dimension (the interleave mode's r1, r2)."""
+    values = [_val(v) for v in (x, cos, sin)]
+    if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
+        return False
+    shape = values[0].shape
+    return all(v.size(-1) == shape[-1] for v in values[1:]) and list(
+        torch.broadcast_shapes(*(v.shape for v in values))
+    ) == list(shape)
+
+
+def _float_cast(node: Any) -> fx.Node | None:
+    """node when it is a plain dtype conversion (`_to_copy(x, dtype=...)`), else None."""
+    if _is(node, aten._to_copy.default) and set(node.kwargs) <= {"dtype"} and len(node.args) == 1:
+        return node
+    return None
+
+
+def _casts(node: Any, x: Any, dtype: Any) -> bool:
+    """node is x converted to dtype."""
+    return _float_cast(node) is not None and node.args[0] is x and _dtype(node) == dtype
+
+
+class InterleavedRotary(Pattern):
+    """x * cos + rotate_interleaved(x) * sin on 4-D tensors, rotate_interleaved(x) written as
+    stack([-x[..., 1::2], x[..., 0::2]], -1) viewed back to x's shape, with cos and sin already
+    repeated per lane pair (DeepSeek-V4's RoPE on the last rope dims; GPT-J style)
+    -> npu_rotary_mul(rotary_mode="interleave"), exactly the formula its documentation gives."""
+
+    name, op = "rotary_interleave", "npu_rotary_mul"
+    anchors = (aten.add.Tensor,)
+
+    def match(self, node):
+        if len(node.args) != 2 or node.kwargs:
+            return None
+        for straight, rotated in (node.args, node.args[::-1]):
+            if not (_is(straight, aten.mul.Tensor) and _is(rotated, aten.mul.Tensor)):
+                continue
+            for flat, sin in (rotated.args, rotated.args[::-1]):
+                cast = _float_cast(flat)  # bf16 V4: both arms are cast to fp32 (the rotation itself in bf16)
+                found = self._rotated(cast.args[0] if cast is not None else flat)
+                if found is None:
+                    continue
+                x, region = found
+                arms = [a for a in straight.args if a is x or (cast is not None and _casts(a, x, _dtype(cast)))]
+                if len(arms) != 1 or (cast is not None) != (arms[0] is not x):
+                    continue
+                if cast is not None:
+                    region = [*region, cast, arms[0]]
+                cos = straight.args[1] if straight.args[0] is arms[0] else straight.args[0]
+                if not _interleave_tables_ok(x, cos, sin):
+                    continue
+                out = _val(node)
+                promoted = torch.promote_types(_dtype(arms[0]), torch.promote_types(_dtype(cos), _dtype(sin)))
+                if list(out.shape) != list(_val(x).shape) or out.dtype != promoted:
+                    continue
+
+                def emit(e: Emitter, x=x, cos=cos, sin=sin, dtype=promoted):
+                    # bf16 heads with fp32 tables (V4 in bf16) compute in fp32, as eager's type promotion does
+                    x, cos, sin = (e.cast(t, dtype, _dtype(t)) for t in (x, cos, sin))
+                    return {node: e.npu("npu_rotary_mul", (x, cos, sin), {"rotary_mode": "interleave"})}
+
+                return Match(self.name, self.op, [*region, straight, rotated, node], emit)
+        return None
+
+    def _rotated(self, flat):
+        if not _is(flat, aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            return None
+        stack = flat.args[0]
+        if not _is(stack, aten.stack.default) or len(stack.args[0]) != 2:
+            return None
+        dim = stack.args[1] if len(stack.args) > 1 else 0
+        if not _last_dim(stack, dim):
+            return None
+        negated, even = stack.args[0]
+        if not _is(negated, aten.neg.default) or not _is(even, aten.slice.Tensor):
+            return None
+        x, odd = even.args[0], negated.args[0]
+        if not (_strided_half(even, x, 0) and _strided_half(odd, x, 1)):
+            return None
+        if list(_val(flat).shape) != list(_val(x).shape):
+            return None
+        return x, [even, odd, negated, stack, flat]
+
+
+class DeinterleavedRotary(Pattern):
+    """cat([xe * c - xo * s, xo * c + xe * s], -1) with xe, xo = x[..., 0::2], x[..., 1::2] and c, s
+    tables of half x's last dimension (transformers' DeepSeek-V3 RoPE: the rotation of each lane pair,
+    written back with the rotated even lanes first). That is torch_npu's interleave-mode rotation of x
+    followed by a de-interleave of the result, so it lowers to npu_rotary_mul(x, r1, r2, "interleave")
+    with r1, r2 = c, s repeated per lane pair (glue on the small tables) and one de-interleaving copy
+    of the result (glue): out[..., :D/2] = y[..., 0::2], out[..., D/2:] = y[..., 1::2]."""
+
+    name, op = "rotary_deinterleave", "npu_rotary_mul"
+    anchors = (aten.cat.default,)
+
+    def match(self, node):
+        parts = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else 0
+        if len(parts) != 2 or not _last_dim(node, dim):
+            return None
+        first, second = parts
+        if not (_is(first, aten.sub.Tensor) and _is(second, aten.add.Tensor)) or len(first.args) != 2:
+            return None
+        if not all(_is(m, aten.mul.Tensor) for m in (*first.args, *second.args)) or len(second.args) != 2:
+            return None
+        even_cos, odd_sin = first.args  # xe * c - xo * s
+        for xe, c in (even_cos.args, even_cos.args[::-1]):
+            x = xe.args[0] if _is(xe, aten.slice.Tensor) else None
+            if x is None or not _strided_half(xe, x, 0):
+                continue
+            for xo, s in (odd_sin.args, odd_sin.args[::-1]):
+                if not _strided_half(xo, x, 1):
+                    continue
+                terms = {frozenset(m.args) for m in second.args if len(m.args) == 2}
+                if terms != {frozenset((xo, c)), frozenset((xe, s))}:  # xo * c + xe * s
+                    continue
+                found = self._checked(node, x, xe, c, s)
+                if found is not None:
+                    return Match(
+                        self.name, self.op, [xe, xo, even_cos, odd_sin, *second.args, first, second, node], found
+                    )
+        return None
+
+    def _checked(self, node, x, xe, c, s):
+        values = [_val(v) for v in (x, xe, c, s, node)]
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 4 for v in values):
+            return None
+        vx, vxe, vc, vs, out = values
+        size = vx.size(-1)
+        if size % 2 or list(out.shape) != list(vx.shape) or out.dtype != vx.dtype:
+            return None
+        if vc.size(-1) != size // 2 or vs.size(-1) != size // 2:
+            return None
+        if list(torch.broadcast_shapes(vxe.shape, vc.shape, vs.shape)) != list(vxe.shape):
+            return None
+
+        def emit(e: Emitter, x=x, c=c, s=s):
+            r1, r2 = (e.aten(aten.repeat_interleave.self_int, t, 2, -1) for t in (c, s))
+            y = e.npu("npu_rotary_mul", (x, r1, r2), {"rotary_mode": "interleave"})
+            pairs = e.aten(aten.view.default, y, [*vx.shape[:-1], size // 2, 2])
+            lanes = e.aten(aten.transpose.int, pairs, -1, -2)
+            packed = e.aten(aten.clone.default, lanes, memory_format=torch.contiguous_format)
+            return {node: e.aten(aten.view.default, packed, list(vx.shape))}
+
+        return emit
+
+
 def _sum_terms(node: fx.Node) -> tuple[list[Any], list[fx.Node]]:
     """The terms of a tree of binary aten adds rooted at `node` (inner adds used only by the tree), and
     the inner adds."""
@@ -1264,6 +1421,8 @@ PATTERNS: tuple[Pattern, ...] = (
     SwiGluBackward(),
     Rotary(),
     RotaryBackward(),
+    InterleavedRotary(),
+    DeinterleavedRotary(),
     GatingTopK(),
     ClippedSwiGluBackward(),
     FlashAttention(),

@@ -40,6 +40,7 @@ class AscendGraphReport:
     glue_s: float = 0.0  # the aten glue the rewrites added (casts, views, masks), priced on the target
     moe_glue_s: float = 0.0
     glue_by_op: Counter = field(default_factory=Counter)  # op -> predicted seconds of the glue nodes
+    publishes_grads: bool = False  # main_grad accumulations that also set param.grad (see main_grad.py)
 
     def record_fused(self, nodes: set[str], emitted: list[str]) -> None:
         new = nodes - self.fused_nodes
@@ -135,10 +136,16 @@ def describe(reports: list[AscendGraphReport]) -> list[str]:
         ops.update(r.emitted)
     lines = [line, "ascend: emitted " + ", ".join(f"{name} x{count}" for name, count in sorted(ops.items()))]
     if ops["npu_grouped_matmul_add_"]:
+        published = any(r.publishes_grads for r in reports)
         lines.append(
             f"ascend: {ops['npu_grouped_matmul_add_']} expert weight gradient(s) accumulate in place into float32 "
-            "`main_grad` (npu_grouped_matmul_add_; .grad stays None): zero them once per step with "
-            "trex.backends.ascend.main_grad.zero_main_grads"
+            + (
+                "`main_grad` (npu_grouped_matmul_add_), published to .grad after each backward (fp32 parameters: "
+                "the buffer itself; AscendBackend(main_grad=False) opts out)"
+                if published
+                else "`main_grad` (npu_grouped_matmul_add_; .grad stays None): zero them once per step with "
+                "trex.backends.ascend.main_grad.zero_main_grads"
+            )
         )
     for moe_only, what in ((True, "MoE layers"), (False, "whole graph")):
         left: Counter = Counter()

@@ -9,12 +9,16 @@ Two settings, both priced by trex's cost model (predictions: nothing runs on an 
     capture never runs, is lowered here with the same backend).
 For each: the share of the MoE layers' predicted time (nodes canonicalization tags `trex_moe`) and of
 the whole graphs' time that the fused ops took; the aten glue the rewrites add counts as not fused.
-`--main-grad` lowers with `AscendBackend(main_grad=True)` (expert weight gradients accumulate in place
-into float32 `param.main_grad`); the once-per-step zero-fill of those buffers (and the cast an optimizer
-reading bf16 `.grad` needs) are priced apart, per optimizer step, since they do not run per backward.
+`--grads` picks how expert weight gradients are lowered: `published` (the default of backend=["ascend"]:
+in place into float32 `param.main_grad`, then `.grad` set to it after each backward, a cast per backward
+for bf16 parameters, priced as not fused), `main-grad` (`AscendBackend(publish_grads=False)`, Megatron's
+contract: the optimizer reads `main_grad`) or `functional` (`AscendBackend(main_grad=False)`: a zero-filled
+fp32 accumulator and a cast back, every backward). The once-per-step zero-fill of the buffers (and, for
+`main-grad`, the cast an optimizer reading bf16 `.grad` would need) are printed apart, per optimizer step.
 
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
-                                       [--skip-tiny] [--skip-full] [--main-grad]
+                                       [--skip-tiny] [--skip-full] [--grads published|main-grad|functional]
+                                       [--tiny-dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -79,30 +83,40 @@ def _per_step(params, target: str = "ascend-910c") -> str:
     zero, cast = 4 * elements / rate + device.kernel_overhead_s, 6 * elements / rate + device.kernel_overhead_s
     return (
         f"<!-- per optimizer step, not per backward: {len(buffers)} main_grad buffers, {elements / 1e9:.2f} G "
-        f"elements: zero-fill {zero * 1e6:.0f} us, cast to bf16 .grad {cast * 1e6:.0f} us (each per buffer set) -->"
+        f"elements: zero-fill {zero * 1e6:.0f} us (each per buffer set; with --grads published, after "
+        f"zero_grad(set_to_none)); with --grads main-grad, an optimizer reading bf16 .grad would add a cast of "
+        f"{cast * 1e6:.0f} us (--grads published prices that cast in the graph, every backward, for bf16 "
+        "parameters) -->"
     )
 
 
-def _ascend(main_grad: bool):
+GRADS = {
+    "published": {},  # AscendBackend()'s defaults, what backend=["ascend"] gets
+    "main-grad": {"publish_grads": False},
+    "functional": {"main_grad": False},
+}
+
+
+def _ascend(grads: str):
     from trex.backends.ascend import AscendBackend
 
-    return AscendBackend(main_grad=main_grad)
+    return AscendBackend(**GRADS[grads])
 
 
-def tiny(family: str, main_grad: bool = False):
+def tiny(family: str, grads: str = "published", dtype: torch.dtype = torch.float32):
     import trex
     from trex.models import build_model, tiny_config
 
     config = tiny_config(family)
-    model = build_model(config, dtype=torch.float32, seed=1)
-    compiled = trex.compile(model, backend=[_ascend(main_grad)])
+    model = build_model(config, dtype=dtype, seed=1)
+    compiled = trex.compile(model, backend=[_ascend(grads)])
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     lowerings = _lowerings(compiled.trex.graphs)
     return _reports(lowerings), _emitted(lowerings), _per_step(model.parameters())
 
 
-def full(family: str, layers: int, seq: int, main_grad: bool = False):
+def full(family: str, layers: int, seq: int, grads: str = "published"):
     from trex.backends import get_backend, lower_graph
     from trex.meta_capture import capture_model
     from trex.models import load_config
@@ -113,13 +127,13 @@ def full(family: str, layers: int, seq: int, main_grad: bool = False):
     for name in ("layer_types", "mlp_layer_types"):
         if isinstance(getattr(config, name, None), list):
             setattr(config, name, getattr(config, name)[:layers])
-    capture = capture_model(config, batch=1, seq=seq, include_ends=False, backend=[_ascend(main_grad)])
+    capture = capture_model(config, batch=1, seq=seq, include_ends=False, backend=[_ascend(grads)])
     graphs = [k.graph for k in capture.kinds if k.graph is not None]
     lowerings = _lowerings(graphs)
     params = []
     for graph in graphs:
         if "backward" not in graph.lowerings and graph.backward is not None:
-            backends = [_ascend(main_grad), get_backend("eager")]
+            backends = [_ascend(grads), get_backend("eager")]
             inputs = graph.graph_inputs
             lowerings.append(
                 lower_graph(graph.backward, backends, get_target("cpu"), phase="backward", graph_inputs=inputs)
@@ -155,19 +169,22 @@ def main() -> None:
     parser.add_argument("--full-seq", type=int, default=4096)
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
-    parser.add_argument("--main-grad", action="store_true", help="AscendBackend(main_grad=True)")
+    parser.add_argument("--grads", choices=list(GRADS), default="published")
+    parser.add_argument("--tiny-dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
     print("|---|---|---|---|---|")
     for family in args.families:
         if not args.skip_tiny:
             start = time.perf_counter()
-            reports, ops, per_step = tiny(family, args.main_grad)
-            print(_row(family, "tiny, batch 2 x 16", reports, time.perf_counter() - start), flush=True)
+            reports, ops, per_step = tiny(family, args.grads, getattr(torch, args.tiny_dtype))
+            print(
+                _row(family, f"tiny, {args.tiny_dtype}, batch 2 x 16", reports, time.perf_counter() - start), flush=True
+            )
             print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)
         if not args.skip_full:
             start = time.perf_counter()
-            reports, ops, kinds, per_step = full(family, args.full_layers, args.full_seq, args.main_grad)
+            reports, ops, kinds, per_step = full(family, args.full_layers, args.full_seq, args.grads)
             setting = f"{FULL_NAMES[family]}, {args.full_layers} layers ({'; '.join(kinds)}), batch 1 x {args.full_seq}"
             print(_row(family, setting, reports, time.perf_counter() - start), flush=True)
             print(f"<!-- {family} full emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import trex
 from trex.backends.ascend import AscendBackend
 from trex.backends.ascend.patterns import PATTERNS, FlashAttention, Match
+from trex.backends.ascend.schemas import check_call
 from trex.errors import BackendError
 
 
@@ -191,3 +192,87 @@ def test_rotary_forward_and_backward_lower_to_npu_rotary_mul_and_its_backward():
     torch.manual_seed(0)
     emitted = _compare(_Rope(), torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul", "npu_rotary_mul_backward"})
     assert emitted.count("npu_rotary_mul_backward") == 1
+
+
+class _InterleavedRope(torch.nn.Module):
+    """The two interleaved RoPE forms of the DeepSeek models, on the last `rope` lanes of 4-D heads:
+    "v4": x * cos + stack([-x[..., 1::2], x[..., 0::2]], -1) viewed back * sin, tables repeated per lane
+    pair (DeepSeek-V4, partial RoPE); "v3": cat([xe * c - xo * s, xo * c + xe * s], -1) with half-size
+    tables (transformers' DeepSeek-V3). Both -> npu_rotary_mul(rotary_mode="interleave")."""
+
+    def __init__(self, form, heads=2, dim=12, rope=8, seq=6, dtype=torch.float32):
+        super().__init__()
+        self.form, self.heads, self.dim, self.rope = form, heads, dim, rope
+        self.proj = torch.nn.Linear(16, heads * dim, dtype=dtype)
+        angles = torch.arange(seq)[:, None] * (0.5 ** torch.arange(rope // 2))[None]
+        if form == "v4":
+            angles = angles.repeat_interleave(2, -1)
+        self.register_buffer("cos", angles.cos()[None, None].to(dtype))
+        self.register_buffer("sin", angles.sin()[None, None].to(dtype))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.proj(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        plain, x = q[..., : -self.rope], q[..., -self.rope :]
+        if self.form == "v4":
+            rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).view(x.shape)
+            roped = x * self.cos + rotated * self.sin
+        else:
+            even, odd = x[..., 0::2], x[..., 1::2]
+            roped = torch.cat([even * self.cos - odd * self.sin, odd * self.cos + even * self.sin], -1)
+        out = torch.cat([plain, roped], -1)
+        return (out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+
+
+def _rotary_calls(compiled):
+    graph = compiled.trex.graphs[0]
+    return [
+        node
+        for lowering in graph.lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+        for node in child.compiled.module.graph.nodes
+        if node.meta.get("trex_npu_op") == "npu_rotary_mul"
+    ]
+
+
+@pytest.mark.parametrize("form", ["v4", "v3"])
+def test_deepseek_interleaved_rope_forms_lower_to_npu_rotary_mul_interleave(form):
+    torch.manual_seed(0)
+    model = _InterleavedRope(form)
+    emitted = _compare(model, torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul"})
+    assert emitted.count("npu_rotary_mul") == 1
+    compiled = trex.compile(_InterleavedRope(form), backend=["ascend"])
+    compiled(torch.randn(2, 6, 16)).backward()
+    (call,) = _rotary_calls(compiled)
+    check_call("npu_rotary_mul", call.args, call.kwargs)  # torch_npu's schema, from the wheel
+    assert call.kwargs["rotary_mode"] == "interleave"
+    x, r1, r2 = (a.meta["val"] for a in call.args)
+    assert x.shape[-1] == r1.shape[-1] == r2.shape[-1] == 8 and tuple(r1.shape[:2]) == (1, 1)  # 11SD tables
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["v4", "v3"])
+def test_deepseek_interleaved_rope_forms_in_bf16_match_eager(form):
+    torch.manual_seed(0)
+    model = _InterleavedRope(form, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 6, 16, dtype=torch.bfloat16)
+    compiled = trex.compile(model, backend=["ascend"])
+    out, expected = compiled(x), reference(x)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
+    assert "npu_rotary_mul" in compiled.trex.lowered_ops()["ascend"]
+
+
+def test_interleaved_rope_with_tables_of_the_wrong_width_is_not_lowered():
+    """A rotation whose tables do not cover the rotated lanes is not torch_npu's formula: left to eager."""
+    torch.manual_seed(0)
+    model = _InterleavedRope("v4")
+    model.cos, model.sin = model.cos[..., :1], model.sin[..., :1]  # broadcast over the lanes: not r1's layout
+    compiled = trex.compile(model, backend=["ascend"])
+    compiled(torch.randn(2, 6, 16)).backward()
+    assert "npu_rotary_mul" not in compiled.trex.lowered_ops().get("ascend", [])

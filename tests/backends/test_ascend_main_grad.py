@@ -1,4 +1,4 @@
-"""Gradient-accumulation fusion (`AscendBackend(main_grad=True)`): the routed experts' weight gradients
+"""Gradient-accumulation fusion (on by default in `AscendBackend`): the routed experts' weight gradients
 accumulate in place into a persistent float32 `param.main_grad` through `npu_grouped_matmul_add_`,
 with no per-backward zero-fill or cast; over several backwards the buffer holds eager's summed gradient."""
 
@@ -67,11 +67,11 @@ def _batch(seed, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_expert_weight_gradients_accumulate_into_main_grad_like_eager(dtype):
+def test_megatron_contract_expert_weight_gradients_only_in_main_grad_like_eager(dtype):
     torch.manual_seed(0)
     model = _Experts(dtype=dtype)
     reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend=[AscendBackend(main_grad=True)])
+    compiled = trex.compile(model, backend=[AscendBackend(publish_grads=False)])  # Megatron's contract
     for step in range(2):  # two micro-batches: the buffer sums them, as eager's .grad does
         batch = _batch(step, dtype)
         loss, expected = compiled(*batch), reference(*batch)
@@ -132,3 +132,58 @@ def test_a_wrong_in_place_accumulation_call_is_caught_naming_op_and_argument():
         check_call("npu_grouped_matmul_add_", (x, x, x, x), {"group_type": 2.0})  # int in torch_npu's schema
     with pytest.raises(AscendSchemaError, match=r"npu_grouped_matmul_add_: no argument named 'transpose_a'"):
         check_call("npu_grouped_matmul_add_", (x, x, x, x), {"transpose_a": True})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_default_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype):
+    """backend=["ascend"] accumulates in place into main_grad AND leaves `.grad` as torch would: over three
+    optimizer steps of two micro-batches (zero_grad with and without set_to_none, an in-place clip of .grad,
+    a .grad the user set by hand) a plain torch SGD sees eager's gradients and ends at eager's weights."""
+    torch.manual_seed(0)
+    model = _Experts(dtype=dtype)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend=["ascend"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    experts = ("gate_up_proj", "down_proj")
+    for step in range(3):
+        if step == 2:  # a .grad set by hand before the backward: autograd adds to it, so must the graph
+            for m in (model, reference):
+                m.down_proj.grad = torch.full_like(m.down_proj, 0.25)
+        for micro in range(2):
+            batch = _batch(10 * step + micro, dtype)
+            compiled(*batch).backward()
+            reference(*batch).backward()
+        for name in experts:
+            param, eager = getattr(model, name), getattr(reference, name)
+            assert param.grad is not None and param.grad.dtype == dtype, name
+            assert (param.grad is param.main_grad) == (dtype == torch.float32), name  # fp32: no copy at all
+            _close(param.grad, eager.grad, dtype, f"step {step} {name}")
+        if step == 1:  # in place on .grad (a bf16 .grad is a cast of main_grad: the next backward notices)
+            for m in (model, reference):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+        optimizer.step()
+        reference_optimizer.step()
+        optimizer.zero_grad(set_to_none=step != 0)  # step 0: zero in place (fp32: zeroes main_grad itself)
+        reference_optimizer.zero_grad(set_to_none=step != 0)
+    for name in (*experts, "proj.weight"):
+        actual, expected = model.get_parameter(name), reference.get_parameter(name)
+        _close(actual, expected, dtype, f"{name} after 3 steps")
+    assert compiled.trex.lowered_ops()["ascend"].count("npu_grouped_matmul_add_") == 2
+    assert "published to .grad after each backward" in compiled.trex.summary()
+
+
+def test_main_grad_can_be_turned_off():
+    """AscendBackend(main_grad=False): the functional accumulation, no main_grad buffer on any parameter."""
+    torch.manual_seed(0)
+    model = _Experts()
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend=[AscendBackend(main_grad=False)])
+    batch = _batch(0, torch.float32)
+    compiled(*batch).backward()
+    reference(*batch).backward()
+    emitted = compiled.trex.lowered_ops()["ascend"]
+    assert emitted.count("npu_grouped_matmul_add") == 2 and "npu_grouped_matmul_add_" not in emitted
+    for (name, param), eager in zip(model.named_parameters(), reference.parameters()):
+        assert getattr(param, "main_grad", None) is None, name
+        _close(param.grad, eager.grad, torch.float32, name)

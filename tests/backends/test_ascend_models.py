@@ -24,7 +24,7 @@ MOE_OPS = {
     "npu_moe_token_permute",
     "npu_moe_compute_expert_tokens",
     "npu_grouped_matmul",
-    "npu_grouped_matmul_add",
+    "npu_grouped_matmul_add_",  # the default: in place into float32 main_grad, published to .grad
     "npu_moe_token_unpermute",
     "npu_moe_token_unpermute_grad",
     "npu_moe_token_permute_grad_v2",
@@ -56,20 +56,20 @@ FP32_OPS = {
     "deepseek-v3": {"npu_rms_norm_backward"},
     "deepseek-v4": {"npu_rms_norm", "npu_rms_norm_backward"},
 }
-# the MoE layers' fused share the tiny models reach now (fp32 78-79%, bf16 62-72%: the glue counts as not
-# fused, and bf16 adds casts of npu_grouped_matmul_add's fp32 results; see README): a regression floor, not
-# the issue's 80% goal
-MOE_SHARE_FLOOR = {torch.float32: 0.75, torch.bfloat16: 0.6}
-MAIN_GRAD_SHARE_FLOOR = (
-    0.65  # tiny bf16 with the in-place main_grad accumulation (V3 69.5%: bf16 casts around the gating)
-)
+# the MoE layers' fused share the tiny models reach with the default lowering (fp32: 81.9-82.7%, the .grad is
+# the float32 main_grad itself; bf16: ~70%, a cast per backward publishes the bf16 .grad and bf16 casts
+# surround the gating; see README): fp32 is held to the issue's 80% goal, bf16 to a regression floor
+MOE_SHARE_FLOOR = {torch.float32: 0.80, torch.bfloat16: 0.6}
+FUNCTIONAL_SHARE_FLOOR = 0.75  # AscendBackend(main_grad=False), fp32: 78-79% (zero-filled accumulators and casts)
+MAIN_GRAD_SHARE_FLOOR = 0.65  # publish_grads=False, tiny bf16 (V3 69.5%: bf16 casts around the gating)
 
 
-def _train_step_matches_eager(family, dtype, main_grad=False, **config_overrides):
+def _train_step_matches_eager(family, dtype, backend=None, **config_overrides):
+    """One training step against eager; `backend` None is what a user gets from backend=["ascend"]."""
     config = tiny_config(family, **config_overrides)
     model = build_model(config, dtype=dtype, seed=1)
     reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend=[AscendBackend(main_grad=True)] if main_grad else ["ascend"])
+    compiled = trex.compile(model, backend=[backend or "ascend"])
     input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
     loss.backward()
@@ -78,27 +78,33 @@ def _train_step_matches_eager(family, dtype, main_grad=False, **config_overrides
     rtol, atol = TOLERANCE[dtype]["loss"]
     torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
     rtol, atol = TOLERANCE[dtype]["grad"]
+    megatron = backend is not None and backend.main_grad and not backend.publish_grads
     accumulated = 0
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         grad = p.grad
-        if main_grad and getattr(p, "main_grad", None) is not None:  # the routed experts' weights
-            assert p.grad is None, name
-            grad, accumulated = p.main_grad.to(q.dtype), accumulated + 1
+        if getattr(p, "main_grad", None) is not None:  # the routed experts' weights
+            accumulated += 1
+            if megatron:  # Megatron's contract: the optimizer reads main_grad
+                assert p.grad is None, name
+                grad = p.main_grad.to(q.dtype)
+            else:  # published: .grad as torch leaves it (fp32: the buffer itself)
+                assert p.grad.dtype == q.dtype and (p.grad is p.main_grad) == (dtype == torch.float32), name
         assert (grad is None) == (q.grad is None), name
         if grad is not None:
             torch.testing.assert_close(grad, q.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"grad of {n}: {m}")
-    if main_grad:  # one in-place accumulation per expert weight (gate_up and down of each MoE layer)
-        assert accumulated > 0 and accumulated == compiled.trex.lowered_ops()["ascend"].count("npu_grouped_matmul_add_")
+    in_place = compiled.trex.lowered_ops()["ascend"].count("npu_grouped_matmul_add_")
+    assert accumulated == in_place  # one in-place accumulation per expert weight (gate_up, down of each MoE layer)
+    assert (accumulated > 0) == (backend is None or backend.main_grad)
     return compiled
 
 
-def _check_session(compiled, family, dtype=torch.float32, main_grad=False):
+def _check_session(compiled, family, dtype=torch.float32, main_grad=True):
     session = compiled.trex
     emitted = session.lowered_ops()
     assert set(emitted) == {"ascend"}
     expected = MOE_OPS | EXTRA_OPS[family] | (FP32_OPS[family] if dtype == torch.float32 else set())
-    if main_grad:  # the weight gradients accumulate in place
-        expected = expected - {"npu_grouped_matmul_add"} | {"npu_grouped_matmul_add_"}
+    if not main_grad:  # opted out: the functional accumulation into a fresh fp32 tensor
+        expected = expected - {"npu_grouped_matmul_add_"} | {"npu_grouped_matmul_add"}
     assert expected <= set(emitted["ascend"]), expected - set(emitted["ascend"])
     summary = session.summary()
     assert "torch_npu fused ops take" in summary and "ascend-910c" in summary
@@ -141,10 +147,20 @@ def test_three_families_train_like_eager_with_torch_npu_ops(family, dtype):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["deepseek-v4", "deepseek-v3", "qwen3-moe"])
-def test_three_families_bf16_accumulate_expert_weight_grads_into_main_grad(family):
-    """AscendBackend(main_grad=True): expert weight gradients in fp32 `main_grad` equal eager's (bf16
-    tolerances); the MoE layers' share on the tiny models (launch-bound glue kernels) stays above a floor."""
-    compiled = _train_step_matches_eager(family, torch.bfloat16, main_grad=True)
-    assert _check_session(compiled, family, torch.bfloat16, main_grad=True) >= MAIN_GRAD_SHARE_FLOOR
+def test_three_families_bf16_megatron_contract_main_grad_only(family):
+    """AscendBackend(publish_grads=False): expert weight gradients only in fp32 `main_grad` (.grad None),
+    equal to eager's (bf16 tolerances); the MoE layers' share stays above a floor."""
+    compiled = _train_step_matches_eager(family, torch.bfloat16, AscendBackend(publish_grads=False))
+    assert _check_session(compiled, family, torch.bfloat16) >= MAIN_GRAD_SHARE_FLOOR
     assert "npu_grouped_matmul_add" not in compiled.trex.lowered_ops()["ascend"]
+    _check_every_emitted_call(compiled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["deepseek-v4", "deepseek-v3", "qwen3-moe"])
+def test_three_families_fp32_opted_out_of_main_grad_lower_functionally(family):
+    """AscendBackend(main_grad=False): `npu_grouped_matmul_add` into a fresh fp32 accumulator, no main_grad."""
+    compiled = _train_step_matches_eager(family, torch.float32, AscendBackend(main_grad=False))
+    assert _check_session(compiled, family, main_grad=False) >= FUNCTIONAL_SHARE_FLOOR
+    assert "npu_grouped_matmul_add_" not in compiled.trex.lowered_ops()["ascend"]
     _check_every_emitted_call(compiled)
