@@ -73,3 +73,25 @@ class SmallMoe(torch.nn.Module):
 def small_moe():
     torch.manual_seed(0)
     return SmallMoe(), torch.randn(8, 16)
+
+
+@pytest.fixture
+def step_matches_eager():
+    """A function that runs one forward+backward of a compiled model and of its eager twin on the same tokens and
+    asserts equal loss and gradients at the dtype's tolerance (the check every backend and pass test repeats)."""
+
+    def check(compiled, model, reference, config, dtype):
+        input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+        loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        loss.backward()
+        expected = reference(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        expected.backward()
+        rtol, atol = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (5e-2, 2e-2)}[dtype]
+        torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            if q.grad is not None or p.grad is not None:
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"grad of {n}: {m}"
+                )
+
+    return check

@@ -155,7 +155,7 @@ def test_other_backends_keep_the_primitives():
 @pytest.mark.parametrize(
     "dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)], ids=["fp32", "bf16"]
 )
-def test_tiny_deepseek_v4_trains_like_eager_with_the_decomposition(dtype):
+def test_tiny_deepseek_v4_trains_like_eager_with_the_decomposition(dtype, step_matches_eager):
     """The default pipeline plus the decomposition (as under Inductor), run by the eager backend (no C++ compile)."""
     from trex.models import build_model, tiny_config
     from trex.passes import DEFAULT_PIPELINE
@@ -165,15 +165,6 @@ def test_tiny_deepseek_v4_trains_like_eager_with_the_decomposition(dtype):
     reference = copy.deepcopy(model)
     pipeline = [DecomposeMoe(force=True) if name == "decompose_moe" else name for name in DEFAULT_PIPELINE]
     compiled = trex.compile(model, backend="eager", passes=pipeline)
-    input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-    loss.backward()
-    expected = reference(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-    expected.backward()
-    rtol, atol = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (5e-2, 2e-2)}[dtype]
-    torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
-    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        if q.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"grad of {n}: {m}")
+    step_matches_eager(compiled, model, reference, config, dtype)
     graph = compiled.trex.graphs[0]
     assert not PRIMITIVES & {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
