@@ -197,6 +197,9 @@ def simulate_actions(
     p2p: float = 0.0,
     overhead: float = 0.0,
     cores: float | None = None,
+    late_recv: float | None = None,
+    posts: dict[int, dict[tuple[str, int, int], int]] | None = None,
+    extra: dict | None = None,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -207,7 +210,18 @@ def simulate_actions(
     sends and receives, bookkeeping), which is not compute: the returned task starts after it.
     `cores`: when the ranks share fewer cores than there are ranks (CPU ranks on one host), the ranks
     working at a moment (overhead or compute) progress at min(1, cores / working) - processor sharing;
-    None: every rank has its own processor."""
+    None: every rank has its own processor.
+    `late_recv`: a rendezvous link (gloo's send waits for the receiver's recv: the payload leaves only after
+    the receiver has posted its recv and told the sender so) and a runtime that posts each receive just
+    before the action that needs it (torch.distributed.pipelining). A message whose sender finished before
+    the receiving rank reached the action is then delivered `late_recv` after the rank posts the recv (the
+    handshake's round trip, with the sender's transport thread woken while its rank computes), instead of
+    `p2p` after the sender's end; None: every receive is posted in time (p2p only).
+    `posts[rank][action]`: where the runtime posts the receive of the action's remote input - the index in
+    the rank's order of the action after whose end it is posted (-1: at the step's start); an action not
+    listed posts it when the rank reaches it (just in time, as the engine's GPipe and 1F1B loops do).
+    `extra`: seconds added to single actions ((kind, stage, micro-batch) -> seconds), e.g. the host's
+    preemptions drawn for one sampled step (`preempted_extra`)."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
@@ -233,7 +247,20 @@ def simulate_actions(
             deps.append((done.get(("I", stage, mb)), stage))
         if any(t is None for t, _ in deps):
             return None
-        return max([free[rank]] + [t + (p2p if owner.get(s, rank) != rank else 0.0) for t, s in deps])
+        where = (posts or {}).get(rank, {}).get((kind, stage, mb))
+        if where is None:  # posted when the rank reaches the action
+            posted = free[rank]
+        else:  # posted ahead, after an earlier action of the rank (or at the step's start)
+            posted = done[orders[rank][where]] if where >= 0 else 0.0
+
+        def arrival(t: float, s: int) -> float:
+            if owner.get(s, rank) == rank:
+                return t
+            if late_recv is not None and t <= posted:
+                return posted + late_recv
+            return t + p2p
+
+        return max([posted] + [arrival(t, s) for t, s in deps])
 
     now = 0.0
     while remaining:
@@ -245,8 +272,9 @@ def simulate_actions(
             if ready is None:
                 continue
             if ready <= now:
-                kind, stage, _ = orders[rank][position[rank]]
-                working[rank] = ["O", overhead, now] if overhead > 0 else ["C", durations[kind][stage], now]
+                kind, stage, mb = orders[rank][position[rank]]
+                work = durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0)
+                working[rank] = ["O", overhead, now] if overhead > 0 else ["C", work, now]
             else:
                 starts.append(ready)
         if not working:
@@ -267,7 +295,7 @@ def simulate_actions(
                 continue
             kind, stage, mb = orders[rank][position[rank]]
             if state[0] == "O":
-                working[rank] = ["C", durations[kind][stage], now]
+                working[rank] = ["C", durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0), now]
                 continue
             done[(kind, stage, mb)] = now
             free[rank] = now
@@ -299,3 +327,13 @@ def simulated_bubble(
         busy = sum(t.end - t.start for t in mine)
         fractions.append(1.0 - busy / span if span > 0 else 0.0)
     return sum(fractions) / len(fractions)
+
+
+def slowed_actions(durations: dict[str, Sequence[float]], slowdowns: dict) -> dict[tuple[str, int, int], float]:
+    """Extra seconds per action when each action (kind, stage, micro-batch) takes `slowdowns[action]` times
+    its duration (a host's measured slowdowns of one step; the `extra` of `simulate_actions`)."""
+    return {
+        (kind, stage, mb): durations[kind][stage] * (factor - 1.0)
+        for (kind, stage, mb), factor in slowdowns.items()
+        if kind in durations
+    }

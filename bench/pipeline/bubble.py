@@ -7,10 +7,11 @@ For each pp, ONE start of pp ranks runs every (schedule, micro-batch count) job 
 results; random init, seed 0). Each job trains `--steps` steps; the first is left out (shape inference,
 warm-up). Per job it prints the bubble measured from the ranks' action timestamps (1 - busy/step, mean
 over ranks and steps), the cost model's prediction (event simulation of the schedule's own action
-lists with the cost model's task times; the papers' closed form beside it where one exists), their
-ratio, and the same simulation fed with the measured task times (what the schedule alone explains;
-the rest is per-action overhead: gloo send/recv, Python). At the end: min/median/max of the ratio
-measured/predicted per schedule. Losses are checked equal to the 1-rank run on the way.
+lists with the cost model's task times and the runtime's costs measured by a calibration run on the
+same ranks: per-action work, p2p, gloo's late receive, the host's slowdowns; the papers' closed form
+beside it where one exists), their ratio, and the same simulation fed with the measured mean task
+times (what the model explains when its compute times are right). At the end: min/median/max of the
+ratio measured/predicted per schedule. Losses are checked equal to the 1-rank run on the way.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def model_step(pipeline: dict) -> float:
     return max(m * sum(times["F"][c] + times["B"][c] for c in chunks) for chunks in chunks_of.values())
 
 
+def slowdown_p90(costs: dict) -> float:
+    """The 90th percentile of the calibration's task slowdowns (measured / nominal time), every action and step."""
+    value = (costs.get("slowdowns") or {}).get("p90")
+    return float("nan") if value is None else value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
@@ -69,8 +76,9 @@ def main() -> int:
     print(
         f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
         "| schedule | pp | vpp | m | measured | predicted | measured/predicted | compute only | closed form "
-        "| sim. with measured tasks | action ms | p2p ms | remote delay ms | step s | model step s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| sim. with measured tasks | action ms | p2p ms | late recv ms | host slowdown p90 | remote delay ms "
+        "| step s | model step s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -94,7 +102,7 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} ||||||||||", flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} ||||||||||||", flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
         for (schedule, pp_, vpp, m), result in zip(labels, results):
             bubble = result["pipeline"]["bubble_fraction"]
@@ -109,7 +117,8 @@ def main() -> int:
                 f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | {ratio:.2f} | "
                 f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
                 f"{bubble['simulated_with_measured_tasks']:.3f} | {costs['action_s'] * 1e3:.2f} | "
-                f"{costs['p2p_s'] * 1e3:.2f} | {costs['remote_delay_s'] * 1e3:.2f} | {step:.3f} | "
+                f"{costs['p2p_s'] * 1e3:.2f} | {costs['late_recv_s'] * 1e3:.2f} | {slowdown_p90(costs):.2f} | "
+                f"{costs['remote_delay_s'] * 1e3:.2f} | {step:.3f} | "
                 f"{model_step(result['pipeline']):.3f} |",
                 flush=True,
             )

@@ -18,6 +18,25 @@ process group, before the prediction is made.
   overhead), the time from `step()` to the first action and from the last action to the return
   (`head_s`, `tail_s`), and, as a check of the link model, the delay from a neighbour's action end to
   the dependent action's start (`remote_delay_s`, which the simulation prices as p2p + action_s).
+  Only gaps before actions with no input from another rank count as runtime work: a gap before an
+  action whose remote input was sent before the rank got there is the link's handshake (below).
+* The late receive: gloo's send is a rendezvous (the payload leaves only once the receiver has posted
+  its recv and told the sender so - gloo's tcp transport, `Pair::send` / `NOTIFY_RECV_READY`), and the
+  engine posts a receive only shortly before the action that needs it. A message sent before its
+  receive was posted therefore arrives a handshake after the receive is posted. `measure_late_recv`
+  times exactly that between pairs of pipeline ranks, with the sender computing meanwhile as in a
+  pipeline (its transport thread must be woken while its rank's thread holds a core).
+
+* The host's slowdowns: a rank's forward or backward does not take the same time every time - on a
+  shared CPU host the OS gives its core to another thread for a while (or, with more ranks than cores,
+  to another rank), and such a slowdown on one rank is idle time on its neighbours, which a simulation
+  with each task's typical time does not see (the zero-bubble schedules, whose compute-only bubble is a
+  few percent, feel it most). The null chunks therefore compute: each forward, input-gradient and
+  weight-gradient pass burns a fixed amount of work sized to the cost model's time for that task
+  (`task_times`), so the calibration's ranks busy and idle the cores in the schedule's own pattern.
+  A task's slowdown in a calibration step is its measured time over that nominal time, divided by the
+  typical (median) slowdown of the same task over the calibration; the prediction replays each
+  calibration step's slowdowns onto the same actions (`slowdowns`, one sample per step).
 
 Timestamps of different ranks are compared directly: `time.perf_counter` is the host's monotonic
 clock, shared by the processes of one host (the CPU ranks this runs on).
@@ -40,15 +59,26 @@ class PipelineOverheads:
     head_s: float  # step() -> the first action, on the pipeline rank whose first action waits for nothing
     tail_s: float  # the last action -> step() returns (median over ranks)
     p2p_s: float  # the link model's time for one activation message
+    late_recv_s: float  # measured: a receive posted after its message was sent -> the message arrives
     remote_delay_s: float  # measured: a neighbour's action end -> the dependent action's start
     link_latency_us: float
     link_bandwidth_gbs: float
     link_source: str
     activation_bytes: int
     samples: int  # local gaps the action overhead is the mean of
+    # per calibration step: {(kind, stage, micro-batch): measured time / nominal time} of every compute action
+    slowdowns: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON-friendly: the slowdowns as a summary (their quantiles over every action and step)."""
+        out = asdict(self)
+        every = sorted(r for step in self.slowdowns for r in step.values())
+        out["slowdowns"] = {
+            "steps": len(self.slowdowns),
+            "actions": len(every),
+            **{f"p{q}": every[int(q / 100 * (len(every) - 1))] if every else None for q in (10, 50, 90, 99)},
+        }
+        return out
 
 
 # -- the link ---------------------------------------------------------------------------------------------
@@ -106,24 +136,109 @@ def link_tier(group, nbytes: int):
     return measure_p2p_tier(group, nbytes)
 
 
+def busy_compute(seconds: float, work: torch.Tensor) -> None:
+    """Keep this rank's thread computing (small matmuls, as a chunk's kernels would) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        work = torch.mm(work, work)
+        work = work / work.norm()
+
+
+def measure_late_recv(group, nbytes: int, repeats: int = 30, sender_busy_s: float = 0.02) -> float:
+    """Mean time from posting a receive to its arrival when the message was sent before the receive was
+    posted (see the module docstring), measured between pipeline ranks (0, 1), (2, 3), ... of `group` at
+    once: the sender posts its send, then computes for `sender_busy_s`; the receiver computes for a quarter
+    of that, then posts its recv and waits. Every rank of the group must call it."""
+    me = dist.get_rank(group)
+    size = dist.get_world_size(group)
+    partner = me + 1 if me % 2 == 0 else me - 1
+    active = partner < size
+    buffer = torch.zeros(max(1, nbytes // 4))
+    work = torch.randn(48, 48, generator=torch.Generator().manual_seed(me))
+    delays = []
+    for i in range(repeats + 2):
+        dist.barrier(group=group)
+        if not active:
+            continue
+        other = dist.get_global_rank(group, partner)
+        if me % 2 == 0:
+            request = dist.isend(buffer, other, group=group)
+            busy_compute(sender_busy_s, work)
+            request.wait()
+        else:
+            busy_compute(sender_busy_s / 4, work)
+            start = time.perf_counter()
+            dist.recv(buffer, other, group=group)
+            if i >= 2:
+                delays.append(time.perf_counter() - start)
+    shared: list = [None] * size
+    dist.all_gather_object(shared, delays, group=group)
+    every = [d for part in shared for d in part]
+    return statistics.fmean(every) if every else 0.0
+
+
 # -- the schedule runtime ---------------------------------------------------------------------------------
 
 
-class NullChunk(nn.Module):
-    """A chunk with the real one's input and output shapes and almost no compute: token ids -> hidden
-    states on the first chunk, hidden -> hidden in the middle, hidden -> logits on the last. Each holds
-    a parameter, so the zero-bubble schedules' weight-gradient actions have something to compute."""
+_BURN = torch.randn(48, 48, generator=torch.Generator().manual_seed(0))
 
-    def __init__(self, first: bool, last: bool, hidden: int, vocab: int):
+
+def burn(iterations: int) -> None:
+    """A fixed amount of CPU work (small matmuls, as a chunk's kernels): the null chunks' stand-in compute."""
+    work = _BURN
+    with torch.no_grad():
+        for _ in range(iterations):
+            work = torch.mm(work, work)
+            work = work / work.norm()
+
+
+def burn_seconds_per_iteration() -> float:
+    """One `burn` iteration's time on this rank, unloaded as far as can be told (the fastest of a few trials)."""
+    trials = []
+    for _ in range(5):
+        start = time.perf_counter()
+        burn(40)
+        trials.append((time.perf_counter() - start) / 40)
+    return min(trials)
+
+
+class _Burn(torch.autograd.Function):
+    """Identity that burns `forward_iterations` when run and `backward_iterations` when differentiated."""
+
+    @staticmethod
+    def forward(ctx, x, forward_iterations: int, backward_iterations: int):
+        burn(forward_iterations)
+        ctx.backward_iterations = backward_iterations
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        burn(ctx.backward_iterations)
+        return grad, None, None
+
+
+class NullChunk(nn.Module):
+    """A chunk with the real one's input and output shapes and a fixed amount of stand-in compute: token ids ->
+    hidden states on the first chunk, hidden -> hidden in the middle, hidden -> logits on the last. Each holds
+    a parameter, so the zero-bubble schedules' weight-gradient actions have something to compute. `burns`:
+    iterations of `burn` in the forward, the input-gradient and the weight-gradient pass (a full backward
+    runs both); zero: almost no compute."""
+
+    def __init__(self, first: bool, last: bool, hidden: int, vocab: int, burns: tuple[int, int, int] = (0, 0, 0)):
         super().__init__()
         self.first, self.last, self.hidden = first, last, hidden
+        self.burns = burns
         self.scale = nn.Parameter(torch.ones(hidden))
         self.head = nn.Parameter(torch.ones(vocab)) if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = x.unsqueeze(-1).float().expand(*x.shape, self.hidden)
-        x = x * self.scale
+        forward, inputs, weights = self.burns
+        scale = _Burn.apply(self.scale, 0, weights) if weights else self.scale
+        x = x * scale
+        if forward or inputs:
+            x = _Burn.apply(x, forward, inputs)
         if self.last:
             x = x[..., :1] * self.head
         return x
@@ -131,7 +246,9 @@ class NullChunk(nn.Module):
 
 def gaps(records_by_rank: list, stages: int) -> dict:
     """Split one run's non-compute time by cause. `records_by_rank`: per rank (pipeline rank,
-    [(step seconds, intervals, step start), ...]). The loss interval is merged into its forward."""
+    [(step seconds, intervals, step start), ...]). The loss interval is merged into its forward.
+    local: gaps before an action with no input from another rank (the runtime's own work); remote: a
+    remote input's end -> the action's start, when the rank was waiting for it."""
     local, remote, heads, tails = [], [], [], []
     ends, owner = {}, {}
     for rank, records in records_by_rank:
@@ -156,7 +273,7 @@ def gaps(records_by_rank: list, stages: int) -> dict:
                     if owner.get(dep[1]) != rank
                 ]
                 incoming = [t for t in incoming if t is not None]
-                if previous is not None and (not incoming or max(incoming) <= previous):
+                if previous is not None and not incoming:
                     local.append(start - previous)
                 elif incoming and (previous is None or max(incoming) > previous):
                     remote.append(start - max(incoming))
@@ -194,10 +311,13 @@ def measure_overheads(
     group,
     device: torch.device,
     steps: int = 6,
+    task_times: dict[str, list[float]] | None = None,
 ) -> PipelineOverheads:
     """Run `schedule` over null chunks on this rank's pipeline group (every rank of the group calls it) and
     measure the per-action overhead, the step's head and tail, and the link (see the module docstring).
-    `activation`: (micro-batch rows, sequence, hidden) of the activation a chunk sends."""
+    `activation`: (micro-batch rows, sequence, hidden) of the activation a chunk sends; `task_times`: the
+    cost model's seconds per task kind ("F", "I", "W") and chunk, which the null chunks burn (None: no
+    compute, no slowdowns measured)."""
     from trex.cost_model.collectives import send_recv
     from trex.runtime.pipeline.schedules import build_schedule
     from trex.runtime.pipeline.timing import StageClock, collector_paused, timed_stage
@@ -205,11 +325,24 @@ def measure_overheads(
     rows, seq, hidden = activation
     nbytes = rows * seq * hidden * 4
     tier = link_tier(group, nbytes)
+    late_recv = measure_late_recv(group, nbytes)
     me = dist.get_rank(group)
     clock = StageClock()
     mine = split.chunks_of(me)
+    per_iteration = burn_seconds_per_iteration()
+    burns = {
+        c.index: tuple(round(task_times[k][c.index] / per_iteration) if task_times else 0 for k in ("F", "I", "W"))
+        for c in mine
+    }
     stages = [
-        timed_stage(clock, NullChunk(c.first, c.last, hidden, vocab), c.index, len(split.chunks), device, group=group)
+        timed_stage(
+            clock,
+            NullChunk(c.first, c.last, hidden, vocab, burns[c.index]),
+            c.index,
+            len(split.chunks),
+            device,
+            group=group,
+        )
         for c in mine
     ]
 
@@ -232,19 +365,55 @@ def measure_overheads(
         intervals = clock.take()
         if step:  # the first step infers shapes
             records.append((seconds, intervals, started))
+    slowed = [task_slowdowns(intervals, burns, per_iteration) for _, intervals, _ in records] if task_times else []
     everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, (me, records), group=group)
-    found = gaps(everyone, len(split.chunks))
+    dist.all_gather_object(everyone, (me, records, slowed), group=group)
+    found = gaps([(rank, recs) for rank, recs, _ in everyone], len(split.chunks))
+    slowdowns = around_typical(
+        [{k: v for _, _, steps_ in everyone for k, v in steps_[i].items()} for i in range(len(slowed))]
+    )
     median = statistics.median
     return PipelineOverheads(
         action_s=statistics.fmean(found["local"]) if found["local"] else 0.0,
         head_s=median(found["head"]) if found["head"] else 0.0,
         tail_s=median(found["tail"]) if found["tail"] else 0.0,
         p2p_s=send_recv(nbytes, tier),
+        late_recv_s=late_recv,
         remote_delay_s=statistics.fmean(found["remote"]) if found["remote"] else 0.0,
         link_latency_us=tier.latency_us,
         link_bandwidth_gbs=tier.bandwidth_gbs,
         link_source=tier.source,
         activation_bytes=nbytes,
         samples=len(found["local"]),
+        slowdowns=slowdowns,
     )
+
+
+def around_typical(steps: list[dict]) -> tuple[dict, ...]:
+    """Each action's slowdown over the typical one of its task (kind, stage: the median over the calibration's
+    steps and micro-batches): the host's *variation*. Its typical level (the machine's load, ranks sharing
+    cores) is the task times' and the simulation's processor sharing's business, not the replay's."""
+    by_task: dict[tuple[str, int], list[float]] = {}
+    for step in steps:
+        for (kind, stage, _), ratio in step.items():
+            by_task.setdefault((kind, stage), []).append(ratio)
+    typical = {task: statistics.median(values) for task, values in by_task.items()}
+    return tuple({k: round(v / typical[k[:2]], 4) for k, v in step.items()} for step in steps)
+
+
+def task_slowdowns(intervals: list, burns: dict, per_iteration: float, shortest: float = 2e-4) -> dict:
+    """{(kind, stage, micro-batch): measured time / nominal time} of one calibration step's compute actions on
+    this rank; nominal = the burned iterations x `per_iteration` (a full backward burns the input- and the
+    weight-gradient pass). Actions with a nominal time under `shortest` are left out (nothing to slow)."""
+    out = {}
+    for i in intervals:
+        if i.kind not in ("F", "B", "I", "W") or i.stage not in burns:
+            continue
+        forward, inputs, weights = burns[i.stage]
+        iterations = {"F": forward, "I": inputs, "W": weights, "B": inputs + weights}[i.kind]
+        if i.stage == 0 and i.kind == "W":
+            iterations = inputs + weights  # the first chunk's weight pass runs its whole backward (no input grad)
+        nominal = iterations * per_iteration
+        if nominal >= shortest:
+            out[(i.kind, i.stage, i.microbatch)] = round((i.end - i.start) / nominal, 4)
+    return out

@@ -134,3 +134,37 @@ def compute_actions(schedule_object) -> dict[int, list[tuple[str, int, int]]]:
                     flat.append((kind, part.stage_index, part.microbatch_index))
         out[rank] = flat
     return out
+
+
+def receive_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]) -> dict:
+    """Where the engine posts each remote input's receive, for the cost model's rendezvous-link simulation
+    (`simulate_actions(posts=...)`): per rank, (kind, stage, micro-batch) of a compute action -> index in the
+    rank's `orders` of the compute action after which its receive is posted (-1: at the step's start).
+
+    The multi-chunk schedules run the engine's lowered action lists (`pipeline_order_with_comms`), where a
+    RECV is placed as early as the sender's action allows; GPipe's and 1F1B's loops post each receive just
+    before the action that needs it, which is the simulation's default (no entry)."""
+    lowered = getattr(schedule_object, "pipeline_order_with_comms", None)
+    if not lowered:
+        return {}
+    out: dict[int, dict[tuple[str, int, int], int]] = {}
+    for rank, actions in lowered.items():
+        mine = set(orders.get(rank, ()))
+        posted: dict[tuple[str, int, int], int] = {}
+        computed = -1
+        for action in actions:
+            if action is None:
+                continue
+            kind = action.computation_type.value
+            if kind in ("RECV_F", "RECV_B"):
+                stage, mb = action.stage_index, action.microbatch_index
+                candidates = [("F", stage, mb)] if kind == "RECV_F" else [("B", stage, mb), ("I", stage, mb)]
+                for key in candidates:
+                    if key in mine:
+                        posted[key] = computed
+                continue
+            for part in action.sub_actions or (action,):
+                if part.computation_type.value in ("F", "B", "I", "W"):
+                    computed += 1
+        out[rank] = posted
+    return out

@@ -191,8 +191,8 @@ class PipelineTrainer(Trainer):
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (self.stage_rank, records))
         measured = measured_bubble(everyone, len(self.split.chunks))
-        overheads = self.calibrate_runtime()
         chunks, why = self.predicted_chunks()
+        overheads = self.calibrate_runtime(chunks)
         predicted = predicted_bubble(
             self.pipe,
             self.schedule_name,
@@ -222,9 +222,11 @@ class PipelineTrainer(Trainer):
             out["prediction_note"] = why
         return out
 
-    def calibrate_runtime(self):
-        """The schedule runtime's per-action work and the link, measured on this pipeline group by the same
-        schedule over null chunks (`calibration.measure_overheads`)."""
+    def calibrate_runtime(self, chunks=None):
+        """The schedule runtime's per-action work, the link and the host's slowdowns, measured on this pipeline
+        group by the same schedule over null chunks (`calibration.measure_overheads`); the slowdown unit is
+        the null chunks burn the cost model's task times when it priced the chunks."""
+        from trex.runtime.pipeline.bubble import chunk_task_times
         from trex.runtime.pipeline.calibration import measure_overheads
 
         return measure_overheads(
@@ -235,6 +237,7 @@ class PipelineTrainer(Trainer):
             self.config.vocab_size,
             self.applied.meshes.pipeline.get_group(),
             self.device,
+            task_times=chunk_task_times(chunks) if chunks else None,
         )
 
     def predicted_chunks(self):

@@ -119,3 +119,42 @@ def test_own_span_bubble_ends_each_rank_at_its_last_action():
     own = simulated_bubble(tasks, own_span=True)
     assert own < shared_span
     assert simulated_bubble(tasks, head=1.0, tail=1.0, own_span=True) > own
+
+
+def test_a_receive_posted_after_its_message_was_sent_waits_for_the_handshake():
+    """Rendezvous link (gloo): rank 1 reaches F(1, 1) after F(0, 1) was sent (it was computing F(1, 0)), posts
+    the receive then, and the message arrives `late_recv` later; had the receive been posted ahead (at the
+    step's start, as the engine's lowered schedules do), it would have arrived p2p after the send."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    times = {"F": [1.0, 3.0]}
+
+    def start(tasks, mb):
+        return next(t.start for t in tasks if t.rank == 1 and t.microbatch == mb)
+
+    in_time = simulate_actions(orders, times, 2, p2p=0.1)
+    late = simulate_actions(orders, times, 2, p2p=0.1, late_recv=0.5)
+    ahead = simulate_actions(orders, times, 2, p2p=0.1, late_recv=0.5, posts={1: {("F", 1, 1): -1}})
+    assert start(in_time, 0) == start(late, 0) == pytest.approx(1.1)  # rank 1 was waiting: posted in time
+    assert start(in_time, 1) == pytest.approx(4.1)  # F(1, 0) ends at 4.1; F(0, 1) ended at 2.0
+    assert start(late, 1) == pytest.approx(4.1 + 0.5)
+    assert start(ahead, 1) == pytest.approx(4.1)
+    assert simulated_bubble(late, own_span=True) > simulated_bubble(in_time, own_span=True)
+
+
+def test_extra_time_lengthens_one_action():
+    orders = {0: [("F", 0, 0), ("F", 0, 1)]}
+    tasks = simulate_actions(orders, {"F": [1.0]}, 1, extra={("F", 0, 1): 0.25})
+    assert [t.end - t.start for t in tasks] == pytest.approx([1.0, 1.25])
+
+
+def test_slowed_actions_scale_each_measured_action():
+    from trex.cost_model.pipeline import slowed_actions
+
+    extra = slowed_actions({"F": [2.0, 4.0]}, {("F", 1, 0): 1.5, ("F", 0, 3): 1.0, ("X", 0, 0): 2.0})
+    assert extra == pytest.approx({("F", 1, 0): 2.0, ("F", 0, 3): 0.0})
+
+
+def test_the_first_chunk_has_no_input_gradient_pass():
+    from trex.runtime.pipeline.bubble import split_backward
+
+    assert split_backward([4.0, 6.0]) == {"I": [0.0, 3.0], "W": [4.0, 3.0]}

@@ -1,12 +1,15 @@
-"""The calibration's split of a pipeline step's non-compute time: gaps between a rank's actions whose inputs
-were there (the runtime's per-action work), delays after a neighbour's action (transfer + that work), and
-the step's head and tail - from action timestamps, without any process group."""
+"""The calibration's split of a pipeline step's non-compute time: gaps before a rank's actions that need no
+input from another rank (the runtime's per-action work), delays after a neighbour's action when the rank
+waited for it (transfer + that work), and the step's head and tail - from action timestamps, without any
+process group. A gap before an action whose remote input was sent before the rank got there is neither:
+it is the rendezvous link's late receive, which the calibration measures on its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from trex.runtime.pipeline.calibration import NullChunk, gaps
+from trex.runtime.pipeline.schedules import receive_posts
 from trex.runtime.pipeline.timing import Interval
 
 
@@ -21,14 +24,14 @@ def test_gaps_separate_local_overhead_remote_delay_head_and_tail():
     rank1 = [
         Interval("F", 1, 0, 2.4, 3.4),  # F(0, 0) ended at 2.0: remote delay 0.4
         Interval("L", 1, -1, 3.45, 3.5),  # merged into the forward
-        Interval("F", 1, 1, 3.7, 4.2),  # F(0, 1) ended at 3.1, before the previous action: local gap 0.2
+        Interval("F", 1, 1, 3.7, 4.2),  # F(0, 1) ended at 3.1, before the previous action: a late receive
         Interval("L", 1, -1, 4.2, 4.3),
         Interval("B", 1, 0, 4.5, 6.0),  # local gap 0.2
         Interval("B", 1, 1, 6.2, 8.2),  # local gap 0.2
     ]
     records = [(0, [(10.0, rank0, 0.5)]), (1, [(8.0, rank1, 0.6)])]
     found = gaps(records, stages=2)
-    assert sorted(found["local"]) == pytest.approx([0.1, 0.2, 0.2, 0.2])
+    assert sorted(found["local"]) == pytest.approx([0.1, 0.2, 0.2])
     assert sorted(found["remote"]) == pytest.approx([0.3, 0.4, 0.5])
     assert found["head"] == pytest.approx([0.5])  # rank 0's first action waits for nothing
     assert sorted(found["tail"]) == pytest.approx([0.4, 1.0])  # 0.6 + 8.0 - 8.2 and 0.5 + 10.0 - 9.5
@@ -47,3 +50,87 @@ def test_null_chunks_keep_the_activation_shapes():
     assert hidden.shape == (1, 8, 16) and hidden.requires_grad
     assert middle(hidden).shape == (1, 8, 16)
     assert last(middle(hidden)).shape == (1, 8, 32)
+
+
+def test_receive_posts_follow_the_engines_lowered_action_lists():
+    """The multi-chunk schedules post a RECV where the engine's lowering (`_add_send_recv`) put it: after the
+    receiving rank's compute action that precedes it; one-chunk schedules have no lowered list (just in
+    time, the simulation's default)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _ComputationType
+
+    f, b = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
+    # 2 ranks, 2 stages, GPipe-like compute lists with 2 micro-batches
+    compute = {
+        0: [_Action(0, f, 0), _Action(0, f, 1), _Action(0, b, 0), _Action(0, b, 1)],
+        1: [_Action(1, f, 0), _Action(1, f, 1), _Action(1, b, 0), _Action(1, b, 1)],
+    }
+    lowered = _add_send_recv({r: list(a) for r, a in compute.items()}, stage_to_rank=lambda s: s, num_stages=2)
+    orders = {
+        r: [(a.computation_type.value, a.stage_index, a.microbatch_index) for a in acts] for r, acts in compute.items()
+    }
+    posts = receive_posts(SimpleNamespace(pipeline_order_with_comms=lowered), orders)
+    expected = {0: {}, 1: {}}
+    for rank, actions in lowered.items():
+        done = -1
+        for action in actions:
+            kind = action.computation_type.value
+            if kind == "RECV_F":
+                expected[rank][("F", action.stage_index, action.microbatch_index)] = done
+            elif kind == "RECV_B":
+                expected[rank][("B", action.stage_index, action.microbatch_index)] = done
+            elif kind in ("F", "B"):
+                done += 1
+    assert posts == expected
+    assert posts[1][("F", 1, 0)] == -1  # rank 1's first receive is posted at the start of the step
+    assert set(posts[0]) == {("B", 0, 0), ("B", 0, 1)}
+    assert receive_posts(SimpleNamespace(), orders) == {}
+
+
+def test_task_slowdowns_compare_each_action_with_its_burned_work():
+    from trex.runtime.pipeline.calibration import task_slowdowns
+
+    burns = {0: (10, 0, 20), 1: (10, 5, 5)}  # (forward, input-gradient, weight-gradient) iterations per chunk
+    intervals = [
+        Interval("F", 0, 0, 0.0, 0.010),  # nominal 10 x 1 ms
+        Interval("W", 0, 0, 0.1, 0.130),  # the first chunk's weight pass runs its whole backward: 20 ms nominal
+        Interval("I", 0, 0, 0.09, 0.0901),  # no input gradient on the first chunk: nothing to slow, left out
+        Interval("B", 1, 0, 0.2, 0.210),  # full backward: 5 + 5 iterations
+        Interval("L", 1, -1, 0.3, 0.31),
+    ]
+    assert task_slowdowns(intervals, burns, 1e-3) == pytest.approx(
+        {("F", 0, 0): 1.0, ("W", 0, 0): 1.5, ("B", 1, 0): 1.0}
+    )
+
+
+def test_burning_null_chunks_spend_their_work_in_the_pass_it_belongs_to():
+    import time
+
+    import torch
+
+    from trex.runtime.pipeline.calibration import burn_seconds_per_iteration
+
+    per = burn_seconds_per_iteration()
+    n = max(1, round(0.02 / per))
+    chunk = NullChunk(False, False, 16, 32, (n, 0, 0))
+    x = torch.randn(1, 8, 16, requires_grad=True)
+    start = time.process_time()
+    y = chunk(x)
+    forward = time.process_time() - start
+    start = time.process_time()
+    y.sum().backward()
+    backward = time.process_time() - start
+    assert forward > 5 * backward  # all the work sits in the forward
+    assert x.grad is not None and chunk.scale.grad is not None
+
+
+def test_slowdowns_are_taken_around_each_tasks_typical_time():
+    from trex.runtime.pipeline.calibration import around_typical
+
+    steps = [{("F", 0, 0): 2.0, ("F", 0, 1): 2.0}, {("F", 0, 0): 4.0, ("F", 0, 1): 2.0}, {("B", 1, 0): 3.0}]
+    assert around_typical(steps) == (
+        {("F", 0, 0): 1.0, ("F", 0, 1): 1.0},
+        {("F", 0, 0): 2.0, ("F", 0, 1): 1.0},
+        {("B", 1, 0): 1.0},
+    )
