@@ -48,9 +48,10 @@ def check_pipeline_job(
             "chunk (one fused backward) cannot run; drop --compile or use gpipe, 1f1b or interleaved"
         )
     if plan.zero == 3 and name in V_SCHEDULES:
-        # FSDP2 computes on all-gathered copies of its sharded parameters; the engine's weight-gradient pass
-        # differentiates with respect to the module's (sharded) parameters, so the split backward of the V
-        # schedules would not produce FSDP's gradients (measured: gradients wrong from the first step).
+        # Measured (bench/RESULTS.md 14.3): with the split backward, the weight-gradient pass's gradients of the
+        # layers sharded as their own FSDP2 modules inside a chunk are lost (relative error 0.5-1.0 from the
+        # first step); only the chunk roots' own parameters and the first chunk (whole backward in one pass) are
+        # right.
         problems.append(
             f"--schedule {name} splits each backward into input- and weight-gradient passes, which FSDP2 (zero=3) "
             "stages cannot run; use zero=1 or 2 with it, or gpipe, 1f1b or interleaved with zero=3"
