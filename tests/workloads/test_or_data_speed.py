@@ -173,3 +173,80 @@ def test_cpt_instance_modes(tmp_path):
     assert SynthConfig(cpt_instances="same").identity()["cpt_instances"] == "same"
     with pytest.raises(Exception, match="unknown CPT instance mode"):
         SynthConfig(cpt_instances="both")
+
+
+def test_an_emptied_scip_instance_solves_every_family_like_a_new_one():
+    """`scip_instances.empty_scip` reuses one SCIP instance per purpose (`freeProb` between
+    problems): on every family's instances, optimal, infeasible and unbounded, solved in turn in
+    the reused instance, the same status, objective, values, branch-and-bound nodes and LP
+    iterations as in a new instance, for the model solves and for the LP-file check."""
+    from pyscipopt import Model
+
+    from trex.workloads.or_data.lp_format import write_lp
+    from trex.workloads.or_data.scip_instances import empty_scip
+
+    def path(scip) -> tuple:
+        return scip.getStatus(), scip.getNNodes(), scip.getNLPIterations()
+
+    def new_instance(settings):
+        scip = Model()
+        scip.hideOutput()
+        settings(scip)
+        return scip
+
+    cases = [(name, seed, "optimal") for name in FAMILIES for seed in (3, 4)]
+    cases += [(name, 5, status) for name in FAMILIES for status in ("infeasible", "unbounded")]
+    statuses = set()
+    for name, seed, status in cases:
+        if status != "optimal" and status not in FAMILIES[name].statuses:
+            continue
+        model = FAMILIES[name].linear_model(generated(name, seed, status).data)
+        with empty_scip("model", model.name, solve._model_solve_settings) as scip:
+            reused = solve._build_and_solve(scip, model, with_objective=True), path(scip)
+        fresh_scip = new_instance(solve._model_solve_settings)
+        fresh = solve._build_and_solve(fresh_scip, model, with_objective=True), path(fresh_scip)
+        assert reused == fresh, (name, seed, status)
+        statuses.add(reused[0].status)
+        with solve.lp_file(write_lp(model)) as lp_path:
+            with empty_scip("lp_file", "lp", solve._lp_file_settings) as scip:
+                scip.readProblem(lp_path)
+                reused = solve._solve_read_scip(scip), path(scip)
+            fresh_scip = new_instance(solve._lp_file_settings)
+            fresh_scip.readProblem(lp_path)
+            fresh = solve._solve_read_scip(fresh_scip), path(fresh_scip)
+        assert reused == fresh, (name, seed, status, "lp file")
+    assert statuses >= {"optimal", "infeasible"}
+
+
+def test_a_failed_solve_drops_the_reused_instance():
+    from trex.workloads.or_data import scip_instances
+
+    with pytest.raises(KeyboardInterrupt), scip_instances.empty_scip("test", "first", lambda scip: None) as scip:
+        first = scip
+        raise KeyboardInterrupt
+    with scip_instances.empty_scip("test", "second", lambda scip: None) as scip:
+        assert scip is not first and scip.getProbName() == "second"
+    with scip_instances.empty_scip("test", "third", lambda scip: None) as again:
+        assert again is scip and again.getProbName() == "third" and again.getNVars() == 0
+
+
+def test_the_overlap_of_integer_gram_ids_equals_the_overlap_of_the_grams():
+    from collections import Counter
+
+    from trex.workloads.or_data import diversity
+
+    def by_tuples(texts: list[str]) -> float:
+        sets = [diversity.grams(text) for text in texts]
+        frequency = Counter(gram for gram_set in sets for gram in gram_set)
+        shares = [sum(1 for gram in gram_set if frequency[gram] > 1) / len(gram_set) for gram_set in sets if gram_set]
+        return round(sum(shares) / len(shares), 4) if shares else 0.0
+
+    texts = _texts(60)
+    for subset in (texts, texts[:4], texts[10:25], [], ["one two"]):
+        assert diversity.overlap(subset) == by_tuples(subset)
+    assert diversity.overlap_at(texts, 15) == round(sum(by_tuples(sample) for sample in _draws(texts, 15)) / 8, 4)
+
+
+def _draws(texts: list[str], k: int) -> list[list[str]]:
+    rng = random.Random(0)
+    return [rng.sample(list(texts), k) for _ in range(8)]

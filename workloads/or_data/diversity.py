@@ -20,6 +20,7 @@ quarters of an answer's 5-grams are its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -62,13 +63,25 @@ def skeleton(prompt: str) -> str:
     return masked(sentences[0]) + " ... " + masked(sentences[-1])
 
 
+_GRAM_IDS: dict[tuple[str, ...], int] = {}
+
+
+@functools.lru_cache(maxsize=8192)
+def _gram_set(text: str, n: int) -> frozenset[int]:
+    """`grams` as distinct integers (one per distinct n-gram: counting them needs no tuple
+    hashing), kept: `overlap_at` measures the same answers in many random draws."""
+    ids = _GRAM_IDS
+    return frozenset([ids.setdefault(gram, len(ids)) for gram in grams(text, n)])
+
+
 def overlap(texts: Sequence[str], n: int = 5) -> float:
     """Mean share of a text's distinct n-grams found in at least one other text of `texts`."""
-    sets = [grams(text, n) for text in texts]
+    sets = [_gram_set(text, n) for text in texts]
     frequency: Counter = Counter()
     for gram_set in sets:
         frequency.update(gram_set)
-    shares = [sum(1 for gram in gram_set if frequency[gram] > 1) / len(gram_set) for gram_set in sets if gram_set]
+    repeated = {gram for gram, count in frequency.items() if count > 1}
+    shares = [len(gram_set & repeated) / len(gram_set) for gram_set in sets if gram_set]
     return round(sum(shares) / len(shares), 4) if shares else 0.0
 
 
@@ -189,6 +202,14 @@ def lp_variables(lp: str) -> int:
 
 def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The report of the module docstring, from SFT records."""
+    try:
+        return _diversity_report(records)
+    finally:  # the n-gram ids and sets of this report's texts are of no use to the next one
+        _gram_set.cache_clear()
+        _GRAM_IDS.clear()
+
+
+def _diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     by_family: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_family[record["meta"]["family"]].append(record)

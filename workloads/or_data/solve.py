@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from trex.workloads.or_data.linear_model import LinearModel
+from trex.workloads.or_data.scip_instances import empty_scip
 from trex.workloads.sandbox.interruption import scip_without_ctrl_c
 
 STATUSES = ("optimal", "infeasible", "unbounded")
@@ -66,14 +67,20 @@ def polish(model: LinearModel, values: dict[str, float], *, time_limit_s: float 
     return solve_model(replace(model, variables=tuple(fixed)), time_limit_s=time_limit_s)
 
 
-def _scip_solve(model: LinearModel, time_limit_s: float, *, with_objective: bool) -> SolveResult:
-    from pyscipopt import Model, quicksum
-
-    scip = Model(model.name)
-    scip.hideOutput()
+def _model_solve_settings(scip) -> None:
     scip_without_ctrl_c(scip)
-    scip.setParam("limits/time", time_limit_s)
     scip.setParam("parallel/maxnthreads", 1)
+
+
+def _scip_solve(model: LinearModel, time_limit_s: float, *, with_objective: bool) -> SolveResult:
+    with empty_scip("model", model.name, _model_solve_settings) as scip:
+        scip.setParam("limits/time", time_limit_s)
+        return _build_and_solve(scip, model, with_objective=with_objective)
+
+
+def _build_and_solve(scip, model: LinearModel, *, with_objective: bool) -> SolveResult:
+    from pyscipopt import quicksum
+
     kinds = {"continuous": "C", "integer": "I", "binary": "B"}
     handles = {
         variable.name: scip.addVar(name=variable.name, vtype=kinds[variable.kind], lb=variable.lower, ub=variable.upper)
@@ -145,16 +152,12 @@ def lp_counts_scip(lp_text: str) -> tuple[int, int] | None:
     for (reader, digest, _), (_, counts) in reversed(_LP_MEMO.items()):
         if reader == "scip" and digest == wanted:
             return counts
-    from pyscipopt import Model
-
-    with lp_file(lp_text) as path:
-        scip = Model()
-        scip.hideOutput()
+    with lp_file(lp_text) as path, empty_scip("lp_file", "lp", _lp_file_settings) as scip:
         try:
             scip.readProblem(path)
         except Exception:  # noqa: BLE001 - SCIP raises a bare Exception for unreadable files
             return None
-    return scip.getNVars(), scip.getNIntVars() + scip.getNBinVars()
+        return scip.getNVars(), scip.getNIntVars() + scip.getNBinVars()
 
 
 @_memoized("scip")
@@ -167,17 +170,16 @@ def solve_lp_text_scip(lp_text: str, time_limit_s: float = TIME_LIMIT_S) -> tupl
     proves the optimum to SCIP's zero gap, and infeasibility or unboundedness, on what the reader
     read; on the pipeline's small models the three only cost time (7.2 against 14.4 CPU ms per
     file, the same verdict on all 1000 files of a 1000-sample run: bench/RESULTS.md section 6)."""
-    from pyscipopt import Model
-
-    with lp_file(lp_text) as path:
-        scip = Model()
-        scip.hideOutput()
-        scip_without_ctrl_c(scip)
+    with lp_file(lp_text) as path, empty_scip("lp_file", "lp", _lp_file_settings) as scip:
         scip.setParam("limits/time", time_limit_s)
-        plain_branch_and_bound(scip)
         scip.readProblem(path)
-    counts = (scip.getNVars(), scip.getNIntVars() + scip.getNBinVars())
-    return _solve_read_scip(scip), counts
+        counts = (scip.getNVars(), scip.getNIntVars() + scip.getNBinVars())
+        return _solve_read_scip(scip), counts
+
+
+def _lp_file_settings(scip) -> None:
+    scip_without_ctrl_c(scip)
+    plain_branch_and_bound(scip)
 
 
 def plain_branch_and_bound(scip) -> None:
