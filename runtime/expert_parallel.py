@@ -473,3 +473,37 @@ def route_through_ep(model: nn.Module) -> None:
     else:
         for _, module in experts_modules(model):
             module.config._experts_implementation = IMPLEMENTATION_NAME
+
+
+def parse_ep_chunks(text: str) -> int | None:
+    """`--ep-chunks`: "auto" -> None (the cost model chooses), else a positive micro-chunk count."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        chunks = int(text)
+    except ValueError:
+        chunks = 0
+    if chunks < 1:
+        raise TrexError(f"--ep-chunks must be 'auto' or a positive integer, got {text!r}")
+    return chunks
+
+
+def choose_ep_chunks(model: nn.Module, setting: str, tokens: int, compiled: bool) -> list[str]:
+    """Set every EP layer's micro-chunk count for `trex train` and return one note per layer saying why.
+
+    "auto": with `compiled` (where reorder_comm schedules the exchanges) the cost model's choice for `tokens`
+    tokens per rank and micro-batch (`plan_ep_chunks`, on the emulated link when one is set); an eager run
+    keeps one chunk. A count: that many chunks everywhere (capped by the rows at run time)."""
+    from trex.integrations.transformers_moe import experts_modules
+
+    chunks = parse_ep_chunks(setting)
+    if chunks is None and compiled:
+        return [f"ep micro-chunks {name}: {n} ({reason})" for name, n, reason in plan_ep_chunks(model, tokens)]
+    chunks = chunks or 1
+    notes = []
+    for name, module in experts_modules(model):
+        if hasattr(module, "trex_ep_layout"):
+            module.trex_ep_chunks = chunks
+            module.trex_ep_chunk_reason = "set by --ep-chunks" if setting != "auto" else "eager run: one chunk"
+            notes.append(f"ep micro-chunks {name}: {chunks} ({module.trex_ep_chunk_reason})")
+    return notes
