@@ -315,8 +315,9 @@ def routed_experts_ep(
 
 def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[str, float]:
     """The cost model's times (seconds) for one EP layer of `module` on `tokens` tokens of this rank, one chunk:
-    the dispatch and combine exchanges, the local experts (forward), the blocking count exchange and the link's
-    latency. Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
+    the dispatch and combine exchanges, the local experts (forward and backward), the blocking count exchange,
+    the link's latency, and what each extra chunk adds (`extra_chunk`: the backward's sum of that chunk's
+    expert-weight gradients into the others'). Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
     (meta tensors), so the figures are the ones reorder_comm reads from `node.meta["cost"]`."""
     from torch import fx
 
@@ -350,6 +351,27 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
         ),
         "counts": graph.call_function(ops.ep_counts.default, (experts_counts, group)),
     }
+    # the backward of the local experts (data and weight gradients; its saved tensors only shape the bytes)
+    nodes["experts_backward"] = graph.call_function(
+        ops.ep_experts_local_backward.default,
+        (
+            sent,
+            counts,
+            *weights,
+            counts,
+            sent,
+            sent,
+            layout.activation,
+            layout.swiglu_limit,
+            layout.weights_transposed,
+            rows,
+        ),
+    )
+    nodes["experts_backward"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
+    # a chunked layer's backward sums each chunk's expert-weight gradients: one add per weight and extra chunk
+    for name, weight in zip(("weight_sum_gate_up", "weight_sum_down"), weights):
+        nodes[name] = graph.call_function(torch.ops.aten.add.Tensor, (weight, weight))
+        nodes[name].meta["val"] = torch.empty(weight.meta["val"].shape, dtype=dtype, device=meta)
     nodes["dispatch"].meta["val"] = torch.empty(rows, width, dtype=dtype, device=meta)
     nodes["counts"].meta["val"] = torch.empty(module.trex_ep_size, gate_up.size(0), dtype=torch.int64, device=meta)
     nodes["experts"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
@@ -357,6 +379,7 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
     for name, node in nodes.items():
         cost = annotate_node(node, cluster)
         out[name] = float(cost.time_s) if cost is not None and cost.priced else 0.0
+    out["extra_chunk"] = out.pop("weight_sum_gate_up") + out.pop("weight_sum_down")
     out["combine"] = out["dispatch"]
     tier = cluster.tiers[-1] if cluster.tiers else None
     out["alpha"] = tier.latency_s if tier is not None else 0.0
@@ -391,7 +414,14 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
             continue
         times = price_ep_layer(module, tokens, top_k, cluster)
         choice = choose_chunks(
-            times["dispatch"], times["experts"], times["combine"], times["alpha"], times["counts"], max_chunks=tokens
+            times["dispatch"],
+            times["experts"],
+            times["combine"],
+            times["alpha"],
+            times["counts"],
+            max_chunks=tokens,
+            experts_backward_s=times["experts_backward"],
+            extra_chunk_s=times["extra_chunk"],
         )
         module.trex_ep_chunks = choice.chunks
         module.trex_ep_chunk_reason = choice.reason

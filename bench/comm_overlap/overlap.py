@@ -253,6 +253,11 @@ def rank_main(args: dict) -> dict:
                     loss.backward()
                     elapsed = time.perf_counter() - start
                     charged = emulated_link.STATS.total_seconds
+                    if which == "slow":
+                        by_kind = {
+                            kind: (count, emulated_link.STATS.seconds[kind])
+                            for kind, count in emulated_link.STATS.collectives.items()
+                        }
                     optimizer.zero_grad(set_to_none=True)  # timing steps do not update (same program, same data)
                     if step == 0:
                         continue  # compile
@@ -271,6 +276,7 @@ def rank_main(args: dict) -> dict:
                 "predicted_exposed_s": predicted(compiled, args["link"]),
                 "peer": list(PEER_RESULTS),
                 "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
+                "link_by_kind": by_kind,  # the last slow step: kind -> (collectives, modelled seconds)
             }
             if restore is not None:
                 from trex.driver import TrexCompiler
@@ -369,7 +375,9 @@ def main() -> int:
             measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
             print(
                 f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {measured:.4f} s, "
-                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}"
+                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}; "
+                "link per step: "
+                + ", ".join(f"{kind} {n} x, {t:.4f} s" for kind, (n, t) in sorted(row["link_by_kind"].items()))
             )
     return 0
 
