@@ -56,13 +56,45 @@ def chunked_layer_seconds(
     return max(now, combine_done)
 
 
+def chunked_step_seconds(
+    dispatch_s: float,
+    experts_s: float,
+    combine_s: float,
+    alpha_s: float,
+    chunks: int,
+    counts_s: float = 0.0,
+    experts_backward_s: float = 0.0,
+    extra_chunk_s: float = 0.0,
+) -> float:
+    """Forward + backward of one EP layer in `chunks` micro-chunks. The backward runs the same pipeline in
+    reverse (the autograd graph of the chunked forward is chunked too): the combine's gradient exchange first,
+    the experts' backward (`experts_backward_s`, data and weight gradients over all rows), then the dispatch's
+    gradient exchange; it has no count exchange. `extra_chunk_s`: what every chunk beyond the first adds
+    (summing its expert-weight gradients into the others'). With `experts_backward_s` 0 only the forward."""
+    forward = chunked_layer_seconds(dispatch_s, experts_s, combine_s, alpha_s, chunks, counts_s)
+    if experts_backward_s <= 0:
+        return forward + (chunks - 1) * extra_chunk_s
+    backward = chunked_layer_seconds(combine_s, experts_backward_s, dispatch_s, alpha_s, chunks)
+    return forward + backward + (chunks - 1) * extra_chunk_s
+
+
 def choose_chunks(
-    dispatch_s: float, experts_s: float, combine_s: float, alpha_s: float, counts_s: float = 0.0, max_chunks: int = 4
+    dispatch_s: float,
+    experts_s: float,
+    combine_s: float,
+    alpha_s: float,
+    counts_s: float = 0.0,
+    max_chunks: int = 4,
+    experts_backward_s: float = 0.0,
+    extra_chunk_s: float = 0.0,
 ) -> ChunkChoice:
     """The chunk count of `CHUNK_CHOICES` (up to max_chunks, the rows there are) with the shortest predicted
-    layer; one chunk unless the split saves at least MIN_GAIN of the one-chunk time."""
+    layer (forward + backward when `experts_backward_s` is given: `chunked_step_seconds`); one chunk unless the
+    split saves at least MIN_GAIN of the one-chunk time."""
     seconds = {
-        n: chunked_layer_seconds(dispatch_s, experts_s, combine_s, alpha_s, n, counts_s)
+        n: chunked_step_seconds(
+            dispatch_s, experts_s, combine_s, alpha_s, n, counts_s, experts_backward_s, extra_chunk_s
+        )
         for n in CHUNK_CHOICES
         if n <= max(1, max_chunks)
     }
@@ -71,9 +103,15 @@ def choose_chunks(
     pays = one > 0 and (one - seconds[best]) / one >= MIN_GAIN
     chunks = best if pays else 1
     summary = ", ".join(f"{n} chunk{'s' if n > 1 else ''} {t * 1e3:.3f} ms" for n, t in seconds.items())
+    backward = (
+        f", experts backward {experts_backward_s * 1e3:.3f} ms, per extra chunk {extra_chunk_s * 1e3:.3f} ms "
+        "(forward + backward)"
+        if experts_backward_s > 0
+        else ""
+    )
     reason = (
-        f"dispatch {dispatch_s * 1e3:.3f} ms, experts {experts_s * 1e3:.3f} ms, combine {combine_s * 1e3:.3f} ms, "
-        f"link latency {alpha_s * 1e6:.0f} us: {summary}; "
+        f"dispatch {dispatch_s * 1e3:.3f} ms, experts {experts_s * 1e3:.3f} ms, combine {combine_s * 1e3:.3f} ms"
+        f"{backward}, link latency {alpha_s * 1e6:.0f} us: {summary}; "
         + (
             f"{chunks} chunks save {(one - seconds[chunks]) * 1e3:.3f} ms ({(one - seconds[chunks]) / one:.0%})"
             if chunks > 1

@@ -103,6 +103,19 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         help="make gloo collectives take a modelled link's time: 'alpha_us=20,gbps=5' (GB/s), 'zero', or a tier of "
         "the hardware catalog (e.g. infiniband-ndr); for measuring overlap on CPU",
     )
+    parser.add_argument(
+        "--zero3",
+        choices=("fsdp2", "graph"),
+        default="fsdp2",
+        help="how a zero=3 plan runs: FSDP2 hooks (default), or 'graph': its all-gathers and reduce-scatters as "
+        "nodes of the captured graph, which reorder_comm schedules with --compile (dp only)",
+    )
+    parser.add_argument(
+        "--ep-chunks",
+        default="auto",
+        help="micro-chunks per expert-parallel layer (ep > 1): 'auto' (default: the cost model's choice with "
+        "--compile, 1 otherwise) or a count; chunk i+1's dispatch travels while chunk i's experts compute",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results at the end")
 
 
@@ -135,6 +148,14 @@ def build_job(args: argparse.Namespace, config=None, **fields):
     plan = resolve_plan(
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
     )
+    zero3, ep_chunks = getattr(args, "zero3", "fsdp2"), getattr(args, "ep_chunks", "auto")
+    if zero3 == "graph":
+        from trex.runtime.zero3_in_graph import check_zero3_in_graph
+
+        check_zero3_in_graph(plan, **{"checkpoint_dir": args.checkpoint_dir, **fields})
+    from trex.runtime.expert_parallel import parse_ep_chunks
+
+    parse_ep_chunks(ep_chunks)  # refuse a bad count before any process starts
     from trex.runtime.pipeline.limits import check_pipeline_job
 
     check_pipeline_job(config, plan, args.schedule, args.stage_split, args.compile)
@@ -177,6 +198,8 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         schedule=args.schedule,
         stage_split=args.stage_split,
         emulate_link=emulate_link,
+        zero3=zero3,
+        ep_chunks=ep_chunks,
         **fields,
     )
     return job, config, plan

@@ -28,6 +28,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,4 +399,43 @@ def install(link: LinkModel | str | None = None) -> str:
         os.environ[ENV_VAR] = link.spec
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, _create_group, devices=["cpu"])
+    _route_out_variants()
     return BACKEND_NAME
+
+
+_OUT_VARIANTS: list = []  # the torch.library registration below, once per process
+
+
+def _route_out_variants() -> None:
+    """Make the `_out` functional collectives reach the group's Python methods, so the link charges them.
+
+    `_c10d_functional.all_gather_into_tensor_out` / `reduce_scatter_tensor_out` (what Inductor's bucketing emits)
+    call the C++ `ProcessGroup::all_gather_single` / `reduce_scatter_single`, which a Python ProcessGroup cannot
+    override (torch's trampoline has no hook for them): they went to the gloo backend underneath and cost no link
+    time. Their CPU kernels are replaced by the same steps in Python (resolve the group, start the collective
+    through its `_allgather_base` / `_reduce_scatter_base`, register the Work on `out` for `wait_tensor`); for
+    any other group these are the C++ kernels' own calls."""
+    if _OUT_VARIANTS:
+        return
+    from torch._C._distributed_c10d import ReduceOp, ReduceScatterOptions, _register_work
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    library = torch.library.Library("_c10d_functional", "IMPL")
+
+    def all_gather_out(input, group_size, group_name, *, out):
+        group = _resolve_process_group(group_name)
+        _register_work(out, group._allgather_base(out, input.contiguous()))
+        return out
+
+    def reduce_scatter_out(input, reduce_op, group_size, group_name, *, out):
+        group = _resolve_process_group(group_name)
+        options = ReduceScatterOptions()
+        options.reduceOp = getattr(ReduceOp, reduce_op.upper())
+        _register_work(out, group._reduce_scatter_base(out, input.contiguous(), options))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
+        library.impl("all_gather_into_tensor_out", all_gather_out, "CPU")
+        library.impl("reduce_scatter_tensor_out", reduce_scatter_out, "CPU")
+    _OUT_VARIANTS.append(library)

@@ -315,8 +315,9 @@ def routed_experts_ep(
 
 def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[str, float]:
     """The cost model's times (seconds) for one EP layer of `module` on `tokens` tokens of this rank, one chunk:
-    the dispatch and combine exchanges, the local experts (forward), the blocking count exchange and the link's
-    latency. Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
+    the dispatch and combine exchanges, the local experts (forward and backward), the blocking count exchange,
+    the link's latency, and what each extra chunk adds (`extra_chunk`: the backward's sum of that chunk's
+    expert-weight gradients into the others'). Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
     (meta tensors), so the figures are the ones reorder_comm reads from `node.meta["cost"]`."""
     from torch import fx
 
@@ -350,6 +351,27 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
         ),
         "counts": graph.call_function(ops.ep_counts.default, (experts_counts, group)),
     }
+    # the backward of the local experts (data and weight gradients; its saved tensors only shape the bytes)
+    nodes["experts_backward"] = graph.call_function(
+        ops.ep_experts_local_backward.default,
+        (
+            sent,
+            counts,
+            *weights,
+            counts,
+            sent,
+            sent,
+            layout.activation,
+            layout.swiglu_limit,
+            layout.weights_transposed,
+            rows,
+        ),
+    )
+    nodes["experts_backward"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
+    # a chunked layer's backward sums each chunk's expert-weight gradients: one add per weight and extra chunk
+    for name, weight in zip(("weight_sum_gate_up", "weight_sum_down"), weights):
+        nodes[name] = graph.call_function(torch.ops.aten.add.Tensor, (weight, weight))
+        nodes[name].meta["val"] = torch.empty(weight.meta["val"].shape, dtype=dtype, device=meta)
     nodes["dispatch"].meta["val"] = torch.empty(rows, width, dtype=dtype, device=meta)
     nodes["counts"].meta["val"] = torch.empty(module.trex_ep_size, gate_up.size(0), dtype=torch.int64, device=meta)
     nodes["experts"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
@@ -357,6 +379,7 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
     for name, node in nodes.items():
         cost = annotate_node(node, cluster)
         out[name] = float(cost.time_s) if cost is not None and cost.priced else 0.0
+    out["extra_chunk"] = out.pop("weight_sum_gate_up") + out.pop("weight_sum_down")
     out["combine"] = out["dispatch"]
     tier = cluster.tiers[-1] if cluster.tiers else None
     out["alpha"] = tier.latency_s if tier is not None else 0.0
@@ -391,7 +414,14 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
             continue
         times = price_ep_layer(module, tokens, top_k, cluster)
         choice = choose_chunks(
-            times["dispatch"], times["experts"], times["combine"], times["alpha"], times["counts"], max_chunks=tokens
+            times["dispatch"],
+            times["experts"],
+            times["combine"],
+            times["alpha"],
+            times["counts"],
+            max_chunks=tokens,
+            experts_backward_s=times["experts_backward"],
+            extra_chunk_s=times["extra_chunk"],
         )
         module.trex_ep_chunks = choice.chunks
         module.trex_ep_chunk_reason = choice.reason
@@ -473,3 +503,37 @@ def route_through_ep(model: nn.Module) -> None:
     else:
         for _, module in experts_modules(model):
             module.config._experts_implementation = IMPLEMENTATION_NAME
+
+
+def parse_ep_chunks(text: str) -> int | None:
+    """`--ep-chunks`: "auto" -> None (the cost model chooses), else a positive micro-chunk count."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        chunks = int(text)
+    except ValueError:
+        chunks = 0
+    if chunks < 1:
+        raise TrexError(f"--ep-chunks must be 'auto' or a positive integer, got {text!r}")
+    return chunks
+
+
+def choose_ep_chunks(model: nn.Module, setting: str, tokens: int, compiled: bool) -> list[str]:
+    """Set every EP layer's micro-chunk count for `trex train` and return one note per layer saying why.
+
+    "auto": with `compiled` (where reorder_comm schedules the exchanges) the cost model's choice for `tokens`
+    tokens per rank and micro-batch (`plan_ep_chunks`, on the emulated link when one is set); an eager run
+    keeps one chunk. A count: that many chunks everywhere (capped by the rows at run time)."""
+    from trex.integrations.transformers_moe import experts_modules
+
+    chunks = parse_ep_chunks(setting)
+    if chunks is None and compiled:
+        return [f"ep micro-chunks {name}: {n} ({reason})" for name, n, reason in plan_ep_chunks(model, tokens)]
+    chunks = chunks or 1
+    notes = []
+    for name, module in experts_modules(model):
+        if hasattr(module, "trex_ep_layout"):
+            module.trex_ep_chunks = chunks
+            module.trex_ep_chunk_reason = "set by --ep-chunks" if setting != "auto" else "eager run: one chunk"
+            notes.append(f"ep micro-chunks {name}: {chunks} ({module.trex_ep_chunk_reason})")
+    return notes

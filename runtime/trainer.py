@@ -68,6 +68,8 @@ class TrainJob:
     schedule: str = ""  # gpipe | 1f1b | interleaved | zbv | dualpipev; "": 1f1b (interleaved with vpp > 1)
     stage_split: str = ""  # inclusive layer ranges per chunk ("0-1,2-3"); "": the plan's split
     emulate_link: str | None = None  # gloo collectives take this link's modelled time (runtime/emulated_link.py)
+    zero3: str = "fsdp2"  # zero=3 as FSDP2 hooks, or "graph": collectives inside the graph (runtime/zero3_in_graph)
+    ep_chunks: str = "auto"  # EP layers' micro-chunks: "auto" (the cost model's choice with --compile) or a count
 
     @classmethod
     def create(
@@ -230,10 +232,28 @@ class Trainer:
         model.train()
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         self.source = self.batch_source()
-        self.applied = parallelize(
-            model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay, optimizer=self.job.optimizer
-        )
+        if self.job.zero3 == "graph":
+            from trex.runtime.zero3_in_graph import apply_zero3_in_graph
+
+            self.applied = apply_zero3_in_graph(
+                model, plan, self.device, lr=self.job.lr, weight_decay=self.job.weight_decay
+            )
+        else:
+            self.applied = parallelize(
+                model,
+                plan,
+                self.device,
+                lr=self.job.lr,
+                weight_decay=self.job.weight_decay,
+                optimizer=self.job.optimizer,
+            )
         self.model = self.applied.model
+        if plan.ep > 1:
+            from trex.runtime.expert_parallel import choose_ep_chunks
+
+            self.applied.notes.extend(
+                choose_ep_chunks(self.model, self.job.ep_chunks, plan.mbs * plan.seq, self.job.compile)
+            )
         self.forward = self.model
         self.count_activations = True
         if self.job.compile:

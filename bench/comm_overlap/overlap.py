@@ -111,11 +111,61 @@ def trex_roofline(milliseconds):
         overlap_scheduling.estimate_roofline_runtime_ms = original
 
 
+SCALED_V3_EXPERTS = 32  # routed experts of the scaled shape: 16 per rank, 64 rows each at 256 tokens, top-8
+
+
+def scaled_v3_config(hidden: int, layers: int):
+    """DeepSeek-V3's shape scaled to `hidden`: the compute of an EP layer split as in V3 (routed experts, shared
+    expert, attention projections, dense MLP in the same proportions), with GEMMs that take real time on a CPU rank.
+
+    Every width that sets a GEMM's size scales with hidden / 7168 (transformers' DeepseekV3Config defaults are the
+    671B model): the routed and shared experts' intermediate size (2048 -> 144 at hidden 512, rounded to a multiple
+    of 16), the dense layers' (18432 -> 1312), the q / kv LoRA ranks and the head count (128 -> 9); the head dims
+    (128 / 64 / 128), top-8 routing, one shared expert and node-limited routing (8 groups, 4 chosen) stay V3's.
+    Then the attention projections do ~0.5 of the routed experts' FLOP per token and the shared expert 1/8, as in
+    V3. Not scaled: 32 routed experts instead of 256 (each of the 16 per rank still gets ~64 rows at 256 tokens
+    per rank), the vocabulary (1024: a 2-4 layer model's head would otherwise dwarf its layers, unlike V3's 61),
+    first_k_dense_replace (1). The exchange / compute ratio is the link's: choose one where communication is a
+    real share of the step (DeepSeek-V3's cross-node EP runs at ~1:1 computation to communication,
+    arXiv:2412.19437 section 3.2.1)."""
+    from transformers import DeepseekV3Config
+
+    v3 = DeepseekV3Config()
+    scale = hidden / v3.hidden_size
+
+    def scaled(width: int) -> int:
+        return max(16, int(round(width * scale / 16)) * 16)
+
+    return DeepseekV3Config(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=scaled(v3.intermediate_size),
+        moe_intermediate_size=scaled(v3.moe_intermediate_size),
+        num_hidden_layers=layers or 3,
+        num_attention_heads=max(1, round(v3.num_attention_heads * scale)),
+        num_key_value_heads=max(1, round(v3.num_key_value_heads * scale)),
+        n_routed_experts=SCALED_V3_EXPERTS,
+        num_experts_per_tok=v3.num_experts_per_tok,
+        n_shared_experts=v3.n_shared_experts,
+        n_group=v3.n_group,
+        topk_group=v3.topk_group,
+        first_k_dense_replace=1,
+        q_lora_rank=scaled(v3.q_lora_rank),
+        kv_lora_rank=scaled(v3.kv_lora_rank),
+        qk_nope_head_dim=v3.qk_nope_head_dim,
+        qk_rope_head_dim=v3.qk_rope_head_dim,
+        v_head_dim=v3.v_head_dim,
+        routed_scaling_factor=v3.routed_scaling_factor,
+    )
+
+
 def pipeline(label: str):
     return None if label == "pass" else "-reorder_comm"
 
 
-def build(plan: str, model_name: str, passes, layers: int = 0, tokens: int = 0, moe_intermediate: int = 0):
+def build(
+    plan: str, model_name: str, passes, layers: int = 0, tokens: int = 0, moe_intermediate: int = 0, hidden: int = 0
+):
     """The plan's model and its trex compile. With reorder_comm in the pipeline (`passes` None) the EP plan's
     layers take the micro-chunk count the cost model chooses for `tokens` tokens per rank (plan_ep_chunks);
     without the pass they stay one chunk (the split is part of what the pass stands for)."""
@@ -126,7 +176,7 @@ def build(plan: str, model_name: str, passes, layers: int = 0, tokens: int = 0, 
     from trex.runtime.data_parallel import shard_parameters_in_graph
     from trex.runtime.expert_parallel import plan_ep_chunks, route_through_ep, shard_experts
 
-    config = tiny_config(model_name)
+    config = scaled_v3_config(hidden, layers) if hidden else tiny_config(model_name)
     if layers:
         config.num_hidden_layers = layers
     if moe_intermediate:
@@ -184,6 +234,7 @@ def rank_main(args: dict) -> dict:
                 args["layers"],
                 args["rows"] * args["seq"] // 2,
                 args["moe_intermediate"],
+                args["hidden"],
             )
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
             vocab = model.config.vocab_size
@@ -202,6 +253,11 @@ def rank_main(args: dict) -> dict:
                     loss.backward()
                     elapsed = time.perf_counter() - start
                     charged = emulated_link.STATS.total_seconds
+                    if which == "slow":
+                        by_kind = {
+                            kind: (count, emulated_link.STATS.seconds[kind])
+                            for kind, count in emulated_link.STATS.collectives.items()
+                        }
                     optimizer.zero_grad(set_to_none=True)  # timing steps do not update (same program, same data)
                     if step == 0:
                         continue  # compile
@@ -220,6 +276,7 @@ def rank_main(args: dict) -> dict:
                 "predicted_exposed_s": predicted(compiled, args["link"]),
                 "peer": list(PEER_RESULTS),
                 "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
+                "link_by_kind": by_kind,  # the last slow step: kind -> (collectives, modelled seconds)
             }
             if restore is not None:
                 from trex.driver import TrexCompiler
@@ -244,6 +301,13 @@ def main() -> int:
     parser.add_argument(
         "--moe-intermediate", type=int, default=0, help="experts' intermediate size (default: the tiny config's)"
     )
+    parser.add_argument(
+        "--scaled-v3",
+        type=int,
+        default=0,
+        metavar="HIDDEN",
+        help="DeepSeek-V3's shape scaled to this hidden size (scaled_v3_config) instead of the tiny config",
+    )
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
@@ -259,6 +323,7 @@ def main() -> int:
         "steps": args.steps,
         "layers": args.layers,
         "moe_intermediate": args.moe_intermediate,
+        "hidden": args.scaled_v3,
         "seq": args.seq,
         "rows": args.rows,
         "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
@@ -310,7 +375,9 @@ def main() -> int:
             measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
             print(
                 f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {measured:.4f} s, "
-                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}"
+                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}; "
+                "link per step: "
+                + ", ".join(f"{kind} {n} x, {t:.4f} s" for kind, (n, t) in sorted(row["link_by_kind"].items()))
             )
     return 0
 

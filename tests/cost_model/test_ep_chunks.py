@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trex.cost_model.ep_chunks import choose_chunks, chunked_layer_seconds
+from trex.cost_model.ep_chunks import choose_chunks, chunked_layer_seconds, chunked_step_seconds
 
 
 def test_one_chunk_is_the_serial_layer():
@@ -25,3 +25,23 @@ def test_the_split_is_chosen_only_when_it_pays():
     assert balanced.chunks > 1 and balanced.seconds[balanced.chunks] < 0.95 * balanced.seconds[1]
     assert f"{balanced.chunks} chunks save" in balanced.reason
     assert choose_chunks(1e-3, 2e-3, 1e-3, 10e-6, max_chunks=1).chunks == 1  # one token cannot be split
+
+
+def test_the_backward_and_the_weight_gradient_sums_are_part_of_the_choice():
+    # forward alone: the link (d + c = 4) dwarfs the experts (1): splitting saves little
+    forward_only = choose_chunks(2e-3, 1e-3, 2e-3, 0.0)
+    with_backward = choose_chunks(2e-3, 1e-3, 2e-3, 0.0, experts_backward_s=4e-3)
+
+    def saved(choice):
+        return (choice.seconds[1] - choice.seconds[choice.chunks]) / choice.seconds[1]
+
+    # the backward's experts (4) can hide both gradient exchanges: the split pays more over the whole step
+    assert saved(with_backward) > saved(forward_only)
+    assert "experts backward 4.000 ms" in with_backward.reason
+    # each extra chunk's weight-gradient sum is paid once per chunk beyond the first
+    costly = choose_chunks(2e-3, 1e-3, 2e-3, 0.0, experts_backward_s=4e-3, extra_chunk_s=1e-3)
+    assert costly.seconds[4] == pytest.approx(with_backward.seconds[4] + 3e-3)
+    assert costly.seconds[1] == pytest.approx(with_backward.seconds[1])
+    assert chunked_step_seconds(2e-3, 1e-3, 2e-3, 0.0, 2) == pytest.approx(
+        chunked_layer_seconds(2e-3, 1e-3, 2e-3, 0.0, 2)
+    )

@@ -57,6 +57,23 @@ def timed_collectives(link: str) -> dict:
             lambda: fc.wait_tensor(fc.all_to_all_single(x, [SENDS[src][rank] for src in range(2)], SENDS[rank], group)),
             nbytes,
         ),
+        # the _out variants (Inductor's bucketing emits them) are charged too, not sent around the link
+        "all_gather_out": (
+            lambda: fc.wait_tensor(
+                torch.ops._c10d_functional.all_gather_into_tensor_out(
+                    x, 2, group.group_name, out=torch.empty(2 * x.numel())
+                )
+            ),
+            2 * nbytes,
+        ),
+        "reduce_scatter_out": (
+            lambda: fc.wait_tensor(
+                torch.ops._c10d_functional.reduce_scatter_tensor_out(
+                    x, "sum", 2, group.group_name, out=torch.empty(x.numel() // 2)
+                )
+            ),
+            nbytes,
+        ),
     }
     out = {"rank": rank, "timings": {}, "values": {}}
     dist.barrier()
@@ -68,7 +85,7 @@ def timed_collectives(link: str) -> dict:
         out["timings"][kind] = (
             time.perf_counter() - wall,
             time.process_time() - cpu,
-            model.collective_seconds(kind, moved, 2),
+            model.collective_seconds(kind.removesuffix("_out"), moved, 2),
         )
         out["values"][kind] = value.clone()
     plain = torch.empty(2 * x.numel())
@@ -164,6 +181,8 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
         torch.testing.assert_close(values["all_gather"], torch.cat(x))
         torch.testing.assert_close(values["dist.all_gather_into_tensor"], torch.cat(x))
         torch.testing.assert_close(values["reduce_scatter"], (x[0] + x[1]).chunk(2)[rank])
+        torch.testing.assert_close(values["all_gather_out"], torch.cat(x))
+        torch.testing.assert_close(values["reduce_scatter_out"], (x[0] + x[1]).chunk(2)[rank])
         want = torch.cat([x[src].split(SENDS[src])[rank] for src in range(2)])
         torch.testing.assert_close(values["all_to_all"], want)
         members = [[t[:96].reshape(48, 2), t[96:100], t[100:164].reshape(2, 32)] for t in x]
