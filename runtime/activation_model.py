@@ -66,11 +66,16 @@ the residual stream, the other norms and the grouped-GEMM experts stay float32.
 DeepSeek-V3 under autocast keeps the same kinds of copies (its MLA projections, router, shared experts and
 dense MLP are Linears), while its SDPA math path stays float32 (v becomes a float32 copy).
 
+DeepSeek-V4 (fp32, tp = 1; see `_deepseek_v4`): mHC hyper-connections, CSA/HCA compressors, eager attention
+with sinks, hash-routed and top-k MoE layers with the SwiGLU clamps; the lightning indexer's branch only picks
+integer indices, reaches no loss and is freed before the backward.
+
 Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, and both in bf16 without tp; eager (not `--compile`, whose partitioner chooses its own saved set).
-Anything else (DeepSeek-V4; bf16 under tp) raises NotCovered with the reason, and the prediction falls back
-to the production-kernel formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a
-branch of the forward that reaches no loss is freed with what it saved before the backward starts.
+executes, and both in bf16 without tp; DeepSeek-V4 in fp32 under any dp/ZeRO/ep plan (tp = 1); eager (not
+`--compile`, whose partitioner chooses its own saved set). Anything else (V4 under tp or in bf16; bf16 under
+tp) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula, saying
+so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a branch of the
+forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
 from __future__ import annotations
@@ -141,12 +146,14 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
         return _qwen3_moe(config, plan)
     if model_type == "deepseek_v3":
         return _deepseek_v3(config, plan)
+    if model_type == "deepseek_v4":
+        return _deepseek_v4(config, plan)
     raise NotCovered(
         f"the eager implementation of {model_type or 'this model'} is not described (covered: {', '.join(COVERED)})"
     )
 
 
-COVERED = ("qwen3_moe", "deepseek_v3")
+COVERED = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
 
 
 # -- building blocks: one function per transformers module, returning what it keeps ---------------------
@@ -218,12 +225,19 @@ def _router(
 
 
 def _grouped_mm_experts(
-    rows: float, hidden: int, width: int, experts: int, count: int, weights: int = FP32
+    rows: float, hidden: int, width: int, experts: int, count: int, weights: int = FP32, *, clamped: bool = False
 ) -> list[Kept]:
     """transformers' `grouped_mm_experts_forward` over `rows` (token, slot) pairs (float32 under autocast too:
     the grouped GEMMs are not on autocast's list). `weights`: the routing weights' itemsize (bf16 when the
-    router's output dtype, bf16 under autocast, is restored after its float32 softmax)."""
-    return [
+    router's output dtype, bf16 under autocast, is restored after its float32 softmax). `clamped`: the gate
+    applies DeepSeek-V4's SwiGLU limit (`gate.clamp(max)`, `up.clamp(min, max)`) before SiLU and the product,
+    so SiLU's input and the product's `up` factor are the clamps' own outputs."""
+    clamps = (
+        [Kept("moe", "clamp outputs (SiLU's input, the product's up factor)", 2 * rows * width, FP32, count)]
+        if clamped
+        else []
+    )
+    return clamps + [
         Kept("moe", "row gather / weight gather / un-permute: indices", 3 * rows, INT64, count),
         Kept("moe", "grouped_mm: offsets", experts, INT32, count),
         Kept("moe", "gate_up grouped_mm: sorted rows", rows * hidden, FP32, count),
@@ -466,4 +480,179 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     precision = "bf16 autocast" if bf16 else "fp32"
     return ActivationModel(
         f"transformers eager deepseek_v3 (sdpa math, {experts_impl}{style}), {precision}", tuple(kept)
+    )
+
+
+def _rope_dim(config: Any, rope_type: str) -> int:
+    """Channels V4's interleaved RoPE rotates for `rope_type` ("main" or "compress"): one frequency per pair of
+    `int(head_dim * partial_rotary_factor)` channels, each repeated twice (`repeat_interleave(2)`)."""
+    params = (getattr(config, "rope_parameters", None) or {}).get(rope_type) or {}
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    dim = int(config.head_dim * factor)
+    return 2 * ((dim + 1) // 2)
+
+
+def _hyper_connection(name: str, tokens: float, streams: int, hidden: int, iters: int, count: int) -> list[Kept]:
+    """One DeepSeek-V4 mHC module (`DeepseekV4HyperConnection`) and the mix after its block, per layer.
+
+    The unweighted norm keeps the flattened streams (the block's input streams, which the collapse and the
+    mix's matmul read too: one storage) and its rsqrt; the projection keeps the normalized streams; the
+    scale multiplications keep the projection's output (pre, post and comb are views of it); the sigmoids
+    and the softmax keep their outputs; every Sinkhorn division keeps its numerator and its denominator
+    (one column division, then a row and a column division per further iteration); the collapse keeps
+    `pre`; after the block, the mix keeps `post`, the block's output and a contiguous copy of comb
+    transposed (the batched matmul's operand)."""
+    t, n = tokens, streams
+    divisions = 2 * iters - 1
+    return [
+        Kept("mhc", f"{name}: input streams (norm, collapse and mix read them)", t * n * hidden, FP32, count),
+        Kept("mhc", f"{name}: rsqrt (one per token)", t, FP32, count),
+        Kept("mhc", f"{name}: normalized streams (the projection's input)", t * n * hidden, FP32, count),
+        Kept("mhc", f"{name}: projection output (pre/post/comb logits)", t * (2 + n) * n, FP32, count),
+        Kept("mhc", f"{name}: pre and post sigmoid outputs", 2 * t * n, FP32, count),
+        Kept("mhc", f"{name}: comb softmax output", t * n * n, FP32, count),
+        Kept("mhc", f"{name}: Sinkhorn divisions: numerators", divisions * t * n * n, FP32, count),
+        Kept("mhc", f"{name}: Sinkhorn divisions: denominators", divisions * t * n, FP32, count),
+        Kept("mhc", f"{name}: collapse: pre", t * n, FP32, count),
+        Kept("mhc", f"{name}: mix: post, comb transposed (copy)", t * n + t * n * n, FP32, count),
+        Kept("mhc", f"{name}: mix: the block's output", t * hidden, FP32, count),
+    ]
+
+
+def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
+    """DeepSeek-V4 (transformers `DeepseekV4DecoderLayer`) in fp32 without tp, eager attention.
+
+    Per layer: two mHC modules (`_hyper_connection`) around attention and the MoE block, each block reading
+    the collapsed stream through a weighted RMSNorm. Attention: q_a/kv_proj (and the compressor's and
+    indexer's projections) share the norm's output; q_a_norm keeps q_a's output, rstd and the normalized
+    latent (q_b's input); the unweighted q_b_norm keeps q_b's output and one rsqrt per (token, head);
+    kv_norm keeps kv_proj's output, rstd and the normalized KV head; every `apply_rotary_pos_emb` keeps
+    the cos and sin it expanded (`repeat_interleave`), for q, kv and the output's inverse rotation (S x
+    rope channels each, the positions being one row), and for the compressed entries (B x windows x rope
+    channels). Compressors (HCA: windows of `compress_rate`; CSA: overlapping windows of twice that) keep
+    the window rows their gated sum multiplies (HCA: a view of kv_proj's whole output; CSA: the re-laid
+    `new_kv`), the float32 gate softmax, and their kv_norm's input, rstd and output. CSA's lightning indexer
+    only chooses *which* entries each query sees (integer top-k indices): its branch reaches no loss and is
+    freed with what it saved before the backward. Eager attention with sinks: the first matmul keeps q and
+    a copy of the single KV head repeated over the heads (`repeat_kv`), the second another copy (values);
+    the max keeps its int64 indices and the softmax its output over keys + compressed entries + sink. The
+    grouped output projection keeps a contiguous copy of the rotated output; o_b_proj keeps its input.
+    MoE: the router keeps its input, softplus's input and sqrt's output (`sqrtsoftplus`; one output for
+    sigmoid/softmax), the chosen experts (the gather's int64 index: hash layers' `tid2eid` lookup, top-k
+    layers' indices) and the normalisation's numerator and denominator; routed experts as transformers'
+    grouped GEMMs with V4's SwiGLU clamps (`_grouped_mm_experts(clamped=True)`) or the expert-parallel
+    nodes; the shared expert (`DeepseekV4MLP`) keeps gate's and up's outputs (the clamps' inputs), the
+    clamps' outputs, SiLU's output and the product. The head's `DeepseekV4HyperHead` keeps the final
+    streams, rsqrt, the normalized streams, the mixes, the sigmoid output and `pre`."""
+    hidden, heads, head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
+    if plan.tp > 1:
+        raise NotCovered(
+            "DeepSeek-V4 under tp (runtime.tensor_parallel_heads) is not described: its replicated compressors, "
+            "indexer and hyper-connections on sequence shards keep tensors op by op that this model does not list"
+        )
+    if plan.precision != "fp32":
+        raise NotCovered("DeepSeek-V4 is described in fp32 (bf16 autocast copies per op are not listed)")
+    if getattr(config, "_attn_implementation", None) not in (None, "eager"):
+        raise NotCovered(f"DeepSeek-V4 with attention {config._attn_implementation!r} (described: eager)")
+    scoring = getattr(config, "scoring_func", "sqrtsoftplus")
+    if scoring not in ("sqrtsoftplus", "sigmoid", "softmax"):
+        raise NotCovered(f"DeepSeek-V4 router scoring {scoring!r} (described: sqrtsoftplus, sigmoid, softmax)")
+    b, s = plan.mbs, plan.seq
+    tokens = b * s
+    layers = config.num_hidden_layers
+    layer_types = list(config.layer_types)[:layers]
+    streams, iters = config.hc_mult, config.hc_sinkhorn_iters
+    q_lora, groups, o_lora = config.q_lora_rank, config.o_groups, config.o_lora_rank
+    kept = _embedding(plan, tokens)
+    kept += _hyper_connection("attn_hc", tokens, streams, hidden, iters, layers)
+    kept += _hyper_connection("ffn_hc", tokens, streams, hidden, iters, layers)
+    kept += _rms_norm("attention", "input_layernorm", tokens, hidden, layers)
+    kept.append(Kept("attention", "q_a/kv proj (and compressor projections): input", tokens * hidden, FP32, layers))
+    kept += [
+        Kept("attention", "q_a_norm: input (q_a output), normalized", 2 * tokens * q_lora, FP32, layers),
+        Kept("attention", "q_a_norm: rstd", tokens, FP32, layers),
+        Kept("attention", "q_b_proj: input (q_a_norm output)", tokens * q_lora, FP32, layers),
+        Kept("attention", "q_b_norm (unweighted): q_b output", tokens * heads * head_dim, FP32, layers),
+        Kept("attention", "q_b_norm (unweighted): rsqrt per (token, head)", tokens * heads, FP32, layers),
+        Kept("attention", "kv_norm: input (kv_proj output), normalized", 2 * tokens * head_dim, FP32, layers),
+        Kept("attention", "kv_norm: rstd", tokens, FP32, layers),
+        Kept("attention", "attention matmul: q (after rope)", tokens * heads * head_dim, FP32, layers),
+        Kept("attention", "o_a_proj (grouped bmm): rotated output (copy)", tokens * heads * head_dim, FP32, layers),
+        Kept("attention", "o_b_proj: input", tokens * groups * o_lora, FP32, layers),
+    ]
+    for kind in sorted(set(layer_types)):
+        count = layer_types.count(kind)
+        rope_type = "main" if kind == "sliding_attention" else "compress"
+        rope = _rope_dim(config, rope_type)
+        # q, kv and the output's inverse rotation: cos and sin of one position row each
+        kept.append(Kept("attention", f"rope ({rope_type}): cos and sin, q/kv/output", 3 * 2 * s * rope, FP32, count))
+        windows = 0
+        if kind in ("compressed_sparse_attention", "heavily_compressed_attention"):
+            rate = config.compress_rates[kind]
+            windows = s // rate
+            if windows:
+                compressed = b * windows
+                if kind == "heavily_compressed_attention":
+                    rows = [
+                        Kept("attention", "HCA: window rows (kv_proj output)", tokens * head_dim, FP32, count),
+                        Kept("attention", "HCA: gate softmax", compressed * rate * head_dim, FP32, count),
+                    ]
+                else:
+                    rows = [
+                        Kept(
+                            "attention", "CSA: new_kv, gate softmax", 2 * compressed * 2 * rate * head_dim, FP32, count
+                        )
+                    ]
+                kept += rows + [
+                    Kept(
+                        "attention",
+                        f"{kind}: kv_norm input, normalized",
+                        2 * compressed * head_dim,
+                        FP32,
+                        count,
+                    ),
+                    Kept("attention", f"{kind}: kv_norm rstd", compressed, FP32, count),
+                    Kept(
+                        "attention",
+                        f"{kind}: rope cos and sin",
+                        2 * compressed * _rope_dim(config, "compress"),
+                        FP32,
+                        count,
+                    ),
+                ]
+        keys = s + windows
+        # repeat_kv expands the single KV head over the heads (a stride-0 view); the batched matmuls fold
+        # [B, H] into one dimension, which copies keys and values when B > 1 (and H > 1); with one sequence
+        # per micro-batch both read the concatenated KV entries themselves
+        kv_copies = 2 * b * heads * keys * head_dim if heads > 1 and b > 1 else b * keys * head_dim
+        kept += [
+            Kept("attention", f"{kind}: repeat_kv copies (keys, values)", kv_copies, FP32, count),
+            Kept("attention", f"{kind}: max indices (int64)", tokens * heads, INT64, count),
+            Kept("attention", f"{kind}: softmax over keys + entries + sink", tokens * heads * (keys + 1), FP32, count),
+        ]
+    kept += _rms_norm("moe", "post_attention_layernorm", tokens, hidden, layers)
+    experts, top_k, width = config.n_routed_experts, config.num_experts_per_tok, config.intermediate_size
+    score_kept = 2 if scoring == "sqrtsoftplus" else 1
+    kept += [
+        Kept("moe", "router linear: input", tokens * hidden, FP32, layers),
+        Kept("moe", f"{scoring}: kept tensors", score_kept * tokens * experts, FP32, layers),
+        Kept("moe", "gather: chosen experts (tid2eid lookup or top-k indices)", tokens * top_k, INT64, layers),
+        Kept("moe", "normalisation: numerator and denominator", tokens * (top_k + 1), FP32, layers),
+    ]
+    if plan.ep > 1:
+        kept += _expert_parallel_experts(tokens, top_k, hidden, width, experts, plan.ep, layers)
+    else:
+        kept += _grouped_mm_experts(tokens * top_k, hidden, width, experts, layers, clamped=True)
+    kept.append(
+        Kept("moe", "shared expert: gate/up outputs, clamps, SiLU output, product", 6 * tokens * width, FP32, layers)
+    )
+    kept += [
+        Kept("head", "hc_head: final streams, normalized streams", 2 * tokens * streams * hidden, FP32),
+        Kept("head", "hc_head: rsqrt", tokens, FP32),
+        Kept("head", "hc_head: mixes, sigmoid output, pre", 3 * tokens * streams, FP32),
+    ]
+    kept += _head(plan, config, tokens, tokens)
+    experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
+    return ActivationModel(
+        f"transformers eager deepseek_v4 (eager attention with sinks, mHC, {experts_impl}), fp32", tuple(kept)
     )

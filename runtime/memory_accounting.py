@@ -74,13 +74,19 @@ class SavedActivations:
             saved[key][1].append(weakref.ref(holder))
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             base = tensor._base if tensor._base is not None else tensor
             # A weight (or a view of it, like the transpose a matmul keeps) is not an activation; FSDP's
             # unsharded parameters exist only during the forward but are parameters all the same.
-            if not isinstance(base, torch.nn.Parameter) and local.device.type != "meta":
-                record(local, tensor)
-            return tensor
+            if isinstance(base, torch.nn.Parameter) or tensor.device.type == "meta":
+                return tensor
+            # Keep a detached alias (same storage, same version counter), not the tensor itself: an op that
+            # saves its own *output* (softmax, sigmoid, relu) would otherwise hold that output, whose grad_fn
+            # is the op's node - a reference cycle that keeps a branch reaching no loss (DeepSeek-V4's
+            # lightning indexer) alive after the forward, which the same step without hooks frees.
+            alias = tensor.detach()
+            local = alias.to_local() if isinstance(alias, DTensor) else alias
+            record(local, alias)
+            return alias
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield

@@ -93,6 +93,19 @@ def test_resume_without_a_checkpoint_is_refused(capsys, tmp_path):
     assert code == 2 and "no checkpoint in" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("meta", [None, "{not json"])  # trex.json missing (a partial copy) or unreadable
+def test_resume_of_a_corrupt_checkpoint_is_refused_and_keeps_it(capsys, tmp_path, meta):
+    step = tmp_path / "step-00000002"
+    step.mkdir()
+    (tmp_path / "latest").write_text(step.name + "\n")
+    if meta is not None:
+        (step / "trex.json").write_text(meta)
+    code = main(["train", "--model", "tiny-qwen3-moe", "--checkpoint-dir", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2 and "corrupt" in err and "fresh --checkpoint-dir" in err, err
+    assert (tmp_path / "latest").read_text().strip() == step.name and step.is_dir()  # nothing was removed
+
+
 def test_one_rank_json_summary(capsys):
     code = main(["train", "--model", "tiny-qwen3-moe", "--steps", "2", "--seq", "8", "--gbs", "2", "--json"])
     assert code == 0
