@@ -22,6 +22,15 @@ What the simulator is given, all measured in this invocation, before the run it 
    co-running workers share the cache, the memory bandwidth and the cores' clock, so a step's CPU time
    depends on how many run at once; the simulator scales each step's CPU by its worker's factor.
 
+5. a rehearsal right before each scheduler's run (`--rehearsal`, 100 requests of another seed at the run's rate
+   through a router with the same scheduler): each worker's step CPU over its profile's by the step's shape
+   (prefill; decode by batch-size band, plain or after a re-pack: `step_timeline.shape_factors`), and the CPU
+   share the workers got over the share the simulation of the rehearsal implies from the probes (which scales
+   the probed shares). On this host - a 2-vCPU virtual machine shared with other agents - a step's thread CPU
+   time is not a constant of its shape: the same profile's prefill intercept measured 44, 59 and 86 ms within
+   hours, and large batches drift more than small ones; the rehearsal measures it in the state the run meets,
+   seconds before it. Item 4 (`--calibration-burst`, by the number of busy workers) is then off by default.
+
 The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
 share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
 asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
@@ -59,7 +68,7 @@ from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
 from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
 from trex.workloads.serving.simulator import simulate
-from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
+from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors, shape_factors
 from trex.workloads.serving.worker import WorkerModelConfig
 from trex.workloads.serving.workload import Request, workload_stats
 
@@ -464,6 +473,58 @@ async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int)
     }
 
 
+async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: float, shares, args) -> dict:
+    """The run's twin, right before it: `args.rehearsal` requests of another seed at the same rate through a router
+    with the same scheduler. From the workers' timelines: each worker's step CPU over its profile's by the step's
+    shape (`step_timeline.shape_factors`) - the state the run will meet (the other workers at the same load, the
+    host's other tenants now), not the profiling minute's - and the CPU share the workers got, against the share the
+    simulation of the same rehearsal implies from the probes: the probes' ratio to it scales the run's shares."""
+    requests = make_requests(args.rehearsal, rate, args.seed + 2000)
+    router = Router(
+        [(e, s) for e, s in zip(endpoints, specs)],
+        make_scheduler(scheduler, args.seed, stats),
+        health_interval=0,
+        request_timeout=args.timeout,
+        max_in_flight=10_000,
+    )
+    before = await worker_counters(endpoints)
+    await router.start()
+    try:
+        measured = await drive(router, requests, args.timeout)
+    finally:
+        await router.close()
+    after = await worker_counters(endpoints)
+    if measured["failed"]:
+        raise RuntimeError(f"the rehearsal lost {measured['failed']} requests")
+    timelines = await worker_timelines(endpoints)
+    steps = [
+        [TimedStep.from_row(r) for r in t["steps"] if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])]
+        for t in timelines
+    ]
+    factors = {s.name: shape_factors(st, p.model) for s, st, p in zip(specs, steps, profiles)}
+    simulated = simulate(
+        specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares,
+        shape_factors=factors,
+    )  # fmt: skip
+    got = CpuShares.from_counters(
+        counter_delta(before, after, "engine_cpu_s"), counter_delta(before, after, "engine_busy_s")
+    )
+    implied = CpuShares.from_counters(
+        [simulated.cpu_s[s.name] for s in specs], [simulated.busy_s[s.name] for s in specs]
+    )
+    return {
+        "factors": factors,
+        "share_got": got,
+        "share_implied": implied,
+        "measured": {k: v for k, v in measured.items() if k != "client_timeline"},
+        "predicted": {
+            "throughput_tok_s": simulated.report.throughput_tok_s,
+            "latency_p50_s": simulated.report.latency_p50_s,
+            "latency_p99_s": simulated.report.latency_p99_s,
+        },
+    }
+
+
 async def run(args) -> dict:
     profiles = profile_workers(args.max_num_seqs)
     processes, endpoints = start_workers(args.max_num_seqs)
@@ -539,13 +600,33 @@ async def run(args) -> dict:
         )
         for scheduler in args.schedulers:
             shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
+            probed = shares
+            by_shape = None
+            rehearsal = None
+            if args.rehearsal:
+                rehearsal = await rehearse(endpoints, specs, profiles, scheduler, stats, rate, shares, args)
+                by_shape = rehearsal["factors"]
+                scale = rehearsal["share_got"] / rehearsal["share_implied"]
+                shares = CpuShares(
+                    tuple(min(1.0, x * scale) for x in probed.shares), f"probed x {scale:.3f} (the rehearsal's share)"
+                )
+                print(
+                    f"  {scheduler:12s} rehearsal ({args.rehearsal} requests, the same rate and scheduler): measured "
+                    f"{rehearsal['measured']['throughput_tok_s']:.1f} tok/s, P99 "
+                    f"{rehearsal['measured']['latency_p99_s']:.2f} s; CPU share got {rehearsal['share_got']:.2f}, "
+                    f"the probes imply {rehearsal['share_implied']:.2f}; step CPU over the profile's by shape:",
+                    flush=True,
+                )
+                for name, f in by_shape.items():
+                    print(f"      {name}: {f.describe()}", flush=True)
+            model_options = {"cpu_factors": factors, "shape_factors": by_shape}
             prediction = simulate(
                 specs,
                 make_scheduler(scheduler, args.seed, stats),
                 requests,
                 SLO(10.0, 1.0),
                 cpu_shares=shares,
-                cpu_factors=factors,
+                **model_options,
             )
             router = Router(
                 [(e, s) for e, s in zip(endpoints, specs)],
@@ -600,7 +681,7 @@ async def run(args) -> dict:
                 cpu_shares=CpuShares(
                     tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
                 ),
-                cpu_factors=factors,
+                **model_options,
             ).report
             # and replayed with the share the run got in each sampling interval: a host whose load moved
             over_time = share_over_time(timeline, expected)
@@ -611,7 +692,7 @@ async def run(args) -> dict:
                 SLO(10.0, 1.0),
                 cpu_shares=shares,
                 share_over_time=over_time,
-                cpu_factors=factors,
+                **model_options,
             ).report
             # a diagnostic: replayed with the step CPU each worker's steps actually took over its profile's, this run
             run_steps = [
@@ -634,10 +715,13 @@ async def run(args) -> dict:
                 cpu_shares=shares,
                 cpu_factors={s.name: (f,) * len(specs) for s, f in zip(specs, run_factor)},
             ).report
+            # the drift between the rehearsal and the run: the run's own factors by shape (a diagnostic)
+            run_by_shape = {s.name: shape_factors(st, p.model) for s, st, p in zip(specs, run_steps, profiles)}
             report = prediction.report
-            # what the prediction would have been without the step-CPU calibration (the previous sessions' model)
+            # what the prediction would have been without the step-CPU calibration (the previous sessions' model:
+            # the profile and the probed shares)
             unscaled = simulate(
-                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
+                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=probed
             ).report
             # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
             predicted_engine = [
@@ -658,6 +742,16 @@ async def run(args) -> dict:
                     "engine_cpu_s": predicted_engine,
                     "mean_cpu_share": expected,
                 },
+                "rehearsal": (
+                    {
+                        **{k: v for k, v in rehearsal.items() if k != "factors"},
+                        "shape_factors": {n: vars(f) for n, f in rehearsal["factors"].items()},
+                    }
+                    if rehearsal
+                    else None
+                ),
+                "run_shape_factors": {n: vars(f) for n, f in run_by_shape.items()},
+                "cpu_shares_probed": probed.to_dict(),
                 "predicted_without_cpu_factors": {
                     "throughput_tok_s": unscaled.throughput_tok_s,
                     "latency_p50_s": unscaled.latency_p50_s,
@@ -717,12 +811,14 @@ async def run(args) -> dict:
                 flush=True,
             )
             print(
-                f"  {'':12s} predicted without the step-CPU factors: {unscaled.throughput_tok_s:6.1f} tok/s "
+                f"  {'':12s} predicted from the profile and the probes alone: {unscaled.throughput_tok_s:6.1f} tok/s "
                 f"({unscaled.throughput_tok_s / measured['throughput_tok_s'] - 1:+.0%}), P50 {unscaled.latency_p50_s:6.2f} s "
                 f"({unscaled.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {unscaled.latency_p99_s:6.2f} s "
                 f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
                 flush=True,
             )
+            for name, f in run_by_shape.items():
+                print(f"  {'':12s} the run's own step CPU by shape, {name}: {f.describe()}", flush=True)
             print(
                 f"  {'':12s} replayed with the step CPU the run took ("
                 + ", ".join(f"{f:.2f}" for f in run_factor)
@@ -759,9 +855,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
     parser.add_argument(
+        "--rehearsal",
+        type=int,
+        default=100,
+        help="requests of the rehearsal before each scheduler's run (the step CPU by shape and the CPU share the "
+        "simulator is given; 0: none, the profile and the probed shares alone)",
+    )
+    parser.add_argument(
         "--calibration-burst",
         type=int,
-        default=8,
+        default=0,
         help="requests per worker in the step-CPU calibration (0: none; the simulator then assumes the profile's CPU)",
     )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))

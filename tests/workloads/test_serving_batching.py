@@ -21,7 +21,7 @@ from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.latency_fit import LatencyModel, load_engine_limits, save_samples
 from trex.workloads.serving.schedulers import make_scheduler
 from trex.workloads.serving.simulator import Simulation
-from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
+from trex.workloads.serving.step_timeline import ShapeFactors, TimedStep, busy_counts, cpu_factors, shape_factors
 from trex.workloads.serving.worker import TinyEngine, Worker, WorkerModelConfig
 from trex.workloads.serving.workload import Request
 
@@ -346,3 +346,62 @@ def test_simulated_steps_take_their_instance_s_cpu_factor_for_the_instances_busy
         run(cpu_factors={"c": (1.0,)})
     with pytest.raises(ServingError, match="positive finite"):
         run(cpu_factors={"a": (1.0, 0.0)})
+
+
+def test_shape_factors_measure_step_cpu_by_kind_and_batch_size_and_fill_gaps_from_the_nearest_band():
+    model = LatencyModel((0.01, 0.0, 0.0), (0.02, 0.0, 0.0), repack=(0.005, 0.0))  # 10 / 20 ms; re-pack 5 ms
+
+    def step(kind: str, seqs: int, cpu: float, repacked: bool = False) -> TimedStep:
+        return TimedStep(kind, 0.0, cpu, cpu, seqs, 10 if kind == "prefill" else 10 * seqs, 0, repacked)
+
+    steps = (
+        [step("prefill", 1, 0.012)] * 5  # 1.2x
+        + [step("decode", 1, 0.018)] * 6  # B = 1: 0.9x
+        + [step("decode", 9, 0.030)] * 5  # B >= 8: 1.5x
+        + [step("decode", 9, 0.050, True)] * 5  # re-packed B >= 8: 50 ms over 25 ms: 2.0x
+        + [step("decode", 2, 0.040)] * 4  # too few steps to measure the B = 2-3 band on its own
+        + [step("decode", 0, 0.001)] * 3  # steps with nothing to decode are not counted
+    )
+    factors = shape_factors(steps, model)
+    assert factors.prefill == pytest.approx(1.2)
+    assert factors.decode == pytest.approx((0.9, 0.9, 1.5, 1.5))  # B2-3 -> nearest measured (B1; tie: smaller)
+    assert factors.repacked == pytest.approx((2.0, 2.0, 2.0, 2.0))  # only B >= 8 re-packed steps were measured
+    assert factors.counts == (5, 6, 4, 0, 5, 0, 0, 0, 5)
+    assert factors.factor("decode", 12, True) == pytest.approx(2.0)
+    assert factors.factor("decode", 5, False) == pytest.approx(1.5)  # B4-7: the nearest measured band is B8+
+    assert "B8+ re-packed 2.00 (5)" in factors.describe()
+    # no prefill measured: the instance's overall factor stands in
+    only_decode = shape_factors([step("decode", 1, 0.030)] * 5, model)
+    assert only_decode.prefill == pytest.approx(1.5) and only_decode.repacked == pytest.approx((1.5,) * 4)
+    with pytest.raises(ServingError, match="rehearsal requests"):
+        shape_factors(steps[:3], model)
+    with pytest.raises(ServingError, match="positive finite"):
+        ShapeFactors(1.0, (1.0, 0.0, 1.0, 1.0), (1.0,) * 4)
+
+
+def test_simulated_steps_take_their_instance_s_factor_for_the_step_s_shape():
+    requests = [Request(i, 0.0, 10, 20) for i in range(4)]
+    specs = [instance("a", 1.0), instance("b", 1.0)]
+
+    def run(**options):
+        return Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), **options).run(requests)
+
+    plain = run()
+    # b's prefills cost 3x their profile, its plain decode steps of 2-3 sequences 2x, the rest as profiled
+    b = ShapeFactors(3.0, (1.0, 2.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0))
+    scaled = run(shape_factors={"b": b})
+    assert scaled.cpu_s["a"] == pytest.approx(plain.cpu_s["a"])
+    seen = set()
+    for name, kind, _, _, cpu, seqs, context, repacked in scaled.steps:
+        if name != "b":
+            continue
+        latency = specs[1].latency
+        profiled = latency.prefill_s(context, context**2) if kind == "prefill" else latency.decode_s(seqs, context)
+        if kind == "decode" and repacked:
+            profiled += latency.repack_s(context)
+        expected = 3.0 if kind == "prefill" else 2.0 if (2 <= seqs <= 3 and not repacked) else 1.0
+        assert cpu == pytest.approx(profiled * expected)
+        seen.add(expected)
+    assert seen == {1.0, 2.0, 3.0}
+    with pytest.raises(ServingError, match="not in the deployment"):
+        run(shape_factors={"c": b})
