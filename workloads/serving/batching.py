@@ -183,9 +183,18 @@ class DecodeBatch:
 class BatchingEngine:
     """The engine thread: prefill-first continuous batching of up to `max_num_seqs` sequences."""
 
-    def __init__(self, model, torch, *, max_num_seqs: int = 16, threads: int | None = None):
+    def __init__(self, model, torch, *, max_num_seqs: int = 16, threads: int | None = None, warm_up_context: int = 0):
         if max_num_seqs < 1:
             raise ServingError(f"max_num_seqs must be at least 1 (got {max_num_seqs})")
+        if warm_up_context < 0:
+            raise ServingError(f"the warm-up context must be >= 0 tokens (got {warm_up_context})")
+        # grow the engine thread's heap once, before serving: a full batch of ragged sequences up to this many
+        # tokens (`warm_up`); with `host_memory.keep_freed_memory` later steps reuse that memory instead of
+        # faulting fresh pages in (0: no warm-up)
+        self.warm_up_context = warm_up_context
+        self.ready = threading.Event()  # set once the warm-up (if any) is done
+        if not warm_up_context:
+            self.ready.set()
         self.model, self.torch = model, torch
         self.max_num_seqs, self.threads = max_num_seqs, threads
         self.waiting: deque[BatchedRequest] = deque()
@@ -296,10 +305,26 @@ class BatchingEngine:
             return True
         return False
 
+    def warm_up(self, context: int) -> None:
+        """Serve a throw-away full batch on this thread: `max_num_seqs` prompts of ragged lengths up to `context`
+        tokens, each joining the batch (re-packs with padding) and decoding two tokens. glibc gives each thread
+        its own heap (arena), so this must run on the engine thread to grow the heap its steps will use."""
+        scratch = BatchingEngine(self.model, self.torch, max_num_seqs=self.max_num_seqs)
+        for i in range(self.max_num_seqs):
+            length = max(1, round(context * (i + 1) / self.max_num_seqs))
+            scratch.prefill(BatchedRequest([0] * length, 3))
+        while scratch.running:
+            scratch.decode()
+
     def _loop(self) -> None:
         if self.threads:
             self.torch.set_num_threads(self.threads)
         with self.torch.inference_mode():
+            try:
+                if self.warm_up_context:
+                    self.warm_up(self.warm_up_context)
+            finally:
+                self.ready.set()
             while True:
                 with self.wake:
                     while not self.stopped and not self.waiting and not self.running:
