@@ -405,3 +405,43 @@ def test_simulated_steps_take_their_instance_s_factor_for_the_step_s_shape():
     assert seen == {1.0, 2.0, 3.0}
     with pytest.raises(ServingError, match="not in the deployment"):
         run(shape_factors={"c": b})
+
+
+def test_a_warming_up_worker_answers_503_then_serves_with_its_memory_kept(engine):
+    from trex.workloads.serving import host_memory
+
+    assert host_memory.keep_freed_memory() is True  # glibc here: TinyEngine applied it already (idempotent)
+    gate = threading.Event()
+    warmed: list[int] = []
+
+    class GatedEngine(BatchingEngine):
+        def warm_up(self, context: int) -> None:  # the real warm-up, held until the test has seen the 503
+            gate.wait(30)
+            super().warm_up(context)
+            warmed.append(context)
+
+    async def scenario():
+        worker = Worker(engine, max_num_seqs=3)
+        worker.batching = GatedEngine(engine.model, engine.torch, max_num_seqs=3, threads=1, warm_up_context=9)
+        worker.batching.start()
+        server = await worker.start()
+        endpoint = Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            early = await request_json(endpoint, "GET", "/health", timeout=5)
+            gate.set()
+            await asyncio.get_running_loop().run_in_executor(None, worker.batching.ready.wait, 30)
+            later = await request_json(endpoint, "GET", "/health", timeout=5)
+            payload = {"prompt": "a b c", "max_tokens": 4}
+            served = await request_json(endpoint, "POST", "/v1/completions", payload, timeout=30)
+        finally:
+            server.close()
+            worker.close()
+        return early, later, served
+
+    early, later, served = asyncio.run(scenario())
+    assert early == (503, {"status": "warming_up", "model": "tiny"})
+    assert later[0] == 200 and later[1]["steps"] == {"prefill": 0, "decode": 0}  # the warm-up is not a served step
+    assert served[0] == 200 and len(served[1]["choices"][0]["text"].split()) == 4
+    assert warmed == [9]
+    with pytest.raises(ServingError, match="warm-up context"):
+        BatchingEngine(engine.model, engine.torch, warm_up_context=-1)
