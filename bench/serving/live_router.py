@@ -496,6 +496,7 @@ async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: floa
     after = await worker_counters(endpoints)
     if measured["failed"]:
         raise RuntimeError(f"the rehearsal lost {measured['failed']} requests")
+    faults = counter_delta(before, after, "minor_faults")
     timelines = await worker_timelines(endpoints)
     steps = [
         [TimedStep.from_row(r) for r in t["steps"] if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])]
@@ -515,6 +516,7 @@ async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: floa
     return {
         "factors": factors,
         "share_got": got,
+        "minor_faults": faults,
         "share_implied": implied,
         "measured": {k: v for k, v in measured.items() if k != "client_timeline"},
         "predicted": {
@@ -620,7 +622,9 @@ async def run(args) -> dict:
                         f"  {scheduler:12s} rehearsal ({args.rehearsal} requests, the same rate and scheduler): measured "
                         f"{rehearsal['measured']['throughput_tok_s']:.1f} tok/s, P99 "
                         f"{rehearsal['measured']['latency_p99_s']:.2f} s; CPU share got {rehearsal['share_got']:.2f}, "
-                        f"the probes imply {rehearsal['share_implied']:.2f}; step CPU over the profile's by shape:",
+                        f"the probes imply {rehearsal['share_implied']:.2f}; minor faults "
+                        + ", ".join(str(f) for f in rehearsal["minor_faults"])
+                        + "; step CPU over the profile's by shape:",
                         flush=True,
                     )
                     for name, f in by_shape.items():
@@ -674,6 +678,7 @@ async def run(args) -> dict:
                 compared = compare_timelines(measured, timelines, prediction, specs, [p.model for p in profiles])
                 engine_cpu = counter_delta(before, after, "engine_cpu_s")
                 engine_busy = counter_delta(before, after, "engine_busy_s")
+                faults = counter_delta(before, after, "minor_faults")
                 got = CpuShares.from_counters(engine_cpu, engine_busy)
                 expected = CpuShares.from_counters(
                     [prediction.cpu_s[s.name] for s in specs], [prediction.busy_s[s.name] for s in specs]
@@ -784,6 +789,7 @@ async def run(args) -> dict:
                     "timeline_comparison": compared,
                     "engine_cpu_s": engine_cpu,
                     "engine_busy_s": engine_busy,
+                    "minor_faults": faults,
                     "mean_cpu_share": got,
                     "router_client_cpu_s": own,
                     "load_average": os.getloadavg(),
@@ -814,7 +820,8 @@ async def run(args) -> dict:
                     + ", ".join(f"{c:.1f}" for c in engine_cpu)
                     + " s vs predicted "
                     + ", ".join(f"{c:.1f}" for c in predicted_engine)
-                    + f" s; router + client {own:.1f} s CPU",
+                    + f" s; router + client {own:.1f} s CPU; workers' minor faults "
+                    + ", ".join(str(f) for f in faults),
                     flush=True,
                 )
                 print(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import time
 import uuid
 import zlib
@@ -162,6 +163,9 @@ class Worker:
                         "engine_cpu_s": self.batching.cpu_s,
                         "engine_busy_s": self.batching.busy_s,
                         "process_cpu_s": time.process_time(),
+                        # pages the process faulted in (freshly mapped memory): ~0 in steady state once the
+                        # engine's heap is grown (host_memory), large while it grows or if memory is given back
+                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
                         "tokens": self.tokens,
                     },
                 )
