@@ -157,6 +157,7 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
         # CPU accounting a bench prices the HTTP overhead with: the engine's steps and the whole process
         assert health["tokens"] == sum(5 + i for i in range(6))
         assert 0 < health["engine_cpu_s"] <= health["process_cpu_s"] and health["engine_busy_s"] > 0
+        assert isinstance(health["minor_faults"], int) and health["minor_faults"] > 0  # a process has faulted pages in
         assert health["steps"]["prefill"] == 6 and health["steps"]["decode"] == worker.batching.steps["decode"]
         assert worker.batching.steps["decode"] < sum(4 + i for i in range(6))
         # the engine's timeline, what a live bench compares with the simulator's: each request by its `user` tag,
