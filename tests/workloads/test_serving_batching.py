@@ -416,10 +416,10 @@ def test_a_warming_up_worker_answers_503_then_serves_with_its_memory_kept(engine
     warmed: list[int] = []
 
     class GatedEngine(BatchingEngine):
-        def warm_up(self, context: int) -> None:  # the real warm-up, held until the test has seen the 503
+        def warm_up(self, context: int, max_rounds: int = 6) -> list[int]:  # held until the test saw the 503
             gate.wait(30)
-            super().warm_up(context)
             warmed.append(context)
+            return super().warm_up(context, max_rounds)
 
     async def scenario():
         worker = Worker(engine, max_num_seqs=3)
@@ -444,5 +444,7 @@ def test_a_warming_up_worker_answers_503_then_serves_with_its_memory_kept(engine
     assert later[0] == 200 and later[1]["steps"] == {"prefill": 0, "decode": 0}  # the warm-up is not a served step
     assert served[0] == 200 and len(served[1]["choices"][0]["text"].split()) == 4
     assert warmed == [9]
+    rounds = later[1]["warm_up_faults"]  # faults per warm-up round: it stops once the heap stops growing
+    assert 2 <= len(rounds) <= 6 and (len(rounds) == 6 or rounds[-1] <= 0.01 * rounds[0])
     with pytest.raises(ServingError, match="warm-up context"):
         BatchingEngine(engine.model, engine.torch, warm_up_context=-1)

@@ -193,6 +193,7 @@ class BatchingEngine:
         # faulting fresh pages in (0: no warm-up)
         self.warm_up_context = warm_up_context
         self.ready = threading.Event()  # set once the warm-up (if any) is done
+        self.warm_up_faults: list[int] = []  # minor page faults of each warm-up round
         if not warm_up_context:
             self.ready.set()
         self.model, self.torch = model, torch
@@ -305,16 +306,29 @@ class BatchingEngine:
             return True
         return False
 
-    def warm_up(self, context: int) -> None:
-        """Serve a throw-away full batch on this thread: `max_num_seqs` prompts of ragged lengths up to `context`
-        tokens, each joining the batch (re-packs with padding) and decoding two tokens. glibc gives each thread
-        its own heap (arena), so this must run on the engine thread to grow the heap its steps will use."""
-        scratch = BatchingEngine(self.model, self.torch, max_num_seqs=self.max_num_seqs)
-        for i in range(self.max_num_seqs):
-            length = max(1, round(context * (i + 1) / self.max_num_seqs))
-            scratch.prefill(BatchedRequest([0] * length, 3))
-        while scratch.running:
-            scratch.decode()
+    def warm_up(self, context: int, max_rounds: int = 6) -> list[int]:
+        """Grow this thread's heap to what serving will use, then stop: rounds of a throw-away full batch, each
+        `max_num_seqs` prompts of ragged lengths up to `context` tokens that join at once and leave one per step
+        (so every re-pack runs with the previous batch's buffers still alive, as in service), until a round faults
+        under 1% of the first round's pages in (or `max_rounds`). glibc gives each thread its own heap (arena), so
+        this runs on the engine thread. Returns the minor page faults of each round."""
+        import resource
+
+        faults = []
+        for _ in range(max_rounds):
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            scratch = BatchingEngine(self.model, self.torch, max_num_seqs=self.max_num_seqs)
+            for i in range(self.max_num_seqs):
+                length = max(1, round(context * (i + 1) / self.max_num_seqs))
+                scratch.prefill(BatchedRequest([0] * length, 2 + i))
+            while scratch.running:
+                scratch.decode()
+            del scratch
+            faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+            if len(faults) > 1 and faults[-1] <= 0.01 * faults[0]:
+                break
+        self.warm_up_faults = faults
+        return faults
 
     def _loop(self) -> None:
         if self.threads:

@@ -166,6 +166,7 @@ class Worker:
                         # pages the process faulted in (freshly mapped memory): ~0 in steady state once the
                         # engine's heap is grown (host_memory), large while it grows or if memory is given back
                         "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                        "warm_up_faults": self.batching.warm_up_faults,
                         "tokens": self.tokens,
                     },
                 )
