@@ -532,6 +532,12 @@ async def run(args) -> dict:
     processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
+        warm_up = [c.get("warm_up_faults", []) for c in await worker_counters(endpoints)]
+        print(
+            "workers' warm-up (heap grown before serving), minor page faults per round: "
+            + "; ".join(", ".join(str(f) for f in rounds) for rounds in warm_up),
+            flush=True,
+        )
         overhead = await measure_overhead(endpoints, profiles, args.seed)
         print(
             "overhead per streamed token: workers "
@@ -587,6 +593,7 @@ async def run(args) -> dict:
                 for s, w, c in zip(specs, WORKERS, per_core)
             ],
             "overhead": overhead,
+            "warm_up_faults": warm_up,
             "cpu_factors": corun,
             "cpu_shares_before_rate": shares.to_dict(),
             "capacity_req_s": capacity,
