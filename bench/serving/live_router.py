@@ -22,6 +22,15 @@ What the simulator is given, all measured in this invocation, before the run it 
    co-running workers share the cache, the memory bandwidth and the cores' clock, so a step's CPU time
    depends on how many run at once; the simulator scales each step's CPU by its worker's factor.
 
+5. a rehearsal right before each scheduler's run (`--rehearsal`, 100 requests of another seed at the run's rate
+   through a router with the same scheduler): each worker's step CPU over its profile's by the step's shape
+   (prefill; decode by batch-size band, plain or after a re-pack: `step_timeline.shape_factors`), and the CPU
+   share the workers got over the share the simulation of the rehearsal implies from the probes (which scales
+   the probed shares). On this host - a 2-vCPU virtual machine shared with other agents - a step's thread CPU
+   time is not a constant of its shape: the same profile's prefill intercept measured 44, 59 and 86 ms within
+   hours, and large batches drift more than small ones; the rehearsal measures it in the state the run meets,
+   seconds before it. Item 4 (`--calibration-burst`, by the number of busy workers) is then off by default.
+
 The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
 share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
 asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
@@ -59,7 +68,7 @@ from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
 from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
 from trex.workloads.serving.simulator import simulate
-from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
+from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors, shape_factors
 from trex.workloads.serving.worker import WorkerModelConfig
 from trex.workloads.serving.workload import Request, workload_stats
 
@@ -464,11 +473,71 @@ async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int)
     }
 
 
+async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: float, shares, args, seed: int) -> dict:
+    """The run's twin, right before it: `args.rehearsal` requests of another seed at the same rate through a router
+    with the same scheduler. From the workers' timelines: each worker's step CPU over its profile's by the step's
+    shape (`step_timeline.shape_factors`) - the state the run will meet (the other workers at the same load, the
+    host's other tenants now), not the profiling minute's - and the CPU share the workers got, against the share the
+    simulation of the same rehearsal implies from the probes: the probes' ratio to it scales the run's shares."""
+    requests = make_requests(args.rehearsal, rate, seed + 2000)
+    router = Router(
+        [(e, s) for e, s in zip(endpoints, specs)],
+        make_scheduler(scheduler, seed, stats),
+        health_interval=0,
+        request_timeout=args.timeout,
+        max_in_flight=10_000,
+    )
+    before = await worker_counters(endpoints)
+    await router.start()
+    try:
+        measured = await drive(router, requests, args.timeout)
+    finally:
+        await router.close()
+    after = await worker_counters(endpoints)
+    if measured["failed"]:
+        raise RuntimeError(f"the rehearsal lost {measured['failed']} requests")
+    faults = counter_delta(before, after, "minor_faults")
+    timelines = await worker_timelines(endpoints)
+    steps = [
+        [TimedStep.from_row(r) for r in t["steps"] if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])]
+        for t in timelines
+    ]
+    factors = {s.name: shape_factors(st, p.model) for s, st, p in zip(specs, steps, profiles)}
+    simulated = simulate(
+        specs, make_scheduler(scheduler, seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares,
+        shape_factors=factors,
+    )  # fmt: skip
+    got = CpuShares.from_counters(
+        counter_delta(before, after, "engine_cpu_s"), counter_delta(before, after, "engine_busy_s")
+    )
+    implied = CpuShares.from_counters(
+        [simulated.cpu_s[s.name] for s in specs], [simulated.busy_s[s.name] for s in specs]
+    )
+    return {
+        "factors": factors,
+        "share_got": got,
+        "minor_faults": faults,
+        "share_implied": implied,
+        "measured": {k: v for k, v in measured.items() if k != "client_timeline"},
+        "predicted": {
+            "throughput_tok_s": simulated.report.throughput_tok_s,
+            "latency_p50_s": simulated.report.latency_p50_s,
+            "latency_p99_s": simulated.report.latency_p99_s,
+        },
+    }
+
+
 async def run(args) -> dict:
     profiles = profile_workers(args.max_num_seqs)
     processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
+        warm_up = [c.get("warm_up_faults", []) for c in await worker_counters(endpoints)]
+        print(
+            "workers' warm-up (heap grown before serving), minor page faults per round: "
+            + "; ".join(", ".join(str(f) for f in rounds) for rounds in warm_up),
+            flush=True,
+        )
         overhead = await measure_overhead(endpoints, profiles, args.seed)
         print(
             "overhead per streamed token: workers "
@@ -524,6 +593,7 @@ async def run(args) -> dict:
                 for s, w, c in zip(specs, WORKERS, per_core)
             ],
             "overhead": overhead,
+            "warm_up_faults": warm_up,
             "cpu_factors": corun,
             "cpu_shares_before_rate": shares.to_dict(),
             "capacity_req_s": capacity,
@@ -537,207 +607,254 @@ async def run(args) -> dict:
             + f"); offered {rate:.2f} req/s ({args.load:.0%})",
             flush=True,
         )
-        for scheduler in args.schedulers:
-            shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
-            prediction = simulate(
-                specs,
-                make_scheduler(scheduler, args.seed, stats),
-                requests,
-                SLO(10.0, 1.0),
-                cpu_shares=shares,
-                cpu_factors=factors,
-            )
-            router = Router(
-                [(e, s) for e, s in zip(endpoints, specs)],
-                make_scheduler(scheduler, args.seed, stats),
-                health_interval=0,
-                request_timeout=args.timeout,
-                max_in_flight=10_000,
-            )
-            before = await worker_counters(endpoints)
-            own = time.process_time()
-            await router.start()
-            timeline: list[tuple[float, float, float]] = []  # (seconds into the run, engine CPU, engine busy)
-            stop = asyncio.Event()
-
-            async def sample_counters() -> None:
-                start = time.perf_counter()
-                while not stop.is_set():
-                    counters = await worker_counters(endpoints)
-                    timeline.append(
-                        (
-                            time.perf_counter() - start,
-                            sum(c["engine_cpu_s"] for c in counters),
-                            sum(c["engine_busy_s"] for c in counters),
-                        )
+        for seed in args.seeds or [args.seed]:
+            requests = make_requests(args.requests, rate, seed)
+            if args.seeds:
+                print(f"requests of seed {seed}:", flush=True)
+            for scheduler in args.schedulers:
+                key = f"{scheduler}@{seed}" if args.seeds else scheduler
+                shares = measure_cpu_shares(len(specs))  # the host as it is now, just before this run
+                probed = shares
+                by_shape = None
+                rehearsal = None
+                if args.rehearsal:
+                    rehearsal = await rehearse(endpoints, specs, profiles, scheduler, stats, rate, shares, args, seed)
+                    by_shape = rehearsal["factors"]
+                    scale = rehearsal["share_got"] / rehearsal["share_implied"]
+                    shares = CpuShares(
+                        tuple(min(1.0, x * scale) for x in probed.shares),
+                        f"probed x {scale:.3f} (the rehearsal's share)",
                     )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+                    print(
+                        f"  {scheduler:12s} rehearsal ({args.rehearsal} requests, the same rate and scheduler): measured "
+                        f"{rehearsal['measured']['throughput_tok_s']:.1f} tok/s, P99 "
+                        f"{rehearsal['measured']['latency_p99_s']:.2f} s; CPU share got {rehearsal['share_got']:.2f}, "
+                        f"the probes imply {rehearsal['share_implied']:.2f}; minor faults "
+                        + ", ".join(str(f) for f in rehearsal["minor_faults"])
+                        + "; step CPU over the profile's by shape:",
+                        flush=True,
+                    )
+                    for name, f in by_shape.items():
+                        print(f"      {name}: {f.describe()}", flush=True)
+                model_options = {"cpu_factors": factors, "shape_factors": by_shape}
+                prediction = simulate(
+                    specs,
+                    make_scheduler(scheduler, seed, stats),
+                    requests,
+                    SLO(10.0, 1.0),
+                    cpu_shares=shares,
+                    **model_options,
+                )
+                router = Router(
+                    [(e, s) for e, s in zip(endpoints, specs)],
+                    make_scheduler(scheduler, seed, stats),
+                    health_interval=0,
+                    request_timeout=args.timeout,
+                    max_in_flight=10_000,
+                )
+                before = await worker_counters(endpoints)
+                own = time.process_time()
+                await router.start()
+                timeline: list[tuple[float, float, float]] = []  # (seconds into the run, engine CPU, engine busy)
+                stop = asyncio.Event()
 
-            sampler = asyncio.create_task(sample_counters())
-            try:
-                measured = await drive(router, requests, args.timeout)
-            finally:
-                stop.set()
-                await sampler
-                await router.close()
-            own = time.process_time() - own
-            after = await worker_counters(endpoints)
-            timelines = await worker_timelines(endpoints)
-            compared = compare_timelines(measured, timelines, prediction, specs, [p.model for p in profiles])
-            engine_cpu = counter_delta(before, after, "engine_cpu_s")
-            engine_busy = counter_delta(before, after, "engine_busy_s")
-            got = CpuShares.from_counters(engine_cpu, engine_busy)
-            expected = CpuShares.from_counters(
-                [prediction.cpu_s[s.name] for s in specs], [prediction.busy_s[s.name] for s in specs]
-            )
-            # a diagnostic, not the prediction: the same simulation with the shares scaled to what the run got
-            replay = simulate(
-                specs,
-                make_scheduler(scheduler, args.seed, stats),
-                requests,
-                SLO(10.0, 1.0),
-                cpu_shares=CpuShares(
-                    tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
-                ),
-                cpu_factors=factors,
-            ).report
-            # and replayed with the share the run got in each sampling interval: a host whose load moved
-            over_time = share_over_time(timeline, expected)
-            replay_t = simulate(
-                specs,
-                make_scheduler(scheduler, args.seed, stats),
-                requests,
-                SLO(10.0, 1.0),
-                cpu_shares=shares,
-                share_over_time=over_time,
-                cpu_factors=factors,
-            ).report
-            # a diagnostic: replayed with the step CPU each worker's steps actually took over its profile's, this run
-            run_steps = [
-                [
-                    TimedStep.from_row(r)
-                    for r in t["steps"]
-                    if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])
-                ]
-                for t in timelines
-            ]
-            run_factor = [
-                sum(st.cpu_s for st in steps) / max(sum(st.model_cpu_s(p.model) for st in steps), 1e-9)
-                for steps, p in zip(run_steps, profiles)
-            ]
-            replay_cpu = simulate(
-                specs,
-                make_scheduler(scheduler, args.seed, stats),
-                requests,
-                SLO(10.0, 1.0),
-                cpu_shares=shares,
-                cpu_factors={s.name: (f,) * len(specs) for s, f in zip(specs, run_factor)},
-            ).report
-            report = prediction.report
-            # what the prediction would have been without the step-CPU calibration (the previous sessions' model)
-            unscaled = simulate(
-                specs, make_scheduler(scheduler, args.seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares
-            ).report
-            # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
-            predicted_engine = [
-                prediction.cpu_s[s.name] - o * sum(r.output_tokens for r in prediction.records if r.instance == s.name)
-                for s, o in zip(specs, overhead["worker_s_per_token"])
-            ]
-            run_result = {
-                "measured": measured,
-                "router": router.snapshot(),
-                "cpu_shares": shares.to_dict(),
-                "predicted": {
-                    "throughput_tok_s": report.throughput_tok_s,
-                    "latency_p50_s": report.latency_p50_s,
-                    "latency_p99_s": report.latency_p99_s,
-                    "ttft_p99_s": report.ttft_p99_s,
-                    "duration_s": report.duration_s,
-                    "requests_per_instance": report.requests_per_instance,
-                    "engine_cpu_s": predicted_engine,
-                    "mean_cpu_share": expected,
-                },
-                "predicted_without_cpu_factors": {
-                    "throughput_tok_s": unscaled.throughput_tok_s,
-                    "latency_p50_s": unscaled.latency_p50_s,
-                    "latency_p99_s": unscaled.latency_p99_s,
-                },
-                "run_step_cpu_over_profile": run_factor,
-                "replayed_with_run_step_cpu": {
-                    "throughput_tok_s": replay_cpu.throughput_tok_s,
-                    "latency_p50_s": replay_cpu.latency_p50_s,
-                    "latency_p99_s": replay_cpu.latency_p99_s,
-                },
-                "replayed_at_measured_share": {
-                    "throughput_tok_s": replay.throughput_tok_s,
-                    "latency_p50_s": replay.latency_p50_s,
-                    "latency_p99_s": replay.latency_p99_s,
-                },
-                "replayed_at_share_over_time": {
-                    "throughput_tok_s": replay_t.throughput_tok_s,
-                    "latency_p50_s": replay_t.latency_p50_s,
-                    "latency_p99_s": replay_t.latency_p99_s,
-                },
-                "share_timeline": timeline,
-                "timeline_comparison": compared,
-                "engine_cpu_s": engine_cpu,
-                "engine_busy_s": engine_busy,
-                "mean_cpu_share": got,
-                "router_client_cpu_s": own,
-                "load_average": os.getloadavg(),
-            }
-            results["runs"][scheduler] = run_result
-            # the raw timelines of this run (steps and requests since it started), written apart, compressed
-            results.setdefault("timelines", {})[scheduler] = {
-                "client": measured.pop("client_timeline"),
-                "workers": [
-                    {
-                        "steps": [r for r in t["steps"] if r[1] >= measured["start_s"]],
-                        "requests": [r for r in t["requests"] if r[3] >= measured["start_s"]],
-                    }
+                async def sample_counters(stop=stop, timeline=timeline) -> None:
+                    start = time.perf_counter()
+                    while not stop.is_set():
+                        counters = await worker_counters(endpoints)
+                        timeline.append(
+                            (
+                                time.perf_counter() - start,
+                                sum(c["engine_cpu_s"] for c in counters),
+                                sum(c["engine_busy_s"] for c in counters),
+                            )
+                        )
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+
+                sampler = asyncio.create_task(sample_counters())
+                try:
+                    measured = await drive(router, requests, args.timeout)
+                finally:
+                    stop.set()
+                    await sampler
+                    await router.close()
+                own = time.process_time() - own
+                after = await worker_counters(endpoints)
+                timelines = await worker_timelines(endpoints)
+                compared = compare_timelines(measured, timelines, prediction, specs, [p.model for p in profiles])
+                engine_cpu = counter_delta(before, after, "engine_cpu_s")
+                engine_busy = counter_delta(before, after, "engine_busy_s")
+                faults = counter_delta(before, after, "minor_faults")
+                got = CpuShares.from_counters(engine_cpu, engine_busy)
+                expected = CpuShares.from_counters(
+                    [prediction.cpu_s[s.name] for s in specs], [prediction.busy_s[s.name] for s in specs]
+                )
+                # a diagnostic, not the prediction: the same simulation with the shares scaled to what the run got
+                replay = simulate(
+                    specs,
+                    make_scheduler(scheduler, seed, stats),
+                    requests,
+                    SLO(10.0, 1.0),
+                    cpu_shares=CpuShares(
+                        tuple(min(1.0, x * got / expected) for x in shares.shares), "scaled to the run's measured share"
+                    ),
+                    **model_options,
+                ).report
+                # and replayed with the share the run got in each sampling interval: a host whose load moved
+                over_time = share_over_time(timeline, expected)
+                replay_t = simulate(
+                    specs,
+                    make_scheduler(scheduler, seed, stats),
+                    requests,
+                    SLO(10.0, 1.0),
+                    cpu_shares=shares,
+                    share_over_time=over_time,
+                    **model_options,
+                ).report
+                # a diagnostic: replayed with the step CPU each worker's steps actually took over its profile's, this run
+                run_steps = [
+                    [
+                        TimedStep.from_row(r)
+                        for r in t["steps"]
+                        if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])
+                    ]
                     for t in timelines
-                ],
-            }
+                ]
+                run_factor = [
+                    sum(st.cpu_s for st in steps) / max(sum(st.model_cpu_s(p.model) for st in steps), 1e-9)
+                    for steps, p in zip(run_steps, profiles)
+                ]
+                replay_cpu = simulate(
+                    specs,
+                    make_scheduler(scheduler, seed, stats),
+                    requests,
+                    SLO(10.0, 1.0),
+                    cpu_shares=shares,
+                    cpu_factors={s.name: (f,) * len(specs) for s, f in zip(specs, run_factor)},
+                ).report
+                # the drift between the rehearsal and the run: the run's own factors by shape (a diagnostic)
+                run_by_shape = {s.name: shape_factors(st, p.model) for s, st, p in zip(specs, run_steps, profiles)}
+                report = prediction.report
+                # what the prediction would have been without the step-CPU calibration (the previous sessions' model:
+                # the profile and the probed shares)
+                unscaled = simulate(
+                    specs, make_scheduler(scheduler, seed, stats), requests, SLO(10.0, 1.0), cpu_shares=probed
+                ).report
+                # the engine threads' CPU the simulation implies: its step CPU less the streaming overhead it charged
+                predicted_engine = [
+                    prediction.cpu_s[s.name]
+                    - o * sum(r.output_tokens for r in prediction.records if r.instance == s.name)
+                    for s, o in zip(specs, overhead["worker_s_per_token"])
+                ]
+                run_result = {
+                    "measured": measured,
+                    "router": router.snapshot(),
+                    "cpu_shares": shares.to_dict(),
+                    "predicted": {
+                        "throughput_tok_s": report.throughput_tok_s,
+                        "latency_p50_s": report.latency_p50_s,
+                        "latency_p99_s": report.latency_p99_s,
+                        "ttft_p99_s": report.ttft_p99_s,
+                        "duration_s": report.duration_s,
+                        "requests_per_instance": report.requests_per_instance,
+                        "engine_cpu_s": predicted_engine,
+                        "mean_cpu_share": expected,
+                    },
+                    "rehearsal": (
+                        {
+                            **{k: v for k, v in rehearsal.items() if k != "factors"},
+                            "shape_factors": {n: vars(f) for n, f in rehearsal["factors"].items()},
+                        }
+                        if rehearsal
+                        else None
+                    ),
+                    "run_shape_factors": {n: vars(f) for n, f in run_by_shape.items()},
+                    "cpu_shares_probed": probed.to_dict(),
+                    "predicted_without_cpu_factors": {
+                        "throughput_tok_s": unscaled.throughput_tok_s,
+                        "latency_p50_s": unscaled.latency_p50_s,
+                        "latency_p99_s": unscaled.latency_p99_s,
+                    },
+                    "run_step_cpu_over_profile": run_factor,
+                    "replayed_with_run_step_cpu": {
+                        "throughput_tok_s": replay_cpu.throughput_tok_s,
+                        "latency_p50_s": replay_cpu.latency_p50_s,
+                        "latency_p99_s": replay_cpu.latency_p99_s,
+                    },
+                    "replayed_at_measured_share": {
+                        "throughput_tok_s": replay.throughput_tok_s,
+                        "latency_p50_s": replay.latency_p50_s,
+                        "latency_p99_s": replay.latency_p99_s,
+                    },
+                    "replayed_at_share_over_time": {
+                        "throughput_tok_s": replay_t.throughput_tok_s,
+                        "latency_p50_s": replay_t.latency_p50_s,
+                        "latency_p99_s": replay_t.latency_p99_s,
+                    },
+                    "share_timeline": timeline,
+                    "timeline_comparison": compared,
+                    "engine_cpu_s": engine_cpu,
+                    "engine_busy_s": engine_busy,
+                    "minor_faults": faults,
+                    "mean_cpu_share": got,
+                    "router_client_cpu_s": own,
+                    "load_average": os.getloadavg(),
+                }
+                results["runs"][key] = run_result
+                # the raw timelines of this run (steps and requests since it started), written apart, compressed
+                results.setdefault("timelines", {})[key] = {
+                    "client": measured.pop("client_timeline"),
+                    "workers": [
+                        {
+                            "steps": [r for r in t["steps"] if r[1] >= measured["start_s"]],
+                            "requests": [r for r in t["requests"] if r[3] >= measured["start_s"]],
+                        }
+                        for t in timelines
+                    ],
+                }
 
-            def err(key: str) -> str:
-                return f"{run_result['predicted'][key] / measured[key] - 1:+.0%}"
+                def err(key: str, run_result=run_result, measured=measured) -> str:
+                    return f"{run_result['predicted'][key] / measured[key] - 1:+.0%}"
 
-            print(
-                f"  {scheduler:12s} measured {measured['throughput_tok_s']:6.1f} tok/s, "
-                f"P50 {measured['latency_p50_s']:6.2f} s, P99 {measured['latency_p99_s']:6.2f} s "
-                f"({measured['completed']} ok, {measured['failed']} failed) | simulator "
-                f"{report.throughput_tok_s:6.1f} tok/s ({err('throughput_tok_s')}), P50 {report.latency_p50_s:6.2f} s "
-                f"({err('latency_p50_s')}), P99 {report.latency_p99_s:6.2f} s ({err('latency_p99_s')}) | "
-                f"CPU share per busy worker: predicted {expected:.2f}, got {got:.2f}; engine CPU "
-                + ", ".join(f"{c:.1f}" for c in engine_cpu)
-                + " s vs predicted "
-                + ", ".join(f"{c:.1f}" for c in predicted_engine)
-                + f" s; router + client {own:.1f} s CPU",
-                flush=True,
-            )
-            print(
-                f"  {'':12s} predicted without the step-CPU factors: {unscaled.throughput_tok_s:6.1f} tok/s "
-                f"({unscaled.throughput_tok_s / measured['throughput_tok_s'] - 1:+.0%}), P50 {unscaled.latency_p50_s:6.2f} s "
-                f"({unscaled.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {unscaled.latency_p99_s:6.2f} s "
-                f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
-                flush=True,
-            )
-            print(
-                f"  {'':12s} replayed with the step CPU the run took ("
-                + ", ".join(f"{f:.2f}" for f in run_factor)
-                + f" x the profile's): P50 {replay_cpu.latency_p50_s:6.2f} s "
-                f"({replay_cpu.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {replay_cpu.latency_p99_s:6.2f} s "
-                f"({replay_cpu.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
-                flush=True,
-            )
-            print(
-                f"  {'':12s} replayed at the share the run got: {replay.throughput_tok_s:6.1f} tok/s, "
-                f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s; with the share it got "
-                f"every {SAMPLE_EVERY_S:g} s: {replay_t.throughput_tok_s:6.1f} tok/s, P50 {replay_t.latency_p50_s:6.2f} s, "
-                f"P99 {replay_t.latency_p99_s:6.2f} s",
-                flush=True,
-            )
+                print(
+                    f"  {scheduler:12s} measured {measured['throughput_tok_s']:6.1f} tok/s, "
+                    f"P50 {measured['latency_p50_s']:6.2f} s, P99 {measured['latency_p99_s']:6.2f} s "
+                    f"({measured['completed']} ok, {measured['failed']} failed) | simulator "
+                    f"{report.throughput_tok_s:6.1f} tok/s ({err('throughput_tok_s')}), P50 {report.latency_p50_s:6.2f} s "
+                    f"({err('latency_p50_s')}), P99 {report.latency_p99_s:6.2f} s ({err('latency_p99_s')}) | "
+                    f"CPU share per busy worker: predicted {expected:.2f}, got {got:.2f}; engine CPU "
+                    + ", ".join(f"{c:.1f}" for c in engine_cpu)
+                    + " s vs predicted "
+                    + ", ".join(f"{c:.1f}" for c in predicted_engine)
+                    + f" s; router + client {own:.1f} s CPU; workers' minor faults "
+                    + ", ".join(str(f) for f in faults),
+                    flush=True,
+                )
+                print(
+                    f"  {'':12s} predicted from the profile and the probes alone: {unscaled.throughput_tok_s:6.1f} tok/s "
+                    f"({unscaled.throughput_tok_s / measured['throughput_tok_s'] - 1:+.0%}), P50 {unscaled.latency_p50_s:6.2f} s "
+                    f"({unscaled.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {unscaled.latency_p99_s:6.2f} s "
+                    f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
+                    flush=True,
+                )
+                for name, f in run_by_shape.items():
+                    print(f"  {'':12s} the run's own step CPU by shape, {name}: {f.describe()}", flush=True)
+                print(
+                    f"  {'':12s} replayed with the step CPU the run took ("
+                    + ", ".join(f"{f:.2f}" for f in run_factor)
+                    + f" x the profile's): P50 {replay_cpu.latency_p50_s:6.2f} s "
+                    f"({replay_cpu.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), P99 {replay_cpu.latency_p99_s:6.2f} s "
+                    f"({replay_cpu.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
+                    flush=True,
+                )
+                print(
+                    f"  {'':12s} replayed at the share the run got: {replay.throughput_tok_s:6.1f} tok/s, "
+                    f"P50 {replay.latency_p50_s:6.2f} s, P99 {replay.latency_p99_s:6.2f} s; with the share it got "
+                    f"every {SAMPLE_EVERY_S:g} s: {replay_t.throughput_tok_s:6.1f} tok/s, P50 {replay_t.latency_p50_s:6.2f} s, "
+                    f"P99 {replay_t.latency_p99_s:6.2f} s",
+                    flush=True,
+                )
         return results
     finally:
         for process in processes:
@@ -756,12 +873,26 @@ def main(argv: list[str] | None = None) -> int:
         "--load", type=float, default=0.7, help="offered load as a fraction of the workers' summed capacity"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="serve several request sets (one per seed, each with its own rehearsals and predictions) after one "
+        "profile; results keyed scheduler@seed",
+    )
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-num-seqs", type=int, default=16, help="each worker's batch limit")
     parser.add_argument(
+        "--rehearsal",
+        type=int,
+        default=100,
+        help="requests of the rehearsal before each scheduler's run (the step CPU by shape and the CPU share the "
+        "simulator is given; 0: none, the profile and the probed shares alone)",
+    )
+    parser.add_argument(
         "--calibration-burst",
         type=int,
-        default=8,
+        default=0,
         help="requests per worker in the step-CPU calibration (0: none; the simulator then assumes the profile's CPU)",
     )
     parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
@@ -771,12 +902,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its workers
     results = asyncio.run(run(args))
     runs = results["runs"]
-    if "round_robin" in runs and "trex" in runs:
-        rr, tx = runs["round_robin"]["measured"], runs["trex"]["measured"]
-        print(
-            f"trex / round robin: throughput {tx['throughput_tok_s'] / rr['throughput_tok_s']:.2f}x, "
-            f"P99 latency {tx['latency_p99_s'] / rr['latency_p99_s']:.2f}x"
-        )
+    for suffix in [f"@{s}" for s in args.seeds] if args.seeds else [""]:
+        if f"round_robin{suffix}" in runs and f"trex{suffix}" in runs:
+            rr, tx = runs[f"round_robin{suffix}"]["measured"], runs[f"trex{suffix}"]["measured"]
+            print(
+                f"trex / round robin{suffix and ' (seed ' + suffix[1:] + ')'}: throughput "
+                f"{tx['throughput_tok_s'] / rr['throughput_tok_s']:.2f}x, "
+                f"P99 latency {tx['latency_p99_s'] / rr['latency_p99_s']:.2f}x"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timelines = results.pop("timelines", {})

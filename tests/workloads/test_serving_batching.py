@@ -21,7 +21,7 @@ from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.latency_fit import LatencyModel, load_engine_limits, save_samples
 from trex.workloads.serving.schedulers import make_scheduler
 from trex.workloads.serving.simulator import Simulation
-from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors
+from trex.workloads.serving.step_timeline import ShapeFactors, TimedStep, busy_counts, cpu_factors, shape_factors
 from trex.workloads.serving.worker import TinyEngine, Worker, WorkerModelConfig
 from trex.workloads.serving.workload import Request
 
@@ -157,6 +157,7 @@ def test_worker_streams_concurrent_requests_from_one_batch(engine):
         # CPU accounting a bench prices the HTTP overhead with: the engine's steps and the whole process
         assert health["tokens"] == sum(5 + i for i in range(6))
         assert 0 < health["engine_cpu_s"] <= health["process_cpu_s"] and health["engine_busy_s"] > 0
+        assert isinstance(health["minor_faults"], int) and health["minor_faults"] > 0  # a process has faulted pages in
         assert health["steps"]["prefill"] == 6 and health["steps"]["decode"] == worker.batching.steps["decode"]
         assert worker.batching.steps["decode"] < sum(4 + i for i in range(6))
         # the engine's timeline, what a live bench compares with the simulator's: each request by its `user` tag,
@@ -346,3 +347,104 @@ def test_simulated_steps_take_their_instance_s_cpu_factor_for_the_instances_busy
         run(cpu_factors={"c": (1.0,)})
     with pytest.raises(ServingError, match="positive finite"):
         run(cpu_factors={"a": (1.0, 0.0)})
+
+
+def test_shape_factors_measure_step_cpu_by_kind_and_batch_size_and_fill_gaps_from_the_nearest_band():
+    model = LatencyModel((0.01, 0.0, 0.0), (0.02, 0.0, 0.0), repack=(0.005, 0.0))  # 10 / 20 ms; re-pack 5 ms
+
+    def step(kind: str, seqs: int, cpu: float, repacked: bool = False) -> TimedStep:
+        return TimedStep(kind, 0.0, cpu, cpu, seqs, 10 if kind == "prefill" else 10 * seqs, 0, repacked)
+
+    steps = (
+        [step("prefill", 1, 0.012)] * 5  # 1.2x
+        + [step("decode", 1, 0.018)] * 6  # B = 1: 0.9x
+        + [step("decode", 9, 0.030)] * 5  # B >= 8: 1.5x
+        + [step("decode", 9, 0.050, True)] * 5  # re-packed B >= 8: 50 ms over 25 ms: 2.0x
+        + [step("decode", 2, 0.040)] * 4  # too few steps to measure the B = 2-3 band on its own
+        + [step("decode", 0, 0.001)] * 3  # steps with nothing to decode are not counted
+    )
+    factors = shape_factors(steps, model)
+    assert factors.prefill == pytest.approx(1.2)
+    assert factors.decode == pytest.approx((0.9, 0.9, 1.5, 1.5))  # B2-3 -> nearest measured (B1; tie: smaller)
+    assert factors.repacked == pytest.approx((2.0, 2.0, 2.0, 2.0))  # only B >= 8 re-packed steps were measured
+    assert factors.counts == (5, 6, 4, 0, 5, 0, 0, 0, 5)
+    assert factors.factor("decode", 12, True) == pytest.approx(2.0)
+    assert factors.factor("decode", 5, False) == pytest.approx(1.5)  # B4-7: the nearest measured band is B8+
+    assert "B8+ re-packed 2.00 (5)" in factors.describe()
+    # no prefill measured: the instance's overall factor stands in
+    only_decode = shape_factors([step("decode", 1, 0.030)] * 5, model)
+    assert only_decode.prefill == pytest.approx(1.5) and only_decode.repacked == pytest.approx((1.5,) * 4)
+    with pytest.raises(ServingError, match="rehearsal requests"):
+        shape_factors(steps[:3], model)
+    with pytest.raises(ServingError, match="positive finite"):
+        ShapeFactors(1.0, (1.0, 0.0, 1.0, 1.0), (1.0,) * 4)
+
+
+def test_simulated_steps_take_their_instance_s_factor_for_the_step_s_shape():
+    requests = [Request(i, 0.0, 10, 20) for i in range(4)]
+    specs = [instance("a", 1.0), instance("b", 1.0)]
+
+    def run(**options):
+        return Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), **options).run(requests)
+
+    plain = run()
+    # b's prefills cost 3x their profile, its plain decode steps of 2-3 sequences 2x, the rest as profiled
+    b = ShapeFactors(3.0, (1.0, 2.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0))
+    scaled = run(shape_factors={"b": b})
+    assert scaled.cpu_s["a"] == pytest.approx(plain.cpu_s["a"])
+    seen = set()
+    for name, kind, _, _, cpu, seqs, context, repacked in scaled.steps:
+        if name != "b":
+            continue
+        latency = specs[1].latency
+        profiled = latency.prefill_s(context, context**2) if kind == "prefill" else latency.decode_s(seqs, context)
+        if kind == "decode" and repacked:
+            profiled += latency.repack_s(context)
+        expected = 3.0 if kind == "prefill" else 2.0 if (2 <= seqs <= 3 and not repacked) else 1.0
+        assert cpu == pytest.approx(profiled * expected)
+        seen.add(expected)
+    assert seen == {1.0, 2.0, 3.0}
+    with pytest.raises(ServingError, match="not in the deployment"):
+        run(shape_factors={"c": b})
+
+
+def test_a_warming_up_worker_answers_503_then_serves_with_its_memory_kept(engine):
+    from trex.workloads.serving import host_memory
+
+    assert host_memory.keep_freed_memory() is True  # glibc here: TinyEngine applied it already (idempotent)
+    gate = threading.Event()
+    warmed: list[int] = []
+
+    class GatedEngine(BatchingEngine):
+        def warm_up(self, context: int, max_rounds: int = 6) -> list[int]:  # held until the test saw the 503
+            gate.wait(30)
+            warmed.append(context)
+            return super().warm_up(context, max_rounds)
+
+    async def scenario():
+        worker = Worker(engine, max_num_seqs=3)
+        worker.batching = GatedEngine(engine.model, engine.torch, max_num_seqs=3, threads=1, warm_up_context=9)
+        worker.batching.start()
+        server = await worker.start()
+        endpoint = Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            early = await request_json(endpoint, "GET", "/health", timeout=5)
+            gate.set()
+            await asyncio.get_running_loop().run_in_executor(None, worker.batching.ready.wait, 30)
+            later = await request_json(endpoint, "GET", "/health", timeout=5)
+            payload = {"prompt": "a b c", "max_tokens": 4}
+            served = await request_json(endpoint, "POST", "/v1/completions", payload, timeout=30)
+        finally:
+            server.close()
+            worker.close()
+        return early, later, served
+
+    early, later, served = asyncio.run(scenario())
+    assert early == (503, {"status": "warming_up", "model": "tiny"})
+    assert later[0] == 200 and later[1]["steps"] == {"prefill": 0, "decode": 0}  # the warm-up is not a served step
+    assert served[0] == 200 and len(served[1]["choices"][0]["text"].split()) == 4
+    assert warmed == [9]
+    rounds = later[1]["warm_up_faults"]  # faults per warm-up round: it stops once the heap stops growing
+    assert 2 <= len(rounds) <= 6 and (len(rounds) == 6 or rounds[-1] <= 0.01 * rounds[0])
+    with pytest.raises(ServingError, match="warm-up context"):
+        BatchingEngine(engine.model, engine.torch, warm_up_context=-1)

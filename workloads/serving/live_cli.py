@@ -55,6 +55,14 @@ def add_live_commands(commands: argparse._SubParsersAction) -> None:
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, required=True)
     worker.add_argument(
+        "--warm-up-context",
+        type=int,
+        default=128,
+        metavar="N",
+        help="before serving, run a full batch of sequences up to N tokens once, so the engine's memory is grown "
+        "and later steps reuse it (0: none; default 128)",
+    )
+    worker.add_argument(
         "--serve-for", type=float, metavar="S", help="exit after S seconds (default: until interrupted)"
     )
     worker.set_defaults(run=run_worker)
@@ -155,8 +163,13 @@ def run_worker(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.max_num_seqs < 1:
         raise TrexError(f"--max-num-seqs must be at least 1 (got {args.max_num_seqs})")
+    if args.warm_up_context < 0:
+        raise TrexError(f"--warm-up-context must be >= 0 tokens (got {args.warm_up_context})")
     worker = Worker(
-        TinyEngine(config, args.threads), name=f"tiny-l{config.layers}-h{config.hidden}", max_num_seqs=args.max_num_seqs
+        TinyEngine(config, args.threads),
+        name=f"tiny-l{config.layers}-h{config.hidden}",
+        max_num_seqs=args.max_num_seqs,
+        warm_up_context=args.warm_up_context,
     )
 
     async def main() -> None:

@@ -23,7 +23,9 @@ host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while
 takes its profiled CPU time divided by that share (times `share_over_time(now)` when given: a
 host whose other load moved during the run, measured afterwards). The CPU a step takes may itself depend on
 how many instances are busy beside it (`cpu_factors`, measured from the workers' step timelines by
-`step_timeline.cpu_factors`: shared cache and memory bandwidth, the cores' clock). After
+`step_timeline.cpu_factors`: shared cache and memory bandwidth, the cores' clock), and on its shape
+(`shape_factors`: per instance, a step's CPU in service over its profile's by kind and batch size,
+measured in a rehearsal under the same scheduler and rate: `step_timeline.shape_factors`). After
 the last arrival the run drains for at most `drain_s`; what is still in flight then is reported as
 unfinished. Every request ends in exactly one of: completed, dropped, unfinished.
 """
@@ -117,6 +119,7 @@ class Simulation:
         cpu_shares: CpuShares | None = None,
         share_over_time=None,
         cpu_factors: dict[str, tuple[float, ...]] | None = None,
+        shape_factors: dict | None = None,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -142,6 +145,12 @@ class Simulation:
         for name, factors in self.cpu_factors.items():
             if not factors or any(not 0 < f < float("inf") for f in factors):
                 raise ServingError(f"{name}'s cpu_factors must be positive finite numbers (got {factors})")
+        # per instance: its steps' CPU over its profile's by the step's shape, measured in a rehearsal under the
+        # same scheduler and rate (`step_timeline.ShapeFactors`: anything with `factor(kind, seqs, repacked)`)
+        self.shape_factors = dict(shape_factors or {})
+        unknown = sorted(set(self.shape_factors) - set(names))
+        if unknown:
+            raise ServingError(f"shape_factors name instances that are not in the deployment: {unknown}")
         # a host whose other load changes during the run: the shares times share_over_time(now)
         self.share_over_time = share_over_time
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
@@ -255,6 +264,9 @@ class Simulation:
         factors = self.cpu_factors.get(inst.spec.name)
         if factors:  # the step's CPU beside `busy - 1` other busy instances: shared cache, memory bandwidth, clock
             seconds *= factors[min(busy, len(factors)) - 1]
+        by_shape = self.shape_factors.get(inst.spec.name)
+        if by_shape is not None:  # the step's CPU in service, by its kind and batch size (rehearsal-measured)
+            seconds *= by_shape.factor(kind, len(sequences), repacked)
         cpu = seconds
         self.cpu_s[inst.spec.name] += seconds
         if self.cpu_shares is not None:  # instances co-located on a host share its cores

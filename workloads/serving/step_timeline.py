@@ -102,3 +102,99 @@ def cpu_factors(
         own = {k: cpu[k] / predicted[k] for k in measured}
         factors.append(tuple(own[min(measured, key=lambda m: (abs(m - k), m))] for k in range(n)))
     return factors
+
+
+DECODE_BANDS = (1, 2, 4, 8)  # lower edges of the decode batch-size bands: 1, 2-3, 4-7, 8 and more
+
+
+@dataclass(frozen=True)
+class ShapeFactors:
+    """One instance's step CPU over what its profile predicts, by the step's shape, measured in service.
+
+    Why by shape: on a shared host a step's CPU time is not a constant of its shape - it depends on what
+    runs on the other cores at the time (shared caches and memory bandwidth, and on a virtual machine the
+    host's other tenants on the same physical core), and the dependence grows with the step's working set:
+    live decode steps of large batches (and their re-packs) cost up to 1.6x the profile while steps of one
+    sequence cost 0.8-1.2x (bench/RESULTS.md section 8, fourth session). A rehearsal under the run's own
+    scheduler and rate, right before it, puts the workers in the same state as the run; the factor of each
+    cell (prefill; decode by batch-size band, plain or after a re-pack) is its steps' summed CPU over the
+    profile's for the same steps. A cell with fewer than `min_steps` steps takes the nearest measured band of
+    its kind (then the other kind's, then the instance's overall factor)."""
+
+    prefill: float
+    decode: tuple[float, ...]  # per band of DECODE_BANDS: decode steps that did not re-pack
+    repacked: tuple[float, ...]  # per band: decode steps after a join or leave (the re-pack included)
+    counts: tuple[int, ...] = ()  # steps measured: prefill, then the decode bands, then the re-packed bands
+    bands: tuple[int, ...] = DECODE_BANDS
+
+    def __post_init__(self):
+        values = (self.prefill, *self.decode, *self.repacked)
+        if len(self.decode) != len(self.bands) or len(self.repacked) != len(self.bands):
+            raise ServingError(f"shape factors need one decode and one re-packed factor per band {self.bands}")
+        if any(not 0 < v < float("inf") for v in values):
+            raise ServingError(f"shape factors must be positive finite numbers (got {values})")
+
+    def band(self, seqs: int) -> int:
+        return max(0, bisect.bisect_right(self.bands, seqs) - 1)
+
+    def factor(self, kind: str, seqs: int, repacked: bool) -> float:
+        if kind == "prefill":
+            return self.prefill
+        return (self.repacked if repacked else self.decode)[self.band(seqs)]
+
+    def describe(self) -> str:
+        names = []
+        for i, lo in enumerate(self.bands):
+            hi = self.bands[i + 1] - 1 if i + 1 < len(self.bands) else None
+            names.append(f"B{lo}+" if hi is None else f"B{lo}" if hi == lo else f"B{lo}-{hi}")
+        counts = self.counts or (0,) * (1 + 2 * len(self.bands))
+        n = len(self.bands)
+        return (
+            f"prefill {self.prefill:.2f} ({counts[0]})"
+            + "".join(f", {b} {f:.2f} ({c})" for b, f, c in zip(names, self.decode, counts[1 : 1 + n]))
+            + "".join(f", {b} re-packed {f:.2f} ({c})" for b, f, c in zip(names, self.repacked, counts[1 + n :]))
+        )
+
+
+def shape_factors(steps: list[TimedStep], model: LatencyModel, min_steps: int = 5) -> ShapeFactors:
+    """`ShapeFactors` of one instance from its steps (a rehearsal's timeline) and its profile's model."""
+    n = len(DECODE_BANDS)
+    cpu, predicted, count = [0.0] * (1 + 2 * n), [0.0] * (1 + 2 * n), [0] * (1 + 2 * n)
+    for step in steps:
+        if step.kind == "decode" and step.seqs == 0:
+            continue
+        if step.kind == "prefill":
+            cell = 0
+        else:
+            band = max(0, bisect.bisect_right(DECODE_BANDS, step.seqs) - 1)
+            cell = 1 + band + (n if step.repacked else 0)
+        cpu[cell] += step.cpu_s
+        predicted[cell] += step.model_cpu_s(model)
+        count[cell] += 1
+    if sum(count) < min_steps or sum(predicted) <= 0:
+        raise ServingError(
+            f"a rehearsal timeline has {sum(count)} steps, fewer than {min_steps}: send more rehearsal requests"
+        )
+    overall = sum(cpu) / sum(predicted)
+    measured = {c: cpu[c] / predicted[c] for c in range(1 + 2 * n) if count[c] >= min_steps and predicted[c] > 0}
+
+    def nearest(offset: int, band: int) -> float | None:
+        found = [b for b in range(n) if offset + b in measured]
+        if not found:
+            return None
+        return measured[offset + min(found, key=lambda b: (abs(b - band), b))]
+
+    def decode_cell(repacked: bool, band: int) -> float:
+        own, other = (1 + n, 1) if repacked else (1, 1 + n)
+        for offset in (own, other):
+            value = nearest(offset, band)
+            if value is not None:
+                return value
+        return overall
+
+    return ShapeFactors(
+        measured.get(0, overall),
+        tuple(decode_cell(False, b) for b in range(n)),
+        tuple(decode_cell(True, b) for b in range(n)),
+        tuple(count),
+    )

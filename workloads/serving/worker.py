@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import time
 import uuid
 import zlib
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from trex.workloads.serving.batching import BatchedRequest, BatchingEngine
 from trex.workloads.serving.errors import ServingError
+from trex.workloads.serving.host_memory import keep_freed_memory
 from trex.workloads.serving.http import error_payload, read_request, response_head, write_json
 
 MAX_TOKENS_LIMIT = 4096
@@ -95,6 +97,7 @@ class TinyEngine:
     def __init__(self, config: WorkerModelConfig, threads: int | None = None):
         import torch
 
+        keep_freed_memory()  # steps of any batch size then cost the same whenever they run (host_memory)
         self.torch = torch
         self.config = config
         self.threads = threads
@@ -124,9 +127,14 @@ class TinyEngine:
 class Worker:
     """The HTTP front of a `TinyEngine`: requests join its continuous-batching engine thread."""
 
-    def __init__(self, engine: TinyEngine, name: str = "tiny", max_num_seqs: int = 16):
+    def __init__(self, engine: TinyEngine, name: str = "tiny", max_num_seqs: int = 16, warm_up_context: int = 0):
         self.engine, self.name = engine, name
-        self.batching = BatchingEngine(engine.model, engine.torch, max_num_seqs=max_num_seqs, threads=engine.threads)
+        self.batching = BatchingEngine(
+            engine.model, engine.torch, max_num_seqs=max_num_seqs, threads=engine.threads,
+            warm_up_context=warm_up_context,
+        )  # fmt: skip
+        if warm_up_context:
+            self.batching.start()  # warm up now; /health answers 503 until it is done
         self.served = 0
         self.tokens = 0  # output tokens sent to clients
 
@@ -136,7 +144,9 @@ class Worker:
                 request = await read_request(reader, timeout=30.0)
             except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 return
-            if request.method == "GET" and request.path == "/health":
+            if request.method == "GET" and request.path == "/health" and not self.batching.ready.is_set():
+                await write_json(writer, 503, {"status": "warming_up", "model": self.name})
+            elif request.method == "GET" and request.path == "/health":
                 await write_json(
                     writer,
                     200,
@@ -153,6 +163,10 @@ class Worker:
                         "engine_cpu_s": self.batching.cpu_s,
                         "engine_busy_s": self.batching.busy_s,
                         "process_cpu_s": time.process_time(),
+                        # pages the process faulted in (freshly mapped memory): ~0 in steady state once the
+                        # engine's heap is grown (host_memory), large while it grows or if memory is given back
+                        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+                        "warm_up_faults": self.batching.warm_up_faults,
                         "tokens": self.tokens,
                     },
                 )
