@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import trex
-from trex.pass_manager import PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
+from trex.pass_manager import Decision, PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
 from trex.passes import DEFAULT_PIPELINE, resolve_pipeline
 from trex.repro import load_dumped_graph
 
@@ -255,3 +255,34 @@ def test_dead_code_elimination_removes_unused_values_and_records_each():
     report = PassManager(resolve_pipeline("dead_code_elimination")).run(gm, PassContext())
     assert [d.subject for d in report.records[0].decisions] == ["neg_default", "exp_default"]
     assert [n.name for n in gm.graph.nodes] == ["x", "relu_default", "output"]
+
+
+class _SeesPartitionedGraphs:
+    """A pass of the partitioned stage that records which graphs it was run on."""
+
+    name: ClassVar[str] = "sees_partitioned_graphs"
+    stage: ClassVar[str] = "partitioned"
+
+    def __init__(self):
+        self.phases = []
+
+    def run(self, gm, ctx):
+        self.phases.append(ctx.phase)
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        return PassResult(modified=False, decisions=[Decision("saw", ctx.phase, f"{placeholders} inputs")])
+
+
+def test_a_partitioned_stage_pass_runs_on_the_forward_and_backward_graphs_and_reports_once(small_moe):
+    model, x = small_moe
+    seen = _SeesPartitionedGraphs()
+    compiled = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
+    _train_once(compiled, x)
+    assert seen.phases == ["forward", "backward"]
+    report = compiled.trex.graphs[0].report
+    assert [r.name for r in report.records] == ["canonicalize_moe", "sees_partitioned_graphs"]
+    record = report.records[1]
+    assert record.ran and [d.data["graph"] for d in record.decisions] == ["forward", "backward"]
+    with torch.no_grad():  # an inference graph has no partition: the pass runs on it in pipeline order
+        inference = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
+        inference(x)
+    assert seen.phases[2:] == ["inference"]
