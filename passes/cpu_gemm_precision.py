@@ -74,10 +74,13 @@ def _operand_dtype(node: fx.Node) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def _upcast_call(node: fx.Node) -> tuple[Any, list[fx.Node]]:
-    """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype."""
+def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, list[fx.Node]]:
+    """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype, and those
+    inputs: a low-precision input's fp32 copy from `upcasts` where it has one (the function's own upcast of
+    an fp32 tensor is then no op)."""
     inputs = list(node.all_input_nodes)
     position = {arg: i for i, arg in enumerate(inputs)}
+    inputs = [upcasts.get(arg, arg) for arg in inputs]
     target, value = node.target, node.meta["val"]
     if target is aten._grouped_mm.default:  # its meta function takes bf16 only; the same CPU kernel in fp32
         from trex.ops import moe_decompositions  # noqa: F401 - registers trex.extern_aten_grouped_mm
@@ -127,6 +130,9 @@ class CpuGemmPrecision:
         if not slow:
             return _decline("this CPU multiplies bf16 and fp16 natively")
         decisions = []
+        inherit = (*PROVENANCE_KEYS, "trex_moe")
+        decompositions = ctx.options.get("decompositions")
+        upcasts: dict[fx.Node, fx.Node] = {}  # each low-precision operand is upcast once, before its first GEMM
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in GEMMS or _operand_dtype(node) not in slow:
                 continue
@@ -135,18 +141,15 @@ class CpuGemmPrecision:
             if not ctx.fuel.take():
                 break
             dtype = _operand_dtype(node)
-            fn, inputs = _upcast_call(node)
+            for arg in node.all_input_nodes:
+                value = arg.meta.get("val")
+                if arg not in upcasts and isinstance(value, torch.Tensor) and value.dtype == dtype:
+                    (upcasts[arg],) = inline_traced(gm, node, _to_fp32, [arg], inherit, decompositions)
+            fn, inputs = _upcast_call(node, upcasts)
             replace_node(
                 gm,
                 node,
-                inline_traced(
-                    gm,
-                    node,
-                    fn,
-                    inputs,
-                    inherit=(*PROVENANCE_KEYS, "trex_moe"),
-                    decompositions=ctx.options.get("decompositions"),
-                ),
+                inline_traced(gm, node, fn, inputs, inherit, decompositions),
             )
             decisions.append(
                 Decision(
@@ -161,6 +164,10 @@ class CpuGemmPrecision:
             gm.graph.lint()
             gm.recompile()
         return PassResult(modified=bool(decisions), decisions=decisions)
+
+
+def _to_fp32(tensor: torch.Tensor) -> tuple[torch.Tensor]:
+    return (tensor.float(),)
 
 
 def _plain_grouped_mm(node: fx.Node) -> bool:

@@ -139,4 +139,13 @@ def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
         targets = {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
         assert (torch.ops.aten._grouped_mm.default in targets) != upcast
         assert (torch.ops.trex.extern_aten_grouped_mm.default in targets) == upcast
+        for module in (graph.forward, graph.backward):  # each bf16 operand is upcast once per graph
+            upcast_sources = [
+                n.args[0]
+                for n in module.graph.nodes
+                if n.target in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+                and n.meta["val"].dtype == torch.float32
+                and n.args[0].meta["val"].dtype == torch.bfloat16
+            ]
+            assert len(upcast_sources) == len(set(upcast_sources)), upcast_sources
     assert saved[True] == saved[False]
