@@ -187,6 +187,12 @@ def lower_graph(
     lowering = Lowering(module=gm, assignment=names, notes=notes)
     if target is not None:
         lowering.predicted_seconds = predicted_seconds_per_backend(assignment, target)
+    whole = _whole_graph_backend(gm, assignment)
+    if whole is not None:  # one backend took every node: the graph is its one region, no glue graph around it
+        _lower_region(lowering, whole, f"trex_{whole.name}_0", gm)
+        compiled = lowering.module
+        lowering.boxed = getattr(compiled, "boxed", None)
+        return lowering
     for backend in dict.fromkeys(b for b in assignment.values() if b.name != EagerBackend.name):
         nodes = {n for n, b in assignment.items() if b is backend}
         partitioner = CapabilityBasedPartitioner(gm, _AssignedTo(nodes), allows_single_node_partition=True)
@@ -197,24 +203,41 @@ def lower_graph(
         gm = partitioner.fuse_partitions(partitions, prefix=f"trex_{backend.name}_")
         for submodule_name in sorted(set(gm._modules) - before):
             submodule = getattr(gm, submodule_name)
-            example_inputs = [p.meta.get("val") for p in submodule.graph.find_nodes(op="placeholder")]
-            start = time.perf_counter()
-            try:
-                compiled = backend.lower(submodule, example_inputs)
-            except Exception as error:  # noqa: BLE001
-                raise BackendError(
-                    f"backend {backend.name!r} failed to lower {submodule_name} ({len(submodule.graph.nodes)} nodes) it said it supports: {error}"
-                ) from error
-            if not callable(compiled):
-                raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
-            lowering.region_seconds[submodule_name] = time.perf_counter() - start
-            call_nodes = [n.name for n in submodule.graph.nodes if n.op == "call_function"]
-            lowering.partitions.append((backend.name, submodule_name, call_nodes))
+            compiled = _lower_region(lowering, backend, submodule_name, submodule)
             setattr(gm, submodule_name, LoweredSubgraph(backend.name, compiled, submodule))
         gm.recompile()
     lowering.module = eager.lower(gm, [p.meta.get("val") for p in gm.graph.find_nodes(op="placeholder")])
     lowering.boxed = boxed_single_region(gm)
     return lowering
+
+
+def _whole_graph_backend(gm: fx.GraphModule, assignment: dict[fx.Node, Backend]) -> Backend | None:
+    """The backend that took every node of `gm`, when one code-generating backend did; else None."""
+    backends = set(assignment.values())
+    if len(backends) != 1:
+        return None
+    (backend,) = backends
+    return backend if backend.name != EagerBackend.name else None
+
+
+def _lower_region(lowering: Lowering, backend: Backend, name: str, region: fx.GraphModule) -> Callable[..., Any]:
+    """`backend.lower` on one region, timed and recorded in `lowering` (the whole graph's region becomes
+    `lowering.module`)."""
+    example_inputs = [p.meta.get("val") for p in region.graph.find_nodes(op="placeholder")]
+    start = time.perf_counter()
+    try:
+        compiled = backend.lower(region, example_inputs)
+    except Exception as error:  # noqa: BLE001
+        raise BackendError(
+            f"backend {backend.name!r} failed to lower {name} ({len(region.graph.nodes)} nodes) it said it supports: {error}"
+        ) from error
+    if not callable(compiled):
+        raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
+    lowering.region_seconds[name] = time.perf_counter() - start
+    lowering.partitions.append((backend.name, name, [n.name for n in region.graph.nodes if n.op == "call_function"]))
+    if lowering.module is region:
+        lowering.module = compiled
+    return compiled
 
 
 def boxed_single_region(gm: fx.GraphModule) -> Callable[[list[Any]], Any] | None:

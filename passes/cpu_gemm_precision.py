@@ -10,11 +10,18 @@ the fp32 accumulation, at a fraction of the time, and a code generator fuses the
 kernels that produce the operands.
 
 The pass rewrites `aten.mm`, `addmm`, `bmm`, `baddbmm`, trex's grouped GEMMs (`trex.grouped_mm`,
-`trex.grouped_mm_weight_grad`) and CPU flash attention (forward and backward) whose floating operands
+`trex.grouped_mm_weight_grad`), `aten._grouped_mm` (decompose_moe's bf16 expert GEMMs, whose fp32 form is
+`trex.extern_aten_grouped_mm`) and CPU flash attention (forward and backward) whose floating operands
 are all bf16 (fp16) into
 convert -> the same op in fp32 -> convert back, when the target is a CPU and the CPU compiling (the one
-the program will run on) lacks native bf16 (fp16) GEMM support. It runs before `decompose_moe`, which
-keeps fp32 grouped GEMMs as `trex.grouped_mm` (aten._grouped_mm traces in bf16 only).
+the program will run on) lacks native bf16 (fp16) GEMM support.
+
+It runs on the partitioned forward and backward graphs (`stage = "partitioned"`), not on the joint
+graph: there, the fp32 upcast of an activation is its only user, so the min-cut partitioner saved the
+fp32 copy for the backward instead of the bf16 value (twice the bytes: bf16 steps held 1.3-1.7x
+Inductor's peak memory, bench/RESULTS.md section 11). After the partition the backward receives the
+bf16 values torch.compile's partition saves and upcasts them itself (a code generator fuses each
+convert into the GEMM operand's producer or reads it once).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ GEMMS = frozenset(
         aten.baddbmm.default,
         torch.ops.trex.grouped_mm.default,
         torch.ops.trex.grouped_mm_weight_grad.default,
+        aten._grouped_mm.default,  # decompose_moe's bf16 expert GEMMs (fp32: trex.extern_aten_grouped_mm)
         # CPU attention is GEMMs too (1.7x slower in bf16 here, fwd+bwd, 4 x 4 heads x 32 x 32)
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
@@ -66,11 +74,18 @@ def _operand_dtype(node: fx.Node) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def _upcast_call(node: fx.Node) -> tuple[Any, list[fx.Node]]:
-    """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype."""
+def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, list[fx.Node]]:
+    """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype, and those
+    inputs: a low-precision input's fp32 copy from `upcasts` where it has one (the function's own upcast of
+    an fp32 tensor is then no op)."""
     inputs = list(node.all_input_nodes)
     position = {arg: i for i, arg in enumerate(inputs)}
+    inputs = [upcasts.get(arg, arg) for arg in inputs]
     target, value = node.target, node.meta["val"]
+    if target is aten._grouped_mm.default:  # its meta function takes bf16 only; the same CPU kernel in fp32
+        from trex.ops import moe_decompositions  # noqa: F401 - registers trex.extern_aten_grouped_mm
+
+        target = torch.ops.trex.extern_aten_grouped_mm.default
 
     def fp32(*tensors):
         def operand(arg):
@@ -94,6 +109,9 @@ class CpuGemmPrecision:
     """
 
     name: ClassVar[str] = "cpu_gemm_precision"
+    # after the partition: the partitioner decides what the backward saves on the bf16 graph (as for
+    # torch.compile), so it saves bf16 activations, not the fp32 upcasts that feed only the GEMMs
+    stage: ClassVar[str] = "partitioned"
 
     def __init__(self, native: set[torch.dtype] | None = None):
         self.native = native  # None: ask this CPU (tests pass a set to stand in for another CPU)
@@ -112,14 +130,27 @@ class CpuGemmPrecision:
         if not slow:
             return _decline("this CPU multiplies bf16 and fp16 natively")
         decisions = []
+        inherit = (*PROVENANCE_KEYS, "trex_moe")
+        decompositions = ctx.options.get("decompositions")
+        upcasts: dict[fx.Node, fx.Node] = {}  # each low-precision operand is upcast once, before its first GEMM
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in GEMMS or _operand_dtype(node) not in slow:
+                continue
+            if node.target is aten._grouped_mm.default and not _plain_grouped_mm(node):
                 continue
             if not ctx.fuel.take():
                 break
             dtype = _operand_dtype(node)
-            fn, inputs = _upcast_call(node)
-            replace_node(gm, node, inline_traced(gm, node, fn, inputs, inherit=(*PROVENANCE_KEYS, "trex_moe")))
+            for arg in node.all_input_nodes:
+                value = arg.meta.get("val")
+                if arg not in upcasts and isinstance(value, torch.Tensor) and value.dtype == dtype:
+                    (upcasts[arg],) = inline_traced(gm, node, _to_fp32, [arg], inherit, decompositions)
+            fn, inputs = _upcast_call(node, upcasts)
+            replace_node(
+                gm,
+                node,
+                inline_traced(gm, node, fn, inputs, inherit, decompositions),
+            )
             decisions.append(
                 Decision(
                     "upcast",
@@ -133,6 +164,20 @@ class CpuGemmPrecision:
             gm.graph.lint()
             gm.recompile()
         return PassResult(modified=bool(decisions), decisions=decisions)
+
+
+def _to_fp32(tensor: torch.Tensor) -> tuple[torch.Tensor]:
+    return (tensor.float(),)
+
+
+def _plain_grouped_mm(node: fx.Node) -> bool:
+    """An `aten._grouped_mm` with only (mat_a, mat_b, offs), in the operand forms trex's fp32 twin takes."""
+    from trex.ops.moe_decompositions import aten_grouped_mm_form_supported
+
+    if len(node.args) != 3 or any(v is not None for v in node.kwargs.values()):
+        return False
+    mat_a, mat_b = (a.meta["val"] for a in node.args[:2])
+    return aten_grouped_mm_form_supported(mat_a, mat_b)
 
 
 def _decline(reason: str) -> PassResult:

@@ -75,7 +75,14 @@ class DecomposeMoe:
             if not ctx.fuel.take():
                 break
             fn, inputs, reason = rule(node, inverses)
-            outputs = inline_traced(gm, node, fn, inputs, inherit=(*PROVENANCE_KEYS, "trex_moe"))
+            outputs = inline_traced(
+                gm,
+                node,
+                fn,
+                inputs,
+                inherit=(*PROVENANCE_KEYS, "trex_moe"),
+                decompositions=ctx.options.get("decompositions"),
+            )
             if node.target is ops.moe_dispatch.default:
                 sorted_hidden, perm, offsets, inverse = outputs
                 outputs = (sorted_hidden, perm, offsets)

@@ -27,7 +27,17 @@ from trex.backends import Backend, backend_names_from_env, default_backend_names
 from trex.backends.eager import EagerBackend
 from trex.capture import CapturedGraph, GraphBreak
 from trex.dump import DumpWriter
-from trex.pass_manager import Pass, PassContext, PassManager, disabled_from_env, fuel_from_env
+from trex.pass_manager import (
+    JOINT,
+    PARTITIONED,
+    Pass,
+    PassContext,
+    PassManager,
+    PassRecord,
+    disabled_from_env,
+    fuel_from_env,
+    pass_stage,
+)
 from trex.repro import write_reproducer
 from trex.targets import Target, get_target
 
@@ -93,6 +103,7 @@ class TrexCompiler:
         self.graphs: list[CapturedGraph] = []
         self._dump: DumpWriter | None = None
         self.foreign_dump_files: list[str] = []
+        self._fuel = None  # the rewrite budget the joint passes left (see _run_partitioned_passes)
 
     @property
     def dump(self) -> DumpWriter | None:
@@ -124,13 +135,35 @@ class TrexCompiler:
         self.graphs.append(graph)
         graph.started_at = time.perf_counter()
         graph.graph_inputs = [x if isinstance(x, torch.nn.Parameter) else None for x in example_inputs]
+        extra = {} if self._decompositions is None else {"decompositions": self._decompositions}
         compile_with_aot = aot_autograd(
             fw_compiler=lambda g, inputs: self._lower(graph, "forward", g),
             bw_compiler=lambda g, inputs: self._lower(graph, "backward", g),
             inference_compiler=lambda g, inputs: self._compile_inference(graph, g),
             partition_fn=lambda joint, joint_inputs, **kw: self._partition(graph, joint, joint_inputs, **kw),
+            **extra,
         )
         return compile_with_aot(gm, example_inputs)
+
+    @functools.cached_property
+    def _decompositions(self) -> dict | None:
+        """The leading backend's decompositions for the AOTAutograd trace (`trace_decompositions`), if any:
+        the joint graph is then traced once in the form the backend compiles (torch.compile traces
+        Inductor's graphs so), where it would otherwise trace each region again."""
+        leading = self.options.backends[0]
+        ask = getattr(leading, "trace_decompositions", None)
+        for pass_ in self.options.pipeline:  # a pattern pass that will match undecomposed forms needs them kept
+            wants = getattr(pass_, "wants_undecomposed_graph", None)
+            if pass_.name not in self.options.disabled and wants is not None and wants(self.options.target.name):
+                return None
+        return ask(self.options.target) if ask is not None else None
+
+    def _mark_decomposed(self, *graphs: fx.GraphModule) -> None:
+        if self._decompositions is not None:
+            from trex.backends.inductor.backend import DECOMPOSED
+
+            for module in graphs:
+                module.meta[DECOMPOSED] = self.options.backends[0].name
 
     def _say(self, graph: CapturedGraph, what: str) -> None:
         if self.options.progress is not None:
@@ -143,6 +176,8 @@ class TrexCompiler:
         options = {
             "decompose_moe": bool(getattr(leading, "decomposes_moe_primitives", False)),
             "gemms_on_this_cpu": bool(getattr(leading, "runs_gemms_on_this_cpu", True)),
+            # graph_inline.inline_traced: a rewrite traces its new nodes with the table the graph was traced with
+            "decompositions": self._decompositions,
         }
         return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id, options=options)
 
@@ -154,7 +189,10 @@ class TrexCompiler:
             f"AOTAutograd traced the {'joint forward+backward' if graph.phase == 'joint' else 'forward'} graph, "
             f"{len(gm.graph.nodes)} nodes; running passes",
         )
-        graph.report = self.pass_manager().run(gm, self._context(graph))
+        stages = (JOINT,) if graph.phase == "joint" else (JOINT, PARTITIONED)  # inference: no partition
+        context = self._context(graph)
+        graph.report = self.pass_manager().run(gm, context, stages=stages)
+        self._fuel = context.fuel  # what the joint passes left, for the partitioned graphs
         graph.seconds["passes"] = time.perf_counter() - start
         graph.joint = gm
         self._say(graph, f"passes done ({', '.join(r.name for r in graph.report.records if r.ran) or 'none ran'})")
@@ -174,6 +212,8 @@ class TrexCompiler:
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         _drop_unused_trex_collectives(backward)
         graph.seconds["partition"] = time.perf_counter() - start
+        self._run_partitioned_passes(graph, forward, backward)
+        self._mark_decomposed(forward, backward)
         graph.forward, graph.backward = forward, backward
         if self.dump is not None:
             ctx = self._context(graph)
@@ -188,9 +228,41 @@ class TrexCompiler:
                 )
         return forward, backward
 
+    def _run_partitioned_passes(self, graph: CapturedGraph, forward: fx.GraphModule, backward: fx.GraphModule) -> None:
+        """The pipeline's `partitioned` passes on the forward and the backward graph (in place); each such
+        pass's record in `graph.report` becomes one record for both graphs (decisions tagged by graph)."""
+        if not any(pass_stage(p) == PARTITIONED for p in self.options.pipeline):
+            return
+        start = time.perf_counter()
+        manager = self.pass_manager()
+        reports = {}
+        for which, module in (("forward", forward), ("backward", backward)):
+            context = self._context(graph)
+            context.phase = which
+            reports[which] = manager.run(module, context, stages=(PARTITIONED,), fuel=self._fuel)
+        assert graph.report is not None
+        for index, record in enumerate(graph.report.records):
+            if pass_stage(manager.pipeline[index]) != PARTITIONED:
+                continue
+            parts = [(which, report.records[index]) for which, report in reports.items()]
+            merged = PassRecord(
+                record.name, ran=any(r.ran for _, r in parts), skipped_reason=parts[0][1].skipped_reason
+            )
+            for which, part in parts:
+                merged.modified |= part.modified
+                merged.seconds += part.seconds
+                merged.nodes_before += part.nodes_before
+                merged.nodes_after += part.nodes_after
+                for decision in part.decisions:
+                    decision.data = {**decision.data, "graph": which}
+                    merged.decisions.append(decision)
+            graph.report.records[index] = merged
+        graph.seconds["partitioned_passes"] = time.perf_counter() - start
+
     def _compile_inference(self, graph: CapturedGraph, gm: fx.GraphModule):
         graph.phase = "inference"
         self._run_pipeline(graph, gm)
+        self._mark_decomposed(gm)
         graph.forward = gm
         return self._lower(graph, "inference", gm)
 

@@ -15,4 +15,6 @@ def copy_graph_module(gm: fx.GraphModule, *, flat_signature: bool = False) -> fx
     graph.output(graph.graph_copy(gm.graph, {}))
     if not flat_signature:
         graph._codegen = gm.graph._codegen
-    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    copy = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    copy.meta.update(gm.meta)  # e.g. which backend's decompositions the graph was traced with
+    return copy

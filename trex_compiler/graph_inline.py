@@ -17,14 +17,21 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 
 def inline_traced(
-    gm: fx.GraphModule, node: fx.Node, fn: Callable[..., Any], inputs: list[fx.Node], inherit: Iterable[str]
+    gm: fx.GraphModule,
+    node: fx.Node,
+    fn: Callable[..., Any],
+    inputs: list[fx.Node],
+    inherit: Iterable[str],
+    decompositions: dict | None = None,
 ) -> Any:
     """Trace `fn(*inputs)` and copy its nodes in before `node`; returns the nodes of its outputs (same
-    structure as `fn`'s result). The new nodes copy `node.meta[key]` for every key of `inherit`."""
+    structure as `fn`'s result). The new nodes copy `node.meta[key]` for every key of `inherit`.
+    `decompositions`: the table the graph was traced with (`PassContext.options["decompositions"]`), so
+    the new nodes are in the same form as the rest."""
     fake_args = [a.meta["val"] for a in inputs]
     mode = torch._guards.detect_fake_mode(fake_args)
     with mode:
-        sub = make_fx(fn, tracing_mode="real")(*fake_args)
+        sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
     inherit = [key for key in inherit if key in node.meta]
     env: dict[fx.Node, Any] = {}
     placeholders = iter(inputs)

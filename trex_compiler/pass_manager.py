@@ -61,11 +61,25 @@ class PassResult:
 
 @runtime_checkable
 class Pass(Protocol):
-    """What the pass manager runs. Subclass-free: any object with these members is a pass."""
+    """What the pass manager runs. Subclass-free: any object with these members is a pass.
+
+    A pass may also declare `stage = "partitioned"` (see `pass_stage`)."""
 
     name: ClassVar[str]
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult: ...
+
+
+JOINT, PARTITIONED = "joint", "partitioned"
+
+
+def pass_stage(pass_: Pass) -> str:
+    """Which graphs a pass runs on: "joint" (the default: the joint forward+backward graph, before the
+    partitioner decides what the backward saves) or "partitioned" (the forward and the backward graph
+    that run, after that decision: a rewrite that must not change what is saved - e.g. an upcast whose
+    fp32 copy the partitioner would save instead of its bf16 source - declares it). An inference graph
+    has no partition and runs both stages in pipeline order."""
+    return getattr(pass_, "stage", JOINT)
 
 
 class Fuel:
@@ -274,15 +288,32 @@ class PassManager:
     def pipeline_string(self) -> str:
         return pipeline_string(self.pipeline)
 
-    def run(self, gm: fx.GraphModule, ctx: PassContext | None = None) -> PipelineReport:
+    def run(
+        self,
+        gm: fx.GraphModule,
+        ctx: PassContext | None = None,
+        *,
+        stages: Iterable[str] = (JOINT, PARTITIONED),
+        fuel: Fuel | None = None,
+    ) -> PipelineReport:
+        """Run the pipeline's passes of `stages` on `gm`; a pass of another stage gets a record that says
+        where it runs. `fuel` carries a budget over from an earlier run (the joint graph's, for the
+        partitioned graphs)."""
         ctx = ctx or PassContext()
-        ctx.fuel = Fuel(self.fuel)
+        ctx.fuel = fuel if fuel is not None else Fuel(self.fuel)
+        stages = set(stages)
         report = PipelineReport(ctx.graph_id, ctx.phase)
         if self.dump is not None:
             self.dump.write_graph(gm, ctx, index=0, title="capture", header={"pipeline": self.pipeline_string})
+        # One copy of the input, not one per pass: a failing pass's input is rebuilt from it by replaying
+        # the passes that ran before it (see _input_of), which only a failure pays for.
+        initial = copy_graph_module(gm)
         for index, pass_ in enumerate(self.pipeline, start=1):
             record = PassRecord(pass_.name, ran=False, nodes_before=count_nodes(gm), nodes_after=count_nodes(gm))
             report.records.append(record)
+            if pass_stage(pass_) not in stages:
+                record.skipped_reason = f"runs on the {pass_stage(pass_)} graphs"
+                continue
             if pass_.name in self.disabled:
                 record.skipped_reason = "disabled by TREX_PASSES / passes="
                 continue
@@ -290,7 +321,6 @@ class PassManager:
                 record.skipped_reason = f"out of fuel (TREX_FUEL={self.fuel})"
                 continue
             outputs_before = _output_signature(gm)
-            snapshot = copy_graph_module(gm)
             start = time.perf_counter()
             try:
                 result = pass_.run(gm, ctx)
@@ -303,7 +333,8 @@ class PassManager:
             except SettingError:
                 raise
             except Exception as error:  # noqa: BLE001 - any failure inside a pass is reported the same way
-                raise self._pass_failed(pass_, report, snapshot, ctx, error) from error
+                snapshot, replay_from = self._input_of(pass_, report, initial, ctx)
+                raise self._pass_failed(pass_, report, snapshot, ctx, error, replay_from) from error
             record.ran = True
             record.seconds = time.perf_counter() - start
             record.modified = result.modified
@@ -315,11 +346,36 @@ class PassManager:
                 )
         return report
 
+    def _input_of(
+        self, failed: Pass, report: PipelineReport, initial: fx.GraphModule, ctx: PassContext
+    ) -> tuple[fx.GraphModule, Pass]:
+        """The graph `failed` received, and `failed`: the passes that ran before it, replayed on a copy of the
+        pipeline's input with the same fuel budget (passes are deterministic). Should a replay raise, the
+        pipeline's input and its first pass that ran (the reproducer then replays from there)."""
+        ran = {r.name for r in report.records if r.ran}
+        before = [p for p in self.pipeline[: self.pipeline.index(failed)] if p.name in ran]
+        graph = copy_graph_module(initial)
+        replay = PassContext(target=ctx.target, phase=ctx.phase, graph_id=ctx.graph_id, options=dict(ctx.options))
+        replay.fuel = Fuel(self.fuel)
+        try:
+            for pass_ in before:
+                pass_.run(graph, replay)
+                check_graph(graph, pass_.name)
+        except Exception:  # noqa: BLE001 - the reproducer then starts from the pipeline's input
+            return copy_graph_module(initial), (before or [failed])[0]
+        return graph, failed
+
     def _pass_failed(
-        self, pass_: Pass, report: PipelineReport, graph_before: fx.GraphModule, ctx: PassContext, error: Exception
+        self,
+        pass_: Pass,
+        report: PipelineReport,
+        graph_before: fx.GraphModule,
+        ctx: PassContext,
+        error: Exception,
+        replay_from: Pass | None = None,
     ) -> PassError:
         before = [r.name for r in report.records if r.ran]
-        remaining = self.pipeline[self.pipeline.index(pass_) :]
+        remaining = self.pipeline[self.pipeline.index(replay_from or pass_) :]
         detail = "".join(traceback.format_exception_only(type(error), error)).strip()
         frames = traceback.extract_tb(error.__traceback__)
         if frames:

@@ -26,6 +26,9 @@ from torch import fx
 
 from trex.backends.backend import Backend
 
+# GraphModule.meta key: the backend whose decompositions the graph was traced with (see trace_decompositions)
+DECOMPOSED = "trex_decomposed_for"
+
 # Devices Inductor generates code for.
 _DEVICES = frozenset({"cpu", "cuda", "xpu"})
 
@@ -65,6 +68,18 @@ class InductorBackend(Backend):
     def __init__(self) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
 
+    def trace_decompositions(self, target: Any) -> dict | None:
+        """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
+        Inductor's own table on a CPU target, as `torch.compile` traces it. The graphs trex's passes see
+        and partition are then the graphs Inductor compiles, and `lower` need not trace each region a
+        second time. None on a GPU target, where passes.triton_patterns matches the undecomposed forms
+        (RMSNorm, SwiGLU, RoPE) first and `lower` decomposes each region itself."""
+        if getattr(target, "device_type", None) != "cpu":
+            return None
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+
     def supports(self, node: fx.Node) -> bool:
         if node.op != "call_function" or inductor_unavailable_reason() is not None:
             return False
@@ -78,7 +93,10 @@ class InductorBackend(Backend):
 
         start = time.perf_counter()
         region = next((n.name for n in gm.graph.nodes if n.op == "call_function"), "<empty>")
-        decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
+        if gm.meta.get(DECOMPOSED) == self.name and not _undecomposed_nodes(gm):  # compiled as it is
+            decomposed, single_output = _tuple_output_graph(gm)
+        else:
+            decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
         with _region_output_strides_unreported():
             compiled = compile_fx_inner(decomposed, list(example_inputs))
         self.compile_seconds[region] = time.perf_counter() - start
@@ -118,6 +136,30 @@ def _region_output_strides_unreported():
         yield
     finally:
         context.output_strides = saved
+
+
+def _undecomposed_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """Nodes Inductor has no lowering for but a decomposition in its table: a rewrite traced them without the
+    table (e.g. a user's pass). Inductor would stop on them, so such a region is traced once more."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+
+    table = select_decomp_table()
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in table and n.target not in lowerings]
+
+
+def _tuple_output_graph(gm: fx.GraphModule) -> tuple[fx.GraphModule, bool]:
+    """`gm` (a copy, when its output must change) returning a tuple, as compile_fx_inner takes it."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    if isinstance(output.args[0], (tuple, list)):
+        return gm, False
+    from trex.graph_copy import copy_graph_module
+
+    gm = copy_graph_module(gm)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = ((output.args[0],),)
+    gm.recompile()
+    return gm, True
 
 
 def _decomposed_tuple_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[fx.GraphModule, bool]:

@@ -102,7 +102,7 @@ class CanonicalizeMoe:
                 break
             phase = "forward" if node.target is moe_ops.FUSED_FORWARD else "backward"
             name, facts, reason = node.name, _shape_facts(node), _reason(node, layers[node], phase)
-            added = _inline(gm, node, layers[node], phase)
+            added = _inline(gm, node, layers[node], phase, ctx.options.get("decompositions"))
             decisions.append(
                 Decision(
                     "decompose", name, reason, {"layer": layers[node], "phase": phase, "nodes_added": added, **facts}
@@ -153,12 +153,12 @@ def _reference_for(node: fx.Node):
     return bound, tensors
 
 
-def _inline(gm: fx.GraphModule, node: fx.Node, layer: str, phase: str) -> int:
+def _inline(gm: fx.GraphModule, node: fx.Node, layer: str, phase: str, decompositions: dict | None = None) -> int:
     fn, tensor_args = _reference_for(node)
     fake_args = [a.meta["val"] for a in tensor_args]
     mode = torch._guards.detect_fake_mode(fake_args)
-    with mode:
-        sub = make_fx(fn, tracing_mode="real")(*fake_args)
+    with mode:  # with the table the graph was traced with (PassContext.options["decompositions"])
+        sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
     graph = gm.graph
     env: dict[fx.Node, Any] = {}
     placeholders = iter(tensor_args)

@@ -177,6 +177,21 @@ def test_router_topk_kernel_matches_reference_forward_and_backward(score, normal
     torch.testing.assert_close(weights, expected_weights)
 
 
+@pytest.mark.parametrize("score", ["softmax", "sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "raw"])
+def test_router_topk_closed_form_backward_equals_autograd_of_the_reference(score, normalize):
+    """The backward op's body off the kernels' devices (no autograd there: it runs below the autograd key)."""
+    from trex.backends.triton.kernels.router import router_topk_backward_reference, router_topk_reference
+
+    torch.manual_seed(3)
+    logits = (torch.randn(7, 10) * 2).requires_grad_()
+    weights, indices = router_topk_reference(logits, None, 3, score, normalize, 1e-6, 1.5)
+    grad = torch.randn_like(weights)
+    (expected,) = torch.autograd.grad(weights, logits, grad)
+    got = router_topk_backward_reference(grad, logits.detach(), indices, score, normalize, 1e-6, 1.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_router_topk_rejects_bad_arguments_with_the_fix():
     from trex.backends.triton.kernels.router import router_topk
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import trex
-from trex.pass_manager import PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
+from trex.pass_manager import Decision, PassContext, PassManager, PassResult, disabled_from_env, fuel_from_env
 from trex.passes import DEFAULT_PIPELINE, resolve_pipeline
 from trex.repro import load_dumped_graph
 
@@ -34,8 +34,6 @@ def test_dump_dir_holds_runnable_graph_after_every_pass_and_decisions(small_moe,
         "002_dead_code_elimination.py",
         "003_triton_patterns.decisions.jsonl",
         "003_triton_patterns.py",
-        "004_cpu_gemm_precision.decisions.jsonl",
-        "004_cpu_gemm_precision.py",
         "005_decompose_moe.decisions.jsonl",
         "005_decompose_moe.py",
         "006_reorder_comm.decisions.jsonl",
@@ -48,6 +46,12 @@ def test_dump_dir_holds_runnable_graph_after_every_pass_and_decisions(small_moe,
         "lowering_forward.txt",
         "summary.txt",
     ]
+    for which in ("forward", "backward"):  # cpu_gemm_precision runs after the partition, on each graph
+        assert sorted(p.name for p in (tmp_path / f"graph_0_{which}").iterdir()) == [
+            "000_capture.py",
+            "004_cpu_gemm_precision.decisions.jsonl",
+            "004_cpu_gemm_precision.py",
+        ]
     header = (graph_dir / "001_canonicalize_moe.py").read_text().splitlines()[:2]
     assert "canonicalize_moe" in header[0]
     assert "took" in header[1] and "ms" in header[1] and "nodes" in header[1] and "(+" in header[1]
@@ -164,6 +168,28 @@ def test_failing_pass_is_named_with_the_passes_before_it_and_a_reproducer(small_
     )
 
 
+class _BreaksThenExplodes:
+    """A pass that rewrites part of the graph and then fails."""
+
+    name: ClassVar[str] = "breaks_then_explodes"
+
+    def run(self, gm, ctx):
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        gm.graph.erase_node(output)
+        raise ValueError("half done")
+
+
+def test_reproducer_holds_the_failing_pass_input_not_its_half_done_rewrite(small_moe, tmp_path):
+    model, x = small_moe
+    passes = ["canonicalize_moe", "dead_code_elimination", _BreaksThenExplodes()]
+    compiled = trex.compile(model, passes=passes, dump_dir=tmp_path)
+    with pytest.raises(trex.PassError, match="half done"):
+        _train_once(compiled, x)
+    gm, _ = load_dumped_graph(tmp_path / "repro_graph_0_joint_breaks_then_explodes" / "graph.py")
+    assert any(n.op == "output" for n in gm.graph.nodes), "the graph before the failing pass, rebuilt by replay"
+    assert not any(n.target == torch.ops.trex.moe_experts.default for n in gm.graph.nodes)
+
+
 def test_reproducer_script_replays_the_failure(small_moe, tmp_path):
     model, x = small_moe
     compiled = trex.compile(model, passes=["canonicalize_moe", _Explodes(), "dead_code_elimination"], dump_dir=tmp_path)
@@ -229,3 +255,34 @@ def test_dead_code_elimination_removes_unused_values_and_records_each():
     report = PassManager(resolve_pipeline("dead_code_elimination")).run(gm, PassContext())
     assert [d.subject for d in report.records[0].decisions] == ["neg_default", "exp_default"]
     assert [n.name for n in gm.graph.nodes] == ["x", "relu_default", "output"]
+
+
+class _SeesPartitionedGraphs:
+    """A pass of the partitioned stage that records which graphs it was run on."""
+
+    name: ClassVar[str] = "sees_partitioned_graphs"
+    stage: ClassVar[str] = "partitioned"
+
+    def __init__(self):
+        self.phases = []
+
+    def run(self, gm, ctx):
+        self.phases.append(ctx.phase)
+        placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        return PassResult(modified=False, decisions=[Decision("saw", ctx.phase, f"{placeholders} inputs")])
+
+
+def test_a_partitioned_stage_pass_runs_on_the_forward_and_backward_graphs_and_reports_once(small_moe):
+    model, x = small_moe
+    seen = _SeesPartitionedGraphs()
+    compiled = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
+    _train_once(compiled, x)
+    assert seen.phases == ["forward", "backward"]
+    report = compiled.trex.graphs[0].report
+    assert [r.name for r in report.records] == ["canonicalize_moe", "sees_partitioned_graphs"]
+    record = report.records[1]
+    assert record.ran and [d.data["graph"] for d in record.decisions] == ["forward", "backward"]
+    with torch.no_grad():  # an inference graph has no partition: the pass runs on it in pipeline order
+        inference = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
+        inference(x)
+    assert seen.phases[2:] == ["inference"]

@@ -106,3 +106,46 @@ def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
     ops_done = {d.data["op"] for d in record.decisions}
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops_done
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done
+
+
+def _saved_bytes(graph) -> int:
+    """Bytes of the values the forward graph hands the backward (its outputs after the user-visible ones)."""
+    (output,) = graph.forward.graph.find_nodes(op="output")
+    values = [a.meta["val"] for a in output.args[0] if isinstance(a, torch.fx.Node)]
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
+    """The pass runs after the partition: what the backward saves is what it saves without the pass (bf16),
+    and the decomposed expert GEMMs (`aten._grouped_mm`, bf16) run as fp32 `trex.extern_aten_grouped_mm`."""
+    from trex.passes import DecomposeMoe
+
+    saved = {}
+    for upcast in (False, True):
+        torch.manual_seed(0)
+        model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
+        reference = copy.deepcopy(model)
+        passes = ["canonicalize_moe", DecomposeMoe(force=True)] + ([CpuGemmPrecision(native=set())] if upcast else [])
+        compiled = trex.compile(model, backend="eager", passes=passes)
+        loss = compiled(x)
+        loss.backward()
+        expected = reference(x)
+        expected.backward()
+        torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
+        graph = compiled.trex.graphs[0]
+        saved[upcast] = _saved_bytes(graph)
+        targets = {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
+        assert (torch.ops.aten._grouped_mm.default in targets) != upcast
+        assert (torch.ops.trex.extern_aten_grouped_mm.default in targets) == upcast
+        for module in (graph.forward, graph.backward):  # each bf16 operand is upcast once per graph
+            upcast_sources = [
+                n.args[0]
+                for n in module.graph.nodes
+                if n.target in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+                and n.meta["val"].dtype == torch.float32
+                and n.args[0].meta["val"].dtype == torch.bfloat16
+            ]
+            assert len(upcast_sources) == len(set(upcast_sources)), upcast_sources
+    assert saved[True] == saved[False]

@@ -96,3 +96,56 @@ def test_moe_primitives_rewritten_to_the_kernels_train_like_eager(family):
     assert targets[kernels.grouped_mm_weight_grad.default] == 2 * layers
     assert not any(getattr(t, "namespace", None) == "trex" for t in targets)  # no trex MoE primitive left
     assert graph.lowerings["forward"].counts()["triton"] >= 6
+    # Qwen3-MoE's softmax router is rewritten too; DeepSeek-V3's (sigmoid, group-limited) is not matched
+    routers = layers if family == "qwen3-moe" else 0
+    assert targets[kernels.router_topk.default] == targets[kernels.router_topk_backward.default] == routers
+    assert targets[torch.ops.aten.topk.default] == (0 if family == "qwen3-moe" else layers)
+
+
+class SoftmaxRouter(torch.nn.Module):
+    """transformers' Qwen3-MoE router (fp32 softmax, top-k, optional renormalisation) feeding a weighted sum
+    of expert-shaped outputs, so the weights and the logits both get gradients."""
+
+    def __init__(self, normalize: bool, hidden=16, experts=8, top_k=2):
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+        self.proj = torch.nn.Linear(hidden, experts)
+        self.normalize, self.top_k = normalize, top_k
+
+    def forward(self, x):
+        logits = self.gate(x)
+        probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(logits.dtype)
+        chosen = self.proj(x).gather(1, index)
+        return (weights * chosen).float().square().sum()
+
+
+@pytest.mark.parametrize(
+    ("normalize", "dtype"),
+    [(True, torch.float32), (False, torch.bfloat16), pytest.param(True, torch.bfloat16, marks=pytest.mark.slow)],
+    ids=["normalised-fp32", "raw-bf16", "normalised-bf16"],
+)
+def test_softmax_router_rewritten_to_router_topk_trains_like_eager(normalize, dtype):
+    torch.manual_seed(0)
+    model, x = SoftmaxRouter(normalize).to(dtype), torch.randn(12, 16, dtype=dtype)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, passes=[TritonPatterns(force=True)], backend="eager")
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(loss, expected, **tolerance)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **tolerance)
+    graph = compiled.trex.graphs[0]
+    targets = Counter(n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes)
+    assert targets[torch.ops.trex_triton.router_topk.default] == 1
+    assert targets[torch.ops.trex_triton.router_topk_backward.default] == 1
+    assert not {torch.ops.aten.topk.default, torch.ops.aten._softmax_backward_data.default} & set(targets)
+    record = next(r for r in graph.report.records if r.name == "triton_patterns")
+    assert [d.data["kernel"] for d in record.decisions] == ["router_topk"]
+    assert ("normalised" in record.decisions[0].reason) == normalize

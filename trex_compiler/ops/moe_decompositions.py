@@ -41,6 +41,30 @@ _library.impl("extern_grouped_mm", moe.grouped_mm_compute, "CompositeExplicitAut
 _library.impl("extern_grouped_mm_weight_grad", moe.grouped_mm_weight_grad_compute, "CompositeExplicitAutograd")
 
 
+# aten._grouped_mm's own CPU kernel (any float dtype) under a name whose meta function accepts fp32: what
+# passes.cpu_gemm_precision turns a bf16 `aten._grouped_mm` into (fp32 operands, one rounding after).
+_library.define("extern_aten_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor offs) -> Tensor")
+_library.impl(
+    "extern_aten_grouped_mm", lambda a, b, offs: torch._grouped_mm(a, b, offs=offs), "CompositeExplicitAutograd"
+)
+
+
+@torch.library.register_fake("trex::extern_aten_grouped_mm", lib=_library)
+def _(mat_a, mat_b, offs):
+    if mat_a.dim() == 2 and mat_b.dim() == 3:  # rows grouped, one weight per group: [M, K] x [G, K, N]
+        return mat_a.new_empty(mat_a.size(0), mat_b.size(-1))
+    if mat_a.dim() == 2 and mat_b.dim() == 2:  # the reduction dimension grouped: [K, M]^T-form x [M, N]
+        return mat_a.new_empty(offs.numel(), mat_a.size(0), mat_b.size(1))
+    raise ValueError(
+        f"trex.extern_aten_grouped_mm takes 2D x 3D or 2D x 2D operands, not {mat_a.dim()}D x {mat_b.dim()}D"
+    )
+
+
+def aten_grouped_mm_form_supported(mat_a: Tensor, mat_b: Tensor) -> bool:
+    """The operand forms `trex.extern_aten_grouped_mm` takes (those the MoE decompositions emit)."""
+    return mat_a.dim() == 2 and mat_b.dim() in (2, 3)
+
+
 @torch.library.register_fake("trex::extern_grouped_mm", lib=_library)
 def _(input, weight, offsets):
     return input.new_empty(input.size(0), weight.size(-1))

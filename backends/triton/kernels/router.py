@@ -208,19 +208,35 @@ def _(logits, bias, top_k, score, normalize, eps, scale):
     return logits.new_empty(tokens, top_k, dtype=torch.float32), logits.new_empty(tokens, top_k, dtype=torch.int64)
 
 
+def router_topk_backward_reference(
+    grad_weights: Tensor, logits: Tensor, indices: Tensor, score: str, normalize: bool, eps: float, scale: float
+) -> Tensor:
+    """The logits' gradient in closed form (no autograd: an op's body runs below the autograd dispatch key,
+    where `torch.autograd.grad` would find nothing recorded)."""
+    x = logits.float()
+    scores = _scores(logits, score)
+    weights = scores.gather(1, indices)
+    grad = grad_weights.float() * scale
+    if normalize:  # w_i / S with S = sum(w) + eps: dS/dw_j = 1
+        total = weights.sum(dim=-1, keepdim=True) + eps
+        grad = grad / total - (grad * weights).sum(dim=-1, keepdim=True) / total**2
+    grad_scores = torch.zeros_like(scores).scatter(1, indices, grad)  # the k indices of a row are distinct
+    if score == "softmax":
+        grad_x = scores * (grad_scores - (grad_scores * scores).sum(dim=-1, keepdim=True))
+    elif score == "sigmoid":
+        grad_x = grad_scores * scores * (1 - scores)
+    else:  # sqrt(softplus(x)): d/dx = sigmoid(x) / (2 sqrt(softplus(x)))
+        grad_x = grad_scores * torch.sigmoid(x) / (2 * scores)
+    return grad_x.to(logits.dtype)
+
+
 @torch.library.custom_op("trex_triton::router_topk_backward", mutates_args=())
 def router_topk_backward(
     grad_weights: Tensor, logits: Tensor, indices: Tensor, score: str, normalize: bool, eps: float, scale: float
 ) -> Tensor:
     """The gradient of the logits (the scores recomputed from them)."""
     if not kernels_run_on(logits):
-        with torch.enable_grad():
-            x = logits.detach().float().requires_grad_()
-            weights = _scores(x, score).gather(1, indices)
-            if normalize:
-                weights = weights / (weights.sum(dim=-1, keepdim=True) + eps)
-            (grad,) = torch.autograd.grad(weights * scale, x, grad_weights.float())
-        return grad.to(logits.dtype)
+        return router_topk_backward_reference(grad_weights, logits, indices, score, normalize, eps, scale)
     triton, _, backward = _kernels(interpreting())
     tokens, experts = logits.shape
     top_k = indices.size(1)
