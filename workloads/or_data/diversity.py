@@ -157,7 +157,9 @@ def code_style_key(program: str) -> str:
         re.M,
     )
     report = "helper" if "def show(" in program else "dict" if "solution = {}" in program else "inline"
-    return f"{imports}/{name.group(1) if name else '?'}/{report}"
+    data = "/rows" if re.search(r"^\w+_rows = \{", program, re.M) else ""
+    data = "/records" if re.search(r"^\w+_records = \[", program, re.M) else data
+    return f"{imports}/{name.group(1) if name else '?'}/{report}{data}"
 
 
 _LP_KEYWORDS = {
