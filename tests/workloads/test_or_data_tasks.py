@@ -188,6 +188,10 @@ def test_what_if_answer_shows_both_plans_and_a_reason(problem, runner):
         word in analysis
         for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan")
     )
+    if problem.values != task.target.values:  # the moved decisions, old -> new, from the two verified plans
+        moved = re.search(r"Decision by decision, (\d+) decisions? moves?", analysis)
+        changed = [n for n in task.target.values if abs(task.target.values[n] - problem.values.get(n, 0.0)) > 1e-6]
+        assert moved and int(moved.group(1)) == len(changed)
 
 
 def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):

@@ -17,8 +17,9 @@ from trex.workloads.or_data.data_layout import LAYOUTS, relayout
 from trex.workloads.or_data.diversity import code_style_key
 from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.linear_model import LinearModel, ModelBuilder, Variable
+from trex.workloads.or_data.prose_check import check_prose
 from trex.workloads.or_data.solve import solve_model
-from trex.workloads.or_data.worked import pricing_out, row_label, worked_check, written_rows
+from trex.workloads.or_data.worked import moved_decisions, pricing_out, row_label, worked_check, written_rows
 
 
 def _toy_lp() -> LinearModel:
@@ -119,3 +120,14 @@ def test_written_rows_are_the_instances_own_rows_in_the_models_symbols(family):
         for _, coef in row.terms:
             if abs(abs(coef) - 1) > 1e-9:
                 assert f"{abs(coef):g}" in formula
+
+
+def test_moved_decisions_lists_each_change_with_its_difference():
+    model = _toy_lp()
+    math = FAMILIES["production_planning"].math_model(generated("production_planning", 3).data)
+    before = {"make__chairs": 4.0, "make__tables": 0.0, "make__desks": 0.0}
+    after = {"make__chairs": 3.0, "make__tables": 0.5, "make__desks": 0.0}
+    text = moved_decisions(model, before, after, math)
+    assert text == "Decision by decision, 2 decisions move: chairs 4 → 3 (−1); tables 0 → 0.5 (+0.5)."
+    assert moved_decisions(model, before, dict(before), math) == ""
+    assert not check_prose(text)

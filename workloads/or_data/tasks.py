@@ -68,7 +68,7 @@ from trex.workloads.or_data.wording import (
     choose,
     realize,
 )
-from trex.workloads.or_data.worked import worked_check, written_rows
+from trex.workloads.or_data.worked import moved_decisions, worked_check, written_rows
 
 # The decision line of an optimal plan in which every variable is zero (doing nothing is optimal).
 NOTHING_DONE = "Every decision variable is zero in the optimal plan: nothing needs to be done."
@@ -470,6 +470,9 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     )
     plan = realize(SAME_DECISIONS if same_plan else NEW_DECISIONS, rng)
     blocks.append(" ".join(part for part in (movement, plan, reason) if part))
+    moved = "" if same_plan else moved_decisions(base.model, base.values, changed.values, base.math)
+    if moved:
+        blocks.append(moved)
     return "\n\n".join(blocks)
 
 

@@ -345,3 +345,30 @@ def written_rows(model: LinearModel, math: MathModel, families: int = 4, max_ter
         return ""
     intro = "**With these data** (one row of each constraint, written out):"
     return intro + "\n\n" + "\n".join(lines)
+
+
+def moved_decisions(
+    model: LinearModel, before: dict[str, float], after: dict[str, float], math: MathModel, limit: int = 6
+) -> str:
+    """The decisions a what-if moved, old -> new with the difference ("lager 31.7333 → 35.1 (+3.3667)"),
+    largest moves first; "" when none moved. Variables of only one of the two models are left out
+    (a structural change says what it removed)."""
+    moves = []
+    for variable in model.variables:
+        if variable.name not in after:
+            continue
+        old, new = before.get(variable.name, 0.0), after[variable.name]
+        if abs(new - old) > 1e-6 * (1 + abs(old)):
+            moves.append((abs(new - old), variable.name, old, new))
+    if not moves:
+        return ""
+    moves.sort(key=lambda item: (-item[0], item[1]))
+    families = len({family_of(name) for _, name, _, _ in moves})
+    shown = []
+    for _, name, old, new in moves[:limit]:
+        difference = new - old
+        change = ("+" if difference > 0 else "") + signed(difference)
+        shown.append(f"{_who(name, math, families)} {signed(old)} → {signed(new)} ({change})")
+    more = f", and {len(moves) - limit} smaller moves" if len(moves) > limit else ""
+    count = "1 decision moves" if len(moves) == 1 else f"{len(moves)} decisions move"
+    return f"Decision by decision, {count}: {'; '.join(shown)}{more}."
