@@ -20,6 +20,7 @@ original.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from trex.workloads.or_data.program import literal
@@ -68,6 +69,7 @@ def _records(name: str, table: dict) -> str:
     return f"{name}_records = {literal(records)}\n{name} = {{(a, b): value for a, b, value in {name}_records}}"
 
 
+@functools.lru_cache(maxsize=64)  # verification lays out the same program once per library it tries
 def relayout(program: str, layout: str) -> str:
     """`program` with its data block in `layout` (see the module docstring); unchanged for
     "literal" or when the block is not a sequence of literal assignments."""
@@ -80,6 +82,7 @@ def relayout(program: str, layout: str) -> str:
         tree = ast.parse(match.group(1))
     except SyntaxError:
         return program
+    lines = match.group(1).split("\n")
     lists: dict[str, list] = {}
     statements = []
     changed = False
@@ -88,14 +91,18 @@ def relayout(program: str, layout: str) -> str:
             isinstance(statement, ast.Assign)
             and len(statement.targets) == 1
             and isinstance(statement.targets[0], ast.Name)
+            and statement.col_offset == 0
         ):
             return program
         name = statement.targets[0].id
+        text = "\n".join(lines[statement.lineno - 1 : statement.end_lineno])  # the statement's own lines
+        if not isinstance(statement.value, (ast.Dict, ast.List)):  # scalars and strings stay as written
+            statements.append(text)
+            continue
         try:
             value = ast.literal_eval(statement.value)
         except ValueError:
             return program
-        text = ast.get_source_segment(match.group(1), statement) or f"{name} = {literal(value)}"
         if isinstance(value, list):
             lists[name] = value
         if _table(value) and layout == "records":

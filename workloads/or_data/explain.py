@@ -21,11 +21,14 @@ _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
 
 
 def key_names(math: MathModel) -> dict[str, str]:
-    """LP key -> the set element it stands for (`pale_ale` -> `pale ale`)."""
-    names: dict[str, str] = {}
-    for set_def in math.sets:
-        for element in set_def.elements:
-            names.setdefault(re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_") or "k", str(element))
+    """LP key -> the set element it stands for (`pale_ale` -> `pale ale`); computed once per model."""
+    names = math.__dict__.get("_key_names")
+    if names is None:
+        names = {}
+        for set_def in math.sets:
+            for element in set_def.elements:
+                names.setdefault(re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_") or "k", str(element))
+        object.__setattr__(math, "_key_names", names)
     return names
 
 
