@@ -184,6 +184,15 @@ def report_markdown(result: dict, wall: float | None, verify: dict | None) -> st
             or "-",
             "-",
         ),
+        (
+            "same split, every family cut to k = 4 random answers",
+            "; ".join(
+                f"{part} {value['grams']:.0%} ({value['shared']:.0%})"
+                for part, value in (summary.get("answer_parts_at", {}).get(4) or {}).items()
+            )
+            or "-",
+            "-",
+        ),
         ("repeated answer sentences (mean)", f"{summary['repeated_sentences']:.1%}", "-"),
         ("prompt skeletons per family (min)", summary["min_skeletons"], ">= 30"),
         ("code styles per family (min); code templates (min); solver libraries (min)", styles, ">= 3"),

@@ -11,6 +11,7 @@ from test_or_data_support import runner, verified  # noqa: F401 - runner is a fi
 
 from trex.workloads.or_data.bugs import BUG_KINDS, MUTATIONS, inject_bug
 from trex.workloads.or_data.outcome import Outcome
+from trex.workloads.or_data.prose_check import check_prose
 from trex.workloads.or_data.style import StyleTemplate, split_sections
 from trex.workloads.or_data.tasks import CATEGORIES, VARIANTS, build_task
 
@@ -187,6 +188,10 @@ def test_what_if_answer_shows_both_plans_and_a_reason(problem, runner):
         word in analysis
         for word in ("shadow price", "unused", "used to the full", "coefficient", "bound", "original plan")
     )
+    if problem.values != task.target.values:  # the moved decisions, old -> new, from the two verified plans
+        moved = re.search(r"Decision by decision, (\d+) decisions? moves?", analysis)
+        changed = [n for n in task.target.values if abs(task.target.values[n] - problem.values.get(n, 0.0)) > 1e-6]
+        assert moved and int(moved.group(1)) == len(changed)
 
 
 def test_infeasible_answer_names_an_irreducible_infeasible_subset(runner):
@@ -278,3 +283,36 @@ def test_decision_answers_say_which_limits_bind_and_price_them_in_an_lp(runner):
 def _decision(problem, runner):
     task = task_for(problem, "solve_analyze", "decision", runner)
     return task.category, task.variant, task.reference
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", text)]
+
+
+def test_decision_answer_recomputes_the_optimum_and_writes_out_the_binding_rows(runner):
+    from trex.workloads.or_data.explain import element_words
+
+    problem = verified("production_planning", 3, runner)
+    task = task_for(problem, "solve_analyze", "decision", runner)
+    answer = STYLE.render(task.category, task.variant, task.reference)
+    check = split_sections(answer)["Checking the plan"]
+    assert not check_prose(check)
+    objective_line = next(line for line in check.splitlines() if line.startswith("Total profit"))
+    # every nonzero decision's level appears with its profit, and the stated total is the optimum
+    shown = _numbers(objective_line)
+    for name, coef in problem.model.objective:
+        level = problem.values[name]
+        if abs(level) > 1e-6:
+            assert f"({element_words(name, problem.math)[1]})" in objective_line
+            assert round(level, 4) in shown and abs(coef) in shown
+    assert abs(_numbers(objective_line)[-1] - problem.outcome.objective) <= 1e-3 * (1 + abs(problem.outcome.objective))
+    # each row written out is a real row of the model, with its own activity, and binding ones say so
+    for row in problem.model.rows:
+        label = row.name.split("__")[1].replace("_", " ")
+        line = next((line for line in check.splitlines() if line.startswith(f"- Capacity for {label}:")), None)
+        if line is None:
+            continue
+        activity = row.activity(problem.values)
+        assert any(abs(value - round(activity, 4)) <= 1e-4 for value in _numbers(line))
+        binding = abs(row.rhs - activity) <= 1e-6 * (1 + abs(row.rhs))
+        assert ("bind" in line) == binding

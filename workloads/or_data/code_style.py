@@ -10,6 +10,7 @@ the program text itself (so the same instance always gets the same style):
 | model name | `model` / `mdl` / `prob` / `scip_model` (renamed as a Python name, never inside strings) |
 | report | a `show()` helper / an inline loop / a `solution` dict printed at the end |
 | library | pyscipopt / PuLP / Pyomo / coptpy (`solver_libraries.translate`; the import style applies to pyscipopt only) |
+| data | the data block as literals / nested rows and `zip` / records (`data_layout.relayout`) |
 
 Renaming goes through `tokenize`, so only NAME tokens change. The restyled program is what the
 sandbox runs during verification, so every style is checked like the original.
@@ -23,6 +24,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from trex.workloads.or_data.data_layout import LAYOUTS, relayout
 from trex.workloads.or_data.solver_libraries import translate
 
 IMPORTS = ("from", "alias")
@@ -36,12 +38,14 @@ class CodeStyle:
     model_name: str = "model"
     report: str = "helper"
     library: str = "pyscipopt"
+    data: str = "literal"
 
     @property
     def key(self) -> str:
+        data = "" if self.data == "literal" else f"/{self.data}"
         if self.library != "pyscipopt":
-            return f"{self.library}/{self.model_name}/{self.report}"
-        return f"{self.imports}/{self.model_name}/{self.report}"
+            return f"{self.library}/{self.model_name}/{self.report}{data}"
+        return f"{self.imports}/{self.model_name}/{self.report}{data}"
 
 
 def style_for(program: str, library: str = "pyscipopt") -> CodeStyle:
@@ -50,9 +54,10 @@ def style_for(program: str, library: str = "pyscipopt") -> CodeStyle:
     imports = IMPORTS[digest % len(IMPORTS)]
     model_name = MODEL_NAMES[(digest // 7) % len(MODEL_NAMES)]
     report = REPORTS[(digest // 101) % len(REPORTS)]
+    data = LAYOUTS[(digest // 1009) % len(LAYOUTS)]
     if library != "pyscipopt" and model_name == "scip_model":
         model_name = "problem"  # a PuLP, Pyomo or COPT model is not a SCIP model
-    return CodeStyle(imports, model_name, report, library)
+    return CodeStyle(imports, model_name, report, library, data)
 
 
 _HELPER = """
@@ -67,10 +72,10 @@ _SHOW_CALL = re.compile(r"^(\s*)show\((.+), ([^,]+)\)$")
 
 def restyle(program: str, style: CodeStyle | None = None) -> str:
     """`program` in `style` (default: `style_for(program)`); the default style returns it unchanged.
-    The report is restyled first (on the pyscipopt layout), then the library translated, then the
-    model renamed. Raises `solver_libraries.TranslationError` when the library cannot be used."""
+    The data block is laid out first, then the report restyled (on the pyscipopt layout), then the
+    library translated, then the model renamed. Raises `solver_libraries.TranslationError` when the library cannot be used."""
     style = style or style_for(program)
-    text = program
+    text = relayout(program, style.data)
     if style.report != "helper":
         text = _report(text, style.report)
     renames: dict[str, str] = {}

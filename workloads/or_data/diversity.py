@@ -7,6 +7,7 @@ Computed from the SFT records alone (`trex data stats` prints it), per family:
 | skeletons | distinct prompt skeletons: the prompt's first and last sentences with numbers and capitalized names masked (`skeleton`), and the largest share any one skeleton has |
 | answer_overlap | masked 5-gram overlap: the share of an answer's distinct 5-grams (numbers and names masked) that also occur in another answer of the same family, averaged over answers; for the whole answer and for its prose alone (code, LP, LaTeX and tables set aside) |
 | answer_parts | where the whole answer's 5-grams come from: for each part (prose, code, LP file, math: LaTeX, tables, inline code and headings), its share of the family's answer 5-grams and the share of those found in another answer (5-grams counted within a part, so the figure approximates the whole-answer one) |
+| answer_parts_at | `answer_parts` with every family cut to 4 random answers (mean over draws) |
 | answer_overlap_at | the same whole-answer overlap with every family cut to k random answers (k = 4, 15, 50; mean over draws): the measure grows with the number of answers it compares, so runs of different sizes (the issue's 40-sample reading had about 4 answers per family) are compared at equal k |
 | repeated_sentences | the share of answer prose sentences that occur verbatim (masked) in another sample of the family |
 | code_templates | distinct program templates: the program with its data block, strings and numbers masked |
@@ -135,6 +136,25 @@ def overlap_by_part(answers: Sequence[str], n: int = 5) -> dict[str, dict[str, f
     return report
 
 
+def overlap_by_part_at(
+    answers: Sequence[str], k: int, draws: int = 8, seed: int = 0
+) -> dict[str, dict[str, float]] | None:
+    """`overlap_by_part` among `k` answers drawn at random (mean over `draws` draws, as `overlap_at`);
+    None when there are fewer than `k`."""
+    if len(answers) < k:
+        return None
+    rng = random.Random(seed)
+    rounds = 1 if len(answers) == k else draws
+    reports = [overlap_by_part(rng.sample(list(answers), k)) for _ in range(rounds)]
+    return {
+        part: {key: round(sum(report[part][key] for report in reports) / rounds, 4) for key in ("grams", "shared")}
+        for part in PARTS
+    }
+
+
+PARTS_AT = 4  # the family size of the issue's 40-sample reading
+
+
 def repeated_sentences(texts: Sequence[str]) -> float:
     """Share of sentences (masked) that occur in more than one of `texts`."""
     per_text = [{masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4} for text in texts]
@@ -170,7 +190,9 @@ def code_style_key(program: str) -> str:
         re.M,
     )
     report = "helper" if "def show(" in program else "dict" if "solution = {}" in program else "inline"
-    return f"{imports}/{name.group(1) if name else '?'}/{report}"
+    data = "/rows" if re.search(r"^\w+_rows = \{", program, re.M) else ""
+    data = "/records" if re.search(r"^\w+_records = \[", program, re.M) else data
+    return f"{imports}/{name.group(1) if name else '?'}/{report}{data}"
 
 
 _LP_KEYWORDS = {
@@ -230,6 +252,7 @@ def _diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "answer_prose_overlap": overlap(prose),
             "answer_overlap_at": {k: overlap_at(answers, k) for k in OVERLAP_SIZES},
             "answer_parts": overlap_by_part(answers),
+            "answer_parts_at": overlap_by_part_at(answers, PARTS_AT),
             "prompt_overlap": overlap(prompts),
             "repeated_sentences": repeated_sentences(prose),
             "code_templates": len({code_template(item["meta"]["program"]) for item in items}),
@@ -253,6 +276,19 @@ def _diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for part in PARTS
     }
 
+    found_at = [value["answer_parts_at"] for value in values if value["answer_parts_at"] is not None]
+    parts_at = (
+        {
+            part: {
+                key: round(sum(found[part][key] for found in found_at) / len(found_at), 4)
+                for key in ("grams", "shared")
+            }
+            for part in PARTS
+        }
+        if found_at and len(found_at) == len(values)
+        else None
+    )
+
     def mean_at(k: int) -> float | None:
         found = [value["answer_overlap_at"][k] for value in values if value["answer_overlap_at"][k] is not None]
         return round(sum(found) / len(found), 4) if found and len(found) == len(values) else None
@@ -261,6 +297,7 @@ def _diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "families": families,
         "summary": {
             "answer_parts": parts,
+            "answer_parts_at": {PARTS_AT: parts_at},
             "answer_overlap_at": {k: mean_at(k) for k in OVERLAP_SIZES},
             "answer_overlap": mean("answer_overlap"),
             "answer_prose_overlap": mean("answer_prose_overlap"),
@@ -338,4 +375,13 @@ def diversity_markdown(report: dict[str, Any]) -> list[str]:
             + "; ".join(f"{part} {value['grams']:.0%} ({value['shared']:.0%} shared)" for part, value in parts.items()),
             "",
         ]
+    for k, parts_k in summary.get("answer_parts_at", {}).items():
+        if parts_k:
+            lines += [
+                f"The same with every family cut to k = {k} random answers: "
+                + "; ".join(
+                    f"{part} {value['grams']:.0%} ({value['shared']:.0%} shared)" for part, value in parts_k.items()
+                ),
+                "",
+            ]
     return lines

@@ -20,18 +20,22 @@ from trex.workloads.or_data.wording import DELETION_MANY, DELETION_ONE, MINIMAL_
 _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
 
 
-def _key_names(math: MathModel) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for set_def in math.sets:
-        for element in set_def.elements:
-            names.setdefault(re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_") or "k", str(element))
+def key_names(math: MathModel) -> dict[str, str]:
+    """LP key -> the set element it stands for (`pale_ale` -> `pale ale`); computed once per model."""
+    names = math.__dict__.get("_key_names")
+    if names is None:
+        names = {}
+        for set_def in math.sets:
+            for element in set_def.elements:
+                names.setdefault(re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_") or "k", str(element))
+        object.__setattr__(math, "_key_names", names)
     return names
 
 
 def element_words(name: str, math: MathModel) -> tuple[str, str]:
     """(what, for whom) of an LP row or variable name: ("Capacity", "chips")."""
     family, *keys = name.split("__")
-    names = _key_names(math)
+    names = key_names(math)
     whom = ", ".join(names.get(key, key.replace("_", " ")) for key in keys)
     for constraint in math.constraints:
         if constraint.lp_family == family:

@@ -5,7 +5,8 @@ and changes the form: sections in the template's order, code in fenced blocks, t
 computed against the buggy program, the decisions taken from what the teacher's program printed,
 and the final line stating the outcome the program reached (so the answer's last line is the
 verified execution, not an unchecked claim). The programmatic teacher already writes in the style;
-its parts pass through unchanged.
+its parts pass through unchanged. A teacher's answer gets no Checking the plan section: that section
+redoes the sums of the verified plan, and a teacher's plan may be another optimum.
 """
 
 from __future__ import annotations

@@ -7,12 +7,16 @@ markdown sections per task variant, ending with the objective marker line the ev
 
 | task / variant | sections |
 | --- | --- |
-| text_to_model / model | Understanding, Mathematical model, LP file, Optimal decision (from solving the LP file), Answer |
-| text_to_code / code | Understanding, Model, Program, Optimal decision (what the program printed), Answer |
-| model_to_code / translate | Understanding, Program, Optimal decision, Answer |
+| text_to_model / model | Understanding, Mathematical model, LP file, Optimal decision (from solving the LP file), Checking the plan, Answer |
+| text_to_code / code | Understanding, Model, Program, Optimal decision (what the program printed), Checking the plan, Answer |
+| model_to_code / translate | Understanding, Program, Optimal decision, Checking the plan, Answer |
 | model_to_code / repair | Diagnosis, Fix, Corrected program, Answer |
-| solve_analyze / decision | Understanding, Model, Program, Optimal decision (or Why there is no solution), What limits the plan (binding rows, slack, dual values; optional), Answer |
-| solve_analyze / what_if | Understanding, Model, Program, What changes, Answer |
+| solve_analyze / decision | Understanding, Model, Program, Optimal decision (or Why there is no solution), Checking the plan, What limits the plan (binding rows, slack, dual values; optional), Answer |
+| solve_analyze / what_if | Understanding, Model, Program, What changes, Checking the plan (the new plan), Answer |
+
+Checking the plan (`worked.worked_check`, optional everywhere) redoes the optimum's arithmetic on the
+instance: the objective term by term, the binding rows and the roomiest row written out, and for an LP
+the reduced costs of the options left at zero.
 
 Every answer that reaches an outcome says what the solved plan is: the decisions with units (or
 why no solution exists). For a teacher whose program prints no decisions the Optimal decision
@@ -52,6 +56,7 @@ SECTION_PARTS: dict[str, tuple[str, str]] = {
     "no_solution": ("explanation", "text"),
     "what_changes": ("analysis", "text"),
     "limits": ("analysis", "text"),
+    "check": ("check", "text"),
     "answer": ("outcome", "marker"),
 }
 
@@ -68,16 +73,32 @@ DEFAULT_HEADINGS = {
     "no_solution": "Why there is no solution",
     "what_changes": "What changes",
     "limits": "What limits the plan",
+    "check": "Checking the plan",
     "answer": "Answer",
 }
 
 DEFAULT_LAYOUTS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("text_to_model", "model"): ("understanding", "mathematical_model", "lp_file", "optimal_decision", "answer"),
-    ("text_to_code", "code"): ("understanding", "model", "program", "optimal_decision", "answer"),
-    ("model_to_code", "translate"): ("understanding", "program", "optimal_decision", "answer"),
+    ("text_to_model", "model"): (
+        "understanding",
+        "mathematical_model",
+        "lp_file",
+        "optimal_decision",
+        "check",
+        "answer",
+    ),
+    ("text_to_code", "code"): ("understanding", "model", "program", "optimal_decision", "check", "answer"),
+    ("model_to_code", "translate"): ("understanding", "program", "optimal_decision", "check", "answer"),
     ("model_to_code", "repair"): ("diagnosis", "fix", "corrected_program", "answer"),
-    ("solve_analyze", "decision"): ("understanding", "model", "program", "optimal_decision", "limits", "answer"),
-    ("solve_analyze", "what_if"): ("understanding", "model", "program", "what_changes", "answer"),
+    ("solve_analyze", "decision"): (
+        "understanding",
+        "model",
+        "program",
+        "optimal_decision",
+        "check",
+        "limits",
+        "answer",
+    ),
+    ("solve_analyze", "what_if"): ("understanding", "model", "program", "what_changes", "check", "answer"),
 }
 
 
@@ -87,6 +108,9 @@ OPTIONAL: dict[str, frozenset[str]] = {
 }
 # A decision without an inequality row to read (or with no optimum) has no limits section.
 OPTIONAL["decision"] = frozenset({"limits"})
+# Checking the plan needs an optimum with a nonzero decision (and a teacher may leave it out).
+for _variant in ("model", "code", "translate", "decision", "what_if"):
+    OPTIONAL[_variant] = OPTIONAL.get(_variant, frozenset()) | {"check"}
 # A model task whose prompt gives the LP file (LP -> model) does not repeat it in the answer.
 OPTIONAL["model"] = OPTIONAL["model"] | {"lp_file"}
 
@@ -105,6 +129,7 @@ class AnswerParts:
     decisions: tuple[str, ...] = ()
     explanation: str = ""
     analysis: str = ""
+    check: str = ""
     outcome: Outcome | None = None
 
 

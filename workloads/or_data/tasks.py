@@ -68,6 +68,7 @@ from trex.workloads.or_data.wording import (
     choose,
     realize,
 )
+from trex.workloads.or_data.worked import moved_decisions, worked_check, written_rows
 
 # The decision line of an optimal plan in which every variable is zero (doing nothing is optimal).
 NOTHING_DONE = "Every decision variable is zero in the optimal plan: nothing needs to be done."
@@ -469,6 +470,9 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     )
     plan = realize(SAME_DECISIONS if same_plan else NEW_DECISIONS, rng)
     blocks.append(" ".join(part for part in (movement, plan, reason) if part))
+    moved = "" if same_plan else moved_decisions(base.model, base.values, changed.values, base.math)
+    if moved:
+        blocks.append(moved)
     return "\n\n".join(blocks)
 
 
@@ -508,6 +512,17 @@ def _limits(problem: Problem) -> str:
         sign = 1.0 if problem.model.sense == "minimize" else -1.0
         duals = {name: sign * value for name, value in certificate.rows.items()}
     return limits_analysis(problem.model, problem.math, problem.values, _wording_rng(problem), duals)
+
+
+def _check(problem: Problem) -> str:
+    """`worked.worked_check` of an optimal plan (reduced costs when the certificate is an LP dual),
+    "" otherwise."""
+    if problem.status != "optimal" or not problem.values or problem.outcome.objective is None:
+        return ""
+    certificate = problem.certificate
+    duals = certificate.rows if certificate is not None and certificate.kind == "dual" else None
+    rng = random.Random(zlib.crc32(problem.lp.encode("utf-8")) ^ 0x5EED)  # its own stream: other sections keep theirs
+    return worked_check(problem.model, problem.math, problem.values, problem.outcome.objective, rng, duals)
 
 
 def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bool) -> str:
@@ -676,6 +691,7 @@ def _reference_texts(parts: AnswerParts) -> list[str]:
         parts.diagnosis,
         parts.explanation,
         parts.analysis,
+        parts.check,
         program,
         "\n".join(parts.decisions),
     ]
@@ -696,6 +712,9 @@ def _build_task(
     statement = problem.statement(text_rng)
     math_full = problem.math.to_markdown(with_data=True)
     math_brief = problem.math.to_markdown(with_data=False)
+    written = written_rows(problem.model, problem.math)  # the general model next to this instance's rows
+    answer_full = f"{math_full.rstrip()}\n\n{written}\n" if written else math_full
+    answer_brief = f"{math_brief.rstrip()}\n\n{written}\n" if written else math_brief
     base_parts = dict(reasoning=understanding(problem.math, text_rng), outcome=problem.outcome)
 
     if variant == "repair":
@@ -722,9 +741,10 @@ def _build_task(
             prompt = template.format(statement=statement, question=agree(what_if.question))
             parts = AnswerParts(
                 reasoning=base_parts["reasoning"],
-                math=math_brief,
+                math=answer_brief,
                 program=changed.program,
                 analysis=what_if_analysis(problem, changed, what_if),
+                check=_check(changed),
                 outcome=changed.outcome,
             )
             return Task(
@@ -762,24 +782,27 @@ def _build_task(
     solved = dict(
         decisions=tuple(problem.decisions()) or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
         explanation=no_solution_explanation(problem) if problem.status != "optimal" else "",
+        check=_check(problem),
     )
     if variant == "model" and source == "code":  # the program is all the user gave: read the model from it
         base_parts = {**base_parts, "reasoning": code_reading(problem, text_rng)}
-        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
+        parts = AnswerParts(math=answer_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "model" and source == "text+lp":  # the LP file is given: the answer is the indexed model
         reasoning = f"{lp_reading(problem.model, 'model')}\n\n{base_parts['reasoning']}"
         # the LP file section repeats the given (verified) file, so the judge re-solves what the answer states
-        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **{**base_parts, "reasoning": reasoning})
+        parts = AnswerParts(math=answer_full, lp=problem.lp, **solved, **{**base_parts, "reasoning": reasoning})
     elif variant == "model":
-        parts = AnswerParts(math=math_full, lp=problem.lp, **solved, **base_parts)
+        parts = AnswerParts(math=answer_full, lp=problem.lp, **solved, **base_parts)
     elif variant == "code":
-        parts = AnswerParts(math=math_brief, program=problem.program, **solved, **base_parts)
+        parts = AnswerParts(math=answer_brief, program=problem.program, **solved, **base_parts)
     elif variant == "translate":
         if source == "lp":  # only the LP file is given: read the model from its names, not from the story
             base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
         parts = AnswerParts(program=problem.program, **solved, **base_parts)
     else:  # decision: the plan, then what holds it in place
-        parts = AnswerParts(math=math_brief, program=problem.program, analysis=_limits(problem), **solved, **base_parts)
+        parts = AnswerParts(
+            math=answer_brief, program=problem.program, analysis=_limits(problem), **solved, **base_parts
+        )
     uses_statement = variant in ("code", "decision") or (variant == "model" and source != "code")
     return Task(
         task_id,

@@ -1,0 +1,374 @@
+"""The optimum checked by hand on this instance: the arithmetic a teacher writes under a solver's answer.
+
+An answer that only states the solver's plan teaches the template; one that redoes the sums on the
+instance's own numbers and names teaches how to read a plan. `worked_check` writes, from the verified
+plan and model only:
+
+- the objective recomputed term by term from the nonzero decisions ("40 × 27.95 (pale ale) + ...
+  = 9,232.81"), stated as the reported optimum only when the sum agrees with it;
+- the rows that hold the plan, written out: the activity of up to two binding rows (different
+  constraint families first) and of the row with the most room, against their limits;
+- for a linear program with a checked dual certificate, the options the plan leaves at zero priced
+  out: the option's own objective coefficient against what it would use, valued at the rows' dual
+  values (its reduced cost), which says why leaving it out is optimal and how far its coefficient
+  would have to move before it enters.
+
+`written_rows` gives the model section the concrete rows next to the general ones: one row of each
+constraint family with the instance's coefficients and names, in the model's own symbols.
+
+Every figure is computed from the `LinearModel` and the plan; nothing is copied from the solver's
+log. Names come from the model's sets (`explain.element_words`), so the lines read as the story's
+words, not LP identifiers.
+"""
+
+from __future__ import annotations
+
+import math as _math
+import random
+import re
+
+from trex.workloads.or_data.explain import element_words, key_names, variable_phrase
+from trex.workloads.or_data.linear_model import LinearModel, Row, family_of
+from trex.workloads.or_data.math_model import MathModel
+from trex.workloads.or_data.phrasing import capitalize
+from trex.workloads.or_data.prose import number
+from trex.workloads.or_data.wording import realize
+
+_ZERO = 1e-9
+# Terms written out one by one in a sum; longer sums are shown by family with subtotals.
+MAX_TERMS = 8
+
+
+def signed(value: float, digits: int = 4) -> str:
+    """`number` with a typographic minus: "−0.5"."""
+    rounded = round(value, digits)
+    return ("−" if rounded < 0 else "") + number(abs(rounded))
+
+
+def factor(value: float, digits: int = 4) -> str:
+    """A number as a factor of a product or a subtrahend: negatives in parentheses, "(−4)"."""
+    text = signed(value, digits)
+    return f"({text})" if text.startswith("−") else text
+
+
+def _shown(value: float) -> tuple[str, bool]:
+    """A value as shown (4 decimals at most) and whether showing it rounded it."""
+    rounded = round(value, 4)
+    return factor(rounded), abs(rounded - value) > 1e-9 * (1 + abs(value))
+
+
+def _who(name: str, math: MathModel, families: int) -> str:
+    what, whom = element_words(name, math)
+    if families > 1:  # several kinds of decision in one sum: say which kind each term is
+        kind = family_of(name).replace("_", " ")
+        return f"{kind}, {whom}" if whom else kind
+    return whom or what.removeprefix("the ")
+
+
+def _term(coef: float, value: float, label: str, first: bool) -> tuple[str, bool]:
+    """ "− 7.5 × 31.7333 (lager)"; a unit coefficient or a binary at 1 is not multiplied out."""
+    sign = "−" if coef < 0 else "+"
+    size = abs(coef)
+    shown_value, rounded = _shown(value)
+    if abs(size - 1) <= _ZERO:
+        body = f"{shown_value} ({label})"
+    elif abs(value - 1) <= _ZERO:
+        body = f"{number(round(size, 6))} ({label})"
+    else:
+        body = f"{number(round(size, 6))} × {shown_value} ({label})"
+    if first:
+        return ("−" + body if coef < 0 else body), rounded
+    return f"{sign} {body}", rounded
+
+
+def written_sum(terms: list[tuple[str, float]], values: dict[str, float], math: MathModel) -> tuple[str, bool]:
+    """The nonzero terms of `sum(coef * x)` at `values`, as text, and whether a shown value is
+    rounded. Beyond `MAX_TERMS` terms the sum is given per variable family with its subtotal."""
+    used = [(name, coef) for name, coef in terms if abs(values.get(name, 0.0)) > 1e-6]
+    families = len({family_of(name) for name, _ in used})
+    if not used:
+        return "0", False
+    if len(used) <= MAX_TERMS:
+        pieces, rounded = [], False
+        for index, (name, coef) in enumerate(used):
+            text, was_rounded = _term(coef, values[name], _who(name, math, families), index == 0)
+            pieces.append(text)
+            rounded |= was_rounded
+        return " ".join(pieces), rounded
+    groups: dict[str, list[float]] = {}
+    for name, coef in used:
+        groups.setdefault(family_of(name), []).append(coef * values[name])
+    pieces = []
+    for index, (family, parts) in enumerate(groups.items()):
+        subtotal = _math.fsum(parts)
+        shown, _ = _shown(subtotal)
+        kind = family.replace("_", " ")
+        count = f"{len(parts)} nonzero {kind} {'term' if len(parts) == 1 else 'terms'}"
+        pieces.append(("" if index == 0 else "+ ") + f"{shown} (from {count})")
+    return " ".join(pieces), True
+
+
+def objective_line(model: LinearModel, math: MathModel, values: dict[str, float], optimum: float) -> str:
+    """The objective recomputed from the plan; "" when the recomputed sum does not match `optimum`."""
+    total = model.objective_value(values)
+    if abs(total - optimum) > 1e-6 * (1 + abs(optimum)):
+        return ""
+    used = [(name, coef) for name, coef in model.objective if abs(values.get(name, 0.0)) > 1e-6]
+    if len(used) == 1 and abs(used[0][1] - 1) <= _ZERO:  # the objective is one variable: nothing to add up
+        return ""
+    text, rounded = written_sum(list(model.objective), values, math)
+    equals = "≈" if rounded else "="
+    return f"{capitalize(math.objective_description)}: {text} {equals} {signed(total)}."
+
+
+def row_label(row: Row, math: MathModel) -> str:
+    what, whom = element_words(row.name, math)
+    return capitalize(what) + (f" for {whom}" if whom else "")
+
+
+def slack_of(row: Row, values: dict[str, float]) -> float:
+    activity = row.activity(values)
+    if row.sense == "<=":
+        return row.rhs - activity
+    if row.sense == ">=":
+        return activity - row.rhs
+    return 0.0
+
+
+def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Random) -> str:
+    """A row's activity at the plan against its limit: binding, or how much room is left."""
+    text, rounded = written_sum(list(row.terms), values, math)
+    activity = row.activity(values)
+    equals = "≈" if rounded else "="
+    limit = signed(row.rhs, 6)
+    slack = slack_of(row, values)
+    if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
+        state = realize(
+            "[exactly the limit of {limit}: binding|equal to its limit {limit}, so the row binds|"
+            "at its limit of {limit} (binding)]",
+            rng,
+            limit=limit,
+        )
+    else:
+        room = number(round(slack, 4))
+        side = "below the cap of" if row.sense == "<=" else "above the minimum of"
+        state = f"{room} {side} {limit}"
+    return f"{row_label(row, math)}: {text} {equals} {signed(activity)}, {state}."
+
+
+def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Row], Row | None]:
+    """Up to two binding inequality rows with a nonzero term (one per constraint family first),
+    and the row with the most room (None when every row binds)."""
+    binding: list[Row] = []
+    loose: list[tuple[float, Row]] = []
+    for row in model.rows:
+        if row.sense == "==":
+            continue
+        if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in row.terms):
+            continue
+        slack = slack_of(row, values)
+        if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
+            binding.append(row)
+        elif slack > 0:
+            loose.append((slack / (1 + abs(row.rhs)), row))
+    chosen: list[Row] = []
+    seen: set[str] = set()
+    for row in binding:  # one per family first, then fill up
+        if family_of(row.name) not in seen:
+            chosen.append(row)
+            seen.add(family_of(row.name))
+        if len(chosen) == 2:
+            break
+    for row in binding:
+        if len(chosen) == 2:
+            break
+        if row not in chosen:
+            chosen.append(row)
+    roomiest = max(loose, key=lambda item: item[0])[1] if loose else None
+    return chosen, roomiest
+
+
+def pricing_out(
+    model: LinearModel, math: MathModel, values: dict[str, float], duals: dict[str, float], limit: int = 2
+) -> list[str]:
+    """Reduced costs of options the plan leaves at a zero lower bound, in the model's own sense:
+    the option's objective coefficient minus the rows' dual values times its coefficients in them.
+    `duals` are row multipliers in the minimization sense (as `Certificate.rows`). An option is
+    explained only when its reduced cost has the sign optimality requires (it does, for a checked
+    dual certificate) and is not zero."""
+    sign = 1.0 if model.sense == "minimize" else -1.0
+    prices = {name: sign * value for name, value in duals.items()}  # per unit of right-hand side, own sense
+    cost = dict(model.objective)
+    columns: dict[str, list[tuple[str, float]]] = {}
+    for row in model.rows:
+        for name, coef in row.terms:
+            columns.setdefault(name, []).append((row.name, coef))
+    rejected = []
+    for variable in model.variables:
+        value = values.get(variable.name, 0.0)
+        if variable.lower != 0 or abs(value) > 1e-6 or variable.kind != "continuous":
+            continue
+        priced = [
+            (row, coef, prices[row])
+            for row, coef in columns.get(variable.name, [])
+            if abs(prices.get(row, 0.0)) > _ZERO
+        ]
+        own = cost.get(variable.name, 0.0)
+        reduced = own - _math.fsum(coef * price for _, coef, price in priced)
+        wrong_sign = reduced < -1e-7 if model.sense == "minimize" else reduced > 1e-7
+        if wrong_sign or abs(reduced) <= 1e-7 or not priced:
+            continue
+        rejected.append((abs(own), variable.name, own, priced, reduced))
+    # the most tempting first: the largest own coefficient for a maximization, the smallest cost otherwise
+    rejected.sort(key=lambda item: (-item[0] if model.sense == "maximize" else item[0], item[1]))
+    lines = []
+    for _, name, own, priced, reduced in rejected[:limit]:
+        parts = []
+        for index, (row_name, coef, price) in enumerate(priced[:4]):
+            what, whom = element_words(row_name, math)
+            label = what.lower() + (f" for {whom}" if whom else "")
+            product = f"{factor(coef, 6)} × {factor(price)} ({label})"
+            parts.append(product if index == 0 else f"+ {product}")
+        more = f" + {len(priced) - 4} more" if len(priced) > 4 else ""
+        worth = _math.fsum(coef * price for _, coef, price in priced)
+        subject = variable_phrase(name, math)
+        if model.sense == "maximize":
+            verdict = (
+                f"so each unit would lower the {math.objective_description} by {signed(-reduced)}; "
+                f"its coefficient would have to rise above {signed(worth)} before it enters the plan"
+            )
+        else:
+            verdict = (
+                f"so each unit would raise the {math.objective_description} by {signed(reduced)}; "
+                f"its cost would have to fall below {signed(worth)} before it enters the plan"
+            )
+        lines.append(
+            f"{capitalize(subject)} is 0. One unit of it has objective coefficient {signed(own, 6)}, and "
+            f"at the dual values of its rows it is worth {' '.join(parts)}{more} = {signed(worth)}; "
+            f"its reduced cost is {signed(own, 6)} − {factor(worth)} = {signed(reduced)}, "
+            f"{verdict}."
+        )
+    return lines
+
+
+def worked_check(
+    model: LinearModel,
+    math: MathModel,
+    values: dict[str, float],
+    optimum: float,
+    rng: random.Random,
+    duals: dict[str, float] | None = None,
+) -> str:
+    """The module docstring's checks of an optimal plan, as a short section; "" when there is
+    nothing to recompute (no nonzero decision)."""
+    if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in model.objective):
+        return ""
+    blocks = []
+    objective = objective_line(model, math, values, optimum)
+    if objective:
+        intro = realize(
+            "[Recomputing the objective from the plan confirms the reported optimum|Term by term, the objective at "
+            "the optimum adds up to the reported value|Adding up the objective over the nonzero decisions gives the "
+            "reported value]:",
+            rng,
+        )
+        blocks.append(f"{intro}\n\n{objective}")
+    binding, roomiest = _rows_to_show(model, values)
+    lines = [row_line(row, math, values, rng) for row in binding]
+    if roomiest is not None:
+        lines.append(row_line(roomiest, math, values, rng))
+    if lines:
+        intro = realize(
+            "[The rows that hold the plan, written out|Checking the tightest rows by hand|"
+            "What the plan uses of its limits]"
+            + (" (and, for contrast, the row with the most room)" if roomiest is not None and binding else "")
+            + ":",
+            rng,
+        )
+        blocks.append(intro + "\n\n" + "\n".join(f"- {line}" for line in lines))
+    if duals and not model.is_mip:
+        priced = pricing_out(model, math, values, duals)
+        if priced:
+            intro = realize(
+                "[Why the plan leaves some options at zero|Pricing out the options the plan does not use] "
+                "(reduced costs from the dual values):",
+                rng,
+            )
+            blocks.append(intro + "\n\n" + "\n".join(f"- {line}" for line in priced))
+    return "\n\n".join(blocks)
+
+
+_LATEX_SPECIAL = re.compile(r"([&%$#_{}])")
+
+
+def _latex_name(text: str) -> str:
+    return text if re.fullmatch(r"\d+", text) else r"\text{" + _LATEX_SPECIAL.sub(r"\\\1", text) + "}"
+
+
+def _latex_number(value: float) -> str:
+    rounded = round(value, 6)
+    return str(int(rounded)) if rounded.is_integer() else f"{rounded:.6f}".rstrip("0").rstrip(".")
+
+
+def _latex_variable(name: str, math: MathModel) -> str:
+    """`make__pale_ale` as the model's own symbol with the instance's names as its index:
+    `x_{\\text{pale ale}}`."""
+    family, *keys = name.split("__")
+    variable = next((v for v in math.variables if v.lp_family == family), None)
+    base = re.match(r"\\?[A-Za-z]+", variable.symbol).group(0) if variable is not None else r"\mathit{" + family + "}"
+    if not keys:
+        return base
+    names = key_names(math)
+    return base + "_{" + ",".join(_latex_name(names.get(key, key.replace("_", " "))) for key in keys) + "}"
+
+
+def written_rows(model: LinearModel, math: MathModel, families: int = 4, max_terms: int = 8) -> str:
+    """One row of each constraint family (up to `families`) with this instance's coefficients, in the
+    model's symbols: the general constraint next to what it says for these data. "" when no row is
+    short enough to read (more than `max_terms` terms)."""
+    chosen: dict[str, Row] = {}
+    for row in model.rows:
+        family = family_of(row.name)
+        if family not in chosen and 1 <= len(row.terms) <= max_terms:
+            chosen[family] = row
+    lines = []
+    for row in list(chosen.values())[:families]:
+        terms = []
+        for index, (name, coef) in enumerate(row.terms):
+            size = abs(coef)
+            factor_ = "" if abs(size - 1) <= _ZERO else _latex_number(size) + r"\,"
+            sign = ("-" if coef < 0 else "") if index == 0 else (" - " if coef < 0 else " + ")
+            terms.append(f"{sign}{factor_}{_latex_variable(name, math)}")
+        sense = {"<=": r"\le", ">=": r"\ge", "==": "="}[row.sense]
+        lines.append(f"- {row_label(row, math)}: ${''.join(terms)} {sense} {_latex_number(row.rhs)}$")
+    if not lines:
+        return ""
+    intro = "**With these data** (one row of each constraint, written out):"
+    return intro + "\n\n" + "\n".join(lines)
+
+
+def moved_decisions(
+    model: LinearModel, before: dict[str, float], after: dict[str, float], math: MathModel, limit: int = 6
+) -> str:
+    """The decisions a what-if moved, old -> new with the difference ("lager 31.7333 → 35.1 (+3.3667)"),
+    largest moves first; "" when none moved. Variables of only one of the two models are left out
+    (a structural change says what it removed)."""
+    moves = []
+    for variable in model.variables:
+        if variable.name not in after:
+            continue
+        old, new = before.get(variable.name, 0.0), after[variable.name]
+        if abs(new - old) > 1e-6 * (1 + abs(old)):
+            moves.append((abs(new - old), variable.name, old, new))
+    if not moves:
+        return ""
+    moves.sort(key=lambda item: (-item[0], item[1]))
+    families = len({family_of(name) for _, name, _, _ in moves})
+    shown = []
+    for _, name, old, new in moves[:limit]:
+        difference = new - old
+        change = ("+" if difference > 0 else "") + signed(difference)
+        shown.append(f"{_who(name, math, families)} {signed(old)} → {signed(new)} ({change})")
+    more = f", and {len(moves) - limit} smaller moves" if len(moves) > limit else ""
+    count = "1 decision moves" if len(moves) == 1 else f"{len(moves)} decisions move"
+    return f"Decision by decision, {count}: {'; '.join(shown)}{more}."
