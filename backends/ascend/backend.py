@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from torch import fx
 
-from trex.backends.ascend import attention_before_autograd
+from trex.backends.ascend import attention_before_autograd, rotary_before_autograd
 from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads, main_grad_publish
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
 from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
@@ -87,6 +87,7 @@ class AscendBackend(Backend):
         self._current: _GraphState | None = None
         self.reports: list[AscendGraphReport] = []
         self.captured_attention = 0  # attention regions rewritten before AOTAutograd (all graphs)
+        self.captured_rotary = 0  # V4-form RoPE regions rewritten before AOTAutograd
 
     def _state(self, graph: fx.Graph) -> _GraphState:
         state = self._graphs.get(graph)
@@ -120,13 +121,17 @@ class AscendBackend(Backend):
 
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Before AOTAutograd ("captured"): attention regions become npu_fusion_attention, whose autograd
-        gives the backward npu_fusion_attention_grad (`attention_before_autograd`). With `main_grad`, the
+        gives the backward npu_fusion_attention_grad (`attention_before_autograd`), and V4's interleaved
+        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`). With `main_grad`, the
         backward's expert weight gradients become in-place accumulations."""
         if phase == "captured":
             regions = attention_before_autograd.lower_attention(
                 gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
             )
             self.captured_attention += len(regions)
+            self.captured_rotary += rotary_before_autograd.lower_rotary(
+                gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
+            )
             return
         if self.main_grad and phase == "backward":
             emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
