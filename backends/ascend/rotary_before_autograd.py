@@ -1,4 +1,4 @@
-"""DeepSeek-V4's interleaved RoPE lowered to `npu_rotary_mul` on Dynamo's graph, before AOTAutograd.
+"""DeepSeek-V4's and V3's interleaved RoPE lowered to `npu_rotary_mul` on Dynamo's graph, before AOTAutograd.
 
 The post-partition pattern (`patterns.InterleavedRotary`) lowers this rotation's forward only: its
 backward reaches the backward graph as the slice/stack/neg backward nodes of the rotation, whose inputs
@@ -12,6 +12,10 @@ Region (torch-level, as transformers' DeepSeek-V4 `apply_rotary_pos_emb` writes 
     x' * cos + [float](stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) | .view(x.shape)) * sin
 with x' = x or x.float() (both arms cast alike), 4-D x, cos and sin with x's last dimension broadcasting
 to x's shape and all three of one dtype: exactly the interleave formula of npu_rotary_mul's documentation.
+transformers' DeepSeek-V3 form, cat([xe * c - xo * s, xo * c + xe * s], -1) with xe, xo = x[..., 0::2],
+x[..., 1::2] and half-width tables, is that rotation followed by a de-interleave: npu_rotary_mul(x,
+c.repeat_interleave(2, -1), s.repeat_interleave(2, -1), "interleave"), then cat of its even and odd
+lanes (glue, whose backward autograd traces as usual).
 """
 
 from __future__ import annotations
@@ -107,11 +111,74 @@ def _match(add: fx.Node):
     return None
 
 
+def _product(node: Any, a: Any, b: Any) -> bool:
+    return _is_fn(node, {operator.mul}) and set(node.args) == {a, b} and len(node.args) == 2
+
+
+def _match_v3(cat: fx.Node):
+    """(x, c, s, nodes) of cat([xe*c - xo*s, xo*c + xe*s], -1) (transformers' DeepSeek-V3 RoPE)."""
+    parts = cat.args[0] if cat.args else None
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if not isinstance(parts, (list, tuple)) or len(parts) != 2 or dim not in (-1, _tensor(cat).dim() - 1):
+        return None
+    first, second = parts
+    if not (_is_fn(first, {operator.sub}) and _is_fn(second, {operator.add})):
+        return None
+    straight, cross = first.args
+    if not (_is_fn(straight, {operator.mul}) and _is_fn(cross, {operator.mul})):
+        return None
+    for even, c in (straight.args, straight.args[::-1]):
+        x = even.args[0] if _is_fn(even, {operator.getitem}) else None
+        if x is None or not _lanes(even, x, 0):
+            continue
+        for odd, s in (cross.args, cross.args[::-1]):
+            if not _lanes(odd, x, 1):
+                continue
+            products = [a for a in second.args if _product(a, odd, c) or _product(a, even, s)]
+            if len(products) != 2 or not (_product(products[0], odd, c) != _product(products[1], odd, c)):
+                continue
+            values = [_tensor(v) for v in (x, c, s)]
+            if any(v is None or v.dim() != 4 for v in values) or len({v.dtype for v in values}) != 1:
+                continue
+            if values[0].size(-1) % 2 or any(v.size(-1) * 2 != values[0].size(-1) for v in values[1:]):
+                continue
+            half = list(values[0].shape[:-1]) + [values[0].size(-1) // 2]
+            if list(torch.broadcast_shapes(half, values[1].shape, values[2].shape)) != half:
+                continue
+            nodes = [first, second, straight, cross, *products, even, odd]
+            inside = {*nodes, cat}
+            if all(set(n.users) <= inside for n in nodes):
+                return x, c, s, nodes
+    return None
+
+
+def _doubled(table: torch.Tensor) -> torch.Tensor:
+    """A stand-in (meta) for table.repeat_interleave(2, -1), for the schema check."""
+    return torch.empty([*table.shape[:-1], 2 * table.size(-1)], dtype=table.dtype, device="meta")
+
+
 def lower_rotary(gm: fx.GraphModule, *, emulate: bool | None = None, check: Callable[..., Any] = check_call) -> int:
-    """Rewrite every V4-form interleaved RoPE of Dynamo's graph into npu_rotary_mul; returns how many."""
+    """Rewrite every V3- and V4-form interleaved RoPE of Dynamo's graph into npu_rotary_mul; returns how many."""
     graph = gm.graph
     target = emulation.op(OP, emulate=emulate)
     count = 0
+    for cat in list(graph.nodes):
+        if cat.graph is not graph or not _is_fn(cat, {torch.cat}):
+            continue
+        found = _match_v3(cat)
+        if found is None:
+            continue
+        x, c, s, nodes = found
+        check(OP, (_value(x), _doubled(_value(c)), _doubled(_value(s))), {"rotary_mode": "interleave"})
+        with graph.inserting_before(cat):
+            c2, s2 = (graph.call_method("repeat_interleave", (t, 2), {"dim": -1}) for t in (c, s))
+            call = graph.call_function(target, (x, c2, s2), {"rotary_mode": "interleave"})
+            lanes = [graph.call_function(operator.getitem, (call, (Ellipsis, slice(i, None, 2)))) for i in (0, 1)]
+            out = graph.call_function(torch.cat, (lanes, -1))
+        call.meta["trex_npu_op"] = OP
+        cat.replace_all_uses_with(out)
+        _erase_dead(graph, [cat, *nodes])
+        count += 1
     for add in list(graph.nodes):
         if add.graph is not graph or not _is_fn(add, {operator.add}):
             continue

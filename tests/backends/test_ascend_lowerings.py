@@ -240,8 +240,8 @@ def _rotary_calls(compiled):
 def test_deepseek_interleaved_rope_forms_lower_to_npu_rotary_mul_interleave(form):
     torch.manual_seed(0)
     model = _InterleavedRope(form)
-    # V4's form is rewritten before AOTAutograd, so its backward is the op's own npu_rotary_mul_backward
-    backward = {"npu_rotary_mul_backward"} if form == "v4" else set()
+    # both forms are rewritten before AOTAutograd, so the backward is the op's own npu_rotary_mul_backward
+    backward = {"npu_rotary_mul_backward"}
     emitted = _compare(model, torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul"} | backward)
     assert emitted.count("npu_rotary_mul") == 1 and emitted.count("npu_rotary_mul_backward") == len(backward)
     compiled = trex.compile(_InterleavedRope(form), backend=["ascend"])
