@@ -190,6 +190,13 @@ def _unrepeated(node: fx.Node, heads: int, dropped: list[fx.Node]) -> fx.Node:
     return inner
 
 
+def _is_scalar(value: Any) -> bool:
+    """A Python float, or a graph value Dynamo kept symbolic (a SymFloat, e.g. an unspecialized
+    `module.scaling`): the op's `float scale` takes either."""
+    value = _value(value)
+    return isinstance(value, (float, torch.SymFloat)) or (isinstance(value, int) and not isinstance(value, bool))
+
+
 def _scaled_scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | None:
     """(q, k, scale, additive mask or None, nodes) of `q @ k^T * scale (+ mask)`."""
     nodes: list[fx.Node] = []
@@ -199,7 +206,7 @@ def _scaled_scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Nod
         nodes.append(node)
         node = scores
     scale = 1.0
-    if _is_fn(node, {operator.mul}) and isinstance(node.args[1], float) and len(node.users) == 1:
+    if _is_fn(node, {operator.mul}) and _is_scalar(node.args[1]) and len(node.users) == 1:
         scale = node.args[1]
         nodes.append(node)
         node = node.args[0]
@@ -293,7 +300,10 @@ def _match_sdpa(node: fx.Node) -> Region | None:
         return None
     if not _arg(node, 7, "enable_gqa", False) and _tensor(k) is not None and _tensor(k).size(1) != qv.size(1):
         return None
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(qv.size(-1))
+    if scale is None:
+        scale = 1.0 / math.sqrt(qv.size(-1))
+    elif not _is_scalar(scale):
+        return None
     return _region("sdpa", node, [node], q, k, v, scale, mask=mask, sink=None, causal=causal)
 
 
@@ -374,7 +384,8 @@ def _checked_call(check: Callable[..., Any], args: tuple, kwargs: dict, *, mask_
 
 def call_arguments(call: dict, heads: int, atten_mask: Any, sparse_mode: int) -> tuple[tuple, dict]:
     """npu_fusion_attention's arguments for a region (BNSD, no dropout; `sink` only when the region has one)."""
-    kwargs = {"atten_mask": atten_mask, "scale": float(call["scale"]), "keep_prob": 1.0, "sparse_mode": sparse_mode}
+    scale = call["scale"] if isinstance(call["scale"], fx.Node) else float(call["scale"])
+    kwargs = {"atten_mask": atten_mask, "scale": scale, "keep_prob": 1.0, "sparse_mode": sparse_mode}
     if call["sink"] is not None:
         kwargs["sink"] = call["sink"]
     return (call["q"], call["k"], call["v"], heads, "BNSD"), kwargs

@@ -135,7 +135,7 @@ def _match_v3(cat: fx.Node):
             if not _lanes(odd, x, 1):
                 continue
             products = [a for a in second.args if _product(a, odd, c) or _product(a, even, s)]
-            if len(products) != 2 or not (_product(products[0], odd, c) != _product(products[1], odd, c)):
+            if len(products) != 2 or _product(products[0], odd, c) == _product(products[1], odd, c):
                 continue
             values = [_tensor(v) for v in (x, c, s)]
             if any(v is None or v.dim() != 4 for v in values) or len({v.dtype for v in values}) != 1:

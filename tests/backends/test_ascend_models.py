@@ -48,6 +48,8 @@ EXTRA_OPS = {
         "npu_moe_gating_top_k_backward",
         "npu_fusion_attention",  # MLA (Dq 24 != Dv 16), lowered before AOTAutograd
         "npu_fusion_attention_grad",
+        "npu_rotary_mul",  # its interleaved RoPE, lowered before AOTAutograd too
+        "npu_rotary_mul_backward",
     },
     # the eager attention with sinks, sliding window and the compressor's block mask, lowered before AOTAutograd
     # and its interleaved RoPE, lowered before AOTAutograd too: npu_rotary_mul and its backward
