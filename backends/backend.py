@@ -38,7 +38,9 @@ class Backend(ABC):
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Rewrite the whole graph in place before it is split among the backends (default: nothing).
 
-        `phase` is "forward", "backward" or "inference". `graph_inputs` are the captured graph's inputs in
+        `phase` is "forward", "backward" or "inference", or "captured": Dynamo's torch-level graph before
+        AOTAutograd traces it (a region rewritten there into an op with its own autograd changes the
+        backward too; its nodes carry `meta["example_value"]`, not `meta["val"]`). `graph_inputs` are the captured graph's inputs in
         order, the parameters as themselves and every other input as None (all None when unknown):
         AOTAutograd's backward graph returns the gradient of the i-th input at its i-th output. A rewrite
         must keep what the graph computes (e.g. accumulating a weight gradient into a persistent buffer

@@ -246,6 +246,41 @@ _ATTN_BWD = OpFormula(
 )
 
 
+def _bind_npu_attention(node: Any, backward: bool = False) -> dict | None:
+    """torch_npu's npu_fusion_attention(q, k, v, head_num, input_layout, ...) and its grad
+    (q, k, v, dy, head_num, input_layout, ...): layouts BNSD and BSND; sparse modes 2/3 are causal."""
+    layout_at = 5 if backward else 4
+    layout = argument(node, "input_layout", layout_at, "BNSD")
+    shapes = [_shape(node.args[i]) for i in range(3)]
+    if any(not s or len(s) != 4 for s in shapes) or layout not in ("BNSD", "BSND"):
+        return None
+    q, k, v = ((s[0], s[2], s[1], s[3]) if layout == "BSND" else s for s in shapes)
+    sparse_mode = argument(node, "sparse_mode", 11 if backward else 16, 0)
+    lq, lk = q[2], k[2]
+    return {
+        B: q[0],
+        HEADS: q[1],
+        L_q: lq,
+        L_k: lk,
+        D_qk: q[3],
+        D_v: v[3],
+        causal: ((lq + 1) / (2 * lq)) if (sparse_mode in (2, 3) and lq == lk) else 1.0,
+        s_in: _element(node.args[0]),
+    }
+
+
+_NPU_ATTN_FWD = OpFormula(
+    "attention", _ATTN_FWD.flops, _ATTN_FWD.bytes, _bind_npu_attention, "torch_npu flash attention: as SDPA's"
+)
+_NPU_ATTN_BWD = OpFormula(
+    "attention",
+    _ATTN_BWD.flops,
+    _ATTN_BWD.bytes,
+    lambda n: _bind_npu_attention(n, True),
+    "torch_npu flash attention backward: as SDPA's",
+)
+
+
 # ---------------------------------------------------------------------------------------------
 # Element-wise, reductions, normalisation, losses, data movement (shape-generic)
 
@@ -552,6 +587,11 @@ EXACT: dict[str, OpFormula] = {
     "aten._scaled_dot_product_cudnn_attention_backward": _ATTN_BWD,
     "aten._flash_attention_backward": _ATTN_BWD,
     "aten._efficient_attention_backward": _ATTN_BWD,
+    # torch_npu's fused attention (trex's CPU emulations carry the same names under npu_emul)
+    "npu.npu_fusion_attention": _NPU_ATTN_FWD,
+    "npu_emul.npu_fusion_attention": _NPU_ATTN_FWD,
+    "npu.npu_fusion_attention_grad": _NPU_ATTN_BWD,
+    "npu_emul.npu_fusion_attention_grad": _NPU_ATTN_BWD,
     "aten._softmax": SOFTMAX,
     "aten._log_softmax": SOFTMAX,
     "aten._safe_softmax": SAFE_SOFTMAX,

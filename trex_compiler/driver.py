@@ -135,6 +135,8 @@ class TrexCompiler:
         self.graphs.append(graph)
         graph.started_at = time.perf_counter()
         graph.graph_inputs = [x if isinstance(x, torch.nn.Parameter) else None for x in example_inputs]
+        for backend in self.options.backends:  # rewrites AOTAutograd must trace through (an op's own autograd)
+            backend.prepare(gm, "captured", graph.graph_inputs)
         extra = {} if self._decompositions is None else {"decompositions": self._decompositions}
         compile_with_aot = aot_autograd(
             fw_compiler=lambda g, inputs: self._lower(graph, "forward", g),

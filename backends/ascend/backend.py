@@ -10,6 +10,7 @@ lowered for Ascend runs here and is compared with eager.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,9 +18,11 @@ from typing import Any, ClassVar
 
 from torch import fx
 
+from trex.backends.ascend import attention_before_autograd, rotary_before_autograd
 from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads, main_grad_publish
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
 from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
+from trex.backends.ascend.schemas import check_call, shipped_schemas
 from trex.backends.backend import Backend
 from trex.graph_copy import copy_graph_module
 
@@ -83,13 +86,19 @@ class AscendBackend(Backend):
         self._graphs: weakref.WeakKeyDictionary[fx.Graph, _GraphState] = weakref.WeakKeyDictionary()
         self._current: _GraphState | None = None
         self.reports: list[AscendGraphReport] = []
+        self.captured_attention = 0  # attention regions rewritten before AOTAutograd (all graphs)
+        self.captured_rotary = 0  # V4-form RoPE regions rewritten before AOTAutograd
 
     def _state(self, graph: fx.Graph) -> _GraphState:
         state = self._graphs.get(graph)
         if state is None:
             matches = find_matches(graph, self.patterns)
             prepared = {n for n in graph.nodes if n.meta.get(PREPARED)}
-            state = _GraphState({n for m in matches for n in m.nodes} | prepared)
+            captured = _captured_npu_calls(graph)
+            captured |= {
+                u for n in captured for u in n.users if u.op == "call_function" and u.target is operator.getitem
+            }
+            state = _GraphState({n for m in matches for n in m.nodes} | prepared | captured)
             state.report = price_graph(graph, self.target, matches)
             state.report.publishes_grads = any(
                 n.op == "call_function" and n.target is main_grad_publish for n in graph.nodes
@@ -111,7 +120,19 @@ class AscendBackend(Backend):
             return False
 
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
-        """With `main_grad`, the backward's expert weight gradients become in-place accumulations."""
+        """Before AOTAutograd ("captured"): attention regions become npu_fusion_attention, whose autograd
+        gives the backward npu_fusion_attention_grad (`attention_before_autograd`), and V4's interleaved
+        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`). With `main_grad`, the
+        backward's expert weight gradients become in-place accumulations."""
+        if phase == "captured":
+            regions = attention_before_autograd.lower_attention(
+                gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
+            )
+            self.captured_attention += len(regions)
+            self.captured_rotary += rotary_before_autograd.lower_rotary(
+                gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
+            )
+            return
         if self.main_grad and phase == "backward":
             emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
             accumulate_into_main_grads(
@@ -122,6 +143,12 @@ class AscendBackend(Backend):
         gm = copy_graph_module(gm)
         # torch_npu calls a whole-graph rewrite (prepare) already emitted: kept as they are
         prepared = [n for n in gm.graph.nodes if n.meta.get(PREPARED) and "trex_npu_op" in n.meta]
+        # torch_npu calls traced from Dynamo's graph (the attention rewritten before AOTAutograd, and the
+        # backward op its autograd calls): named, re-checked against the schema, kept as they are
+        for node in sorted(_captured_npu_calls(gm.graph) - set(prepared), key=list(gm.graph.nodes).index):
+            node.meta["trex_npu_op"] = _npu_op_name(node)
+            (self.check or check_call)(node.meta["trex_npu_op"], node.args, node.kwargs)
+            prepared.append(node)
         matches = find_matches(gm.graph, self.patterns)
         emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
         glue_of: list[tuple[Match, list[fx.Node]]] = []
@@ -146,6 +173,24 @@ class AscendBackend(Backend):
                 in_moe = any(n.name in report.moe_nodes for n in match.nodes)
                 report.record_glue([n for n in glue if n in live], moe=in_moe)
         return AscendLoweredModule(gm, emitted, matches, report)
+
+
+def _npu_op_name(node: fx.Node) -> str:
+    return node.target._schema.name.split("::")[-1]
+
+
+def _captured_npu_calls(graph: fx.Graph) -> set[fx.Node]:
+    """Calls of torch_npu's ops (or their emulations) that were in the graph before lowering: AOTAutograd
+    traced them from Dynamo's graph after `prepare(..., "captured")`."""
+    namespaces = ("npu_emul", "npu")
+    return {
+        n
+        for n in graph.nodes
+        if n.op == "call_function"
+        and getattr(n.target, "namespace", None) in namespaces
+        and _npu_op_name(n) in shipped_schemas()
+        and not n.meta.get(PREPARED)
+    }
 
 
 def _topological_sort(graph: fx.Graph) -> None:

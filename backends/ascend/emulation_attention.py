@@ -14,8 +14,13 @@ shape [B, N, Sq, 8] in float32 (the value repeated over the last axis), so that
 Any (max, sum) pair with max + log(sum) = the row's logsumexp gives the same p; the lowering uses
 that to hand the backward a logsumexp saved by another kernel. Heads: Nq a multiple of Nkv (GQA).
 
-Covered here: layouts BNSD and BSND, sparse modes 0-4, no pse/padding_mask/prefix/varlen, keep_prob=1
-(no dropout), no sink; anything else raises `AscendSchemaError` naming the argument.
+`sink` ([head_num] float32, the docs' example "with sink"): one extra logit per head joins every row's
+softmax and is dropped before the product with v, i.e. softmax(cat([scores, sink], -1))[..., :-1] @ v
+(DeepSeek-V4's and gpt-oss's attention sinks); the statistics include it, and the backward's fifth
+output is its gradient, d sink[h] = -sum over (b, s) of p_sink * rowsum(dy * out).
+
+Covered here: layouts BNSD and BSND, sparse modes 0-4, sink, no pse/padding_mask/prefix/varlen,
+keep_prob=1 (no dropout); anything else raises `AscendSchemaError` naming the argument.
 """
 
 from __future__ import annotations
@@ -60,7 +65,6 @@ def _check_options(
         "prefix": prefix,
         "actual_seq_qlen": actual_seq_qlen,
         "actual_seq_kvlen": actual_seq_kvlen,
-        "sink": sink,
     }
     for name, value in given.items():
         if value is not None:
@@ -102,6 +106,19 @@ def _scores(q: Tensor, k: Tensor, scale: float, masked: Tensor | None) -> Tensor
     k = k.float().repeat_interleave(groups, dim=1) if groups > 1 else k.float()
     scores = scale * (q.float() @ k.transpose(-1, -2))
     return scores if masked is None else scores.masked_fill(masked, float("-inf"))
+
+
+def _check_sink(op: str, sink: Tensor | None, head_num: int) -> None:
+    if sink is not None and (sink.dim() != 1 or sink.size(0) != head_num or sink.dtype != torch.float32):
+        raise AscendSchemaError(
+            f"{op}: argument 'sink' must be a float32 tensor of shape [head_num={head_num}] "
+            f"(got {sink.dtype} {list(sink.shape)})"
+        )
+
+
+def _sink_column(sink: Tensor, scores: Tensor) -> Tensor:
+    """The per-head sink logit as one more key column of the [B, N, Sq, Skv] score matrix."""
+    return sink.float().view(1, -1, 1, 1).expand(scores.size(0), -1, scores.size(2), 1)
 
 
 def _heads(op: str, q: Tensor, k: Tensor, v: Tensor, head_num: int) -> None:
@@ -157,12 +174,14 @@ def npu_fusion_attention(
     )
     q, k, v = (_to_bnsd(t, input_layout) for t in (query, key, value))
     _heads(op, q, k, v, head_num)
+    _check_sink(op, sink, head_num)
     masked = masked_positions(q.size(2), k.size(2), atten_mask, sparse_mode, pre_tockens, next_tockens, q.device)
     scores = _scores(q, k, scale, masked)
-    row_max = scores.amax(-1, keepdim=True)
+    logits = scores if sink is None else torch.cat([scores, _sink_column(sink, scores)], -1)
+    row_max = logits.amax(-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # fully masked rows
+    row_sum = torch.exp(logits - row_max).sum(-1, keepdim=True)
     weights = torch.exp(scores - row_max)
-    row_sum = weights.sum(-1, keepdim=True)
     groups = q.size(1) // v.size(1)
     vv = v.float().repeat_interleave(groups, dim=1) if groups > 1 else v.float()
     out = (weights / row_sum.clamp_min(torch.finfo(torch.float32).tiny)) @ vv
@@ -230,6 +249,7 @@ def npu_fusion_attention_grad(
         raise AscendSchemaError(f"{op}: softmax_max, softmax_sum and attention_in (the forward's outputs) are needed")
     q, k, v, grad, out = (_to_bnsd(t, input_layout) for t in (query, key, value, dy, attention_in))
     _heads(op, q, k, v, head_num)
+    _check_sink(op, sink, head_num)
     masked = masked_positions(q.size(2), k.size(2), atten_mask, sparse_mode, pre_tockens, next_tockens, q.device)
     scores = _scores(q, k, scale_value, masked)
     probs = torch.exp(scores - softmax_max[..., :1].float()) / softmax_sum[..., :1].float()
@@ -247,20 +267,26 @@ def npu_fusion_attention_grad(
         grad_k = grad_k.unflatten(1, (k.size(1), groups)).sum(2)
         grad_v = grad_v.unflatten(1, (v.size(1), groups)).sum(2)
     outs = (grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype))
-    return (*(_from_bnsd(t, input_layout) for t in outs), query.new_empty(0), query.new_empty(0))
+    grad_sink = query.new_empty(0)
+    if sink is not None:  # the sink column's probability times (0 - row_dot), summed over batch and rows
+        sink_probs = torch.exp(_sink_column(sink, scores) - softmax_max[..., :1].float()) / softmax_sum[..., :1].float()
+        grad_sink = -(sink_probs * row_dot).sum((0, 2, 3)).to(sink.dtype)
+    return (*(_from_bnsd(t, input_layout) for t in outs), query.new_empty(0), grad_sink)
 
 
 @_fake("npu_fusion_attention_grad")
 def _(query, key, value, dy, head_num, input_layout, **kwargs):
-    return (
-        torch.empty_like(query),
-        torch.empty_like(key),
-        torch.empty_like(value),
+    sink = kwargs.get("sink")
+    return (  # contiguous in the layout, as the kernel writes them (not the strides of possibly strided inputs)
+        query.new_empty(query.shape),
+        key.new_empty(key.shape),
+        value.new_empty(value.shape),
         query.new_empty(0),
-        query.new_empty(0),
+        sink.new_empty(sink.shape) if sink is not None else query.new_empty(0),
     )
 
 
+_SINK_INDEX = 20  # `sink` is the 21st argument of npu_fusion_attention's schema
 _GRAD_OPTIONS = ("atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "sparse_mode")
 
 
@@ -281,14 +307,15 @@ def _attention_setup(ctx, inputs, output):
         "sparse_mode",
     ]
     options = dict(zip(names, inputs[5 : 5 + len(names)]))
-    ctx.save_for_backward(query, key, value, output[0], output[1], output[2], options["atten_mask"])
+    sink = inputs[_SINK_INDEX] if len(inputs) > _SINK_INDEX else None
+    ctx.save_for_backward(query, key, value, output[0], output[1], output[2], options["atten_mask"], sink)
     ctx.head_num, ctx.layout = head_num, layout
     ctx.options = {n: options[n] for n in _GRAD_OPTIONS if n != "atten_mask"}
 
 
 @_autograd("npu_fusion_attention", _attention_setup)
 def _attention_backward(ctx, grad_out, *_):
-    query, key, value, out, softmax_max, softmax_sum, atten_mask = ctx.saved_tensors
+    query, key, value, out, softmax_max, softmax_sum, atten_mask, sink = ctx.saved_tensors
     options = dict(ctx.options)
     grads = torch.ops.npu_emul.npu_fusion_attention_grad(
         query,
@@ -302,6 +329,8 @@ def _attention_backward(ctx, grad_out, *_):
         softmax_sum=softmax_sum,
         attention_in=out,
         scale_value=options.pop("scale"),
+        sink=sink,
         **options,
     )
-    return (grads[0], grads[1], grads[2]) + (None,) * 21
+    grad_sink = grads[4] if sink is not None else None
+    return (grads[0], grads[1], grads[2]) + (None,) * (_SINK_INDEX - 3) + (grad_sink,) + (None,) * 3

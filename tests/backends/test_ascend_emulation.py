@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import trex.ops  # noqa: F401
 from trex.backends.ascend import emulation  # noqa: F401 - registers torch.ops.npu_emul
+from trex.backends.ascend.schemas import AscendSchemaError
 
 npu = torch.ops.npu_emul
 trex_ops = torch.ops.trex
@@ -216,3 +218,28 @@ def test_moe_gating_top_k_equals_deepseek_v3_group_limited_routing_forward_and_b
     torch.testing.assert_close(norm, scores.detach())
     grad = torch.randn_like(y)
     torch.testing.assert_close(torch.autograd.grad(y, x, grad)[0], torch.autograd.grad(weights, x, grad)[0])
+
+
+def test_fusion_attention_with_a_sink_equals_the_docs_reference_forward_and_backward():
+    """torch_npu's documented reference for `sink`: one logit per head appended to every row before the
+    softmax and dropped before @ v; GQA (one key/value head), Dq 8 > Dv 5, a bool mask; the gradient of
+    the sink comes back as the backward op's fifth output (through the op's autograd)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 6, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 1, 9, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 1, 9, 5, generator=g, requires_grad=True)
+    sink = torch.randn(4, generator=g, requires_grad=True)
+    keep = torch.rand(2, 1, 6, 9, generator=g) > 0.3
+    keep[..., 0] = True
+    out = npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~keep, scale=0.3, sink=sink)[0]
+    scores = (q @ k.expand(2, 4, 9, 8).transpose(-1, -2)) * 0.3 + torch.where(keep, 0.0, float("-inf"))
+    logits = torch.cat([scores, sink.view(1, 4, 1, 1).expand(2, 4, 6, 1)], -1)
+    expected = torch.softmax(logits, -1)[..., :-1] @ v.expand(2, 4, 9, 5)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    for a, b in zip(
+        torch.autograd.grad(out, (q, k, v, sink), grad), torch.autograd.grad(expected, (q, k, v, sink), grad)
+    ):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(AscendSchemaError, match="'sink'"):  # torch_npu's sink is [head_num] float32
+        npu.npu_fusion_attention(q, k, v, 4, "BNSD", sink=sink.double())

@@ -33,7 +33,7 @@ def _compare(model, *inputs, expect_ops):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
-    emitted = compiled.trex.lowered_ops()["ascend"]
+    emitted = compiled.trex.lowered_ops().get("ascend", [])
     assert expect_ops <= set(emitted), (expect_ops - set(emitted), emitted)
     return emitted
 
@@ -240,14 +240,16 @@ def _rotary_calls(compiled):
 def test_deepseek_interleaved_rope_forms_lower_to_npu_rotary_mul_interleave(form):
     torch.manual_seed(0)
     model = _InterleavedRope(form)
-    emitted = _compare(model, torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul"})
-    assert emitted.count("npu_rotary_mul") == 1
+    # both forms are rewritten before AOTAutograd, so the backward is the op's own npu_rotary_mul_backward
+    backward = {"npu_rotary_mul_backward"}
+    emitted = _compare(model, torch.randn(2, 6, 16), expect_ops={"npu_rotary_mul"} | backward)
+    assert emitted.count("npu_rotary_mul") == 1 and emitted.count("npu_rotary_mul_backward") == len(backward)
     compiled = trex.compile(_InterleavedRope(form), backend=["ascend"])
     compiled(torch.randn(2, 6, 16)).backward()
     (call,) = _rotary_calls(compiled)
-    check_call("npu_rotary_mul", call.args, call.kwargs)  # torch_npu's schema, from the wheel
-    assert call.kwargs["rotary_mode"] == "interleave"
-    x, r1, r2 = (a.meta["val"] for a in call.args)
+    bound = check_call("npu_rotary_mul", call.args, call.kwargs)  # torch_npu's schema, from the wheel
+    assert bound.arguments["rotary_mode"] == "interleave"
+    x, r1, r2 = (bound.arguments[name].meta["val"] for name in ("self", "r1", "r2"))
     assert x.shape[-1] == r1.shape[-1] == r2.shape[-1] == 8 and tuple(r1.shape[:2]) == (1, 1)  # 11SD tables
 
 
@@ -276,3 +278,120 @@ def test_interleaved_rope_with_tables_of_the_wrong_width_is_not_lowered():
     compiled = trex.compile(model, backend=["ascend"])
     compiled(torch.randn(2, 6, 16)).backward()
     assert "npu_rotary_mul" not in compiled.trex.lowered_ops().get("ascend", [])
+
+
+class _SinkAttention(torch.nn.Module):
+    """DeepSeek-V4's eager attention in small: one shared key/value head repeated (repeat_kv), an additive
+    mask `where(keep, 0, finfo.min)` concatenated with a compressor-style block mask (new_full(-inf) then
+    scatter_ of 0), per-head sinks appended to the logits, the max subtracted, the sink column dropped."""
+
+    def __init__(self, bias_mask=False, heads=4, dim=8):
+        super().__init__()
+        self.heads, self.dim, self.bias_mask = heads, dim, bias_mask
+        self.q = torch.nn.Linear(16, heads * dim, bias=False)
+        self.kv = torch.nn.Linear(16, dim, bias=False)
+        self.sinks = torch.nn.Parameter(torch.randn(heads))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        kv = self.kv(x).view(b, s, 1, self.dim).transpose(1, 2)
+        keep = torch.ones(s, s, dtype=torch.bool).tril()[None, None].expand(b, -1, -1, -1)
+        mask = torch.where(keep, torch.zeros((), dtype=torch.float32), torch.finfo(torch.float32).min)
+        if self.bias_mask:  # a finite position bias: torch_npu has no float-mask argument for it
+            mask = mask + torch.linspace(-1, 0, s)
+        block = kv.new_full((b, 1, s, 3), float("-inf"))
+        block.scatter_(-1, (torch.arange(s) % 3).view(1, 1, s, 1).expand(b, 1, s, 1), 0.0)
+        mask = torch.cat([mask, block.to(torch.float32)], -1)
+        kv = torch.cat([kv, kv[:, :, :3]], 2)
+        k = kv[:, :, None, :, :].expand(b, 1, self.heads, s + 3, self.dim).reshape(b, self.heads, s + 3, self.dim)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.dim**-0.5 + mask
+        logits = torch.cat([scores, self.sinks.reshape(1, -1, 1, 1).expand(b, -1, s, -1)], -1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        probs = F.dropout(F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1], p=0.0, training=True)
+        out = torch.matmul(probs.to(k.dtype), k).transpose(1, 2).reshape(b, s, -1)
+        return (out * torch.arange(out.size(-1))).sum()
+
+
+class _MlaSdpa(torch.nn.Module):
+    """DeepSeek-V3's MLA shape in small: SDPA with Dq = Dk = 12 > Dv = 8 (SDPA's math path on CPU)."""
+
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+        self.qk = torch.nn.Linear(16, 2 * 4 * 12, bias=False)
+        self.v = torch.nn.Linear(16, 4 * 8, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k = (t.view(b, s, 4, 12).transpose(1, 2) for t in self.qk(x).chunk(2, -1))
+        v = self.v(x).view(b, s, 4, 8).transpose(1, 2)
+        keep = None if self.causal else torch.ones(s, s, dtype=torch.bool).tril()[None, None].expand(b, 1, s, s)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=self.causal, scale=0.3)
+        return (out.transpose(1, 2).reshape(b, s, -1) * torch.arange(32)).sum()
+
+
+def _attention_calls(compiled):
+    """The npu_fusion_attention(_grad) calls of the lowered graphs, each re-bound against the wheel's schema."""
+    calls = []
+    for lowering in compiled.trex.graphs[0].lowerings.values():
+        for child in lowering.module.children():
+            module = getattr(getattr(child, "compiled", None), "module", None)
+            for node in module.graph.nodes if module is not None else ():
+                if node.meta.get("trex_npu_op", "").startswith("npu_fusion_attention"):
+                    check_call(node.meta["trex_npu_op"], node.args, node.kwargs)
+                    calls.append(node)
+    return calls
+
+
+def test_deepseek_v4_eager_attention_with_sinks_lowers_before_autograd():
+    """The forward becomes one npu_fusion_attention (sink, the un-repeated single key/value head, the proven
+    0/-inf mask as a bool atten_mask) and the backward the op's own npu_fusion_attention_grad: output and
+    every gradient (the sinks' too) equal eager."""
+    torch.manual_seed(0)
+    emitted = _compare(
+        _SinkAttention(), torch.randn(2, 6, 16), expect_ops={"npu_fusion_attention", "npu_fusion_attention_grad"}
+    )
+    assert emitted.count("npu_fusion_attention") == 1 and emitted.count("npu_fusion_attention_grad") == 1
+
+
+def test_deepseek_v4_attention_call_arguments_bind_to_the_schema():
+    torch.manual_seed(0)
+    compiled = trex.compile(_SinkAttention(), backend=["ascend"])
+    compiled(torch.randn(2, 6, 16)).backward()
+    forward, backward = sorted(_attention_calls(compiled), key=lambda n: n.meta["trex_npu_op"])
+    k = forward.args[1].meta["val"]
+    assert forward.args[3:5] == (4, "BNSD") and k.size(1) == 1  # GQA: the shared head, not its 4 copies
+    assert forward.args[7].meta["val"].dtype == torch.bool  # atten_mask
+    assert forward.args[20] is not None and backward.kwargs["sink"] is not None  # sink
+
+
+def test_an_attention_with_a_finite_additive_bias_is_left_to_eager():
+    """A mask holding finite non-zero values cannot become a bool atten_mask: not lowered, still equal."""
+    torch.manual_seed(0)
+    emitted = _compare(_SinkAttention(bias_mask=True), torch.randn(2, 6, 16), expect_ops=set())
+    assert "npu_fusion_attention" not in emitted
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["is_causal", "bool_mask"])
+def test_deepseek_v3_mla_sdpa_with_dq_above_dv_lowers_before_autograd(causal):
+    torch.manual_seed(0)
+    _compare(_MlaSdpa(causal), torch.randn(2, 6, 16), expect_ops={"npu_fusion_attention", "npu_fusion_attention_grad"})
+
+
+def test_a_wrong_attention_lowering_before_autograd_is_caught(monkeypatch):
+    """Deliberately wrong: the rewrite passes the backward op's `scale_value=` to npu_fusion_attention."""
+    from trex.backends.ascend import attention_before_autograd as before
+
+    right = before.call_arguments
+
+    def wrong(*args):
+        positional, kwargs = right(*args)
+        kwargs["scale_value"] = kwargs.pop("scale")
+        return positional, kwargs
+
+    monkeypatch.setattr(before, "call_arguments", wrong)
+    compiled = trex.compile(_SinkAttention(), backend=["ascend"])
+    with pytest.raises(Exception) as raised:
+        compiled(torch.randn(2, 6, 16))
+    assert "npu_fusion_attention" in str(raised.value) and "'scale_value'" in str(raised.value)

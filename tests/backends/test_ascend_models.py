@@ -46,8 +46,21 @@ EXTRA_OPS = {
         "npu_rms_norm",
         "npu_moe_gating_top_k",
         "npu_moe_gating_top_k_backward",
+        "npu_fusion_attention",  # MLA (Dq 24 != Dv 16), lowered before AOTAutograd
+        "npu_fusion_attention_grad",
+        "npu_rotary_mul",  # its interleaved RoPE, lowered before AOTAutograd too
+        "npu_rotary_mul_backward",
     },
-    "deepseek-v4": {"npu_clipped_swiglu", "npu_swiglu_backward"},
+    # the eager attention with sinks, sliding window and the compressor's block mask, lowered before AOTAutograd
+    # and its interleaved RoPE, lowered before AOTAutograd too: npu_rotary_mul and its backward
+    "deepseek-v4": {
+        "npu_clipped_swiglu",
+        "npu_swiglu_backward",
+        "npu_fusion_attention",
+        "npu_fusion_attention_grad",
+        "npu_rotary_mul",
+        "npu_rotary_mul_backward",
+    },
 }
 # the fp32 RMSNorm backward region (bf16 adds casts the pattern does not take)
 # (and V4's bf16 RMSNorm, whose weight/cast layout the forward pattern does not take)
