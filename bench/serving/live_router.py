@@ -31,6 +31,16 @@ What the simulator is given, all measured in this invocation, before the run it 
    hours, and large batches drift more than small ones; the rehearsal measures it in the state the run meets,
    seconds before it. Item 4 (`--calibration-burst`, by the number of busy workers) is then off by default.
 
+6. (`--step-cpu pooled`, the default) every step the workers ran before the prediction - the overhead calibration,
+   the rehearsals and the runs before, the rehearsal just done included, all weighted alike - priced against the
+   profiles (`step_timeline.estimate_step_cpu`): a factor per worker by the step's shape, times a factor by how many
+   workers were busy shared by all (time slices on shared cores cost cache refills), and the share of a core a step
+   gets with k workers busy, fitted on the workers' own steps (which, unlike the probes, sees the HTTP threads, the
+   router and the client). The simulator runs each step at the share of the busy count *during* the step
+   (`Simulation(processor_sharing=True)`), and trex's scheduler - in the router and in the simulation alike - sees
+   each worker's profile scaled by its steps' CPU in service so far (`LatencyModel.scaled`). The fifth session's
+   prediction (the rehearsal's factors and the probed shares alone) is printed beside it as a diagnostic.
+
 The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
 share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
 asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
@@ -68,7 +78,14 @@ from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
 from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
 from trex.workloads.serving.simulator import simulate
-from trex.workloads.serving.step_timeline import TimedStep, busy_counts, cpu_factors, shape_factors
+from trex.workloads.serving.step_timeline import (
+    StepCpuEstimate,
+    TimedStep,
+    busy_counts,
+    cpu_factors,
+    estimate_step_cpu,
+    shape_factors,
+)
 from trex.workloads.serving.worker import WorkerModelConfig
 from trex.workloads.serving.workload import Request, workload_stats
 
@@ -473,7 +490,7 @@ async def measure_overhead(endpoints: list[Endpoint], profiles: list, seed: int)
     }
 
 
-async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: float, shares, args, seed: int) -> dict:
+async def rehearse(endpoints, specs, bases, scheduler: str, stats, rate: float, shares, args, seed: int) -> dict:
     """The run's twin, right before it: `args.rehearsal` requests of another seed at the same rate through a router
     with the same scheduler. From the workers' timelines: each worker's step CPU over its profile's by the step's
     shape (`step_timeline.shape_factors`) - the state the run will meet (the other workers at the same load, the
@@ -502,7 +519,7 @@ async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: floa
         [TimedStep.from_row(r) for r in t["steps"] if r[1] >= measured["start_s"] and (r[0] == "prefill" or r[4])]
         for t in timelines
     ]
-    factors = {s.name: shape_factors(st, p.model) for s, st, p in zip(specs, steps, profiles)}
+    factors = {s.name: shape_factors(st, base) for s, st, base in zip(specs, steps, bases)}
     simulated = simulate(
         specs, make_scheduler(scheduler, seed, stats), requests, SLO(10.0, 1.0), cpu_shares=shares,
         shape_factors=factors,
@@ -515,6 +532,7 @@ async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: floa
     )
     return {
         "factors": factors,
+        "start_s": measured["start_s"],
         "share_got": got,
         "minor_faults": faults,
         "share_implied": implied,
@@ -527,11 +545,33 @@ async def rehearse(endpoints, specs, profiles, scheduler: str, stats, rate: floa
     }
 
 
+async def step_cpu_estimate(endpoints, specs, bases, since: float) -> StepCpuEstimate:
+    """The step CPU in service over `bases` (each worker's latency model), from every step the workers ran since
+    `since` (`step_timeline.estimate_step_cpu`): the overhead calibration, the rehearsals and the runs before."""
+    steps = [[TimedStep.from_row(r) for r in t["steps"] if r[1] >= since] for t in await worker_timelines(endpoints)]
+    return estimate_step_cpu([s.name for s in specs], steps, bases)
+
+
+async def calibrated(endpoints, specs, profiles, overhead, since: float):
+    """The workers as the schedulers and the simulator see them for the next run, from every step so far: each
+    worker's profile scaled by its steps' CPU in service over the profile's (so trex's scheduler, live and
+    simulated alike, ranks the workers by what their steps cost now), plus its streaming overhead; and the
+    estimate's factors by shape and by busy workers relative to those scaled models, for the simulator."""
+    first = await step_cpu_estimate(endpoints, specs, [p.model for p in profiles], since)
+    bases = [p.model.scaled(first.overall[s.name], "step CPU in service") for s, p in zip(specs, profiles)]
+    run_specs = [
+        worker_spec(s.name, b.with_token_overhead(o, "HTTP streaming"), p.limits)
+        for s, b, p, o in zip(specs, bases, profiles, overhead["worker_s_per_token"])
+    ]
+    return run_specs, bases, await step_cpu_estimate(endpoints, run_specs, bases, since), first
+
+
 async def run(args) -> dict:
     profiles = profile_workers(args.max_num_seqs)
     processes, endpoints = start_workers(args.max_num_seqs)
     try:
         await wait_ready(endpoints)
+        ready_s = time.perf_counter()  # every step from here on is service (the warm-up's are not logged)
         warm_up = [c.get("warm_up_faults", []) for c in await worker_counters(endpoints)]
         print(
             "workers' warm-up (heap grown before serving), minor page faults per round: "
@@ -617,8 +657,13 @@ async def run(args) -> dict:
                 probed = shares
                 by_shape = None
                 rehearsal = None
+                estimate = first_estimate = None
+                run_specs, bases = specs, [p.model for p in profiles]
+                pooled = args.rehearsal and args.step_cpu == "pooled"
+                if pooled:  # the rehearsal's router already sees the workers as every step so far priced them
+                    run_specs, bases, _, _ = await calibrated(endpoints, specs, profiles, overhead, ready_s)
                 if args.rehearsal:
-                    rehearsal = await rehearse(endpoints, specs, profiles, scheduler, stats, rate, shares, args, seed)
+                    rehearsal = await rehearse(endpoints, run_specs, bases, scheduler, stats, rate, shares, args, seed)
                     by_shape = rehearsal["factors"]
                     scale = rehearsal["share_got"] / rehearsal["share_implied"]
                     shares = CpuShares(
@@ -636,17 +681,44 @@ async def run(args) -> dict:
                     )
                     for name, f in by_shape.items():
                         print(f"      {name}: {f.describe()}", flush=True)
-                model_options = {"cpu_factors": factors, "shape_factors": by_shape}
+                if pooled:
+                    run_specs, bases, estimate, first_estimate = await calibrated(
+                        endpoints, specs, profiles, overhead, ready_s
+                    )
+                    print(
+                        f"  {'':12s} every step so far ({estimate.describe()}): step CPU over the profile's "
+                        + ", ".join(f"{v:.3f}" for v in first_estimate.overall.values())
+                        + "; relative to that, by shape:",
+                        flush=True,
+                    )
+                    for name, f in estimate.shapes.items():
+                        print(f"      {name}: {f.describe()}", flush=True)
+                    model_options = estimate.simulation_options()
+                    # the share of a core by busy workers as the workers' steps got it (the probes, scaled by the
+                    # rehearsal, stay with the rehearsal-only diagnostic below)
+                    rehearsal_shares, shares = shares, model_options.pop("cpu_shares")
+                else:
+                    model_options = {"cpu_factors": factors, "shape_factors": by_shape}
                 prediction = simulate(
-                    specs,
+                    run_specs,
                     make_scheduler(scheduler, seed, stats),
                     requests,
                     SLO(10.0, 1.0),
                     cpu_shares=shares,
                     **model_options,
                 )
+                # the fifth session's prediction (the rehearsal's factors alone, the profile's latencies for the
+                # schedulers), a diagnostic beside the pooled one
+                rehearsal_only = (
+                    simulate(
+                        specs, make_scheduler(scheduler, seed, stats), requests, SLO(10.0, 1.0),
+                        cpu_shares=rehearsal_shares, shape_factors=by_shape,
+                    ).report
+                    if pooled
+                    else None
+                )  # fmt: skip
                 router = Router(
-                    [(e, s) for e, s in zip(endpoints, specs)],
+                    [(e, s) for e, s in zip(endpoints, run_specs)],
                     make_scheduler(scheduler, seed, stats),
                     health_interval=0,
                     request_timeout=args.timeout,
@@ -692,7 +764,7 @@ async def run(args) -> dict:
                 )
                 # a diagnostic, not the prediction: the same simulation with the shares scaled to what the run got
                 replay = simulate(
-                    specs,
+                    run_specs,
                     make_scheduler(scheduler, seed, stats),
                     requests,
                     SLO(10.0, 1.0),
@@ -704,7 +776,7 @@ async def run(args) -> dict:
                 # and replayed with the share the run got in each sampling interval: a host whose load moved
                 over_time = share_over_time(timeline, expected)
                 replay_t = simulate(
-                    specs,
+                    run_specs,
                     make_scheduler(scheduler, seed, stats),
                     requests,
                     SLO(10.0, 1.0),
@@ -771,6 +843,26 @@ async def run(args) -> dict:
                     ),
                     "run_shape_factors": {n: vars(f) for n, f in run_by_shape.items()},
                     "cpu_shares_probed": probed.to_dict(),
+                    "step_cpu_estimate": (
+                        {
+                            "steps": estimate.steps,
+                            "busy": estimate.busy,
+                            "busy_steps": estimate.busy_steps,
+                            "overall_over_profile": first_estimate.overall,
+                            "shape_factors": {n: vars(f) for n, f in estimate.shapes.items()},
+                        }
+                        if estimate
+                        else None
+                    ),
+                    "predicted_from_the_rehearsal_alone": (
+                        {
+                            "throughput_tok_s": rehearsal_only.throughput_tok_s,
+                            "latency_p50_s": rehearsal_only.latency_p50_s,
+                            "latency_p99_s": rehearsal_only.latency_p99_s,
+                        }
+                        if rehearsal_only
+                        else None
+                    ),
                     "predicted_without_cpu_factors": {
                         "throughput_tok_s": unscaled.throughput_tok_s,
                         "latency_p50_s": unscaled.latency_p50_s,
@@ -807,7 +899,8 @@ async def run(args) -> dict:
                     "client": measured.pop("client_timeline"),
                     "workers": [
                         {
-                            "steps": [r for r in t["steps"] if r[1] >= measured["start_s"]],
+                            # the rehearsal's steps too: what the prediction was made from
+                            "steps": [r for r in t["steps"] if r[1] >= (rehearsal or measured)["start_s"]],
                             "requests": [r for r in t["requests"] if r[3] >= measured["start_s"]],
                         }
                         for t in timelines
@@ -838,6 +931,14 @@ async def run(args) -> dict:
                     f"({unscaled.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
                     flush=True,
                 )
+                if rehearsal_only:
+                    print(
+                        f"  {'':12s} predicted from the rehearsal alone (fifth session): P50 "
+                        f"{rehearsal_only.latency_p50_s:6.2f} s ({rehearsal_only.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}), "
+                        f"P99 {rehearsal_only.latency_p99_s:6.2f} s "
+                        f"({rehearsal_only.latency_p99_s / measured['latency_p99_s'] - 1:+.0%})",
+                        flush=True,
+                    )
                 for name, f in run_by_shape.items():
                     print(f"  {'':12s} the run's own step CPU by shape, {name}: {f.describe()}", flush=True)
                 print(
@@ -888,6 +989,13 @@ def main(argv: list[str] | None = None) -> int:
         default=100,
         help="requests of the rehearsal before each scheduler's run (the step CPU by shape and the CPU share the "
         "simulator is given; 0: none, the profile and the probed shares alone)",
+    )
+    parser.add_argument(
+        "--step-cpu",
+        choices=("pooled", "rehearsal"),
+        default="pooled",
+        help="what prices the simulated steps: every step the workers ran so far, by shape and by busy workers, with "
+        "the schedulers' latencies scaled to it (pooled), or the last rehearsal's steps by shape alone (rehearsal)",
     )
     parser.add_argument(
         "--calibration-burst",

@@ -21,7 +21,15 @@ from trex.workloads.serving.instance_model import EngineLimits
 from trex.workloads.serving.latency_fit import LatencyModel, load_engine_limits, save_samples
 from trex.workloads.serving.schedulers import make_scheduler
 from trex.workloads.serving.simulator import Simulation
-from trex.workloads.serving.step_timeline import ShapeFactors, TimedStep, busy_counts, cpu_factors, shape_factors
+from trex.workloads.serving.step_timeline import (
+    ShapeFactors,
+    TimedStep,
+    busy_counts,
+    cpu_factors,
+    estimate_step_cpu,
+    shape_factors,
+    wall_by_busy,
+)
 from trex.workloads.serving.worker import TinyEngine, Worker, WorkerModelConfig
 from trex.workloads.serving.workload import Request
 
@@ -406,6 +414,76 @@ def test_simulated_steps_take_their_instance_s_factor_for_the_step_s_shape():
     assert seen == {1.0, 2.0, 3.0}
     with pytest.raises(ServingError, match="not in the deployment"):
         run(shape_factors={"c": b})
+
+
+def test_processor_sharing_lets_a_step_in_flight_follow_the_busy_count():
+    # one core for two instances; each request is one 12 ms prefill (10 ms + 0.2 ms x 10 tokens) of CPU. a starts
+    # alone at 0, b joins at 6 ms: from then on both run at half a core, and b runs alone once a is done
+    requests = [Request(0, 0.0, 10, 1), Request(1, 0.006, 10, 1)]
+    specs = [instance("a", 1.0), instance("b", 1.0)]
+
+    def finishes(**options) -> list[float]:
+        sim = Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), shared_cores=1, **options)
+        return [r.finish_s for r in sim.run(requests).records]
+
+    # the share fixed at each step's start: a alone throughout (12 ms), b at half a core throughout (24 ms)
+    assert finishes() == pytest.approx([0.012, 0.030])
+    # processor sharing: a 6 ms alone + 6 ms of CPU at half a core = 18 ms; b 6 ms of CPU by then, 6 ms alone after
+    assert finishes(processor_sharing=True) == pytest.approx([0.018, 0.024])
+    sim = Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), shared_cores=1, processor_sharing=True)
+    result = sim.run(requests)
+    assert [s[0] for s in result.steps] == ["a", "b"]
+    assert [v for s in result.steps for v in s[2:5]] == pytest.approx([0.0, 0.018, 0.012, 0.006, 0.024, 0.012])
+    assert result.busy_s == pytest.approx({"a": 0.018, "b": 0.018})
+    with pytest.raises(ServingError, match="processor_sharing"):
+        Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), processor_sharing=True)
+
+
+def test_pooled_step_cpu_separates_each_instance_s_shape_factors_from_the_host_s_busy_factor():
+    model = LatencyModel((0.01, 0.0, 0.0), (0.02, 0.0, 0.0))  # every decode step 20 ms of CPU, alone
+
+    def steps(start: float, cpus_and_seqs: list[tuple[float, int]], width: float) -> list[TimedStep]:
+        return [
+            TimedStep("decode", start + i * width, start + (i + 1) * width, cpu, seqs, 10 * seqs)
+            for i, (cpu, seqs) in enumerate(cpus_and_seqs)
+        ]
+
+    # truth: a's batches of one cost 1.0x its profile and of nine 1.5x; b's batches of one 1.2x; and on this host any
+    # step costs 1.25x more while both instances are busy. a runs alone, then beside b; b runs beside a, then alone.
+    # A ratio per instance and shape alone would mix the two: a's B1 steps would read 1.125x, b's 1.3x
+    busy = 1.25
+    a = steps(0.0, [(0.020, 1)] * 10 + [(0.030, 9)] * 10, 0.05)
+    a += steps(10.0, [(0.020 * busy, 1)] * 10 + [(0.030 * busy, 9)] * 10, 0.05)
+    b = steps(10.0, [(0.024 * busy, 1)] * 10, 0.1) + steps(20.0, [(0.024, 1)] * 20, 0.05)
+    estimate = estimate_step_cpu(["a", "b"], [a, b], [model, model])
+    assert estimate.busy_steps == (40, 30)  # normalised to 1 at the busy count seen most often: one busy
+    assert estimate.busy == pytest.approx((1.0, busy), rel=1e-4)
+    assert estimate.shapes["a"].factor("decode", 1, False) == pytest.approx(1.0, rel=1e-4)
+    assert estimate.shapes["a"].factor("decode", 9, False) == pytest.approx(1.5, rel=1e-4)
+    assert estimate.shapes["b"].factor("decode", 1, False) == pytest.approx(1.2, rel=1e-4)
+    assert estimate.overall["b"] == pytest.approx((10 * 0.024 * busy + 20 * 0.024) / (30 * 0.020))
+    assert estimate.simulation_options()["cpu_factors"] == {"a": estimate.busy, "b": estimate.busy}
+    assert "by busy instances 1: 1.00 (40), 2: 1.25 (30)" in estimate.describe()
+    # the share of a core the steps got: CPU over wall, by busy instances (a alone: 20 ms in 50 ms steps)
+    alone = (10 * 0.020 + 10 * 0.030 + 20 * 0.024) / (40 * 0.05)
+    beside = (10 * 0.020 + 10 * 0.030 + 10 * 0.024) * busy / (20 * 0.05 + 10 * 0.1)
+    assert estimate.shares == pytest.approx((alone, beside))
+    assert estimate.simulation_options()["cpu_shares"].shares == pytest.approx((alone, beside))
+    # a step that straddles a change of the busy count splits its wall time between the counts
+    long, short = TimedStep("decode", 0.0, 1.0, 0.5, 1, 10), TimedStep("decode", 0.25, 0.5, 0.1, 1, 10)
+    assert wall_by_busy([[long], [short]]) == [[[0.75, 0.25]], [[0.0, 0.25]]]
+    with pytest.raises(ServingError, match="fewer than 5 steps"):
+        estimate_step_cpu(["a", "b"], [a, b[:3]], [model, model])
+    with pytest.raises(ServingError, match="2 names, 1 timelines"):
+        estimate_step_cpu(["a", "b"], [a], [model])
+    # a scheduler's latency model scaled to the CPU its steps take in service
+    fitted = LatencyModel((0.01, 0.001, 1e-6), (0.02, 0.002, 1e-5), "fit", 0.003, (0.004, 1e-4))
+    doubled = fitted.scaled(2.0, "in service")
+    assert doubled.prefill_s(30, 900) == pytest.approx(2 * fitted.prefill_s(30, 900))
+    assert doubled.decode_s(3, 90) == pytest.approx(2 * fitted.decode_s(3, 90))
+    assert doubled.repack_s(90) == pytest.approx(2 * fitted.repack_s(90)) and "x 2.000 (in service)" in doubled.source
+    with pytest.raises(ServingError, match="positive finite"):
+        fitted.scaled(0.0)
 
 
 def test_a_warming_up_worker_answers_503_then_serves_with_its_memory_kept(engine):

@@ -102,6 +102,20 @@ class LatencyModel:
         source = f"{self.source} + {what} {seconds * 1e3:.2f} ms/token"
         return LatencyModel((a0 + seconds, a1, a2), (b0, b1 + seconds, b2), source, self.decode_multi, self.repack)
 
+    def scaled(self, factor: float, why: str = "scaled") -> LatencyModel:
+        """Every cost times `factor`: the same instance on a host that runs its steps `factor` times its profile's
+        CPU (what a live bench measures in service, `step_timeline.estimate_step_cpu`), so a scheduler that reads
+        this model ranks the instances by what their steps cost now."""
+        if not 0 < factor < float("inf"):
+            raise ServingError(f"a latency scale factor must be a positive finite number (got {factor})")
+        return LatencyModel(
+            tuple(x * factor for x in self.prefill),  # type: ignore[arg-type]
+            tuple(x * factor for x in self.decode),  # type: ignore[arg-type]
+            f"{self.source} x {factor:.3f} ({why})",
+            self.decode_multi * factor,
+            tuple(x * factor for x in self.repack),  # type: ignore[arg-type]
+        )
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -21,7 +21,10 @@ each) run their steps slower while others are busy: given the host's `cpu_shares
 (`cpu_share.CpuShares`: the fraction of a core each of k busy instances gets, measured on a shared
 host, or `shared_cores=C` for an idle one: min(1, C / k)), a step starting while k instances are busy
 takes its profiled CPU time divided by that share (times `share_over_time(now)` when given: a
-host whose other load moved during the run, measured afterwards). The CPU a step takes may itself depend on
+host whose other load moved during the run, measured afterwards). With `processor_sharing=True` the
+share follows the busy count *during* the step, as the kernel's scheduler does: whenever an instance
+starts or ends a step, every step in flight runs on at the share of the new count (a long step of a
+slow instance that began beside two busy instances speeds up when they go idle). The CPU a step takes may itself depend on
 how many instances are busy beside it (`cpu_factors`, measured from the workers' step timelines by
 `step_timeline.cpu_factors`: shared cache and memory bandwidth, the cores' clock), and on its shape
 (`shape_factors`: per instance, a step's CPU in service over its profile's by kind and batch size,
@@ -73,6 +76,14 @@ class _Instance:
     context: int = 0  # tokens held by the running sequences
     stale: bool = True  # the load needs a refresh before the scheduler reads it
     repack_due: bool = False  # sequences joined or left since the last decode step (see LatencyModel.repack)
+    # processor sharing (`Simulation(processor_sharing=True)`): the step in flight's CPU still to run, when that was
+    # last brought up to date, the share of a core it runs at since, and which of its scheduled ends is current
+    remaining_cpu: float = 0.0
+    updated_s: float = 0.0
+    rate: float = 0.0
+    version: int = 0
+    step_start_s: float = 0.0
+    step_index: int = -1
 
     def refresh(self) -> None:
         """Rebuild the scheduler-visible load from the queues (expected, not true, remaining output)."""
@@ -120,6 +131,7 @@ class Simulation:
         share_over_time=None,
         cpu_factors: dict[str, tuple[float, ...]] | None = None,
         shape_factors: dict | None = None,
+        processor_sharing: bool = False,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -153,6 +165,9 @@ class Simulation:
             raise ServingError(f"shape_factors name instances that are not in the deployment: {unknown}")
         # a host whose other load changes during the run: the shares times share_over_time(now)
         self.share_over_time = share_over_time
+        if processor_sharing and cpu_shares is None:
+            raise ServingError("processor_sharing shares the host's cores: give cpu_shares (or shared_cores) too")
+        self.processor_sharing = processor_sharing
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
         self.steps: list = []
         self.expected_output = expected_output or int(scheduler.mean_output)
@@ -258,6 +273,8 @@ class Simulation:
             inst.step = ("decode", list(inst.running))
         else:
             inst.busy = False
+            if self.processor_sharing:
+                self._reshare(now)
             return
         kind, sequences = inst.step
         busy = 1 + sum(other.busy for other in self.instances if other is not inst)
@@ -269,6 +286,14 @@ class Simulation:
             seconds *= by_shape.factor(kind, len(sequences), repacked)
         cpu = seconds
         self.cpu_s[inst.spec.name] += seconds
+        context = sum(s.to_prefill for s in sequences) if kind == "prefill" else inst.context
+        if self.processor_sharing:  # the share follows the busy count during the step: `_reshare`
+            inst.busy = True
+            inst.remaining_cpu, inst.updated_s, inst.rate, inst.step_start_s = cpu, now, 0.0, now
+            inst.step_index = len(self.steps)
+            self.steps.append((inst.spec.name, kind, now, now, cpu, len(sequences), context, repacked))
+            self._reshare(now)
+            return
         if self.cpu_shares is not None:  # instances co-located on a host share its cores
             share = self.cpu_shares.share(busy)
             if self.share_over_time is not None:
@@ -276,11 +301,27 @@ class Simulation:
             seconds /= share
         inst.busy = True
         inst.busy_s += seconds
-        context = sum(s.to_prefill for s in sequences) if kind == "prefill" else inst.context
         self.steps.append((inst.spec.name, kind, now, now + seconds, cpu, len(sequences), context, repacked))
-        self._push(now + seconds, "step", inst)
+        inst.version += 1
+        self._push(now + seconds, "step", (inst, inst.version))
+
+    def _reshare(self, now: float) -> None:
+        """Processor sharing: bring every step in flight up to `now` at the share it ran at, then run each on at the
+        share of the instances busy from now on, and schedule its end (earlier scheduled ends go stale)."""
+        busy = [inst for inst in self.instances if inst.busy]
+        share = self.cpu_shares.share(len(busy))
+        if self.share_over_time is not None:
+            share = min(1.0, share * self.share_over_time(now))
+        for inst in busy:
+            inst.remaining_cpu = max(0.0, inst.remaining_cpu - (now - inst.updated_s) * inst.rate)
+            inst.updated_s, inst.rate = now, share
+            inst.version += 1
+            self._push(now + inst.remaining_cpu / share, "step", (inst, inst.version))
 
     def _finish_step(self, now: float, inst: _Instance) -> None:
+        if self.processor_sharing:  # the step's wall time is known only now
+            inst.busy_s += now - inst.step_start_s
+            self.steps[inst.step_index] = self.steps[inst.step_index][:3] + (now,) + self.steps[inst.step_index][4:]
         _, sequences = inst.step
         kv = inst.spec.kv
         if now <= self.last_arrival:
@@ -322,8 +363,8 @@ class Simulation:
                 break
             if kind == "arrive":
                 self._arrive(now, payload)
-            else:
-                self._finish_step(now, payload)
+            elif payload[1] == payload[0].version:  # a step's end that a later re-share has not superseded
+                self._finish_step(now, payload[0])
         for inst in self.instances:
             for seq in (*inst.waiting, *inst.running):
                 r = seq.request
