@@ -31,11 +31,25 @@ async def start_worker(engine) -> tuple[Worker, asyncio.Server, Endpoint]:
     return worker, server, Endpoint("127.0.0.1", server.sockets[0].getsockname()[1])
 
 
-async def start_fake(behaviour: str) -> tuple[asyncio.Server, Endpoint]:
+def relaxed(router_holder: list):
+    """A broken worker's hook: once it has a request, the router's later attempts (the retry on the healthy worker)
+    get a generous timeout, so a slow, loaded machine cannot make the healthy worker miss the short one the broken
+    worker's attempt was given (each attempt reads the router's timeout when it starts)."""
+
+    def relax():
+        for router in router_holder:
+            router.request_timeout = 60.0
+
+    return relax
+
+
+async def start_fake(behaviour: str, on_request=None) -> tuple[asyncio.Server, Endpoint]:
     """A broken worker: `garbage` answers 200 with a non-JSON body, `hang` reads the request and never answers."""
 
     async def handle(reader, writer):
         await reader.readuntil(b"\r\n\r\n")
+        if on_request is not None:
+            on_request()
         if behaviour == "garbage":
             body = b"<html>proxy error</html>"
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
@@ -110,8 +124,10 @@ def test_completions_chat_and_streaming_through_the_router(engine):
 def test_broken_worker_requests_are_retried_on_a_healthy_one(engine, behaviour):
     async def scenario():
         worker, server, good = await start_worker(engine)
-        bad_server, bad = await start_fake(behaviour)
+        holder: list = []
+        bad_server, bad = await start_fake(behaviour, on_request=relaxed(holder))
         router = await start_router([bad, good], scheduler="round_robin", request_timeout=1.0)
+        holder.append(router)
         try:
             results = [await complete(router) for _ in range(4)]
             assert all(status == 200 for status, _ in results)
@@ -236,13 +252,15 @@ def test_router_and_workers_listen_on_loopback_only(engine):
         parse_workers("ftp://x")
 
 
-async def start_streaming_fake(behaviour: str) -> tuple[asyncio.Server, Endpoint]:
+async def start_streaming_fake(behaviour: str, on_request=None) -> tuple[asyncio.Server, Endpoint]:
     """A worker that opens a stream and then breaks: `sse_garbage` sends a line that is not an event before any
     token, `tokens_then_hang` sends two tokens and goes silent, `tokens_then_garbage` two tokens and then a
     line that is not an event."""
 
     async def handle(reader, writer):
         await reader.readuntil(b"\r\n\r\n")
+        if on_request is not None:
+            on_request()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
         if behaviour == "sse_garbage":
             writer.write(b"<html>proxy error</html>\n\n")
@@ -277,8 +295,10 @@ async def stream_events(router: Router, max_tokens: int = 3) -> list[str]:
 def test_a_stream_that_is_garbage_before_any_token_is_retried_on_a_healthy_worker(engine):
     async def scenario():
         worker, server, good = await start_worker(engine)
-        bad_server, bad = await start_streaming_fake("sse_garbage")
+        holder: list = []
+        bad_server, bad = await start_streaming_fake("sse_garbage", on_request=relaxed(holder))
         router = await start_router([bad, good], scheduler="round_robin", request_timeout=2.0)
+        holder.append(router)
         try:
             events = await stream_events(router)
             assert events[-1] == "data: [DONE]" and not any("error" in e for e in events)
@@ -303,8 +323,10 @@ def test_a_stream_that_breaks_after_tokens_ends_with_an_error_event_and_is_count
 
     async def scenario():
         worker, server, good = await start_worker(engine)
-        bad_server, bad = await start_streaming_fake(behaviour)
+        holder: list = []
+        bad_server, bad = await start_streaming_fake(behaviour, on_request=relaxed(holder))
         router = await start_router([bad, good], scheduler="round_robin", request_timeout=0.5)
+        holder.append(router)
         try:
             events = await stream_events(router)
             assert events[-1] == "data: [DONE]"

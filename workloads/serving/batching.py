@@ -307,20 +307,25 @@ class BatchingEngine:
         return False
 
     def warm_up(self, context: int, max_rounds: int = 6) -> list[int]:
-        """Grow this thread's heap to what serving will use, then stop: rounds of a throw-away full batch, each
-        `max_num_seqs` prompts of ragged lengths up to `context` tokens that join at once and leave one per step
-        (so every re-pack runs with the previous batch's buffers still alive, as in service), until a round faults
+        """Grow this thread's heap to what serving will use, then stop: rounds of a throw-away batch served as the
+        engine serves - `max_num_seqs` prompts of ragged lengths up to `context` tokens, each prefilled while the
+        batch decodes beside it and joining it at the next decode step (so a prefill's activations and every
+        re-pack's new buffers are allocated while the previous batch's are alive, as in service; prefilling every
+        prompt first, as an earlier warm-up did, left the heap short of that peak and the first large batches in
+        service faulted it in: 31,793 pages in one rehearsal), then leaving one per step - until a round faults
         under 1% of the first round's pages in (or `max_rounds`). glibc gives each thread its own heap (arena), so
         this runs on the engine thread. Returns the minor page faults of each round."""
         import resource
 
         faults = []
+        n = self.max_num_seqs
         for _ in range(max_rounds):
             before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-            scratch = BatchingEngine(self.model, self.torch, max_num_seqs=self.max_num_seqs)
-            for i in range(self.max_num_seqs):
-                length = max(1, round(context * (i + 1) / self.max_num_seqs))
-                scratch.prefill(BatchedRequest([0] * length, 2 + i))
+            scratch = BatchingEngine(self.model, self.torch, max_num_seqs=n)
+            for i in range(n):  # longest prompt last: its prefill runs beside the fullest batch
+                length = max(1, round(context * (i + 1) / n))
+                scratch.prefill(BatchedRequest([0] * length, n + 2 + i))  # all stay until the batch is full
+                scratch.decode()
             while scratch.running:
                 scratch.decode()
             del scratch

@@ -272,12 +272,13 @@ class Router:
                 self.stats.retried += 1
             slot.load.dispatch(info)
             started = [False]
+            timeout = self.request_timeout  # this attempt's: the error names the limit it had
             try:
-                await self._attempt(slot, path, payload, info, writer, started)
+                await self._attempt(slot, path, payload, info, writer, started, timeout)
                 slot.completed += 1
                 return True
             except (TimeoutError, OSError, asyncio.IncompleteReadError, ServingError, _Garbage) as error:
-                reason = _describe(error, self.request_timeout)
+                reason = _describe(error, timeout)
                 slot.failures += 1
                 slot.last_error = reason
                 slot.load.healthy = False  # until the health check sees it answer again
@@ -327,8 +328,9 @@ class Router:
         info: RequestInfo,
         writer: asyncio.StreamWriter,
         started: list[bool],
+        timeout: float,
     ) -> None:
-        timeout, stream = self.request_timeout, bool(payload.get("stream", False))
+        stream = bool(payload.get("stream", False))
         response = await open_request(slot.endpoint, "POST", path, payload, timeout)
         try:
             if response.status >= 500:
