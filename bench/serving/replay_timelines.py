@@ -9,7 +9,9 @@
    measurement it is compared with - which says whether the model's structure can reproduce the run's latencies
    once it knows the step CPU and the shares the run got;
 2. *forecast*: the trex run priced from the round-robin run that came right before it (steps the workers ran before
-   the trex run: a prediction made only from the past, as the live bench does with more data).
+   the trex run: a prediction made only from the past, as the live bench does with more data);
+3. *conditioning* (`--sensitivity`): the self-replay's P99 with every step a few percent faster or slower - how
+   precisely the workers' speed must be forecast for the P99 to land within 20%.
 
     python bench/serving/replay_timelines.py bench/serving/results/live_router_s5_run{2,3,4,5}
 """
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from live_router import make_requests  # noqa: E402
 
 from trex.workloads.serving.capacity import SLO  # noqa: E402
+from trex.workloads.serving.cpu_share import CpuShares  # noqa: E402
 from trex.workloads.serving.instance_model import EngineLimits  # noqa: E402
 from trex.workloads.serving.latency_fit import LatencyModel  # noqa: E402
 from trex.workloads.serving.router import worker_spec  # noqa: E402
@@ -58,6 +61,8 @@ def run_steps(timelines: dict, key: str, start: float) -> list[list[TimedStep]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="result stems (<out>/<name>, without .json)")
+    parser.add_argument("--sensitivity", type=float, nargs="*", default=[], metavar="SPEED",
+                        help="also replay with every step's share of a core times SPEED (e.g. 0.95 1.05)")  # fmt: skip
     args = parser.parse_args(argv)
     for stem in args.runs:
         results, timelines, specs, bases = load(stem)
@@ -72,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             report = simulate(
                 specs, make_scheduler(key, 0, stats), requests, SLO(10.0, 1.0), **estimate.simulation_options()
             ).report
+            options = estimate.simulation_options()
+            for speed in args.sensitivity:
+                shares = CpuShares(tuple(min(1.0, x * speed) for x in options["cpu_shares"].shares), f"x {speed}")
+                varied = simulate(
+                    specs, make_scheduler(key, 0, stats), requests, SLO(10.0, 1.0), **{**options, "cpu_shares": shares}
+                ).report
+                print(
+                    f"{label} {key:12s} self-replay with steps {speed:.2f}x as fast: P99 "
+                    f"{varied.latency_p99_s / report.latency_p99_s - 1:+.0%} against the self-replay's, throughput "
+                    f"{varied.throughput_tok_s / report.throughput_tok_s - 1:+.0%}"
+                )
             print(
                 f"{label} {key:12s} self-replay: P50 {report.latency_p50_s / measured['latency_p50_s'] - 1:+.0%}, "
                 f"P99 {report.latency_p99_s / measured['latency_p99_s'] - 1:+.0%}, throughput "
