@@ -11,7 +11,10 @@
 2. *forecast*: the trex run priced from the round-robin run that came right before it (steps the workers ran before
    the trex run: a prediction made only from the past, as the live bench does with more data);
 3. *conditioning* (`--sensitivity`): the self-replay's P99 with every step a few percent faster or slower - how
-   precisely the workers' speed must be forecast for the P99 to land within 20%.
+   precisely the workers' speed must be forecast for the P99 to land within 20%;
+4. *step variation* (`--noise N`): the self-replay with each simulated step drawing its CPU and its time on the core
+   from the residuals measured on the run's steps (`Simulation(step_noise=)`), median P99 over N seeds - whether
+   the steps' variation around their means is what a mean-only simulation misses in the tail.
 
     python bench/serving/replay_timelines.py bench/serving/results/live_router_s5_run{2,3,4,5}
 """
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="result stems (<out>/<name>, without .json)")
     parser.add_argument("--sensitivity", type=float, nargs="*", default=[], metavar="SPEED",
                         help="also replay with every step's share of a core times SPEED (e.g. 0.95 1.05)")  # fmt: skip
+    parser.add_argument("--noise", type=int, default=0, metavar="N",
+                        help="also replay with measured step variation, median over N seeds")  # fmt: skip
     args = parser.parse_args(argv)
     for stem in args.runs:
         results, timelines, specs, bases = load(stem)
@@ -78,6 +83,21 @@ def main(argv: list[str] | None = None) -> int:
                 specs, make_scheduler(key, 0, stats), requests, SLO(10.0, 1.0), **estimate.simulation_options()
             ).report
             options = estimate.simulation_options()
+            if args.noise:
+                p99s = sorted(
+                    simulate(
+                        specs, make_scheduler(key, 0, stats), requests, SLO(10.0, 1.0), **options,
+                        step_noise=estimate.residuals, noise_seed=seed,
+                    ).report.latency_p99_s
+                    for seed in range(args.noise)
+                )  # fmt: skip
+                median = p99s[len(p99s) // 2]
+                print(
+                    f"{label} {key:12s} self-replay with the measured step variation: P99 median "
+                    f"{median / measured['latency_p99_s'] - 1:+.0%} (seeds: "
+                    + ", ".join(f"{p / measured['latency_p99_s'] - 1:+.0%}" for p in p99s)
+                    + ")"
+                )
             for speed in args.sensitivity:
                 shares = CpuShares(tuple(min(1.0, x * speed) for x in options["cpu_shares"].shares), f"x {speed}")
                 varied = simulate(

@@ -439,6 +439,29 @@ def test_processor_sharing_lets_a_step_in_flight_follow_the_busy_count():
         Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), processor_sharing=True)
 
 
+def test_step_noise_draws_each_step_s_cpu_and_time_on_the_core_from_measured_residuals():
+    requests = [Request(i, 0.0, 10, 5) for i in range(3)]
+    specs = [instance("a", 1.0)]
+
+    def run(**options):
+        return Simulation(specs, make_scheduler("round_robin"), SLO(10, 1), shared_cores=1, **options).run(requests)
+
+    plain = run()
+    doubled = run(step_noise={"a": [(2.0, 1.0)]})  # every step twice its CPU, on the core as long as its CPU says
+    assert doubled.cpu_s["a"] == pytest.approx(2 * plain.cpu_s["a"]) and doubled.busy_s["a"] == pytest.approx(
+        2 * plain.busy_s["a"]
+    )
+    stretched = run(step_noise={"a": [(1.0, 3.0)]}, processor_sharing=True)  # same CPU, 3x the time on the core
+    assert stretched.cpu_s["a"] == pytest.approx(plain.cpu_s["a"])
+    assert stretched.busy_s["a"] == pytest.approx(3 * plain.busy_s["a"])
+    mixed = [run(step_noise={"a": [(0.5, 1.0), (1.5, 1.0)]}, noise_seed=seed).cpu_s["a"] for seed in (0, 0, 1)]
+    assert mixed[0] == mixed[1] and 0.5 * plain.cpu_s["a"] < mixed[0] < 1.5 * plain.cpu_s["a"]  # seeded draws
+    with pytest.raises(ServingError, match="not in the deployment"):
+        run(step_noise={"b": [(1.0, 1.0)]})
+    with pytest.raises(ServingError, match="positive finite"):
+        run(step_noise={"a": [(1.0, 0.0)]})
+
+
 def test_pooled_step_cpu_separates_each_instance_s_shape_factors_from_the_host_s_busy_factor():
     model = LatencyModel((0.01, 0.0, 0.0), (0.02, 0.0, 0.0))  # every decode step 20 ms of CPU, alone
 
@@ -472,6 +495,9 @@ def test_pooled_step_cpu_separates_each_instance_s_shape_factors_from_the_host_s
     # a step that straddles a change of the busy count splits its wall time between the counts
     long, short = TimedStep("decode", 0.0, 1.0, 0.5, 1, 10), TimedStep("decode", 0.25, 0.5, 0.1, 1, 10)
     assert wall_by_busy([[long], [short]]) == [[[0.75, 0.25]], [[0.0, 0.25]]]
+    # residuals: each step's CPU over the estimate's and its wall over CPU / share (a's B1 steps alone: exact, 2.5x)
+    assert estimate.residuals["a"][0] == pytest.approx((1.0, 0.05 * alone / 0.020))
+    assert len(estimate.residuals["b"]) == 30
     with pytest.raises(ServingError, match="fewer than 5 steps"):
         estimate_step_cpu(["a", "b"], [a, b[:3]], [model, model])
     with pytest.raises(ServingError, match="2 names, 1 timelines"):

@@ -36,6 +36,7 @@ unfinished. Every request ends in exactly one of: completed, dropped, unfinished
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -132,6 +133,8 @@ class Simulation:
         cpu_factors: dict[str, tuple[float, ...]] | None = None,
         shape_factors: dict | None = None,
         processor_sharing: bool = False,
+        step_noise: dict | None = None,
+        noise_seed: int = 0,
     ):
         if not instances:
             raise ServingError("the deployment has no instances to simulate")
@@ -168,6 +171,17 @@ class Simulation:
         if processor_sharing and cpu_shares is None:
             raise ServingError("processor_sharing shares the host's cores: give cpu_shares (or shared_cores) too")
         self.processor_sharing = processor_sharing
+        # per instance: (CPU, wall) residuals measured on its steps (`StepCpuEstimate.residuals`): each simulated step
+        # draws one pair, its CPU scaled by the first and its time on the core by both - the steps' variation around
+        # the fitted means, which a queue near saturation turns into waiting (means alone leave it out)
+        self.step_noise = {name: list(pairs) for name, pairs in (step_noise or {}).items()}
+        unknown = sorted(set(self.step_noise) - set(names))
+        if unknown:
+            raise ServingError(f"step_noise names instances that are not in the deployment: {unknown}")
+        for name, pairs in self.step_noise.items():
+            if not pairs or any(len(p) != 2 or not all(0 < x < float("inf") for x in p) for p in pairs):
+                raise ServingError(f"{name}'s step_noise must be (CPU, wall) pairs of positive finite residuals")
+        self.noise = random.Random(noise_seed)
         self.cpu_s = {spec.name: 0.0 for spec in instances}  # the steps' CPU time before contention
         self.steps: list = []
         self.expected_output = expected_output or int(scheduler.mean_output)
@@ -284,12 +298,18 @@ class Simulation:
         by_shape = self.shape_factors.get(inst.spec.name)
         if by_shape is not None:  # the step's CPU in service, by its kind and batch size (rehearsal-measured)
             seconds *= by_shape.factor(kind, len(sequences), repacked)
+        noise = self.step_noise.get(inst.spec.name)
+        stretch = 1.0
+        if noise:
+            cpu_residual, stretch = noise[self.noise.randrange(len(noise))]
+            seconds *= cpu_residual
         cpu = seconds
         self.cpu_s[inst.spec.name] += seconds
+        seconds *= stretch  # from here on: the step's time on the core (its CPU over its share, as measured)
         context = sum(s.to_prefill for s in sequences) if kind == "prefill" else inst.context
         if self.processor_sharing:  # the share follows the busy count during the step: `_reshare`
             inst.busy = True
-            inst.remaining_cpu, inst.updated_s, inst.rate, inst.step_start_s = cpu, now, 0.0, now
+            inst.remaining_cpu, inst.updated_s, inst.rate, inst.step_start_s = seconds, now, 0.0, now
             inst.step_index = len(self.steps)
             self.steps.append((inst.spec.name, kind, now, now, cpu, len(sequences), context, repacked))
             self._reshare(now)

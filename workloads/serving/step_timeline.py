@@ -21,7 +21,7 @@ capture.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -240,6 +240,9 @@ class StepCpuEstimate:
     overall: dict[str, float]
     steps: int  # steps the estimate is made of
     shares: tuple[float, ...] = ()  # k = 1..instances: the steps' CPU over their wall time (nearest measured k fills)
+    # per instance, per step: (its CPU over the estimate's, its wall time over its CPU / share) - the variation around
+    # the fitted means, for `Simulation(step_noise=)`
+    residuals: dict = field(default_factory=dict)
 
     def cpu_shares(self):
         """The measured shares as the simulator's `CpuShares`."""
@@ -325,7 +328,17 @@ def estimate_step_cpu(
             shares = tuple(
                 min(1.0, measured_share[min(measured_share, key=lambda m: (abs(m - k), m))]) for k in range(n)
             )
-    return StepCpuEstimate(dict(zip(names, shapes)), tuple(busy), tuple(seen), overall, total, shares)
+    residuals = {}
+    if shares:
+        for name, steps, model, ks, walls_of, shape in zip(names, served, models, counts, walls, shapes):
+            pairs = []
+            for step, k, row in zip(steps, ks, walls_of):
+                estimated = step.model_cpu_s(model) * shape.factor(step.kind, step.seqs, step.repacked) * busy[k - 1]
+                share = sum(w * shares[i] for i, w in enumerate(row)) / max(sum(row), 1e-12)  # time-weighted
+                if estimated > 0 and step.cpu_s > 0 and step.end_s > step.start_s:
+                    pairs.append((step.cpu_s / estimated, (step.end_s - step.start_s) * share / step.cpu_s))
+            residuals[name] = tuple(pairs)
+    return StepCpuEstimate(dict(zip(names, shapes)), tuple(busy), tuple(seen), overall, total, shares, residuals)
 
 
 def wall_by_busy(timelines: list[list[TimedStep]]) -> list[list[list[float]]]:
