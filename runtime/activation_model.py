@@ -56,26 +56,32 @@ Expert parallelism: each rank receives as many rows as it sends under balanced r
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
 experts op, which is the routing's imbalance, not a modelling error.
 
-bf16 (`torch.autocast`, Qwen3-MoE without tp): every Linear casts its float32 input to a bf16 copy of its
+bf16 (`torch.autocast`, Qwen3-MoE): every Linear casts its float32 input to a bf16 copy of its
 own (autocast caches casts of leaf weights only, so q/k/v make three copies of one input) and keeps it with
 a bf16 copy of its weight; projections and SDPA produce bf16, so SDPA's q, k, v and output are bf16; the
 q/k norms upcast their bf16 input (a float32 copy) and keep the normalized tensor in bf16; the router
 restores its bf16 output dtype after the float32 softmax, so the experts' weighting keeps bf16 weights;
-the residual stream, the other norms and the grouped-GEMM experts stay float32.
+the residual stream, the other norms and the grouped-GEMM experts stay float32. Under tp the same copies are
+made of the gathered sequence by each rank's column/row shards (a DTensor Linear casts its local shard and its
+local input like a plain one), so the tp description with bf16 itemsizes is the program (measured = predicted
+on 2 ranks, Qwen3-MoE and DeepSeek-V3, one and two sequences per micro-batch).
 
 DeepSeek-V3 under autocast keeps the same kinds of copies (its MLA projections, router, shared experts and
 dense MLP are Linears), while its SDPA math path stays float32 (v becomes a float32 copy).
 
-DeepSeek-V4 (fp32, tp = 1; see `_deepseek_v4`): mHC hyper-connections, CSA/HCA compressors, eager attention
-with sinks, hash-routed and top-k MoE layers with the SwiGLU clamps; the lightning indexer's branch only picks
-integer indices, reaches no loss and is freed before the backward.
+DeepSeek-V4 (see `_deepseek_v4`): mHC hyper-connections, CSA/HCA compressors, eager attention with sinks,
+hash-routed and top-k MoE layers with the SwiGLU clamps; the lightning indexer's branch only picks integer
+indices, reaches no loss and is freed before the backward. Under bf16 autocast its Linears, the mHC mixes'
+matmuls and the attention's probabilities keep bf16 copies while the streams, Sinkhorn and softmaxes stay
+float32; under tp (runtime.tensor_parallel_heads) attention and the shared expert read the gathered
+sequence, the compressors run replicated on it, q_b/o_a/o_b/sinks hold this rank's heads and groups, and the
+hyper-connections, norms, router and routed experts run on this rank's sequence shard.
 
-Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, and both in bf16 without tp; DeepSeek-V4 in fp32 under any dp/ZeRO/ep plan (tp = 1); eager (not
-`--compile`, whose partitioner chooses its own saved set). Anything else (V4 under tp or in bf16; bf16 under
-tp) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula, saying
-so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a branch of the
-forward that reaches no loss is freed with what it saved before the backward starts.
+Covered: Qwen3-MoE, DeepSeek-V3 (MLA; see `_deepseek_v3`) and DeepSeek-V4, fp32 and bf16 autocast, any
+dp/ZeRO/ep/tp plan the runtime executes; eager (not `--compile`, whose partitioner chooses its own saved set).
+Anything else raises NotCovered with the reason, and the prediction falls back to the production-kernel
+formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures
+it: a branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
 from __future__ import annotations
@@ -278,7 +284,7 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
     }
     moe_layers = layers - len(dense_layers)
-    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    bf16 = plan.precision == "bf16"  # autocast
     act = BF16 if bf16 else FP32  # what the projections and SDPA produce
     kept = _embedding(plan, tokens)
     # Attention, every layer
@@ -371,7 +377,8 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     (read by the gather of the chosen scores), the normalisation's denominator and result; the group
     selection (per-group top-2 sums, the groups' top-k, the mask of the other groups) saves tensors too,
     but only its indices are used, so that branch reaches no loss and autograd frees it, with what it
-    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared experts are a gated MLP on the MoE block's input (the
+    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared
+    experts are a gated MLP on the MoE block's input (the
     same tensor as the router's without tp; the gathered sequence under tp, 1/tp of its width). Under tp
     the first layer's input is a slice (a view) of the embedding's all-gathered whole sequence, so the
     storage its norm keeps is the whole sequence's."""
@@ -385,7 +392,7 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     layers = config.num_hidden_layers
     dense = min(config.first_k_dense_replace, layers)
     moe_layers = layers - dense
-    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    bf16 = plan.precision == "bf16"  # autocast
     act = BF16 if bf16 else FP32
     kept = _embedding(plan, tokens)
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
@@ -585,11 +592,6 @@ def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
     (routing weights bf16); the shared expert's six tensors are bf16. The hyper-head keeps a bf16 copy of the
     normalized streams and of `hc_fn`, and bf16 mixes."""
     hidden, heads, head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
-    if plan.tp > 1:
-        raise NotCovered(
-            "DeepSeek-V4 under tp (runtime.tensor_parallel_heads) is not described: its replicated compressors, "
-            "indexer and hyper-connections on sequence shards keep tensors op by op that this model does not list"
-        )
     if getattr(config, "_attn_implementation", None) not in (None, "eager"):
         raise NotCovered(f"DeepSeek-V4 with attention {config._attn_implementation!r} (described: eager)")
     scoring = getattr(config, "scoring_func", "sqrtsoftplus")
@@ -598,38 +600,57 @@ def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
     bf16 = plan.precision == "bf16"
     act = BF16 if bf16 else FP32  # what Linears (and the matmuls autocast runs) produce
     b, s = plan.mbs, plan.seq
-    tokens = b * s
+    tokens = b * s  # T: the micro-batch's tokens (attention and the shared expert gather them under tp)
+    tp = plan.tp
+    local = tokens / tp  # t: this rank's sequence shard (hyper-connections, norms, router, routed experts)
+    heads_local = heads / tp
     layers = config.num_hidden_layers
     layer_types = list(config.layer_types)[:layers]
     streams, iters = config.hc_mult, config.hc_sinkhorn_iters
-    q_lora, groups, o_lora = config.q_lora_rank, config.o_groups, config.o_lora_rank
+    q_lora, o_lora = config.q_lora_rank, config.o_lora_rank
+    groups = config.o_groups / tp  # o_a_proj's output groups are split by whole groups of heads
     kept = _embedding(plan, tokens)
-    kept += _hyper_connection("attn_hc", tokens, streams, hidden, iters, layers, bf16=bf16, block_output=act)
-    kept += _hyper_connection("ffn_hc", tokens, streams, hidden, iters, layers, bf16=bf16)
-    kept += _rms_norm("attention", "input_layernorm", tokens, hidden, layers)
-    q_heads = tokens * heads * head_dim
+    kept += _hyper_connection("attn_hc", local, streams, hidden, iters, layers, bf16=bf16, block_output=act)
+    kept += _hyper_connection("ffn_hc", local, streams, hidden, iters, layers, bf16=bf16)
+    if tp > 1:  # layer 0's streams are a slice (a view) of the embedding's whole-sequence streams
+        kept.append(
+            Kept(
+                "mhc",
+                "attn_hc (layer 0): the rest of the whole sequence's streams",
+                (tokens - local) * streams * hidden,
+                FP32,
+            )
+        )
+    kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
+    q_heads = tokens * heads_local * head_dim
     if bf16:
         kept += _autocast_linears(
             "attention", "q_a/kv proj", tokens * hidden, [hidden * q_lora, hidden * head_dim], layers
         )
         kept += [
             Kept("attention", "q_b_proj: input (q_a_norm's bf16 output)", tokens * q_lora, BF16, layers),
-            Kept("attention", "q_b_proj: bf16 copy of the weight", q_lora * heads * head_dim, BF16, layers),
+            Kept("attention", "q_b_proj: bf16 copy of the weight", q_lora * heads_local * head_dim, BF16, layers),
             Kept("attention", "q_b_norm (unweighted): float32 copy of q_b's output", q_heads, FP32, layers),
-            Kept("attention", "q_b_norm (unweighted): bf16 cast of the rsqrt", tokens * heads, BF16, layers),
-            Kept("attention", "o_a_proj: bf16 copy of the weight", o_lora * heads * head_dim, BF16, layers),
+            Kept("attention", "q_b_norm (unweighted): bf16 cast of the rsqrt", tokens * heads_local, BF16, layers),
+            Kept("attention", "o_a_proj: bf16 copy of the weight", o_lora * heads_local * head_dim, BF16, layers),
             Kept("attention", "o_b_proj: bf16 copy of the weight", groups * o_lora * hidden, BF16, layers),
         ]
     else:
         kept += [
-            Kept("attention", "q_a/kv proj (and compressor projections): input", tokens * hidden, FP32, layers),
+            Kept(
+                "attention",
+                "q_a/kv proj (and compressor projections): input (gathered under tp)",
+                tokens * hidden,
+                FP32,
+                layers,
+            ),
             Kept("attention", "q_b_proj: input (q_a_norm output)", tokens * q_lora, FP32, layers),
         ]
     kept += [
         Kept("attention", "q_a_norm: input (q_a output, float32), normalized", 2 * tokens * q_lora, FP32, layers),
         Kept("attention", "q_a_norm: rstd", tokens, FP32, layers),
         Kept("attention", "q_b_norm (unweighted): q_b output", q_heads, act, layers),
-        Kept("attention", "q_b_norm (unweighted): rsqrt per (token, head)", tokens * heads, FP32, layers),
+        Kept("attention", "q_b_norm (unweighted): rsqrt per (token, head)", tokens * heads_local, FP32, layers),
         Kept("attention", "kv_norm: input (kv_proj output, float32), normalized", 2 * tokens * head_dim, FP32, layers),
         Kept("attention", "kv_norm: rstd", tokens, FP32, layers),
         Kept("attention", "attention matmul: q (after rope)", q_heads, act, layers),
@@ -637,59 +658,67 @@ def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
         Kept("attention", "o_b_proj: input", tokens * groups * o_lora, act, layers),
     ]
     for kind in sorted(set(layer_types)):
-        kept += _v4_attention_kind(config, plan, kind, layer_types.count(kind))
-    kept += _rms_norm("moe", "post_attention_layernorm", tokens, hidden, layers)
+        kept += _v4_attention_kind(config, plan, kind, layer_types.count(kind), heads_local)
+    kept += _rms_norm("moe", "post_attention_layernorm", local, hidden, layers)
     experts, top_k, width = config.n_routed_experts, config.num_experts_per_tok, config.intermediate_size
     score_kept = 2 if scoring == "sqrtsoftplus" else 1
     kept += (
-        _autocast_linears("moe", "router linear", tokens * hidden, [hidden * experts], layers)
+        _autocast_linears("moe", "router linear", local * hidden, [hidden * experts], layers)
         if bf16
-        else [Kept("moe", "router linear: input", tokens * hidden, FP32, layers)]
+        else [Kept("moe", "router linear: input", local * hidden, FP32, layers)]
     )
     kept += [
-        Kept("moe", f"{scoring}: kept tensors", score_kept * tokens * experts, act, layers),
-        Kept("moe", "gather: chosen experts (tid2eid lookup or top-k indices)", tokens * top_k, INT64, layers),
-        Kept("moe", "normalisation: numerator and denominator", tokens * (top_k + 1), act, layers),
+        Kept("moe", f"{scoring}: kept tensors", score_kept * local * experts, act, layers),
+        Kept("moe", "gather: chosen experts (tid2eid lookup or top-k indices)", local * top_k, INT64, layers),
+        Kept("moe", "normalisation: numerator and denominator", local * (top_k + 1), act, layers),
     ]
     if plan.ep > 1:
-        kept += _expert_parallel_experts(tokens, top_k, hidden, width, experts, plan.ep, layers, act)
+        kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, layers, act)
     else:
-        kept += _grouped_mm_experts(tokens * top_k, hidden, width, experts, layers, act, clamped=True)
+        kept += _grouped_mm_experts(local * top_k, hidden, width, experts, layers, act, clamped=True)
+    shared = width / tp  # the shared expert's columns under tp; it reads the gathered sequence
     if bf16:
-        kept += _autocast_linears("moe", "shared expert gate/up proj", tokens * hidden, [hidden * width] * 2, layers)
-        kept.append(Kept("moe", "shared expert down proj: bf16 copy of the weight", width * hidden, BF16, layers))
+        kept += _autocast_linears("moe", "shared expert gate/up proj", tokens * hidden, [hidden * shared] * 2, layers)
+        kept.append(Kept("moe", "shared expert down proj: bf16 copy of the weight", shared * hidden, BF16, layers))
+    elif tp > 1:  # without tp gate/up read the router's input
+        kept.append(
+            Kept("moe", "shared expert gate/up proj: input (the gathered sequence)", tokens * hidden, FP32, layers)
+        )
     kept.append(
-        Kept("moe", "shared expert: gate/up outputs, clamps, SiLU output, product", 6 * tokens * width, act, layers)
+        Kept("moe", "shared expert: gate/up outputs, clamps, SiLU output, product", 6 * tokens * shared, act, layers)
     )
     head_projection = (
         [
-            Kept("head", "hc_head: bf16 copy of the normalized streams", tokens * streams * hidden, BF16),
+            Kept("head", "hc_head: bf16 copy of the normalized streams", local * streams * hidden, BF16),
             Kept("head", "hc_head: bf16 copy of hc_fn", streams * streams * hidden, BF16),
         ]
         if bf16
-        else [Kept("head", "hc_head: normalized streams", tokens * streams * hidden, FP32)]
+        else [Kept("head", "hc_head: normalized streams", local * streams * hidden, FP32)]
     )
     kept += [
-        Kept("head", "hc_head: final streams", tokens * streams * hidden, FP32),
+        Kept("head", "hc_head: final streams", local * streams * hidden, FP32),
         *head_projection,
-        Kept("head", "hc_head: rsqrt", tokens, FP32),
-        Kept("head", "hc_head: mixes", tokens * streams, act),
-        Kept("head", "hc_head: sigmoid output, pre", 2 * tokens * streams, FP32),
+        Kept("head", "hc_head: rsqrt", local, FP32),
+        Kept("head", "hc_head: mixes", local * streams, act),
+        Kept("head", "hc_head: sigmoid output, pre", 2 * local * streams, FP32),
     ]
-    kept += _head(plan, config, tokens, tokens, bf16=bf16)
+    kept += _head(plan, config, tokens, local, bf16=bf16)
     experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
     precision = "bf16 autocast" if bf16 else "fp32"
+    style = ", head-parallel tp" if tp > 1 else ""
     return ActivationModel(
-        f"transformers eager deepseek_v4 (eager attention with sinks, mHC, {experts_impl}), {precision}", tuple(kept)
+        f"transformers eager deepseek_v4 (eager attention with sinks, mHC, {experts_impl}{style}), {precision}",
+        tuple(kept),
     )
 
 
-def _v4_attention_kind(config: Any, plan: ParallelConfig, kind: str, count: int) -> list[Kept]:
+def _v4_attention_kind(config: Any, plan: ParallelConfig, kind: str, count: int, heads: float) -> list[Kept]:
     """What V4's attention keeps per layer type (`count` layers of `kind`): RoPE's cos and sin, the compressor
-    (HCA or CSA) and the eager attention with sinks over the sequence plus the compressed entries."""
+    (HCA or CSA) and the eager attention with sinks over the sequence plus the compressed entries. Under tp the
+    compressor runs on the gathered sequence (replicated), attention on `heads` = this rank's heads."""
     bf16 = plan.precision == "bf16"
     act = BF16 if bf16 else FP32
-    hidden, heads, head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
+    hidden, head_dim = config.hidden_size, config.head_dim  # heads: this rank's (H / tp)
     b, s = plan.mbs, plan.seq
     tokens = b * s
     rope_type = "main" if kind == "sliding_attention" else "compress"
