@@ -621,6 +621,17 @@ def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
                 FP32,
             )
         )
+        if b > 1 and not bf16:
+            # with more than one sequence that slice is not contiguous: layer 0's mix matmul folds [B, S/tp] into
+            # one dimension and keeps a contiguous copy of it (under bf16 it keeps its bf16 copy instead)
+            kept.append(
+                Kept(
+                    "mhc",
+                    "attn_hc mix (layer 0): contiguous copy of the streams' slice",
+                    local * streams * hidden,
+                    FP32,
+                )
+            )
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
     q_heads = tokens * heads_local * head_dim
     if bf16:
