@@ -432,16 +432,17 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
         ]
     # SDPA's math path runs in float32 under autocast too (q and k are float32 once RoPE's float32 part is
     # concatenated; v arrives as a float32 copy), so only v's storage changes: its own copy, not kv_b's output
-    v_kept = tokens * h_local * (nope + v_dim if plan.mbs == 1 and not bf16 else v_dim)
+    v_view = (plan.mbs == 1 or h_local == 1) and not bf16  # folding [B, H] is a view when either is 1
+    v_kept = tokens * h_local * (nope + v_dim if v_view else v_dim)
     kept += [
         Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
         Kept("attention", "sdpa (math): scaled q", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): k transposed", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
         # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
-        # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
-        # with one sequence per micro-batch, v alone otherwise.
-        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)", v_kept, FP32, layers),
+        # to [B*H, s, v], a view only when B = 1 or H = 1 (one head per tp rank), else a contiguous copy: the
+        # storage kept is kv_b's output in the first two cases, v alone otherwise.
+        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1 or one head, else a copy)", v_kept, FP32, layers),
     ]
     if bf16:  # o_proj casts the float32 attention output: its bf16 copy is the input it keeps
         kept += _autocast_linears("attention", "o_proj", tokens * h_local * v_dim, [h_local * v_dim * hidden], layers)
