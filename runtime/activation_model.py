@@ -56,26 +56,32 @@ Expert parallelism: each rank receives as many rows as it sends under balanced r
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
 experts op, which is the routing's imbalance, not a modelling error.
 
-bf16 (`torch.autocast`, Qwen3-MoE without tp): every Linear casts its float32 input to a bf16 copy of its
+bf16 (`torch.autocast`, Qwen3-MoE): every Linear casts its float32 input to a bf16 copy of its
 own (autocast caches casts of leaf weights only, so q/k/v make three copies of one input) and keeps it with
 a bf16 copy of its weight; projections and SDPA produce bf16, so SDPA's q, k, v and output are bf16; the
 q/k norms upcast their bf16 input (a float32 copy) and keep the normalized tensor in bf16; the router
 restores its bf16 output dtype after the float32 softmax, so the experts' weighting keeps bf16 weights;
-the residual stream, the other norms and the grouped-GEMM experts stay float32.
+the residual stream, the other norms and the grouped-GEMM experts stay float32. Under tp the same copies are
+made of the gathered sequence by each rank's column/row shards (a DTensor Linear casts its local shard and its
+local input like a plain one), so the tp description with bf16 itemsizes is the program (measured = predicted
+on 2 ranks, Qwen3-MoE and DeepSeek-V3, one and two sequences per micro-batch).
 
 DeepSeek-V3 under autocast keeps the same kinds of copies (its MLA projections, router, shared experts and
 dense MLP are Linears), while its SDPA math path stays float32 (v becomes a float32 copy).
 
-DeepSeek-V4 (fp32, tp = 1; see `_deepseek_v4`): mHC hyper-connections, CSA/HCA compressors, eager attention
-with sinks, hash-routed and top-k MoE layers with the SwiGLU clamps; the lightning indexer's branch only picks
-integer indices, reaches no loss and is freed before the backward.
+DeepSeek-V4 (see `_deepseek_v4`): mHC hyper-connections, CSA/HCA compressors, eager attention with sinks,
+hash-routed and top-k MoE layers with the SwiGLU clamps; the lightning indexer's branch only picks integer
+indices, reaches no loss and is freed before the backward. Under bf16 autocast its Linears, the mHC mixes'
+matmuls and the attention's probabilities keep bf16 copies while the streams, Sinkhorn and softmaxes stay
+float32; under tp (runtime.tensor_parallel_heads) attention and the shared expert read the gathered
+sequence, the compressors run replicated on it, q_b/o_a/o_b/sinks hold this rank's heads and groups, and the
+hyper-connections, norms, router and routed experts run on this rank's sequence shard.
 
-Covered: Qwen3-MoE and DeepSeek-V3 (MLA; see `_deepseek_v3`) in fp32, any dp/ZeRO/ep/tp plan the runtime
-executes, and both in bf16 without tp; DeepSeek-V4 in fp32 under any dp/ZeRO/ep plan (tp = 1); eager (not
-`--compile`, whose partitioner chooses its own saved set). Anything else (V4 under tp or in bf16; bf16 under
-tp) raises NotCovered with the reason, and the prediction falls back to the production-kernel formula, saying
-so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures it: a branch of the
-forward that reaches no loss is freed with what it saved before the backward starts.
+Covered: Qwen3-MoE, DeepSeek-V3 (MLA; see `_deepseek_v3`) and DeepSeek-V4, fp32 and bf16 autocast, any
+dp/ZeRO/ep/tp plan the runtime executes; eager (not `--compile`, whose partitioner chooses its own saved set).
+Anything else raises NotCovered with the reason, and the prediction falls back to the production-kernel
+formula, saying so. Counted is what is alive when the forward ends, as `runtime.memory_accounting` measures
+it: a branch of the forward that reaches no loss is freed with what it saved before the backward starts.
 """
 
 from __future__ import annotations
@@ -134,12 +140,6 @@ def eager_activations(config: Any, plan: ParallelConfig, *, compiled: bool = Fal
         raise NotCovered("a compiled rank keeps what the partitioner chose, not the eager implementation's tensors")
     if plan.precision not in ("fp32", "bf16"):
         raise NotCovered(f"precision {plan.precision} is not executed by the runtime's eager path")
-    if plan.precision == "bf16" and (model_type not in ("qwen3_moe", "deepseek_v3") or plan.tp > 1):
-        raise NotCovered(
-            f"bf16 autocast is described for qwen3_moe and deepseek_v3 without tp (got {model_type or 'this model'}, "
-            f"tp={plan.tp}): "
-            "autocast keeps bf16 copies of GEMM inputs and weights beside fp32 norms, op by op"
-        )
     if plan.pp > 1 or plan.cp > 1:
         raise NotCovered("pipeline and context parallelism are not executed by the runtime")
     if model_type == "qwen3_moe":
@@ -284,7 +284,7 @@ def _qwen3_moe(config: Any, plan: ParallelConfig) -> ActivationModel:
         or (i + 1) % (getattr(config, "decoder_sparse_step", 1) or 1)
     }
     moe_layers = layers - len(dense_layers)
-    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    bf16 = plan.precision == "bf16"  # autocast
     act = BF16 if bf16 else FP32  # what the projections and SDPA produce
     kept = _embedding(plan, tokens)
     # Attention, every layer
@@ -377,7 +377,8 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     (read by the gather of the chosen scores), the normalisation's denominator and result; the group
     selection (per-group top-2 sums, the groups' top-k, the mask of the other groups) saves tensors too,
     but only its indices are used, so that branch reaches no loss and autograd frees it, with what it
-    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared experts are a gated MLP on the MoE block's input (the
+    saved, during the forward (`runtime.memory_accounting` counts what is alive when the forward ends). Shared
+    experts are a gated MLP on the MoE block's input (the
     same tensor as the router's without tp; the gathered sequence under tp, 1/tp of its width). Under tp
     the first layer's input is a slice (a view) of the embedding's all-gathered whole sequence, so the
     storage its norm keeps is the whole sequence's."""
@@ -391,7 +392,7 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
     layers = config.num_hidden_layers
     dense = min(config.first_k_dense_replace, layers)
     moe_layers = layers - dense
-    bf16 = plan.precision == "bf16"  # autocast (tp = 1 only: eager_activations refuses the rest)
+    bf16 = plan.precision == "bf16"  # autocast
     act = BF16 if bf16 else FP32
     kept = _embedding(plan, tokens)
     kept += _rms_norm("attention", "input_layernorm", local, hidden, layers - 1)
@@ -431,16 +432,17 @@ def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:
         ]
     # SDPA's math path runs in float32 under autocast too (q and k are float32 once RoPE's float32 part is
     # concatenated; v arrives as a float32 copy), so only v's storage changes: its own copy, not kv_b's output
-    v_kept = tokens * h_local * (nope + v_dim if plan.mbs == 1 and not bf16 else v_dim)
+    v_view = (plan.mbs == 1 or h_local == 1) and not bf16  # folding [B, H] is a view when either is 1
+    v_kept = tokens * h_local * (nope + v_dim if v_view else v_dim)
     kept += [
         Kept("attention", "rope: cos and sin (shared by every layer)", 2 * plan.seq * rope, FP32),
         Kept("attention", "sdpa (math): scaled q", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): k transposed", tokens * q_width, FP32, layers),
         Kept("attention", "sdpa (math): softmax output", plan.mbs * h_local * plan.seq * plan.seq, FP32, layers),
         # v is a slice of kv_b's output [B, s, H, nope+v] seen as [B, H, s, v]; the math path's bmm reshapes it
-        # to [B*H, s, v], a view only when B = 1 (else a contiguous copy): the storage kept is kv_b's output
-        # with one sequence per micro-batch, v alone otherwise.
-        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1, a copy otherwise)", v_kept, FP32, layers),
+        # to [B*H, s, v], a view only when B = 1 or H = 1 (one head per tp rank), else a contiguous copy: the
+        # storage kept is kv_b's output in the first two cases, v alone otherwise.
+        Kept("attention", "sdpa (math): v (kv_b's output when mbs = 1 or one head, else a copy)", v_kept, FP32, layers),
     ]
     if bf16:  # o_proj casts the float32 attention output: its bf16 copy is the input it keeps
         kept += _autocast_linears("attention", "o_proj", tokens * h_local * v_dim, [h_local * v_dim * hidden], layers)
@@ -492,7 +494,17 @@ def _rope_dim(config: Any, rope_type: str) -> int:
     return 2 * ((dim + 1) // 2)
 
 
-def _hyper_connection(name: str, tokens: float, streams: int, hidden: int, iters: int, count: int) -> list[Kept]:
+def _hyper_connection(
+    name: str,
+    tokens: float,
+    streams: int,
+    hidden: int,
+    iters: int,
+    count: int,
+    *,
+    bf16: bool = False,
+    block_output: int = FP32,
+) -> list[Kept]:
     """One DeepSeek-V4 mHC module (`DeepseekV4HyperConnection`) and the mix after its block, per layer.
 
     The unweighted norm keeps the flattened streams (the block's input streams, which the collapse and the
@@ -501,26 +513,46 @@ def _hyper_connection(name: str, tokens: float, streams: int, hidden: int, iters
     and the softmax keep their outputs; every Sinkhorn division keeps its numerator and its denominator
     (one column division, then a row and a column division per further iteration); the collapse keeps
     `pre`; after the block, the mix keeps `post`, the block's output and a contiguous copy of comb
-    transposed (the batched matmul's operand)."""
+    transposed (the batched matmul's operand).
+
+    Under bf16 autocast (`bf16`) the projection is a Linear: it keeps a bf16 copy of the normalized streams and
+    of its weight `fn`, and its output (the logits) is bf16; adding the float32 biases (1-D, so they promote)
+    puts the sigmoids, softmax and Sinkhorn back in float32. The mix's matmul is on autocast's list too: it
+    keeps bf16 copies of comb transposed and of the residual streams. `block_output`: the itemsize of the
+    block's output the mix's `post * output` keeps (attention: bf16, its o_b_proj is a Linear; the MoE block:
+    float32, the float32 routed output plus the bf16 shared expert)."""
     t, n = tokens, streams
     divisions = 2 * iters - 1
-    return [
-        Kept("mhc", f"{name}: input streams (norm, collapse and mix read them)", t * n * hidden, FP32, count),
-        Kept("mhc", f"{name}: rsqrt (one per token)", t, FP32, count),
-        Kept("mhc", f"{name}: normalized streams (the projection's input)", t * n * hidden, FP32, count),
-        Kept("mhc", f"{name}: projection output (pre/post/comb logits)", t * (2 + n) * n, FP32, count),
-        Kept("mhc", f"{name}: pre and post sigmoid outputs", 2 * t * n, FP32, count),
-        Kept("mhc", f"{name}: comb softmax output", t * n * n, FP32, count),
-        Kept("mhc", f"{name}: Sinkhorn divisions: numerators", divisions * t * n * n, FP32, count),
-        Kept("mhc", f"{name}: Sinkhorn divisions: denominators", divisions * t * n, FP32, count),
-        Kept("mhc", f"{name}: collapse: pre", t * n, FP32, count),
-        Kept("mhc", f"{name}: mix: post, comb transposed (copy)", t * n + t * n * n, FP32, count),
-        Kept("mhc", f"{name}: mix: the block's output", t * hidden, FP32, count),
+    act = BF16 if bf16 else FP32
+    projection_input = (
+        [
+            Kept("mhc", f"{name}: bf16 copy of the normalized streams (the projection's input)", t * n * hidden, BF16),
+            Kept("mhc", f"{name}: bf16 copy of the projection weight fn", (2 + n) * n * n * hidden, BF16),
+        ]
+        if bf16
+        else [Kept("mhc", f"{name}: normalized streams (the projection's input)", t * n * hidden, FP32)]
+    )
+    mix_copies = [Kept("mhc", f"{name}: mix: bf16 copy of the streams (matmul)", t * n * hidden, BF16)] if bf16 else []
+    kept = [
+        Kept("mhc", f"{name}: input streams (norm, collapse and mix read them)", t * n * hidden, FP32),
+        Kept("mhc", f"{name}: rsqrt (one per token)", t, FP32),
+        *projection_input,
+        Kept("mhc", f"{name}: projection output (pre/post/comb logits)", t * (2 + n) * n, act),
+        Kept("mhc", f"{name}: pre and post sigmoid outputs", 2 * t * n, FP32),
+        Kept("mhc", f"{name}: comb softmax output", t * n * n, FP32),
+        Kept("mhc", f"{name}: Sinkhorn divisions: numerators", divisions * t * n * n, FP32),
+        Kept("mhc", f"{name}: Sinkhorn divisions: denominators", divisions * t * n, FP32),
+        Kept("mhc", f"{name}: collapse: pre", t * n, FP32),
+        Kept("mhc", f"{name}: mix: post", t * n, FP32),
+        Kept("mhc", f"{name}: mix: comb transposed (copy)", t * n * n, act),
+        *mix_copies,
+        Kept("mhc", f"{name}: mix: the block's output", t * hidden, block_output),
     ]
+    return [Kept(k.part, k.what, k.elements, k.itemsize, count) for k in kept]
 
 
 def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
-    """DeepSeek-V4 (transformers `DeepseekV4DecoderLayer`) in fp32 without tp, eager attention.
+    """DeepSeek-V4 (transformers `DeepseekV4DecoderLayer`), fp32 or bf16 autocast, without tp, eager attention.
 
     Per layer: two mHC modules (`_hyper_connection`) around attention and the MoE block, each block reading
     the collapsed stream through a weighted RMSNorm. Attention: q_a/kv_proj (and the compressor's and
@@ -543,116 +575,218 @@ def _deepseek_v4(config: Any, plan: ParallelConfig) -> ActivationModel:
     grouped GEMMs with V4's SwiGLU clamps (`_grouped_mm_experts(clamped=True)`) or the expert-parallel
     nodes; the shared expert (`DeepseekV4MLP`) keeps gate's and up's outputs (the clamps' inputs), the
     clamps' outputs, SiLU's output and the product. The head's `DeepseekV4HyperHead` keeps the final
-    streams, rsqrt, the normalized streams, the mixes, the sigmoid output and `pre`."""
+    streams, rsqrt, the normalized streams, the mixes, the sigmoid output and `pre`.
+
+    bf16 autocast (what changes, op by op; the residual streams stay float32): every Linear (q_a, kv_proj, the
+    compressor's kv/gate, router, shared expert, the mHC projections, the head) keeps its own bf16 copy of its
+    float32 input and a bf16 copy of its weight, and produces bf16; a Linear reading a bf16 tensor (q_b, o_b,
+    the shared expert's down) keeps that tensor and a weight copy. The weighted norms of bf16 projections
+    (q_a_norm, kv_norm, the compressors' kv_norm) upcast their input: the float32 copy takes the input's place,
+    so their bytes do not change; their output is cast back to bf16. The unweighted q_b_norm keeps the bf16
+    q_b output, a float32 copy of it (`x.float().square()`), the float32 rsqrt and its bf16 cast. RoPE's float32
+    rotation of a bf16 tensor is cast back (q, kv, the output, the compressed entries are bf16; the compressed
+    entries' cos and sin take the bf16 dtype of the compressor's norm output). The compressors keep the bf16
+    window rows, the float32 gate softmax and its bf16 cast. Attention's first matmul reads bf16 q and keys;
+    adding the float32 mask promotes the logits to float32 (max, softmax unchanged), and the probabilities are
+    cast to a bf16 copy for the second matmul. The grouped o_a bmm keeps a bf16 weight copy. The router's
+    scores, the gathered weights and their normalisation are bf16; the grouped-GEMM experts stay float32
+    (routing weights bf16); the shared expert's six tensors are bf16. The hyper-head keeps a bf16 copy of the
+    normalized streams and of `hc_fn`, and bf16 mixes."""
     hidden, heads, head_dim = config.hidden_size, config.num_attention_heads, config.head_dim
-    if plan.tp > 1:
-        raise NotCovered(
-            "DeepSeek-V4 under tp (runtime.tensor_parallel_heads) is not described: its replicated compressors, "
-            "indexer and hyper-connections on sequence shards keep tensors op by op that this model does not list"
-        )
-    if plan.precision != "fp32":
-        raise NotCovered("DeepSeek-V4 is described in fp32 (bf16 autocast copies per op are not listed)")
     if getattr(config, "_attn_implementation", None) not in (None, "eager"):
         raise NotCovered(f"DeepSeek-V4 with attention {config._attn_implementation!r} (described: eager)")
     scoring = getattr(config, "scoring_func", "sqrtsoftplus")
     if scoring not in ("sqrtsoftplus", "sigmoid", "softmax"):
         raise NotCovered(f"DeepSeek-V4 router scoring {scoring!r} (described: sqrtsoftplus, sigmoid, softmax)")
+    bf16 = plan.precision == "bf16"
+    act = BF16 if bf16 else FP32  # what Linears (and the matmuls autocast runs) produce
     b, s = plan.mbs, plan.seq
-    tokens = b * s
+    tokens = b * s  # T: the micro-batch's tokens (attention and the shared expert gather them under tp)
+    tp = plan.tp
+    local = tokens / tp  # t: this rank's sequence shard (hyper-connections, norms, router, routed experts)
+    heads_local = heads / tp
     layers = config.num_hidden_layers
     layer_types = list(config.layer_types)[:layers]
     streams, iters = config.hc_mult, config.hc_sinkhorn_iters
-    q_lora, groups, o_lora = config.q_lora_rank, config.o_groups, config.o_lora_rank
+    q_lora, o_lora = config.q_lora_rank, config.o_lora_rank
+    groups = config.o_groups / tp  # o_a_proj's output groups are split by whole groups of heads
     kept = _embedding(plan, tokens)
-    kept += _hyper_connection("attn_hc", tokens, streams, hidden, iters, layers)
-    kept += _hyper_connection("ffn_hc", tokens, streams, hidden, iters, layers)
-    kept += _rms_norm("attention", "input_layernorm", tokens, hidden, layers)
-    kept.append(Kept("attention", "q_a/kv proj (and compressor projections): input", tokens * hidden, FP32, layers))
+    kept += _hyper_connection("attn_hc", local, streams, hidden, iters, layers, bf16=bf16, block_output=act)
+    kept += _hyper_connection("ffn_hc", local, streams, hidden, iters, layers, bf16=bf16)
+    if tp > 1:  # layer 0's streams are a slice (a view) of the embedding's whole-sequence streams
+        kept.append(
+            Kept(
+                "mhc",
+                "attn_hc (layer 0): the rest of the whole sequence's streams",
+                (tokens - local) * streams * hidden,
+                FP32,
+            )
+        )
+        if b > 1 and not bf16:
+            # with more than one sequence that slice is not contiguous: layer 0's mix matmul folds [B, S/tp] into
+            # one dimension and keeps a contiguous copy of it (under bf16 it keeps its bf16 copy instead)
+            kept.append(
+                Kept(
+                    "mhc",
+                    "attn_hc mix (layer 0): contiguous copy of the streams' slice",
+                    local * streams * hidden,
+                    FP32,
+                )
+            )
+    kept += _rms_norm("attention", "input_layernorm", local, hidden, layers)
+    q_heads = tokens * heads_local * head_dim
+    if bf16:
+        kept += _autocast_linears(
+            "attention", "q_a/kv proj", tokens * hidden, [hidden * q_lora, hidden * head_dim], layers
+        )
+        kept += [
+            Kept("attention", "q_b_proj: input (q_a_norm's bf16 output)", tokens * q_lora, BF16, layers),
+            Kept("attention", "q_b_proj: bf16 copy of the weight", q_lora * heads_local * head_dim, BF16, layers),
+            Kept("attention", "q_b_norm (unweighted): float32 copy of q_b's output", q_heads, FP32, layers),
+            Kept("attention", "q_b_norm (unweighted): bf16 cast of the rsqrt", tokens * heads_local, BF16, layers),
+            Kept("attention", "o_a_proj: bf16 copy of the weight", o_lora * heads_local * head_dim, BF16, layers),
+            Kept("attention", "o_b_proj: bf16 copy of the weight", groups * o_lora * hidden, BF16, layers),
+        ]
+    else:
+        kept += [
+            Kept(
+                "attention",
+                "q_a/kv proj (and compressor projections): input (gathered under tp)",
+                tokens * hidden,
+                FP32,
+                layers,
+            ),
+            Kept("attention", "q_b_proj: input (q_a_norm output)", tokens * q_lora, FP32, layers),
+        ]
     kept += [
-        Kept("attention", "q_a_norm: input (q_a output), normalized", 2 * tokens * q_lora, FP32, layers),
+        Kept("attention", "q_a_norm: input (q_a output, float32), normalized", 2 * tokens * q_lora, FP32, layers),
         Kept("attention", "q_a_norm: rstd", tokens, FP32, layers),
-        Kept("attention", "q_b_proj: input (q_a_norm output)", tokens * q_lora, FP32, layers),
-        Kept("attention", "q_b_norm (unweighted): q_b output", tokens * heads * head_dim, FP32, layers),
-        Kept("attention", "q_b_norm (unweighted): rsqrt per (token, head)", tokens * heads, FP32, layers),
-        Kept("attention", "kv_norm: input (kv_proj output), normalized", 2 * tokens * head_dim, FP32, layers),
+        Kept("attention", "q_b_norm (unweighted): q_b output", q_heads, act, layers),
+        Kept("attention", "q_b_norm (unweighted): rsqrt per (token, head)", tokens * heads_local, FP32, layers),
+        Kept("attention", "kv_norm: input (kv_proj output, float32), normalized", 2 * tokens * head_dim, FP32, layers),
         Kept("attention", "kv_norm: rstd", tokens, FP32, layers),
-        Kept("attention", "attention matmul: q (after rope)", tokens * heads * head_dim, FP32, layers),
-        Kept("attention", "o_a_proj (grouped bmm): rotated output (copy)", tokens * heads * head_dim, FP32, layers),
-        Kept("attention", "o_b_proj: input", tokens * groups * o_lora, FP32, layers),
+        Kept("attention", "attention matmul: q (after rope)", q_heads, act, layers),
+        Kept("attention", "o_a_proj (grouped bmm): rotated output (copy)", q_heads, act, layers),
+        Kept("attention", "o_b_proj: input", tokens * groups * o_lora, act, layers),
     ]
     for kind in sorted(set(layer_types)):
-        count = layer_types.count(kind)
-        rope_type = "main" if kind == "sliding_attention" else "compress"
-        rope = _rope_dim(config, rope_type)
-        # q, kv and the output's inverse rotation: cos and sin of one position row each
-        kept.append(Kept("attention", f"rope ({rope_type}): cos and sin, q/kv/output", 3 * 2 * s * rope, FP32, count))
-        windows = 0
-        if kind in ("compressed_sparse_attention", "heavily_compressed_attention"):
-            rate = config.compress_rates[kind]
-            windows = s // rate
-            if windows:
-                compressed = b * windows
-                if kind == "heavily_compressed_attention":
-                    rows = [
-                        Kept("attention", "HCA: window rows (kv_proj output)", tokens * head_dim, FP32, count),
-                        Kept("attention", "HCA: gate softmax", compressed * rate * head_dim, FP32, count),
-                    ]
-                else:
-                    rows = [
-                        Kept(
-                            "attention", "CSA: new_kv, gate softmax", 2 * compressed * 2 * rate * head_dim, FP32, count
-                        )
-                    ]
-                kept += rows + [
-                    Kept(
-                        "attention",
-                        f"{kind}: kv_norm input, normalized",
-                        2 * compressed * head_dim,
-                        FP32,
-                        count,
-                    ),
-                    Kept("attention", f"{kind}: kv_norm rstd", compressed, FP32, count),
-                    Kept(
-                        "attention",
-                        f"{kind}: rope cos and sin",
-                        2 * compressed * _rope_dim(config, "compress"),
-                        FP32,
-                        count,
-                    ),
-                ]
-        keys = s + windows
-        # repeat_kv expands the single KV head over the heads (a stride-0 view); the batched matmuls fold
-        # [B, H] into one dimension, which copies keys and values when B > 1 (and H > 1); with one sequence
-        # per micro-batch both read the concatenated KV entries themselves
-        kv_copies = 2 * b * heads * keys * head_dim if heads > 1 and b > 1 else b * keys * head_dim
-        kept += [
-            Kept("attention", f"{kind}: repeat_kv copies (keys, values)", kv_copies, FP32, count),
-            Kept("attention", f"{kind}: max indices (int64)", tokens * heads, INT64, count),
-            Kept("attention", f"{kind}: softmax over keys + entries + sink", tokens * heads * (keys + 1), FP32, count),
-        ]
-    kept += _rms_norm("moe", "post_attention_layernorm", tokens, hidden, layers)
+        kept += _v4_attention_kind(config, plan, kind, layer_types.count(kind), heads_local)
+    kept += _rms_norm("moe", "post_attention_layernorm", local, hidden, layers)
     experts, top_k, width = config.n_routed_experts, config.num_experts_per_tok, config.intermediate_size
     score_kept = 2 if scoring == "sqrtsoftplus" else 1
+    kept += (
+        _autocast_linears("moe", "router linear", local * hidden, [hidden * experts], layers)
+        if bf16
+        else [Kept("moe", "router linear: input", local * hidden, FP32, layers)]
+    )
     kept += [
-        Kept("moe", "router linear: input", tokens * hidden, FP32, layers),
-        Kept("moe", f"{scoring}: kept tensors", score_kept * tokens * experts, FP32, layers),
-        Kept("moe", "gather: chosen experts (tid2eid lookup or top-k indices)", tokens * top_k, INT64, layers),
-        Kept("moe", "normalisation: numerator and denominator", tokens * (top_k + 1), FP32, layers),
+        Kept("moe", f"{scoring}: kept tensors", score_kept * local * experts, act, layers),
+        Kept("moe", "gather: chosen experts (tid2eid lookup or top-k indices)", local * top_k, INT64, layers),
+        Kept("moe", "normalisation: numerator and denominator", local * (top_k + 1), act, layers),
     ]
     if plan.ep > 1:
-        kept += _expert_parallel_experts(tokens, top_k, hidden, width, experts, plan.ep, layers)
+        kept += _expert_parallel_experts(local, top_k, hidden, width, experts, plan.ep, layers, act)
     else:
-        kept += _grouped_mm_experts(tokens * top_k, hidden, width, experts, layers, clamped=True)
+        kept += _grouped_mm_experts(local * top_k, hidden, width, experts, layers, act, clamped=True)
+    shared = width / tp  # the shared expert's columns under tp; it reads the gathered sequence
+    if bf16:
+        kept += _autocast_linears("moe", "shared expert gate/up proj", tokens * hidden, [hidden * shared] * 2, layers)
+        kept.append(Kept("moe", "shared expert down proj: bf16 copy of the weight", shared * hidden, BF16, layers))
+    elif tp > 1:  # without tp gate/up read the router's input
+        kept.append(
+            Kept("moe", "shared expert gate/up proj: input (the gathered sequence)", tokens * hidden, FP32, layers)
+        )
     kept.append(
-        Kept("moe", "shared expert: gate/up outputs, clamps, SiLU output, product", 6 * tokens * width, FP32, layers)
+        Kept("moe", "shared expert: gate/up outputs, clamps, SiLU output, product", 6 * tokens * shared, act, layers)
+    )
+    head_projection = (
+        [
+            Kept("head", "hc_head: bf16 copy of the normalized streams", local * streams * hidden, BF16),
+            Kept("head", "hc_head: bf16 copy of hc_fn", streams * streams * hidden, BF16),
+        ]
+        if bf16
+        else [Kept("head", "hc_head: normalized streams", local * streams * hidden, FP32)]
     )
     kept += [
-        Kept("head", "hc_head: final streams, normalized streams", 2 * tokens * streams * hidden, FP32),
-        Kept("head", "hc_head: rsqrt", tokens, FP32),
-        Kept("head", "hc_head: mixes, sigmoid output, pre", 3 * tokens * streams, FP32),
+        Kept("head", "hc_head: final streams", local * streams * hidden, FP32),
+        *head_projection,
+        Kept("head", "hc_head: rsqrt", local, FP32),
+        Kept("head", "hc_head: mixes", local * streams, act),
+        Kept("head", "hc_head: sigmoid output, pre", 2 * local * streams, FP32),
     ]
-    kept += _head(plan, config, tokens, tokens)
+    kept += _head(plan, config, tokens, local, bf16=bf16)
     experts_impl = "trex.ep_exchange/ep_experts_local" if plan.ep > 1 else "transformers grouped_mm"
+    precision = "bf16 autocast" if bf16 else "fp32"
+    style = ", head-parallel tp" if tp > 1 else ""
     return ActivationModel(
-        f"transformers eager deepseek_v4 (eager attention with sinks, mHC, {experts_impl}), fp32", tuple(kept)
+        f"transformers eager deepseek_v4 (eager attention with sinks, mHC, {experts_impl}{style}), {precision}",
+        tuple(kept),
     )
+
+
+def _v4_attention_kind(config: Any, plan: ParallelConfig, kind: str, count: int, heads: float) -> list[Kept]:
+    """What V4's attention keeps per layer type (`count` layers of `kind`): RoPE's cos and sin, the compressor
+    (HCA or CSA) and the eager attention with sinks over the sequence plus the compressed entries. Under tp the
+    compressor runs on the gathered sequence (replicated), attention on `heads` = this rank's heads."""
+    bf16 = plan.precision == "bf16"
+    act = BF16 if bf16 else FP32
+    hidden, head_dim = config.hidden_size, config.head_dim  # heads: this rank's (H / tp)
+    b, s = plan.mbs, plan.seq
+    tokens = b * s
+    rope_type = "main" if kind == "sliding_attention" else "compress"
+    rope = _rope_dim(config, rope_type)
+    # q, kv and the output's inverse rotation: cos and sin of one position row each
+    kept = [Kept("attention", f"rope ({rope_type}): cos and sin, q/kv/output", 3 * 2 * s * rope, FP32, count)]
+    windows = 0
+    if kind in ("compressed_sparse_attention", "heavily_compressed_attention"):
+        hca = kind == "heavily_compressed_attention"
+        rate = config.compress_rates[kind]
+        windows = s // rate
+        if windows:
+            if bf16:  # kv_proj and gate_proj read the block's input (a bf16 copy each); with no window their
+                # outputs reach no loss and are freed with the copies
+                width = head_dim if hca else 2 * head_dim
+                kept += _autocast_linears(
+                    "attention", f"{kind}: compressor kv/gate proj", tokens * hidden, [hidden * width] * 2, count
+                )
+            compressed = b * windows
+            gated = compressed * (rate if hca else 2 * rate) * head_dim
+            # HCA's window rows are a view of kv_proj's whole output; CSA's the re-laid `new_kv`
+            kept += [
+                Kept(
+                    "attention",
+                    f"{kind}: window rows (HCA: kv_proj output; CSA: new_kv)",
+                    tokens * head_dim if hca else gated,
+                    act,
+                    count,
+                ),
+                Kept("attention", f"{kind}: gate softmax (float32)", gated, FP32, count),
+            ]
+            if bf16:
+                kept.append(Kept("attention", f"{kind}: gate softmax cast to bf16", gated, BF16, count))
+            kept += [
+                Kept(
+                    "attention", f"{kind}: kv_norm input (float32), normalized", 2 * compressed * head_dim, FP32, count
+                ),
+                Kept("attention", f"{kind}: kv_norm rstd", compressed, FP32, count),
+                Kept(
+                    "attention",
+                    f"{kind}: rope cos and sin (the norm output's dtype)",
+                    2 * compressed * _rope_dim(config, "compress"),
+                    act,
+                    count,
+                ),
+            ]
+    keys = s + windows
+    # repeat_kv expands the single KV head over the heads (a stride-0 view); the batched matmuls fold
+    # [B, H] into one dimension, which copies keys and values when B > 1 (and H > 1); with one sequence
+    # per micro-batch both read the concatenated KV entries themselves
+    kv_copies = 2 * b * heads * keys * head_dim if heads > 1 and b > 1 else b * keys * head_dim
+    kept += [
+        Kept("attention", f"{kind}: repeat_kv copies (keys, values)", kv_copies, act, count),
+        Kept("attention", f"{kind}: max indices (int64)", tokens * heads, INT64, count),
+        Kept("attention", f"{kind}: softmax over keys + entries + sink", tokens * heads * (keys + 1), FP32, count),
+    ]
+    if bf16:  # the float32 probabilities (a view without the sink) cast for the bf16 value matmul
+        kept.append(Kept("attention", f"{kind}: probabilities cast to bf16", tokens * heads * keys, BF16, count))
+    return kept
