@@ -114,6 +114,20 @@ def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
     return report
 
 
+def emitted_call_costs(graph: fx.Graph, target: str) -> list[tuple[str, object]]:
+    """The cost model's own price of every torch_npu call in a lowered graph, (op name, `NodeCost`) each: from the
+    op's formula (`cost_model/torch_npu_formulas.py`) and the target's profile, not from the nodes it replaced.
+    Every op the backend emits has a formula; a call priced 0 would under-count the share it is part of."""
+    from trex.cost_model.annotate import annotate_node, cluster_of
+
+    cluster = cluster_of(target)
+    return [
+        (node.meta["trex_npu_op"], annotate_node(node, cluster))
+        for node in graph.nodes
+        if node.op == "call_function" and "trex_npu_op" in node.meta
+    ]
+
+
 def describe(reports: list[AscendGraphReport]) -> list[str]:
     """Summary lines: the fused share of predicted time, overall and for the MoE layers."""
     reports = [r for r in reports if r.total_s > 0]

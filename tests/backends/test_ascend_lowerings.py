@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import trex
 from trex.backends.ascend import AscendBackend
 from trex.backends.ascend.patterns import PATTERNS, FlashAttention, Match
+from trex.backends.ascend.report import emitted_call_costs
 from trex.backends.ascend.schemas import check_call
 from trex.errors import BackendError
 
@@ -35,7 +36,22 @@ def _compare(model, *inputs, expect_ops):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     emitted = compiled.trex.lowered_ops().get("ascend", [])
     assert expect_ops <= set(emitted), (expect_ops - set(emitted), emitted)
+    _assert_every_call_priced(compiled, len(emitted))
     return emitted
+
+
+def _assert_every_call_priced(compiled, count):
+    """Each emitted torch_npu call has its own cost formula and prices above 0 on ascend-910c."""
+    costs = [
+        pair
+        for lowering in compiled.trex.graphs[0].lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+        for pair in emitted_call_costs(child.compiled.module.graph, "ascend-910c")
+    ]
+    assert len(costs) == count
+    unpriced = [(op, cost.note) for op, cost in costs if not (cost.priced and cost.time_s > 0)]
+    assert not unpriced, unpriced
 
 
 class _Attention(torch.nn.Module):

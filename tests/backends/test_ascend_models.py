@@ -10,6 +10,7 @@ import torch
 
 import trex
 from trex.backends.ascend import AscendBackend
+from trex.backends.ascend.report import emitted_call_costs
 from trex.backends.ascend.schemas import check_call
 from trex.models import build_model, tiny_config
 
@@ -136,7 +137,8 @@ def test_qwen3_moe_fp32_trains_like_eager_with_torch_npu_ops(family):
 
 
 def _check_every_emitted_call(compiled):
-    """Every emitted call in the lowered graphs binds to torch_npu's schema (name, argument names, types)."""
+    """Every emitted call in the lowered graphs binds to torch_npu's schema (name, argument names, types) and
+    has a price of its own on ascend-910c above 0."""
     graph = compiled.trex.graphs[0]
     checked = 0
     for lowering in graph.lowerings.values():
@@ -146,6 +148,8 @@ def _check_every_emitted_call(compiled):
                 if "trex_npu_op" in node.meta:
                     check_call(node.meta["trex_npu_op"], node.args, node.kwargs)
                     checked += 1
+            for op, cost in emitted_call_costs(module.graph, "ascend-910c") if module is not None else ():
+                assert cost.priced and cost.time_s > 0, (op, cost)  # its own formula, on the 910c profile
     assert checked == sum(len(v) for v in compiled.trex.lowered_ops().values())
 
 
