@@ -40,6 +40,7 @@ class AscendGraphReport:
     glue_s: float = 0.0  # the aten glue the rewrites added (casts, views, masks), priced on the target
     moe_glue_s: float = 0.0
     glue_by_op: Counter = field(default_factory=Counter)  # op -> predicted seconds of the glue nodes
+    glue_nodes: list[tuple[str, str, float, bool]] = field(default_factory=list)  # (name, op, seconds, in MoE)
     publishes_grads: bool = False  # main_grad accumulations that also set param.grad (see main_grad.py)
 
     def record_fused(self, nodes: set[str], emitted: list[str]) -> None:
@@ -59,6 +60,7 @@ class AscendGraphReport:
             seconds = cost.time_s if cost is not None else 0.0
             self.glue_s += seconds
             self.glue_by_op[str(node.target)] += seconds
+            self.glue_nodes.append((node.name, str(node.target), seconds, moe))
             if moe:
                 self.moe_glue_s += seconds
             if cost is not None and not cost.priced:
