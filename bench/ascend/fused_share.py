@@ -18,7 +18,7 @@ fp32 accumulator and a cast back, every backward). The once-per-step zero-fill o
 
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
                                        [--skip-tiny] [--skip-full] [--grads published|main-grad|functional]
-                                       [--tiny-dtype float32|bfloat16]
+                                       [--tiny-dtype float32|bfloat16] [--list-moe]
 """
 
 from __future__ import annotations
@@ -154,6 +154,17 @@ def _where(reports) -> str:
     return f"<!-- MoE unfused: {fmt(left) or 'none'}; glue (all): {fmt(glue) or 'none'} -->"
 
 
+def _moe_listing(reports) -> str:
+    """Node by node, the MoE layers' predicted time that is not in fused ops: unfused graph nodes, then glue."""
+    lines = []
+    for r in reports:
+        for name in sorted(r.moe_nodes - r.fused_nodes, key=lambda n: -r.node_seconds[n]):
+            if r.node_seconds[name] > 0:
+                lines.append(f"<!--   unfused {name} {r.node_ops[name]} {r.node_seconds[name] * 1e6:.1f} us -->")
+        lines += [f"<!--   glue {n} {op} {s * 1e6:.1f} us -->" for n, op, s, moe in r.glue_nodes if moe and s > 0]
+    return "\n".join(lines)
+
+
 def _row(family: str, setting: str, reports, seconds: float) -> str:
     moe, moe_us, whole, whole_us = _shares(reports)
     return (
@@ -171,6 +182,7 @@ def main() -> None:
     parser.add_argument("--skip-full", action="store_true")
     parser.add_argument("--grads", choices=list(GRADS), default="published")
     parser.add_argument("--tiny-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--list-moe", action="store_true", help="list each MoE-layer node not in a fused op")
     args = parser.parse_args()
     print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
     print("|---|---|---|---|---|")
@@ -182,6 +194,8 @@ def main() -> None:
                 _row(family, f"tiny, {args.tiny_dtype}, batch 2 x 16", reports, time.perf_counter() - start), flush=True
             )
             print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)
+            if args.list_moe:
+                print(_moe_listing(reports), flush=True)
         if not args.skip_full:
             start = time.perf_counter()
             reports, ops, kinds, per_step = full(family, args.full_layers, args.full_seq, args.grads)
