@@ -47,6 +47,7 @@ from trex.cost_model.op_formulas import (
     _io,
     _shape,
     argument,
+    node_outputs,
     s_in,
     s_out,
 )
@@ -98,14 +99,26 @@ def _grouped_operands(node: Any) -> tuple[Any, Any] | None:
 
 
 def _bind_grouped_matmul(node: Any) -> dict | None:
-    """group_type 0 (the forward and data-gradient GEMMs): x [S, K] times weight [E, K, N] -> [S, N]."""
+    """group_type 0 (the forward and data-gradient GEMMs): x [S, K] times weight [E, K, N] -> [S, N];
+    group_type 2 (K split, a weight gradient): x [K, S] (laid out transposed) times weight [S, N] -> [E, K, N]."""
     operands = _grouped_operands(node)
     if operands is None:
         return None
     x, w = (_shape(a) for a in operands)
-    if not x or not w or len(x) != 2 or len(w) != 3:
+    if not x or not w or len(x) != 2:
         return None
-    return {S: x[0], K: x[1], N: w[2], E: w[0], s_in: _element(operands[0]), s_out: _element(node)}
+    if node.kwargs.get("group_type") == 2 and len(w) == 2:
+        out = node_outputs(node)
+        experts = out[0].shape[0] if out and out[0].dim() == 3 else 1
+        return {**_io(node), S: x[1], K: x[0], N: w[1], E: experts}
+    if len(w) != 3:
+        return None
+    return {**_io(node), S: x[0], K: x[1], N: w[2], E: w[0]}
+
+
+def splits_k(node: Any, name: str) -> bool:
+    """A grouped GEMM whose K is split over the experts (a weight gradient): [K, S_e] x [S_e, N] per expert."""
+    return name in WEIGHT_GRAD_GEMMS or (name.endswith(".npu_grouped_matmul") and node.kwargs.get("group_type") == 2)
 
 
 def _bind_grouped_matmul_add(node: Any) -> dict | None:
@@ -151,9 +164,9 @@ _EXPERT_TOKENS = _generic("moe", 0, 1, note="a pass over the sorted expert ids: 
 _GROUPED_MATMUL = OpFormula(
     "gemm",
     2 * S * K * N,
-    (S * K + E * K * N) * s_in + S * N * s_out,
+    Bytes_in + Bytes_out,
     _bind_grouped_matmul,
-    "group_type 0: rows S split over E experts",
+    "group_type 0: rows S split over E experts; group_type 2: K split, per expert x_e^T @ dy_e; each tensor moved once",
 )
 _GROUPED_MATMUL_ADD = OpFormula(
     "gemm",

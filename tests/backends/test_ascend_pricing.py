@@ -98,4 +98,30 @@ def test_grouped_matmul_forward_binds_its_tensor_list_arguments():
         call.meta["val"] = target([values["x"]], [values["w"]], group_list=values["g"], **options)
     cost = _price(call)
     assert cost.flops == 2 * 512 * 64 * 96
-    assert cost.bytes == 2 * (512 * 64 + 4 * 64 * 96 + 512 * 96)
+    assert cost.bytes == 2 * (512 * 64 + 4 * 64 * 96 + 512 * 96) + 8 * 4  # x, w, out; the int64 group list
+
+
+def test_k_split_grouped_matmul_is_priced_as_a_weight_gradient_gemm():
+    """npu_grouped_matmul([a^T], [dy], group_type=2): a^T [K, S] times dy [S, N] -> [E, K, N] in bf16."""
+    graph = fx.Graph()
+    with FakeTensorMode():
+        values = {
+            "a_t": torch.empty(1024, 4096, dtype=torch.bfloat16),
+            "dy": torch.empty(4096, 512, dtype=torch.bfloat16),
+            "g": torch.empty(8, dtype=torch.int64),
+        }
+        nodes = {}
+        for name, value in values.items():
+            nodes[name] = graph.placeholder(name)
+            nodes[name].meta["val"] = value
+        target = emulation.op("npu_grouped_matmul", emulate=True)
+        options = {"split_item": 3, "group_type": 2, "group_list_type": 0}
+        call = graph.call_function(target, ([nodes["a_t"]], [nodes["dy"]]), {"group_list": nodes["g"], **options})
+        call.meta["val"] = target([values["a_t"]], [values["dy"]], group_list=values["g"], **options)
+    assert tuple(call.meta["val"][0].shape) == (8, 1024, 512)
+    cost = _price(call)
+    assert cost.flops == 2 * 4096 * 1024 * 512
+    assert cost.bytes == 2 * (4096 * 1024 + 4096 * 512 + 8 * 1024 * 512) + 8 * 8
+    device = cluster_of("ascend-910c").device
+    # the device's GEMM model over [K, S_e] x [S_e, N] per expert, in bf16
+    assert cost.time_s == pytest.approx(device.gemm_time(1024, 512, 4096 / 8, "bf16", 8), rel=1e-9)
