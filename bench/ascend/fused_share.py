@@ -113,7 +113,8 @@ def tiny(family: str, grads: str = "published", dtype: torch.dtype = torch.float
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     lowerings = _lowerings(compiled.trex.graphs)
-    return _reports(lowerings), _emitted(lowerings), _per_step(model.parameters())
+    reports = _reports(lowerings)
+    return reports, _emitted(lowerings), _per_step(model.parameters()) + "\n" + _own_prices(lowerings, reports)
 
 
 def full(family: str, layers: int, seq: int, grads: str = "published"):
@@ -152,6 +153,21 @@ def _where(reports) -> str:
         glue.update(r.glue_by_op)
     fmt = lambda c: ", ".join(f"{k.removeprefix('aten.')} {v * 1e6:.0f}" for k, v in c.most_common(6) if v > 0)  # noqa: E731
     return f"<!-- MoE unfused: {fmt(left) or 'none'}; glue (all): {fmt(glue) or 'none'} -->"
+
+
+def _own_prices(lowerings, reports) -> str:
+    """The emitted calls priced by their own formulas (`cost_model/torch_npu_formulas.py`), beside the report's
+    fused time (post-partition calls priced as the nodes they replaced, pre-AOT ones by their formulas)."""
+    from trex.backends.ascend.report import emitted_call_costs
+
+    own = sum(
+        cost.time_s
+        for compiled in _compiled_children(lowerings)
+        if getattr(compiled, "module", None) is not None
+        for _, cost in emitted_call_costs(compiled.module.graph, "ascend-910c")
+    )
+    fused = sum(r.fused_s for r in reports)
+    return f"<!-- whole graphs: emitted calls at their own formulas {own * 1e6:.0f} us; report's fused {fused * 1e6:.0f} us -->"
 
 
 def _moe_listing(reports) -> str:
