@@ -167,7 +167,10 @@ def _own_prices(lowerings, reports) -> str:
         for _, cost in emitted_call_costs(compiled.module.graph, "ascend-910c")
     )
     fused = sum(r.fused_s for r in reports)
-    return f"<!-- whole graphs: emitted calls at their own formulas {own * 1e6:.0f} us; report's fused {fused * 1e6:.0f} us -->"
+    own_us, fused_us = own * 1e6, fused * 1e6
+    return (
+        f"<!-- whole graphs: emitted calls at their own formulas {own_us:.0f} us; report's fused {fused_us:.0f} us -->"
+    )
 
 
 def _moe_listing(reports) -> str:
