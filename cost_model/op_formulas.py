@@ -808,11 +808,6 @@ def formula_for(target: Any) -> OpFormula | None:
     name = op_name(target)
     if name in EXACT:
         return EXACT[name]
-    if name.startswith(("npu.", "npu_emul.")):  # torch_npu's fused ops (their own module: it builds on this one)
-        from trex.cost_model.torch_npu_formulas import FORMULAS
-
-        if name in FORMULAS:
-            return FORMULAS[name]
     short = name.split(".")[-1]
     tags = getattr(target, "tags", ())
     if torch.Tag.pointwise in tags:
@@ -825,6 +820,4 @@ def formula_for(target: Any) -> OpFormula | None:
 
 
 def known_op_names() -> Sequence[str]:
-    from trex.cost_model.torch_npu_formulas import FORMULAS
-
-    return sorted({*EXACT, *FORMULAS})
+    return sorted(EXACT)

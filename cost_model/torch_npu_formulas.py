@@ -31,6 +31,7 @@ from typing import Any
 import sympy
 
 from trex.cost_model.op_formulas import (
+    EXACT,
     NORM,
     NORM_BACKWARD,
     SCATTER_ADD,
@@ -198,6 +199,9 @@ _BY_OP = {
     "npu_grouped_matmul_add_": _GROUPED_MATMUL_ADD,
 }
 FORMULAS: dict[str, OpFormula] = {f"{ns}.{op}": f for op, f in _BY_OP.items() for ns in ("npu", "npu_emul")}
+# registered in the exact-name table (this module builds on op_formulas, which must not import it back);
+# `annotate` imports this module, so every graph it prices knows these ops
+EXACT.update(FORMULAS)
 # grouped GEMMs whose K is split over the experts (a weight gradient): the device's GEMM model runs [K, S_e] x [S_e, N]
 WEIGHT_GRAD_GEMMS = frozenset(
     f"{ns}.{op}" for op in ("npu_grouped_matmul_add", "npu_grouped_matmul_add_") for ns in ("npu", "npu_emul")
