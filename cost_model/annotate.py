@@ -42,6 +42,7 @@ from trex.cost_model.op_formulas import (
     node_outputs,
     op_name,
 )
+from trex.cost_model.torch_npu_formulas import WEIGHT_GRAD_GEMMS, splits_k
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -157,14 +158,24 @@ def _group_size(
 
 def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) -> float:
     dtype = _dtype(node, device)
+    if name in WEIGHT_GRAD_GEMMS:  # torch_npu's grouped GEMM accumulating into fp32: it multiplies its inputs' dtype
+        dtype = _dtype(node.args[1], device)
     if S in values:  # grouped: S rows over E groups
         experts = max(1, int(values[E]))
         rows = values[S] / experts
-        weight_grad = name in ("trex.grouped_mm_weight_grad", "trex.extern_grouped_mm_weight_grad") or (
-            name == "aten._grouped_mm"
-            and len(node_outputs(node)[0].shape) == 3
-            and len(node.args[0].meta["val"].shape) == 2
-            and len(node.args[1].meta["val"].shape) == 2
+        weight_grad = (
+            splits_k(node, name)
+            or name
+            in (
+                "trex.grouped_mm_weight_grad",
+                "trex.extern_grouped_mm_weight_grad",
+            )
+            or (
+                name == "aten._grouped_mm"
+                and len(node_outputs(node)[0].shape) == 3
+                and len(node.args[0].meta["val"].shape) == 2
+                and len(node.args[1].meta["val"].shape) == 2
+            )
         )
         if weight_grad:
             return device.gemm_time(values[K], values[N], rows, dtype, experts)

@@ -562,14 +562,26 @@ def npu_grouped_matmul(
             counts = torch.diff(ends, prepend=ends.new_zeros(1))
             out = out + torch.repeat_interleave(bias[0], counts, dim=0, output_size=out.size(0)).to(out.dtype)
         return [out if output_dtype is None else out]
+    if group_type == 2 and len(x) == 1 and len(weight) == 1 and x[0].dim() == 2 and weight[0].dim() == 2:
+        # K split (a weight gradient): x is laid out [K, M] (the rows' input transposed), weight [M, N]; for each
+        # group g, out[g] = x[:, rows of g] @ weight[rows of g]: [E, K, N] in x's dtype (as the wheel's meta function)
+        if group_list is None or split_item not in (2, 3) or bias is not None or output_dtype is not None:
+            raise AscendSchemaError(
+                "npu_grouped_matmul: with group_type=2 the CPU emulation covers a group_list, split_item 2 or 3, "
+                "no bias and no output_dtype"
+            )
+        rows = x[0].t()
+        product = _grouped_weight_grad(rows, weight[0], group_list, group_list_type, group_list.size(0))
+        return [product.to(x[0].dtype)]
     if group_type in (None, -1) and len(x) == len(weight):
         outs = [xi @ wi for xi, wi in zip(x, weight)]
         if bias is not None:
             outs = [o + b for o, b in zip(outs, bias)]
         return outs
     raise AscendSchemaError(
-        f"npu_grouped_matmul: the CPU emulation covers group_type=0 (one x, one 3-D weight) and group_type=-1; "
-        f"got group_type={group_type} with {len(x)} x and {len(weight)} weight tensors"
+        f"npu_grouped_matmul: the CPU emulation covers group_type=0 (one x, one 3-D weight), group_type=2 (one 2-D x "
+        f"[K, M], one 2-D weight) and group_type=-1; got group_type={group_type} with {len(x)} x and {len(weight)} "
+        "weight tensors"
     )
 
 
@@ -601,6 +613,8 @@ def _(
 ):
     if group_type == 0 and len(x) == 1:
         return [x[0].new_empty(x[0].size(0), weight[0].size(-1))]
+    if group_type == 2 and len(x) == 1 and group_list is not None:  # K split: [E, K, N]
+        return [x[0].new_empty(group_list.size(0), x[0].size(0), weight[0].size(-1))]
     return [xi.new_empty(*xi.shape[:-1], wi.size(-1)) for xi, wi in zip(x, weight)]
 
 

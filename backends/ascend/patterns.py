@@ -18,7 +18,7 @@ Regions (forward and backward of training graphs after `passes.canonicalize.moe`
   gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
   moe_dispatch       trex.moe_dispatch                    -> npu_moe_token_permute + npu_moe_compute_expert_tokens
   grouped_mm         trex.grouped_mm                                 -> npu_grouped_matmul (group_type=0)
-  grouped_mm_wgrad   trex.grouped_mm_weight_grad                     -> npu_grouped_matmul_add (group_type=2)
+  grouped_mm_wgrad   trex.grouped_mm_weight_grad                     -> npu_grouped_matmul (group_type=2, K split)
   moe_combine        trex.moe_combine                                -> npu_moe_token_unpermute
   moe_combine_bwd    trex.moe_combine_backward                       -> npu_moe_token_unpermute_grad
   moe_dispatch_bwd   trex.moe_dispatch_backward                      -> npu_moe_token_permute_grad_v2
@@ -808,12 +808,32 @@ class GroupedMm(Pattern):
 
 
 class GroupedMmWeightGrad(Pattern):
-    name, op = "grouped_mm_wgrad", "npu_grouped_matmul_add"
+    """trex.grouped_mm_weight_grad(a [S, K], b [S, N], offsets) -> [E, K, N], a_e^T @ b_e per expert:
+    npu_grouped_matmul([a^T], [b], group_type=2) (K split; the torch_npu 2.13.0 wheel's meta function takes
+    group_type 2 with split_item 2/3, x laid out [K, M], and returns [E, K, N] in x's dtype; MindSpeed-MM's
+    grouped-GEMM backward calls it so), which writes the gradient in its inputs' dtype as eager's GEMM does:
+    no accumulator to zero-fill, no cast. Inputs of another dtype than the result: npu_grouped_matmul_add into
+    a zero-filled fp32 accumulator, cast back."""
+
+    name, op = "grouped_mm_wgrad", "npu_grouped_matmul"
     anchors = (trex_ops.grouped_mm_weight_grad.default,)
 
     def match(self, node):
         a, b, offsets = node.args
         out = _val(node)
+        if _dtype(a) == _dtype(b) == out.dtype:
+
+            def emit_k_split(e: Emitter):
+                group_list = e.cast(offsets, torch.int64, _dtype(offsets))
+                product = e.npu(
+                    "npu_grouped_matmul",
+                    ([e.aten(aten.t.default, a)], [b]),
+                    {"group_list": group_list, "split_item": 3, "group_type": 2, "group_list_type": 0},
+                    allowed={"group_type": [2], "split_item": [2, 3]},
+                )
+                return {node: e.item(product, 0)}
+
+            return Match(self.name, self.op, [node], emit_k_split)
 
         def emit(e: Emitter):
             zeros = e.aten(aten.zeros.default, list(out.shape), dtype=torch.float32, device=out.device)
@@ -826,7 +846,7 @@ class GroupedMmWeightGrad(Pattern):
             )
             return {node: e.cast(summed, out.dtype, torch.float32)}
 
-        return Match(self.name, self.op, [node], emit)
+        return Match(self.name, "npu_grouped_matmul_add", [node], emit)
 
 
 class MoeCombine(Pattern):

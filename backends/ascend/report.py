@@ -40,6 +40,7 @@ class AscendGraphReport:
     glue_s: float = 0.0  # the aten glue the rewrites added (casts, views, masks), priced on the target
     moe_glue_s: float = 0.0
     glue_by_op: Counter = field(default_factory=Counter)  # op -> predicted seconds of the glue nodes
+    glue_nodes: list[tuple[str, str, float, bool]] = field(default_factory=list)  # (name, op, seconds, in MoE)
     publishes_grads: bool = False  # main_grad accumulations that also set param.grad (see main_grad.py)
 
     def record_fused(self, nodes: set[str], emitted: list[str]) -> None:
@@ -59,6 +60,7 @@ class AscendGraphReport:
             seconds = cost.time_s if cost is not None else 0.0
             self.glue_s += seconds
             self.glue_by_op[str(node.target)] += seconds
+            self.glue_nodes.append((node.name, str(node.target), seconds, moe))
             if moe:
                 self.moe_glue_s += seconds
             if cost is not None and not cost.priced:
@@ -112,6 +114,20 @@ def price_graph(graph: fx.Graph, target: str, matches) -> AscendGraphReport:
             if node in saved:
                 node.meta["cost"] = saved[node]
     return report
+
+
+def emitted_call_costs(graph: fx.Graph, target: str) -> list[tuple[str, object]]:
+    """The cost model's own price of every torch_npu call in a lowered graph, (op name, `NodeCost`) each: from the
+    op's formula (`cost_model/torch_npu_formulas.py`) and the target's profile, not from the nodes it replaced.
+    Every op the backend emits has a formula; a call priced 0 would under-count the share it is part of."""
+    from trex.cost_model.annotate import annotate_node, cluster_of
+
+    cluster = cluster_of(target)
+    return [
+        (node.meta["trex_npu_op"], annotate_node(node, cluster))
+        for node in graph.nodes
+        if node.op == "call_function" and "trex_npu_op" in node.meta
+    ]
 
 
 def describe(reports: list[AscendGraphReport]) -> list[str]:

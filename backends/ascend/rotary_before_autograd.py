@@ -11,7 +11,9 @@ sin, rotary_mode="interleave")` call whose autograd (torch_npu's on a device, th
 Region (torch-level, as transformers' DeepSeek-V4 `apply_rotary_pos_emb` writes it):
     x' * cos + [float](stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) | .view(x.shape)) * sin
 with x' = x or x.float() (both arms cast alike), 4-D x, cos and sin with x's last dimension broadcasting
-to x's shape and all three of one dtype: exactly the interleave formula of npu_rotary_mul's documentation.
+to x's shape: exactly the interleave formula of npu_rotary_mul's documentation. Tables of a narrower float
+dtype than x' (bf16 V4: bf16 tables times x.float(), which torch promotes to fp32 exactly) are cast to its
+dtype first, as the op takes one dtype for all three.
 transformers' DeepSeek-V3 form, cat([xe * c - xo * s, xo * c + xe * s], -1) with xe, xo = x[..., 0::2],
 x[..., 1::2] and half-width tables, is that rotation followed by a de-interleave: npu_rotary_mul(x,
 c.repeat_interleave(2, -1), s.repeat_interleave(2, -1), "interleave"), then cat of its even and odd
@@ -99,11 +101,18 @@ def _match(add: fx.Node):
                 if not (xa is x if source is None else _float_of(xa) is x):
                     continue
                 values = [_tensor(v) for v in (xa, cos, sin)]
-                if any(v is None or v.dim() != 4 for v in values):
+                if any(v is None or v.dim() != 4 or not v.is_floating_point() for v in values):
                     continue
-                if len({v.dtype for v in values}) != 1 or any(v.size(-1) != values[0].size(-1) for v in values):
+                if any(v.size(-1) != values[0].size(-1) for v in values):
                     continue
                 if list(torch.broadcast_shapes(*(v.shape for v in values))) != list(values[0].shape):
+                    continue
+                # bf16 V4: x' = x.float() times bf16 tables, which torch promotes to fp32 (exactly); npu_rotary_mul
+                # takes one dtype, so the tables are cast to it
+                dtype = values[0].dtype
+                if torch.promote_types(dtype, torch.promote_types(values[1].dtype, values[2].dtype)) != dtype:
+                    continue
+                if _tensor(add) is None or _tensor(add).dtype != dtype:
                     continue
                 inside = {*nodes, straight, rotated, add}
                 if all(set(n.users) <= inside for n in nodes + [straight, rotated]):
@@ -186,11 +195,13 @@ def lower_rotary(gm: fx.GraphModule, *, emulate: bool | None = None, check: Call
         if found is None:
             continue
         xa, cos, sin, nodes = found
-        args, kwargs = (xa, cos, sin), {"rotary_mode": "interleave"}
-        values = torch.utils._pytree.tree_map_only(fx.Node, _value, (args, kwargs))
-        check(OP, values[0], values[1], allowed={"rotary_mode": ["interleave"]})
+        dtype = _tensor(xa).dtype
+        kwargs = {"rotary_mode": "interleave"}
+        values = [_value(xa), *(_value(t).to(dtype) for t in (cos, sin))]
+        check(OP, values, kwargs, allowed={"rotary_mode": ["interleave"]})
         with graph.inserting_before(add):
-            call = graph.call_function(target, args, kwargs)
+            tables = [t if _tensor(t).dtype == dtype else graph.call_method("to", (t, dtype)) for t in (cos, sin)]
+            call = graph.call_function(target, (xa, *tables), kwargs)
         call.meta["trex_npu_op"] = OP
         add.replace_all_uses_with(call)
         _erase_dead(graph, [add, *nodes])

@@ -18,7 +18,7 @@ fp32 accumulator and a cast back, every backward). The once-per-step zero-fill o
 
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
                                        [--skip-tiny] [--skip-full] [--grads published|main-grad|functional]
-                                       [--tiny-dtype float32|bfloat16]
+                                       [--tiny-dtype float32|bfloat16] [--list-moe]
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def tiny(family: str, grads: str = "published", dtype: torch.dtype = torch.float
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     compiled(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     lowerings = _lowerings(compiled.trex.graphs)
-    return _reports(lowerings), _emitted(lowerings), _per_step(model.parameters())
+    reports = _reports(lowerings)
+    return reports, _emitted(lowerings), _per_step(model.parameters()) + "\n" + _own_prices(lowerings, reports)
 
 
 def full(family: str, layers: int, seq: int, grads: str = "published"):
@@ -154,6 +155,35 @@ def _where(reports) -> str:
     return f"<!-- MoE unfused: {fmt(left) or 'none'}; glue (all): {fmt(glue) or 'none'} -->"
 
 
+def _own_prices(lowerings, reports) -> str:
+    """The emitted calls priced by their own formulas (`cost_model/torch_npu_formulas.py`), beside the report's
+    fused time (post-partition calls priced as the nodes they replaced, pre-AOT ones by their formulas)."""
+    from trex.backends.ascend.report import emitted_call_costs
+
+    own = sum(
+        cost.time_s
+        for compiled in _compiled_children(lowerings)
+        if getattr(compiled, "module", None) is not None
+        for _, cost in emitted_call_costs(compiled.module.graph, "ascend-910c")
+    )
+    fused = sum(r.fused_s for r in reports)
+    own_us, fused_us = own * 1e6, fused * 1e6
+    return (
+        f"<!-- whole graphs: emitted calls at their own formulas {own_us:.0f} us; report's fused {fused_us:.0f} us -->"
+    )
+
+
+def _moe_listing(reports) -> str:
+    """Node by node, the MoE layers' predicted time that is not in fused ops: unfused graph nodes, then glue."""
+    lines = []
+    for r in reports:
+        for name in sorted(r.moe_nodes - r.fused_nodes, key=lambda n: -r.node_seconds[n]):
+            if r.node_seconds[name] > 0:
+                lines.append(f"<!--   unfused {name} {r.node_ops[name]} {r.node_seconds[name] * 1e6:.1f} us -->")
+        lines += [f"<!--   glue {n} {op} {s * 1e6:.1f} us -->" for n, op, s, moe in r.glue_nodes if moe and s > 0]
+    return "\n".join(lines)
+
+
 def _row(family: str, setting: str, reports, seconds: float) -> str:
     moe, moe_us, whole, whole_us = _shares(reports)
     return (
@@ -171,6 +201,7 @@ def main() -> None:
     parser.add_argument("--skip-full", action="store_true")
     parser.add_argument("--grads", choices=list(GRADS), default="published")
     parser.add_argument("--tiny-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--list-moe", action="store_true", help="list each MoE-layer node not in a fused op")
     args = parser.parse_args()
     print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
     print("|---|---|---|---|---|")
@@ -182,6 +213,8 @@ def main() -> None:
                 _row(family, f"tiny, {args.tiny_dtype}, batch 2 x 16", reports, time.perf_counter() - start), flush=True
             )
             print(f"<!-- {family} tiny emitted: {ops} -->\n{_where(reports)}\n{per_step}", flush=True)
+            if args.list_moe:
+                print(_moe_listing(reports), flush=True)
         if not args.skip_full:
             start = time.perf_counter()
             reports, ops, kinds, per_step = full(family, args.full_layers, args.full_seq, args.grads)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import trex
 from trex.backends.ascend import AscendBackend
 from trex.backends.ascend.patterns import PATTERNS, FlashAttention, Match
+from trex.backends.ascend.report import emitted_call_costs
 from trex.backends.ascend.schemas import check_call
 from trex.errors import BackendError
 
@@ -35,7 +36,22 @@ def _compare(model, *inputs, expect_ops):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
     emitted = compiled.trex.lowered_ops().get("ascend", [])
     assert expect_ops <= set(emitted), (expect_ops - set(emitted), emitted)
+    _assert_every_call_priced(compiled, len(emitted))
     return emitted
+
+
+def _assert_every_call_priced(compiled, count):
+    """Each emitted torch_npu call has its own cost formula and prices above 0 on ascend-910c."""
+    costs = [
+        pair
+        for lowering in compiled.trex.graphs[0].lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+        for pair in emitted_call_costs(child.compiled.module.graph, "ascend-910c")
+    ]
+    assert len(costs) == count
+    unpriced = [(op, cost.note) for op, cost in costs if not (cost.priced and cost.time_s > 0)]
+    assert not unpriced, unpriced
 
 
 class _Attention(torch.nn.Module):
@@ -205,7 +221,7 @@ class _InterleavedRope(torch.nn.Module):
         self.form, self.heads, self.dim, self.rope = form, heads, dim, rope
         self.proj = torch.nn.Linear(16, heads * dim, dtype=dtype)
         angles = torch.arange(seq)[:, None] * (0.5 ** torch.arange(rope // 2))[None]
-        if form == "v4":
+        if form.startswith("v4"):
             angles = angles.repeat_interleave(2, -1)
         self.register_buffer("cos", angles.cos()[None, None].to(dtype))
         self.register_buffer("sin", angles.sin()[None, None].to(dtype))
@@ -217,6 +233,9 @@ class _InterleavedRope(torch.nn.Module):
         if self.form == "v4":
             rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).view(x.shape)
             roped = x * self.cos + rotated * self.sin
+        elif self.form == "v4-fp32-arms":  # transformers' V4 in bf16: both arms in fp32, tables in the model's dtype
+            rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+            roped = ((x.float() * self.cos) + (rotated.float() * self.sin)).to(x.dtype)
         else:
             even, odd = x[..., 0::2], x[..., 1::2]
             roped = torch.cat([even * self.cos - odd * self.sin, odd * self.cos + even * self.sin], -1)
@@ -268,6 +287,28 @@ def test_deepseek_interleaved_rope_forms_in_bf16_match_eager(form):
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
     assert "npu_rotary_mul" in compiled.trex.lowered_ops()["ascend"]
+
+
+def test_v4_bf16_rope_with_fp32_arms_lowers_forward_and_backward_before_autograd():
+    """transformers' DeepSeek-V4 RoPE in bf16 multiplies x.float() by bf16 tables (promoted to fp32, exactly): the
+    tables are cast to fp32 for npu_rotary_mul (one dtype), so the backward is npu_rotary_mul_backward too."""
+    torch.manual_seed(0)
+    model = _InterleavedRope("v4-fp32-arms", dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 6, 16, dtype=torch.bfloat16)
+    compiled = trex.compile(model, backend=["ascend"])
+    out, expected = compiled(x), reference(x)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}")
+    emitted = compiled.trex.lowered_ops()["ascend"]
+    assert emitted.count("npu_rotary_mul") == 1 and emitted.count("npu_rotary_mul_backward") == 1, emitted
+    (call,) = _rotary_calls(compiled)
+    bound = check_call("npu_rotary_mul", call.args, call.kwargs)
+    assert {bound.arguments[n].meta["val"].dtype for n in ("self", "r1", "r2")} == {torch.float32}
+    _assert_every_call_priced(compiled, len(emitted))
 
 
 def test_interleaved_rope_with_tables_of_the_wrong_width_is_not_lowered():

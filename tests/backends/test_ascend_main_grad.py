@@ -173,17 +173,36 @@ def test_default_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype):
     assert "published to .grad after each backward" in compiled.trex.summary()
 
 
-def test_main_grad_can_be_turned_off():
-    """AscendBackend(main_grad=False): the functional accumulation, no main_grad buffer on any parameter."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_main_grad_can_be_turned_off(dtype):
+    """AscendBackend(main_grad=False): no main_grad buffer on any parameter; each expert weight gradient is one
+    K-split npu_grouped_matmul(group_type=2) writing the parameter's dtype, as eager's GEMM does (no fp32
+    accumulator to zero-fill, no cast back), bound against the wheel's schema."""
     torch.manual_seed(0)
-    model = _Experts()
+    model = _Experts(dtype=dtype)
     reference = copy.deepcopy(model)
     compiled = trex.compile(model, backend=[AscendBackend(main_grad=False)])
-    batch = _batch(0, torch.float32)
+    batch = _batch(0, dtype)
     compiled(*batch).backward()
     reference(*batch).backward()
     emitted = compiled.trex.lowered_ops()["ascend"]
-    assert emitted.count("npu_grouped_matmul_add") == 2 and "npu_grouped_matmul_add_" not in emitted
+    assert "npu_grouped_matmul_add" not in emitted and "npu_grouped_matmul_add_" not in emitted, emitted
+    k_split = [n for n in _npu_calls(compiled, "npu_grouped_matmul") if n.kwargs.get("group_type") == 2]
+    assert len(k_split) == 2  # gate_up and down
+    for node in k_split:
+        check_call("npu_grouped_matmul", node.args, node.kwargs)
+        assert node.meta["val"][0].dtype == dtype and node.meta["val"][0].dim() == 3
     for (name, param), eager in zip(model.named_parameters(), reference.parameters()):
         assert getattr(param, "main_grad", None) is None, name
-        _close(param.grad, eager.grad, torch.float32, name)
+        _close(param.grad, eager.grad, dtype, name)
+
+
+def _npu_calls(compiled, op):
+    return [
+        node
+        for lowering in compiled.trex.graphs[0].lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+        for node in child.compiled.module.graph.nodes
+        if node.meta.get("trex_npu_op") == op
+    ]
