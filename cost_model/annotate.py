@@ -288,9 +288,16 @@ def _row_seconds(node: fx.Node, kind: str, name: str, device: DeviceProfile) -> 
 
 
 def annotate_node(
-    node: fx.Node, cluster: Cluster, groups: Mapping[str, Sequence[int]] | None = None, world_size: int | None = None
+    node: fx.Node,
+    cluster: Cluster,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    world_size: int | None = None,
+    overrides: Mapping[str, float] | None = None,
 ) -> NodeCost | None:
-    """The cost of one call_function node (None for placeholders and outputs)."""
+    """The cost of one call_function node (None for placeholders and outputs).
+
+    overrides: formula symbol name -> value, in place of what the node's shapes bind (a data-dependent size
+    known after the fact, e.g. the rows an expert-parallel exchange really moved: `S`, `bytes_in`)."""
     if node.op != "call_function":
         return None
     name = op_name(node.target)
@@ -305,6 +312,9 @@ def annotate_node(
         )
     if values is None:
         return NodeCost(name, formula.kind, 0.0, 0.0, 0.0, priced=False, note="shapes unavailable (no FakeTensor meta)")
+    if overrides:
+        by_name = {symbol.name: symbol for symbol in formula.symbols}
+        values.update({by_name.get(key, sympy.Symbol(key)): value for key, value in overrides.items()})
     if formula.kind == "attention" and values.get(causal, 1.0) < 1.0:
         # a causal square: the keys the target's fused kernel computes, whole blocks on the diagonal (as
         # `layer_cost` prices it), not the triangle alone

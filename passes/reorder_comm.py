@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class Timeline:
     comm_s: float = 0.0
     exposed_by_start: dict[str, float] = field(default_factory=dict)
     hidden_by: dict[str, list[str]] = field(default_factory=dict)  # start -> compute nodes that ran under it
+    spans: list[tuple[str, float, float, float]] = field(default_factory=list)  # (collective, issued, begun, done)
 
 
 def simulate(order: Iterable[fx.Node]) -> Timeline:
@@ -204,6 +206,115 @@ def _start_of(wait: fx.Node) -> fx.Node | None:
         else:
             return None
     return source if isinstance(source, fx.Node) and is_start(source) else None
+
+
+def simulate_ranks(order: Iterable[fx.Node], seconds_by_rank: list[dict[fx.Node, float]]) -> list[Timeline]:
+    """`simulate` for every rank of the group at once: each runs the same schedule (the graph is the same on every
+    rank) with its own node times (`seconds_by_rank[r]`: node -> seconds where they differ from
+    `node.meta["cost"]`, e.g. the local experts of a rank that received more rows). A collective cannot begin
+    before the last rank has issued it, so a rank that is ahead waits for the slower one; then its transfer
+    takes this rank's link time, after the transfer before it on this rank's link. With one rank and no
+    overrides it is `simulate`."""
+    ranks = len(seconds_by_rank)
+    timelines = [Timeline() for _ in range(ranks)]
+    now, link_free = [0.0] * ranks, [0.0] * ranks
+    done_at: list[dict[fx.Node, float]] = [{} for _ in range(ranks)]
+    running: list[dict[fx.Node, list[str]]] = [{} for _ in range(ranks)]
+    for node in order:
+        if node.op != "call_function":
+            continue
+        own = _seconds(node)
+        seconds = [times.get(node, own) for times in seconds_by_rank]
+        if is_start(node) or is_blocking_collective(node):
+            issued = max(now)  # the collective starts when every rank has issued it
+            for r, timeline in enumerate(timelines):
+                begin = max(issued, link_free[r])
+                timeline.spans.append((node.name, now[r], begin, begin + seconds[r]))
+                link_free[r] = begin + seconds[r]
+                timeline.comm_s += seconds[r]
+                if is_start(node):
+                    done_at[r][node], running[r][node] = link_free[r], []
+                else:
+                    stall = link_free[r] - now[r]
+                    timeline.exposed_s += stall
+                    timeline.exposed_by_start[node.name] = stall
+                    now[r] = link_free[r]
+        elif is_wait(node):
+            start = _start_of(node)
+            for r, timeline in enumerate(timelines):
+                if start in done_at[r]:
+                    stall = max(0.0, done_at[r][start] - now[r])
+                    timeline.exposed_s += stall
+                    timeline.exposed_by_start[start.name] = timeline.exposed_by_start.get(start.name, 0.0) + stall
+                    timeline.hidden_by[start.name] = running[r].pop(start, [])
+                    now[r] += stall
+        else:
+            for r in range(ranks):
+                now[r] += seconds[r]
+                if seconds[r] > 0:
+                    for names in running[r].values():
+                        names.append(node.name)
+    for r, timeline in enumerate(timelines):
+        timeline.step_s = now[r]
+    return timelines
+
+
+_ROW_PASSTHROUGH = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.view", "aten.alias", "aten.detach")
+_EXPERTS_OPS = ("trex.ep_experts_local", "trex.ep_experts_local_backward")
+
+
+def _exchange_upstream(value: Any) -> fx.Node | None:
+    """The exchange whose received rows `value` is (through its wait and copies), or None."""
+    while isinstance(value, fx.Node) and value.op == "call_function" and not is_start(value):
+        if is_wait(value):
+            return _start_of(value)
+        if _name(value) not in _ROW_PASSTHROUGH or not value.args:
+            return None
+        value = value.args[0]
+    return value if isinstance(value, fx.Node) and is_start(value) else None
+
+
+def traffic_seconds(
+    graph: fx.Graph, traffic: list[tuple[str, int, int]], cluster, groups: dict[str, list[int]] | None = None
+) -> dict[fx.Node, float]:
+    """The times of `graph`'s data-dependent nodes priced by the cost model with what one run really moved.
+
+    An expert-parallel exchange's rows depend on the routing: the cost model prices it, and the local experts
+    that compute on what it delivered, at balanced routing (`expected_rows`). `traffic` is one run of the graph
+    as its collectives were issued (kind, bytes this rank sent, bytes it received; `runtime.emulated_link`'s
+    `STATS.trace`), one entry per collective node in graph order. Each `trex.ep_exchange` is re-priced on the
+    bytes it sent, each local experts node (forward and backward) on the rows its feeding exchange received.
+    Same formulas (`annotate_node` with the sizes as overrides), only the sizes change. `groups`: as for
+    `annotate` (process-group name -> ranks, for groups this process has not initialised)."""
+    from trex.cost_model.annotate import annotate_node
+
+    collectives = [n for n in graph.nodes if is_collective(n)]
+    if len(collectives) != len(traffic):
+        raise TrexError(
+            f"the traffic has {len(traffic)} collectives, the graph {len(collectives)}: record one run of this graph "
+            "alone (reset emulated_link.STATS before it)"
+        )
+    seconds: dict[fx.Node, float] = {}
+    received_rows: dict[fx.Node, int] = {}
+    for node, (_kind, sent, received) in zip(collectives, traffic):
+        if _name(node) != "trex.ep_exchange":
+            continue
+        cost = annotate_node(node, cluster, groups, overrides={"bytes_in": sent, "bytes_out": sent})
+        if cost is not None and cost.priced:
+            seconds[node] = cost.time_s
+        rows = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        if isinstance(rows, torch.Tensor):
+            row_bytes = int(torch.Size(rows.shape[1:]).numel()) * rows.element_size()
+            received_rows[node] = received // max(1, row_bytes)
+    for node in graph.nodes:
+        if node.op == "call_function" and _name(node) in _EXPERTS_OPS:
+            start = _exchange_upstream(node.args[0])
+            if start in received_rows:
+                rows = received_rows[start]
+                cost = annotate_node(node, cluster, groups, overrides={"S": rows, "T": rows})
+                if cost is not None and cost.priced:
+                    seconds[node] = cost.time_s
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,10 +506,24 @@ def _bucketable(node: fx.Node) -> str | None:
     return name if name in _BUCKETABLE else None
 
 
-def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s: float) -> list[Decision]:
-    """Coalesce runs of consecutive same-kind, same-group, latency-bound collectives (each message below
-    alpha * bandwidth, where the latency is at least the transfer). A bucket stops at `9 alpha B` bytes: there
-    the latency is a tenth of the transfer and merging more saves little while delaying the first result.
+# bucketings tried: (cap in units of alpha * bandwidth, None: no cap; only latency-bound messages join)
+BUCKET_CAPS = ((9, True),) + tuple((cap, False) for cap in (2, 4, 9, 18, 36, 144, 576, None))
+
+
+def bucket_collectives(
+    gm: fx.GraphModule,
+    link_alpha_s: float,
+    link_bytes_per_s: float,
+    cap_alpha_b: float | None = 9,
+    latency_bound_only: bool = True,
+) -> list[Decision]:
+    """Coalesce runs of consecutive same-kind, same-group collectives. By default only latency-bound ones (each
+    message below alpha * bandwidth, where the latency is at least the transfer) join, and a bucket stops at
+    `9 alpha B` bytes: there the latency is a tenth of the transfer and merging more saves little while delaying
+    the first result. With `latency_bound_only` False any message up to the cap (`cap_alpha_b` in units of
+    alpha * B; None: no cap) joins: on a link where the transfers outlast the compute that could hide them, every
+    latency saved is time saved, and a bigger bucket's later first result costs less than its latencies. The
+    pass tries `BUCKET_CAPS` and keeps the one its timeline says exposes least (`_bucketing_that_pays`).
 
     All-gathers (parameters, ready together) are issued at the first member, when every member's input exists
     there. Gradient reductions are issued at the last member (where the last gradient is ready); a member
@@ -407,8 +532,9 @@ def bucket_collectives(gm: fx.GraphModule, link_alpha_s: float, link_bytes_per_s
     one more message would."""
     if link_alpha_s <= 0 or not link_bytes_per_s or link_bytes_per_s == float("inf"):
         return []
-    small = link_alpha_s * link_bytes_per_s
-    cap = 9 * small
+    unit = link_alpha_s * link_bytes_per_s
+    cap = math.inf if cap_alpha_b is None else cap_alpha_b * unit
+    small = unit if latency_bound_only else cap
     graph = gm.graph
     nodes = list(graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
@@ -480,9 +606,9 @@ def _coalesce(gm: fx.GraphModule, run: list[fx.Node], small: float, cap: float) 
     return Decision(
         "bucket",
         ", ".join(n.name for n in run),
-        f"{len(run)} latency-bound {kind.split('.')[-1]} of the same group (each <= alpha*B = {small:.0f} B) issued "
+        f"{len(run)} {kind.split('.')[-1]} of the same group (each <= {small:.0f} B) issued "
         f"as one{' where the last input is ready' if at_last else ''}: {len(run) - 1} link latencies saved; bucket "
-        f"{total} B <= cap 9*alpha*B = {cap:.0f} B",
+        f"{total} B <= cap {cap:.0f} B",
         {"members": len(run), "bytes": total},
     )
 
@@ -567,17 +693,34 @@ def _price_new_nodes(gm: fx.GraphModule, cluster) -> None:
 
 
 def _bucketing_that_pays(gm: fx.GraphModule, alpha: float, bandwidth: float, cluster, budget: int, reference: float):
-    """Bucket a copy of the graph and schedule it: the bucketed timeline when it exposes no more communication
-    than `reference` (the better of the graph as it is and its unbucketed schedule; a bucket issued at its last
-    member delays its first ones), else None."""
+    """Bucket copies of the graph with each cap of `BUCKET_CAPS` and schedule them: the cap whose timeline exposes
+    least, when that is no more than `reference` (the better of the graph as it is and its unbucketed schedule;
+    a bucket issued at its last member delays its first ones, a big bucket's first result comes late), with its
+    timeline and what every cap predicted; else None. Equal exposure keeps the smaller cap (less memory held); a
+    cap whose largest bucket is over the memory budget is not taken (the smallest cap is always tried)."""
     from trex.graph_copy import copy_graph_module
 
-    trial = copy_graph_module(gm)
-    if not bucket_collectives(trial, alpha, bandwidth):
+    if not any(_bucketable(n) for n in gm.graph.nodes):
         return None
-    _price_new_nodes(trial, cluster)
-    timeline = simulate(schedule(trial.graph, budget).order)
-    return timeline if timeline.exposed_s <= reference + 1e-12 else None
+    best, tried, seen = None, {}, set()
+    for cap, latency_bound_only in BUCKET_CAPS:
+        name = ("no cap" if cap is None else f"{cap}*alpha*B") + (" latency-bound" if latency_bound_only else "")
+        trial = copy_graph_module(gm)
+        decisions = bucket_collectives(trial, alpha, bandwidth, cap, latency_bound_only)
+        shape = tuple(d.subject for d in decisions)
+        if not decisions or shape in seen:  # no bucket, or the same buckets as a cap tried before
+            continue
+        seen.add(shape)
+        largest = max(d.data["bytes"] for d in decisions)
+        if not latency_bound_only and largest > budget:  # a bucket's members are all live from its start
+            tried[name] = f"largest bucket {largest} B over the {budget} B memory budget"
+            continue
+        _price_new_nodes(trial, cluster)
+        timeline = simulate(schedule(trial.graph, budget).order)
+        tried[name] = timeline.exposed_s
+        if timeline.exposed_s <= reference + 1e-12 and (best is None or timeline.exposed_s < best[2].exposed_s - 1e-12):
+            best = (cap, latency_bound_only, timeline)
+    return None if best is None else (*best, tried)
 
 
 def default_budget(gm: fx.GraphModule, cluster, options: dict) -> tuple[int, str]:
@@ -662,7 +805,24 @@ class ReorderComm:
                 gm, alpha, bandwidth, cluster, budget, min(after.exposed_s, before.exposed_s)
             )
             if bucketed is not None:
-                decisions += bucket_collectives(gm, alpha, bandwidth)  # the same rewrite as on the trial copy
+                cap, latency_bound_only, _, tried = bucketed
+                # the same rewrite as on the trial copy
+                decisions += bucket_collectives(gm, alpha, bandwidth, cap, latency_bound_only)
+                decisions.append(
+                    Decision(
+                        "bucket_cap",
+                        "graph",
+                        f"bucket cap {'none' if cap is None else f'{cap} * alpha * B'}"
+                        f"{', latency-bound messages only' if latency_bound_only else ''}: the least exposed "
+                        "communication on the timeline of the bucketings tried ("
+                        + ", ".join(
+                            f"{name} {seconds * 1e3:.3f} ms" if isinstance(seconds, float) else f"{name}: {seconds}"
+                            for name, seconds in tried.items()
+                        )
+                        + ")",
+                        {"cap_alpha_b": cap, "latency_bound_only": latency_bound_only, "exposed_by_cap_s": tried},
+                    )
+                )
                 _price_new_nodes(gm, cluster)
                 plan = schedule(graph, budget)
                 after = simulate(plan.order)

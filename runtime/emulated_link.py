@@ -188,14 +188,28 @@ def _clock() -> LinkClock:
 
 @dataclass
 class LinkStats:
-    """What one process's emulated groups charged: collectives and modelled seconds, by kind."""
+    """What one process's emulated groups charged: collectives and modelled seconds, by kind; with `recording` on
+    (a benchmark's timed step; off by default, a long run would grow the lists), the traffic of every collective
+    in issue order (`trace`: kind, bytes sent, bytes received) and when it happened (`events`: perf_counter
+    seconds at issue, when gloo finished, when the link began it, its deadline, when it completed). The traffic
+    is what a data-dependent exchange really moved (an expert-parallel all-to-all's rows depend on the routing),
+    which a prediction made before the step can only assume (`passes.reorder_comm.traffic_seconds` prices it)."""
 
     collectives: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    recording: bool = False
+    trace: list[tuple[str, int, int]] = field(default_factory=list)
+    events: list[list[float]] = field(default_factory=list)
 
-    def add(self, kind: str, seconds: float) -> None:
+    def add(self, kind: str, seconds: float, sent: int = 0, received: int = 0) -> list[float] | None:
+        """Count one collective; when recording, also its traffic, and return its event row (filled in later)."""
         self.collectives[kind] = self.collectives.get(kind, 0) + 1
         self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+        if not self.recording:
+            return None
+        self.trace.append((kind, int(sent), int(received)))
+        self.events.append([time.perf_counter(), math.nan, math.nan, math.nan, math.nan])
+        return self.events[-1]
 
     @property
     def total_seconds(self) -> float:
@@ -204,6 +218,8 @@ class LinkStats:
     def reset(self) -> None:
         self.collectives.clear()
         self.seconds.clear()
+        self.trace.clear()
+        self.events.clear()
 
 
 STATS = LinkStats()
@@ -226,13 +242,14 @@ class EmulatedLinkGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     # -- completion -------------------------------------------------------------------------------
-    def _delayed(self, works: list, kind: str, nbytes: int, then=None):
+    def _delayed(self, works: list, kind: str, nbytes: int, then=None, received: int | None = None):
         """A Work that completes `seconds` of link time after the gloo works did; `then` (unpacking a packed
-        bucket into its members' outputs) runs when they did, before the Work completes."""
+        bucket into its members' outputs) runs when they did, before the Work completes. `received`: the bytes
+        this rank receives, when they differ from `nbytes` (an uneven all-to-all), for the trace."""
         from torch._C._distributed_c10d import _create_work_from_future
 
         seconds = self.link.collective_seconds(kind, nbytes, self.size())
-        STATS.add(kind, seconds)
+        event = STATS.add(kind, seconds, nbytes, nbytes if received is None else received)
         future = torch.futures.Future()
         pending = [len(works)]
         values: list[Any] = [None]
@@ -254,13 +271,21 @@ class EmulatedLinkGroup(dist.ProcessGroup):
                     future.set_exception(error)
                     return
             with self._lock:
-                start = max(time.perf_counter(), self._free_at)
+                arrived = time.perf_counter()
+                start = max(arrived, self._free_at)
                 self._free_at = start + seconds
                 deadline = self._free_at
+            if event is not None:
+                event[1:4] = arrived, start, deadline
             if seconds <= 0:
-                future.set_result(values[0])
+                complete()
             else:
-                _clock().at(deadline, lambda: future.set_result(values[0]))
+                _clock().at(deadline, complete)
+
+        def complete() -> None:
+            if event is not None:
+                event[4] = time.perf_counter()
+            future.set_result(values[0])
 
         for work in works:
             try:
@@ -337,7 +362,7 @@ class EmulatedLinkGroup(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts=None):
         work = self.inner.alltoall_base(output, input, output_splits, input_splits, *(() if opts is None else (opts,)))
-        return self._delayed([work], "all_to_all", _nbytes([input]))
+        return self._delayed([work], "all_to_all", _nbytes([input]), received=_nbytes([output]))
 
     def alltoall(self, outputs, inputs, opts=None):
         work = self.inner.alltoall(outputs, inputs, *(() if opts is None else (opts,)))

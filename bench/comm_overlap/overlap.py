@@ -17,7 +17,9 @@ the layers also take the micro-chunk count the cost model picks, `plan_ep_chunks
 `-reorder_comm` (`no_pass`, one chunk), and `-reorder_comm` with Inductor's overlap scheduler run on the
 partitioned forward and backward graphs (`inductor`; `--no-inductor` skips it). Every timed step runs once with the slow link and once with the `zero` link (same
 compiled program, `emulated_link.set_link`), interleaved; exposed communication of a step is the
-difference. The prediction is the pass's own timeline (cost model + the link model) over the joint graph.
+difference. The prediction is the pass's own timeline (cost model + the link model) over the graphs as they
+run; a second one prices what the step's collectives really moved (an EP exchange's rows depend on the routing)
+and simulates both ranks together (`predicted_with_traffic`).
 Losses of the two compilations must be identical (printed). Ratios: min / median / max over the steps.
 """
 
@@ -210,6 +212,41 @@ def predicted(compiled, link: str) -> float:
     return total
 
 
+def predicted_with_traffic(compiled, link: str, traces: list[list]) -> list[float] | None:
+    """Exposed communication per rank predicted by the same timeline with the sizes of the step that ran: every
+    rank's collectives and local experts priced on the rows they really moved (`traffic_seconds` on each rank's
+    recorded traffic), the ranks simulated together (`simulate_ranks`: a collective begins when the last rank
+    has issued it). The balanced-routing prediction (`predicted`) assumes every rank receives as many rows as it
+    sends; a random-init router does not route evenly. None when the traffic does not match the graphs."""
+    from trex.cost_model.annotate import annotate
+    from trex.passes.reorder_comm import is_collective, simulate_ranks, traffic_seconds
+    from trex.runtime.emulated_link import parse_link
+
+    cluster = parse_link(link).cluster()
+    graphs = compiled.trex.graphs
+    modules = [g.forward for g in graphs] + [g.backward for g in reversed(graphs) if g.backward is not None]
+    if any(g.backward is None for g in graphs):
+        modules = [g.joint or g.forward for g in graphs]
+    counts = [sum(1 for n in m.graph.nodes if is_collective(n)) for m in modules]
+    if any(len(trace) != sum(counts) for trace in traces):
+        return None
+    exposed = [0.0] * len(traces)
+    offset = 0
+    SPANS.clear()
+    for module, count in zip(modules, counts):
+        annotate(module, cluster)
+        per_rank = [traffic_seconds(module.graph, trace[offset : offset + count], cluster) for trace in traces]
+        timelines = simulate_ranks(module.graph.nodes, per_rank)
+        for r, timeline in enumerate(timelines):
+            exposed[r] += timeline.exposed_s
+        SPANS.append({"spans": timelines[0].spans, "step_s": timelines[0].step_s})
+        offset += count
+    return exposed
+
+
+SPANS: list = []  # rank 0's simulated collectives (name, issued, begun, done) per graph, of the last prediction
+
+
 def rank_main(args: dict) -> dict:
     import torch
     import torch.distributed as dist
@@ -220,6 +257,7 @@ def rank_main(args: dict) -> dict:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     dist.init_process_group(emulated_link.install(args["link"]))  # the pass prices on this link
+    emulated_link.STATS.recording = True  # each step's traffic and collective events (reset before every step)
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict = {"rank": rank, "plans": {}}
     for plan in args["plans"]:
@@ -254,6 +292,9 @@ def rank_main(args: dict) -> dict:
                     elapsed = time.perf_counter() - start
                     charged = emulated_link.STATS.total_seconds
                     if which == "slow":
+                        trace = list(emulated_link.STATS.trace)  # what each collective moved (one step)
+                        events = [[t - start for t in row] for row in emulated_link.STATS.events]
+                    if which == "slow":
                         by_kind = {
                             kind: (count, emulated_link.STATS.seconds[kind])
                             for kind, count in emulated_link.STATS.collectives.items()
@@ -268,15 +309,23 @@ def rank_main(args: dict) -> dict:
                         emulated_link.set_link("zero")
                         dist.all_reduce(total)
                         losses.append(float(total))
+            emulated_link.set_link("zero")
+            traces = [None] * world
+            dist.all_gather_object(traces, trace)
             out["plans"][f"{plan}/{label}"] = {
                 "slow": slow,
                 "zero": zero,
                 "link_s": link_s,
                 "losses": losses,
                 "predicted_exposed_s": predicted(compiled, args["link"]),
+                "predicted_routed_s": predicted_with_traffic(compiled, args["link"], traces),
+                "model_spans": list(SPANS),
                 "peer": list(PEER_RESULTS),
                 "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
                 "link_by_kind": by_kind,  # the last slow step: kind -> (collectives, modelled seconds)
+                # the last slow step's collectives: seconds after the step began at issue, gloo done, link start,
+                # deadline, completion
+                "events": events,
             }
             if restore is not None:
                 from trex.driver import TrexCompiler
@@ -373,11 +422,23 @@ def main() -> int:
         for label in config["labels"]:
             row = r0[f"{plan}/{label}"]
             measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
+            routed = row["predicted_routed_s"]
             print(
                 f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {measured:.4f} s, "
                 f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}; "
-                "link per step: "
+                + (
+                    f"with the step's routing (ranks {', '.join(f'{x:.4f}' for x in routed)} s) "
+                    f"{routed[0] / measured if measured > 0 else float('nan'):.2f}; "
+                    if routed
+                    else "no traffic prediction; "
+                )
+                + "link per step: "
                 + ", ".join(f"{kind} {n} x, {t:.4f} s" for kind, (n, t) in sorted(row["link_by_kind"].items()))
+                + "; the emulation completed the last slow step's collectives "
+                f"{sum(e[4] - e[3] for e in row['events']):.4f} s after their deadlines in all (a timer thread that "
+                "waits for a core), and they began "
+                f"{sum(e[1] - e[0] for e in row['events']):.4f} s after this rank issued them in all (the other rank "
+                "not there yet, and gloo)"
             )
     return 0
 

@@ -9,12 +9,15 @@ the same order, and never predict more exposed communication than the original.
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from trex.cost_model.annotate import NodeCost
@@ -28,6 +31,8 @@ from trex.passes.reorder_comm import (
     is_start,
     is_wait,
     simulate,
+    simulate_ranks,
+    traffic_seconds,
 )
 
 funcol = torch.ops._c10d_functional
@@ -134,6 +139,57 @@ def test_small_all_gathers_of_ready_inputs_are_bucketed_when_the_link_is_latency
         assert torch.equal(got, want)
 
 
+def test_on_a_bandwidth_bound_link_the_timeline_chooses_a_bucket_cap_that_saves_latencies(monkeypatch):
+    """Messages above alpha * B are not latency-bound, so the default cap leaves them alone; but when nothing can
+    hide them every latency is exposed, and the timeline picks a larger cap that sends them as one bucket, unless
+    the bucket would hold more memory than the budget."""
+    from trex.passes import reorder_comm
+
+    alpha, bandwidth = 5e-3, 1e4  # 5 ms, 10 kB/s: alpha * B = 50 B, each 64 B parameter is bandwidth-bound
+    monkeypatch.setenv("TREX_EMULATE_LINK", f"alpha_us={alpha * 1e6},gbps={bandwidth / 1e9}")
+
+    def link_priced(gm, cluster):  # buckets priced on the link (a one-rank group would make them free)
+        for n in gm.graph.nodes:
+            if "cost" not in n.meta and n.op == "call_function":
+                moved = sum(v.numel() * v.element_size() for v in n.meta["val"]) if is_start(n) else 0
+                seconds = alpha + moved / bandwidth if is_start(n) else 0.0
+                n.meta["cost"] = NodeCost(str(n.target), "collective" if is_start(n) else "view", 0.0, 0.0, seconds)
+
+    monkeypatch.setattr(reorder_comm, "_price_new_nodes", link_priced)
+
+    def parameters_gathered():
+        graph = fx.Graph()
+        params = [graph.placeholder(f"p{i}") for i in range(3)]
+        x = graph.placeholder("x")
+        starts = [graph.call_function(funcol.all_gather_into_tensor.default, (p, 1, group_name())) for p in params]
+        waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in starts]
+        outs = [graph.call_function(torch.ops.aten.mm.default, (x, w)) for w in waits]
+        inputs = [torch.randn(4, 4) for _ in range(3)] + [torch.randn(2, 4)]
+        return finish(graph, outs, inputs, {s.name: alpha + 64 / bandwidth for s in starts}), inputs
+
+    gm, inputs = parameters_gathered()
+    before, sequence = copy_graph_module(gm), collective_sequence(gm.graph)
+    result = run_pass(gm)
+    cap = next(d for d in result.decisions if d.action == "bucket_cap")
+    # latency-bound only or 2 * alpha * B (100 B): no bucket forms; 4 * alpha * B holds the three
+    assert (cap.data["cap_alpha_b"], cap.data["latency_bound_only"]) == (4, False)
+    assert list(cap.data["exposed_by_cap_s"]) == ["4*alpha*B"]
+    bucket = next(d for d in result.decisions if d.action == "bucket")
+    assert bucket.data["members"] == 3 and "2 link latencies saved" in bucket.reason
+    summary = next(d for d in result.decisions if d.action == "summary")
+    assert summary.data["exposed_before_s"] == pytest.approx(3 * (alpha + 64 / bandwidth))
+    assert summary.data["exposed_after_s"] == pytest.approx(alpha + 3 * 64 / bandwidth)
+    assert collective_sequence(gm.graph) == sequence
+    gm.recompile()
+    for got, want in zip(gm(*inputs), before(*inputs)):
+        assert torch.equal(got, want)
+    # a 192 B bucket does not fit a 100 B budget: the messages stay apart
+    gm, _ = parameters_gathered()
+    result = run_pass(gm, comm_memory_budget_bytes=100)
+    assert not any(d.action in ("bucket", "bucket_cap") for d in result.decisions)
+    assert sum(1 for n in gm.graph.nodes if is_start(n)) == 3
+
+
 def test_gradient_reduce_scatters_are_bucketed_where_the_last_gradient_is_ready(monkeypatch):
     monkeypatch.setenv("TREX_EMULATE_LINK", "alpha_us=1000,gbps=1")  # latency-bound small messages
     graph = fx.Graph()
@@ -226,6 +282,9 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
     before = copy_graph_module(gm)
     sequence = collective_sequence(gm.graph)
     exposed = simulate(gm.graph.nodes).exposed_s
+    one = simulate_ranks(gm.graph.nodes, [{}])[0]
+    one.spans = []  # only simulate_ranks records the spans
+    assert one == simulate(gm.graph.nodes)  # one rank: the same model
     result = run_pass(gm, comm_memory_budget_bytes=budget)
     gm.graph.lint()
     gm.recompile()
@@ -243,6 +302,79 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
             assert names.index(node.args[0]) < names.index(node)
             assert all(names.index(node) < names.index(u) for u in node.users if u.op != "output")
     assert sum(map(is_wait, gm.graph.nodes)) == sum(map(is_wait, before.graph.nodes))
+
+
+def test_a_collective_waits_for_the_slowest_rank_to_issue_it():
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    before = graph.call_function(torch.ops.aten.mm.default, (x, w))
+    start = graph.call_function(funcol.all_reduce.default, (before, "sum", group_name()))
+    independent = graph.call_function(torch.ops.aten.mm.default, (w, w))
+    wait = graph.call_function(funcol.wait_tensor.default, (start,))
+    used = graph.call_function(torch.ops.aten.relu.default, (wait,))
+    costs = {before.name: 1e-3, start.name: 3e-3, independent.name: 1e-3}
+    gm = finish(graph, [used, independent], [torch.randn(4, 4), torch.randn(4, 4)], costs)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    # rank 1 computes 4 ms longer before the all-reduce: rank 0's transfer cannot begin until rank 1 issues it
+    fast, slow = simulate_ranks(gm.graph.nodes, [{}, {nodes[before.name]: 5e-3}])
+    assert fast.exposed_s == pytest.approx(4e-3 + 3e-3 - 1e-3)  # waits for rank 1, then the link less 1 ms hidden
+    assert slow.exposed_s == pytest.approx(3e-3 - 1e-3)
+    assert fast.step_s == pytest.approx(slow.step_s) == pytest.approx(5e-3 + 3e-3)
+    assert fast.hidden_by[start.name] == [independent.name]
+
+
+def test_traffic_reprices_exchanges_and_experts_on_the_rows_they_really_moved():
+    """An expert-parallel layer priced at balanced routing, then at the traffic one run recorded: the exchange at
+    the bytes it sent (what the emulated link charges), the local experts at the rows that arrived."""
+    from trex.cost_model.annotate import annotate, annotate_node
+    from trex.errors import TrexError
+    from trex.runtime import expert_parallel  # noqa: F401 - registers the trex.ep_* ops
+    from trex.runtime.emulated_link import parse_link
+
+    pair, hidden, rows, local, inner = "emulated-pair", 16, 8, 2, 8
+    graph = fx.Graph()
+    x, send, recv, counts = (graph.placeholder(n) for n in ("x", "send", "recv", "counts"))
+    gate_up, down = graph.placeholder("gate_up"), graph.placeholder("down")
+    ep = torch.ops.trex
+    dispatch = graph.call_function(ep.ep_exchange.default, (x, send, recv, rows, pair))
+    received = graph.call_function(funcol.wait_tensor.default, (dispatch,))
+    experts = graph.call_function(
+        ep.ep_experts_local.default, (received, counts, gate_up, down, "silu", 0.0, False, rows)
+    )
+    out = graph.call_function(operator.getitem, (experts, 0))
+    combine = graph.call_function(ep.ep_exchange.default, (out, recv, send, rows, pair))
+    done = graph.call_function(funcol.wait_tensor.default, (combine,))
+    graph.output((done,))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [
+        torch.randn(rows, hidden),
+        torch.tensor([rows // 2, rows // 2]),
+        torch.tensor([rows // 2, rows // 2]),
+        torch.tensor([[2, 2], [2, 2]]),
+        torch.randn(local, 2 * inner, hidden),
+        torch.randn(local, hidden, inner),
+    ]
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) for t in inputs]
+        FakeTensorProp(gm, mode).propagate(*fake)
+    link = parse_link("alpha_us=10,gbps=0.5")
+    cluster, groups = link.cluster(), {pair: [0, 1]}
+    annotate(gm, cluster, groups=groups)
+    row_bytes = hidden * 4
+    # this rank sent its 8 rows, received 12 (routing not balanced), then sent 12 back and received its 8
+    traffic = [("all_to_all", 8 * row_bytes, 12 * row_bytes), ("all_to_all", 12 * row_bytes, 8 * row_bytes)]
+    seconds = traffic_seconds(gm.graph, traffic, cluster, groups)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    assert seconds[nodes[dispatch.name]] == pytest.approx(link.collective_seconds("all_to_all", 8 * row_bytes, 2))
+    assert seconds[nodes[combine.name]] == pytest.approx(link.collective_seconds("all_to_all", 12 * row_bytes, 2))
+    balanced = nodes[experts.name].meta["cost"].time_s
+    assert balanced == pytest.approx(annotate_node(nodes[experts.name], cluster, groups, overrides={"S": 8}).time_s)
+    assert seconds[nodes[experts.name]] == pytest.approx(
+        annotate_node(nodes[experts.name], cluster, groups, overrides={"S": 12, "T": 12}).time_s
+    )
+    assert seconds[nodes[experts.name]] > balanced
+    with pytest.raises(TrexError, match="the traffic has 1 collectives, the graph 2"):
+        traffic_seconds(gm.graph, traffic[:1], cluster, groups)
 
 
 def test_the_default_budget_is_the_memory_headroom_of_the_plan_or_the_graph():

@@ -76,12 +76,15 @@ def timed_collectives(link: str) -> dict:
         ),
     }
     out = {"rank": rank, "timings": {}, "values": {}}
+    emulated_link.STATS.recording = True
     dist.barrier()
     for kind, (call, moved) in checks.items():
         call()  # warm up (first-call setup of the functional collectives)
         dist.barrier()
+        emulated_link.STATS.reset()
         wall, cpu = time.perf_counter(), time.process_time()
         value = call()
+        out.setdefault("traces", {})[kind] = list(emulated_link.STATS.trace)
         out["timings"][kind] = (
             time.perf_counter() - wall,
             time.process_time() - cpu,
@@ -185,6 +188,9 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
         torch.testing.assert_close(values["reduce_scatter_out"], (x[0] + x[1]).chunk(2)[rank])
         want = torch.cat([x[src].split(SENDS[src])[rank] for src in range(2)])
         torch.testing.assert_close(values["all_to_all"], want)
+        # the trace says what each collective moved: an uneven all-to-all sends its input, receives its splits
+        assert result["traces"]["all_to_all"] == [("all_to_all", 32768 * 4, sum(s[rank] for s in SENDS) * 4)]
+        assert result["traces"]["all_reduce"] == [("all_reduce", 32768 * 4, 32768 * 4)]
         members = [[t[:96].reshape(48, 2), t[96:100], t[100:164].reshape(2, 32)] for t in x]
         for got, one, two in zip(values["bucketed all_gather"], *members):
             torch.testing.assert_close(got, torch.cat([one, two]))
@@ -193,5 +199,5 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
         for kind, (wall, cpu, model) in result["timings"].items():
             assert model > 4e-3, (kind, model)  # the link model charges milliseconds here
             assert wall >= model, (rank, kind, wall, model)  # never faster than the link
-            assert wall < model + 0.5, (rank, kind, wall, model)  # and the wait ends (loose: a loaded machine)
+            assert wall < model + 10.0, (rank, kind, wall, model)  # the wait ends (not a speed test: any machine)
             assert cpu < 0.5 * wall + 0.02, (rank, kind, cpu, wall)  # waiting does not burn CPU
