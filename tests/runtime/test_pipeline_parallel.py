@@ -61,6 +61,16 @@ def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
     assert costs["link_latency_us"] > 0, label
     # with them, the prediction has more idle time than the compute alone
     assert bubble["predicted"] > bubble["predicted_compute_only"], label
+    # the task times simulated: each chunk's own passes, timed alone (not under zero=3: FSDP2's hooks)
+    calibrated = pipeline["calibrated_task_seconds"]
+    if "zero=3" in label:
+        assert calibrated is None and "zero=3" in pipeline["prediction_note"], label
+        return
+    chunks = len(pipeline["layers_per_chunk"])
+    assert all(len(calibrated[kind]) == chunks and min(calibrated[kind]) > 0 for kind in ("F", "B", "W")), label
+    assert 0 <= bubble["predicted_with_cost_model_tasks"] < 1, label
+    if pipeline["placement"] == "v":  # the engine's split backward: no input pass on the first chunk
+        assert calibrated["I"][0] == 0 and min(calibrated["I"][1:]) > 0, label
 
 
 def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipeline_layout(tmp_path):
