@@ -32,7 +32,13 @@ class PipelineTrainer(Trainer):
     def build(self) -> None:
         from trex.models import build_model, load_config
         from trex.runtime.parallelize import parallelize
-        from trex.runtime.pipeline.schedules import build_schedule, check_schedule, default_schedule, placement_of
+        from trex.runtime.pipeline.schedules import (
+            V_SCHEDULES,
+            build_schedule,
+            check_schedule,
+            default_schedule,
+            placement_of,
+        )
         from trex.runtime.pipeline.split import split_for_plan
         from trex.runtime.pipeline.stages import build_chunks, check_pipeline_model, keep_rank_part
         from trex.runtime.pipeline.timing import StageClock, timed_stage
@@ -61,8 +67,8 @@ class PipelineTrainer(Trainer):
         self.source = self.batch_source()
         meshes_rank = dist.get_rank() // plan.stage_ranks  # pp is the outermost mesh dim
         part = keep_rank_part(model, self.split, meshes_rank)
-        # ZeRO-3: each chunk module is an FSDP root (its layers sharded first, then the chunk, which holds the
-        # embedding or the head) - the module the engine's stage runs, so its schedule defers the gradient
+        # ZeRO-3: each chunk module is an FSDP root (its layers sharded first - not under the V schedules -, then
+        # the chunk, which holds the embedding or the head) - the module the engine's stage runs, so its schedule defers the gradient
         # reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan wraps model parts.
         chunks = build_chunks(part, self.split, meshes_rank) if plan.zero == 3 else None
         self.applied = parallelize(
@@ -73,6 +79,9 @@ class PipelineTrainer(Trainer):
             weight_decay=job.weight_decay,
             optimizer=job.optimizer,
             fsdp_roots=chunks,
+            # the split backward's weight pass writes no gradient into a layer sharded as its own FSDP unit
+            # inside a chunk (`limits.check_pipeline_job`): under ZB-V / DualPipeV the chunk is the one unit
+            fsdp_layers=self.schedule_name not in V_SCHEDULES,
         )
         self.model = part
         self.stage_rank = self.applied.meshes.pipeline.get_local_rank()
