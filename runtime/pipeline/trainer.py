@@ -68,8 +68,9 @@ class PipelineTrainer(Trainer):
         meshes_rank = dist.get_rank() // plan.stage_ranks  # pp is the outermost mesh dim
         part = keep_rank_part(model, self.split, meshes_rank)
         # ZeRO-3: each chunk module is an FSDP root (its layers sharded first - not under the V schedules -, then
-        # the chunk, which holds the embedding or the head) - the module the engine's stage runs, so its schedule defers the gradient
-        # reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan wraps model parts.
+        # the chunk, which holds the embedding or the head) - the module the engine's stage runs, so its schedule
+        # defers the gradient reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan
+        # wraps model parts.
         chunks = build_chunks(part, self.split, meshes_rank) if plan.zero == 3 else None
         self.applied = parallelize(
             part,
