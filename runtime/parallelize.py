@@ -217,9 +217,12 @@ def parallelize(
     weight_decay: float,
     optimizer: str = "adamw",
     fsdp_roots: list[nn.Module] | None = None,
+    fsdp_layers: bool = True,
 ) -> AppliedPlan:
     """`fsdp_roots` (zero=3 only): the modules that run forward and are wrapped last by `fully_shard`, instead of
-    `model` itself - a pipeline rank's chunk modules, which hold its embedding / head and share its layers."""
+    `model` itself - a pipeline rank's chunk modules, which hold its embedding / head and share its layers.
+    `fsdp_layers=False` (zero=3, ep=1): the roots are the only FSDP units, no decoder layer is its own - for
+    the pipeline schedules that split the backward (`runtime.pipeline.limits`)."""
     model.to(device)
     if optimizer == "muon":
         from trex.runtime.muon import check_muon_plan
@@ -293,7 +296,7 @@ def parallelize(
             edp_mesh = meshes.experts["edp"]
             for _, module in experts_modules(model):
                 fully_shard(module, mesh=edp_mesh, shard_placement_fn=placement)
-        for layer in _decoder_layers(model):
+        for layer in _decoder_layers(model) if fsdp_layers else []:
             fully_shard(layer, mesh=dp_mesh, shard_placement_fn=placement)
         roots = fsdp_roots or [model]
         for root in roots:

@@ -10,8 +10,11 @@ over ranks and steps), the cost model's prediction (event simulation of the sche
 lists with the cost model's task times and the runtime's costs measured by a calibration run on the
 same ranks: per-action work, p2p, gloo's late receive, the host's slowdowns; the papers' closed form
 beside it where one exists), their ratio, and the same simulation fed with the measured mean task
-times (what the model explains when its compute times are right). At the end: min/median/max of the
-ratio measured/predicted per schedule. Losses are checked equal to the 1-rank run on the way.
+times (what the model explains when its compute times are right). The prediction's task times are each
+chunk's F/B/I/W measured alone on the chunk by the calibration (`runtime.pipeline.task_calibration`);
+`pred. cost-model tasks` is the same simulation with the cost model's FLOP-priced task times instead.
+At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
+1-rank run on the way.
 """
 
 from __future__ import annotations
@@ -35,17 +38,20 @@ def model_config(directory: Path, hidden: int, layers: int) -> str:
     return str(path)
 
 
-def model_step(pipeline: dict) -> float:
-    """The cost model's compute per rank and step (all its micro-batches through its chunks), slowest rank:
-    a check of the absolute task times the prediction uses against the measured `step s`."""
-    times = pipeline.get("predicted_task_seconds") or {}
+def model_step(pipeline: dict, key: str = "predicted_task_seconds") -> float:
+    """Compute per rank and step (all its micro-batches through its chunks), slowest rank, with the cost model's
+    task times (`predicted_task_seconds`) or the calibrated ones (`calibrated_task_seconds`): a check of the
+    absolute task times against the measured `step s`."""
+    times = pipeline.get(key) or {}
     if not times:
         return float("nan")
     chunks_of = {}
     for index, rank in enumerate(pipeline["chunk_ranks"]):
         chunks_of.setdefault(rank, []).append(index)
     m = pipeline["microbatches"]
-    return max(m * sum(times["F"][c] + times["B"][c] for c in chunks) for chunks in chunks_of.values())
+    split = pipeline["schedule"] in ("zbv", "dualpipev")  # their backward runs as I + W (both measured)
+    backward = [i + w for i, w in zip(times["I"], times["W"])] if split else times["B"]
+    return max(m * sum(times["F"][c] + backward[c] for c in chunks) for chunks in chunks_of.values())
 
 
 def slowdown_p90(costs: dict) -> float:
@@ -76,9 +82,10 @@ def main() -> int:
     print(
         f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
         "| schedule | pp | vpp | m | measured | predicted | measured/predicted | compute only | closed form "
-        "| sim. with measured tasks | action ms | p2p ms | late recv ms | host slowdown p90 | remote delay ms "
-        "| step s | model step s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | late recv ms | host slowdown p90 "
+        "| remote delay ms "
+        "| step s | calibrated step s | model step s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -102,7 +109,7 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} ||||||||||||", flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 13, flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
         for (schedule, pp_, vpp, m), result in zip(labels, results):
             bubble = result["pipeline"]["bubble_fraction"]
@@ -116,9 +123,11 @@ def main() -> int:
             print(
                 f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | {ratio:.2f} | "
                 f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
-                f"{bubble['simulated_with_measured_tasks']:.3f} | {costs['action_s'] * 1e3:.2f} | "
+                f"{bubble['simulated_with_measured_tasks']:.3f} | "
+                f"{bubble.get('predicted_with_cost_model_tasks', float('nan')):.3f} | {costs['action_s'] * 1e3:.2f} | "
                 f"{costs['p2p_s'] * 1e3:.2f} | {costs['late_recv_s'] * 1e3:.2f} | {slowdown_p90(costs):.2f} | "
                 f"{costs['remote_delay_s'] * 1e3:.2f} | {step:.3f} | "
+                f"{model_step(result['pipeline'], 'calibrated_task_seconds'):.3f} | "
                 f"{model_step(result['pipeline']):.3f} |",
                 flush=True,
             )

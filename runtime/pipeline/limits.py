@@ -47,14 +47,17 @@ def check_pipeline_job(
             f"--schedule {name} splits each backward into input- and weight-gradient passes, which a compiled "
             "chunk (one fused backward) cannot run; drop --compile or use gpipe, 1f1b or interleaved"
         )
-    if plan.zero == 3 and name in V_SCHEDULES:
+    if plan.zero == 3 and plan.ep > 1 and name in V_SCHEDULES:
         # Measured (bench/RESULTS.md 14.3): with the split backward, the weight-gradient pass's gradients of the
-        # layers sharded as their own FSDP2 modules inside a chunk are lost (relative error 0.5-1.0 from the
-        # first step); only the chunk roots' own parameters and the first chunk (whole backward in one pass) are
-        # right.
+        # modules sharded as their own FSDP2 units inside a chunk are lost (relative error 0.5-1.0 from the first
+        # step): FSDP2 runs a unit's post-backward when the gradient reaches the unit's forward inputs, i.e. in
+        # the input-gradient pass, before the weight pass has computed anything. With ep=1 the chunk is then the
+        # only unit (`parallelize(fsdp_layers=False)`, RESULTS 14.4); under ep the routed experts must be their
+        # own unit (they shard over the expert-data-parallel mesh, the chunk over dp).
         problems.append(
-            f"--schedule {name} splits each backward into input- and weight-gradient passes, which FSDP2 (zero=3) "
-            "stages cannot run; use zero=1 or 2 with it, or gpipe, 1f1b or interleaved with zero=3"
+            f"--schedule {name} with zero=3 and ep={plan.ep}: the split backward loses the weight gradients of the "
+            "routed experts, which FSDP2 must shard as their own unit over the expert-data-parallel ranks; use "
+            "zero=1 or 2 with ep, ep=1 with zero=3, or gpipe, 1f1b or interleaved"
         )
     try:  # every problem at once: the split's and the schedule's
         split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)

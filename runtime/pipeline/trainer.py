@@ -32,7 +32,13 @@ class PipelineTrainer(Trainer):
     def build(self) -> None:
         from trex.models import build_model, load_config
         from trex.runtime.parallelize import parallelize
-        from trex.runtime.pipeline.schedules import build_schedule, check_schedule, default_schedule, placement_of
+        from trex.runtime.pipeline.schedules import (
+            V_SCHEDULES,
+            build_schedule,
+            check_schedule,
+            default_schedule,
+            placement_of,
+        )
         from trex.runtime.pipeline.split import split_for_plan
         from trex.runtime.pipeline.stages import build_chunks, check_pipeline_model, keep_rank_part
         from trex.runtime.pipeline.timing import StageClock, timed_stage
@@ -61,9 +67,10 @@ class PipelineTrainer(Trainer):
         self.source = self.batch_source()
         meshes_rank = dist.get_rank() // plan.stage_ranks  # pp is the outermost mesh dim
         part = keep_rank_part(model, self.split, meshes_rank)
-        # ZeRO-3: each chunk module is an FSDP root (its layers sharded first, then the chunk, which holds the
-        # embedding or the head) - the module the engine's stage runs, so its schedule defers the gradient
-        # reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan wraps model parts.
+        # ZeRO-3: each chunk module is an FSDP root (its layers sharded first - not under the V schedules -, then
+        # the chunk, which holds the embedding or the head) - the module the engine's stage runs, so its schedule
+        # defers the gradient reduce-scatters to the step's last backward (`perform_reduce_grad`), as torchtitan
+        # wraps model parts.
         chunks = build_chunks(part, self.split, meshes_rank) if plan.zero == 3 else None
         self.applied = parallelize(
             part,
@@ -73,6 +80,9 @@ class PipelineTrainer(Trainer):
             weight_decay=job.weight_decay,
             optimizer=job.optimizer,
             fsdp_roots=chunks,
+            # the split backward's weight pass writes no gradient into a layer sharded as its own FSDP unit
+            # inside a chunk (`limits.check_pipeline_job`): under ZB-V / DualPipeV the chunk is the one unit
+            fsdp_layers=self.schedule_name not in V_SCHEDULES,
         )
         self.model = part
         self.stage_rank = self.applied.meshes.pipeline.get_local_rank()
@@ -192,17 +202,26 @@ class PipelineTrainer(Trainer):
         dist.all_gather_object(everyone, (self.stage_rank, records))
         measured = measured_bubble(everyone, len(self.split.chunks))
         chunks, why = self.predicted_chunks()
-        overheads = self.calibrate_runtime(chunks)
-        predicted = predicted_bubble(
-            self.pipe,
-            self.schedule_name,
-            self.split,
-            self.plan.microbatches,
-            measured["task_seconds"],
-            task_times=chunk_task_times(chunks) if chunks else None,
-            overheads=overheads,
-            cores=self.pipeline_cores(),
-        )
+        model_times = chunk_task_times(chunks) if chunks else None
+        calibrated, calibration_note = self.calibrate_tasks()
+        task_times = calibrated or model_times
+        overheads = self.calibrate_runtime(task_times)
+
+        def predict(times: dict | None, measured_times: dict | None = None) -> dict:
+            return predicted_bubble(
+                self.pipe,
+                self.schedule_name,
+                self.split,
+                self.plan.microbatches,
+                measured_times,
+                task_times=times,
+                overheads=overheads,
+                cores=self.pipeline_cores(),
+            )
+
+        predicted = predict(task_times, measured["task_seconds"])
+        if calibrated and model_times:  # the same simulation with the cost model's FLOP-priced task times
+            predicted["predicted_with_cost_model_tasks"] = predict(model_times)["predicted"]
         out = {
             "schedule": self.schedule_name,
             "pp": self.split.pp,
@@ -215,18 +234,19 @@ class PipelineTrainer(Trainer):
             "bubble_fraction": {"measured": measured["bubble"], **predicted},
             "measured": measured,
             "runtime_overheads": overheads.to_dict(),
-            "predicted_task_seconds": chunk_task_times(chunks) if chunks else None,
+            "predicted_task_seconds": model_times,
+            "calibrated_task_seconds": calibrated,
             "pipeline_cores": self.pipeline_cores(),
         }
-        if why:
-            out["prediction_note"] = why
+        notes = [n for n in (calibration_note, why if not calibrated else "") if n]
+        if notes:
+            out["prediction_note"] = "; ".join(notes)
         return out
 
-    def calibrate_runtime(self, chunks=None):
+    def calibrate_runtime(self, task_times: dict | None = None):
         """The schedule runtime's per-action work, the link and the host's slowdowns, measured on this pipeline
-        group by the same schedule over null chunks (`calibration.measure_overheads`); the slowdown unit is
-        the null chunks burn the cost model's task times when it priced the chunks."""
-        from trex.runtime.pipeline.bubble import chunk_task_times
+        group by the same schedule over null chunks (`calibration.measure_overheads`), which burn `task_times`
+        (the calibrated or the cost model's seconds per task) so the slowdowns are measured in those units."""
         from trex.runtime.pipeline.calibration import measure_overheads
 
         return measure_overheads(
@@ -237,8 +257,58 @@ class PipelineTrainer(Trainer):
             self.config.vocab_size,
             self.applied.meshes.pipeline.get_group(),
             self.device,
-            task_times=chunk_task_times(chunks) if chunks else None,
+            task_times=task_times,
         )
+
+    def calibrate_tasks(self) -> tuple[dict | None, str]:
+        """Each chunk's F, B, I and W seconds measured on the chunk itself with the engine's own backward
+        functions (`task_calibration.measure_stage_tasks`); (None, why) where that cannot run: ZeRO-3 chunks
+        (FSDP2's hooks would all-gather, reduce-scatter and reshard around the lone passes)."""
+        from trex.runtime.data import as_global_batch
+        from trex.runtime.pipeline.schedules import V_SCHEDULES
+        from trex.runtime.pipeline.task_calibration import full_backward_split, measure_stage_tasks
+
+        if self.plan.zero == 3:
+            return None, "cost-model task times (the chunks' own passes are not timed alone under zero=3)"
+        batch = as_global_batch(self.source.global_batch(0)).to(self.device)
+        rows = batch.replica_rows(self.applied.replica_index, self.applied.replicas)
+        mbs = self.plan.mbs
+        ids, targets = rows.inputs[:mbs], rows.targets[:mbs]
+        normalizer = max(1, int((batch.targets != IGNORE_INDEX).sum()))
+        hidden = (mbs, ids.shape[1], self.config.hidden_size)
+        if self.config.model_type == "deepseek_v4":
+            hidden = (mbs, ids.shape[1], self.config.hc_mult, self.config.hidden_size)
+        generator = torch.Generator().manual_seed(self.job.seed)
+
+        def make_input(module) -> torch.Tensor:
+            if module.chunk.first:
+                return ids
+            return torch.randn(hidden, generator=generator).to(self.device).requires_grad_(True)
+
+        def loss_of(logits: torch.Tensor) -> torch.Tensor:
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+            )
+            return loss / normalizer
+
+        autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if self.plan.precision == "bf16"
+            else nullcontext
+        )
+        times = measure_stage_tasks(
+            self.chunks,
+            self.runners,
+            make_input,
+            loss_of,
+            self.schedule_name in V_SCHEDULES,
+            self.stage_rank,
+            self.split.pp,
+            len(self.split.chunks),
+            self.applied.meshes.pipeline.get_group(),
+            context=autocast,
+        )
+        return full_backward_split(times), ""
 
     def predicted_chunks(self):
         """The cost model's per-chunk times for this run (`cost_model.step.estimate_step` on the `cpu` target

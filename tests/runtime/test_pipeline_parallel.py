@@ -5,7 +5,8 @@ Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B,
 (vpp=2, V placement, backward split into input and weight gradients) and under 1F1B with ZeRO-3 (each
 chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
-chunks per stage), pp composed with ep and dp/ZeRO-1/2/3 on 4 ranks, and pp=2 -> pp=4 / pp=1 resumes.
+chunks per stage), pp composed with ep and dp/ZeRO-1/2/3 on 4 ranks (ZB-V and DualPipeV with ZeRO-3 too), and
+pp=2 -> pp=4 / pp=1 resumes.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
     assert costs["link_latency_us"] > 0, label
     # with them, the prediction has more idle time than the compute alone
     assert bubble["predicted"] > bubble["predicted_compute_only"], label
+    # the task times simulated: each chunk's own passes, timed alone (not under zero=3: FSDP2's hooks)
+    calibrated = pipeline["calibrated_task_seconds"]
+    if "zero=3" in label:
+        assert calibrated is None and "zero=3" in pipeline["prediction_note"], label
+        return
+    chunks = len(pipeline["layers_per_chunk"])
+    assert all(len(calibrated[kind]) == chunks and min(calibrated[kind]) > 0 for kind in ("F", "B", "W")), label
+    assert 0 <= bubble["predicted_with_cost_model_tasks"] < 1, label
+    if pipeline["placement"] == "v":  # the engine's split backward: no input pass on the first chunk
+        assert calibrated["I"][0] == 0 and min(calibrated["I"][1:]) > 0, label
 
 
 def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipeline_layout(tmp_path):
@@ -168,6 +179,20 @@ def test_pipeline_composes_with_expert_and_data_parallelism_on_four_ranks(model)
     plain = execute(job(model, "", 1))["memory_by_rank"][0]["optimizer_states"]
     stage_states = memory["pp=2,dp=2,zero=1"][0]["optimizer_states"] + memory["pp=2,dp=2,zero=1"][2]["optimizer_states"]
     assert stage_states == pytest.approx(plain / 2, rel=0.02)
+
+
+@pytest.mark.slow
+def test_split_backward_schedules_with_zero3_shard_each_chunk_as_one_unit():
+    """ZB-V and DualPipeV with ZeRO-3 over dp=2 inside each stage: each chunk is the only FSDP2 unit (a decoder
+    layer sharded as its own unit loses its weight-pass gradients), and losses and gradients equal the 1-rank
+    run's; with ep the combination is refused (test_pipeline_split)."""
+    model, shape = "tiny-qwen3-moe", {**SHAPE, "gbs": 8}  # DualPipeV: 2*pp micro-batches per replica
+    ref = execute(job(model, "", 1, shape=shape, gather_gradients=True))
+    cases = [("pp=2,vpp=2,dp=2,zero=3", "zbv"), ("pp=2,vpp=2,dp=2,zero=3", "dualpipev")]
+    jobs = [job(model, plan, 4, schedule, shape=shape, gather_gradients=True) for plan, schedule in cases]
+    results = launch_function(run_jobs, (jobs,), 4)
+    for (plan, schedule), result in zip(cases, results[0]):
+        assert_same_run(result, ref, f"{model} {plan} {schedule}")
 
 
 @pytest.mark.slow

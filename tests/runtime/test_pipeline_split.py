@@ -96,8 +96,8 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
     )
     assert "layer 1 is placed twice" in refused("pp=2", 2, stage_split="0-1,1-3")
     assert "--schedule applies to pipeline parallelism; the plan has pp=1" in refused("", 1, schedule="gpipe")
-    assert "which FSDP2 (zero=3) stages cannot run; use zero=1 or 2 with it" in refused(
-        "pp=2,vpp=2,zero=3", 2, schedule="zbv"
+    assert "the split backward loses the weight gradients of the routed experts" in refused(
+        "pp=2,vpp=2,dp=2,ep=2,zero=3", 4, schedule="zbv"
     )
     assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
 

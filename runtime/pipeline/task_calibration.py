@@ -1,0 +1,168 @@
+"""Each pipeline action's compute time, measured on the stage's own chunk with the engine's own backward code.
+
+The simulation of a schedule (`cost_model.pipeline.simulate_actions`) needs, per chunk, the time of its
+forward (F), its full backward (B) and, for the zero-bubble schedules, the backward's input-gradient (I) and
+weight-gradient (W) passes. The cost model prices a chunk from its FLOPs and bytes; for the chunks trained
+on CPU here (tiny MoE models: hidden 128, one micro-batch of 64 tokens) that is 2-3x short, because such a
+chunk's time is not its GEMMs' arithmetic but the fixed cost of every operator call and autograd node
+(dispatch, allocation, the engine's bookkeeping), which the FLOP pricing does not see.
+
+The split backward shows it most. torch.distributed.pipelining runs I as `stage_backward_input` and W as
+`stage_backward_weight` (`torch/distributed/pipelining/_backward.py`). Splitting halves the GEMM FLOPs
+(dX = dY W^T in I, dW = X^T dY in W) but not the fixed costs, and it adds its own:
+
+* I walks the whole autograd graph in Python twice before differentiating (`construct_reverse_graph`, then
+  `get_param_groups`: a reverse closure from every parameter), registers a Python pre-hook on every node
+  where a parameter's path meets the input's, and then evaluates every autograd node on the path to the
+  chunk's input - all of them but the parameter leaves' own - with all their non-GEMM operators (norms,
+  softmax, routing, index/scatter, attention's backward, which sit on the input path only);
+* W calls `torch.autograd.grad` once per parameter group - each parameter is its own group in these
+  layers - each call a new graph task from the saved intermediates to the parameter, and re-evaluates the
+  nodes between (the weight GEMMs, and the per-expert index/select backward of the MoE experts);
+* the first chunk (token ids in, no input gradient) skips I, and its W is the whole backward (the engine's
+  `backward_weight_one_chunk` for stage 0).
+
+Measured on the bench model's middle 2-layer chunk (bench lock, bench/RESULTS.md 14.4): B runs 203 autograd nodes
+and ~1,800 ATen calls in ~4.2 ms; I runs 167 nodes and ~1,240 ATen calls in ~3.8 ms; W runs 58 nodes, ~670
+ATen calls and 22 `autograd.grad` calls in ~4.0 ms. So I + W ~ 2 B here, where a FLOP model says I + W = B.
+On a large model on an accelerator the GEMMs dominate and the split costs what FLOPs say.
+
+So the times are measured, not modelled, once per job and chunk, before the schedule is simulated, by
+running what the stage runs: the chunk's forward (with the loss on the last chunk) on a real micro-batch
+(the first chunk's token ids; for the other chunks, hidden states of the activation's shape), the engine's
+`stage_backward` (B), and, when the schedule splits the backward, `stage_backward_input` and then
+`stage_backward_weight` on a fresh forward (I, W; on the first chunk I = 0 and W is `stage_backward`).
+Median over repeats after warm-ups; the collector paused, as in the step. Ranks of different pipeline
+stages take turns (a barrier between turns) so each time is the chunk's own on an otherwise idle host: the
+simulation applies the cores' sharing itself (`cores`). Ranks of the same pipeline stage (its data- and
+expert-parallel replicas) measure together, since the chunk's forward may hold their collectives (the
+experts' all-to-all). The parameters' gradients are saved before and restored after.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+KINDS = ("F", "B", "I", "W")
+
+
+def time_chunk_tasks(
+    chunk: torch.nn.Module,
+    first: bool,
+    last: bool,
+    make_input: Callable[[], torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    split_backward: bool,
+    repeats: int = 7,
+    warmups: int = 2,
+    context: Callable[[], object] = nullcontext,
+) -> dict[str, float]:
+    """Median seconds of one micro-batch's F, B, I and W through `chunk` (see the module docstring);
+    `make_input()`: a fresh input (token ids for the first chunk, else a hidden-state tensor that requires
+    grad); `loss_of(output)`: the last chunk's loss; `split_backward`: also time the I and W passes (else
+    they are 0); `context()`: entered around every pass (the step's autocast)."""
+    from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor, float]:
+        x = make_input()
+        start = time.perf_counter()
+        with context():
+            out = chunk(x)
+            if last:
+                out = loss_of(out)
+        return x, out, time.perf_counter() - start
+
+    def output_grads(out: torch.Tensor) -> list[torch.Tensor] | None:
+        return None if last else [torch.randn_like(out)]  # the last chunk differentiates its loss
+
+    def timed(function: Callable, *args) -> tuple[object, float]:
+        start = time.perf_counter()
+        with context():
+            result = function(*args)
+        return result, time.perf_counter() - start
+
+    for repeat in range(warmups + repeats):
+        x, out, seconds = forward()
+        _, backward = timed(stage_backward, out if last else [out], output_grads(out), [x])
+        inputs = weights = 0.0
+        if split_backward:
+            x, out, _ = forward()
+            grads = output_grads(out)
+            if first:  # the engine skips the first stage's input pass; its weight pass is the full backward
+                _, weights = timed(stage_backward, out if last else [out], grads, [x])
+            else:
+                (_, groups), inputs = timed(stage_backward_input, [out], grads, [x], chunk.parameters())
+                _, weights = timed(stage_backward_weight, chunk.parameters(), groups)
+        if repeat >= warmups:
+            for kind, value in zip(KINDS, (seconds, backward, inputs, weights)):
+                samples[kind].append(value)
+    return {kind: statistics.median(values) for kind, values in samples.items()}
+
+
+def measure_stage_tasks(
+    chunks: list,
+    runners: list[torch.nn.Module],
+    make_input: Callable[[object], torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    split_backward: bool,
+    stage_rank: int,
+    pp: int,
+    chunk_count: int,
+    pipeline_group,
+    context: Callable[[], object] = nullcontext,
+    repeats: int = 7,
+) -> dict[str, list[float]]:
+    """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
+    runs it (`time_chunk_tasks`), pipeline rank by pipeline rank (see the module docstring). Every rank of
+    the world calls it; `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its
+    compiled module); `make_input(chunk)`: a fresh input for the chunk."""
+    from trex.runtime.pipeline.timing import collector_paused
+
+    params = [p for runner in runners for p in runner.parameters()]
+    saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
+    mine: dict[int, dict[str, float]] = {}
+    try:
+        for turn in range(pp):
+            if turn == stage_rank:
+                with collector_paused():
+                    for module, runner in zip(chunks, runners):
+                        mine[module.chunk.index] = time_chunk_tasks(
+                            runner,
+                            module.chunk.first,
+                            module.chunk.last,
+                            lambda module=module: make_input(module),
+                            loss_of,
+                            split_backward,
+                            repeats=repeats,
+                            context=context,
+                        )
+            dist.barrier()
+    finally:
+        for p, grad in saved:
+            p.grad = grad
+    everyone: list = [None] * dist.get_world_size(pipeline_group)
+    dist.all_gather_object(everyone, mine, group=pipeline_group)
+    merged = {index: times for part in everyone for index, times in part.items()}
+    missing = sorted(set(range(chunk_count)) - set(merged))
+    if missing:
+        raise RuntimeError(f"internal: no task times measured for pipeline chunks {missing}")
+    return {kind: [merged[c][kind] for c in range(chunk_count)] for kind in KINDS}
+
+
+def full_backward_split(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Times for a schedule that never splits the backward (I and W unmeasured): the split's I and W set from B
+    as the engine would run them on the first chunk (W = B) and as halves elsewhere, only so that every kind
+    has a value; the simulation of such a schedule never reads them."""
+    if any(times["I"]) or any(times["W"]):
+        return times
+    from trex.runtime.pipeline.bubble import split_backward
+
+    return {"F": times["F"], "B": times["B"], **split_backward(times["B"])}
