@@ -146,7 +146,7 @@ def test_entry_point_group_trex_backends_is_discovered(tmp_path):
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(tmp_path), "PATH": ""},
-        timeout=120,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["Plugin", "True"]

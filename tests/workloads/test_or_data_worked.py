@@ -96,7 +96,7 @@ def test_layouts_run_to_the_same_output_and_are_counted_as_styles():
         styled = restyle(program, CodeStyle("from", "model", "helper", "pyscipopt", layout))
         if layout != "literal":
             assert styled != program and code_style_key(styled) == f"from/model/helper/{layout}"
-        outputs.add(subprocess.run([sys.executable, "-c", styled], capture_output=True, text=True, timeout=60).stdout)
+        outputs.add(subprocess.run([sys.executable, "-c", styled], capture_output=True, text=True, timeout=300).stdout)
     assert len(outputs) == 1 and "Optimal objective value" in outputs.pop()
     with pytest.raises(ValueError, match="unknown data layout"):
         relayout(program, "columns")
