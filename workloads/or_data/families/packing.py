@@ -327,7 +327,13 @@ model.setObjective(quicksum(cut), sense="minimize")
                 objective_description=f"number of {sc.bin[1]} used",
                 sets=(
                     SetDef("I", "i", sc.item[1], data.items),
-                    SetDef("K", "k", f"available {sc.bin[1]} (an upper bound from first-fit decreasing)", slots),
+                    SetDef(
+                        "K",
+                        "k",
+                        f"available {sc.bin[1]} (an upper bound from first-fit decreasing)",
+                        slots,
+                        member=sc.bin[0],
+                    ),
                 ),
                 params=(
                     ParamDef("s_i", f"{sc.size_word} of {sc.item[0]} $i$ ({sc.unit})", data.size, ("I",)),
