@@ -15,6 +15,7 @@ from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.linear_model import ModelBuilder
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, ParamDef, SetDef, VarDef
 from trex.workloads.or_data.phrasing import Statement, setting_clash
+from trex.workloads.or_data.prose import singular_noun
 from trex.workloads.or_data.prose_check import check_prose
 from trex.workloads.or_data.repair_reason import buggy_model, symptom_reason
 from trex.workloads.or_data.solve import solve_model
@@ -101,6 +102,11 @@ def test_the_checker_flags_each_sentence_the_review_quoted(text, kind):
         "A hospital dietitian plans a daily menu. The kitchen serves 200 patients a day.",
         "- $v_{wt}$: rating (table below)\n\n$v_{wt}$:\n\n| w \\ t | a | b |\n| --- | --- | --- |\n| x | 1 | 2 |",
         "The upper bound on the units to make on regular time in February: at most 300.",
+        "The problem is infeasible. All 3 clinics together can handle 3,690 patient visits, less than the total "
+        "demand of 5,020.",
+        "**Sets**\n\n- candidate clinics = {Kingsgate, Riverside}\n- districts = {North, South}\n\nEach district "
+        "has patients.",
+        "- Share for parks: 0.75 × 12 (parks) = 9, 9 above the minimum of 0.25 × 0 (bike lanes) = 0.",
     ],
 )
 def test_the_fixed_wordings_pass_the_checker(text):
@@ -161,6 +167,19 @@ def test_rows_put_moved_terms_back_on_the_limit_side():
         assert check_prose(text) == [], text
 
 
+def test_a_limit_made_of_decisions_at_zero_is_written_out():
+    """A share row (0.75 parks - 0.25 lanes >= 0) with no lanes in the plan: the limit is the lanes'
+    term at 0, not a bare "minimum of 0"."""
+    builder = ModelBuilder("toy")
+    parks, lanes = builder.var("fund__parks"), builder.var("fund__lanes")
+    builder.row("share__parks", {parks: 0.75, lanes: -0.25}, ">=", 0.0)
+    builder.maximize({parks: 1.0, lanes: 1.0})
+    math = MathModel("Toy", "maximize", "v", "value", (SetDef("O", "o", "options", ("parks", "lanes")),), (), (), ())
+    [row] = builder.build().rows
+    line = row_line(row, math, {"fund__parks": 12.0, "fund__lanes": 0.0}, random.Random(0))
+    assert "9 above the minimum of 0.25 × 0 (lanes) = 0" in line and check_prose(line) == [], line
+
+
 def test_exact_sums_say_equals_and_long_objectives_are_written_out_by_kind():
     builder = ModelBuilder("toy")
     made = [builder.var(f"regular__m{k}") for k in range(6)]
@@ -211,6 +230,14 @@ def test_general_descriptions_are_made_specific_or_left_out():
     assert instance_phrase(noun, name, math) == noun.replace("each ingredient", ingredient)
     assert variable_phrase(name, math) == f"the variable for {ingredient}"
     assert instance_phrase("units to ship on each route", "ship__a", math) is None  # "route" matches no set
+    data = generated("piecewise_costs", 4).data  # a multi-word noun whose last word names the set
+    math = FAMILIES["piecewise_costs"].math_model(data)
+    name = next(v.name for v in FAMILIES["piecewise_costs"].linear_model(data).variables if v.name.endswith("__2"))
+    source = singular_noun(math.sets[0].description.split(" (")[0].split()[-1])
+    element = spoken_names(math)[name.split("__")[1]]
+    phrase = f"units bought from each {source} in each price tier"
+    assert instance_phrase(phrase, name, math) == f"units bought from {element} in tier 2"
+    assert instance_phrase("units bought in each price tier", name, math) is None  # the source key is left over
 
 
 def test_filler_that_names_another_setting_is_not_used():

@@ -34,16 +34,17 @@ def key_names(math: MathModel) -> dict[str, str]:
 
 
 def spoken_names(math: MathModel) -> dict[str, str]:
-    """`key_names` as prose says them: a numbered element of a set with a `member` noun is named
-    with it ("disk 2", "hour 13"), so a label never ends in a bare number ("Capacity for 2")."""
+    """`key_names` as prose says them: an element of a set with a `member` noun (numbered ones:
+    disks, hours, tiers, patterns) is named with it ("disk 2", "hour 13", "pattern p1"), so a label
+    never ends in a bare number ("Capacity for 2")."""
     names = math.__dict__.get("_spoken_names")
     if names is None:
         names = dict(key_names(math))
         for set_def in math.sets:
             if set_def.member:
                 for element in set_def.elements:
-                    if str(element).isdigit():
-                        names[str(element)] = f"{set_def.member} {element}"
+                    key = re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_")
+                    names[key] = f"{set_def.member} {element}"
         object.__setattr__(math, "_spoken_names", names)
     return names
 
@@ -62,7 +63,7 @@ def element_words(name: str, math: MathModel) -> tuple[str, str]:
     return family.replace("_", " "), whom
 
 
-_EACH = re.compile(r"\beach ((?:[a-z-]+ ){0,2}[a-z-]+?)('s)?(?![a-z-])")
+_EACH = re.compile(r"\beach ([a-z-]+(?:'s)?(?: [a-z-]+(?:'s)?){0,2})")
 
 
 def _set_nouns(math: MathModel) -> dict[str, list[str]]:
@@ -102,24 +103,28 @@ def instance_phrase(text: str, name: str, math: MathModel) -> str | None:
     left = list(keys)
     pieces: list[str] = []
     position = 0
-    for match in _EACH.finditer(text):
-        words = match.group(1)
+    while (match := _EACH.search(text, position)) is not None:  # from where the last "each" ended
+        words = match.group(1).split(" ")
         found = None
-        for key in left:
-            for noun in nouns.get(key, []):
-                if words == noun or words.startswith(noun + " "):
-                    found = (key, noun)
+        for size in range(len(words), 0, -1):  # "each price tier of": "price tier of", "price tier", "price"
+            phrase = " ".join(words[:size])
+            bare = phrase.removesuffix("'s")
+            for key in left:
+                forms = nouns.get(key, [])
+                if bare in forms or bare.split(" ")[-1] in [form for form in forms if " " not in form]:
+                    found = (key, size, phrase.endswith("'s"))
                     break
             if found:
                 break
         if found is None:
             return None
-        key, noun = found
+        key, size, possessive = found
         left.remove(key)
         element = spoken.get(key, key.replace("_", " "))
-        owner = (element + ("'" if element.endswith("s") else "'s")) if match.group(2) else element
-        pieces.append(text[position : match.start()] + owner + words[len(noun) :])
-        position = match.end()
+        owner = (element + ("'" if element.endswith("s") else "'s")) if possessive else element
+        end = match.start() + len("each ") + len(" ".join(words[:size]))
+        pieces.append(text[position : match.start()] + owner)
+        position = end
     if left:
         return None
     return "".join(pieces) + text[position:]

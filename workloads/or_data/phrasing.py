@@ -235,8 +235,12 @@ SETTING_CLUES = (
 
 
 def setting_clash(sentence: str, rest: str) -> bool:
-    """Whether `sentence` names a setting (`SETTING_CLUES`) that `rest`, the text around it, does not."""
-    return any(clue.search(sentence) and not fits.search(rest) for clue, fits in SETTING_CLUES)
+    """Whether `sentence` names a setting (`SETTING_CLUES`) that neither `rest`, the text around it,
+    nor the sentence itself (the clue taken out) does."""
+    return any(
+        clue.search(sentence) and not fits.search(rest) and not fits.search(clue.sub(" ", sentence))
+        for clue, fits in SETTING_CLUES
+    )
 
 
 def names_non_company(texts: Sequence[str]) -> bool:

@@ -84,7 +84,7 @@ _NUMBER_FORMAT = (
     re.compile(r"(?m)(?:^|- |\. )[A-Z][\w -]{0,40}? for \d+:(?!\d)"),  # "Machine for 0:", not "for 08:00"
     re.compile(r"\d \((?:[^()\n]*, )?\d+\)"),  # "1 (2)", "30 (microbiome set, 13)"
     re.compile(r"\bis \d+ with [\d.,]+ to spare"),  # "the most slack is 16 with 1 to spare"
-    re.compile(r"\b(?:cap|minimum|limit)(?: of)? (?:0(?![.,]?\d)|−\d)"),  # a limit of 0 or below: moved terms
+    re.compile(r"\b(?:cap|minimum|limit)(?: of)? (?:0(?![.,]?\d)(?! \((?!binding\)))|−\d)"),  # limit 0 or below
     re.compile(r"\(from \d+ nonzero [\w ]+? terms?\)"),  # lumped terms
 )
 _APPROX_LINE = re.compile(r"[^\n]*≈ −?[\d,]+(?:\.\d+)?")
@@ -143,7 +143,7 @@ def check_prose(text: str) -> list[Flag]:
             flags.append(Flag("raw_fill", match.group(0)[:90]))
     flags += _agreement(prose)
     flags += _openers(text)
-    sentences = re.split(r"(?<=[.!?])\s+", prose)
+    sentences = [part for part in re.split(r"(?<=[.!?])\s+|\n+", prose) if part.strip()]  # list lines are sentences
     if names_non_company(sentences):
         for sentence in sentences:
             if COMPANY_FILLER.search(sentence):

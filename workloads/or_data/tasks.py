@@ -510,8 +510,8 @@ def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
         specific = instance_phrase(what.removeprefix("the "), name, base.math) if whom else None
         if specific is not None and specific != what.removeprefix("the "):
             about = specific  # "units of tables to make"
-        else:
-            about = what.removeprefix("the ") + (f", for {whom}" if whom else "")
+        else:  # the general description next to an element reads as a seam: the element alone
+            about = whom or what.removeprefix("the ")
         words.append(f"`{name}` ({about}) was {format_objective(base.values[name])}")
     shown = join(words)
     return (

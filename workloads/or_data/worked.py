@@ -87,18 +87,19 @@ def _used(terms: list[tuple[str, float]], values: dict[str, float]) -> list[tupl
 
 
 def written_sum(
-    terms: list[tuple[str, float]], values: dict[str, float], math: MathModel, families: int = 0
+    terms: list[tuple[str, float]], values: dict[str, float], math: MathModel, families: int = 0, zeros: bool = False
 ) -> tuple[str, bool]:
     """The nonzero terms of `sum(coef * x)` at `values`, as text, and whether a shown value is
     rounded. Every term is written out: a sum the reader cannot redo does not check anything.
-    `families`: the kinds of decision in the whole row (both sides), when more than this sum's."""
-    used = _used(terms, values)
+    `families`: the kinds of decision in the whole row (both sides), when more than this sum's;
+    `zeros`: write the terms at 0 too (a limit made of decisions the plan leaves at 0)."""
+    used = list(terms) if zeros else _used(terms, values)
     families = max(families, len({family_of(name) for name, _ in used}))
     if not used:
         return "0", False
     pieces, rounded = [], False
     for index, (name, coef) in enumerate(used):
-        text, was_rounded = _term(coef, values[name], _who(name, math, families), index == 0)
+        text, was_rounded = _term(coef, values.get(name, 0.0), _who(name, math, families), index == 0)
         pieces.append(text)
         rounded |= was_rounded
     return " ".join(pieces), rounded
@@ -177,13 +178,15 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
     on the limit's side are written there ("35 (flow ...) = 35, against 80 × 1 (build ...) = 80")."""
     left, right, sense = _sides(row)
     rhs = row.rhs if sense == row.sense else -row.rhs
-    right_used = _used(right, values)
-    kinds = len({family_of(name) for name, _ in _used(list(row.terms), values)})
+    # the limit's decisions, written out even at 0 when there are few ("0.25 × 0 (...)"): a bare
+    # "minimum of 0" would hide what the limit is made of
+    right_used = right if len(right) <= MAX_TERMS else _used(right, values)
+    kinds = len({family_of(name) for name, _ in [*_used(left, values), *right_used]})
     left_text, left_rounded = written_sum(left, values, math, kinds)
     left_value = _math.fsum(coef * values.get(name, 0.0) for name, coef in left)
     limit_value = rhs + _math.fsum(coef * values.get(name, 0.0) for name, coef in right)
     if right_used:
-        right_text, right_rounded = written_sum(right_used, values, math, kinds)
+        right_text, right_rounded = written_sum(right_used, values, math, kinds, zeros=True)
         if abs(rhs) > _ZERO:
             right_text += f" {'−' if rhs < 0 else '+'} {number(round(abs(rhs), 6))}"
         single = len(right_used) == 1 and abs(right_used[0][1] - 1) <= _ZERO and abs(rhs) <= _ZERO
