@@ -89,18 +89,45 @@ def _blocks(lines: list[str]) -> list[_Block]:
 Mutation = tuple[str, str]  # (buggy source, diagnosis)
 
 
+def _sense_position(line: str, operators: Sequence[str]) -> int:
+    """Where the constraint's own comparison operator stands in an `addCons(...)` line: the first of
+    `operators` at the call's top level, not one inside a generator's condition (`if t <= s`) or a
+    lookup; -1 when there is none."""
+    start = line.find("addCons(")
+    if start < 0:
+        return -1
+    depth = 0
+    for index in range(start + len("addCons"), len(line)):
+        char = line[index]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return -1
+        elif depth == 1 and any(line.startswith(operator, index) for operator in operators):
+            return index
+    return -1
+
+
+def _replace_sense(line: str, position: int, new: str) -> str:
+    return line[:position] + new + line[position + len(new) :]
+
+
 def _flipped_inequality(lines: list[str], rng: random.Random) -> Mutation | None:
     options = [
         (block, i)
         for block in _blocks(lines)
         for i in range(block.start, block.end)
-        if "addCons(" in lines[i] and (" <= " in lines[i]) != (" >= " in lines[i])
+        if _sense_position(lines[i], (" <= ", " >= ")) >= 0
     ]
     if not options:
         return None
     block, i = rng.choice(options)
-    old, new = (" <= ", " >= ") if " <= " in lines[i] else (" >= ", " <= ")
-    mutated = lines[:i] + [lines[i].replace(old, new, 1)] + lines[i + 1 :]
+    position = _sense_position(lines[i], (" <= ", " >= "))
+    old = lines[i][position : position + 4]
+    new = " >= " if old == " <= " else " <= "
+    mutated = lines[:i] + [_replace_sense(lines[i], position, new)] + lines[i + 1 :]
     return "\n".join(mutated), (
         f"The `{block.label}` constraints use `{new.strip()}` where the model needs `{old.strip()}` "
         f"({block.description}), so the program solves a different problem."
@@ -112,13 +139,13 @@ def _loosened_equality(lines: list[str], rng: random.Random) -> Mutation | None:
         (block, i)
         for block in _blocks(lines)
         for i in range(block.start, block.end)
-        if "addCons(" in lines[i] and " == " in lines[i]
+        if _sense_position(lines[i], (" == ",)) >= 0
     ]
     if not options:
         return None
     block, i = rng.choice(options)
     new = rng.choice((" <= ", " >= "))
-    mutated = lines[:i] + [lines[i].replace(" == ", new, 1)] + lines[i + 1 :]
+    mutated = lines[:i] + [_replace_sense(lines[i], _sense_position(lines[i], (" == ",)), new)] + lines[i + 1 :]
     return "\n".join(mutated), (
         f"The `{block.label}` constraints must hold with equality ({block.description}), but the program writes "
         f"`{new.strip()}`, which lets the solver move away from the required value."

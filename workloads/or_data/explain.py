@@ -15,6 +15,7 @@ import re
 from trex.workloads.or_data.iis import IIS, Element, deletion_filter
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
+from trex.workloads.or_data.prose import singular_noun
 from trex.workloads.or_data.wording import DELETION_MANY, DELETION_ONE, MINIMAL_MANY, MINIMAL_ONE, realize
 
 _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
@@ -32,10 +33,26 @@ def key_names(math: MathModel) -> dict[str, str]:
     return names
 
 
+def spoken_names(math: MathModel) -> dict[str, str]:
+    """`key_names` as prose says them: an element of a set with a `member` noun (numbered ones:
+    disks, hours, tiers, patterns) is named with it ("disk 2", "hour 13", "pattern p1"), so a label
+    never ends in a bare number ("Capacity for 2")."""
+    names = math.__dict__.get("_spoken_names")
+    if names is None:
+        names = dict(key_names(math))
+        for set_def in math.sets:
+            if set_def.member:
+                for element in set_def.elements:
+                    key = re.sub(r"[^a-z0-9]+", "_", str(element).lower()).strip("_")
+                    names[key] = f"{set_def.member} {element}"
+        object.__setattr__(math, "_spoken_names", names)
+    return names
+
+
 def element_words(name: str, math: MathModel) -> tuple[str, str]:
     """(what, for whom) of an LP row or variable name: ("Capacity", "chips")."""
     family, *keys = name.split("__")
-    names = key_names(math)
+    names = spoken_names(math)
     whom = ", ".join(names.get(key, key.replace("_", " ")) for key in keys)
     for constraint in math.constraints:
         if constraint.lp_family == family:
@@ -46,14 +63,84 @@ def element_words(name: str, math: MathModel) -> tuple[str, str]:
     return family.replace("_", " "), whom
 
 
+_EACH = re.compile(r"\beach ([a-z-]+(?:'s)?(?: [a-z-]+(?:'s)?){0,2})")
+
+
+def _set_nouns(math: MathModel) -> dict[str, list[str]]:
+    """Set element (as a key) -> the singular nouns its sets are described by ("city", "user
+    region", "slot"), longest first."""
+    nouns = math.__dict__.get("_set_nouns")
+    if nouns is None:
+        nouns = {}
+        keys = {str(element): key for key, element in key_names(math).items()}
+        for set_def in math.sets:
+            head = re.split(r" \(|,", set_def.description)[0].strip().lower()
+            head = re.sub(r"^(?:the|all|available|candidate) ", "", head)
+            words = head.split()
+            if not words:
+                continue
+            singular = " ".join([*words[:-1], singular_noun(words[-1])])
+            # "shift patterns": "each shift pattern", "each pattern", and "each shift"
+            forms = sorted({singular, singular_noun(words[-1]), singular_noun(words[0])}, key=len, reverse=True)
+            for element in set_def.elements:
+                key = keys.get(str(element))
+                if key is not None:
+                    nouns.setdefault(key, []).extend(form for form in forms if form not in nouns.get(key, []))
+        object.__setattr__(math, "_set_nouns", nouns)
+    return nouns
+
+
+def instance_phrase(text: str, name: str, math: MathModel) -> str | None:
+    """A general description made specific to one LP row or column: each "each <noun>" replaced
+    by the element of `name` that the noun's set holds ("servings of each ingredient to use" for
+    `use__milk` -> "servings of milk to use"). None unless every "each" and every key is matched,
+    so a caller never pastes a half-general phrase next to an element."""
+    if _EACH.search(text) is None:
+        return text  # nothing general in it
+    family, *keys = name.split("__")
+    spoken = spoken_names(math)
+    nouns = _set_nouns(math)
+    left = list(keys)
+    pieces: list[str] = []
+    position = 0
+    while (match := _EACH.search(text, position)) is not None:  # from where the last "each" ended
+        words = match.group(1).split(" ")
+        found = None
+        for size in range(len(words), 0, -1):  # "each price tier of": "price tier of", "price tier", "price"
+            phrase = " ".join(words[:size])
+            bare = phrase.removesuffix("'s")
+            for key in left:
+                forms = nouns.get(key, [])
+                if bare in forms or bare.split(" ")[-1] in [form for form in forms if " " not in form]:
+                    found = (key, size, phrase.endswith("'s"))
+                    break
+            if found:
+                break
+        if found is None:
+            return None
+        key, size, possessive = found
+        left.remove(key)
+        element = spoken.get(key, key.replace("_", " "))
+        owner = (element + ("'" if element.endswith("s") else "'s")) if possessive else element
+        end = match.start() + len("each ") + len(" ".join(words[:size]))
+        pieces.append(text[position : match.start()] + owner)
+        position = end
+    if left:
+        return None
+    return "".join(pieces) + text[position:]
+
+
 def variable_phrase(name: str, math: MathModel) -> str:
-    """A variable as a noun phrase: "the variable for Thu-Mon (drivers to put on each shift)", "the
-    yes/no variable for Stadium" (an indicator's question does not fit where a noun is needed)."""
+    """A variable as a singular noun phrase: "the variable for Thu-Mon", "the yes/no variable for
+    Stadium". The family's general description is not pasted after it ("the variable for milk
+    (servings of each ingredient to use)" reads as a template seam); `instance_phrase` gives the
+    specific one where a sentence can take a plural noun."""
     what, whom = element_words(name, math)
     is_question = what.startswith(("whether", "which", "for each"))
     kind = "yes/no variable" if is_question else "variable"
-    target = f" for {whom}" if whom else ""
-    return f"the {kind}{target}" + ("" if is_question else f" ({what.removeprefix('the ')})")
+    if not whom:
+        return f"the {what.removeprefix('the ')}" if not is_question else f"the {kind}"
+    return f"the {kind} for {whom}"
 
 
 def describe_element(element: Element, math: MathModel, model=None) -> str:
@@ -61,6 +148,8 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
     target = f" for {whom}" if whom else ""
     if element.kind == "row":
         description = next((c.description for c in math.constraints if c.lp_family == element.name.split("__")[0]), "")
+        if description and whom:  # the general description made specific, or left out
+            description = instance_phrase(description, element.name, math) or ""
         about = f" ({description})" if description else ""
         row = next((r for r in model.rows if r.name == element.name), None) if model is not None else None
         mixed = row is not None and len({coef > 0 for _, coef in row.terms}) > 1
@@ -70,7 +159,12 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
             )
         return f"{capitalize(what)}{target}{about}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
     side = "lower bound" if element.kind == "lower" else "upper bound"
-    noun = what if what.startswith(("the ", "whether")) else f"the {what}"
+    specific = instance_phrase(what.removeprefix("the "), element.name, math) if whom else None
+    if specific is not None:
+        noun, target = f"the {specific}", ""  # "the units to make on regular time in February"
+    else:
+        noun = variable_phrase(element.name, math)
+        target = ""
     return f"The {side} on {noun}{target}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
 
 
@@ -126,12 +220,14 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
     linking row of an unused option) and are not counted. "" when the model has no inequality row."""
     families: dict[str, list[tuple[str, float]]] = {}
     equations: dict[str, int] = {}
+    unused: dict[str, int] = {}  # rows of options the plan leaves at zero, per family: said, not hidden
     for row in model.rows:
         if row.sense == "==":
             family = row.name.split("__")[0]
             equations[family] = equations.get(family, 0) + 1
             continue
         if all(abs(values.get(name, 0.0)) <= 1e-9 for name, _ in row.terms) and abs(row.rhs) <= 1e-9:
+            unused[row.name.split("__")[0]] = unused.get(row.name.split("__")[0], 0) + 1
             continue
         activity = row.activity(values)
         slack = row.rhs - activity if row.sense == "<=" else activity - row.rhs
@@ -147,17 +243,27 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         loose = sorted(((slack, name) for name, slack in rows if name not in tight), reverse=True)
         whom = [_grouped(element_words(name, math)[1]) for name in tight]
         named = [w for w in whom if w][:4]
+        skipped = unused.get(rows[0][0].split("__")[0], 0)
+        note = (
+            f" (and {skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0)"
+            if skipped
+            else ""
+        )
         if len(rows) == 1:
             state = (
                 realize("[binding, with no slack left|binding (it holds with equality)]", rng)
                 if tight
                 else (f"{number(round(loose[0][0], 6))} of slack left")
             )
-            lines.append(f"- {capitalize(label)}" + (f" for {whom[0]}" if whom and whom[0] else "") + f": {state}.")
+            lines.append(
+                f"- {capitalize(label)}" + (f" for {whom[0]}" if whom and whom[0] else "") + f": {state}{note}."
+            )
             continue
         text = f"- {capitalize(label)}: {len(tight)} of {len(rows)} rows binding"
         if named:
-            text += f" ({join(named)}{', ...' if len(tight) > len(named) else ''})"
+            shown = join(named) if len(tight) <= len(named) else ", ".join(named) + ", ..."
+            text += f" ({shown})"
+        text += note
         if loose:
             slack, name = loose[0]
             who = _grouped(element_words(name, math)[1])

@@ -27,6 +27,9 @@ class SetDef:
     description: str
     elements: tuple[str, ...]
     display: str = ""  # shown instead of the element list (e.g. "all pairs of S × D")
+    # what one numbered element is called in prose ("disk" -> "disk 2", "hour" -> "hour 13"); a bare
+    # number ("Capacity for 2") reads as a value, not as the element it stands for
+    member: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class MathModel:
             lines.append(
                 f"- ${param.symbol}$: {agree(param.description)}{self._inline_values(param) if with_data else ''}"
             )
-            if with_data and len(param.over) == 2 and not _sparse(param):
+            if with_data and self._inline_values(param) == " (table below)":
                 tables.append(self._table(param))
         if tables:
             lines += ["", *("\n\n".join(tables).split("\n"))]
@@ -141,9 +144,11 @@ class MathModel:
         if isinstance(values, (int, float)):
             return f" = {number(values)}"
         assert isinstance(values, Mapping)
-        if len(param.over) == 1:
+        if len(param.over) == 1 or not all(isinstance(key, tuple) for key in values):
+            # one index (declared or not, as a parameter defined for some elements only): inline, since
+            # only a two-index parameter gets a table below the list
             return ": " + ", ".join(f"{key} {_text(value)}" for key, value in values.items())
-        if _sparse(param):
+        if _sparse(param) or len(param.over) != 2:
             return ": " + ", ".join(f"({', '.join(key)}) {_text(value)}" for key, value in values.items())
         return " (table below)"
 
@@ -154,9 +159,9 @@ class MathModel:
         body = [
             [row, *(values.get((row, column), "–") for column in columns_set.elements)] for row in rows_set.elements
         ]
-        return f"${param.symbol}$:\n\n" + table(
-            [f"{rows_set.index} \\ {columns_set.index}", *columns_set.elements], body
-        )
+        # a square parameter over one set (distances) has the same index twice: "i \\ i" says nothing
+        corner = "from \\ to" if rows_set.index == columns_set.index else f"{rows_set.index} \\ {columns_set.index}"
+        return f"${param.symbol}$:\n\n" + table([corner, *columns_set.elements], body)
 
 
 def _text(value: object) -> str:

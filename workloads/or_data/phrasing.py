@@ -170,8 +170,10 @@ class Statement:
     def distract(self, facts: Sequence[str], low: int = 0, high: int = 2) -> None:
         """Insert some of `facts`; facts about a company are left out when the opening
         describes a public body or a household (a zoo is not "founded" as a firm)."""
-        if any(NON_COMPANY.search(paragraph) for paragraph in self.paragraphs[:2]):
+        if names_non_company([*self.paragraphs, *facts]):
             facts = [fact for fact in facts if not COMPANY_FACT.search(fact)]
+        story = " ".join(self.paragraphs)
+        facts = [fact for fact in facts if not setting_clash(fact, story)]
         count = min(len(facts), self.rng.randint(low, high))
         for fact in self.rng.sample(list(facts), count):
             if len(self.paragraphs) > 1 and self.rng.random() < 0.5:
@@ -219,6 +221,39 @@ NON_COMPANY = re.compile(
     r"council|volunteer|nonprofit|foundation|library|museum|park service|parish|farm|retiree|student|hiker|expedition|mission|safety board|authority|emergency|agency|broadband program|fire station|ambulance)\b",
     re.I,
 )
+# Filler that names one kind of setting: kept only where the rest of the text names that setting
+# too ("The shelter houses about 60 animals." does not fit a pet-food company; "200 patients a day"
+# does not fit a school cafeteria). Each entry: the filler's clue, the words that make it fit.
+SETTING_CLUES = (
+    (re.compile(r"\b[Tt]he shelter\b"), re.compile(r"\bshelters?\b", re.I)),
+    (re.compile(r"\bpatients?\b", re.I), re.compile(r"\b(?:hospital|clinic|ward|dietitian|care home)s?\b", re.I)),
+    (re.compile(r"\bpupils?\b|\bstudents\b", re.I), re.compile(r"\b(?:school|campus|university|college)s?\b", re.I)),
+    (re.compile(r"\b[Tt]he zoo\b"), re.compile(r"\bzoos?\b", re.I)),
+    (re.compile(r"\b[Tt]he hospital\b"), re.compile(r"\bhospitals?\b", re.I)),
+    (re.compile(r"\b[Tt]he school\b"), re.compile(r"\bschools?\b", re.I)),
+)
+
+
+def setting_clash(sentence: str, rest: str) -> bool:
+    """Whether `sentence` names a setting (`SETTING_CLUES`) that neither `rest`, the text around it,
+    nor the sentence itself (the clue taken out) does."""
+    return any(
+        clue.search(sentence) and not fits.search(rest) and not fits.search(clue.sub(" ", sentence))
+        for clue, fits in SETTING_CLUES
+    )
+
+
+def names_non_company(texts: Sequence[str]) -> bool:
+    """Whether a public body, household or charity is described anywhere in `texts` (company filler
+    sentences left out): then company filler contradicts the story, wherever the story says so."""
+    return any(
+        NON_COMPANY.search(sentence)
+        for text in texts
+        for sentence in re.split(r"(?<=[.!?])\s+", text)
+        if not COMPANY_FACT.search(sentence)
+    )
+
+
 COMPANY_FACT = re.compile(r"\b(?:company|firm|head office|revenue|logo|customer|second office)\b", re.I)
 
 # Facts that are true of a business and irrelevant to any model built here.

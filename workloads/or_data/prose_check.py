@@ -13,6 +13,14 @@ it is a leak.
 | duplicated_opener | two framing lines stacked ("Background:" then "Here is a planning problem:") |
 | contradicting_filler | company filler in a public or household setting ("The company was founded ..." about a zoo or a fire department) |
 | float_artefact | binary floating-point noise (`0.6599999999999999`) anywhere, code included |
+| number_format | a written-out sum or row a reader cannot check: an element named by a bare number ("Machine for 0:", "1 (2)", "30 (microbiome set, 13)", "the most slack is 16 with 1 to spare"), a row whose limit is 0 or negative because terms were moved to the left ("= −45, 45 below the cap of 0"), "≈" on a sum of whole numbers, terms lumped into "(from 7 nonzero ... terms)" |
+| missing_table | "(table below)" with no table after it |
+
+`contradicting_filler` also catches filler that names another setting than the story's
+(`phrasing.SETTING_CLUES`: "The shelter houses about 60 animals." in a pet-food company's story),
+and company filler wherever the text describes a public body or a charity. `raw_fill` also
+catches a general description pasted next to an element ("the variable for milk (servings of each
+ingredient to use)", "the tons of each product to make per month for solvent A").
 """
 
 from __future__ import annotations
@@ -22,10 +30,19 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trex.workloads.or_data.phrasing import FRAMINGS, NON_COMPANY
+from trex.workloads.or_data.phrasing import FRAMINGS, names_non_company, setting_clash
 from trex.workloads.or_data.prose import FUNCTION_WORDS, SUBJECT_VERB, is_plural, plural_subject
 
-KINDS = ("index_leak", "raw_fill", "agreement", "duplicated_opener", "contradicting_filler", "float_artefact")
+KINDS = (
+    "index_leak",
+    "raw_fill",
+    "agreement",
+    "duplicated_opener",
+    "contradicting_filler",
+    "float_artefact",
+    "number_format",
+    "missing_table",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,26 @@ _RAW_FILL = (
     re.compile(r"(?<!= )\{[a-z_]+\}"),
     re.compile(r"\bthe the\b", re.I),
 )
+# A general description ("... of each ingredient ...") pasted next to the element it was meant to
+# name: in parentheses after "for <element>", or followed by "for <Element>".
+_PASTED = (
+    re.compile(r"\bfor [^()\n]{1,40}? \([^()\n]*\beach [a-z]+[^()\n]*\)"),
+    re.compile(r"\beach [a-z]+\b[^.;:()\n]{0,40}? for [A-Z]"),
+    re.compile(
+        r"\beach [a-z]+\b[^.;:()\n]{0,30}?\bto [a-z]+\b[^.;:()\n]{0,30}? for [a-z]"
+    ),  # "... to make per month for solvent A"
+)
+_NUMBER_FORMAT = (
+    re.compile(r"(?m)(?:^|- |\. )[A-Z][\w -]{0,40}? for \d+:(?!\d)"),  # "Machine for 0:", not "for 08:00"
+    re.compile(r"\d \((?:[^()\n]*, )?\d+\)"),  # "1 (2)", "30 (microbiome set, 13)"
+    re.compile(r"\bis \d+ with [\d.,]+ to spare"),  # "the most slack is 16 with 1 to spare"
+    re.compile(r"\b(?:cap|minimum|limit)(?: of)? (?:0(?![.,]?\d)(?! \((?!binding\)))|−\d)"),  # limit 0 or below
+    re.compile(r"\(from \d+ nonzero [\w ]+? terms?\)"),  # lumped terms
+)
+_APPROX_LINE = re.compile(r"[^\n]*≈ −?[\d,]+(?:\.\d+)?")
+_TABLE_BELOW = "(table below)"
+_TABLE_HEADER = re.compile(r"^\s*\|.*\|\s*\n\s*\|\s*-", re.M)
+
 _BAD_PRONOUN_VERB = re.compile(r"\b(?:they|we|you) (?:has|is|was|does)\b|\b(?:he|she|it) (?:have|are|were)\b", re.I)
 _A_BEFORE_VOWEL = re.compile(r"\b[aA] ([aeiouAEIOU][a-z]+)")
 _AN_BEFORE_CONSONANT = re.compile(r"\b[aA]n ([b-df-hj-np-tv-z][a-z]+)")
@@ -101,13 +138,47 @@ def check_prose(text: str) -> list[Flag]:
     for pattern in _RAW_FILL:
         for match in pattern.finditer(prose):
             flags.append(Flag("raw_fill", prose[max(0, match.start() - 30) : match.end() + 20].strip()))
+    for pattern in _PASTED:
+        for match in pattern.finditer(prose):
+            flags.append(Flag("raw_fill", match.group(0)[:90]))
     flags += _agreement(prose)
     flags += _openers(text)
-    opening = [p for p in prose.strip().split("\n\n")[:3] if not COMPANY_FILLER.search(p)]
-    if any(NON_COMPANY.search(paragraph) for paragraph in opening[:2]):
-        for sentence in re.split(r"(?<=[.!?])\s+", prose):
+    sentences = [part for part in re.split(r"(?<=[.!?])\s+|\n+", prose) if part.strip()]  # list lines are sentences
+    if names_non_company(sentences):
+        for sentence in sentences:
             if COMPANY_FILLER.search(sentence):
                 flags.append(Flag("contradicting_filler", sentence.strip()[:80]))
+    for index, sentence in enumerate(sentences):
+        if setting_clash(sentence, " ".join(sentences[:index] + sentences[index + 1 :])):
+            flags.append(Flag("contradicting_filler", sentence.strip()[:80]))
+    flags += _number_format(prose)
+    flags += _missing_tables(text)
+    return flags
+
+
+def _number_format(prose: str) -> list[Flag]:
+    flags = [
+        Flag("number_format", match.group(0).strip()[:80])
+        for pattern in _NUMBER_FORMAT
+        for match in pattern.finditer(prose)
+    ]
+    for match in _APPROX_LINE.finditer(prose):
+        if not re.search(r"\d\.\d", match.group(0)):  # only whole numbers: the sum is exact
+            flags.append(Flag("number_format", "≈ on an exact sum: " + match.group(0).strip()[-60:]))
+    return flags
+
+
+def _missing_tables(text: str) -> list[Flag]:
+    """Each "(table below)" needs its own table further down."""
+    flags = []
+    start = 0
+    while (position := text.find(_TABLE_BELOW, start)) >= 0:
+        tables_after = len(_TABLE_HEADER.findall(text, position))
+        if tables_after < len(re.findall(re.escape(_TABLE_BELOW), text[position:])):
+            line = text[text.rfind("\n", 0, position) + 1 : position + len(_TABLE_BELOW)]
+            flags.append(Flag("missing_table", line.strip()[-80:]))
+            break
+        start = position + 1
     return flags
 
 

@@ -27,7 +27,13 @@ from math import prod as math_prod
 
 from trex.workloads.or_data.bugs import Bug, inject_bug
 from trex.workloads.or_data.certificates import Certificate, check_solution
-from trex.workloads.or_data.explain import element_words, iis_explanation, limits_analysis, variable_phrase
+from trex.workloads.or_data.explain import (
+    element_words,
+    iis_explanation,
+    instance_phrase,
+    limits_analysis,
+    variable_phrase,
+)
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import family_of
 from trex.workloads.or_data.math_model import MathModel
@@ -36,6 +42,7 @@ from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree, article, singular_noun
 from trex.workloads.or_data.prose_check import check_texts
+from trex.workloads.or_data.repair_reason import symptom_reason
 from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
@@ -400,10 +407,15 @@ def no_solution_explanation(problem: Problem) -> str:
         return agree("\n\n".join(parts))
     ray = certificate.ray if certificate else {}
     grouped: dict[str, list[str]] = {}
+    specific: list[str] = []
     for name in sorted(ray)[:6]:
         what, whom = element_words(name, problem.math)
-        grouped.setdefault(what, []).append(whom)
-    moves = [
+        phrase = instance_phrase(what.removeprefix("the "), name, problem.math) if whom else None
+        if phrase is not None and phrase != what.removeprefix("the "):
+            specific.append(f"the {phrase}")  # "the tons of solvent A to make per month"
+        else:
+            grouped.setdefault(what, []).append(whom)
+    moves = specific + [
         f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "")
         for what, whoms in grouped.items()
     ]
@@ -470,7 +482,11 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     )
     plan = realize(SAME_DECISIONS if same_plan else NEW_DECISIONS, rng)
     blocks.append(" ".join(part for part in (movement, plan, reason) if part))
-    moved = "" if same_plan else moved_decisions(base.model, base.values, changed.values, base.math)
+    moved = (
+        ""
+        if same_plan
+        else moved_decisions(base.model, base.values, changed.values, base.math, changed.model.objective)
+    )
     if moved:
         blocks.append(moved)
     return "\n\n".join(blocks)
@@ -491,7 +507,11 @@ def _structural_reason(base: Problem, changed: Problem, same_plan: bool) -> str:
     words = []
     for name in used[:3]:
         what, whom = element_words(name, base.math)
-        about = what.removeprefix("the ") + (f", for {whom}" if whom else "")
+        specific = instance_phrase(what.removeprefix("the "), name, base.math) if whom else None
+        if specific is not None and specific != what.removeprefix("the "):
+            about = specific  # "units of tables to make"
+        else:  # the general description next to an element reads as a seam: the element alone
+            about = whom or what.removeprefix("the ")
         words.append(f"`{name}` ({about}) was {format_objective(base.values[name])}")
     shown = join(words)
     return (
@@ -583,9 +603,21 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
                 if same_plan
                 else "but another plan of the same value meets it after the change, so the optimum does not move."
             )
+        new_slack = other.rhs - activity if row.sense == "<=" else activity - other.rhs
+        if new_slack < -1e-6 * (1 + abs(other.rhs)):  # the change cuts off the original plan
+            side = "more than" if row.sense == "<=" else "less than"
+            return (
+                f"The original plan used {format_objective(activity)} of the {label}, {side} the new limit of "
+                f"{format_objective(other.rhs)}"
+                + (f" ({format_objective(slack)} was unused before)" if slack > 1e-6 else "")
+                + ", so it is no longer feasible and the plan has to change."
+            )
         if slack <= 1e-6:
             return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
-        return f"The {label} had {format_objective(slack)} unused in the original plan, but with whole-number decisions a different combination becomes better."
+        return (
+            f"The {label} had {format_objective(slack)} unused in the original plan and the original plan still meets "
+            "the new limit, but with whole-number decisions the extra room admits a better combination."
+        )
     if {v.name for v in base.model.variables} != {v.name for v in changed.model.variables}:
         return (
             "The change alters which decision options exist (the model is rebuilt from the new data, e.g. other cutting "
@@ -724,8 +756,9 @@ def _build_task(
             prompt = pick(task_rng, _PROMPTS["repair"]).format(
                 math=math_full, buggy=bug.buggy, symptom_clause=symptom_clause
             )
+            reason = symptom_reason(bug, problem.model, problem.math, random.Random(zlib.crc32(bug.buggy.encode())))
             parts = AnswerParts(
-                diagnosis=f"{bug.diagnosis} When it runs, {bug.symptom}.",
+                diagnosis=f"{bug.diagnosis} When it runs, {bug.symptom}." + (f"\n\n{reason}" if reason else ""),
                 diff=bug.diff(),
                 program=problem.program,
                 outcome=problem.outcome,

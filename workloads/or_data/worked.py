@@ -35,8 +35,10 @@ from trex.workloads.or_data.prose import number
 from trex.workloads.or_data.wording import realize
 
 _ZERO = 1e-9
-# Terms written out one by one in a sum; longer sums are shown by family with subtotals.
+# Terms written out one by one in a sum; a longer objective is shown by kind of decision, each
+# kind's terms on their own line (at most MAX_GROUP_TERMS; beyond that no sum is written).
 MAX_TERMS = 8
+MAX_GROUP_TERMS = 12
 
 
 def signed(value: float, digits: int = 4) -> str:
@@ -62,18 +64,17 @@ def _who(name: str, math: MathModel, families: int) -> str:
     if families > 1:  # several kinds of decision in one sum: say which kind each term is
         kind = family_of(name).replace("_", " ")
         return f"{kind}, {whom}" if whom else kind
-    return whom or what.removeprefix("the ")
+    return whom or re.sub(r" \([^()]*\)$", "", what.removeprefix("the "))
 
 
 def _term(coef: float, value: float, label: str, first: bool) -> tuple[str, bool]:
-    """ "− 7.5 × 31.7333 (lager)"; a unit coefficient or a binary at 1 is not multiplied out."""
+    """ "− 7.5 × 31.7333 (lager)"; a unit coefficient is not multiplied out. A coefficient times a
+    decision at 1 is written "45 × 1 (...)", so the coefficient never reads as the decision's value."""
     sign = "−" if coef < 0 else "+"
     size = abs(coef)
     shown_value, rounded = _shown(value)
     if abs(size - 1) <= _ZERO:
         body = f"{shown_value} ({label})"
-    elif abs(value - 1) <= _ZERO:
-        body = f"{number(round(size, 6))} ({label})"
     else:
         body = f"{number(round(size, 6))} × {shown_value} ({label})"
     if first:
@@ -81,44 +82,68 @@ def _term(coef: float, value: float, label: str, first: bool) -> tuple[str, bool
     return f"{sign} {body}", rounded
 
 
-def written_sum(terms: list[tuple[str, float]], values: dict[str, float], math: MathModel) -> tuple[str, bool]:
+def _used(terms: list[tuple[str, float]], values: dict[str, float]) -> list[tuple[str, float]]:
+    return [(name, coef) for name, coef in terms if abs(values.get(name, 0.0)) > 1e-6]
+
+
+def written_sum(
+    terms: list[tuple[str, float]], values: dict[str, float], math: MathModel, families: int = 0, zeros: bool = False
+) -> tuple[str, bool]:
     """The nonzero terms of `sum(coef * x)` at `values`, as text, and whether a shown value is
-    rounded. Beyond `MAX_TERMS` terms the sum is given per variable family with its subtotal."""
-    used = [(name, coef) for name, coef in terms if abs(values.get(name, 0.0)) > 1e-6]
-    families = len({family_of(name) for name, _ in used})
+    rounded. Every term is written out: a sum the reader cannot redo does not check anything.
+    `families`: the kinds of decision in the whole row (both sides), when more than this sum's;
+    `zeros`: write the terms at 0 too (a limit made of decisions the plan leaves at 0)."""
+    used = list(terms) if zeros else _used(terms, values)
+    families = max(families, len({family_of(name) for name, _ in used}))
     if not used:
         return "0", False
-    if len(used) <= MAX_TERMS:
-        pieces, rounded = [], False
-        for index, (name, coef) in enumerate(used):
-            text, was_rounded = _term(coef, values[name], _who(name, math, families), index == 0)
-            pieces.append(text)
-            rounded |= was_rounded
-        return " ".join(pieces), rounded
-    groups: dict[str, list[float]] = {}
-    for name, coef in used:
-        groups.setdefault(family_of(name), []).append(coef * values[name])
-    pieces = []
-    for index, (family, parts) in enumerate(groups.items()):
-        subtotal = _math.fsum(parts)
-        shown, _ = _shown(subtotal)
-        kind = family.replace("_", " ")
-        count = f"{len(parts)} nonzero {kind} {'term' if len(parts) == 1 else 'terms'}"
-        pieces.append(("" if index == 0 else "+ ") + f"{shown} (from {count})")
-    return " ".join(pieces), True
+    pieces, rounded = [], False
+    for index, (name, coef) in enumerate(used):
+        text, was_rounded = _term(coef, values.get(name, 0.0), _who(name, math, families), index == 0)
+        pieces.append(text)
+        rounded |= was_rounded
+    return " ".join(pieces), rounded
+
+
+def _equals(rounded: bool) -> str:
+    """ "≈" only where a shown value was rounded: on an exact sum it would say the total is not exact."""
+    return "≈" if rounded else "="
 
 
 def objective_line(model: LinearModel, math: MathModel, values: dict[str, float], optimum: float) -> str:
-    """The objective recomputed from the plan; "" when the recomputed sum does not match `optimum`."""
+    """The objective recomputed from the plan; "" when the recomputed sum does not match `optimum`
+    or has more terms than a reader can check (`MAX_GROUP_TERMS` in one kind of decision). Beyond
+    `MAX_TERMS` terms the sum is given per kind of decision: the subtotals add up to the total,
+    and each subtotal is written out term by term on its own line."""
     total = model.objective_value(values)
     if abs(total - optimum) > 1e-6 * (1 + abs(optimum)):
         return ""
-    used = [(name, coef) for name, coef in model.objective if abs(values.get(name, 0.0)) > 1e-6]
+    used = _used(list(model.objective), values)
     if len(used) == 1 and abs(used[0][1] - 1) <= _ZERO:  # the objective is one variable: nothing to add up
         return ""
-    text, rounded = written_sum(list(model.objective), values, math)
-    equals = "≈" if rounded else "="
-    return f"{capitalize(math.objective_description)}: {text} {equals} {signed(total)}."
+    if len(used) <= MAX_TERMS:
+        text, rounded = written_sum(used, values, math)
+        return f"{capitalize(math.objective_description)}: {text} {_equals(rounded)} {signed(total)}."
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for name, coef in used:
+        groups.setdefault(family_of(name), []).append((name, coef))
+    if len(groups) == 1 or any(len(group) > MAX_GROUP_TERMS for group in groups.values()):
+        return ""
+    subtotals, details, rounded = [], [], False
+    for index, (family, group) in enumerate(groups.items()):
+        kind = family.replace("_", " ")
+        subtotal = _math.fsum(coef * values[name] for name, coef in group)
+        pieces = []
+        for position, (name, coef) in enumerate(group):
+            text, was_rounded = _term(coef, values[name], _who(name, math, 1), position == 0)
+            pieces.append(text)
+            rounded |= was_rounded
+        shown, was_rounded = _shown(subtotal)
+        rounded |= was_rounded
+        subtotals.append(("" if index == 0 else "+ ") + f"{shown} ({kind})")
+        details.append(f"- {kind}: {' '.join(pieces)} {_equals(was_rounded)} {shown}")
+    head = f"{capitalize(math.objective_description)}: {' '.join(subtotals)} {_equals(rounded)} {signed(total)}"
+    return head + ", by kind of decision:\n\n" + "\n".join(details)
 
 
 def row_label(row: Row, math: MathModel) -> str:
@@ -135,14 +160,41 @@ def slack_of(row: Row, values: dict[str, float]) -> float:
     return 0.0
 
 
+def _sides(row: Row) -> tuple[list[tuple[str, float]], list[tuple[str, float]], str]:
+    """The row as `left sense right + rhs` with positive coefficients on both sides: the terms an
+    LP row moved to the left (a capacity times its open decision, a makespan) go back to the
+    right, where the model states them. A row whose terms are all negative is turned around."""
+    terms, sense = list(row.terms), row.sense
+    if terms and all(coef < 0 for _, coef in terms):
+        terms = [(name, -coef) for name, coef in terms]
+        sense = {"<=": ">=", ">=": "<=", "==": "=="}[sense]
+    left = [(name, coef) for name, coef in terms if coef > 0]
+    right = [(name, -coef) for name, coef in terms if coef < 0]
+    return left, right, sense
+
+
 def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Random) -> str:
-    """A row's activity at the plan against its limit: binding, or how much room is left."""
-    text, rounded = written_sum(list(row.terms), values, math)
-    activity = row.activity(values)
-    equals = "≈" if rounded else "="
-    limit = signed(row.rhs, 6)
-    slack = slack_of(row, values)
-    if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
+    """A row's activity at the plan against its limit: binding, or how much room is left. Terms
+    on the limit's side are written there ("35 (flow ...) = 35, against 80 × 1 (build ...) = 80")."""
+    left, right, sense = _sides(row)
+    rhs = row.rhs if sense == row.sense else -row.rhs
+    # the limit's decisions, written out even at 0 when there are few ("0.25 × 0 (...)"): a bare
+    # "minimum of 0" would hide what the limit is made of
+    right_used = right if len(right) <= MAX_TERMS else _used(right, values)
+    kinds = len({family_of(name) for name, _ in [*_used(left, values), *right_used]})
+    left_text, left_rounded = written_sum(left, values, math, kinds)
+    left_value = _math.fsum(coef * values.get(name, 0.0) for name, coef in left)
+    limit_value = rhs + _math.fsum(coef * values.get(name, 0.0) for name, coef in right)
+    if right_used:
+        right_text, right_rounded = written_sum(right_used, values, math, kinds, zeros=True)
+        if abs(rhs) > _ZERO:
+            right_text += f" {'−' if rhs < 0 else '+'} {number(round(abs(rhs), 6))}"
+        single = len(right_used) == 1 and abs(right_used[0][1] - 1) <= _ZERO and abs(rhs) <= _ZERO
+        limit = right_text if single else f"{right_text} {_equals(right_rounded)} {signed(limit_value)}"
+    else:
+        limit = signed(limit_value, 6)
+    slack = limit_value - left_value if sense == "<=" else left_value - limit_value
+    if abs(slack) <= 1e-6 * (1 + abs(limit_value)):
         state = realize(
             "[exactly the limit of {limit}: binding|equal to its limit {limit}, so the row binds|"
             "at its limit of {limit} (binding)]",
@@ -150,26 +202,43 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
             limit=limit,
         )
     else:
-        room = number(round(slack, 4))
-        side = "below the cap of" if row.sense == "<=" else "above the minimum of"
+        room = number(round(abs(slack), 4))
+        side = "below the cap of" if sense == "<=" else "above the minimum of"
         state = f"{room} {side} {limit}"
-    return f"{row_label(row, math)}: {text} {equals} {signed(activity)}, {state}."
+    return f"{row_label(row, math)}: {left_text} {_equals(left_rounded)} {signed(left_value)}, {state}."
+
+
+def _switched_off(row: Row, model: LinearModel, values: dict[str, float]) -> bool:
+    """A big-M row of an option the plan does not take (an MTZ load row of an unused arc, a
+    disjunction the other way round): its largest coefficient sits on a whole-number decision at 0,
+    so its room is the big-M's, not a resource's, and it is no contrast worth showing."""
+    signs = {coef > 0 for name, coef in row.terms if abs(values.get(name, 0.0)) > 1e-6}
+    if len(signs) < 2:
+        return False
+    kinds = {variable.name: variable.kind for variable in model.variables}
+    largest = max(abs(coef) for _, coef in row.terms)
+    return any(
+        kinds.get(name) != "continuous" and abs(values.get(name, 0.0)) <= 1e-6 and abs(coef) >= largest - _ZERO
+        for name, coef in row.terms
+    )
 
 
 def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Row], Row | None]:
     """Up to two binding inequality rows with a nonzero term (one per constraint family first),
-    and the row with the most room (None when every row binds)."""
+    and the row with the most room (None when every row binds). Rows with more nonzero terms
+    than `MAX_TERMS` are not written out."""
     binding: list[Row] = []
     loose: list[tuple[float, Row]] = []
     for row in model.rows:
         if row.sense == "==":
             continue
-        if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in row.terms):
+        used = _used(list(row.terms), values)
+        if not used or len(used) > MAX_TERMS:
             continue
         slack = slack_of(row, values)
         if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
             binding.append(row)
-        elif slack > 0:
+        elif slack > 0 and _used(_sides(row)[0], values) and not _switched_off(row, model, values):
             loose.append((slack / (1 + abs(row.rhs)), row))
     chosen: list[Row] = []
     seen: set[str] = set()
@@ -348,11 +417,19 @@ def written_rows(model: LinearModel, math: MathModel, families: int = 4, max_ter
 
 
 def moved_decisions(
-    model: LinearModel, before: dict[str, float], after: dict[str, float], math: MathModel, limit: int = 6
+    model: LinearModel,
+    before: dict[str, float],
+    after: dict[str, float],
+    math: MathModel,
+    new_objective: tuple[tuple[str, float], ...] | None = None,
+    limit: int = 6,
 ) -> str:
     """The decisions a what-if moved, old -> new with the difference ("lager 31.7333 → 35.1 (+3.3667)"),
     largest moves first; "" when none moved. Variables of only one of the two models are left out
-    (a structural change says what it removed)."""
+    (a structural change says what it removed). When the objective's coefficients did not change
+    (`new_objective` equal to the model's) and every move is shown, the moves are priced: their
+    coefficients times their differences add up to the change of the optimum, which traces the
+    change to the decisions that carry it (18 × 320 more overtime − 18 × 20 less stock = 5,400)."""
     moves = []
     for variable in model.variables:
         if variable.name not in after:
@@ -371,4 +448,24 @@ def moved_decisions(
         shown.append(f"{_who(name, math, families)} {signed(old)} → {signed(new)} ({change})")
     more = f", and {len(moves) - limit} smaller moves" if len(moves) > limit else ""
     count = "1 decision moves" if len(moves) == 1 else f"{len(moves)} decisions move"
-    return f"Decision by decision, {count}: {'; '.join(shown)}{more}."
+    text = f"Decision by decision, {count}: {'; '.join(shown)}{more}."
+    costs = dict(model.objective)
+    if new_objective is None or dict(new_objective) != costs or len(moves) > limit or len(after) < len(before):
+        return text
+    priced = [(name, costs[name], new - old) for _, name, old, new in moves if abs(costs.get(name, 0.0)) > _ZERO]
+    if not priced:
+        return text
+    terms = []
+    for index, (name, coef, difference) in enumerate(priced):
+        size = f"{number(round(abs(coef), 6))} × {number(round(abs(difference), 4))} ({_who(name, math, families)})"
+        negative = (coef < 0) != (difference < 0)
+        terms.append(("−" if negative else "") + size if index == 0 else ("− " if negative else "+ ") + size)
+    total = _math.fsum(coef * difference for _, coef, difference in priced)
+    change = _math.fsum(coef * (after.get(name, 0.0) - before.get(name, 0.0)) for name, coef in costs.items())
+    if abs(total - change) > 1e-6 * (1 + abs(change)):  # small moves left out carry part of it: say nothing
+        return text
+    rounded = any(abs(round(d, 4) - d) > 1e-9 for _, _, d in priced)
+    return (
+        f"{text} Priced in the objective, the moves account for the whole change: {' '.join(terms)} "
+        f"{_equals(rounded)} {signed(total)}."
+    )

@@ -241,7 +241,7 @@ class BinPacking(Family):
             b.minimize({use[k]: 1 for k in slots})
             return b.build()
         patterns = data.patterns
-        cut = {p: b.var(lp_name("cut", p + 1), "integer") for p in range(len(patterns))}
+        cut = {p: b.var(lp_name("cut", f"p{p + 1}"), "integer") for p in range(len(patterns))}  # keys: the set P
         for t in data.items:
             b.row(
                 lp_name("order", t),
@@ -327,7 +327,13 @@ model.setObjective(quicksum(cut), sense="minimize")
                 objective_description=f"number of {sc.bin[1]} used",
                 sets=(
                     SetDef("I", "i", sc.item[1], data.items),
-                    SetDef("K", "k", f"available {sc.bin[1]} (an upper bound from first-fit decreasing)", slots),
+                    SetDef(
+                        "K",
+                        "k",
+                        f"available {sc.bin[1]} (an upper bound from first-fit decreasing)",
+                        slots,
+                        member=sc.bin[0],
+                    ),
                 ),
                 params=(
                     ParamDef("s_i", f"{sc.size_word} of {sc.item[0]} $i$ ({sc.unit})", data.size, ("I",)),
@@ -398,7 +404,7 @@ model.setObjective(quicksum(cut), sense="minimize")
             objective_description=f"number of {sc.bin[1]} cut",
             sets=(
                 SetDef("T", "t", "piece types", data.items),
-                SetDef("P", "p", f"maximal cutting patterns of one {sc.bin[0]}", tuple(pattern_text)),
+                SetDef("P", "p", f"maximal cutting patterns of one {sc.bin[0]}", tuple(pattern_text), member="pattern"),
             ),
             params=(
                 ParamDef("l_t", f"{sc.size_word} of piece type $t$ ({sc.unit})", data.size, ("T",)),
@@ -523,7 +529,7 @@ model.setObjective(quicksum(cut), sense="minimize")
             return lines
         lines = []
         for p, pattern in enumerate(data.patterns):
-            count = round(values[lp_name("cut", p + 1)])
+            count = round(values[lp_name("cut", f"p{p + 1}")])
             if count:
                 pieces = join([f"{n} × {t}" for t, n in pattern.items()])
                 lines.append(f"Cut {count} {sc.bin[0] if count == 1 else sc.bin[1]} into {pieces}.")

@@ -208,6 +208,13 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
         ]
         sets = [
             SetDef("S", "s", sc.source_kind[1], data.sources),
+            SetDef(
+                "K",
+                "k",
+                "tier numbers (1 is the cheapest tier of a source)",
+                tuple(str(k) for k in sorted({k for _, k in keys})),
+                member="tier",
+            ),
             SetDef("A", "(s,k)", "price tiers (source, tier number)", tuple(f"({s}, {k})" for s, k in keys)),
         ]
         params = [

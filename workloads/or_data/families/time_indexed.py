@@ -196,6 +196,7 @@ model.setObjective(quicksum(weight[j] * (t + duration[j]) * start[j, t] for (j, 
                     "s",
                     f"time slots ({sc.slot[1]} 0 to {data.horizon - 1})",
                     tuple(str(s) for s in range(data.horizon)),
+                    member=sc.slot[0],
                 ),
                 SetDef(
                     "W",
