@@ -80,6 +80,7 @@ def test_repeated_layers_compile_once_and_train_like_eager():
 
 
 @needs_inductor
+@pytest.mark.slow  # a full Inductor compile of the toy stack; the default run has the one above
 def test_a_layer_of_another_shape_gets_its_own_compile():
     torch.manual_seed(0)
     model, x = Stack(wide_last=True), torch.randn(12, 8)
@@ -96,6 +97,7 @@ def test_a_layer_of_another_shape_gets_its_own_compile():
 
 
 @needs_inductor
+@pytest.mark.slow  # a full Inductor compile of the toy stack; the default run has the one above
 def test_regional_compilation_is_off_unless_asked_for():
     torch.manual_seed(0)
     model = Stack()
