@@ -234,6 +234,7 @@ def _lower_region(lowering: Lowering, backend: Backend, name: str, region: fx.Gr
     if not callable(compiled):
         raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
     lowering.region_seconds[name] = time.perf_counter() - start
+    lowering.notes += [f"{name}: {note}" for note in getattr(compiled, "trex_notes", [])]
     lowering.partitions.append((backend.name, name, [n.name for n in region.graph.nodes if n.op == "call_function"]))
     if lowering.module is region:
         lowering.module = compiled

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -78,14 +79,30 @@ def small_moe():
 @pytest.fixture
 def step_matches_eager():
     """A function that runs one forward+backward of a compiled model and of its eager twin on the same tokens and
-    asserts equal loss and gradients at the dtype's tolerance (the check every backend and pass test repeats)."""
+    asserts equal loss and gradients at the dtype's tolerance (the check every backend and pass test repeats).
 
-    def check(compiled, model, reference, config, dtype):
+    With `fp32_reference=True` a bf16 step is judged against a third run: the same model (its bf16 weights, exact
+    in fp32) in fp32. Loss and each gradient of the compiled model must be at most twice as far from that run as
+    eager bf16's (2-norm of the difference; at least the distance of the fp32 value rounded to bf16, the error no
+    bf16 result avoids). Two bf16 programs that sum in different orders can differ elementwise by more than a
+    fixed atol while both are as accurate as bf16 allows; this asks the compiled one to be no less accurate."""
+
+    def check(compiled, model, reference, config, dtype, fp32_reference=False):
         input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+        exact = copy.deepcopy(reference).float() if fp32_reference and dtype == torch.bfloat16 else None
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
         loss.backward()
         expected = reference(input_ids=input_ids, labels=input_ids, use_cache=False).loss
         expected.backward()
+        if exact is not None:
+            exact_loss = exact(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            exact_loss.backward()
+            _no_less_accurate_than_eager("loss", loss, expected, exact_loss)
+            for (name, p), q, r in zip(model.named_parameters(), reference.parameters(), exact.parameters()):
+                if q.grad is not None or p.grad is not None:
+                    assert p.grad is not None and q.grad is not None, f"grad of {name}: only one side has one"
+                    _no_less_accurate_than_eager(f"grad of {name}", p.grad, q.grad, r.grad)
+            return
         rtol, atol = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (5e-2, 2e-2)}[dtype]
         torch.testing.assert_close(loss, expected, rtol=rtol, atol=atol)
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
@@ -95,3 +112,16 @@ def step_matches_eager():
                 )
 
     return check
+
+
+def _no_less_accurate_than_eager(what, actual, eager, exact):
+    """`actual`'s distance to the fp32 `exact` value is at most twice eager's (or twice the bf16 rounding of it)."""
+    exact = exact.detach().float()
+    error = torch.linalg.vector_norm(actual.detach().float() - exact).item()
+    eager_error = torch.linalg.vector_norm(eager.detach().float() - exact).item()
+    rounding = torch.linalg.vector_norm(exact.to(eager.dtype).float() - exact).item()
+    allowed = 2 * max(eager_error, rounding)
+    assert error <= allowed, (
+        f"{what}: distance to the fp32 run {error:.3g} > {allowed:.3g} (2 x max(eager bf16's {eager_error:.3g}, "
+        f"bf16 rounding {rounding:.3g}))"
+    )

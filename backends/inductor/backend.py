@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from trex.backends.backend import Backend
+from trex.backends.inductor.regions import compile_regions, plan_regions
 
 # GraphModule.meta key: the backend whose decompositions the graph was traced with (see trace_decompositions)
 DECOMPOSED = "trex_decomposed_for"
@@ -65,8 +66,11 @@ class InductorBackend(Backend):
     # kernels, where the primitives themselves would be opaque extern calls with Python bodies
     decomposes_moe_primitives: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, regional: bool = False) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
+        # regions.py: a graph whose decoder layers repeat is compiled one distinct layer at a time. Opt-in
+        # until its first-call saving and its step time are measured on the tiny models (bench/RESULTS.md 11)
+        self.regional = regional
 
     def trace_decompositions(self, target: Any) -> dict | None:
         """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
@@ -97,8 +101,14 @@ class InductorBackend(Backend):
             decomposed, single_output = _tuple_output_graph(gm)
         else:
             decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
+        plan = plan_regions(decomposed) if self.regional else None
+        notes: list[str] = []
         with _region_output_strides_unreported():
-            compiled = compile_fx_inner(decomposed, list(example_inputs))
+            if plan is None:
+                compiled = compile_fx_inner(decomposed, list(example_inputs))
+            else:
+                compiled, notes = compile_regions(plan, lambda graph, inputs: compile_fx_inner(graph, list(inputs)))
+                notes.insert(0, f"regional compilation: {len(plan.regions)} regions, {plan.distinct} compiled")
         self.compile_seconds[region] = time.perf_counter() - start
 
         def run(*args: Any) -> Any:
@@ -112,6 +122,7 @@ class InductorBackend(Backend):
             return outputs[0] if single_output else outputs
 
         run.trex_region = region  # type: ignore[attr-defined]
+        run.trex_notes = notes  # type: ignore[attr-defined]  # copied into the lowering's notes
         run.boxed = run_boxed  # type: ignore[attr-defined]  # see lowering.boxed_single_region
         return run
 

@@ -112,6 +112,7 @@ def test_tiny_models_train_like_eager_through_inductor(family, dtype, step_match
     model = build_model(config, dtype=dtype, seed=1)
     reference = copy.deepcopy(model)
     compiled = trex.compile(model, backend=["inductor", "eager"])
-    step_matches_eager(compiled, model, reference, config, dtype)
+    # bf16: trex (fp32 GEMMs, its own sum orders) and eager are each judged against the same step in fp32
+    step_matches_eager(compiled, model, reference, config, dtype, fp32_reference=True)
     lowering = compiled.trex.graphs[0].lowerings
     assert len(lowering["forward"].partitions) == 1 and len(lowering["backward"].partitions) == 1
