@@ -1,8 +1,9 @@
 """The samples of a seed do not depend on the machine's speed or load: no clock decides a verdict.
 
 In-process solves are bounded by node counts, never by time; a program the pipeline wrote that ends
-on a sandbox clock limit stops the run with nothing recorded (a rerun resumes), instead of becoming
-a rejection that an idle machine would not make. Nothing here measures time: the slow machine is
+on a sandbox clock limit is run again with larger clocks, and when it keeps ending on one the run
+stops with nothing recorded (a rerun resumes), instead of a rejection that an idle machine would not
+make. Nothing here measures time: the slow machine is
 simulated by the sandbox reporting a clock limit, and the node limit is reached by a model that
 needs more nodes than it is given.
 """
@@ -95,7 +96,7 @@ def test_no_in_process_solve_of_a_shard_runs_with_a_clock_limit(monkeypatch):
 def test_a_pipeline_program_that_ends_on_a_clock_limit_is_not_recorded():
     loop = "while True:\n    pass\n"
     limits = Limits(wall_s=120, cpu_s=1)  # the loop ends on the CPU limit on any machine
-    with ProgramRunner(limits, isolation="process") as runner:
+    with ProgramRunner(limits, isolation="process", clock_retries=0) as runner:
         with pytest.raises(ClockLimitReached, match="cpu_limit"):
             runner.run(loop, clock_verdict=False)
         assert runner.run(loop).failure == "cpu_limit"  # a teacher's program: its own failure, recorded
@@ -104,30 +105,53 @@ def test_a_pipeline_program_that_ends_on_a_clock_limit_is_not_recorded():
         assert runner.runs == 3
 
 
-def _clock_limited(execution_number: int):
-    """`Sandbox.run` that reports the wall-clock limit for its `execution_number`-th program, as a
-    machine too slow for that program would."""
-    real_run = Sandbox.run
-    calls = [0]
+class ClockLimited:
+    """`Sandbox.run` that reports the wall-clock limit for the programs it is told to (by the count of
+    programs run, or every one), as a machine too slow or too loaded for them would."""
 
-    def run(self, source, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == execution_number:
+    def __init__(self, executions: set[int] | None = None):
+        self.executions, self.calls, self.reported = executions, 0, 0
+        self.real_run = Sandbox.run
+
+    def __call__(self, sandbox, source, *args, **kwargs):
+        self.calls += 1
+        if self.executions is None or self.calls in self.executions:
+            self.reported += 1
             return Execution(FailureKind.TIMEOUT, "wall-clock limit of 30 s reached", None, 9, "", "", wall_s=30.0)
-        return real_run(self, source, *args, **kwargs)
-
-    return run
+        return self.real_run(sandbox, source, *args, **kwargs)
 
 
-def test_a_run_on_a_machine_too_slow_for_a_program_stops_and_resumes_to_the_same_output(tmp_path, monkeypatch):
-    config = SynthConfig(seed=3, shard_size=2, isolation="process")
-    reference = synthesize(config, tmp_path / "reference", 4, progress=False)
-    assert reference.stats
-    monkeypatch.setattr(Sandbox, "run", _clock_limited(3))
-    with pytest.raises(ClockLimitReached, match=r"ind(ex|ices) [\d-]+: .*clock limit .*run the same command again"):
-        synthesize(config, tmp_path / "slowed", 4, progress=False)
-    assert not (tmp_path / "slowed" / "sft.jsonl").exists()
-    monkeypatch.undo()
-    synthesize(config, tmp_path / "slowed", 4, progress=False)
+CONFIG = SynthConfig(seed=3, shard_size=2, isolation="process")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    synthesize(CONFIG, out, 4, progress=False)
+    return out
+
+
+def test_a_program_slowed_past_its_clock_is_run_again_and_the_output_does_not_change(reference, tmp_path, monkeypatch):
+    slow = ClockLimited({3, 4})  # the third program times out, and its first retry too
+    monkeypatch.setattr(Sandbox, "run", slow)
+    synthesize(CONFIG, tmp_path, 4, progress=False)
+    assert slow.reported == 2
     for name in OUTPUTS:
-        assert (tmp_path / "slowed" / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
+        assert (tmp_path / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_a_machine_too_slow_for_every_attempt_stops_the_run_and_it_resumes_to_the_same_output(
+    reference, tmp_path, monkeypatch
+):
+    slow = ClockLimited()  # every program times out, every time
+    monkeypatch.setattr(Sandbox, "run", slow)
+    with pytest.raises(
+        ClockLimitReached, match=r"ind(ex|ices) [\d-]+: .*clock limit .*3 times.*run the same command again"
+    ):
+        synthesize(CONFIG, tmp_path, 4, progress=False)
+    assert slow.reported == 3  # the first program, then its two retries with 4x and 16x the clocks
+    assert not (tmp_path / "sft.jsonl").exists() and not list((tmp_path / "shards").glob("*.jsonl"))
+    monkeypatch.undo()
+    synthesize(CONFIG, tmp_path, 4, progress=False)
+    for name in OUTPUTS:
+        assert (tmp_path / name).read_bytes() == (reference / name).read_bytes(), name

@@ -10,10 +10,12 @@ or randomness), so judging a sample whose program the verifier already ran does 
 A program's wall-clock and CPU limits are containment, not a verdict on the programs this pipeline
 writes itself (the verified program, its translations, the mutated programs of repair tasks):
 they finish in well under a second, so one that ends on a clock limit says the machine was slow or
-loaded, and recording it would make the samples of a seed depend on the machine. Those runs
-(`run(..., clock_verdict=False)`) raise `ClockLimitReached` instead: nothing is recorded for the
-shard, and a rerun resumes it. A teacher's (model-written) program that ends on a clock limit is
-that program's failure, as in the OR evaluator.
+loaded (a 200-sample run niced at load 18 saw one take 30 s), and recording it would make the
+samples of a seed depend on the machine. Those runs (`run(..., clock_verdict=False)`) are run again
+with `CLOCK_RETRY_FACTOR` times the clocks, up to `clock_retries` times, and if the last attempt
+still ends on a clock they raise `ClockLimitReached`: nothing is recorded for the shard, and a rerun
+resumes it. Either way the outcome recorded is the one the program reached by itself. A teacher's
+(model-written) program that ends on a clock limit is that program's failure, as in the OR evaluator.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trex.workloads.or_data.outcome import Outcome, outcome_from_run
 from trex.workloads.or_data.solve import STATUSES, descriptor_to_devnull, solve_lp_text_scip
@@ -42,6 +44,8 @@ POOLS = {"base": ("pyscipopt", "pulp", "coptpy"), "pyomo": ("pyscipopt", "pyomo.
 _PYOMO_IMPORT = re.compile(r"^\s*(?:import|from)\s+pyomo\b", re.M)
 MAX_LP_CHARS = 400_000
 CLOCK_LIMITS = (FailureKind.TIMEOUT, FailureKind.CPU_LIMIT)
+CLOCK_RETRIES = 2
+CLOCK_RETRY_FACTOR = 4.0
 _CLOCK_FAILURES = {kind.value for kind in CLOCK_LIMITS}
 
 
@@ -75,9 +79,16 @@ class ProgramRunner:
     """Runs programs in a sandbox it owns (created on first use) and caches their outcomes.
     `runs` counts programs actually executed, `hits` the answers served from the cache."""
 
-    def __init__(self, limits: Limits | None = None, *, isolation: str = "auto", hide: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        isolation: str = "auto",
+        hide: tuple[str, ...] = (),
+        clock_retries: int = CLOCK_RETRIES,
+    ):
         self.limits = limits if limits is not None else DEFAULT_LIMITS
-        self.isolation, self.hide = isolation, hide
+        self.isolation, self.hide, self.clock_retries = isolation, hide, clock_retries
         self._sandboxes: dict[str, Sandbox] = {}
         self._cache: OrderedDict[str, ProgramRun] = OrderedDict()
         self.runs = 0
@@ -114,19 +125,25 @@ class ProgramRunner:
             self._cache.move_to_end(digest)
             self.hits += 1
             return cached
-        execution = self.sandbox_for(pool_for(source)).run(
-            source, files=files
-        )  # an interrupted run raises RunInterrupted
+        sandbox, limits = self.sandbox_for(pool_for(source)), self.limits
+        execution = sandbox.run(source, files=files)  # an interrupted run raises RunInterrupted
         self.runs += 1
+        for _ in range(0 if clock_verdict else self.clock_retries):
+            if execution.failure not in CLOCK_LIMITS:
+                break
+            limits = replace(limits, wall_s=limits.wall_s * CLOCK_RETRY_FACTOR, cpu_s=limits.cpu_s * CLOCK_RETRY_FACTOR)
+            execution = sandbox.run(source, files=files, limits=limits)
+            self.runs += 1
         if execution.failure is FailureKind.SANDBOX_ERROR:
             # not the program's outcome: recording it would reject a sample for the sandbox's fault
             raise SandboxFailed(f"the sandbox could not run a program: {execution.detail}")
         if execution.failure in CLOCK_LIMITS and not clock_verdict:
             raise ClockLimitReached(
                 f"a program this pipeline wrote ended on a clock limit ({execution.failure.value}: {execution.detail}) "
-                f"after {execution.wall_s:.1f} s; it finishes in well under a second on an idle machine, so the "
-                "machine is too loaded for an outcome that does not depend on its speed. Nothing is recorded for "
-                "this shard: run the same command again to resume"
+                f"after {execution.wall_s:.1f} s, {self.clock_retries + 1} times with ever larger limits; it "
+                "finishes in well under a second on an idle machine, so the machine is too loaded for an outcome "
+                "that does not depend on its speed. Nothing is recorded for this shard: run the same command "
+                "again to resume"
             )
         if execution.failure is not None:
             result = ProgramRun(None, execution.failure.value, execution.detail, execution.stdout, execution.wall_s)
