@@ -113,6 +113,12 @@ class ClockLimited:
         self.executions, self.calls, self.reported = executions, 0, 0
         self.real_run = Sandbox.run
 
+    def install(self, monkeypatch) -> None:
+        # a function, not this object: only functions bind as methods when set on the class
+        monkeypatch.setattr(
+            Sandbox, "run", lambda sandbox, source, *args, **kwargs: self(sandbox, source, *args, **kwargs)
+        )
+
     def __call__(self, sandbox, source, *args, **kwargs):
         self.calls += 1
         if self.executions is None or self.calls in self.executions:
@@ -133,7 +139,7 @@ def reference(tmp_path_factory):
 
 def test_a_program_slowed_past_its_clock_is_run_again_and_the_output_does_not_change(reference, tmp_path, monkeypatch):
     slow = ClockLimited({3, 4})  # the third program times out, and its first retry too
-    monkeypatch.setattr(Sandbox, "run", slow)
+    slow.install(monkeypatch)
     synthesize(CONFIG, tmp_path, 4, progress=False)
     assert slow.reported == 2
     for name in OUTPUTS:
@@ -144,7 +150,7 @@ def test_a_machine_too_slow_for_every_attempt_stops_the_run_and_it_resumes_to_th
     reference, tmp_path, monkeypatch
 ):
     slow = ClockLimited()  # every program times out, every time
-    monkeypatch.setattr(Sandbox, "run", slow)
+    slow.install(monkeypatch)
     with pytest.raises(
         ClockLimitReached, match=r"ind(ex|ices) [\d-]+: .*clock limit .*3 times.*run the same command again"
     ):
