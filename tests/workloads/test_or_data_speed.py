@@ -250,3 +250,56 @@ def test_the_overlap_of_integer_gram_ids_equals_the_overlap_of_the_grams():
 def _draws(texts: list[str], k: int) -> list[list[str]]:
     rng = random.Random(0)
     return [rng.sample(list(texts), k) for _ in range(8)]
+
+
+def _rename_by_tokenize(text: str, names: dict[str, str]) -> str:
+    """The renaming as `tokenize` does it (what `code_style._rename` did before its own scanner)."""
+    import io
+    import tokenize
+
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    lines = text.split("\n")
+    edits = []
+    previous = None
+    for token in tokens:
+        if token.type == tokenize.NAME and token.string in names and not (previous and previous.string == "."):
+            edits.append((token.start[0], token.start[1], token.end[1], names[token.string]))
+        elif token.type == tokenize.STRING and token.string[:1] in "fF" and token.start[0] == token.end[0]:
+            changed = token.string
+            for old, new in names.items():
+                pattern = re.compile(r"(?<![\w.])" + re.escape(old) + r"(?=[.(\[])")
+                changed = re.sub(r"\{[^{}]*\}", lambda field, p=pattern, n=new: p.sub(n, field.group(0)), changed)
+            if changed != token.string:
+                edits.append((token.start[0], token.start[1], token.end[1], changed))
+        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            previous = token
+    for row, start, end, new in sorted(edits, reverse=True):
+        lines[row - 1] = lines[row - 1][:start] + new + lines[row - 1][end:]
+    return "\n".join(lines)
+
+
+TRICKY = '''import pyscipopt as scip
+model = scip.Model("model")  # model: a comment naming model
+x = model.addVar(name='model.x'); y = [model, model.model, ...]
+text = """model
+model""" + r'model\\' + b"model".decode() + rb'model' + f"{model.getVal(x):.3g} model {x}" + F'{ model.data }'
+z = 1.5e-3 + 0x1F + 2j + .5 + 1_000.0; model .addCons(x <= 3); w = \\
+    model
+lam = lambda model: model.getObjVal()
+def f(model=model, *args, **kw) -> "model":
+    return model[0] if model else None
+m2 = model;model=3; print(f"""{model}""", fr"{model.x}", u"model")
+'''
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_token_scanner_renames_what_tokenize_renames(family):
+    names = {"model": "mdl", "Model": "scip.Model", "quicksum": "scip.quicksum", "x": "x_"}
+    texts = [TRICKY]
+    for seed in range(3):
+        program = FAMILIES[family].program(generated(family, seed).data)
+        texts.append(program)
+        texts += [code_style.restyle(program, code_style.style_for(program, library)) for library in ("pulp", "pyomo")]
+    for text in texts:
+        for subset in (names, {"model": "prob"}, {"quicksum": "scip.quicksum"}):
+            assert code_style._rename(text, subset) == _rename_by_tokenize(text, subset)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from workload_helpers import FAST_LIMITS
+from workload_helpers import CPU_LOOP_LIMITS, FAST_LIMITS
 
 from trex.workloads.llm_clients import OpenAIClient
 from trex.workloads.or_eval import Rule, build_report, evaluate
@@ -49,7 +49,7 @@ def test_hostile_programs_fail_with_their_kind_and_the_run_goes_on(tmp_path):
     ]
     client = ReplayClient(replay_file(tmp_path / "hostile.jsonl", programs))
     benchmark = client.as_benchmark()
-    with Sandbox(FAST_LIMITS) as sandbox:
+    with Sandbox(CPU_LOOP_LIMITS) as sandbox:  # the loop must end on the CPU limit
         run = evaluate(benchmark, client, sandbox, workers=2, progress=False)
     kinds = [run.results[f"{i}#0"].failure for i in range(len(programs))]
     assert kinds == [None, *(kind for _, kind in HOSTILE.values()), None]

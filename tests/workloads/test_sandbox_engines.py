@@ -122,7 +122,7 @@ def test_bad_programs_fail_each_in_its_own_way_and_the_run_goes_on(sandboxes, is
     silent = sandbox.run("x = 1 + 1\n")
     assert silent.ok and silent.stdout == "" and silent.solves == ()
     # one write far past the 8 MiB file cap; 128 MiB, not 1 GiB, so that filling the buffer cannot
-    # itself use up the 2 s CPU limit on a slow or loaded machine (CI saw 2.06 s for 1 GiB)
+    # itself use up the CPU limit on a slow or loaded machine (CI saw 2.06 s for 1 GiB)
     one_big_file = sandbox.run("open('big.bin', 'wb').write(b'\\0' * (128 << 20))\n")
     assert one_big_file.failure in (FailureKind.OUTPUT_LIMIT, FailureKind.MEMORY_LIMIT), one_big_file.detail
     streamed = sandbox.run(  # 1 GiB written to one file in 1 MiB pieces: no memory needed, the size cap stops it

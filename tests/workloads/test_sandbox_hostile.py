@@ -8,7 +8,6 @@ to show the `os` level contains them by itself: the guard is not what stops them
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from workload_helpers import FAST_LIMITS, ISOLATIONS, requires_os_isolation
+from workload_helpers import CPU_LOOP_LIMITS, FAST_LIMITS, ISOLATIONS, requires_os_isolation
 
 import trex.errors
 from trex.workloads.sandbox import FailureKind, Sandbox
@@ -96,12 +95,6 @@ def server():
     recording = _RecordingServer()
     yield recording
     recording.close()
-
-
-# The 2 CPU seconds of FAST_LIMITS with more wall-clock room: on a machine loaded ~10x (a test
-# process niced among other work) a looping program got 1.3 of its 2 CPU seconds in 20 s and was
-# stopped by the wall clock instead; it must still be the CPU limit that stops it.
-CPU_LOOP_LIMITS = dataclasses.replace(FAST_LIMITS, wall_s=120)
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

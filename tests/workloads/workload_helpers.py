@@ -20,8 +20,15 @@ from trex.workloads.sandbox.isolation import InterpreterPaths, os_isolation_unav
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "or_bench"
 ORLM_DIR = DATA_DIR / "orlm_predictions"
 
-# Tight limits keep hostile programs quick to contain.
-FAST_LIMITS = Limits(wall_s=20, cpu_s=2, memory_bytes=2 << 30, file_size_bytes=8 << 20, max_processes=32)
+# Tight memory, file and process limits keep hostile programs quick to contain. The clocks are
+# not tight: a test whose program must end by something else (a file cap, a denied syscall, the
+# process limit) must not be ended by a clock first on a slow or loaded machine (CI saw a write
+# that had to hit the file cap use 2.06 CPU s; a fresh interpreter importing Pyomo under
+# `namespaces` used 1.0 CPU s at load 11 here). 10 CPU s is 10x the dearest such program.
+FAST_LIMITS = Limits(wall_s=120, cpu_s=10, memory_bytes=2 << 30, file_size_bytes=8 << 20, max_processes=32)
+# For the programs that must end on the CPU limit (infinite loops): 2 CPU s, and a wall clock far
+# enough away that a loop niced on a loaded machine (1.3 CPU s in 20 s was seen) still reaches it.
+CPU_LOOP_LIMITS = Limits(wall_s=120, cpu_s=2, memory_bytes=2 << 30, file_size_bytes=8 << 20, max_processes=32)
 
 
 def _os_isolation_reason() -> str | None:

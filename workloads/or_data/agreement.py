@@ -49,7 +49,8 @@ def check_candidate(candidate: Candidate, task: Task, runner: ProgramRunner) -> 
     if lp is not None:
         run, via = runner.solve_lp(lp), "lp"
     elif program is not None:
-        run, via = runner.run(program), "program"
+        # the programmatic teacher (structured parts) writes from the verified program: ours, no clock verdict
+        run, via = runner.run(program, clock_verdict=candidate.parts is None), "program"
     else:
         what = "an LP model" if task.variant == "model" else "a Python program"
         return CandidateCheck(

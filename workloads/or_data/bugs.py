@@ -338,7 +338,7 @@ def inject_bug(
         buggy += "\n"
         if buggy == program:
             continue
-        run = runner.run(buggy)
+        run = runner.run(buggy, clock_verdict=False)
         tried += 1
         if run.outcome is None:
             last = run.stdout.strip().splitlines()[-1:] or [""]

@@ -12,16 +12,14 @@ the program text itself (so the same instance always gets the same style):
 | library | pyscipopt / PuLP / Pyomo / coptpy (`solver_libraries.translate`; the import style applies to pyscipopt only) |
 | data | the data block as literals / nested rows and `zip` / records (`data_layout.relayout`) |
 
-Renaming goes through `tokenize`, so only NAME tokens change. The restyled program is what the
+Renaming goes through a scanner of Python's tokens (`_TOKEN`), so only names change. The restyled program is what the
 sandbox runs during verification, so every style is checked like the original.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import re
-import tokenize
 from dataclasses import dataclass
 
 from trex.workloads.or_data.data_layout import LAYOUTS, relayout
@@ -124,29 +122,48 @@ def _report(text: str, report: str) -> str:
     return text
 
 
+# Python's tokens as far as renaming needs them, in `tokenize`'s precedence: comments and strings
+# (with their prefixes, triple-quoted first) are passed over whole, numbers so that their "." is not
+# an attribute access, "..." so that it is not one either; runs of other operators are one match,
+# and white space and line continuations none (`finditer` steps over them). `tokenize` itself is pure Python and cost
+# about 22 of the 30 CPU ms per sample that restyling took (bench/RESULTS.md section 6); this scanner
+# makes the same edits (`tests/workloads/test_or_data_speed.py` compares the two).
+_TOKEN = re.compile(
+    r"""
+    (?P<comment>\#[^\n]*)
+    | (?P<string>[rRbBuUfF]{0,2}(?:'\'\'(?:\\.|[^\\])*?'\'\'|\"\"\"(?:\\.|[^\\])*?\"\"\"
+                                  |'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))
+    | (?P<name>[^\W\d]\w*)
+    | (?P<number>0[xXoObB][0-9a-fA-F_]+|(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][+-]?\d[\d_]*)?[jJ]?)
+    | (?P<ellipsis>\.\.\.)
+    | (?P<other>\.|[^\w\s\\.'"\#]+)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
 def _rename(text: str, names: dict[str, str]) -> str:
     """Replace NAME tokens (not attribute names after a dot, not strings or comments)."""
-    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    lines = text.split("\n")
-    edits: list[tuple[int, int, int, str]] = []
-    previous = None
-    for token in tokens:
-        if (
-            token.type == tokenize.NAME
-            and token.string in names
-            and not (previous is not None and previous.string == ".")
-        ):
-            edits.append((token.start[0], token.start[1], token.end[1], names[token.string]))
-        elif token.type == tokenize.STRING and token.string[:1] in "fF" and token.start[0] == token.end[0]:
-            changed = token.string
-            for old, new in names.items():  # names used inside an f-string's replacement fields
-                pattern = re.compile(r"(?<![\w.])" + re.escape(old) + r"(?=[.(\[])")
+    pieces: list[str] = []
+    done = 0
+    after_dot = False
+    fields = [(re.compile(r"(?<![\w.])" + re.escape(old) + r"(?=[.(\[])"), new) for old, new in names.items()]
+    for match in _TOKEN.finditer(text):
+        kind = match.lastgroup
+        if kind == "comment":
+            continue
+        token = match.group()
+        if kind == "name":
+            if token in names and not after_dot:
+                pieces += [text[done : match.start()], names[token]]
+                done = match.end()
+        elif kind == "string" and token[:1] in "fF" and "\n" not in token and any(old in token for old in names):
+            changed = token
+            for pattern, new in fields:  # names used inside an f-string's replacement fields
                 changed = re.sub(r"\{[^{}]*\}", lambda field, p=pattern, n=new: p.sub(n, field.group(0)), changed)
-            if changed != token.string:
-                edits.append((token.start[0], token.start[1], token.end[1], changed))
-        if token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
-            previous = token
-    for row, start, end, new in sorted(edits, reverse=True):
-        line = lines[row - 1]
-        lines[row - 1] = line[:start] + new + line[end:]
-    return "\n".join(lines)
+            if changed != token:
+                pieces += [text[done : match.start()], changed]
+                done = match.end()
+        after_dot = token == "."
+    pieces.append(text[done:])
+    return "".join(pieces)

@@ -178,7 +178,7 @@ def iis_explanation(model, math: MathModel, rng: random.Random | None = None) ->
     lines = "\n".join(f"- {describe_element(element, math, model)}" for element in found.elements)
     single = len(found.elements) == 1
     if not found.irreducible:
-        minimal = "The search could not confirm within its time limit that the set is minimal."
+        minimal = "The search could not confirm within its node limit that the set is minimal."
     else:
         minimal = realize(MINIMAL_ONE if single else MINIMAL_MANY, rng)
     how = realize(

@@ -11,7 +11,9 @@ tested, and later drops only removed more.
 The elements are the rows and every bound beyond the structural ones (a lower bound above zero,
 a finite upper bound on a non-binary variable); integrality stays, so for a MIP the subset is
 irreducible for the MIP itself. Every test is a feasibility solve with SCIP (zero objective).
-When a test ends on a time limit, the element is kept and the result says `irreducible=False`.
+When a test ends on its node limit (`TEST_NODE_LIMIT`: a count of work, the same on every machine,
+where a wall-clock limit made the result depend on the machine's load), the element is kept and the
+result says `irreducible=False`.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trex.workloads.or_data.linear_model import LinearModel, Row, Variable
-from trex.workloads.or_data.solve import _scip_solve
+from trex.workloads.or_data.solve import NODE_LIMIT, _scip_solve
 
-TEST_TIME_LIMIT_S = 5.0
+# a quarter of a model solve's room (`solve.NODE_LIMIT`), as the 5 s test limit was of the 20 s one:
+# the filter makes one test per element
+TEST_NODE_LIMIT = NODE_LIMIT // 4
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def _restricted(model: LinearModel, kept: set[Element]) -> LinearModel:
 
 
 def _feasibility(model: LinearModel) -> str:
-    return _scip_solve(model, TEST_TIME_LIMIT_S, with_objective=False).status
+    return _scip_solve(model, TEST_NODE_LIMIT, with_objective=False).status
 
 
 def deletion_filter(model: LinearModel) -> IIS | None:
@@ -91,6 +95,6 @@ def deletion_filter(model: LinearModel) -> IIS | None:
         if status == "infeasible":
             kept = trial
         elif status not in ("optimal", "unbounded"):
-            irreducible = False  # undecided within the time limit: keep it, the set is no longer provably minimal
+            irreducible = False  # undecided within the node limit: keep it, the set is no longer provably minimal
     ordered = tuple(element for element in elements if element in kept)
     return IIS(ordered, irreducible, tests)

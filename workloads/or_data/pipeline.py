@@ -32,7 +32,7 @@ from trex.workloads.or_data.documents import cpt_document, document_plan
 from trex.workloads.or_data.dta import DtaPipeline
 from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.judge import ClientJudge, JudgePanel, ProgrammaticJudge
-from trex.workloads.or_data.program_runner import ProgramRunner
+from trex.workloads.or_data.program_runner import ClockLimitReached, ProgramRunner
 from trex.workloads.or_data.records import sample_id, sft_record
 from trex.workloads.or_data.seeds import balanced, stream
 from trex.workloads.or_data.solver_libraries import choose_library
@@ -199,6 +199,8 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
         except VerificationFailed as failure:
             results[index] = _rejected(plan_, failure.check, failure.detail, started)
             continue
+        except ClockLimitReached as error:
+            raise ClockLimitReached(f"index {index}: {error}") from None  # no verdict: the shard is redone
         except RunIncomplete:
             raise  # interrupted, or the sandbox failed: no verdict on this index, the shard is redone
         except Exception as error:  # noqa: BLE001 - a generator bug must not end the run; it is counted and reported
@@ -211,7 +213,10 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
     if tasks:
         rngs = {task.id: stream(config.seed, plan_.index, "selection") for plan_, task, _ in tasks}
         started = time.monotonic()
-        decisions = context.dta.run([task for _, task, _ in tasks], rngs)
+        try:
+            decisions = context.dta.run([task for _, task, _ in tasks], rngs)
+        except ClockLimitReached as error:
+            raise ClockLimitReached(f"indices {indices.start}-{indices.stop - 1}: {error}") from None
         dta_seconds = (time.monotonic() - started) / len(tasks)
         for (plan_, task, seconds), decision in zip(tasks, decisions, strict=True):
             base = {
@@ -232,7 +237,10 @@ def synthesize_shard(indices: range, context: ShardContext) -> list[dict[str, An
                 }
                 continue
             record = sft_record(decision, context.style, seed=config.seed, index=plan_.index)
-            cpt = cpt_instance(config, plan_, context, task.problem)
+            try:
+                cpt = cpt_instance(config, plan_, context, task.problem)
+            except ClockLimitReached as error:
+                raise ClockLimitReached(f"index {plan_.index}: {error}") from None
             results[plan_.index] = {
                 **base,
                 "result": "emitted",

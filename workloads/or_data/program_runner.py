@@ -6,6 +6,16 @@ one the OR evaluator uses. LP files are data, not code: they are read and solved
 SCIP (size-limited, its reader's complaints silenced). Results are cached by the SHA-256 of the
 program (with its input files) or LP text: both are deterministic (single-threaded SCIP, no clock
 or randomness), so judging a sample whose program the verifier already ran does not run it again.
+
+A program's wall-clock and CPU limits are containment, not a verdict on the programs this pipeline
+writes itself (the verified program, its translations, the mutated programs of repair tasks):
+they finish in well under a second, so one that ends on a clock limit says the machine was slow or
+loaded (a 200-sample run niced at load 18 saw one take 30 s), and recording it would make the
+samples of a seed depend on the machine. Those runs (`run(..., clock_verdict=False)`) are run again
+with `CLOCK_RETRY_FACTOR` times the clocks, up to `clock_retries` times, and if the last attempt
+still ends on a clock they raise `ClockLimitReached`: nothing is recorded for the shard, and a rerun
+resumes it. Either way the outcome recorded is the one the program reached by itself. A teacher's
+(model-written) program that ends on a clock limit is that program's failure, as in the OR evaluator.
 """
 
 from __future__ import annotations
@@ -14,12 +24,12 @@ import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trex.workloads.or_data.outcome import Outcome, outcome_from_run
 from trex.workloads.or_data.solve import STATUSES, descriptor_to_devnull, solve_lp_text_scip
 from trex.workloads.sandbox import FailureKind, Limits, Sandbox
-from trex.workloads.sandbox.interruption import SandboxFailed
+from trex.workloads.sandbox.interruption import RunIncomplete, SandboxFailed
 
 # Generated instances solve in well under a second; teachers' programs get the same room.
 DEFAULT_LIMITS = Limits(wall_s=30.0, cpu_s=30.0, memory_bytes=2 << 30)
@@ -33,6 +43,15 @@ PRELOAD = ("pyscipopt", "pulp", "pyomo.environ", "coptpy")
 POOLS = {"base": ("pyscipopt", "pulp", "coptpy"), "pyomo": ("pyscipopt", "pyomo.environ")}
 _PYOMO_IMPORT = re.compile(r"^\s*(?:import|from)\s+pyomo\b", re.M)
 MAX_LP_CHARS = 400_000
+CLOCK_LIMITS = (FailureKind.TIMEOUT, FailureKind.CPU_LIMIT)
+CLOCK_RETRIES = 2
+CLOCK_RETRY_FACTOR = 4.0
+_CLOCK_FAILURES = {kind.value for kind in CLOCK_LIMITS}
+
+
+class ClockLimitReached(RunIncomplete):
+    """A program the pipeline wrote itself ended on a wall-clock or CPU-time limit: the machine's
+    speed, not the program, decided the outcome, so it is not recorded (see the module docstring)."""
 
 
 def pool_for(source: str) -> str:
@@ -60,8 +79,16 @@ class ProgramRunner:
     """Runs programs in a sandbox it owns (created on first use) and caches their outcomes.
     `runs` counts programs actually executed, `hits` the answers served from the cache."""
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, isolation: str = "auto", hide: tuple[str, ...] = ()):
-        self.limits, self.isolation, self.hide = limits, isolation, hide
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        isolation: str = "auto",
+        hide: tuple[str, ...] = (),
+        clock_retries: int = CLOCK_RETRIES,
+    ):
+        self.limits = limits if limits is not None else DEFAULT_LIMITS
+        self.isolation, self.hide, self.clock_retries = isolation, hide, clock_retries
         self._sandboxes: dict[str, Sandbox] = {}
         self._cache: OrderedDict[str, ProgramRun] = OrderedDict()
         self.runs = 0
@@ -86,23 +113,38 @@ class ProgramRunner:
         """CPU seconds of every warm worker this runner started (`Sandbox.worker_cpu_s`)."""
         return sum(sandbox.worker_cpu_s for sandbox in self._sandboxes.values())
 
-    def run(self, source: str, files: Mapping[str, str] | None = None) -> ProgramRun:
+    def run(self, source: str, files: Mapping[str, str] | None = None, *, clock_verdict: bool = True) -> ProgramRun:
+        """The program's outcome. `clock_verdict=False` for programs the pipeline wrote: a run that
+        ends on a clock limit raises `ClockLimitReached` instead of being recorded."""
         files = dict(files or {})
         digest = hashlib.sha256(
             "\0".join([source, *(f"{k}\0{v}" for k, v in sorted(files.items()))]).encode()
         ).hexdigest()
         cached = self._cache.get(digest)
-        if cached is not None:
+        if cached is not None and (clock_verdict or cached.failure not in _CLOCK_FAILURES):
             self._cache.move_to_end(digest)
             self.hits += 1
             return cached
-        execution = self.sandbox_for(pool_for(source)).run(
-            source, files=files
-        )  # an interrupted run raises RunInterrupted
+        sandbox, limits = self.sandbox_for(pool_for(source)), self.limits
+        execution = sandbox.run(source, files=files)  # an interrupted run raises RunInterrupted
         self.runs += 1
+        for _ in range(0 if clock_verdict else self.clock_retries):
+            if execution.failure not in CLOCK_LIMITS:
+                break
+            limits = replace(limits, wall_s=limits.wall_s * CLOCK_RETRY_FACTOR, cpu_s=limits.cpu_s * CLOCK_RETRY_FACTOR)
+            execution = sandbox.run(source, files=files, limits=limits)
+            self.runs += 1
         if execution.failure is FailureKind.SANDBOX_ERROR:
             # not the program's outcome: recording it would reject a sample for the sandbox's fault
             raise SandboxFailed(f"the sandbox could not run a program: {execution.detail}")
+        if execution.failure in CLOCK_LIMITS and not clock_verdict:
+            raise ClockLimitReached(
+                f"a program this pipeline wrote ended on a clock limit ({execution.failure.value}: {execution.detail}) "
+                f"after {execution.wall_s:.1f} s, {self.clock_retries + 1} times with ever larger limits; it "
+                "finishes in well under a second on an idle machine, so the machine is too loaded for an outcome "
+                "that does not depend on its speed. Nothing is recorded for this shard: run the same command "
+                "again to resume"
+            )
         if execution.failure is not None:
             result = ProgramRun(None, execution.failure.value, execution.detail, execution.stdout, execution.wall_s)
         else:

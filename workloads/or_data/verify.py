@@ -164,13 +164,13 @@ def verify_problem(
         except TranslationError:
             program = ""
         if program:
-            run = runner.run(program)
+            run = runner.run(program, clock_verdict=False)
             if run.outcome is None or not run.outcome.matches(outcome):
                 program, run = "", None  # this library cannot show it: the pyscipopt program below
     if run is None:
         library = "pyscipopt"
         program = restyle(base_program)
-        run = runner.run(program)
+        run = runner.run(program, clock_verdict=False)
     if run.outcome is None or not run.outcome.matches(outcome):
         said = run.outcome.text() if run.outcome is not None else f"{run.failure}: {run.detail}"
         raise VerificationFailed(
