@@ -109,11 +109,13 @@ def test_requests_run_concurrently_up_to_the_limit(fake_server):
 
 def test_unreachable_server_fails_fast_naming_the_url():
     url = f"http://127.0.0.1:{free_port()}"
-    client = OpenAIClient(url, "tiny", max_retries=5, backoff_s=1.0)
+    # with a 10 s backoff a single retry would wait >= 5 s; failing fast means not retrying at all
+    client = OpenAIClient(url, "tiny", max_retries=5, backoff_s=10.0)
     started = time.monotonic()
     with pytest.raises(ClientError, match=rf"cannot reach the model server at {url}/v1/models: .*refused"):
         list(client.generate(requests_for(3)))
-    assert time.monotonic() - started < 2
+    assert client.retries == 0
+    assert time.monotonic() - started < 5
 
 
 def test_base_url_must_be_http():
