@@ -161,3 +161,18 @@ def test_a_machine_too_slow_for_every_attempt_stops_the_run_and_it_resumes_to_th
     synthesize(CONFIG, tmp_path, 4, progress=False)
     for name in OUTPUTS:
         assert (tmp_path / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_a_run_where_every_index_is_rejected_stops_with_the_reasons(tmp_path, monkeypatch):
+    """At a yield of 0 the shard scheduler would plan shards forever; the run must stop and say why."""
+    from trex.errors import TrexError
+    from trex.workloads.or_data import synthesis
+
+    def all_rejected(indices, context):
+        return [{"index": i, "result": "rejected", "stage": "verify"} for i in indices]
+
+    monkeypatch.setattr(synthesis, "synthesize_shard", all_rejected)
+    with pytest.raises(
+        TrexError, match=r"none of the first \d+ indices gave a sample \(rejected or removed: verify \d+\)"
+    ):
+        synthesize(CONFIG, tmp_path, 4, progress=False)

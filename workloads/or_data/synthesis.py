@@ -176,6 +176,7 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
             merger.feed(finished.pop(next_merge))
             next_merge += 1
         _advance(bar, merger)
+        _refuse_a_run_that_keeps_nothing(merger)
 
     if workers == 1:
         context = ShardContext(config, teachers=teachers, judge=judge, hide=hide)
@@ -232,6 +233,23 @@ def _make_shards(config, store, merger, first, workers, teachers, judge, hide, b
     finally:
         pool.shutdown(wait=not pending, cancel_futures=True)
     return made, reused
+
+
+NOTHING_KEPT_LIMIT = 1000  # indices; the pipeline's real yield is above 50%, so this only stops a broken setup
+
+
+def _refuse_a_run_that_keeps_nothing(merger: Merger) -> None:
+    """Stop a run whose first NOTHING_KEPT_LIMIT indices gave no sample at all: the shard scheduler
+    plans by the yield so far, and at a yield of 0 it would schedule shards forever."""
+    if merger.sft or merger.seen_indices < NOTHING_KEPT_LIMIT:
+        return
+    reasons = merger.rejected + merger.removed
+    top = ", ".join(f"{reason} {count}" for reason, count in reasons.most_common(3)) or "none recorded"
+    raise TrexError(
+        f"none of the first {merger.seen_indices} indices gave a sample (rejected or removed: {top}); the "
+        "configuration or the installed solvers cannot produce verified samples - check the configuration's "
+        "families and solver settings, then run again (finished shards are kept)"
+    )
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
