@@ -42,13 +42,20 @@ What the simulator is given, all measured in this invocation, before the run it 
    prediction (the rehearsal's factors and the probed shares alone) is printed beside it as a diagnostic.
 
 The offered rate is `--load` x the workers' summed capacity with all three busy at the measured
-share. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
+share; or (`--slowest-utilisation U`) the rate at which round robin drives the slowest worker at U of its
+capacity; or (`--burst`) every request at once, the offline-throughput benchmark. Why the operating point matters
+for the prediction: under Poisson arrivals a worker's latency is about L b0 / (1 - rho) (the batch grows until the
+step keeps up), so an error e in the forecast of its speed becomes ~e / (1 - rho) in its latencies - and round robin's
+throughput falls behind trex's only where its slowest worker nears rho = 1. In a burst there is no arrival process:
+a request's latency is the time its worker takes to drain the work ahead of it, linear in the speed, for any
+scheduler, while round robin's makespan is still set by its slowest worker. Each scheduler serves the same seeded requests (Poisson, streamed), measured end to end by an
 asyncio client: throughput (output tokens / duration), P50 / P99 latency, TTFT. After each run the
 workers' step CPU over step wall time gives the share the run actually got; the simulation replayed
 at that share is printed as a diagnostic (not a prediction): it separates a wrong model of the
 workers from a host whose load changed during the run.
 
     nice -n 10 python bench/serving/live_router.py --requests 200 --load 0.4 --schedulers round_robin trex
+    python bench/serving/live_router.py --requests 200 --burst --schedulers round_robin trex
     python bench/serving/live_router.py --requests 40 --schedulers round_robin trex     # a smoke run
 """
 
@@ -76,7 +83,7 @@ from trex.workloads.serving.cpu_share import CpuShares, measure_cpu_shares
 from trex.workloads.serving.http import Endpoint, open_request, request_json
 from trex.workloads.serving.profiling import ProfileGrid, profile_instance
 from trex.workloads.serving.router import Router, worker_spec
-from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler
+from trex.workloads.serving.schedulers import capacity_requests_s, make_scheduler, rate_at_round_robin_utilisation
 from trex.workloads.serving.simulator import simulate
 from trex.workloads.serving.step_timeline import (
     StepCpuEstimate,
@@ -617,7 +624,15 @@ async def run(args) -> dict:
             capacity_requests_s(s, stats.mean_prompt, stats.mean_output, stats.context_in_flight) for s in specs
         ]
         capacity = sum(per_core) * shares.share(len(specs))  # all busy: each gets that share of a core
-        rate = args.load * capacity
+        if args.burst:  # every request at once: no arrival process, each latency is a drain time
+            rate = float("inf")
+        elif args.slowest_utilisation is not None:  # the operating point's rule, fixed before any run
+            rate = rate_at_round_robin_utilisation(
+                [c * shares.share(len(specs)) for c in per_core], args.slowest_utilisation
+            )
+        else:
+            rate = args.load * capacity
+        slowest_rr = rate / len(specs) / (min(per_core) * shares.share(len(specs)))
         requests = make_requests(args.requests, rate, args.seed)
         results = {
             "workers": [
@@ -638,13 +653,22 @@ async def run(args) -> dict:
             "cpu_shares_before_rate": shares.to_dict(),
             "capacity_req_s": capacity,
             "rate_req_s": rate,
+            "rate_rule": (
+                {"burst": True}
+                if args.burst
+                else {"slowest_utilisation_under_round_robin": args.slowest_utilisation}
+                if args.slowest_utilisation is not None
+                else {"load": args.load}
+            ),
+            "slowest_utilisation_under_round_robin": slowest_rr,
             "requests": args.requests,
             "runs": {},
         }
         print(
             f"workers' capacity {capacity:.2f} req/s in all (one core each: "
             + ", ".join(f"{c:.2f}" for c in per_core)
-            + f"); offered {rate:.2f} req/s ({args.load:.0%})",
+            + f"); offered {rate:.2f} req/s ({rate / capacity:.0%}; round robin drives the slowest worker at "
+            f"{slowest_rr:.2f} of its capacity)",
             flush=True,
         )
         for seed in args.seeds or [args.seed]:
@@ -972,6 +996,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument(
         "--load", type=float, default=0.7, help="offered load as a fraction of the workers' summed capacity"
+    )
+    parser.add_argument(
+        "--slowest-utilisation",
+        type=float,
+        help="choose the rate instead of --load: the one at which round robin drives the slowest worker at this "
+        "fraction of its capacity (`rate_at_round_robin_utilisation`); a forecast error e of the workers' speed "
+        "becomes about e / (1 - this) in the latencies",
+    )
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="send every request at once (the offline-throughput benchmark; vLLM's benchmark_serving "
+        "--request-rate inf) instead of Poisson arrivals: with no arrival process to keep up with, a request's "
+        "latency is the time its worker takes to drain the work ahead of it, linear in the workers' speed",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -10,7 +10,13 @@ from serving_helpers import instance
 from trex.errors import UnknownNameError
 from trex.workloads.serving.capacity import SLO
 from trex.workloads.serving.errors import ServingError
-from trex.workloads.serving.schedulers import SCHEDULERS, InstanceLoad, RequestInfo, make_scheduler
+from trex.workloads.serving.schedulers import (
+    SCHEDULERS,
+    InstanceLoad,
+    RequestInfo,
+    make_scheduler,
+    rate_at_round_robin_utilisation,
+)
 
 REQUEST = RequestInfo(200, 200)
 
@@ -87,3 +93,15 @@ def test_trex_keeps_instances_within_the_tpot_slo():
 def test_unknown_scheduler_lists_the_valid_ones():
     with pytest.raises(UnknownNameError, match="valid schedulers:.*round_robin.*did you mean 'jsq'"):
         make_scheduler("jsqq")
+
+
+def test_the_rate_at_a_round_robin_utilisation_loads_the_slowest_instance_at_that_fraction():
+    capacities = [12.0, 6.0, 3.0]
+    rate = rate_at_round_robin_utilisation(capacities, 0.4)
+    assert rate / len(capacities) / min(capacities) == pytest.approx(0.4)  # round robin: 1/N of the rate each
+    assert rate_at_round_robin_utilisation(capacities, 0.8) == pytest.approx(2 * rate)
+    for bad in (0.0, 1.0, 1.5, -0.1):
+        with pytest.raises(ServingError, match=r"utilisation under round robin must lie in \(0, 1\)"):
+            rate_at_round_robin_utilisation(capacities, bad)
+    with pytest.raises(ServingError, match="positive capacity"):
+        rate_at_round_robin_utilisation([3.0, 0.0], 0.5)

@@ -87,6 +87,24 @@ def capacity_requests_s(spec: InstanceSpec, mean_prompt: float, mean_output: flo
     return batch / (mean_output * spec.latency.decode_s(batch, batch * context) + batch * prefill)
 
 
+def rate_at_round_robin_utilisation(capacities_req_s: Sequence[float], utilisation: float) -> float:
+    """The Poisson rate (requests/s) at which round robin, which gives each of the N instances 1/N of the requests,
+    drives the slowest instance at `utilisation` of its capacity (`capacities_req_s`: each instance's, e.g.
+    `capacity_requests_s` times the share of a core it gets). Why an operating point is chosen this way: an
+    instance's latency under continuous batching is L b0 / (1 - rho) for rho = its offered work over its capacity
+    (the batch grows until the step keeps up), so a relative error e in the forecast of its speed becomes about
+    e / (1 - rho) in its latencies; bounding the slowest instance's rho bounds how far a forecast error is amplified,
+    for round robin (which loads it most) and for every scheduler that loads it less."""
+    if not 0.0 < utilisation < 1.0:
+        raise ServingError(
+            f"the slowest instance's utilisation under round robin must lie in (0, 1) (got {utilisation}); "
+            "at 1 or above its queue grows without bound"
+        )
+    if not capacities_req_s or min(capacities_req_s) <= 0.0:
+        raise ServingError(f"every instance needs a positive capacity (got {list(capacities_req_s)})")
+    return utilisation * len(capacities_req_s) * min(capacities_req_s)
+
+
 class Scheduler(ABC):
     name: str = ""
 
