@@ -131,3 +131,24 @@ def test_cli_simulate_json_has_the_issue_s_fields(tmp_path, capsys):
     assert data["completed"] + data["dropped"] + data["unfinished"] == 150
     assert main(args[:-1] + ["--scheduler", "fifo"]) == 2
     assert "unknown scheduler 'fifo'" in capsys.readouterr().err
+
+
+def test_a_burst_s_latencies_are_drain_times_linear_in_the_instances_speed_and_trex_drains_it_sooner():
+    """The live bench's operating point (bench/RESULTS.md 8, seventh session): with every request present at the
+    start there is no arrival process to keep up with, so under round robin every latency is a drain time and a host
+    10% slower stretches each one - and the P99 - by exactly 1 / 0.9; trex, which splits the burst by capacity,
+    still finishes it sooner (throughput) with a lower P99."""
+
+    def cluster(speed: float):
+        return [instance(name, s * speed, max_num_seqs=16) for name, s in (("slow", 1.0), ("mid", 2.0), ("fast", 4.0))]
+
+    poisson = sharegpt_like(200, 1.0, seed=0, max_output=200)
+    burst = [Request(r.id, 0.0, r.prompt_tokens, r.output_tokens) for r in poisson]
+    rr, rr_slow = run(cluster(1.0), "round_robin", burst), run(cluster(0.9), "round_robin", burst)
+    assert rr_slow.report.latency_p99_s / rr.report.latency_p99_s == pytest.approx(1 / 0.9, rel=1e-9)
+    assert rr_slow.report.latency_p50_s / rr.report.latency_p50_s == pytest.approx(1 / 0.9, rel=1e-9)
+    assert rr_slow.report.throughput_tok_s / rr.report.throughput_tok_s == pytest.approx(0.9, rel=1e-9)
+    trex = run(cluster(1.0), "trex", burst)
+    assert trex.report.completed == rr.report.completed == len(burst)
+    assert trex.report.throughput_tok_s > 1.3 * rr.report.throughput_tok_s
+    assert trex.report.latency_p99_s < rr.report.latency_p99_s
