@@ -85,6 +85,7 @@ def timed_collectives(link: str) -> dict:
         wall, cpu = time.perf_counter(), time.process_time()
         value = call()
         out.setdefault("traces", {})[kind] = list(emulated_link.STATS.trace)
+        out.setdefault("events", {})[kind] = [list(row) for row in emulated_link.STATS.events]
         out["timings"][kind] = (
             time.perf_counter() - wall,
             time.process_time() - cpu,
@@ -198,6 +199,12 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
             torch.testing.assert_close(got, (one + two).chunk(2)[rank])
         for kind, (wall, cpu, model) in result["timings"].items():
             assert model > 4e-3, (kind, model)  # the link model charges milliseconds here
+            # the collective's own clock: the link holds it exactly the model's time after gloo delivered it, and
+            # neither its completion nor the rank's wait() comes before that deadline (on any machine: the order of
+            # these instants does not depend on speed)
+            [(issued, arrived, began, deadline, completed, called, returned)] = result["events"][kind]
+            assert issued <= arrived <= began and deadline - began == pytest.approx(model, rel=1e-9), kind
+            assert completed >= deadline and returned >= deadline and returned >= called >= issued, kind
             assert wall >= model, (rank, kind, wall, model)  # never faster than the link
             assert wall < model + 10.0, (rank, kind, wall, model)  # the wait ends (not a speed test: any machine)
             assert cpu < 0.5 * wall + 0.02, (rank, kind, cpu, wall)  # waiting does not burn CPU
