@@ -16,7 +16,8 @@ Waiting uses no CPU: a collective's Work (`LinkWork`, a Python subclass of c10d'
 works inside c10d and then sleeps until the link's deadline (`time.sleep`, GIL released) in the rank's own
 `wait()`, which completes it on waking: the thread that needs the result is the one woken at the deadline, so no
 other thread has to be given a core then. One clock thread (sleeping on a condition variable until the earliest
-deadline) completes the futures of collectives nobody waits on. The group is a Python `dist.ProcessGroup` registered with `dist.Backend.register_backend`;
+deadline) completes the futures of collectives nobody waits on. The group is a Python `dist.ProcessGroup`
+registered with `dist.Backend.register_backend`;
 functional collectives (the `_c10d_functional` nodes of captured graphs) reach it through its
 overridable methods (`allreduce`, `allgather_into_tensor_coalesced`, `reduce_scatter_tensor_coalesced`,
 `alltoall_base`, ...). The gloo backend stays registered underneath for what c10d calls directly.
