@@ -244,6 +244,22 @@ def predicted_with_traffic(compiled, link: str, traces: list[list]) -> list[floa
     return exposed
 
 
+def other_profile_prediction(compiled, args: dict) -> float | None:
+    """`predicted` with the cpu profile saved in `--compare-profile` (a `trex calibrate` output directory, as
+    $TREX_CACHE_DIR) instead of the one the run prices with: the same program, another device profile."""
+    if not args.get("compare_profile"):
+        return None
+    saved = os.environ.get("TREX_CACHE_DIR")
+    os.environ["TREX_CACHE_DIR"] = args["compare_profile"]
+    try:
+        return predicted(compiled, args["link"])
+    finally:
+        if saved is None:
+            os.environ.pop("TREX_CACHE_DIR")
+        else:
+            os.environ["TREX_CACHE_DIR"] = saved
+
+
 SPANS: list = []  # rank 0's simulated collectives (name, issued, begun, done) per graph, of the last prediction
 
 
@@ -319,6 +335,7 @@ def rank_main(args: dict) -> dict:
                 "losses": losses,
                 "predicted_exposed_s": predicted(compiled, args["link"]),
                 "predicted_routed_s": predicted_with_traffic(compiled, args["link"], traces),
+                "predicted_other_profile_s": other_profile_prediction(compiled, args),
                 "model_spans": list(SPANS),
                 "peer": list(PEER_RESULTS),
                 "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
@@ -366,6 +383,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
     parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor overlap-scheduler runs")
+    parser.add_argument(
+        "--compare-profile",
+        help="also print the prediction with the cpu profile `trex calibrate` saved in this directory",
+    )
     args = parser.parse_args()
     from trex.runtime.launcher import launch_function
 
@@ -381,6 +402,7 @@ def main() -> int:
         "seq": args.seq,
         "rows": args.rows,
         "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
+        "compare_profile": str(Path(args.compare_profile).resolve()) if args.compare_profile else None,
     }
     results = launch_function(rank_main, (config,), 2)
     if args.json:
@@ -436,6 +458,12 @@ def main() -> int:
                     f"{routed[0] / measured if measured > 0 else float('nan'):.2f}; "
                     if routed
                     else "no traffic prediction; "
+                )
+                + (
+                    f"with the --compare-profile cpu profile {row['predicted_other_profile_s']:.4f} s "
+                    f"({row['predicted_other_profile_s'] / measured if measured > 0 else float('nan'):.2f}); "
+                    if row.get("predicted_other_profile_s") is not None
+                    else ""
                 )
                 + "link per step: "
                 + ", ".join(f"{kind} {n} x, {t:.4f} s" for kind, (n, t) in sorted(row["link_by_kind"].items()))
