@@ -87,13 +87,27 @@ def choose_chunks(
     max_chunks: int = 4,
     experts_backward_s: float = 0.0,
     extra_chunk_s: float = 0.0,
+    experts_by_chunks: dict[int, tuple[float, float]] | None = None,
 ) -> ChunkChoice:
     """The chunk count of `CHUNK_CHOICES` (up to max_chunks, the rows there are) with the shortest predicted
     layer (forward + backward when `experts_backward_s` is given: `chunked_step_seconds`); one chunk unless the
-    split saves at least MIN_GAIN of the one-chunk time."""
+    split saves at least MIN_GAIN of the one-chunk time.
+
+    `experts_by_chunks`: chunk count -> the local experts' forward and backward time over all rows when they run
+    in that many calls (each priced at its chunk's rows). A chunk's grouped GEMMs are smaller, and a small GEMM
+    is not a proportional share of a large one (launch costs and tile quantisation per call, as the cost model
+    prices the chunked graph's own nodes); without it every count takes 1/n of `experts_s` per chunk."""
+    by_chunks = experts_by_chunks or {}
     seconds = {
         n: chunked_step_seconds(
-            dispatch_s, experts_s, combine_s, alpha_s, n, counts_s, experts_backward_s, extra_chunk_s
+            dispatch_s,
+            by_chunks.get(n, (experts_s, experts_backward_s))[0],
+            combine_s,
+            alpha_s,
+            n,
+            counts_s,
+            by_chunks.get(n, (experts_s, experts_backward_s))[1],
+            extra_chunk_s,
         )
         for n in CHUNK_CHOICES
         if n <= max(1, max_chunks)
@@ -103,6 +117,15 @@ def choose_chunks(
     pays = one > 0 and (one - seconds[best]) / one >= MIN_GAIN
     chunks = best if pays else 1
     summary = ", ".join(f"{n} chunk{'s' if n > 1 else ''} {t * 1e3:.3f} ms" for n, t in seconds.items())
+    if by_chunks:
+        summary += (
+            " (experts forward / backward over all rows: "
+            + ", ".join(
+                f"{n} call{'s' if n > 1 else ''} {f * 1e3:.3f} / {b * 1e3:.3f} ms"
+                for n, (f, b) in sorted(by_chunks.items())
+            )
+            + ")"
+        )
     backward = (
         f", experts backward {experts_backward_s * 1e3:.3f} ms, per extra chunk {extra_chunk_s * 1e3:.3f} ms "
         "(forward + backward)"

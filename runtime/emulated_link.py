@@ -12,9 +12,12 @@ of the hardware catalog, e.g. `infiniband-ndr`) makes the process groups of `tre
 one-tier placement of the group, so the cost model predicts exactly what the emulation charges. The
 link is serial (a transfer waits for the one before it on the same group), as one NIC is.
 
-Waiting uses no CPU: completion is a `torch.futures.Future` set by one timer thread that sleeps on a
-condition variable until the earliest deadline; the rank's `wait()` blocks inside c10d with the GIL
-released. The group is a Python `dist.ProcessGroup` registered with `dist.Backend.register_backend`;
+Waiting uses no CPU: a collective's Work (`LinkWork`, a Python subclass of c10d's Work) waits for the gloo
+works inside c10d and then sleeps until the link's deadline (`time.sleep`, GIL released) in the rank's own
+`wait()`, which completes it on waking: the thread that needs the result is the one woken at the deadline, so no
+other thread has to be given a core then. One clock thread (sleeping on a condition variable until the earliest
+deadline) completes the futures of collectives nobody waits on. The group is a Python `dist.ProcessGroup`
+registered with `dist.Backend.register_backend`;
 functional collectives (the `_c10d_functional` nodes of captured graphs) reach it through its
 overridable methods (`allreduce`, `allgather_into_tensor_coalesced`, `reduce_scatter_tensor_coalesced`,
 `alltoall_base`, ...). The gloo backend stays registered underneath for what c10d calls directly.
@@ -191,7 +194,7 @@ class LinkStats:
     """What one process's emulated groups charged: collectives and modelled seconds, by kind; with `recording` on
     (a benchmark's timed step; off by default, a long run would grow the lists), the traffic of every collective
     in issue order (`trace`: kind, bytes sent, bytes received) and when it happened (`events`: perf_counter
-    seconds at issue, when gloo finished, when the link began it, its deadline, when it completed). The traffic
+    seconds, one column per `EVENT_FIELDS`; a collective nobody waited on keeps NaN in the last two). The traffic
     is what a data-dependent exchange really moved (an expert-parallel all-to-all's rows depend on the routing),
     which a prediction made before the step can only assume (`passes.reorder_comm.traffic_seconds` prices it)."""
 
@@ -208,7 +211,7 @@ class LinkStats:
         if not self.recording:
             return None
         self.trace.append((kind, int(sent), int(received)))
-        self.events.append([time.perf_counter(), math.nan, math.nan, math.nan, math.nan])
+        self.events.append([time.perf_counter()] + [math.nan] * (len(EVENT_FIELDS) - 1))
         return self.events[-1]
 
     @property
@@ -223,6 +226,19 @@ class LinkStats:
 
 
 STATS = LinkStats()
+
+# the columns of `LinkStats.events`: issued, gloo done (the transfer arrived at the link), the link began it, its
+# deadline (began + the model's time), completed, the rank's first wait() began, that wait() returned
+EVENT_FIELDS = ("issued", "arrived", "began", "deadline", "completed", "wait_called", "wait_returned")
+
+
+def waiter_lateness(event: list[float]) -> float:
+    """How much later than the link model a rank's wait() returned: wait returned - max(deadline, wait called);
+    0 for a collective nobody waited on. The part of the emulation's own overhead a step can pay."""
+    deadline, called, returned = event[3], event[5], event[6]
+    if math.isnan(returned):
+        return 0.0
+    return max(0.0, returned - max(deadline, called))
 
 
 def _nbytes(tensors) -> int:
@@ -243,56 +259,13 @@ class EmulatedLinkGroup(dist.ProcessGroup):
 
     # -- completion -------------------------------------------------------------------------------
     def _delayed(self, works: list, kind: str, nbytes: int, then=None, received: int | None = None):
-        """A Work that completes `seconds` of link time after the gloo works did; `then` (unpacking a packed
-        bucket into its members' outputs) runs when they did, before the Work completes. `received`: the bytes
-        this rank receives, when they differ from `nbytes` (an uneven all-to-all), for the trace."""
-        from torch._C._distributed_c10d import _create_work_from_future
-
+        """A Work that completes the link model's time after the gloo works did (`LinkTransfer`); `then`
+        (unpacking a packed bucket into its members' outputs) runs when they did, before the Work completes.
+        `received`: the bytes this rank receives, when they differ from `nbytes` (an uneven all-to-all), for the
+        trace."""
         seconds = self.link.collective_seconds(kind, nbytes, self.size())
         event = STATS.add(kind, seconds, nbytes, nbytes if received is None else received)
-        future = torch.futures.Future()
-        pending = [len(works)]
-        values: list[Any] = [None]
-
-        def finished(done: torch.futures.Future) -> None:
-            try:
-                values[0] = done.value()
-            except Exception as error:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(error)
-                return
-            with self._lock:
-                pending[0] -= 1
-                if pending[0]:
-                    return
-            if then is not None:
-                try:
-                    then()
-                except Exception as error:  # noqa: BLE001 - handed to whoever waits
-                    future.set_exception(error)
-                    return
-            with self._lock:
-                arrived = time.perf_counter()
-                start = max(arrived, self._free_at)
-                self._free_at = start + seconds
-                deadline = self._free_at
-            if event is not None:
-                event[1:4] = arrived, start, deadline
-            if seconds <= 0:
-                complete()
-            else:
-                _clock().at(deadline, complete)
-
-        def complete() -> None:
-            if event is not None:
-                event[4] = time.perf_counter()
-            future.set_result(values[0])
-
-        for work in works:
-            try:
-                work.get_future().then(finished)
-            except RuntimeError:  # gloo's reduce-scatter Work has no future: a waiter thread (blocked, no CPU)
-                _waiters().submit(_wait_then, work, finished)
-        return _create_work_from_future(future)
+        return LinkWork(LinkTransfer(self, works, seconds, then, event))
 
     # -- the collectives c10d and the functional collectives call -----------------------------------
     def allreduce(self, tensors, opts=None):
@@ -388,6 +361,137 @@ class EmulatedLinkGroup(dist.ProcessGroup):
         return self.inner.scatter(outputs, inputs, *(() if opts is None else (opts,)))
 
 
+class LinkTransfer:
+    """One collective on an emulated link: the gloo works that move the data, then the link's time.
+
+    It *arrives* when the gloo works are done (their future callback, or the rank's `wait()` if that comes
+    first): the link starts it when it is free (a serial link) and sets its deadline, `seconds` later. It
+    *completes* at the deadline, by whichever comes first: the rank's `wait()`, which sleeps until the deadline
+    itself (`time.sleep`: no CPU, the GIL released) and completes it on waking, or the clock thread (for anyone
+    who holds only the future). Before, only the clock thread completed it: a waiting rank then woke after the
+    clock thread had been given a core and the GIL at the deadline, which on 2 busy cores came 1-2 ms late per
+    collective (RESULTS 15.9); now the thread that needs the result is the one that wakes."""
+
+    def __init__(self, group: EmulatedLinkGroup, works: list, seconds: float, then, event: list[float] | None):
+        self.group, self.seconds, self.event = group, seconds, event
+        self.future = torch.futures.Future()
+        self.deadline: float | None = None
+        self._works, self._then = list(works), then
+        self._pending = len(works)
+        self._value: Any = None
+        self._lock = threading.Lock()
+        self._done = False
+        for work in works:
+            try:
+                work.get_future().then(self._finished)
+            except RuntimeError:  # gloo's reduce-scatter Work has no future: a waiter thread (blocked, no CPU)
+                _waiters().submit(_wait_then, work, self._finished)
+
+    def _finished(self, done: torch.futures.Future) -> None:
+        try:
+            value = done.value()
+        except Exception as error:  # noqa: BLE001 - handed to whoever waits
+            self._fail(error)
+            return
+        with self._lock:
+            self._value = value
+            self._pending -= 1
+            if self._pending:
+                return
+        self._arrive()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.future.set_exception(error)
+
+    def _arrive(self) -> float | None:
+        """Start the link's part once (the gloo works are done); returns the deadline (None if it failed)."""
+        with self._lock:
+            if self.deadline is not None or self._done:
+                return self.deadline
+            if self._then is not None:
+                try:
+                    self._then()
+                except Exception as error:  # noqa: BLE001 - handed to whoever waits
+                    self._done = True
+                    self.future.set_exception(error)
+                    return None
+            self._works, self._then = [], None  # the gloo works and packed buffers are no longer needed
+            with self.group._lock:
+                arrived = time.perf_counter()
+                start = max(arrived, self.group._free_at)
+                self.group._free_at = start + self.seconds
+                self.deadline = self.group._free_at
+            if self.event is not None:
+                self.event[1:4] = arrived, start, self.deadline
+        if self.seconds <= 0:
+            self._complete()
+        else:
+            _clock().at(self.deadline, self._complete)
+        return self.deadline
+
+    def _complete(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            if self.event is not None:
+                self.event[4] = time.perf_counter()
+        self.future.set_result(self._value)
+
+    def wait(self) -> None:
+        """Block until the collective completed, using no CPU: wait for the gloo works (blocking in c10d), then
+        sleep until the link's deadline and complete it here."""
+        called = time.perf_counter()
+        works = self._works
+        if self.deadline is None and not self._done:
+            for work in works:
+                work.wait()  # blocks in c10d with the GIL released; raises gloo's error
+            if self._arrive() is None:
+                self.future.wait()  # raises the stored error
+        while self.deadline is not None and not self._done:
+            remaining = self.deadline - time.perf_counter()
+            if remaining <= 0:
+                self._complete()
+                break
+            time.sleep(remaining)
+        self.future.wait()  # done by now (or by the clock a moment ago); raises a stored error
+        if self.event is not None and math.isnan(self.event[5]):
+            self.event[5:7] = called, time.perf_counter()
+
+
+_ALIVE: set = set()  # works handed to C++ without a holder (`_register_work`), kept until they were waited on
+
+
+class LinkWork(dist.Work):
+    """The Work of a `LinkTransfer`: `wait()` is the transfer's (the rank sleeps until the link's deadline),
+    `get_future()` its future. A Python subclass of c10d's Work (its trampoline calls these)."""
+
+    def __init__(self, transfer: LinkTransfer):
+        super().__init__()
+        self.transfer = transfer
+        self._kept = False
+
+    def keep_until_waited(self) -> None:
+        """Keep this Python object alive until `wait()` returned: c10d's registry (`_register_work`) holds the C++
+        Work only, and without its Python object c10d's Work.wait would wait for a completion that never comes."""
+        self._kept = True
+        _ALIVE.add(self)
+
+    def wait(self, timeout=None) -> bool:
+        self.transfer.wait()
+        if self._kept:
+            self._kept = False
+            _ALIVE.discard(self)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.transfer.future
+
+
 def _create_group(store, rank: int, size: int, timeout) -> EmulatedLinkGroup:
     link = current_link()
     if link is None:
@@ -447,17 +551,21 @@ def _route_out_variants() -> None:
 
     library = torch.library.Library("_c10d_functional", "IMPL")
 
+    def registered(out, work):  # c10d keeps the Work, not its Python object: keep that until it is waited on
+        if isinstance(work, LinkWork):
+            work.keep_until_waited()
+        _register_work(out, work)
+        return out
+
     def all_gather_out(input, group_size, group_name, *, out):
         group = _resolve_process_group(group_name)
-        _register_work(out, group._allgather_base(out, input.contiguous()))
-        return out
+        return registered(out, group._allgather_base(out, input.contiguous()))
 
     def reduce_scatter_out(input, reduce_op, group_size, group_name, *, out):
         group = _resolve_process_group(group_name)
         options = ReduceScatterOptions()
         options.reduceOp = getattr(ReduceOp, reduce_op.upper())
-        _register_work(out, group._reduce_scatter_base(out, input.contiguous(), options))
-        return out
+        return registered(out, group._reduce_scatter_base(out, input.contiguous(), options))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point

@@ -393,7 +393,7 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
     `cluster`: what the exchanges are priced on; default the emulated link when this process emulates one
     (`TREX_EMULATE_LINK`), else the `cpu` cluster. Returns (module name, chunks, reason) per layer: the
     decision with its reason (the chunked layer's graph then shows the split it made)."""
-    from trex.cost_model.ep_chunks import choose_chunks
+    from trex.cost_model.ep_chunks import CHUNK_CHOICES, choose_chunks
 
     if cluster is None:
         from trex.runtime.emulated_link import current_link
@@ -413,6 +413,11 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
         if not hasattr(module, "trex_ep_layout"):
             continue
         times = price_ep_layer(module, tokens, top_k, cluster)
+        by_chunks = {}  # each count's experts priced at its chunks' rows, n calls (what the chunked graph will hold)
+        for n in CHUNK_CHOICES:
+            if n <= tokens:
+                part = price_ep_layer(module, -(-tokens // n), top_k, cluster)
+                by_chunks[n] = (n * part["experts"], n * part["experts_backward"])
         choice = choose_chunks(
             times["dispatch"],
             times["experts"],
@@ -422,6 +427,7 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
             max_chunks=tokens,
             experts_backward_s=times["experts_backward"],
             extra_chunk_s=times["extra_chunk"],
+            experts_by_chunks=by_chunks,
         )
         module.trex_ep_chunks = choice.chunks
         module.trex_ep_chunk_reason = choice.reason

@@ -244,6 +244,22 @@ def predicted_with_traffic(compiled, link: str, traces: list[list]) -> list[floa
     return exposed
 
 
+def other_profile_prediction(compiled, args: dict) -> float | None:
+    """`predicted` with the cpu profile saved in `--compare-profile` (a `trex calibrate` output directory, as
+    $TREX_CACHE_DIR) instead of the one the run prices with: the same program, another device profile."""
+    if not args.get("compare_profile"):
+        return None
+    saved = os.environ.get("TREX_CACHE_DIR")
+    os.environ["TREX_CACHE_DIR"] = args["compare_profile"]
+    try:
+        return predicted(compiled, args["link"])
+    finally:
+        if saved is None:
+            os.environ.pop("TREX_CACHE_DIR")
+        else:
+            os.environ["TREX_CACHE_DIR"] = saved
+
+
 SPANS: list = []  # rank 0's simulated collectives (name, issued, begun, done) per graph, of the last prediction
 
 
@@ -319,12 +335,12 @@ def rank_main(args: dict) -> dict:
                 "losses": losses,
                 "predicted_exposed_s": predicted(compiled, args["link"]),
                 "predicted_routed_s": predicted_with_traffic(compiled, args["link"], traces),
+                "predicted_other_profile_s": other_profile_prediction(compiled, args),
                 "model_spans": list(SPANS),
                 "peer": list(PEER_RESULTS),
                 "chunking": [f"{name}: {chunks} chunk(s): {reason}" for name, chunks, reason in chunking],
                 "link_by_kind": by_kind,  # the last slow step: kind -> (collectives, modelled seconds)
-                # the last slow step's collectives: seconds after the step began at issue, gloo done, link start,
-                # deadline, completion
+                # the last slow step's collectives: seconds after the step began, columns emulated_link.EVENT_FIELDS
                 "events": events,
             }
             if restore is not None:
@@ -334,6 +350,12 @@ def rank_main(args: dict) -> dict:
             del model, compiled, optimizer
     dist.destroy_process_group()
     return out
+
+
+def waiter_lateness(event: list[float]) -> float:
+    from trex.runtime.emulated_link import waiter_lateness
+
+    return waiter_lateness(event)
 
 
 def spread(values: list[float]) -> str:
@@ -361,6 +383,10 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--json", type=Path, help="write the raw per-rank numbers here")
     parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor overlap-scheduler runs")
+    parser.add_argument(
+        "--compare-profile",
+        help="also print the prediction with the cpu profile `trex calibrate` saved in this directory",
+    )
     args = parser.parse_args()
     from trex.runtime.launcher import launch_function
 
@@ -376,6 +402,7 @@ def main() -> int:
         "seq": args.seq,
         "rows": args.rows,
         "labels": ["pass", "no_pass"] + ([] if args.no_inductor else ["inductor"]),
+        "compare_profile": str(Path(args.compare_profile).resolve()) if args.compare_profile else None,
     }
     results = launch_function(rank_main, (config,), 2)
     if args.json:
@@ -432,11 +459,19 @@ def main() -> int:
                     if routed
                     else "no traffic prediction; "
                 )
+                + (
+                    f"with the --compare-profile cpu profile {row['predicted_other_profile_s']:.4f} s "
+                    f"({row['predicted_other_profile_s'] / measured if measured > 0 else float('nan'):.2f}); "
+                    if row.get("predicted_other_profile_s") is not None
+                    else ""
+                )
                 + "link per step: "
                 + ", ".join(f"{kind} {n} x, {t:.4f} s" for kind, (n, t) in sorted(row["link_by_kind"].items()))
-                + "; the emulation completed the last slow step's collectives "
-                f"{sum(e[4] - e[3] for e in row['events']):.4f} s after their deadlines in all (a timer thread that "
-                "waits for a core), and they began "
+                + "; in the last slow step the rank's waits returned "
+                f"{sum(waiter_lateness(e) for e in row['events']):.4f} s later than max(deadline, wait called) in all "
+                "(the emulation's own lateness; completions after the deadlines "
+                f"{sum(e[4] - e[3] for e in row['events']):.4f} s), "
+                "and the collectives began "
                 f"{sum(e[1] - e[0] for e in row['events']):.4f} s after this rank issued them in all (the other rank "
                 "not there yet, and gloo)"
             )

@@ -45,3 +45,17 @@ def test_the_backward_and_the_weight_gradient_sums_are_part_of_the_choice():
     assert chunked_step_seconds(2e-3, 1e-3, 2e-3, 0.0, 2) == pytest.approx(
         chunked_layer_seconds(2e-3, 1e-3, 2e-3, 0.0, 2)
     )
+
+
+def test_the_choice_prices_the_experts_at_each_chunk_count_own_rows():
+    # the link and the experts balanced: splitting pays when a chunk's experts cost their share of the rows
+    proportional = choose_chunks(2e-3, 2e-3, 2e-3, 0.0, experts_backward_s=4e-3)
+    assert proportional.chunks > 1
+    # the same layer where every call of the experts costs as much as all rows (a fixed cost per call, e.g. a
+    # GEMM padded to its tile): n chunks pay n times the experts, and the split no longer pays
+    fixed = {n: (n * 2e-3, n * 4e-3) for n in (1, 2, 4)}
+    per_call = choose_chunks(2e-3, 2e-3, 2e-3, 0.0, experts_backward_s=4e-3, experts_by_chunks=fixed)
+    assert per_call.chunks == 1, per_call.reason
+    assert per_call.seconds[1] == pytest.approx(proportional.seconds[1])
+    assert per_call.seconds[4] > proportional.seconds[4]
+    assert "4 calls 8.000 / 16.000 ms" in per_call.reason

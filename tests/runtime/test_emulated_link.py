@@ -85,6 +85,7 @@ def timed_collectives(link: str) -> dict:
         wall, cpu = time.perf_counter(), time.process_time()
         value = call()
         out.setdefault("traces", {})[kind] = list(emulated_link.STATS.trace)
+        out.setdefault("events", {})[kind] = [list(row) for row in emulated_link.STATS.events]
         out["timings"][kind] = (
             time.perf_counter() - wall,
             time.process_time() - cpu,
@@ -94,6 +95,12 @@ def timed_collectives(link: str) -> dict:
     plain = torch.empty(2 * x.numel())
     dist.all_gather_into_tensor(plain, x)
     out["values"]["dist.all_gather_into_tensor"] = plain
+    # a collective nobody wait()s on, only its future: the link's clock thread completes it at its deadline
+    emulated_link.STATS.reset()
+    summed = x.clone()
+    dist.all_reduce(summed, async_op=True).get_future().wait()
+    out["values"]["future only"] = summed
+    out["future only"] = [list(row) for row in emulated_link.STATS.events]
     # buckets (reorder_comm's coalesced collectives) travel packed in one gloo call and come back unpacked
     members = [x[:96].reshape(48, 2), x[96:100], x[100:164].reshape(2, 32)]
     gathered = torch.ops._c10d_functional.all_gather_into_tensor_coalesced(members, 2, group.group_name)
@@ -183,6 +190,9 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
         torch.testing.assert_close(values["all_reduce"], x[0] + x[1])
         torch.testing.assert_close(values["all_gather"], torch.cat(x))
         torch.testing.assert_close(values["dist.all_gather_into_tensor"], torch.cat(x))
+        torch.testing.assert_close(values["future only"], x[0] + x[1])
+        [(_, _, _, deadline, completed, called, _)] = result["future only"]
+        assert completed >= deadline and called != called  # completed by the clock, at or after its deadline (NaN)
         torch.testing.assert_close(values["reduce_scatter"], (x[0] + x[1]).chunk(2)[rank])
         torch.testing.assert_close(values["all_gather_out"], torch.cat(x))
         torch.testing.assert_close(values["reduce_scatter_out"], (x[0] + x[1]).chunk(2)[rank])
@@ -198,6 +208,12 @@ def test_collectives_over_an_emulated_link_take_the_model_time_without_cpu():
             torch.testing.assert_close(got, (one + two).chunk(2)[rank])
         for kind, (wall, cpu, model) in result["timings"].items():
             assert model > 4e-3, (kind, model)  # the link model charges milliseconds here
+            # the collective's own clock: the link holds it exactly the model's time after gloo delivered it, and
+            # neither its completion nor the rank's wait() comes before that deadline (on any machine: the order of
+            # these instants does not depend on speed)
+            [(issued, arrived, began, deadline, completed, called, returned)] = result["events"][kind]
+            assert issued <= arrived <= began and deadline - began == pytest.approx(model, rel=1e-9), kind
+            assert completed >= deadline and returned >= deadline and returned >= called >= issued, kind
             assert wall >= model, (rank, kind, wall, model)  # never faster than the link
             assert wall < model + 10.0, (rank, kind, wall, model)  # the wait ends (not a speed test: any machine)
             assert cpu < 0.5 * wall + 0.02, (rank, kind, cpu, wall)  # waiting does not burn CPU
