@@ -1,4 +1,5 @@
-"""Gradient-accumulation fusion (on by default in `AscendBackend`): the routed experts' weight gradients
+"""Gradient-accumulation fusion (by default in `AscendBackend` for fp32 parameters and for Megatron's contract;
+bf16 parameters with a `.grad` optimizer take eager's dtype flow): the routed experts' weight gradients
 accumulate in place into a persistent float32 `param.main_grad` through `npu_grouped_matmul_add_`,
 with no per-backward zero-fill or cast; over several backwards the buffer holds eager's summed gradient."""
 
