@@ -72,7 +72,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _bind_permute(node: Any) -> dict | None:
-    """npu_moe_token_permute(tokens, indices): sorts the S = indices.numel() (token, slot) pairs and gathers S rows."""
+    """npu_moe_token_permute(tokens, indices) / npu_moe_init_routing_v2(x, expert_idx): sorts the S = indices.numel() (token, slot) pairs and gathers S rows."""
     indices = _shape(node.args[1])
     if indices is None:
         return None
@@ -159,6 +159,13 @@ _GATING_TOP_K_BACKWARD = _generic("moe", 0, 3, note="the score gradient through 
 _PERMUTE = OpFormula(
     "moe", N * sympy.log(N, 2), Bytes_in + Bytes_out, _bind_permute, "sort the (token, slot) pairs, gather their rows"
 )
+_INIT_ROUTING = OpFormula(
+    "moe",
+    N * sympy.log(N, 2) + N,
+    Bytes_in + Bytes_out,
+    _bind_permute,
+    "sort the (token, slot) pairs, gather their rows, count each expert's rows (one pass)",
+)
 _UNPERMUTE = _generic("moe", 0, 2, note="weighted sum of each token's expert rows: a multiply-add per element read")
 _UNPERMUTE_GRAD = _generic("moe", 0, 2, note="rows gathered back times their weight; the weights' row dot products")
 _EXPERT_TOKENS = _generic("moe", 0, 1, note="a pass over the sorted expert ids: each expert's end row")
@@ -190,6 +197,7 @@ _BY_OP = {
     "npu_moe_gating_top_k": _GATING_TOP_K,
     "npu_moe_gating_top_k_backward": _GATING_TOP_K_BACKWARD,
     "npu_moe_token_permute": _PERMUTE,
+    "npu_moe_init_routing_v2": _INIT_ROUTING,
     "npu_moe_token_permute_grad_v2": SCATTER_ADD,
     "npu_moe_token_unpermute": _UNPERMUTE,
     "npu_moe_token_unpermute_grad": _UNPERMUTE_GRAD,

@@ -66,17 +66,25 @@ class AscendBackend(Backend):
         *,
         emulate: bool | None = None,
         check: Callable[..., Any] | None = None,
-        main_grad: bool = True,
+        main_grad: bool | None = None,
         publish_grads: bool = True,
     ):
-        """`main_grad` (default on, as Megatron-LM's `gradient_accumulation_fusion` and MindSpeed's DeepSeek
-        recipes): the routed experts' weight gradients accumulate in place into a persistent float32
-        `param.main_grad` through `npu_grouped_matmul_add_` (see `main_grad.py`); `main_grad=False` opts
-        out (the functional lowering: a zero-filled fp32 accumulator and a cast back, every backward).
-        `publish_grads` (default on): `param.grad` still holds the gradient as torch would leave it (the
-        buffer itself for fp32 parameters), so plain torch optimizers work unchanged; `publish_grads=False`
-        is the Megatron contract: `.grad` stays None, the optimizer reads `main_grad` and the caller
-        zero-fills it once per step (`zero_main_grads`)."""
+        """`main_grad`: whether the routed experts' weight gradients accumulate in place into a persistent float32
+        `param.main_grad` through `npu_grouped_matmul_add_` (Megatron-LM's `gradient_accumulation_fusion`,
+        MindSpeed's DeepSeek recipes; see `main_grad.py`). None (the default) decides per parameter:
+          - float32 parameters: yes (the buffer is `.grad` itself: no cast, no extra memory, the accumulation
+            fused into the GEMM);
+          - bfloat16/float16 parameters with `publish_grads=False` (the optimizer reads the fp32 `main_grad`,
+            Megatron's contract): yes;
+          - bfloat16/float16 parameters whose optimizer reads `.grad` (`publish_grads=True`): no - each weight
+            gradient is one K-split `npu_grouped_matmul(group_type=2)` writing the parameter's dtype, eager's own
+            dtype flow (autograd's bf16 GEMM result summed into the bf16 `.grad`), instead of an fp32 buffer
+            (4 B per element) that would be cast to a bf16 `.grad` after every backward (6 B per element moved).
+        `main_grad=True` accumulates in fp32 for every parameter (a bf16 `.grad` is then the cast of the fp32 sum
+        of the step's micro-batches: more precise than eager's bf16 sum); `main_grad=False` never does (K-split
+        for all). `publish_grads` (default on): `param.grad` holds the gradient as torch would leave it, so
+        plain torch optimizers work unchanged; `publish_grads=False` is the Megatron contract: `.grad` stays
+        None, the optimizer reads `main_grad` and the caller zero-fills it once per step (`zero_main_grads`)."""
         self.target = target
         self.main_grad = main_grad
         self.publish_grads = publish_grads
@@ -122,8 +130,9 @@ class AscendBackend(Backend):
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Before AOTAutograd ("captured"): attention regions become npu_fusion_attention, whose autograd
         gives the backward npu_fusion_attention_grad (`attention_before_autograd`), and V4's interleaved
-        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`). With `main_grad`, the
-        backward's expert weight gradients become in-place accumulations."""
+        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`). Unless `main_grad`
+        is False, the backward's expert weight gradients (of float32 parameters only, by default with published
+        `.grad`s) become in-place accumulations."""
         if phase == "captured":
             regions = attention_before_autograd.lower_attention(
                 gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
@@ -133,10 +142,15 @@ class AscendBackend(Backend):
                 gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
             )
             return
-        if self.main_grad and phase == "backward":
+        if self.main_grad is not False and phase == "backward":
             emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
             accumulate_into_main_grads(
-                gm, graph_inputs, target=self.target, emitter=emitter, publish=self.publish_grads
+                gm,
+                graph_inputs,
+                target=self.target,
+                emitter=emitter,
+                publish=self.publish_grads,
+                only_fp32=self.main_grad is None and self.publish_grads,
             )
 
     def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -151,13 +165,13 @@ class AscendBackend(Backend):
             prepared.append(node)
         matches = find_matches(gm.graph, self.patterns)
         emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))
-        glue_of: list[tuple[Match, list[fx.Node]]] = []
+        glue_of: list[tuple[Match, list[fx.Node], list[fx.Node]]] = []
         for match in matches:
             anchor = match.nodes[-1]
-            first_glue = len(emitter.glue)
+            first_glue, first_call = len(emitter.glue), len(emitter.calls)
             with gm.graph.inserting_after(anchor):
                 emitter.replace(match.emit(emitter))
-            glue_of.append((match, emitter.glue[first_glue:]))
+            glue_of.append((match, emitter.glue[first_glue:], emitter.calls[first_call:]))
         fused_nodes = {n.name for m in matches for n in m.nodes}
         emitted = [n.meta["trex_npu_op"] for n in prepared] + emitter.emitted
         _topological_sort(gm.graph)
@@ -167,11 +181,20 @@ class AscendBackend(Backend):
         remaining = {n.name for n in gm.graph.nodes}
         report = self._current.report if self._current is not None else None
         if report is not None:
-            report.record_fused((fused_nodes - remaining) | {n.name for n in prepared}, emitted)
+            from trex.cost_model.annotate import annotate_node, cluster_of
+
+            cluster = cluster_of(report.target)
             live = set(gm.graph.nodes)
-            for match, glue in glue_of:
+            calls = []  # each emitted call by its own formula (torch_npu_formulas), in a MoE layer or not
+            for match, glue, new_calls in glue_of:
                 in_moe = any(n.name in report.moe_nodes for n in match.nodes)
                 report.record_glue([n for n in glue if n in live], moe=in_moe)
+                for call in new_calls:
+                    if call in live:
+                        cost = annotate_node(call, cluster)
+                        report.unpriced += cost is None or not cost.priced
+                        calls.append((cost.time_s if cost is not None else 0.0, in_moe))
+            report.record_fused((fused_nodes - remaining) | {n.name for n in prepared}, emitted, calls)
         return AscendLoweredModule(gm, emitted, matches, report)
 
 

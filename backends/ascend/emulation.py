@@ -459,6 +459,135 @@ def _unpermute_backward(ctx, grad):
     return grad_permuted, None, grad_probs if probs is not None else None, None, None
 
 
+def _init_routing_rows(expert_idx: Tensor, active_num: int) -> int:
+    total = expert_idx.numel()
+    return total if active_num <= 0 else min(active_num, total)
+
+
+def _init_routing_unsupported(
+    x,
+    expert_idx,
+    scale,
+    offset,
+    expert_num,
+    drop_pad_mode,
+    expert_tokens_num_type,
+    expert_tokens_num_flag,
+    quant_mode,
+    active_expert_range,
+) -> str | None:
+    """What the emulation (and, per the 2.13.0 wheel's docs, often the op) does not take, else None."""
+    if x.dim() != 2 or expert_idx.dim() != 2 or x.size(0) != expert_idx.size(0):
+        return "x [NUM_ROWS, H] and expert_idx [NUM_ROWS, K] must be 2-D with the same rows"
+    if expert_idx.dtype != torch.int32:
+        return f"expert_idx must be int32 (got {expert_idx.dtype})"
+    if scale is not None or offset is not None or quant_mode != -1:
+        return "only the unquantised mode is emulated (scale=None, offset=None, quant_mode=-1)"
+    if drop_pad_mode != 0:
+        return "drop_pad_mode must be 0 (dropless; the only mode torch_npu supports)"
+    if expert_tokens_num_type != 1 or not expert_tokens_num_flag:
+        return "expert_tokens_num_type=1 (counts) with expert_tokens_num_flag=True is the emulated mode"
+    if not 0 < expert_num <= 10240:
+        return f"expert_num must be in (0, 10240] (got {expert_num})"
+    if list(active_expert_range) not in ([], [0, expert_num]):
+        return f"active_expert_range must cover all experts, [0, {expert_num}] (got {list(active_expert_range)})"
+    return None
+
+
+@_implement("npu_moe_init_routing_v2")
+def npu_moe_init_routing_v2(
+    x: Tensor,
+    expert_idx: Tensor,
+    *,
+    scale: Tensor | None = None,
+    offset: Tensor | None = None,
+    active_num: int = -1,
+    expert_capacity: int = -1,
+    expert_num: int = -1,
+    drop_pad_mode: int = 0,
+    expert_tokens_num_type: int = 0,
+    expert_tokens_num_flag: bool = False,
+    quant_mode: int = -1,
+    active_expert_range: list[int] = (),
+    row_idx_type: int = 0,
+    x_dtype: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The (token, slot) pairs sorted by expert, stably (sortedRowIdx = token * K + slot); expanded_x[i] =
+    x[sortedRowIdx[i] // K] for the first active_num rows; expanded_row_idx = sortedRowIdx (row_idx_type 1) or its
+    inverse, the expanded row of every source pair (row_idx_type 0); each expert's row count (int64);
+    expanded_scale (float32, undefined without scale: zeros here)."""
+    problem = _init_routing_unsupported(
+        x,
+        expert_idx,
+        scale,
+        offset,
+        expert_num,
+        drop_pad_mode,
+        expert_tokens_num_type,
+        expert_tokens_num_flag,
+        quant_mode,
+        active_expert_range,
+    )
+    if problem:
+        raise AscendSchemaError(f"npu_moe_init_routing_v2: {problem}")
+    if row_idx_type not in (0, 1):
+        raise AscendSchemaError(f"npu_moe_init_routing_v2: row_idx_type must be 0 or 1 (got {row_idx_type})")
+    top_k = expert_idx.size(1)
+    flat = expert_idx.reshape(-1).long()
+    sorted_rows = torch.argsort(flat, stable=True)
+    rows = _init_routing_rows(expert_idx, active_num)
+    expanded_x = x.index_select(0, sorted_rows[:rows] // top_k)
+    if row_idx_type == 1:
+        row_idx = sorted_rows
+    else:
+        row_idx = torch.empty_like(sorted_rows)
+        row_idx[sorted_rows] = torch.arange(sorted_rows.numel(), device=sorted_rows.device)
+    counts = torch.bincount(flat, minlength=expert_num)[:expert_num].to(torch.int64)
+    expanded_scale = x.new_zeros(flat.numel(), dtype=torch.float32)
+    return expanded_x, row_idx.to(torch.int32), counts, expanded_scale
+
+
+@_fake("npu_moe_init_routing_v2")
+def _(
+    x,
+    expert_idx,
+    *,
+    scale=None,
+    offset=None,
+    active_num=-1,
+    expert_capacity=-1,
+    expert_num=-1,
+    drop_pad_mode=0,
+    expert_tokens_num_type=0,
+    expert_tokens_num_flag=False,
+    quant_mode=-1,
+    active_expert_range=(),
+    row_idx_type=0,
+    x_dtype=None,
+):
+    problem = _init_routing_unsupported(
+        x,
+        expert_idx,
+        scale,
+        offset,
+        expert_num,
+        drop_pad_mode,
+        expert_tokens_num_type,
+        expert_tokens_num_flag,
+        quant_mode,
+        active_expert_range,
+    )
+    if problem:
+        raise AscendSchemaError(f"npu_moe_init_routing_v2: {problem}")
+    total = expert_idx.numel()
+    return (
+        x.new_empty(_init_routing_rows(expert_idx, active_num), x.size(1)),
+        expert_idx.new_empty(total, dtype=torch.int32),
+        expert_idx.new_empty(expert_num, dtype=torch.int64),
+        x.new_empty(total, dtype=torch.float32),
+    )
+
+
 @_implement("npu_moe_compute_expert_tokens")
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: Tensor, num_expert: int) -> Tensor:
     """For every expert, the end (exclusive) of its rows in the sorted order: a cumulative count."""

@@ -17,7 +17,8 @@ sum over the backwards since the last `zero_main_grads`. An optimizer that reads
 `main_grads_to_grads` (once per step). The buffer is read by the lowered graph as it is, so it is
 zeroed in place, never replaced.
 
-With `publish=True` (what `backend=["ascend"]` does by default) the graph also keeps torch's `.grad`
+With `publish=True` (what `backend=["ascend"]` does by default, for float32 parameters: bf16/fp16 ones whose
+optimizer reads `.grad` take the K-split GEMM in their own dtype by default, see `AscendBackend`) the graph also keeps torch's `.grad`
 contract, so a plain torch optimizer, `clip_grad_norm_` or trex train see the gradient where they look:
 before the in-place call, `main_grad_begin` brings the buffer in line with `param.grad` (None, e.g. after
 `optimizer.zero_grad()`: zero-fill, once per step; the `.grad` it published last and nobody touched: keep
@@ -154,7 +155,13 @@ def _accumulator_traffic_s(node: fx.Node, cluster: Any) -> float:
 
 
 def accumulate_into_main_grads(
-    gm: fx.GraphModule, graph_inputs: Sequence[Any] | None, *, target: str, emitter: Any, publish: bool = False
+    gm: fx.GraphModule,
+    graph_inputs: Sequence[Any] | None,
+    *,
+    target: str,
+    emitter: Any,
+    publish: bool = False,
+    only_fp32: bool = False,
 ) -> list[fx.Node]:
     """Rewrite `gm` (a backward graph) in place as the module docstring says; returns the emitted calls.
 
@@ -162,6 +169,8 @@ def accumulate_into_main_grads(
     is rewritten only when the graph's outputs line up with `graph_inputs` and the input at its position is
     a parameter of the gradient's shape; anything else keeps the functional lowering. `publish`: keep
     `param.grad` as torch sets it (`main_grad_begin` / `main_grad_publish`); else `.grad` stays None.
+    `only_fp32`: leave the weight gradients of other parameters functional (the post-partition lowering makes
+    each one K-split npu_grouped_matmul in the parameter's dtype, see `AscendBackend`'s `main_grad`).
     """
     from trex.cost_model.annotate import NodeCost, annotate_node, cluster_of
 
@@ -183,6 +192,7 @@ def accumulate_into_main_grads(
             and result.target is weight_grad
             and len(result.users) == 1
             and isinstance(param, torch.nn.Parameter)
+            and (param.dtype == torch.float32 or not only_fp32)
             and isinstance(result.meta.get("val"), torch.Tensor)
             and tuple(result.meta["val"].shape) == tuple(param.shape)
         ):

@@ -16,7 +16,8 @@ Regions (forward and backward of training graphs after `passes.canonicalize.moe`
   rotary             x*cos + cat(-x2, x1)*sin  (4-D, "half")         -> npu_rotary_mul
   rotary_backward    g*cos + slice_backward halves of g*sin (4-D)   -> npu_rotary_mul_backward
   gating_topk        topk(softmax(logits, -1), k)                    -> npu_moe_gating_top_k_softmax
-  moe_dispatch       trex.moe_dispatch                    -> npu_moe_token_permute + npu_moe_compute_expert_tokens
+  moe_dispatch       trex.moe_dispatch                               -> npu_moe_init_routing_v2 (counts; > 10240
+                                                 experts: npu_moe_token_permute + npu_moe_compute_expert_tokens)
   grouped_mm         trex.grouped_mm                                 -> npu_grouped_matmul (group_type=0)
   grouped_mm_wgrad   trex.grouped_mm_weight_grad                     -> npu_grouped_matmul (group_type=2, K split)
   moe_combine        trex.moe_combine                                -> npu_moe_token_unpermute
@@ -74,10 +75,15 @@ class Emitter:
         self.emulate = emulate
         self.check = check
         self.emitted: list[str] = []
+        self.calls: list[fx.Node] = []  # the torch_npu calls emitted, in order (priced by their own formulas)
         self.glue: list[fx.Node] = []  # aten nodes emitted around the fused calls (casts, views, masks)
         self._casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
         self._constants: list[fx.Node] = []
         self.replaced: dict[fx.Node, fx.Node] = {}  # region node -> the value now standing for it
+        # group ends (cumulative, as trex's ops carry them) -> the per-expert counts they were summed from: a
+        # grouped GEMM given those ends takes the counts (group_list_type=1) instead of a cast of the ends
+        self.group_counts: dict[fx.Node, fx.Node] = {}
+        self._widened: dict[fx.Node, fx.Node] = {}  # an integer cast to a wider type -> the value it widened
 
     def resolve(self, value: Any) -> Any:
         """Region nodes an earlier rewrite replaced, swapped for their replacements."""
@@ -107,6 +113,7 @@ class Emitter:
         node = self._call(emulation.op(op_name, emulate=self.emulate), tuple(args), kwargs)
         node.meta["trex_npu_op"] = op_name
         self.emitted.append(op_name)
+        self.calls.append(node)
         return node
 
     def _call(self, target: Any, args: tuple, kwargs: dict) -> fx.Node:
@@ -136,14 +143,29 @@ class Emitter:
         return self._call(operator.getitem, (node, index), {})
 
     def cast(self, node: fx.Node, dtype: torch.dtype | None, like: torch.dtype | None = None) -> fx.Node:
-        """`node` converted to `dtype` (no node when `like`, the value's known dtype, already is it)."""
+        """`node` converted to `dtype` (no node when `like`, the value's known dtype, already is it, or when
+        `node` is this emitter's exact widening of an integer value that already has `dtype`)."""
         if dtype is None or like == dtype:
             return node
         node = self.resolve(node)
+        narrow = self._widened.get(node)
+        if narrow is not None and _dtype(narrow) == dtype:
+            return narrow
         key = (node, dtype)
         if key not in self._casts:  # one conversion per value and dtype (offsets feed several GEMMs)
             self._casts[key] = self.aten(aten._to_copy.default, node, dtype=dtype)
+            source = _dtype(node)
+            if _widens_exactly(source, dtype):
+                self._widened[self._casts[key]] = node
         return self._casts[key]
+
+
+_INTEGER_BITS = {torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}
+
+
+def _widens_exactly(source: torch.dtype | None, target: torch.dtype) -> bool:
+    """A signed integer cast to a wider signed integer: every value survives, so casting back is the identity."""
+    return source in _INTEGER_BITS and target in _INTEGER_BITS and _INTEGER_BITS[target] > _INTEGER_BITS[source]
 
 
 def _graph_fake_mode(graph: fx.Graph) -> Any:
@@ -752,13 +774,79 @@ class GatingTopK(Pattern):
 # MoE primitives (trex.ops.moe): one torch_npu op each (plus index glue).
 
 
+# npu_moe_init_routing_v2's limits in the 2.13.0 wheel's docs (`_op_plugin_docs.py`): expert_num in (0, 10240] for the
+# count mode, x and expert_idx 2-D
+INIT_ROUTING_MAX_EXPERTS = 10240
+
+
 class MoeDispatch(Pattern):
-    name, op = "moe_dispatch", "npu_moe_token_permute"
+    """trex.moe_dispatch(hidden [T, H], top_k_index [T, k], E) -> (rows sorted by expert [T*k, H], perm [T*k],
+    group ends [E]) as one npu_moe_init_routing_v2 (the 2.13.0 wheel's yaml; its docs, `_op_plugin_docs.py`):
+    expert_idx int32, dropless (drop_pad_mode=0), no quantisation (quant_mode=-1), all experts active
+    (active_expert_range=[0, E]), expert_tokens_num_type=1 (per-expert counts, int64: the docs support only count
+    and key_value modes, not cumsum) with expert_tokens_num_flag=True (the only value supported), row_idx_type=1
+    (expanded_row_idx in sorted order, the source (token * k + slot) of each expanded row: trex's perm; type 0
+    would give the inverse map, one entry per source, -1 for dropped ones). expanded_x[i] = x[perm[i] // k], the
+    pairs sorted by expert, stably. The group ends trex's ops carry are the counts' running sum (one cumsum); the
+    grouped GEMMs of the same graph take the counts themselves (group_list_type=1, see `GroupedMm`).
+    More than 10240 experts (beyond the op's range), or `init_routing=False` (the earlier lowering, kept to compare
+    and for a torch_npu without the op): npu_moe_token_permute + npu_moe_compute_expert_tokens."""
+
+    name, op = "moe_dispatch", "npu_moe_init_routing_v2"
     anchors = (trex_ops.moe_dispatch.default,)
+
+    def __init__(self, init_routing: bool = True):
+        self.init_routing = init_routing
 
     def match(self, node):
         hidden, index, num_experts = node.args
         items = _getitems(node)
+        index_value, hidden_value = _val(index), _val(hidden)
+        fits = 0 < int(num_experts) <= INIT_ROUTING_MAX_EXPERTS and index_value.dim() == 2 and hidden_value.dim() == 2
+        if not (self.init_routing and fits):
+            return self._permute_match(node, items)
+
+        def emit(e: Emitter):
+            experts = int(num_experts)
+            routed = e.npu(
+                "npu_moe_init_routing_v2",
+                (hidden, e.cast(index, torch.int32, _dtype(index))),
+                {
+                    "active_num": index_value.numel(),
+                    "expert_num": experts,
+                    "drop_pad_mode": 0,
+                    "expert_tokens_num_type": 1,
+                    "expert_tokens_num_flag": True,
+                    "quant_mode": -1,
+                    "active_expert_range": [0, experts],
+                    "row_idx_type": 1,
+                },
+                allowed={
+                    "drop_pad_mode": [0],
+                    "expert_tokens_num_type": [1],
+                    "expert_tokens_num_flag": [True],
+                    "quant_mode": [-1],
+                    "row_idx_type": [1],
+                    "scale": [None],
+                    "offset": [None],
+                },
+            )
+            replaced = {}
+            if 0 in items:
+                replaced[items[0]] = e.item(routed, 0)
+            if 1 in items:
+                replaced[items[1]] = e.cast(e.item(routed, 1), _dtype(items[1]), torch.int32)
+            if 2 in items:
+                counts = e.item(routed, 2)
+                ends = e.aten(aten.cumsum.default, counts, 0, dtype=_dtype(items[2]))
+                e.group_counts[ends] = counts
+                replaced[items[2]] = ends
+            return replaced
+
+        return Match(self.name, self.op, [node, *items.values()], emit)
+
+    def _permute_match(self, node, items):
+        hidden, index, num_experts = node.args
 
         def emit(e: Emitter):
             index64 = e.cast(index, torch.int64, _dtype(index))
@@ -784,7 +872,19 @@ class MoeDispatch(Pattern):
                 replaced[items[2]] = e.cast(ends, _dtype(items[2]), torch.int32)
             return replaced
 
-        return Match(self.name, self.op, [node, *items.values()], emit, ["npu_moe_compute_expert_tokens"])
+        return Match(
+            self.name, "npu_moe_token_permute", [node, *items.values()], emit, ["npu_moe_compute_expert_tokens"]
+        )
+
+
+def _group_list(e: Emitter, offsets: fx.Node) -> tuple[fx.Node, int]:
+    """npu_grouped_matmul's group_list and group_list_type for trex's group ends: the per-expert counts
+    npu_moe_init_routing_v2 returned (type 1) when the ends were summed from them in this graph, else the ends
+    cast to int64 (type 0, cumulative)."""
+    counts = e.group_counts.get(e.resolve(offsets))
+    if counts is not None:
+        return counts, 1
+    return e.cast(offsets, torch.int64, _dtype(offsets)), 0
 
 
 class GroupedMm(Pattern):
@@ -795,11 +895,11 @@ class GroupedMm(Pattern):
         x, weight, offsets = node.args
 
         def emit(e: Emitter):
-            group_list = e.cast(offsets, torch.int64, _dtype(offsets))
+            group_list, group_list_type = _group_list(e, offsets)
             out = e.npu(
                 "npu_grouped_matmul",
                 ([x], [weight]),
-                {"group_list": group_list, "split_item": 3, "group_type": 0, "group_list_type": 0},
+                {"group_list": group_list, "split_item": 3, "group_type": 0, "group_list_type": group_list_type},
                 allowed={"group_type": [0], "split_item": [2, 3]},
             )
             return {node: e.item(out, 0)}
@@ -824,11 +924,11 @@ class GroupedMmWeightGrad(Pattern):
         if _dtype(a) == _dtype(b) == out.dtype:
 
             def emit_k_split(e: Emitter):
-                group_list = e.cast(offsets, torch.int64, _dtype(offsets))
+                group_list, group_list_type = _group_list(e, offsets)
                 product = e.npu(
                     "npu_grouped_matmul",
                     ([e.aten(aten.t.default, a)], [b]),
-                    {"group_list": group_list, "split_item": 3, "group_type": 2, "group_list_type": 0},
+                    {"group_list": group_list, "split_item": 3, "group_type": 2, "group_list_type": group_list_type},
                     allowed={"group_type": [2], "split_item": [2, 3]},
                 )
                 return {node: e.item(product, 0)}

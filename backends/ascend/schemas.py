@@ -39,6 +39,7 @@ EMITTED_OPS: tuple[str, ...] = (
     "npu_rotary_mul",
     "npu_rotary_mul_backward",
     "npu_moe_gating_top_k_softmax",
+    "npu_moe_init_routing_v2",
     "npu_moe_token_permute",
     "npu_moe_token_permute_grad_v2",
     "npu_moe_token_unpermute",

@@ -8,17 +8,21 @@ Two settings, both priced by trex's cost model (predictions: nothing runs on an 
     (`trex.meta_capture.capture_model` lowers each layer kind's forward; its backward, which a meta
     capture never runs, is lowered here with the same backend).
 For each: the share of the MoE layers' predicted time (nodes canonicalization tags `trex_moe`) and of
-the whole graphs' time that the fused ops took; the aten glue the rewrites add counts as not fused.
+the whole graphs' time that the fused ops took, each fused call priced by its own formula (what `summary()`
+shows), and beside it the earlier accounting (fused calls priced as the nodes they replaced); the aten glue
+the rewrites add counts as not fused.
 `--grads` picks how expert weight gradients are lowered: `published` (the default of backend=["ascend"]:
-in place into float32 `param.main_grad`, then `.grad` set to it after each backward, a cast per backward
-for bf16 parameters, priced as not fused), `main-grad` (`AscendBackend(publish_grads=False)`, Megatron's
-contract: the optimizer reads `main_grad`) or `functional` (`AscendBackend(main_grad=False)`: a zero-filled
-fp32 accumulator and a cast back, every backward). The once-per-step zero-fill of the buffers (and, for
+fp32 parameters in place into float32 `param.main_grad`, which is `.grad`; bf16 parameters one K-split
+`npu_grouped_matmul` in bf16, eager's dtype flow), `main-grad-published` (`AscendBackend(main_grad=True)`:
+every parameter into an fp32 `main_grad`, `.grad` set to it after each backward, a cast per backward for
+bf16 parameters, priced as not fused), `main-grad` (`AscendBackend(publish_grads=False)`, Megatron's
+contract: the optimizer reads `main_grad`) or `functional` (`AscendBackend(main_grad=False)`: each weight
+gradient one K-split `npu_grouped_matmul` in the parameter's dtype). The once-per-step zero-fill of the buffers (and, for
 `main-grad`, the cast an optimizer reading bf16 `.grad` would need) are printed apart, per optimizer step.
 
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
-                                       [--skip-tiny] [--skip-full] [--grads published|main-grad|functional]
-                                       [--tiny-dtype float32|bfloat16] [--list-moe]
+                                       [--skip-tiny] [--skip-full] [--grads published|main-grad-published|main-grad|functional]
+                                       [--tiny-dtype float32|bfloat16] [--list-moe] [--dispatch init-routing|permute]
 """
 
 from __future__ import annotations
@@ -61,12 +65,10 @@ def _emitted(lowerings) -> list[str]:
     return sorted(ops)
 
 
-def _shares(reports) -> tuple[float, float, float, float]:
-    total = sum(r.total_s + r.glue_s for r in reports)
-    moe = sum(r.moe_total_s + r.moe_glue_s for r in reports)
-    fused = sum(r.fused_s for r in reports)
-    moe_fused = sum(r.moe_fused_s for r in reports)
-    return moe_fused / moe if moe else 0.0, moe * 1e6, fused / total if total else 0.0, total * 1e6
+def _shares(reports) -> dict[str, float]:
+    from trex.backends.ascend.report import shares
+
+    return shares(reports)
 
 
 def _per_step(params, target: str = "ascend-910c") -> str:
@@ -83,24 +85,30 @@ def _per_step(params, target: str = "ascend-910c") -> str:
     zero, cast = 4 * elements / rate + device.kernel_overhead_s, 6 * elements / rate + device.kernel_overhead_s
     return (
         f"<!-- per optimizer step, not per backward: {len(buffers)} main_grad buffers, {elements / 1e9:.2f} G "
-        f"elements: zero-fill {zero * 1e6:.0f} us (each per buffer set; with --grads published, after "
+        f"elements: zero-fill {zero * 1e6:.0f} us (each per buffer set; with --grads main-grad-published, after "
         f"zero_grad(set_to_none)); with --grads main-grad, an optimizer reading bf16 .grad would add a cast of "
-        f"{cast * 1e6:.0f} us (--grads published prices that cast in the graph, every backward, for bf16 "
+        f"{cast * 1e6:.0f} us (--grads main-grad-published prices that cast in the graph, every backward, for bf16 "
         "parameters) -->"
     )
 
 
 GRADS = {
-    "published": {},  # AscendBackend()'s defaults, what backend=["ascend"] gets
+    "published": {},  # AscendBackend()'s defaults, what backend=["ascend"] gets (bf16 parameters: K-split)
+    "main-grad-published": {"main_grad": True},  # fp32 main_grad for every parameter, .grad published
     "main-grad": {"publish_grads": False},
     "functional": {"main_grad": False},
 }
 
 
+DISPATCH = "init-routing"  # --dispatch: npu_moe_init_routing_v2 (the default) or the earlier permute lowering
+
+
 def _ascend(grads: str):
     from trex.backends.ascend import AscendBackend
+    from trex.backends.ascend.patterns import PATTERNS, MoeDispatch
 
-    return AscendBackend(**GRADS[grads])
+    patterns = [MoeDispatch(init_routing=False) if isinstance(p, MoeDispatch) else p for p in PATTERNS]
+    return AscendBackend(**GRADS[grads], **({"patterns": patterns} if DISPATCH == "permute" else {}))
 
 
 def tiny(family: str, grads: str = "published", dtype: torch.dtype = torch.float32):
@@ -156,8 +164,9 @@ def _where(reports) -> str:
 
 
 def _own_prices(lowerings, reports) -> str:
-    """The emitted calls priced by their own formulas (`cost_model/torch_npu_formulas.py`), beside the report's
-    fused time (post-partition calls priced as the nodes they replaced, pre-AOT ones by their formulas)."""
+    """The emitted calls of the lowered graphs priced by their own formulas (`cost_model/torch_npu_formulas.py`),
+    beside the reports' fused time (the same pricing, summed as the backend lowered them: a cross-check) and the
+    earlier accounting's (calls priced as the nodes they replaced)."""
     from trex.backends.ascend.report import emitted_call_costs
 
     own = sum(
@@ -167,9 +176,10 @@ def _own_prices(lowerings, reports) -> str:
         for _, cost in emitted_call_costs(compiled.module.graph, "ascend-910c")
     )
     fused = sum(r.fused_s for r in reports)
-    own_us, fused_us = own * 1e6, fused * 1e6
+    replaced = sum(r.replaced_split()[0] for r in reports)
     return (
-        f"<!-- whole graphs: emitted calls at their own formulas {own_us:.0f} us; report's fused {fused_us:.0f} us -->"
+        f"<!-- whole graphs: emitted calls at their own formulas {own * 1e6:.0f} us; reports' fused {fused * 1e6:.0f} "
+        f"us; as the nodes they replaced {replaced * 1e6:.0f} us -->"
     )
 
 
@@ -185,10 +195,10 @@ def _moe_listing(reports) -> str:
 
 
 def _row(family: str, setting: str, reports, seconds: float) -> str:
-    moe, moe_us, whole, whole_us = _shares(reports)
+    got = _shares(reports)
     return (
-        f"| {family} | {setting} | {100 * moe:.1f}% ({moe_us:.0f}) | {100 * whole:.1f}% ({whole_us:.0f}) "
-        f"| {seconds:.0f} |"
+        f"| {family} | {setting} | {100 * got['moe']:.1f}% ({got['moe_us']:.0f}) | {100 * got['moe_replaced']:.1f}% "
+        f"| {100 * got['whole']:.1f}% ({got['whole_us']:.0f}) | {100 * got['whole_replaced']:.1f}% | {seconds:.0f} |"
     )
 
 
@@ -202,9 +212,20 @@ def main() -> None:
     parser.add_argument("--grads", choices=list(GRADS), default="published")
     parser.add_argument("--tiny-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--list-moe", action="store_true", help="list each MoE-layer node not in a fused op")
+    parser.add_argument(
+        "--dispatch",
+        choices=["init-routing", "permute"],
+        default="init-routing",
+        help="trex.moe_dispatch as npu_moe_init_routing_v2 (default) or npu_moe_token_permute + compute_expert_tokens",
+    )
     args = parser.parse_args()
-    print("| model | setting | MoE layers: fused share (of us) | whole graphs: fused share (of us) | seconds |")
-    print("|---|---|---|---|---|")
+    global DISPATCH
+    DISPATCH = args.dispatch
+    print(
+        "| model | setting | MoE layers: fused share (of us) | MoE, calls priced as replaced nodes "
+        "| whole graphs: fused share (of us) | whole, as replaced | seconds |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for family in args.families:
         if not args.skip_tiny:
             start = time.perf_counter()

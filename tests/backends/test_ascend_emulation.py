@@ -33,6 +33,47 @@ def test_token_permute_and_compute_expert_tokens_equal_trex_dispatch():
     assert torch.equal(ends, offsets)
 
 
+@pytest.mark.parametrize("active", [-1, 12], ids=["all_rows", "active_num"])
+def test_init_routing_v2_equals_trex_dispatch(active):
+    """npu_moe_init_routing_v2 (count mode, row_idx_type 1) gives trex.moe_dispatch's sorted rows, its perm
+    (expanded_row_idx) and the per-expert counts whose running sum is trex's group ends; row_idx_type 0 gives the
+    inverse map (the expanded row of each source pair)."""
+    hidden, index, _ = _routing(tokens=6, experts=5, top_k=2)
+    sorted_hidden, perm, offsets = trex_ops.moe_dispatch(hidden, index, 5)
+    common = {
+        "active_num": active,
+        "expert_num": 5,
+        "expert_tokens_num_type": 1,
+        "expert_tokens_num_flag": True,
+        "active_expert_range": [0, 5],
+    }
+    expanded, row_idx, counts, _ = npu.npu_moe_init_routing_v2(hidden, index.int(), row_idx_type=1, **common)
+    assert row_idx.dtype == torch.int32 and counts.dtype == torch.int64 and counts.shape == (5,)
+    torch.testing.assert_close(expanded, sorted_hidden)
+    assert torch.equal(row_idx.long(), perm)
+    assert torch.equal(torch.cumsum(counts, 0).int(), offsets)
+    _, inverse, _, _ = npu.npu_moe_init_routing_v2(hidden, index.int(), row_idx_type=0, **common)
+    assert torch.equal(inverse.long()[perm], torch.arange(perm.numel()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"expert_tokens_num_type": 0}, "expert_tokens_num_type"),  # cumsum: not supported by the op (its docs)
+        ({"quant_mode": 1}, "unquantised"),
+        ({"active_expert_range": [1, 4]}, "active_expert_range"),
+        ({"drop_pad_mode": 1}, "drop_pad_mode"),
+    ],
+)
+def test_init_routing_v2_refuses_modes_it_does_not_emulate(kwargs, named):
+    hidden, index, _ = _routing(experts=4)
+    arguments = {"expert_num": 4, "expert_tokens_num_type": 1, "expert_tokens_num_flag": True, **kwargs}
+    with pytest.raises(AscendSchemaError, match=named):
+        npu.npu_moe_init_routing_v2(hidden, index.int(), **arguments)
+    with pytest.raises(AscendSchemaError, match="int32"):
+        npu.npu_moe_init_routing_v2(hidden, index, expert_num=4, expert_tokens_num_type=1, expert_tokens_num_flag=True)
+
+
 def test_token_unpermute_and_its_grad_equal_trex_combine():
     hidden, index, weights = _routing()
     _, perm, _ = trex_ops.moe_dispatch(hidden, index, 4)

@@ -144,8 +144,68 @@ class _ClampedExperts(torch.nn.Module):
 def test_clamped_swiglu_backward_lowers_to_npu_swiglu_backward_and_the_clamp_mask():
     torch.manual_seed(0)
     index = torch.stack([torch.randperm(4)[:2] for _ in range(10)])
-    ops = {"npu_clipped_swiglu", "npu_swiglu_backward", "npu_grouped_matmul", "npu_moe_token_permute"}
+    ops = {"npu_clipped_swiglu", "npu_swiglu_backward", "npu_grouped_matmul", "npu_moe_init_routing_v2"}
     _compare(_ClampedExperts(), torch.randn(10, 8), index, torch.rand(10, 2), expect_ops=ops)
+
+
+def _lowered_modules(compiled):
+    return [
+        child.compiled.module
+        for graph in compiled.trex.graphs
+        for lowering in graph.lowerings.values()
+        for child in lowering.module.children()
+        if hasattr(getattr(child, "compiled", None), "module")
+    ]
+
+
+def test_dispatch_lowers_to_init_routing_v2_whose_counts_feed_the_grouped_gemms():
+    """trex.moe_dispatch -> one npu_moe_init_routing_v2 (bound against the wheel's schema, row_idx_type 1, count
+    mode); the forward grouped GEMMs take its counts as group_list (group_list_type 1): no index_select, no
+    npu_moe_compute_expert_tokens, no int64 cast of the group ends in the forward."""
+    torch.manual_seed(0)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(10)])
+    ops = {"npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_moe_token_unpermute"}
+    model = _ClampedExperts()
+    emitted = _compare(model, torch.randn(10, 8), index, torch.rand(10, 2), expect_ops=ops)
+    assert "npu_moe_token_permute" not in emitted and "npu_moe_compute_expert_tokens" not in emitted
+    compiled = trex.compile(copy.deepcopy(model), backend=["ascend"])
+    compiled(torch.randn(10, 8), index, torch.rand(10, 2)).backward()
+    modules = _lowered_modules(compiled)
+    routing = [n for gm in modules for n in gm.graph.nodes if n.meta.get("trex_npu_op") == "npu_moe_init_routing_v2"]
+    assert len(routing) == 1
+    bound = check_call("npu_moe_init_routing_v2", routing[0].args, routing[0].kwargs)
+    assert bound.arguments["row_idx_type"] == 1 and bound.arguments["expert_tokens_num_type"] == 1
+    counts = [u for u in routing[0].users if u.args[1] == 2]
+    forward_gemms = [u for c in counts for u in c.users if u.meta.get("trex_npu_op") == "npu_grouped_matmul"]
+    assert len(forward_gemms) == 2  # gate_up and down
+    assert all(g.kwargs["group_list_type"] == 1 and g.kwargs["group_type"] == 0 for g in forward_gemms)
+    forward = routing[0].graph
+    assert not [n for n in forward.nodes if n.target is torch.ops.aten.index_select.default]
+
+
+def test_the_share_prices_each_fused_call_by_its_own_formula():
+    """The summary's share: fused calls priced by their own formulas (the cost model's torch_npu formulas), over
+    the lowered graph (nodes left + fused calls + glue); the earlier accounting (calls priced as the nodes they
+    replaced) is kept apart and, on this launch-bound toy, flatters the fused ops."""
+    from trex.backends.ascend.report import shares
+
+    torch.manual_seed(0)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(10)])
+    backend = AscendBackend()
+    compiled = trex.compile(_ClampedExperts(), backend=[backend])
+    compiled(torch.randn(10, 8), index, torch.rand(10, 2)).backward()
+    reports = [r for r in backend.reports if r.total_s > 0]
+    own = sum(
+        cost.time_s for gm in _lowered_modules(compiled) for _, cost in emitted_call_costs(gm.graph, "ascend-910c")
+    )
+    assert sum(r.fused_s for r in reports) == pytest.approx(own, rel=1e-9)
+    for r in reports:
+        assert r.lowered_s == pytest.approx(r.total_s - r.removed_s + r.emitted_s + r.glue_s)
+        assert r.moe_share == pytest.approx(r.moe_fused_s / r.moe_lowered_s)
+    got = shares(reports)
+    assert 0 < got["moe"] < got["moe_replaced"] <= 1
+    line = compiled.trex.summary()
+    assert "priced by its own formula" in line and f"MoE layers: {100 * got['moe']:.1f}%" in line
 
 
 class _GroupLimitedRouter(torch.nn.Module):

@@ -1,4 +1,5 @@
-"""Gradient-accumulation fusion (on by default in `AscendBackend`): the routed experts' weight gradients
+"""Gradient-accumulation fusion (by default in `AscendBackend` for fp32 parameters and for Megatron's contract;
+bf16 parameters with a `.grad` optimizer take eager's dtype flow): the routed experts' weight gradients
 accumulate in place into a persistent float32 `param.main_grad` through `npu_grouped_matmul_add_`,
 with no per-backward zero-fill or cast; over several backwards the buffer holds eager's summed gradient."""
 
@@ -134,15 +135,23 @@ def test_a_wrong_in_place_accumulation_call_is_caught_naming_op_and_argument():
         check_call("npu_grouped_matmul_add_", (x, x, x, x), {"transpose_a": True})
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_default_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype):
-    """backend=["ascend"] accumulates in place into main_grad AND leaves `.grad` as torch would: over three
-    optimizer steps of two micro-batches (zero_grad with and without set_to_none, an in-place clip of .grad,
-    a .grad the user set by hand) a plain torch SGD sees eager's gradients and ends at eager's weights."""
+@pytest.mark.parametrize(
+    ("dtype", "main_grad"),
+    [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, True)],
+    ids=["fp32-default", "bf16-default", "bf16-main_grad"],
+)
+def test_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype, main_grad):
+    """backend=["ascend"] leaves `.grad` as torch would: over three optimizer steps of two micro-batches
+    (zero_grad with and without set_to_none, an in-place clip of .grad, a .grad the user set by hand) a plain
+    torch SGD sees eager's gradients and ends at eager's weights. fp32 parameters (default) accumulate in place
+    into main_grad, which is .grad; bf16 parameters by default take eager's dtype flow (a K-split
+    npu_grouped_matmul in bf16, no main_grad); AscendBackend(main_grad=True) sums them in an fp32 main_grad and
+    publishes a bf16 cast after each backward."""
     torch.manual_seed(0)
     model = _Experts(dtype=dtype)
     reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend=["ascend"])
+    compiled = trex.compile(model, backend=["ascend" if main_grad is None else AscendBackend(main_grad=main_grad)])
+    accumulates = dtype == torch.float32 or main_grad is True
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
     experts = ("gate_up_proj", "down_proj")
@@ -157,7 +166,10 @@ def test_default_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype):
         for name in experts:
             param, eager = getattr(model, name), getattr(reference, name)
             assert param.grad is not None and param.grad.dtype == dtype, name
-            assert (param.grad is param.main_grad) == (dtype == torch.float32), name  # fp32: no copy at all
+            if accumulates:
+                assert (param.grad is param.main_grad) == (dtype == torch.float32), name  # fp32: no copy at all
+            else:
+                assert getattr(param, "main_grad", None) is None, name
             _close(param.grad, eager.grad, dtype, f"step {step} {name}")
         if step == 1:  # in place on .grad (a bf16 .grad is a cast of main_grad: the next backward notices)
             for m in (model, reference):
@@ -169,8 +181,11 @@ def test_default_ascend_keeps_torch_grad_contract_for_a_plain_optimizer(dtype):
     for name in (*experts, "proj.weight"):
         actual, expected = model.get_parameter(name), reference.get_parameter(name)
         _close(actual, expected, dtype, f"{name} after 3 steps")
-    assert compiled.trex.lowered_ops()["ascend"].count("npu_grouped_matmul_add_") == 2
-    assert "published to .grad after each backward" in compiled.trex.summary()
+    emitted = compiled.trex.lowered_ops()["ascend"]
+    k_split = [n for n in _npu_calls(compiled, "npu_grouped_matmul") if n.kwargs.get("group_type") == 2]
+    assert emitted.count("npu_grouped_matmul_add_") == (2 if accumulates else 0)
+    assert len(k_split) == (0 if accumulates else 2)  # gate_up and down
+    assert ("published to .grad after each backward" in compiled.trex.summary()) == accumulates
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -90,6 +90,24 @@ def test_emulated_ops_are_registered_with_the_shipped_schemas():
             {"padded_mode": True},
             "'padded_mode'",
         ),
+        (
+            "npu_moe_init_routing_v2",
+            (torch.ones(2, 4), torch.ones(2, 2, dtype=torch.int32), None),
+            {},
+            "keyword-only",
+        ),
+        (
+            "npu_moe_init_routing_v2",
+            (torch.ones(2, 4), torch.ones(2, 2, dtype=torch.int32)),
+            {"active_expert_range": 4},
+            "'active_expert_range'",
+        ),
+        (
+            "npu_moe_init_routing_v2",
+            (torch.ones(2, 4), torch.ones(2, 2, dtype=torch.int32)),
+            {"expert_tokens_num_type": 1, "row_idx_type": 0},
+            "'row_idx_type'",
+        ),
         ("npu_fusion_attention", (torch.ones(1, 2, 4, 8),) * 3 + (2, "BNSD"), {"scale_value": 0.5}, "'scale_value'"),
         ("npu_fusion_attention_grad", (torch.ones(1, 2, 4, 8),) * 4 + (2, "BNSD", None), {}, "keyword-only"),
         ("npu_moe_gating_top_k", (torch.ones(4, 8), 2), {"norm_type": 1.0}, "'norm_type'"),
@@ -98,7 +116,10 @@ def test_emulated_ops_are_registered_with_the_shipped_schemas():
     ],
 )
 def test_a_call_that_does_not_fit_the_schema_names_op_and_argument(op, args, kwargs, named):
-    allowed = {"padded_mode": [False]} if op == "npu_moe_token_permute" else None
+    allowed = {
+        "npu_moe_token_permute": {"padded_mode": [False]},
+        "npu_moe_init_routing_v2": {"row_idx_type": [1]},  # what the dispatch lowering allows (trex's perm)
+    }.get(op)
     with pytest.raises(AscendSchemaError) as raised:
         check_call(op, args, kwargs, allowed=allowed)
     assert op in str(raised.value) and named in str(raised.value)
