@@ -230,6 +230,9 @@ class Trainer:
         if self.job.init_dir:
             load_weights(model, Path(self.job.init_dir))
         model.train()
+        from trex.runtime.training_layout import check_layout
+
+        check_layout(model, plan)
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         self.source = self.batch_source()
         if self.job.zero3 == "graph":
