@@ -161,6 +161,14 @@ class AppliedPlan:
             return loss_parallel()
         return nullcontext()
 
+    def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
+        """Parameters whose gradient reduction the micro-batch's backward issues itself (ZeRO-0/1/2; see
+        `DataParallelAdamW.forward_parameters`), by name, for `torch.func.functional_call`; FSDP2 reduces in its own
+        hooks ({})."""
+        if isinstance(self.optimizer, DataParallelAdamW):
+            return self.optimizer.forward_parameters(last)
+        return {}
+
     def before_micro_batch(self, last: bool) -> None:
         """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""
 
