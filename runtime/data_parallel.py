@@ -152,6 +152,10 @@ class DataParallelAdamW:
                 out[slot.name] = ReducedGradient.apply(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
                 self.in_graph.add(slot.name)
             elif last:
+                if (
+                    slot.name in self.in_graph
+                ):  # its gradient is already the replicas' sum: reducing again adds it twice
+                    raise RuntimeError(f"{slot.name}: a second last micro-batch before reduce_gradients()")
                 carried, slot.param.grad = slot.param.grad, None  # earlier micro-batches' local sum joins this one
                 out[slot.name] = ReducedGradient.apply(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
                 self.in_graph.add(slot.name)
@@ -295,8 +299,9 @@ class ReducedGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, param, master, carried, reduction: _Reduction):
         ctx.reduction = reduction
-        ctx.has_carried = carried is not None
-        ctx.save_for_backward(*([carried] if carried is not None else []))
+        # The carried sum is gradient memory (priced with the gradients), not a saved activation: kept on ctx rather
+        # than through save_for_backward, which saved-tensor accounting (runtime.memory_accounting) would count.
+        ctx.carried = carried
         return param.view_as(param)
 
     @staticmethod
@@ -304,8 +309,9 @@ class ReducedGradient(torch.autograd.Function):
         import torch.distributed._functional_collectives as funcol
 
         r: _Reduction = ctx.reduction
-        if ctx.has_carried:
-            grad = grad + ctx.saved_tensors[0]
+        if ctx.carried is not None:
+            grad = grad + ctx.carried
+            ctx.carried = None
         if r.kind == "all_reduce":
             return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", r.group)), None, None, None
         size = grad.size(r.shard_dim)

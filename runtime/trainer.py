@@ -282,7 +282,7 @@ class Trainer:
         )
 
     # -- one step -------------------------------------------------------------------------------
-    def loss_of(self, batch, normalizer: int, last: bool = True) -> torch.Tensor:
+    def loss_of(self, batch, normalizer: int, *, last: bool) -> torch.Tensor:
         """The micro-batch's loss. `last`: the last micro-batch of the step, whose backward issues the gradient
         reductions (`AppliedPlan.forward_parameters`: functional collectives in the rank's backward graph)."""
         autocast = (
