@@ -69,10 +69,23 @@ class MemoryEstimate:
 
 
 def static_memory(
-    params: ParamCounts, *, dp: int, edp: int, zero: int, precision: str, grad_dtype: str, state_dtype: str, muon: bool
+    params: ParamCounts,
+    *,
+    dp: int,
+    edp: int,
+    zero: int,
+    precision: str,
+    grad_dtype: str,
+    state_dtype: str,
+    muon: bool,
+    param_dtype: str | None = None,
 ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) in bytes for the parameters on one device."""
-    weight_bytes = 4.0 if precision == "fp32" else 2.0
+    """(weights, gradients, optimizer states) in bytes for the parameters on one device.
+
+    `param_dtype` (`ParallelConfig.param_dtype`): None stores the weights in the compute precision with an fp32
+    master copy among the optimizer states when that precision is lower; fp32 parameters are stepped directly
+    (autocast computes in `precision` from them), so no master copy exists."""
+    weight_bytes = parameter_bytes(precision, param_dtype)
     shard_dense, shard_expert = (dp, edp)
 
     def sharded(dense_bytes: float, expert_bytes: float, on: bool) -> float:
@@ -82,12 +95,19 @@ def static_memory(
     weights += params.fp8_gemm * 1.0 if precision == "fp8" else 0.0
     grad = DTYPE_BYTES[grad_dtype]
     gradients = sharded(params.dense * grad, params.expert * grad, zero >= 2)
-    master = 0.0 if precision == "fp32" else 4.0
+    master = 0.0 if weight_bytes >= 4.0 else 4.0
     state = DTYPE_BYTES[state_dtype]
     muon_share = params.muon / params.total if (muon and params.total) else 0.0
     per_param = master + state * (1.0 * muon_share + 2.0 * (1.0 - muon_share))
     states = sharded(params.dense * per_param, params.expert * per_param, zero >= 1)
     return weights, gradients, states
+
+
+def parameter_bytes(precision: str, param_dtype: str | None = None) -> float:
+    """Bytes per stored parameter: `param_dtype`'s, else 4 in fp32 training and 2 (bf16 weights) otherwise."""
+    if param_dtype is not None:
+        return float(DTYPE_BYTES[param_dtype])
+    return 4.0 if precision == "fp32" else 2.0
 
 
 def activation_memory(chunk_saved: list[float], in_flight: list[int]) -> float:

@@ -206,14 +206,17 @@ class LayerSpec:
     input_bytes_per_token: int = 0  # what full recompute keeps: the layer input (bf16)
     muon_matrices: tuple[tuple[int, int, int], ...] = ()  # (count, rows, cols) of 2-D weights for Muon
     host_ops: HostOps | None = None  # framework ops the host issues per micro-batch (trex.cost_model.host)
+    head_params: int = 0  # small per-head weights that tensor parallelism splits with their heads (attention sinks)
 
     def params(self, hidden: int) -> int:
         moe = self.moe.expert_params(hidden) if self.moe else 0
-        return sum(lin.params for lin in self.linears) + moe + self.norm_params + self.extra_params
+        small = self.norm_params + self.extra_params + self.head_params
+        return sum(lin.params for lin in self.linears) + moe + small
 
     def active_params(self, hidden: int) -> int:
         moe = self.moe.active_expert_params(hidden) if self.moe else 0
-        return sum(lin.params for lin in self.linears) + moe + self.norm_params + self.extra_params
+        small = self.norm_params + self.extra_params + self.head_params
+        return sum(lin.params for lin in self.linears) + moe + small
 
     def expert_params(self, hidden: int) -> int:
         return self.moe.expert_params(hidden) if self.moe else 0
@@ -307,6 +310,7 @@ class _Block:
     tp: list[TPCollective] = field(default_factory=list)
     norm_params: int = 0
     extra_params: int = 0
+    head_params: int = 0
     moe: MoESpec | None = None
 
     def norm(
@@ -342,6 +346,7 @@ class _Block:
             self.extra_params,
             residual_streams * hidden * A,
             muon,
+            head_params=self.head_params,
         )
 
 
@@ -373,7 +378,7 @@ def _gqa_attention(
         AttentionCore("attention", heads, kv_heads, head_dim, head_dim, window=window, dropout=dropout, sinks=sinks)
     )
     if sinks:
-        b.extra_params += heads  # one learned sink logit per head
+        b.head_params += heads  # one learned sink logit per head, kept with its head under tp
     b.saved.append(Saved("attention_output", q * A, gemm_input=True))
     b.linears.append(Linear("o_proj", q, hidden, "row", bias=qkv_bias))
     b.tp.append(TPCollective("reduce_scatter", hidden * A, "attention output"))
@@ -650,6 +655,7 @@ def _mtp(layer: LayerSpec, hidden: int, streams: int = 1) -> LayerSpec:
         layer.extra_params,
         layer.input_bytes_per_token,
         layer.muon_matrices,
+        head_params=layer.head_params,
     )
 
 
@@ -728,7 +734,10 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
                 # loss on detached inputs, is not what the captured model computes).
                 b.linears.append(Linear("indexer.kv_proj", hidden, 2 * index_dim, "replicated", backward=False))
                 b.linears.append(Linear("indexer.gate_proj", hidden, 2 * index_dim, "replicated", backward=False))
-                b.linears.append(Linear("indexer.q_b_proj", q_lora, index_heads * index_dim, "column", backward=False))
+                # replicated under tp, as DeepSeek's inference code keeps the indexer (and runtime.tensor_parallel_heads)
+                b.linears.append(
+                    Linear("indexer.q_b_proj", q_lora, index_heads * index_dim, "replicated", backward=False)
+                )
                 b.linears.append(
                     Linear("indexer.weights_proj", hidden, index_heads, "replicated", fp8=False, backward=False)
                 )
@@ -744,7 +753,7 @@ def deepseek_v4_spec(config: Any, name: str) -> ModelSpec:
         b.saved.append(Saved("o_a_output", o_groups * o_lora * A, gemm_input=True))
         b.linears.append(Linear("o_b_proj", o_groups * o_lora, hidden, "row"))
         b.tp.append(TPCollective("reduce_scatter", hidden * A, "attention output"))
-        b.extra_params += heads  # attention sinks
+        b.head_params += heads  # attention sinks, one per head, split with the heads under tp
         hyper_connection(b, "mlp")
         hashed = mlp_types[index] == "hash_moe"
         _moe_block(

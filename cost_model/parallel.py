@@ -77,6 +77,11 @@ class ParallelConfig:
     # None = once per step, coalesced with the data-parallel reduction (Megatron's layer-norm all-reduce)
     tp_grad_sync: tuple[int, float] | None = None
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
+    # the dtype the parameters are stored in: None = the compute precision's (bf16 weights plus an fp32 master
+    # copy in the optimizer state, Megatron's mixed precision); "fp32" = fp32 parameters the optimizer steps
+    # directly while torch.autocast casts each op's inputs to `precision` (no master copy) - what
+    # `runtime.training_layout` runs
+    param_dtype: Precision | None = None
     optimizer_state_dtype: Precision = "fp32"  # optimizer moments
     optimizer: Optimizer = "auto"  # auto (model's own), adamw, muon
     layers_per_chunk: tuple[int, ...] | None = None  # explicit stage split: layers in each of pp*vpp chunks

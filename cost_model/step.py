@@ -32,7 +32,14 @@ from trex.cost_model.devices import GIB
 from trex.cost_model.flops import megatron_flops_per_token, six_n_flops_per_token
 from trex.cost_model.host import chunk_host_wait
 from trex.cost_model.layer_cost import CostContext, LayerCost, embedding_cost, head_cost, layer_cost
-from trex.cost_model.memory import MemoryEstimate, ParamCounts, activation_memory, optimizer_step_time, static_memory
+from trex.cost_model.memory import (
+    MemoryEstimate,
+    ParamCounts,
+    activation_memory,
+    optimizer_step_time,
+    parameter_bytes,
+    static_memory,
+)
 from trex.cost_model.model_spec import LayerSpec, ModelSpec
 from trex.cost_model.parallel import InfeasiblePlan, ParallelConfig, RankLayout, validate
 from trex.cost_model.pipeline import closed_form_makespan, default_layers_per_chunk, device_chunks, in_flight
@@ -196,9 +203,9 @@ def _layer_params(layer: LayerSpec, hidden: int, plan: ParallelConfig) -> ParamC
         share = lin.params / plan.tp if lin.parallel in ("column", "row") else lin.params
         dense += share
         fp8 += share if lin.fp8 else 0.0
-    dense += layer.norm_params + layer.extra_params
+    dense += layer.norm_params + layer.extra_params + layer.head_params / plan.tp
     expert = layer.expert_params(hidden) / (plan.ep * plan.etp)
-    matrices = dense - layer.norm_params - layer.extra_params
+    matrices = dense - layer.norm_params - layer.extra_params - layer.head_params / plan.tp
     return ParamCounts(dense=dense, expert=expert, muon=matrices + expert, fp8_gemm=fp8 + expert)
 
 
@@ -406,7 +413,7 @@ def estimate_step(
     )
     edp_place = cluster.strided_placement(*layout.groups["edp"])
     grad_bytes = 4.0 if plan.grad_dtype == "fp32" else 2.0
-    weight_bytes = 4.0 if plan.precision == "fp32" else 2.0  # what the gather moves: the updated weights
+    weight_bytes = parameter_bytes(plan.precision, plan.param_dtype)  # what the gather moves: the updated weights
     device_cache: dict[tuple, tuple[float, float, float, MemoryEstimate]] = {}
     for d in range(plan.pp):
         ids = device_chunks(d, plan.pp, plan.vpp)
@@ -470,6 +477,7 @@ def estimate_step(
                 grad_dtype=plan.grad_dtype,
                 state_dtype=plan.optimizer_state_dtype,
                 muon=muon,
+                param_dtype=plan.param_dtype,
             )
             acts = activation_memory([chunks[c].saved_bytes for c in ids], flights)
             extra = max(transient, head.transient_bytes if holds_head else 0.0)

@@ -14,6 +14,7 @@ Modules, in the order a run meets them:
   data              seed-determined global batches (synthetic or .jsonl), replica rows, micro-batches
   checkpoint        atomic DCP checkpoints that resume exactly, under any plan
   memory_accounting saved-activation bytes per micro-batch
+  training_layout   the dtypes a rank stores (fp32 parameters, gradients, states; autocast compute), priced as run
   prediction        the cost model's step time and memory for the run
   cli               the `trex train` command
 """

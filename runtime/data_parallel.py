@@ -106,6 +106,7 @@ class DataParallelAdamW:
             raise ValueError(f"DataParallelAdamW runs ZeRO stages 0-2, got {zero}")
         self.zero = zero
         self.slots: list[ShardedParam] = []
+        self.in_graph: set[str] = set()  # parameters whose reduction this step's backward issued (forward_parameters)
         for name, param, home in named_params:
             local = local_tensor(param)
             shard_dim = zero_shard_dim(local.shape, home.placements) if zero > 0 and home.replicas > 1 else None
@@ -133,7 +134,36 @@ class DataParallelAdamW:
             )
 
     # -- gradients ------------------------------------------------------------------------------
+    def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
+        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each plain (not DTensor)
+        parameter that has replicas, passed through `ReducedGradient`, so its gradient reduction is a functional
+        collective issued by the backward of the model's own graph (captured by Dynamo/AOT with the rest).
+
+        ZeRO-0/1: the last micro-batch all-reduces the gradient accumulated so far (earlier micro-batches
+        accumulate locally) and hands the whole sum to the parameter's `.grad`. ZeRO-2: every micro-batch
+        reduce-scatters its gradient and the shard accumulates into the optimizer's shard (`master.grad`), so the
+        whole gradient never outlives the backward. Parameters left out (DTensors, 1-process runs) are reduced
+        by `reduce_gradients` as before; `reduce_gradients` skips the others."""
+        out: dict[str, torch.Tensor] = {}
+        for slot in self.slots:
+            if not _reducible_in_graph(slot):
+                continue
+            if self.zero == 2 and slot.shard_dim is not None:
+                out[slot.name] = ReducedGradient.apply(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
+                self.in_graph.add(slot.name)
+            elif last:
+                if (
+                    slot.name in self.in_graph
+                ):  # its gradient is already the replicas' sum: reducing again adds it twice
+                    raise RuntimeError(f"{slot.name}: a second last micro-batch before reduce_gradients()")
+                carried, slot.param.grad = slot.param.grad, None  # earlier micro-batches' local sum joins this one
+                out[slot.name] = ReducedGradient.apply(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
+                self.in_graph.add(slot.name)
+        return out
+
     def _scatter_now(self, slot: ShardedParam) -> None:
+        if slot.param.grad is None:  # reduced in the graph (`ReducedGradient` hands the shard to the master)
+            return
         grad = _matching(slot.param.grad, slot.param)
         shard = _reduce_scatter(local_tensor(grad), slot.shard_dim, slot.home, slot.home.replica_group)
         slot.master.grad = shard if slot.master.grad is None else slot.master.grad + shard
@@ -143,6 +173,7 @@ class DataParallelAdamW:
         """Sum each gradient over its replica group (all-reduce; ZeRO-2 reduce-scattered in the backward)
         and hand the optimizer this replica's part."""
         self.held_gradient_bytes = 0
+        reduced, self.in_graph = self.in_graph, set()
         for slot in self.slots:
             grad = slot.param.grad
             if self.zero == 2 and slot.shard_dim is not None:
@@ -155,7 +186,7 @@ class DataParallelAdamW:
             self.held_gradient_bytes += local_tensor(grad).numel() * local_tensor(grad).element_size()
             grad = local_tensor(_matching(grad, slot.param))
             group = slot.home.replica_group
-            if group is not None and slot.home.replicas > 1:
+            if group is not None and slot.home.replicas > 1 and slot.name not in reduced:
                 grad = grad.contiguous()
                 dist.all_reduce(grad, group=group)
             if slot.shard_dim is not None:
@@ -227,6 +258,67 @@ class DataParallelAdamW:
     def gradient_bytes(self) -> int:
         """Gradient bytes this rank held when the backward ended (full for ZeRO-0/1, shards for ZeRO-2)."""
         return getattr(self, "held_gradient_bytes", 0)
+
+
+def _reducible_in_graph(slot: ShardedParam) -> bool:
+    """A plain tensor with replicas whose gradient no tensor-parallel hook sums first (those keep the hook path)."""
+    param = slot.param
+    return (
+        slot.home.mesh is not None
+        and slot.home.replicas > 1
+        and not isinstance(param, DTensor)
+        and not getattr(param, "_backward_hooks", None)
+    )
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    """What `ReducedGradient`'s backward issues for one parameter (plain data: Dynamo treats it as a constant)."""
+
+    kind: str  # "all_reduce" (ZeRO-0/1) or "scatter" (ZeRO-2: reduce-scatter, keep this replica's shard)
+    group: str  # the replica group's name (functional collectives take it)
+    parts: int
+    rank: int
+    shard_dim: int | None
+
+    @classmethod
+    def of(cls, slot: ShardedParam, kind: str) -> _Reduction:
+        home = slot.home
+        return cls(kind, home.replica_group.group_name, home.replicas, home.replica_rank, slot.shard_dim)
+
+
+class ReducedGradient(torch.autograd.Function):
+    """Identity on a parameter in the forward; its backward sums the gradient over the replica group with a
+    functional collective (`torch.distributed._functional_collectives`), so the reduction is a node of the
+    rank's backward graph: dumps show it, the cost model prices it, passes may move it.
+
+    all_reduce: the gradient (plus `carried`, what earlier micro-batches accumulated) summed over the group goes
+    to the parameter. scatter: the gradient is reduce-scattered and this replica's shard goes to `master` (the
+    optimizer's shard, a leaf of its own), the parameter gets none."""
+
+    @staticmethod
+    def forward(ctx, param, master, carried, reduction: _Reduction):
+        ctx.reduction = reduction
+        # The carried sum is gradient memory (priced with the gradients), not a saved activation: kept on ctx rather
+        # than through save_for_backward, which saved-tensor accounting (runtime.memory_accounting) would count.
+        ctx.carried = carried
+        return param.view_as(param)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed._functional_collectives as funcol
+
+        r: _Reduction = ctx.reduction
+        if ctx.carried is not None:
+            grad = grad + ctx.carried
+            ctx.carried = None
+        if r.kind == "all_reduce":
+            return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", r.group)), None, None, None
+        size = grad.size(r.shard_dim)
+        padded = _padded(grad, r.shard_dim, r.parts)
+        shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(padded, "sum", 0, r.group))
+        start, end = chunk_bounds(size, r.parts, r.rank)
+        return None, shard[: end - start].movedim(0, r.shard_dim).contiguous(), None, None
 
 
 def _matching(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,11 @@ class FullyShardedAdamW:
         for name, p in self.named:
             if name in self.tp_partial and p.grad is not None:
                 dist.all_reduce(local_tensor(p.grad), group=self.tp_group)
+            if p.grad is None and p.requires_grad:
+                # A parameter no gradient reached (DeepSeek-V4's lightning indexer only chooses entries) steps with a
+                # zero gradient, as under every other plan (`DataParallelAdamW`): AdamW's weight decay still applies,
+                # so the weights stay those of the 1-rank run, and its states exist as the cost model prices them.
+                p.grad = torch.zeros_like(p)
         self.held_gradient_bytes = sum(
             local_tensor(p.grad).numel() * p.grad.element_size() for _, p in self.named if p.grad is not None
         )
@@ -155,6 +160,14 @@ class AppliedPlan:
 
             return loss_parallel()
         return nullcontext()
+
+    def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
+        """Parameters whose gradient reduction the micro-batch's backward issues itself (ZeRO-0/1/2; see
+        `DataParallelAdamW.forward_parameters`), by name, for `torch.func.functional_call`; FSDP2 reduces in its own
+        hooks ({})."""
+        if isinstance(self.optimizer, DataParallelAdamW):
+            return self.optimizer.forward_parameters(last)
+        return {}
 
     def before_micro_batch(self, last: bool) -> None:
         """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""
@@ -265,10 +278,18 @@ def parallelize(
         # Under tp, parameters that are not DTensors (router, q/k norms) see only this rank's tokens or
         # heads: their gradients are summed over tp as well (FSDP reduces over dp only). Routed experts
         # under ep already hold every token of their ep group: they are summed over edp only.
+        # Routed experts at ep=1 under tp see this rank's tokens: FSDP shards them over every rank of the stage
+        # (dp x tp, their expert-data-parallel group, as ZeRO-0/1/2 and the cost model have them), so its
+        # reduce-scatter sums them over tp as well.
+        everyone_experts = _routed_expert_names(model) if plan.tp > 1 and plan.ep == 1 else set()
         tp_partial = [
             name
             for name, p in model.named_parameters()
-            if plan.tp > 1 and not isinstance(p, DTensor) and name not in expert_names and name not in tp_shards
+            if plan.tp > 1
+            and not isinstance(p, DTensor)
+            and name not in expert_names
+            and name not in tp_shards
+            and name not in everyone_experts
         ]
         layouts: dict[str, GlobalLayout] = {}
         fsdp_dim: dict[int, int] = {}  # id(param) -> the dim FSDP splits over its data-parallel group
@@ -290,12 +311,12 @@ def parallelize(
         def placement(param: nn.Parameter) -> Shard:
             return Shard(fsdp_dim.get(id(param), 0))
 
-        if expert_names:
+        if expert_names or everyone_experts:
             from trex.integrations.transformers_moe import experts_modules
 
-            edp_mesh = meshes.experts["edp"]
+            experts_mesh = meshes.experts["edp"] if expert_names else meshes.everyone
             for _, module in experts_modules(model):
-                fully_shard(module, mesh=edp_mesh, shard_placement_fn=placement)
+                fully_shard(module, mesh=experts_mesh, shard_placement_fn=placement)
         for layer in _decoder_layers(model) if fsdp_layers else []:
             fully_shard(layer, mesh=dp_mesh, shard_placement_fn=placement)
         roots = fsdp_roots or [model]

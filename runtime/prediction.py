@@ -86,8 +86,8 @@ def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
 
     ZeRO-0/1/2 (`runtime.data_parallel.DataParallelAdamW`) reduce and gather tensor by tensor: one call per
     parameter tensor. ZeRO-3 (FSDP2, `runtime.parallelize`) issues one call per `fully_shard` unit: every decoder
-    layer and the root module (embedding, final norm, head), plus each experts module under ep > 1 (sharded over
-    the expert-data-parallel group on its own). Counted on the model built on the meta device (nothing allocated).
+    layer and the root module (embedding, final norm, head), plus each experts module under ep > 1 or tp > 1
+    (sharded over the expert-data-parallel group on its own). Counted on the model built on the meta device (nothing allocated).
     """
     from trex.integrations.transformers_moe import experts_modules
     from trex.models import build_model
@@ -98,7 +98,8 @@ def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
     params = list(model.parameters())
     if plan.zero >= 3:
         layers = len(getattr(getattr(model, "model", model), "layers", []))
-        return layers + 1, len(experts) if plan.ep > 1 else 0
+        # experts modules are FSDP units of their own under ep, and under tp at ep=1 (sharded over dp x tp)
+        return layers + 1, len(experts) if plan.ep > 1 or plan.tp > 1 else 0
     dense = sum(1 for p in params if id(p) not in expert_params)
     return dense, len(expert_params)
 

@@ -112,6 +112,9 @@ def resolve_plan(text: str, config: Any, nproc: int, **training: Any) -> Paralle
         overlap_grad_reduce=overlap,
         overlap_param_gather=overlap,
     )
+    from trex.runtime.training_layout import runtime_layout
+
+    plan = runtime_layout(plan)  # fp32 parameters, gradients and states; bf16 compute under autocast
     per_replica = plan.tp * plan.pp * plan.cp
     if plan.dp is None:
         if nproc % per_replica:

@@ -230,6 +230,9 @@ class Trainer:
         if self.job.init_dir:
             load_weights(model, Path(self.job.init_dir))
         model.train()
+        from trex.runtime.training_layout import check_layout
+
+        check_layout(model, plan)
         self.global_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
         self.source = self.batch_source()
         if self.job.zero3 == "graph":
@@ -279,13 +282,20 @@ class Trainer:
         )
 
     # -- one step -------------------------------------------------------------------------------
-    def loss_of(self, batch, normalizer: int) -> torch.Tensor:
+    def loss_of(self, batch, normalizer: int, *, last: bool) -> torch.Tensor:
+        """The micro-batch's loss. `last`: the last micro-batch of the step, whose backward issues the gradient
+        reductions (`AppliedPlan.forward_parameters`: functional collectives in the rank's backward graph)."""
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
         )
         extra = {} if batch.position_ids is None else {"position_ids": batch.position_ids}
+        inputs = {"input_ids": batch.inputs, "use_cache": False, **extra}
+        parameters = self.applied.forward_parameters(last) if not self.job.compile else {}
         with autocast:
-            logits = self.forward(input_ids=batch.inputs, use_cache=False, **extra).logits
+            if parameters:
+                logits = torch.func.functional_call(self.forward, parameters, (), inputs, strict=False).logits
+            else:
+                logits = self.forward(**inputs).logits
         with self.applied.loss_context():
             loss = F.cross_entropy(
                 logits.float().flatten(0, 1), batch.targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
@@ -308,7 +318,7 @@ class Trainer:
             self.applied.before_micro_batch(last=i == len(batches) - 1)
             # Saved activations are the same every step: count them in the first step only (no hooks later).
             with self.activations.counting() if self.count_activations else nullcontext():
-                loss = self.loss_of(micro, normalizer)
+                loss = self.loss_of(micro, normalizer, last=i == len(batches) - 1)
             with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
                 loss.backward()
             local += _plain(loss.detach()).double()

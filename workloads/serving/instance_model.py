@@ -116,6 +116,7 @@ class InstanceModel:
             for lin in layer.linears:
                 params += lin.params / tp if lin.parallel in ("column", "row") else lin.params
             params += layer.expert_params(spec.hidden_size) / tp + layer.norm_params + layer.extra_params
+            params += layer.head_params / tp  # attention sinks, with their heads
         params += (spec.embedding_params + spec.head_params) / tp + spec.final_norm_params
         return params * DTYPE_BYTES[self.weight_dtype]
 

@@ -1,0 +1,90 @@
+"""ZeRO-0/1/2 gradient reductions are issued by the backward of the rank's own graph (`ReducedGradient`, functional
+collectives), not by the optimizer afterwards; the losses and gradients of those plans equal the 1-rank run
+(tests/runtime/test_distributed_equivalence.py runs them)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _reductions_of_one_step(zero: int) -> dict:
+    """On each of 2 gloo ranks: one training step of tiny Qwen3-MoE under dp=2 and `zero`, two micro-batches;
+    which reduction nodes the last micro-batch's autograd graph holds, and which collectives ran where."""
+    import torch.distributed as dist
+
+    from trex.models import build_model, load_config
+    from trex.runtime.data_parallel import _reducible_in_graph
+    from trex.runtime.run_plan import resolve_plan
+
+    config = load_config("tiny-qwen3-moe")
+    plan = resolve_plan(f"zero={zero}", config, 2, seq=8, gbs=4, mbs=1)
+    from trex.runtime.parallelize import parallelize
+
+    applied = parallelize(build_model(config, seed=0), plan, torch.device("cpu"), lr=1e-3, weight_decay=0.0)
+    issued_after: list[str] = []
+    original = dist.all_reduce, dist.reduce_scatter_tensor
+
+    def counting(name, call):
+        def wrapper(*args, **kwargs):
+            issued_after.append(name)
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    torch.manual_seed(dist.get_rank())
+    nodes: list[str] = []
+    for last in (False, True):
+        ids = torch.randint(0, config.vocab_size, (1, 8))
+        parameters = applied.forward_parameters(last)
+        logits = torch.func.functional_call(applied.model, parameters, (), {"input_ids": ids}, strict=False).logits
+        loss = logits.float().logsumexp(-1).sum()
+        if last:
+            seen, stack = set(), [loss.grad_fn]
+            while stack:
+                node = stack.pop()
+                if node is None or node in seen:
+                    continue
+                seen.add(node)
+                nodes.append(type(node).__name__)
+                stack.extend(next_node for next_node, _ in node.next_functions)
+        loss.backward()
+    dist.all_reduce, dist.reduce_scatter_tensor = (
+        counting("all_reduce", original[0]),
+        counting("reduce_scatter", original[1]),
+    )
+    try:
+        applied.optimizer.reduce_gradients()
+    finally:
+        dist.all_reduce, dist.reduce_scatter_tensor = original
+    reducible = sum(1 for slot in applied.optimizer.slots if _reducible_in_graph(slot))
+    grads = {s.name: s.master.grad.clone() for s in applied.optimizer.slots}
+    return {
+        "in_graph": nodes.count("ReducedGradientBackward"),
+        "reducible": reducible,
+        "issued_after": issued_after,
+        "grads": grads,
+    }
+
+
+def _both_stages() -> list[dict]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        return [_reductions_of_one_step(zero) for zero in (1, 2)]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zero_1_and_2_reductions_are_nodes_of_the_backward_graph():
+    from trex.runtime.launcher import launch_function
+
+    results = launch_function(_both_stages, (), 2)
+    for zero, rank0, rank1 in zip((1, 2), results[0], results[1]):
+        assert rank0["reducible"] > 0
+        # every parameter's reduction hangs off the last micro-batch's graph, none is issued after the backward
+        assert rank0["in_graph"] == rank0["reducible"], zero
+        assert rank0["issued_after"] == [], (zero, rank0["issued_after"][:3])
+        if zero == 1:  # the summed gradient is the same on both replicas (each keeps its shard for the optimizer)
+            for name, grad in rank0["grads"].items():
+                assert grad.shape == rank1["grads"][name].shape, name
