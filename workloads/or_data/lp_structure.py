@@ -34,7 +34,7 @@ import math
 
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.scip_instances import empty_scip
-from trex.workloads.or_data.solve import lp_file
+from trex.workloads.or_data.solve import configured_highs, lp_file
 from trex.workloads.sandbox.interruption import scip_without_ctrl_c
 
 INFINITY = math.inf
@@ -158,9 +158,7 @@ def highs_read(lp_text: str):
     could not read it (a string)."""
     import highspy
 
-    from trex.workloads.or_data.solve import _quiet_highs
-
-    highs = _quiet_highs()
+    highs = configured_highs()
     with lp_file(lp_text) as path:
         status = highs.readModel(path)
     if status != highspy.HighsStatus.kOk:
