@@ -224,13 +224,20 @@ def solve_lp_text_highs(lp_text: str, node_limit: int = NODE_LIMIT) -> tuple[Sol
     return _solve_lp_text_highs(lp_text, node_limit), (-1, -1)
 
 
-def _solve_lp_text_highs(lp_text: str, node_limit: int) -> SolveResult:
+def configured_highs(node_limit: int = NODE_LIMIT):
+    """A quiet HiGHS instance with the pipeline's settings: one thread, the node limit, no time
+    limit, zero gaps."""
     highs = _quiet_highs()
     highs.setOptionValue("mip_max_nodes", node_limit)
     highs.setOptionValue("threads", 1)
     # HiGHS stops MIPs at a 0.01% gap by default; the comparison needs proven optima, as SCIP's
     highs.setOptionValue("mip_rel_gap", 0.0)
     highs.setOptionValue("mip_abs_gap", 0.0)
+    return highs
+
+
+def _solve_lp_text_highs(lp_text: str, node_limit: int) -> SolveResult:
+    highs = configured_highs(node_limit)
     with lp_file(lp_text) as path:
         read = highs.readModel(path)
     import highspy

@@ -8,15 +8,16 @@
 | solve | SCIP (in-process) reaches the status the instance was built to have |
 | solution | optimal: every bound, integrality and row re-evaluated on SCIP's values (for a MIP, integers rounded and the continuous part re-solved onto an exact vertex, `solve.polish`), the objective recomputed from them and equal to SCIP's |
 | dual / farkas / ray | a certificate checked without the solver: LP duality proves an LP optimum (pure LPs), a Farkas combination proves infeasibility, a feasible point plus an integral improving direction proves unboundedness |
-| lp_scip, lp_highs | the LP file, read back by SCIP and by HiGHS (independent reader), reaches the same outcome |
+| lp_scip, lp_highs | the LP file, read back by SCIP's and by HiGHS's reader, is exactly the model (`lp_structure`), so it has the model's proven outcome; a MIP optimum is also re-solved by HiGHS from what it read |
 | program | the program (pyscipopt, or PuLP / Pyomo / coptpy: `solver_libraries`), run in the sandbox, prints the same outcome |
 
 A program in another library that cannot be written or does not reach the outcome (a solver that
 reports "infeasible or unbounded" without saying which) is replaced by the pyscipopt program,
 checked the same way; `Problem.library` says which one the answer shows.
 
-MIP optima are proven by SCIP (zero gap) and confirmed by HiGHS at zero gap; they carry no
-independent optimality certificate.
+MIP optima are proven by SCIP (zero gap) and confirmed by HiGHS at zero gap on the LP file it read;
+they carry no independent optimality certificate. Every other outcome is proven by its certificate,
+so the LP file needs no second solve once both readers read it as exactly the model.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ from trex.workloads.or_data.code_style import restyle, style_for
 from trex.workloads.or_data.families.base import Family
 from trex.workloads.or_data.linear_model import LinearModel
 from trex.workloads.or_data.lp_format import write_lp
+from trex.workloads.or_data.lp_structure import highs_read, highs_read_back, scip_read_back
 from trex.workloads.or_data.math_model import MathModel, check_structure
 from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree
-from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_lp_text_scip, solve_model
+from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_model
 from trex.workloads.or_data.solver_libraries import TranslationError, usable_for
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
@@ -144,13 +146,7 @@ def verify_problem(
             raise VerificationFailed("certificate", f"no checked {what}")
 
     lp = write_lp(model)
-    for check, solve_lp in (("lp_scip", solve_lp_text_scip), ("lp_highs", solve_lp_text_highs)):
-        read_back = solve_lp(lp)
-        if not _same(read_back, outcome):
-            raise VerificationFailed(
-                check,
-                f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}",
-            )
+    _check_lp_file(lp, model, outcome)
 
     base_program = family.program(data)
     if not run_program:
@@ -180,6 +176,26 @@ def verify_problem(
     return _problem(
         family, data, status, note, model, math, lp, program, outcome, values, certificate, library=library, ran=True
     )
+
+
+def _check_lp_file(lp: str, model: LinearModel, outcome: Outcome) -> None:
+    """`lp_scip`, `lp_highs`: each solver's reader reads the file as exactly `model`
+    (`lp_structure`: the file then has the model's outcome, proven by the certificate above), and
+    a MIP optimum, which has no certificate, is re-solved by HiGHS from what its reader read."""
+    differences = scip_read_back(lp, model)
+    if differences:
+        raise VerificationFailed("lp_scip", "SCIP reads the LP file differently: " + "; ".join(differences[:3]))
+    highs = highs_read(lp)
+    differences = [highs] if isinstance(highs, str) else highs_read_back(highs, model)
+    if differences:
+        raise VerificationFailed("lp_highs", "HiGHS reads the LP file differently: " + "; ".join(differences[:3]))
+    if model.is_mip and outcome.status == "optimal":
+        read_back = solve_lp_text_highs(lp)
+        if not _same(read_back, outcome):
+            raise VerificationFailed(
+                "lp_highs",
+                f"the LP file re-solves to {read_back.status} {read_back.objective!r} ({read_back.solver_status}), expected {outcome.text()}",
+            )
 
 
 def _problem(
