@@ -1,11 +1,12 @@
 """Cold compile time, training-step time and peak memory: trex vs eager vs torch.compile (Inductor), side by side.
 
     python bench/compile_and_step.py [--steps 20] [--dtypes fp32,bf16] [--families deepseek-v4,...]
-                                     [--trex-backends inductor,eager] [--no-inductor] [--meta]
+                                     [--trex-backends inductor,eager] [--regional] [--no-inductor] [--meta]
 
 For each tiny model family (DeepSeek-V4, DeepSeek-V3, Qwen3-MoE) and dtype, in one process, it builds
 one model and gives every variant its own copy: eager PyTorch, `torch.compile` (Inductor, CPU) and
-`trex.compile` (its default backends, Inductor then eager, unless --trex-backends says otherwise).
+`trex.compile` (its default backends, Inductor then eager, unless --trex-backends says otherwise; with
+--regional its Inductor backend compiles each distinct decoder layer once, `InductorBackend(regional=True)`).
 A training step is forward + backward + AdamW (`fused=True`, the same optimizer for every variant).
 Inductor's on-disk caches are off, so both compilers compile cold (after one tiny warm-up compile that
 pays Inductor's once-per-process costs for both, see `warm_up_compilers`). The steps of the variants are
@@ -85,7 +86,9 @@ def warm_up_compilers() -> None:
     torch._dynamo.reset()
 
 
-def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, trex_backends: list[str] | None) -> dict:
+def bench_family(
+    family: str, dtype: torch.dtype, steps: int, inductor: bool, trex_backends: list[str] | None, regional: bool = False
+) -> dict:
     config = tiny_config(family)
     model = build_model(config, seed=0).to(dtype)
     input_ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
@@ -103,9 +106,22 @@ def bench_family(family: str, dtype: torch.dtype, steps: int, inductor: bool, tr
         row[f"{name}_first"] = time.perf_counter() - start
 
     add("eager", lambda m: m)
+    if regional:  # a fresh backend per model: its compile_seconds are this model's
+        from trex.backends.inductor import InductorBackend
+
+        names = trex_backends or ["inductor", "eager"]
+        trex_backends = [InductorBackend(regional=True) if name == "inductor" else name for name in names]
     add("trex", lambda m: trex.compile(m, backend=trex_backends))
     session = variants["trex"].module.trex
     row["trex_summary"] = session.summary()
+    regional_notes = [  # what regional compilation made of each graph (--regional)
+        f"    {which}: {note}"
+        for g in session.graphs
+        for which, lw in g.lowerings.items()
+        for note in lw.notes
+        if "regional compilation" in note
+    ]
+    row["trex_summary"] += "".join("\n" + line for line in regional_notes)
     row["trex_compile_s"] = {
         which: sum(lw.region_seconds.values()) for g in session.graphs for which, lw in g.lowerings.items()
     }
@@ -185,6 +201,11 @@ def main() -> None:
         "--trex-backends", default=None, help="trex's backend list, e.g. 'eager' (default: trex's default)"
     )
     parser.add_argument(
+        "--regional",
+        action="store_true",
+        help="trex's Inductor backend compiles each distinct decoder layer once (InductorBackend(regional=True))",
+    )
+    parser.add_argument(
         "--no-inductor", action="store_true", help="skip torch.compile with Inductor (slow cold compile)"
     )
     parser.add_argument("--meta", action="store_true", help="also time meta-device capture of the full-size models")
@@ -207,7 +228,7 @@ def main() -> None:
     rows = []
     for family in args.families.split(","):
         for dtype in args.dtypes.split(","):
-            rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends))
+            rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends, args.regional))
             print(f"done {family} {dtype}", file=sys.stderr, flush=True)
             print_table(
                 rows[-1:], inductor, file=sys.stderr

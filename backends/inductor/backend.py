@@ -103,7 +103,7 @@ class InductorBackend(Backend):
             decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
         plan = plan_regions(decomposed) if self.regional else None
         notes: list[str] = []
-        with _region_output_strides_unreported():
+        with _region_output_strides_unreported(), _eager_roundings(decomposed):
             if plan is None:
                 compiled = compile_fx_inner(decomposed, list(example_inputs))
             else:
@@ -147,6 +147,35 @@ def _region_output_strides_unreported():
         yield
     finally:
         context.output_strides = saved
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def low_precision_graph(gm: fx.GraphModule) -> bool:
+    """Whether any value of the graph is a bf16 / fp16 tensor."""
+    for node in gm.graph.nodes:
+        for tensor in _tensor_values(node.meta.get("val")) or []:
+            if tensor.dtype in LOW_PRECISION:
+                return True
+    return False
+
+
+def _eager_roundings(gm: fx.GraphModule):
+    """Inductor compiling a bf16/fp16 graph rounds each value to its dtype where eager does
+    (`emulate_precision_casts`), instead of keeping fused intermediates in fp32.
+
+    Why: without it, tiny DeepSeek-V4 in bf16 got the attention sinks' gradient of layer 0 3.2x as far from
+    the fp32 run as eager bf16's, while the very graphs Inductor received, run op by op, were 1.35x, and
+    Inductor with this setting gives exactly the op-by-op values (bench/RESULTS.md 11, seventh session;
+    `bench/numerics/bf16_gradients_vs_fp32.py`). Skipping a rounding in one kernel but not in the kernel
+    that recomputes or reads the same value makes forward and backward disagree; the sinks' gradient is a
+    cancelling sum over every position and shows it first. fp32 graphs have nothing to round."""
+    if not low_precision_graph(gm):
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(emulate_precision_casts=True)
 
 
 def _undecomposed_nodes(gm: fx.GraphModule) -> list[fx.Node]:
