@@ -343,7 +343,7 @@ def inject_bug(
         if run.outcome is None:
             last = run.stdout.strip().splitlines()[-1:] or [""]
             symptom = (
-                f"it fails ({run.failure}: {run.detail})"
+                f"it fails (`{run.failure}: {run.detail}`)"  # the error as printed: code, not prose
                 if run.failure != "no_objective"
                 else f"it prints `{last[0]}` and no objective value"
             )

@@ -242,10 +242,11 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         binding_all += tight
         loose = sorted(((slack, name) for name, slack in rows if name not in tight), reverse=True)
         whom = [_grouped(element_words(name, math)[1]) for name in tight]
-        named = [w for w in whom if w][:4]
+        # a pair is written "auto parts and coffee beans": no parenthesis inside the list's own
+        named = [w[1:-1].replace(", ", " and ") if w.startswith("(") and w.endswith(")") else w for w in whom if w][:4]
         skipped = unused.get(rows[0][0].split("__")[0], 0)
         note = (
-            f" (and {skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0)"
+            f", not counting {skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0"
             if skipped
             else ""
         )

@@ -109,11 +109,14 @@ class MathModel:
         lines += ["", "**Parameters**", ""]
         tables: list[str] = []
         for param in self.params:
-            lines.append(
-                f"- ${param.symbol}$: {agree(param.description)}{self._inline_values(param) if with_data else ''}"
-            )
-            if with_data and self._inline_values(param) == " (table below)":
+            inline = self._inline_values(param) if with_data else ""
+            description = agree(param.description)
+            if inline == " (table below)" and description.endswith(")"):  # one parenthesis, not two in a row
+                description, inline = description[:-1] + "; table below)", ""
                 tables.append(self._table(param))
+            elif inline == " (table below)":
+                tables.append(self._table(param))
+            lines.append(f"- ${param.symbol}$: {description}{inline}")
         if tables:
             lines += ["", *("\n\n".join(tables).split("\n"))]
         lines += ["", "**Decision variables**", ""]
@@ -132,9 +135,11 @@ class MathModel:
         ]
         for number_, constraint in enumerate(self.constraints, start=1):
             quantifier = self._quantifier(constraint.over, constraint.condition)
-            lines.append(
-                f"{number_}. {constraint.label} ({agree(constraint.description)}): $${constraint.latex}{quantifier}$$"
-            )
+            label, description = constraint.label, agree(constraint.description)
+            # a label with its own parenthesis takes the description inside it: "Order (first before
+            # second; if ...)", not "Order (first before second) (if ...)"
+            head = f"{label[:-1]}; {description})" if label.endswith(")") else f"{label} ({description})"
+            lines.append(f"{number_}. {head}: $${constraint.latex}{quantifier}$$")
         for note in self.notes:
             lines += ["", note]
         return "\n".join(lines).strip() + "\n"
@@ -144,6 +149,8 @@ class MathModel:
         if isinstance(values, (int, float)):
             return f" = {number(values)}"
         assert isinstance(values, Mapping)
+        if not values:  # defined for some elements only, and for none of these: say so, no empty list
+            return ": none in these data"
         if len(param.over) == 1 or not all(isinstance(key, tuple) for key in values):
             # one index (declared or not, as a parameter defined for some elements only): inline, since
             # only a two-index parameter gets a table below the list

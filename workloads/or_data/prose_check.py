@@ -15,6 +15,10 @@ it is a leak.
 | float_artefact | binary floating-point noise (`0.6599999999999999`) anywhere, code included |
 | number_format | a written-out sum or row a reader cannot check: an element named by a bare number ("Machine for 0:", "1 (2)", "30 (microbiome set, 13)", "the most slack is 16 with 1 to spare"), a row whose limit is 0 or negative because terms were moved to the left ("= −45, 45 below the cap of 0"), "≈" on a sum of whole numbers, terms lumped into "(from 7 nonzero ... terms)" |
 | missing_table | "(table below)" with no table after it |
+| stacked_parentheses | two parentheses in a row or one inside another ("at its limit of 8 (makespan) (binding)", "(the penalty per hour the order waits (customer priority))") |
+| seam | a sentence glued from parts that do not read as one: a plural frame around one element ("The sources are Router C (110 Gbps);"), a capital after a colon inside a sentence ("depend on the CNC machine: A dash means"), a list left empty ("(where it has one): "), "195 thousand (GBP)", "dayly", a doubled noun ("the RNA batch sample batch") |
+| mechanical_reading | an LP file read back as counts ("its constraints come in the families no rows", "declared General/Binary", "over 30 variables in the families") |
+| check_rows | "Checking the plan" rows that do not hold it: a "tightest rows" list where no row binds, a switched-off big-M row ("23 × 0 (arc, ...) − 10 = 13") called binding |
 
 `contradicting_filler` also catches filler that names another setting than the story's
 (`phrasing.SETTING_CLUES`: "The shelter houses about 60 animals." in a pet-food company's story),
@@ -42,6 +46,10 @@ KINDS = (
     "float_artefact",
     "number_format",
     "missing_table",
+    "stacked_parentheses",
+    "seam",
+    "mechanical_reading",
+    "check_rows",
 )
 
 
@@ -87,6 +95,58 @@ _NUMBER_FORMAT = (
     re.compile(r"\b(?:cap|minimum|limit)(?: of)? (?:0(?![.,]?\d)(?! \((?!binding\)))|−\d)"),  # limit 0 or below
     re.compile(r"\(from \d+ nonzero [\w ]+? terms?\)"),  # lumped terms
 )
+_STACKED = (
+    re.compile(r"\([^()\n]*[A-Za-z][^()\n]*\) \("),  # "(makespan) (binding)"; not "(−2) (flow balance ...)"
+    re.compile(r"\([^()\n]*\((?![a-z0-9]{1,3}\))[^()\n]*\)[^()\n]*\)"),  # one inside another; "(see (b))" is fine
+    re.compile(r"\(\("),  # a list of pairs inside a parenthesis
+)
+_SEAMS = (
+    re.compile(r"\bThe (?:sources|destinations) are [^;,.()]+ \([^()]*\)[;.]"),  # plural frame, one element
+    re.compile(r"\brequire [A-Z][^;,.()]+ \([^()]*\)\."),
+    re.compile(r"[a-z]: (?:A|An|The) [a-z]+ (?:means|marks)\b"),
+    re.compile(r"\(where it has one\): *(?:\n|$)"),
+    re.compile(r"\b(?:thousand|million) \([A-Z]{3}\)"),
+    re.compile(r"\bdayly\b"),
+)
+_DOUBLED_NOUN = re.compile(r"\b([a-z]{3,}) ([a-z]{3,}) \1\b")  # "batch sample batch"; function words are let through
+_NOT_NOUNS = {
+    *[
+        "per",
+        "the",
+        "and",
+        "for",
+        "from",
+        "with",
+        "than",
+        "one",
+        "each",
+        "that",
+        "all",
+        "not",
+        "its",
+        "are",
+        "was",
+        "has",
+        "but",
+        "can",
+        "any",
+        "into",
+        "over",
+        "then",
+    ],
+    *["time", "step", "side", "after"],
+}
+_MECHANICAL = (
+    re.compile(r"\bcome in the families no rows\b"),
+    re.compile(r"\bdeclared General/Binary\b"),
+    re.compile(r"\bover \d+ variables? in the families\b"),
+)
+_CHECK_HEADINGS = re.compile(
+    r"(?:The rows that hold the plan, written out|Checking the tightest rows by hand|What the plan uses of its limits)"
+    r"[^\n]*:\n\n((?:- [^\n]*\n?)+)"
+)
+_BINDS = re.compile(r"\bbind(?:s|ing)\b|exactly the limit|equal to its limit|at its limit")
+_SWITCHED_OFF = re.compile(r"\d × 0 \([^()\n]*\) [−+] [\d,.]+ = ")
 _APPROX_LINE = re.compile(r"[^\n]*≈ −?[\d,]+(?:\.\d+)?")
 _TABLE_BELOW = "(table below)"
 _TABLE_HEADER = re.compile(r"^\s*\|.*\|\s*\n\s*\|\s*-", re.M)
@@ -153,6 +213,32 @@ def check_prose(text: str) -> list[Flag]:
             flags.append(Flag("contradicting_filler", sentence.strip()[:80]))
     flags += _number_format(prose)
     flags += _missing_tables(text)
+    for kind, patterns, where in (
+        ("stacked_parentheses", _STACKED, prose),
+        ("seam", _SEAMS, prose),
+        ("mechanical_reading", _MECHANICAL, prose),
+    ):
+        for pattern in patterns:
+            for match in pattern.finditer(where):
+                flags.append(Flag(kind, where[max(0, match.start() - 30) : match.end() + 10].strip()))
+    for match in _DOUBLED_NOUN.finditer(prose):
+        if match.group(1) not in FUNCTION_WORDS | _NOT_NOUNS and match.group(2) not in FUNCTION_WORDS | _NOT_NOUNS:
+            flags.append(Flag("seam", prose[max(0, match.start() - 20) : match.end() + 10].strip()))
+    flags += _check_rows(text)
+    return flags
+
+
+def _check_rows(text: str) -> list[Flag]:
+    """A list under a "rows that hold the plan" heading needs a row at its limit, and a row called
+    binding must not be a switched-off big-M row (a decision at 0 times the big-M, a constant moved)."""
+    flags = []
+    for match in _CHECK_HEADINGS.finditer(text):
+        lines = match.group(1).strip().split("\n")
+        if not any(_BINDS.search(line) for line in lines):
+            flags.append(Flag("check_rows", "no row binds under: " + match.group(0).split("\n")[0][:60]))
+    for line in text.split("\n"):
+        if _BINDS.search(line) and _SWITCHED_OFF.search(line):
+            flags.append(Flag("check_rows", line.strip()[:90]))
     return flags
 
 

@@ -30,6 +30,7 @@ from trex.workloads.or_data.linear_model import LinearModel, family_of
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
 from trex.workloads.or_data.solve import solve_model
+from trex.workloads.or_data.worked import objective_line
 
 _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
 _FLIP = {"<=": ">=", ">=": "<="}
@@ -113,8 +114,43 @@ def symptom_reason(bug: Bug, model: LinearModel, math: MathModel, rng: random.Ra
             "the intended model's rows stop that growth."
         )
     if result.status == "optimal" and result.values:
-        return _broken_rows(bug, model, math, result.values)
+        broken = _broken_rows(bug, model, math, result.values)
+        source = _buggy_objective(bug, buggy, math, result.values, result.objective)
+        return "\n\n".join(part for part in (broken, source) if part)
     return ""
+
+
+def _buggy_objective(bug: Bug, buggy: LinearModel, math: MathModel, values: dict[str, float], objective) -> str:
+    """Where the buggy program's number comes from: its plan's objective, term by term (the
+    Fifth review: "does not say why 870", "why 450"), led by what the bug lets the solver do."""
+    if objective is None:
+        return ""
+    if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in buggy.objective):
+        return (
+            f"Where the buggy value {number(round(objective, 4))} comes from: the buggy plan leaves every decision "
+            "of the objective at 0."
+        )
+    line = objective_line(buggy, math, values, objective)
+    if not line:
+        return ""
+    if bug.kind == "objective_sense":
+        wanted = "largest" if buggy.sense == "maximize" else "smallest"
+        lead = (
+            f"Where the buggy value {number(round(objective, 4))} comes from: the buggy program "
+            f"{buggy.sense}s, so it picks the plan with the {wanted} {math.objective_description} the rows allow, "
+            "and adds up its terms:"
+        )
+    elif bug.kind == "relaxed_integrality":
+        lead = (
+            f"Where the buggy value {number(round(objective, 4))} comes from: the fractional plan pays only a share "
+            "of each coefficient whose decision it splits:"
+        )
+    else:
+        lead = (
+            f"Where the buggy value {number(round(objective, 4))} comes from: the buggy plan's objective, term by "
+            "term, with what its weakened rows let it leave out:"
+        )
+    return f"{lead}\n\n{line}"
 
 
 def _named(name: str, math: MathModel) -> str:

@@ -197,7 +197,7 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
     if abs(slack) <= 1e-6 * (1 + abs(limit_value)):
         state = realize(
             "[exactly the limit of {limit}: binding|equal to its limit {limit}, so the row binds|"
-            "at its limit of {limit} (binding)]",
+            "at its limit of {limit}, so it binds]",
             rng,
             limit=limit,
         )
@@ -212,9 +212,8 @@ def _switched_off(row: Row, model: LinearModel, values: dict[str, float]) -> boo
     """A big-M row of an option the plan does not take (an MTZ load row of an unused arc, a
     disjunction the other way round): its largest coefficient sits on a whole-number decision at 0,
     so its room is the big-M's, not a resource's, and it is no contrast worth showing."""
-    signs = {coef > 0 for name, coef in row.terms if abs(values.get(name, 0.0)) > 1e-6}
-    if len(signs) < 2:
-        return False
+    if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in row.terms):
+        return False  # an unused option's row: every term 0 (left out elsewhere)
     kinds = {variable.name: variable.kind for variable in model.variables}
     largest = max(abs(coef) for _, coef in row.terms)
     return any(
@@ -236,9 +235,11 @@ def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Ro
         if not used or len(used) > MAX_TERMS:
             continue
         slack = slack_of(row, values)
+        if _switched_off(row, model, values):
+            continue  # its room (or its zero room) is the big-M's: it holds nothing of this plan
         if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
             binding.append(row)
-        elif slack > 0 and _used(_sides(row)[0], values) and not _switched_off(row, model, values):
+        elif slack > 0 and _used(_sides(row)[0], values):
             loose.append((slack / (1 + abs(row.rhs)), row))
     chosen: list[Row] = []
     seen: set[str] = set()
@@ -346,12 +347,18 @@ def worked_check(
     lines = [row_line(row, math, values, rng) for row in binding]
     if roomiest is not None:
         lines.append(row_line(roomiest, math, values, rng))
-    if lines:
+    if lines and binding:
         intro = realize(
             "[The rows that hold the plan, written out|Checking the tightest rows by hand|"
             "What the plan uses of its limits]"
-            + (" (and, for contrast, the row with the most room)" if roomiest is not None and binding else "")
+            + (" (and, for contrast, the row with the most room)" if roomiest is not None else "")
             + ":",
+            rng,
+        )
+    elif lines:  # no short row is at its limit: say so, do not call the roomy row a tight one
+        intro = realize(
+            "[No row short enough to write out is at its limit here; the one with the most room|"
+            "None of the short rows binds at this plan; the one with the most room is]:",
             rng,
         )
         blocks.append(intro + "\n\n" + "\n".join(f"- {line}" for line in lines))

@@ -279,7 +279,9 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
             ),
         )
         if data.forbidden:
-            intro += pick(rng, (" A dash means the pairing is impossible.", " – marks pairs that cannot be used."))
+            intro = intro.removesuffix(":") + pick(
+                rng, (" (a dash means the pairing is impossible):", " (– marks pairs that cannot be used):")
+            )
         st.add(intro + "\n\n" + table([f"{capitalize(sc.worker[0])} \\ {sc.task[0]}", *data.tasks], rows))
         if data.forbidden and rng.random() < 0.6:
             w, t = data.forbidden[0]

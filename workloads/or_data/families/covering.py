@@ -462,7 +462,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 lambda row: pick(
                     rng,
                     (
-                        f"a {sc.site[0]} at {row[0]} would cost {row[1]}{scale_word} ({money.code}) and cover {row[2]}",
+                        f"a {sc.site[0]} at {row[0]} would cost {row[1]}{scale_word} {money.code} and cover {row[2]}",
                         f"{row[0]} costs {row[1]}{scale_word} {money.code} and reaches {row[2]}",
                     ),
                 ),

@@ -424,7 +424,7 @@ model.setObjective(throughput, sense="maximize")
                     rng,
                     (
                         f"{capitalize(join([f'{n} supplies {amount(v, sc.unit)}' for n, v in supplies], rng))}, and {join([f'{n} needs {amount(v, sc.unit)}' for n, v in demands], rng)}.",
-                        f"The sources are {join([f'{n} ({amount(v, sc.unit)})' for n, v in supplies], rng)}; the destinations require {join([f'{n} ({amount(v, sc.unit)})' for n, v in demands], rng)}. All supply must be shipped and all demand met exactly.",
+                        f"{'The sources are' if len(supplies) > 1 else 'The only source is'} {join([f'{n} ({amount(v, sc.unit)})' for n, v in supplies], rng)}; {'the destinations require' if len(demands) > 1 else 'the one destination is'} {join([f'{n} ({amount(v, sc.unit)})' for n, v in demands], rng)}. All supply must be shipped and all demand met exactly.",
                     ),
                 )
             )

@@ -406,7 +406,7 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
                     f"{data.company}, a {sc.kind}, makes {join(data.products, rng)}.",
                     f"A {sc.kind} called {data.company} is planning next {sc.period}'s production of {join(data.products, rng)}.",
                     f"{data.company} produces {len(data.products)} products ({join(data.products, rng)}) and wants to decide how many {unit[1]} of each to make per {sc.period}.",
-                    f"The production manager of {data.company} must set the {sc.period}ly output of its {sc.kind}, which can make {join(data.products, rng)}.",
+                    f"The production manager of {data.company} must set the output per {sc.period} of its {sc.kind}, which can make {join(data.products, rng)}.",
                 ),
             )
         )

@@ -455,7 +455,7 @@ model.setObjective(quicksum(weight[j] * finish[j] for j in jobs), sense="minimiz
                 ),
             )
             if any((j, m) not in data.time for j in data.jobs for m in data.machines):
-                intro += " A dash means the job cannot run on that machine."
+                intro = intro.removesuffix(":") + " (a dash means the job cannot run on that machine):"
             st.add(intro + "\n\n" + table([capitalize(sc.job[0]), *data.machines], rows))
             if data.horizon is not None:
                 st.add(

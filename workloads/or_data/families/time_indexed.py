@@ -47,7 +47,7 @@ SCENARIOS = (
         ("order", "orders"),
         ("bracket", "housing", "shaft", "flange", "gear blank", "manifold", "valve body"),
         ("hour", "hours"),
-        "the penalty per hour the order waits (customer priority)",
+        "the penalty per hour the order waits, set by customer priority",
         ("The mill was serviced last month.", "Coolant is changed weekly."),
     ),
     Scenario(
@@ -65,12 +65,12 @@ SCENARIOS = (
         ("sample batch", "sample batches"),
         (
             "tumor panel",
-            "exome batch",
-            "RNA batch",
-            "microbiome set",
+            "exome",
+            "RNA-seq",
+            "microbiome",
             "cell-free DNA",
             "pathogen panel",
-            "methylation set",
+            "methylation",
         ),
         ("hour", "hours"),
         "the cost per hour of delay for the requesting group",
@@ -316,7 +316,9 @@ model.setObjective(quicksum(weight[j] * (t + duration[j]) * start[j, t] for (j, 
             ((t, j) for j, t in data.windows() if values.get(lp_name("start", j, t), 0.0) > 0.5), key=lambda item: item
         )
         return [
-            f"Start the {j} {kind} after {_count(t, slot)}; it finishes after {_count(t + data.duration[j], slot)}."
+            f"Start the {j} {kind} "
+            + ("at the very start" if t == 0 else f"after {_count(t, slot)}")
+            + f"; it finishes after {_count(t + data.duration[j], slot)}."
             for t, j in chosen
         ]
 

@@ -289,7 +289,12 @@ model.setObjective(quicksum(cost[s, d] * ship[s, d] for (s, d) in cost), sense="
             ParamDef("b_d", f"demand of {sc.destination[0]} $d$ ({sc.unit[1]})", data.demand, ("D",)),
             ParamDef(
                 "c_{sd}",
-                f"cost per {sc.unit[0]} shipped from $s$ to $d$ ({money.code}); – marks a route that does not exist",
+                f"cost per {sc.unit[0]} shipped from $s$ to $d$ ({money.code})"
+                + (
+                    "; – marks a route that does not exist"
+                    if any((s, d) not in data.cost for s in data.sources for d in data.destinations)
+                    else ""
+                ),
                 data.cost,
                 ("S", "D"),
             ),
