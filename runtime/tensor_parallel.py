@@ -68,6 +68,8 @@ class _MoEBlockStyle(PrepareModuleInput):
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]:
     """Shard a Qwen3-MoE-style causal LM (model.model.{embed_tokens, layers, norm}, model.lm_head) over `tp_mesh`.
+    A pipeline stage's part (`runtime.pipeline.stages.keep_rank_part`) has None for the embedding, the final
+    norm and the head it does not run: those are skipped.
 
     Returns {parameter name: the dim it is split on over tp} for the plain (non-DTensor) parameters split
     here: the vocabulary-parallel embedding's rows."""
@@ -88,7 +90,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, in
         if count % tp:
             raise TrexError(f"tp={tp} does not divide the {count} {what} of {config.model_type}")
     check_untied(model)
-    top = {"norm": SequenceParallel()}
+    top = {"norm": SequenceParallel()} if inner.norm is not None else {}
     if hasattr(
         inner, "rotary_emb"
     ):  # reads only dtype/device from the sequence-sharded stream: give it the local shard
@@ -96,11 +98,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, in
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
     parallelize_module(inner, tp_mesh, top)
-    parallelize_module(
-        model,
-        tp_mesh,
-        {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
-    )
+    if model.lm_head is not None:
+        parallelize_module(
+            model,
+            tp_mesh,
+            {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
+        )
     for layer in inner.layers:
         plan = {
             "input_layernorm": SequenceParallel(),
@@ -109,6 +112,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, in
             **_mlp_plan(layer.mlp),
         }
         parallelize_module(layer, tp_mesh, plan)
+    if inner.embed_tokens is None:
+        return {}
     inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, tp_mesh, "dtensor_shard")
     return {"model.embed_tokens.weight": 0}
 
@@ -117,7 +122,7 @@ def check_untied(model: nn.Module) -> None:
     """The embedding and the LM head are split differently (rows of the vocabulary for the lookup, columns of
     the logits for the head): a model that ties them cannot be split this way."""
     head, embedding = getattr(model, "lm_head", None), model.get_input_embeddings()
-    if head is not None and head.weight is embedding.weight:
+    if head is not None and embedding is not None and head.weight is embedding.weight:
         raise TrexError(
             f"{model.config.model_type} ties its embedding and LM head (tie_word_embeddings); tensor parallelism "
             "splits them differently: run it with tp=1"

@@ -1,12 +1,14 @@
 """Measured vs predicted pipeline bubble, per schedule and (pp, micro-batches), on CPU ranks (gloo).
 
-    python bench/pipeline/bubble.py --pp 2 --microbatches 2 4 8 --steps 4
+    python bench/pipeline/bubble.py --pp 2 --microbatches 2 4 8 --steps 12
 
 For each pp, ONE start of pp ranks runs every (schedule, micro-batch count) job one after the other
 (`trex.runtime.launcher.run_jobs`) on a small Qwen3-MoE (8 layers, written as a config next to the
 results; random init, seed 0). Each job trains `--steps` steps; the first is left out (shape inference,
 warm-up). Per job it prints the bubble measured from the ranks' action timestamps (1 - busy/step, mean
-over ranks and steps), the cost model's prediction (event simulation of the schedule's own action
+over ranks and steps, with the standard error of that mean over the steps: one step's bubble moves by tens
+of percent with the host, so the old default of 4 steps (3 measured) left the mean itself ~20% uncertain),
+the cost model's prediction (event simulation of the schedule's own action
 lists with the cost model's task times and the runtime's costs measured by a calibration run on the
 same ranks: per-action work, p2p, gloo's late receive, the host's slowdowns; the papers' closed form
 beside it where one exists), their ratio, and the same simulation fed with the measured mean task
@@ -65,10 +67,11 @@ def main() -> int:
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--schedules", nargs="+", default=[name for name, _ in SCHEDULES])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--json", help="also write every job's `pipeline` report (with the per-action times) here")
     args = parser.parse_args()
 
     from trex.errors import TrexError
@@ -78,14 +81,14 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="trex-bubble-"))
     model = model_config(directory, args.hidden, args.layers)
     vpp_of = dict(SCHEDULES)
-    rows, ratios = [], {}
+    rows, ratios, dumped, within = [], {}, [], 0
     print(
         f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
-        "| schedule | pp | vpp | m | measured | predicted | measured/predicted | compute only | closed form "
+        "| schedule | pp | vpp | m | measured | +- s.e. | predicted | measured/predicted | compute only | closed form "
         "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | late recv ms | host slowdown p90 "
         "| remote delay ms "
         "| step s | calibrated step s | model step s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -109,8 +112,9 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 13, flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 14, flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
+        dumped.extend({"job": list(label), **result["pipeline"]} for label, result in zip(labels, results))
         for (schedule, pp_, vpp, m), result in zip(labels, results):
             bubble = result["pipeline"]["bubble_fraction"]
             measured, predicted = bubble["measured"], bubble["predicted"]
@@ -120,8 +124,11 @@ def main() -> int:
             step = statistics.median(result["step_times_s"][1:] or result["step_times_s"])
             costs = result["pipeline"]["runtime_overheads"]
             rows.append((schedule, pp_, vpp, m, measured, predicted, closed, ratio))
+            within += 0.8 <= ratio <= 1.2
+            per_step = result["pipeline"]["measured"]["per_step"]
+            error = statistics.stdev(per_step) / len(per_step) ** 0.5 if len(per_step) > 1 else float("nan")
             print(
-                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {predicted:.3f} | {ratio:.2f} | "
+                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {error:.3f} | {predicted:.3f} | {ratio:.2f} | "
                 f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
                 f"{bubble['simulated_with_measured_tasks']:.3f} | "
                 f"{bubble.get('predicted_with_cost_model_tasks', float('nan')):.3f} | {costs['action_s'] * 1e3:.2f} | "
@@ -131,7 +138,10 @@ def main() -> int:
                 f"{model_step(result['pipeline']):.3f} |",
                 flush=True,
             )
-    print("\nmeasured/predicted bubble per schedule: min / median / max")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dumped, indent=1, default=str))
+    print(f"\nrows with measured/predicted within 20% (0.80-1.20): {within} of {len(rows)}")
+    print("measured/predicted bubble per schedule: min / median / max")
     for schedule, values in ratios.items():
         finite = [v for v in values if v == v]
         if finite:

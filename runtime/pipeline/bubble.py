@@ -35,15 +35,26 @@ def measured_bubble(records_by_rank: list, stages: int) -> dict:
     """`records_by_rank`: per rank (pipeline rank, [(step seconds, intervals, step start), ...]). Returns the
     mean bubble over ranks and steps, the mean per pipeline rank, and the mean task times (kind -> per chunk
     seconds)."""
-    per_rank, by_stage = [], defaultdict(list)
+    per_rank, by_stage, by_step = [], defaultdict(list), defaultdict(list)
     durations: dict[tuple[str, int], list[float]] = defaultdict(list)
+    actions: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    starts: dict[tuple[str, int, int], list[tuple[float, float]]] = defaultdict(list)
+    origin: dict[int, float] = {}  # per step: the earliest rank's step start (one host clock)
+    for _, records in records_by_rank:
+        for step, (_, _, *started) in enumerate(records):
+            if started:
+                origin[step] = min(origin.get(step, started[0]), started[0])
     for stage_rank, records in records_by_rank:
         fractions = []
-        for seconds, intervals, *_ in records:
+        for step, (seconds, intervals, *_) in enumerate(records):
             busy = sum(i.end - i.start for i in intervals)
             fractions.append(max(0.0, 1.0 - busy / seconds) if seconds > 0 else 0.0)
+            by_step[step].append(fractions[-1])
             for i in intervals:
                 durations[(i.kind, i.stage)].append(i.end - i.start)
+                actions[(i.kind, i.stage, i.microbatch)].append(i.end - i.start)
+                if step in origin:
+                    starts[(i.kind, i.stage, i.microbatch)].append((i.start - origin[step], i.end - origin[step]))
         if fractions:
             per_rank.append(statistics.fmean(fractions))
             by_stage[stage_rank].append(statistics.fmean(fractions))
@@ -55,6 +66,15 @@ def measured_bubble(records_by_rank: list, stages: int) -> dict:
         "bubble": statistics.fmean(per_rank) if per_rank else None,
         "by_stage": [statistics.fmean(by_stage[s]) for s in sorted(by_stage)],
         "task_seconds": times,
+        # the spread behind the mean: each step's bubble (mean over ranks), each action's mean seconds
+        "per_step": [statistics.fmean(by_step[step]) for step in sorted(by_step)],
+        "action_seconds": [[*key, statistics.fmean(values)] for key, values in sorted(actions.items())],
+        # each action's mean start and end from the step's first start (for an action-by-action comparison
+        # with the simulation's `timeline`)
+        "timeline": [
+            [*key, statistics.fmean(a for a, _ in values), statistics.fmean(b for _, b in values)]
+            for key, values in sorted(starts.items(), key=lambda item: statistics.fmean(a for a, _ in item[1]))
+        ],
     }
 
 
@@ -140,5 +160,13 @@ def predicted_bubble(
         measured = {kind: list(values) for kind, values in measured_times.items() if kind != "L"}
         measured["F"] = [f + loss for f, loss in zip(measured["F"], measured_times.get("L", [0.0] * stages))]
         # measured task times already carry the cores' time-sharing: no processor sharing on top
-        out["simulated_with_measured_tasks"] = bubble(measured, **{**runtime, "cores": None} if runtime else {})
+        costs = {**runtime, "cores": None} if runtime else {}
+        out["simulated_with_measured_tasks"] = bubble(measured, **costs)
+        # one simulated step with the measured mean task times and the runtime's costs, no slowdowns replayed:
+        # the action-by-action counterpart of the measured `timeline` (head: the step's start before time 0)
+        head = edges.get("head", 0.0)
+        out["timeline_with_measured_tasks"] = [
+            [t.kind, t.stage, t.microbatch, head + t.start, head + t.end]
+            for t in sorted(simulate_actions(orders, measured, stages, **costs), key=lambda t: t.start)
+        ]
     return out

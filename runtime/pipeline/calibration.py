@@ -25,7 +25,9 @@ process group, before the prediction is made.
   engine posts a receive only shortly before the action that needs it. A message sent before its
   receive was posted therefore arrives a handshake after the receive is posted. `measure_late_recv`
   times exactly that between pairs of pipeline ranks, with the sender computing meanwhile as in a
-  pipeline (its transport thread must be woken while its rank's thread holds a core).
+  pipeline (its transport thread must be woken while its rank's thread holds a core). The delay is bimodal
+  (most a few tenths of a ms, some several ms: RESULTS 14.3), so its mean needs many messages: 60 per rank
+  pair (with 30, the mean moved 1.2-4.5 ms between the jobs of one bench run, RESULTS 14.5).
 
 * The host's slowdowns: a rank's forward or backward does not take the same time every time - on a
   shared CPU host the OS gives its core to another thread for a while (or, with more ranks than cores,
@@ -36,7 +38,8 @@ process group, before the prediction is made.
   (`task_times`), so the calibration's ranks busy and idle the cores in the schedule's own pattern.
   A task's slowdown in a calibration step is its measured time over that nominal time, divided by the
   typical (median) slowdown of the same task over the calibration; the prediction replays each
-  calibration step's slowdowns onto the same actions (`slowdowns`, one sample per step).
+  calibration step's slowdowns onto the same actions (`slowdowns`, one sample per step; 12 steps, since one
+  step's bubble moves by tens of percent with the host: RESULTS 14.5).
 
 Timestamps of different ranks are compared directly: `time.perf_counter` is the host's monotonic
 clock, shared by the processes of one host (the CPU ranks this runs on).
@@ -144,7 +147,7 @@ def busy_compute(seconds: float, work: torch.Tensor) -> None:
         work = work / work.norm()
 
 
-def measure_late_recv(group, nbytes: int, repeats: int = 30, sender_busy_s: float = 0.02) -> float:
+def measure_late_recv(group, nbytes: int, repeats: int = 60, sender_busy_s: float = 0.02) -> float:
     """Mean time from posting a receive to its arrival when the message was sent before the receive was
     posted (see the module docstring), measured between pipeline ranks (0, 1), (2, 3), ... of `group` at
     once: the sender posts its send, then computes for `sender_busy_s`; the receiver computes for a quarter
@@ -310,7 +313,7 @@ def measure_overheads(
     vocab: int,
     group,
     device: torch.device,
-    steps: int = 6,
+    steps: int = 12,
     task_times: dict[str, list[float]] | None = None,
 ) -> PipelineOverheads:
     """Run `schedule` over null chunks on this rank's pipeline group (every rank of the group calls it) and

@@ -13,11 +13,33 @@ from trex.cost_model.parallel import ParallelConfig
 
 
 def pipeline_limits(plan: ParallelConfig) -> list[str]:
+    """Nothing a pp > 1 plan asks for is refused on the plan alone: what depends on the model (tp's family,
+    the split) or the schedule is `check_pipeline_job`'s."""
+    return []
+
+
+TP_SCHEDULES = ("gpipe", "1f1b")
+
+
+def tensor_parallel_problems(config: Any, plan: ParallelConfig, schedule: str) -> list[str]:
+    """pp x tp runs tensor parallelism with sequence parallelism inside each stage (`runtime.tensor_parallel`,
+    Qwen3-MoE); the head-parallel attention of DeepSeek-V3/V4 (`runtime.tensor_parallel_heads`) has not been
+    cut at chunk boundaries yet, and only the one-chunk schedules have been run over tensor-parallel stages."""
+    if plan.tp == 1:
+        return []
     problems = []
-    if plan.tp > 1:
+    family = getattr(config, "model_type", "")
+    if family != "qwen3_moe":
         problems.append(
-            f"pp={plan.pp} with tp={plan.tp}: tensor parallelism inside pipeline stages is not executed yet; use tp=1 "
-            "with pp (dp, zero=0/1/2 and ep compose with it)"
+            f"pp={plan.pp} with tp={plan.tp} runs qwen3_moe models (sequence-parallel tp inside each stage); "
+            f"{family or 'this model'}'s head-parallel tp is not executed inside pipeline stages yet: use tp=1 with "
+            "pp (dp, zero and ep compose with it) or pp=1 with tp"
+        )
+    if schedule not in TP_SCHEDULES:
+        problems.append(
+            f"--schedule {schedule} with tp={plan.tp}: tensor-parallel stages have been checked against the 1-rank "
+            f"run under {' and '.join(TP_SCHEDULES)} only (one chunk per stage; not yet with vpp > 1 or the split "
+            "backward); use one of them with tp"
         )
     return problems
 
@@ -59,6 +81,7 @@ def check_pipeline_job(
             "routed experts, which FSDP2 must shard as their own unit over the expert-data-parallel ranks; use "
             "zero=1 or 2 with ep, ep=1 with zero=3, or gpipe, 1f1b or interleaved"
         )
+    problems += tensor_parallel_problems(config, plan, name)
     try:  # every problem at once: the split's and the schedule's
         split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
         check_pipeline_model(config, split)

@@ -94,6 +94,15 @@ class ChunkModule(nn.Module):
         self.norm = inner.norm if chunk.last else None
         self.hc_head = getattr(inner, "hc_head", None) if chunk.last else None
         self.lm_head = part.lm_head if chunk.last else None
+        self.tp_mesh = None  # set under tensor parallelism (`sequence_parallel_on`)
+
+    def sequence_parallel_on(self, tp_mesh) -> None:
+        """Tensor parallelism with sequence parallelism inside the chunk (`runtime.tensor_parallel`): the
+        residual stream is a sequence-sharded DTensor between layers. The engine sends plain tensors, so a
+        chunk hands on its rank's sequence shard (`to_local`) and the next chunk wraps it back (`from_local`,
+        Shard(1)); the last chunk's logits leave as the rank's vocabulary shard (`PipelineTrainer` wraps
+        them for the vocabulary-parallel loss)."""
+        self.tp_mesh = tp_mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         input_ids = None
@@ -105,6 +114,10 @@ class ChunkModule(nn.Module):
                 hidden = embeds.unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1).contiguous()
         else:
             hidden = x
+            if self.tp_mesh is not None:
+                from torch.distributed.tensor import DTensor, Shard
+
+                hidden = DTensor.from_local(x, self.tp_mesh, [Shard(1)], run_check=False)
             embeds = hidden[:, :, 0] if self.family == "deepseek_v4" else hidden  # shape, dtype, device only
         context = self._layer_context(embeds)
         if self.family == "deepseek_v4":
@@ -112,10 +125,10 @@ class ChunkModule(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, **context)
         if not self.chunk.last:
-            return hidden
+            return _local(hidden)
         if self.hc_head is not None:
             hidden = self.hc_head(hidden)
-        return self.lm_head(self.norm(hidden))
+        return _local(self.lm_head(self.norm(hidden)))
 
     def _layer_context(self, embeds: torch.Tensor) -> dict[str, Any]:
         """Positions, causal mask and rotary embeddings as the family's `Model.forward` builds them
@@ -135,8 +148,14 @@ class ChunkModule(nn.Module):
                 kind: self.rotary_emb(embeds, position_ids=positions, layer_type=kind) for kind in ("main", "compress")
             }
         else:
-            rotary = self.rotary_emb(embeds, positions)
+            rotary = self.rotary_emb(embeds, position_ids=positions)
         return {"attention_mask": mask, "position_ids": positions, "position_embeddings": rotary}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what the engine sends on), a plain tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
 
 
 def build_chunks(part: nn.Module, split: StageSplit, rank: int) -> list[ChunkModule]:

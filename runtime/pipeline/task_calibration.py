@@ -37,6 +37,15 @@ stages take turns (a barrier between turns) so each time is the chunk's own on a
 simulation applies the cores' sharing itself (`cores`). Ranks of the same pipeline stage (its data- and
 expert-parallel replicas) measure together, since the chunk's forward may hold their collectives (the
 experts' all-to-all). The parameters' gradients are saved before and restored after.
+
+The turns go sample by sample (each round, every rank in turn times one micro-batch of each of its chunks),
+not rank by rank. A shared host's speed drifts over seconds (other processes, the cores' clocks); when each
+rank took all its samples in one window of its own, the median of each chunk carried its window's speed,
+and two equal chunks came out unequal: on the bench model (pp=2, two 4-layer chunks) the calibrated forwards
+of the two ranks differed by up to 1.6x within one job (11.4 vs 18.0 ms) while the same job's run measured
+16.7 vs 20.0 ms, and a spurious imbalance between stages is bubble the simulation then predicts (bench/
+RESULTS.md 14.5). With the samples interleaved, a slow window slows every chunk's sample of that round alike
+and the medians keep the chunks' real ratios.
 """
 
 from __future__ import annotations
@@ -52,24 +61,18 @@ import torch.distributed as dist
 KINDS = ("F", "B", "I", "W")
 
 
-def time_chunk_tasks(
+def chunk_task_sampler(
     chunk: torch.nn.Module,
     first: bool,
     last: bool,
     make_input: Callable[[], torch.Tensor],
     loss_of: Callable[[torch.Tensor], torch.Tensor],
     split_backward: bool,
-    repeats: int = 7,
-    warmups: int = 2,
     context: Callable[[], object] = nullcontext,
-) -> dict[str, float]:
-    """Median seconds of one micro-batch's F, B, I and W through `chunk` (see the module docstring);
-    `make_input()`: a fresh input (token ids for the first chunk, else a hidden-state tensor that requires
-    grad); `loss_of(output)`: the last chunk's loss; `split_backward`: also time the I and W passes (else
-    they are 0); `context()`: entered around every pass (the step's autocast)."""
+) -> Callable[[], tuple[float, float, float, float]]:
+    """A function that runs one micro-batch's F, B and (with `split_backward`) I and W through `chunk` and
+    returns their seconds (I and W 0 when not split); see `time_chunk_tasks` for the arguments."""
     from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
-
-    samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
 
     def forward() -> tuple[torch.Tensor, torch.Tensor, float]:
         x = make_input()
@@ -89,7 +92,7 @@ def time_chunk_tasks(
             result = function(*args)
         return result, time.perf_counter() - start
 
-    for repeat in range(warmups + repeats):
+    def sample() -> tuple[float, float, float, float]:
         x, out, seconds = forward()
         _, backward = timed(stage_backward, out if last else [out], output_grads(out), [x])
         inputs = weights = 0.0
@@ -101,10 +104,29 @@ def time_chunk_tasks(
             else:
                 (_, groups), inputs = timed(stage_backward_input, [out], grads, [x], chunk.parameters())
                 _, weights = timed(stage_backward_weight, chunk.parameters(), groups)
-        if repeat >= warmups:
-            for kind, value in zip(KINDS, (seconds, backward, inputs, weights)):
-                samples[kind].append(value)
-    return {kind: statistics.median(values) for kind, values in samples.items()}
+        return seconds, backward, inputs, weights
+
+    return sample
+
+
+def time_chunk_tasks(
+    chunk: torch.nn.Module,
+    first: bool,
+    last: bool,
+    make_input: Callable[[], torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    split_backward: bool,
+    repeats: int = 7,
+    warmups: int = 2,
+    context: Callable[[], object] = nullcontext,
+) -> dict[str, float]:
+    """Median seconds of one micro-batch's F, B, I and W through `chunk` (see the module docstring);
+    `make_input()`: a fresh input (token ids for the first chunk, else a hidden-state tensor that requires
+    grad); `loss_of(output)`: the last chunk's loss; `split_backward`: also time the I and W passes (else
+    they are 0); `context()`: entered around every pass (the step's autocast)."""
+    sample = chunk_task_sampler(chunk, first, last, make_input, loss_of, split_backward, context)
+    samples = [sample() for _ in range(warmups + repeats)][warmups:]
+    return {kind: statistics.median(values) for kind, values in zip(KINDS, zip(*samples))}
 
 
 def measure_stage_tasks(
@@ -118,36 +140,48 @@ def measure_stage_tasks(
     chunk_count: int,
     pipeline_group,
     context: Callable[[], object] = nullcontext,
-    repeats: int = 7,
+    repeats: int = 9,
+    warmups: int = 2,
 ) -> dict[str, list[float]]:
     """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
-    runs it (`time_chunk_tasks`), pipeline rank by pipeline rank (see the module docstring). Every rank of
-    the world calls it; `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its
-    compiled module); `make_input(chunk)`: a fresh input for the chunk."""
+    runs it, the pipeline ranks taking turns sample by sample (see the module docstring): each round, every
+    rank in turn runs one sample of each of its chunks (`chunk_task_sampler`); the median over the rounds
+    after `warmups`. Every rank of the world calls it; `chunks`: this rank's `ChunkModule`s, `runners`: what
+    runs them (the chunk or its compiled module); `make_input(chunk)`: a fresh input for the chunk."""
     from trex.runtime.pipeline.timing import collector_paused
 
     params = [p for runner in runners for p in runner.parameters()]
     saved = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
-    mine: dict[int, dict[str, float]] = {}
+    samplers = {
+        module.chunk.index: chunk_task_sampler(
+            runner,
+            module.chunk.first,
+            module.chunk.last,
+            lambda module=module: make_input(module),
+            loss_of,
+            split_backward,
+            context,
+        )
+        for module, runner in zip(chunks, runners)
+    }
+    samples: dict[int, list[tuple[float, ...]]] = {index: [] for index in samplers}
     try:
-        for turn in range(pp):
-            if turn == stage_rank:
-                with collector_paused():
-                    for module, runner in zip(chunks, runners):
-                        mine[module.chunk.index] = time_chunk_tasks(
-                            runner,
-                            module.chunk.first,
-                            module.chunk.last,
-                            lambda module=module: make_input(module),
-                            loss_of,
-                            split_backward,
-                            repeats=repeats,
-                            context=context,
-                        )
-            dist.barrier()
+        for round_ in range(warmups + repeats):
+            for turn in range(pp):
+                if turn == stage_rank:
+                    with collector_paused():
+                        for index, sample in samplers.items():
+                            times = sample()
+                            if round_ >= warmups:
+                                samples[index].append(times)
+                dist.barrier()
     finally:
         for p, grad in saved:
             p.grad = grad
+    mine = {
+        index: {kind: statistics.median(values) for kind, values in zip(KINDS, zip(*rows))}
+        for index, rows in samples.items()
+    }
     everyone: list = [None] * dist.get_world_size(pipeline_group)
     dist.all_gather_object(everyone, mine, group=pipeline_group)
     merged = {index: times for part in everyone for index, times in part.items()}

@@ -2,8 +2,8 @@
 
 Every rank builds the whole model from the seed (initialization depends on the seed only), keeps the
 chunks of its pipeline stage (`stages.keep_rank_part`, parameter names unchanged), applies the rest of
-the plan to that part (dp/ZeRO-0,1,2 and ep over the stage's ranks, `runtime.parallelize` on the
-stage's meshes) and hands its chunks to the engine's schedule (`schedules.build_schedule`). Each
+the plan to that part (dp/ZeRO-0,1,2,3, ep and tp over the stage's ranks, `runtime.parallelize` on the
+stage's meshes; under tp each chunk hands on its rank's sequence shard, `ChunkModule.sequence_parallel_on`) and hands its chunks to the engine's schedule (`schedules.build_schedule`). Each
 micro-batch's loss is its token sum divided by the tokens of the global batch, as in the 1-rank run,
 so the losses and the summed gradients are the 1-rank run's. The last stage's losses are summed over
 its data-parallel replicas and shared with every rank (rank 0 reports the run).
@@ -89,6 +89,10 @@ class PipelineTrainer(Trainer):
         if self.stage_rank != meshes_rank:
             raise TrexError(f"internal: pipeline rank {self.stage_rank} differs from the layout's {meshes_rank}")
         self.chunks = chunks or build_chunks(part, self.split, self.stage_rank)
+        self.tp_mesh = self.applied.meshes.world["tp"] if plan.tp > 1 else None
+        if self.tp_mesh is not None:
+            for chunk in self.chunks:
+                chunk.sequence_parallel_on(self.tp_mesh)
         runners = list(self.chunks)
         if job.compile:
             runners = [self.compile_chunk(chunk) for chunk in self.chunks]
@@ -132,10 +136,21 @@ class PipelineTrainer(Trainer):
     def micro_batch_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Token-sum cross-entropy over the global batch's scored tokens (the 1-rank run's loss)."""
         with self.clock.busy("L", self.split.chunks[-1].index, -1):
-            loss = F.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
-            )
-            return loss / self.normalizer
+            return self.token_sum_loss(logits, targets) / self.normalizer
+
+    def token_sum_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy summed over the scored tokens. Under tp the last chunk hands out this rank's vocabulary
+        shard of the logits: they are wrapped back into the vocabulary-sharded DTensor and the loss runs on the
+        shards (`loss_parallel`, entered around the whole step so the engine's backward of the loss uses it);
+        the loss, the same on every tp rank, comes back as a plain tensor."""
+        if self.tp_mesh is not None:
+            from torch.distributed.tensor import DTensor, Shard
+
+            logits = DTensor.from_local(logits, self.tp_mesh, [Shard(logits.dim() - 1)], run_check=False)
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+        )
+        return loss.to_local() if self.tp_mesh is not None else loss
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, step: int) -> float:
@@ -156,7 +171,7 @@ class PipelineTrainer(Trainer):
         args = (rows.inputs,) if self.holds_first else ()
         self.clock.take()
         start = time.perf_counter()
-        with counting, autocast, collector_paused():
+        with counting, autocast, collector_paused(), self.applied.loss_context():
             self.pipe.step(*args, target=rows.targets, losses=losses)
         self.step_records.append((time.perf_counter() - start, self.clock.take(), start))
         self.applied.optimizer.reduce_gradients()
@@ -167,8 +182,10 @@ class PipelineTrainer(Trainer):
         set_learning_rate(self.applied.optimizer.optimizer, lr)
         self.applied.optimizer.step()
         local = torch.zeros((), dtype=torch.float64, device=self.device)
-        for loss in losses:  # only the last stage's ranks hold losses: the world sum is the global batch's
-            local += loss.detach().double()
+        # only the last stage's ranks hold losses: the world sum is the global batch's (one tp rank counts it)
+        if self.tp_mesh is None or self.tp_mesh.get_local_rank() == 0:
+            for loss in losses:
+                local += loss.detach().double()
         dist.all_reduce(local)
         return float(local)
 
@@ -253,7 +270,7 @@ class PipelineTrainer(Trainer):
             self.schedule_name,
             self.split,
             self.plan.microbatches,
-            (self.plan.mbs, self.plan.seq, self.config.hidden_size),
+            (self.plan.mbs, self.plan.seq // self.plan.tp, self.config.hidden_size),
             self.config.vocab_size,
             self.applied.meshes.pipeline.get_group(),
             self.device,
@@ -275,9 +292,10 @@ class PipelineTrainer(Trainer):
         mbs = self.plan.mbs
         ids, targets = rows.inputs[:mbs], rows.targets[:mbs]
         normalizer = max(1, int((batch.targets != IGNORE_INDEX).sum()))
-        hidden = (mbs, ids.shape[1], self.config.hidden_size)
+        tokens = ids.shape[1] // self.plan.tp  # a chunk's input under tp: this rank's sequence shard
+        hidden = (mbs, tokens, self.config.hidden_size)
         if self.config.model_type == "deepseek_v4":
-            hidden = (mbs, ids.shape[1], self.config.hc_mult, self.config.hidden_size)
+            hidden = (mbs, tokens, self.config.hc_mult, self.config.hidden_size)
         generator = torch.Generator().manual_seed(self.job.seed)
 
         def make_input(module) -> torch.Tensor:
@@ -286,16 +304,21 @@ class PipelineTrainer(Trainer):
             return torch.randn(hidden, generator=generator).to(self.device).requires_grad_(True)
 
         def loss_of(logits: torch.Tensor) -> torch.Tensor:
-            loss = F.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
-            )
-            return loss / normalizer
+            return self.token_sum_loss(logits, targets) / normalizer
 
-        autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
-            if self.plan.precision == "bf16"
-            else nullcontext
-        )
+        def autocast():
+            if self.plan.precision == "bf16":
+                return torch.autocast(self.device.type, dtype=torch.bfloat16)
+            return nullcontext()
+
+        def context():  # each timed pass runs as in the step: autocast, and the vocabulary-parallel loss under tp
+            from contextlib import ExitStack
+
+            stack = ExitStack()
+            stack.enter_context(autocast())
+            stack.enter_context(self.applied.loss_context())
+            return stack
+
         times = measure_stage_tasks(
             self.chunks,
             self.runners,
@@ -306,7 +329,7 @@ class PipelineTrainer(Trainer):
             self.split.pp,
             len(self.split.chunks),
             self.applied.meshes.pipeline.get_group(),
-            context=autocast,
+            context=context,
         )
         return full_backward_split(times), ""
 

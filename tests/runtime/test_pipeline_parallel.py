@@ -5,8 +5,8 @@ Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B,
 (vpp=2, V placement, backward split into input and weight gradients) and under 1F1B with ZeRO-3 (each
 chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
-chunks per stage), pp composed with ep and dp/ZeRO-1/2/3 on 4 ranks (ZB-V and DualPipeV with ZeRO-3 too), and
-pp=2 -> pp=4 / pp=1 resumes.
+chunks per stage), pp composed with ep, dp/ZeRO-1/2/3 (ZB-V and DualPipeV with ZeRO-3 too) and tp on 4 ranks,
+and pp=2 -> pp=4 / pp=1 resumes.
 """
 
 from __future__ import annotations
@@ -179,6 +179,18 @@ def test_pipeline_composes_with_expert_and_data_parallelism_on_four_ranks(model)
     plain = execute(job(model, "", 1))["memory_by_rank"][0]["optimizer_states"]
     stage_states = memory["pp=2,dp=2,zero=1"][0]["optimizer_states"] + memory["pp=2,dp=2,zero=1"][2]["optimizer_states"]
     assert stage_states == pytest.approx(plain / 2, rel=0.02)
+
+
+@pytest.mark.slow
+def test_pipeline_composes_with_tensor_parallelism_on_four_ranks():
+    """pp=2 x tp=2: sequence-parallel tp inside each stage (the chunk hands on its rank's sequence shard, the last
+    chunk its vocabulary shard of the logits for the vocabulary-parallel loss); losses and gathered gradients equal
+    the 1-rank run's, and the bubble is reported as for any pipeline."""
+    model = "tiny-qwen3-moe"
+    ref = execute(job(model, "", 1, gather_gradients=True))
+    results = launch_function(run_jobs, ([job(model, "pp=2,tp=2", 4, "1f1b", gather_gradients=True)],), 4)
+    assert_same_run(results[0][0], ref, f"{model} pp=2,tp=2 1f1b")
+    assert_bubble_report(results[0][0], "1f1b", f"{model} pp=2,tp=2 1f1b")
 
 
 @pytest.mark.slow

@@ -100,6 +100,11 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
         "pp=2,vpp=2,dp=2,ep=2,zero=3", 4, schedule="zbv"
     )
     assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
+    # pp x tp: sequence-parallel tp inside the stages (Qwen3-MoE), not yet V3/V4's head-parallel tp or the V schedules
+    for schedule in ("interleaved", "zbv"):
+        assert "under gpipe and 1f1b only" in refused("pp=2,vpp=2,tp=2", 4, schedule=schedule)
+    with pytest.raises(TrexError, match="deepseek_v3's head-parallel tp is not executed inside pipeline stages"):
+        TrainJob.create("tiny-deepseek-v3", "pp=2,tp=2", 4, **SHAPE, steps=1)
 
 
 def test_trex_train_refuses_a_bad_stage_split_before_starting_ranks(capsys):
