@@ -60,8 +60,11 @@ def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
     costs = pipeline["runtime_overheads"]
     assert costs["samples"] > 0 and costs["action_s"] > 0 and costs["p2p_s"] > 0, label
     assert costs["link_latency_us"] > 0, label
-    # with them, the prediction has more idle time than the compute alone
-    assert bubble["predicted"] > bubble["predicted_compute_only"], label
+    # with them, the prediction has more idle time than the compute alone - when each stage has its own core;
+    # stages that share cores (pipeline_cores < pp, e.g. pp=2 x tp=2 on 2 cores) run faster while another idles,
+    # which fills part of the bubble, so then the two may come out either way
+    if pipeline["pipeline_cores"] is None:
+        assert bubble["predicted"] > bubble["predicted_compute_only"], label
     # the task times simulated: each chunk's own passes, timed alone (not under zero=3: FSDP2's hooks)
     calibrated = pipeline["calibrated_task_seconds"]
     if "zero=3" in label:
