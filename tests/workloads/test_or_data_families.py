@@ -97,6 +97,20 @@ def test_statements_across_instances_vary_beyond_their_numbers(name):
     assert distinct_ngram_share(texts) >= 0.15
 
 
+def test_every_piecewise_wording_states_the_requirement():
+    """The Sixth review (#1, #6, #48): two of the six openings never said how much must be bought, so the
+    verified optimum answered a question the prompt did not ask (without it the cheapest plan buys only the
+    contract minimums)."""
+    from trex.workloads.or_data.prose import number
+
+    family = FAMILIES["piecewise_costs"]
+    for seed in range(4):
+        data = generated("piecewise_costs", seed).data
+        for k in range(24):
+            text = family.statement(data, stream(seed, k, "text"))
+            assert number(data.requirement) in text, f"seed {seed}, wording {k}: the requirement is not stated"
+
+
 def test_statements_carry_irrelevant_facts_in_varying_places():
     generic = [template.split("{")[0] for template in GENERIC_DISTRACTORS]
     found, positions = 0, set()

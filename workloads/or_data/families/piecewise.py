@@ -281,10 +281,10 @@ model.setObjective(quicksum(tier_price[s, k] * buy[s, k] for (s, k) in tier_pric
                     f"for {sc.need}.",
                     f"The buyers at {data.buyer} have to cover a requirement of {amount(data.requirement, unit)} of "
                     f"{sc.commodity}.",
-                    f"{capitalize(sc.commodity)} for {sc.need} at {data.buyer} can come from "
-                    f"{join(list(data.sources))}.",
-                    f"Prices for {sc.commodity} rise with the volume taken from each of the {kind[1]} {data.buyer} "
-                    "can use.",
+                    f"{capitalize(sc.commodity)} for {sc.need} at {data.buyer} ({amount(data.requirement, unit)} "
+                    f"in all) can come from {join(list(data.sources))}.",
+                    f"{data.buyer} has to buy {amount(data.requirement, unit)} of {sc.commodity}, and prices rise "
+                    f"with the volume taken from each of the {kind[1]} it can use.",
                 ),
             )
         )
