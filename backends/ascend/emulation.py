@@ -494,6 +494,13 @@ def _init_routing_unsupported(
     return None
 
 
+def _refuse_unemulated_init_routing(*args) -> None:
+    """The real emulation and the fake refuse the same calls, with the same message."""
+    problem = _init_routing_unsupported(*args)
+    if problem:
+        raise AscendSchemaError(f"npu_moe_init_routing_v2: {problem}")
+
+
 @_implement("npu_moe_init_routing_v2")
 def npu_moe_init_routing_v2(
     x: Tensor,
@@ -516,20 +523,10 @@ def npu_moe_init_routing_v2(
     x[sortedRowIdx[i] // K] for the first active_num rows; expanded_row_idx = sortedRowIdx (row_idx_type 1) or its
     inverse, the expanded row of every source pair (row_idx_type 0); each expert's row count (int64);
     expanded_scale (float32, undefined without scale: zeros here)."""
-    problem = _init_routing_unsupported(
-        x,
-        expert_idx,
-        scale,
-        offset,
-        expert_num,
-        drop_pad_mode,
-        expert_tokens_num_type,
-        expert_tokens_num_flag,
-        quant_mode,
-        active_expert_range,
-    )
-    if problem:
-        raise AscendSchemaError(f"npu_moe_init_routing_v2: {problem}")
+    _refuse_unemulated_init_routing(
+        x, expert_idx, scale, offset, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag,
+        quant_mode, active_expert_range,
+    )  # fmt: skip
     if row_idx_type not in (0, 1):
         raise AscendSchemaError(f"npu_moe_init_routing_v2: row_idx_type must be 0 or 1 (got {row_idx_type})")
     top_k = expert_idx.size(1)
@@ -565,20 +562,10 @@ def _(
     row_idx_type=0,
     x_dtype=None,
 ):
-    problem = _init_routing_unsupported(
-        x,
-        expert_idx,
-        scale,
-        offset,
-        expert_num,
-        drop_pad_mode,
-        expert_tokens_num_type,
-        expert_tokens_num_flag,
-        quant_mode,
-        active_expert_range,
-    )
-    if problem:
-        raise AscendSchemaError(f"npu_moe_init_routing_v2: {problem}")
+    _refuse_unemulated_init_routing(
+        x, expert_idx, scale, offset, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag,
+        quant_mode, active_expert_range,
+    )  # fmt: skip
     total = expert_idx.numel()
     return (
         x.new_empty(_init_routing_rows(expert_idx, active_num), x.size(1)),
