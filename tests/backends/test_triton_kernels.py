@@ -3,6 +3,8 @@ against its plain-PyTorch reference: forward values and the gradients of every d
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -192,6 +194,118 @@ def test_router_topk_closed_form_backward_equals_autograd_of_the_reference(score
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def _lowest_id_on_ties(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest of each row, equal values taken in index order: CUDA's torch.topk selection."""
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def _group_limited_choice(choice, n_group, topk_group):
+    """DeepSeek-V3's group limit with the lowest-id tie rule: -inf outside each row's topk_group best groups."""
+    tokens, experts = choice.shape
+    group_scores = choice.view(tokens, n_group, -1).topk(2, dim=-1).values.sum(-1)
+    keep = torch.zeros(tokens, n_group, dtype=torch.bool)
+    keep.scatter_(1, _lowest_id_on_ties(group_scores, topk_group), True)
+    return choice.masked_fill(~keep.repeat_interleave(experts // n_group, dim=1), float("-inf"))
+
+
+@pytest.mark.parametrize("score", ["sigmoid", "sqrtsoftplus", "softmax"])
+@pytest.mark.parametrize(("n_group", "topk_group"), [(4, 2), (3, 1), (6, 4)], ids=["4-groups", "3-groups", "6-groups"])
+def test_group_limited_router_kernel_matches_reference_forward_and_backward(score, n_group, topk_group):
+    """DeepSeek-V3's group-limited routing: 12 experts in groups of 4, 3 or 2 (group blocks padded to a power
+    of two: the padding's ids repeat the next group's), a bias that changes the winners, k = 3; the logits'
+    gradient through the kernel's backward against autograd through the reference."""
+    from trex.backends.triton.kernels.router import router_topk, router_topk_reference
+
+    torch.manual_seed(4)
+    logits, bias = torch.randn(10, 12) * 2, torch.randn(12) * 0.5
+    route = (bias, 3, score, True, 1e-20, 2.5, n_group, topk_group)
+    weights, indices = router_topk(logits, *route)
+    expected_weights, expected_indices = router_topk_reference(logits, *route)
+    torch.testing.assert_close(indices, expected_indices)
+    torch.testing.assert_close(weights, expected_weights)
+    # the group limit changes the choice for some token (else this test would not test it)
+    ungrouped = router_topk_reference(logits, bias, 3, score, True, 1e-20, 2.5)[1]
+    assert not torch.equal(indices.sort(-1).values, ungrouped.sort(-1).values)
+    _compare(lambda x: router_topk(x, *route)[0], lambda x: router_topk_reference(x, *route)[0], [logits])
+
+
+@pytest.mark.parametrize(("n_group", "topk_group"), [(1, 1), (4, 2)], ids=["flat", "group-limited"])
+def test_router_kernel_breaks_ties_as_cuda_topk_does(n_group, topk_group):
+    """Equal choices competing for the last slots (and equal group scores competing for the kept groups): the
+    kernel keeps the lower expert (group) id, which is how CUDA's torch.topk selects (the kernel's device).
+    The weights are the gathered scores of those experts. Rows: all equal; pairs of equal logits; a bias that
+    makes unequal scores tie in the choice."""
+    from trex.backends.triton.kernels.router import router_topk
+
+    logits = torch.cat(
+        [
+            torch.zeros(2, 16),
+            torch.tensor([0.5, 1.0, 1.0, 0.5] * 4).repeat(2, 1),
+            torch.arange(16.0).flip(0).repeat(2, 1).remainder(3),
+        ]
+    )
+    bias = torch.zeros(16)
+    bias[[3, 6]] = torch.sigmoid(torch.tensor(1.0)) - torch.sigmoid(torch.tensor(0.5))  # expert 3, 6 tie 1, 2
+    for row_bias in (None, bias):
+        weights, indices = router_topk(logits, row_bias, 3, "sigmoid", False, 0.0, 1.0, n_group, topk_group)
+        scores = torch.sigmoid(logits)
+        choice = scores if row_bias is None else scores + row_bias
+        if n_group > 1:
+            choice = _group_limited_choice(choice, n_group, topk_group)
+        expected = _lowest_id_on_ties(choice, 3)
+        torch.testing.assert_close(indices, expected)
+        torch.testing.assert_close(weights, scores.gather(1, expected))
+
+
+def test_router_reference_selects_as_eager_topk_on_ties():
+    """Off the kernels' devices (a CPU without TRITON_INTERPRET) the op runs its reference, which selects with
+    torch.topk itself: on exact ties it picks what eager picks on that device (the experts' set; its slots
+    are sorted), group-limited routing included (transformers' DeepSeek-V3 router run alongside)."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from trex.backends.triton.kernels.router import router_topk_reference
+
+    config = DeepseekV3Config(
+        hidden_size=8, n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=2.5
+    )
+    router = DeepseekV3TopkRouter(config)
+    torch.nn.init.zeros_(router.weight)  # every logit 0: every score ties
+    hidden = torch.randn(5, 8)
+    with torch.no_grad():
+        _, eager_weights, eager_indices = router(hidden)
+        router.weight[:, 0] = torch.tensor([0.5, 1.0, 1.0, 0.5] * 4)  # pairs of equal scores in every group
+        _, tied_weights, tied_indices = router(hidden.abs())
+    for logits, weights, indices in (
+        (torch.zeros(5, 16), eager_weights, eager_indices),
+        (hidden.abs() @ router.weight.detach().T, tied_weights, tied_indices),
+    ):
+        ours_w, ours_i = router_topk_reference(
+            logits, router.e_score_correction_bias, 3, "sigmoid", True, 1e-20, 2.5, 4, 2
+        )
+        assert torch.equal(ours_i.sort(-1).values, indices.sort(-1).values)
+        order = indices.argsort(-1)
+        torch.testing.assert_close(ours_w, weights.gather(1, order).gather(1, ours_i.argsort(-1).argsort(-1)))
+
+
+@pytest.mark.parametrize("score", ["sqrtsoftplus", "sigmoid", "softmax"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "raw"])
+def test_router_weights_kernel_matches_reference_with_repeated_experts(score, normalize):
+    """DeepSeek-V4's hash layers: the weights of experts chosen by a table (which may name one expert twice:
+    the slots' gradients then add up), forward and the logits' gradient, against autograd of the reference."""
+    from trex.backends.triton.kernels.router import router_weights, router_weights_reference
+
+    torch.manual_seed(5)
+    logits = torch.randn(7, 11) * 2  # 11 experts: a masked 16-wide block
+    indices = torch.randint(0, 11, (7, 3))
+    indices[2] = torch.tensor([4, 4, 9])
+    _compare(
+        lambda x: router_weights(x, indices, score, normalize, 1e-20, 1.5),
+        lambda x: router_weights_reference(x, indices, score, normalize, 1e-20, 1.5),
+        [logits],
+    )
+
+
 def test_router_topk_rejects_bad_arguments_with_the_fix():
     from trex.backends.triton.kernels.router import router_topk
 
@@ -199,3 +313,52 @@ def test_router_topk_rejects_bad_arguments_with_the_fix():
         router_topk(torch.randn(2, 4), None, 2, "tanh", True, 0.0, 1.0)
     with pytest.raises(ValueError, match=r"top_k must lie in \[1, 4\]"):
         router_topk(torch.randn(2, 4), None, 5, "softmax", True, 0.0, 1.0)
+    with pytest.raises(ValueError, match="groups need >= 2 experts"):
+        router_topk(torch.randn(2, 4), None, 1, "sigmoid", True, 0.0, 1.0, 4, 1)
+    with pytest.raises(ValueError, match="n_group must divide the 6 experts"):
+        router_topk(torch.randn(2, 6), None, 1, "sigmoid", True, 0.0, 1.0, 4, 1)
+    with pytest.raises(ValueError, match="raise topk_group or lower top_k"):
+        router_topk(torch.randn(2, 8), None, 3, "sigmoid", True, 0.0, 1.0, 4, 1)
+
+
+ROUTER_SM90_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from trex.backends.triton.kernels import router
+
+_, forward, backward, weights = router._kernels(False)
+pointers = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "indices_ptr": "*i64"}
+scalars = {"E": "i32", "group_size": "i32", "n_group": "i32", "eps": "fp32", "scale": "fp32"}
+names = ["TOP_K", "K_BLOCK", "SCORE", "HAS_BIAS", "NORMALIZE", "TOPK_GROUP", "G_BLOCK", "S_BLOCK"]
+cases = []
+for score in (0, 1, 2):  # DeepSeek-V3 (256 experts, 8 groups of 32, 4 kept, top-8) and V4 (256, top-6)
+    for values in ((8, 8, score, True, True, 4, 8, 32), (6, 8, score, True, True, 0, 1, 256)):
+        cases.append((forward, {**pointers, **scalars, **dict.fromkeys(names, "constexpr")}, dict(zip(names, values))))
+short = {"E": "i32", "eps": "fp32", "scale": "fp32", **dict.fromkeys(["TOP_K", "K_BLOCK", "SCORE", "NORMALIZE", "E_BLOCK"], "constexpr")}
+constants = {"TOP_K": 6, "K_BLOCK": 8, "SCORE": 2, "NORMALIZE": True, "E_BLOCK": 256}
+cases.append((backward, {"grad_ptr": "*fp32", "logits_ptr": "*fp32", "indices_ptr": "*i64", "grad_logits_ptr": "*fp32", **short}, constants))
+cases.append((weights, {"logits_ptr": "*fp32", "indices_ptr": "*i64", "weights_ptr": "*fp32", **short}, constants))
+for kernel, signature, constexprs in cases:
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"], kernel
+print("compiled", len(cases))
+"""
+
+
+def test_router_kernels_compile_for_a_gpu_without_one():
+    """The router kernels go through Triton's real compiler (TTIR -> PTX -> cubin by the wheel's ptxas) for
+    an sm_90 target at DeepSeek-V3/V4 shapes, in a process without the interpreter: the interpreter accepts
+    some programs the compiler rejects (a helper that is not jitted, a return inside a branch)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", ROUTER_SM90_COMPILE], capture_output=True, text=True, env=env, timeout=600
+    )
+    if done.returncode and "ptxas" in done.stderr and "not found" in done.stderr:
+        pytest.skip(f"this triton wheel has no ptxas: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled 8" in done.stdout

@@ -27,6 +27,7 @@ from torch import fx
 
 from trex.graph_inline import inline_traced, replace_node
 from trex.pass_manager import Decision, PassContext, PassResult
+from trex.passes.triton_patterns.routers import rewrite_routers
 
 aten = torch.ops.aten
 GPU_DEVICE_TYPES = frozenset({"cuda", "xpu"})
@@ -171,152 +172,13 @@ class TritonPatterns:
                     {"kernel": "swiglu"},
                 )
             )
-        decisions += _rewrite_routers(gm, ctx)
+        decisions += rewrite_routers(gm, ctx)
         decisions += _rewrite_moe_primitives(gm, ctx)
-        if decisions:
+        modified = any(d.action == "rewrite" for d in decisions)
+        if modified:
             graph.eliminate_dead_code()
             gm.recompile()
-        return PassResult(bool(decisions), decisions)
-
-
-def _float32_of(node: fx.Node) -> fx.Node:
-    """The node an fp32 upcast reads (the upcast's source), or `node` itself."""
-    upcast = _is(node, aten._to_copy.default, torch.ops.prims.convert_element_type.default)
-    return node.args[0] if upcast and node.meta["val"].dtype == torch.float32 else node
-
-
-_ALIASES = (aten.detach.default, aten.clone.default, aten.alias.default)
-
-
-def _through_aliases(node: object) -> object:
-    """The value `node` copies or aliases (AOTAutograd reads saved values through `detach` chains)."""
-    while _is(node, *_ALIASES):
-        node = node.args[0]
-    return node
-
-
-def _match_softmax_router(softmax: fx.Node, backwards: dict[fx.Node, list[fx.Node]]) -> dict | None:
-    """A softmax top-k router around `softmax` in the joint graph (transformers' Qwen3-MoE router), or None.
-
-    forward:  [fp32 upcast of] logits[T,E] -> _softmax(-1) -> topk(k, -1) -> values, indices
-              [-> values / values.sum(-1, keepdim)]                              (normalised: `norm_topk_prob`)
-    backward: _softmax_backward_data(grad of the probabilities, softmax (through detaches), -1, fp32) - the
-              gradient of the logits, fed by the gradient G of the router's weights: `div(G, sum)`
-              (normalised) or the top-k backward's scatter of G into the selected slots.
-    `backwards`: each softmax's `_softmax_backward_data` nodes.
-    """
-    x, dim, half_to_float = softmax.args
-    logits = _float32_of(x)
-    value = x.meta["val"]
-    if half_to_float or value.dtype != torch.float32 or value.dim() != 2 or dim not in (-1, 1):
-        return None
-    topks = [u for u in softmax.users if _is(u, aten.topk.default)]
-    if len(topks) != 1 or any(u is not topks[0] and not _is(u, *_ALIASES) for u in softmax.users):
-        return None
-    if len(backwards.get(softmax, [])) != 1:
-        return None
-    topk, backward = topks[0], backwards[softmax][0]
-    k, topk_dim = topk.args[1], topk.args[2] if len(topk.args) > 2 else topk.kwargs.get("dim", -1)
-    largest = topk.args[3] if len(topk.args) > 3 else topk.kwargs.get("largest", True)
-    if topk_dim not in (-1, 1) or not largest or not isinstance(k, int):
-        return None
-    items = {u.args[1]: u for u in topk.users if _is(u, operator.getitem)}
-    if set(items) != {0, 1}:
-        return None
-    values, indices = items[0], items[1]
-    total = next((u for u in values.users if _is(u, aten.sum.dim_IntList) and u.args[0] is values), None)
-    if total is not None and not (list(total.args[1]) in ([-1], [1]) and len(total.args) > 2 and total.args[2]):
-        total = None
-    divide = next(
-        (u for u in values.users if total is not None and _is(u, aten.div.Tensor) and u.args == (values, total)),
-        None,
-    )
-    if divide is not None:  # normalised: G enters the backward as div(G, sum); values / sum and its
-        # second division by sum (the gradient of the sum) divide copies of the values, not G
-        grads = [
-            u.args[0]
-            for u in total.users
-            if _is(u, aten.div.Tensor)
-            and u.args[1] is total
-            and u is not divide
-            and _through_aliases(u.args[0]) is not values
-            and not (_is(u.args[0], aten.div.Tensor) and u.args[0].args[1] is total)
-        ]
-        output = divide
-    else:  # raw top-k values: G enters the top-k backward (a scatter into the selected slots)
-        grads = [
-            u.args[3]
-            for u in indices.users
-            if _is(u, aten.scatter.src) and len(u.args) == 4 and u.args[2] is indices and u.args[1] in (-1, 1)
-        ] + [
-            u.args[0]
-            for u in indices.users
-            if _is(u, aten.value_selecting_reduction_backward.default) and u.args[2] is indices
-        ]
-        output = values
-    if len(grads) != 1 or not isinstance(grads[0], fx.Node):
-        return None
-    return {
-        "logits": logits,
-        "k": k,
-        "normalize": divide is not None,
-        "output": output,
-        "indices": indices,
-        "grad": grads[0],
-        "backward": backward,
-    }
-
-
-def _router_forward(top_k: int, normalize: bool):
-    return lambda logits: torch.ops.trex_triton.router_topk(logits, None, top_k, "softmax", normalize, 0.0, 1.0)
-
-
-def _router_backward(normalize: bool, dtype: torch.dtype):
-    def backward(grad, logits, indices):
-        grad_logits = torch.ops.trex_triton.router_topk_backward(grad, logits, indices, "softmax", normalize, 0.0, 1.0)
-        return (grad_logits.to(dtype),)
-
-    return backward
-
-
-def _rewrite_routers(gm: fx.GraphModule, ctx: PassContext) -> list[Decision]:
-    """Each softmax top-k router (forward and backward, see `_match_softmax_router`) -> `trex_triton.router_topk`
-    and `router_topk_backward`: the weights, the chosen experts and the logits' gradient come from the kernels;
-    the aten nodes they replace (softmax, topk, the normalisation, their backward) are then dead and go."""
-    from trex.passes.canonicalize.moe import PROVENANCE_KEYS
-
-    decisions: list[Decision] = []
-    backwards: dict[fx.Node, list[fx.Node]] = {}
-    for node in gm.graph.nodes:
-        if _is(node, aten._softmax_backward_data.default):
-            backwards.setdefault(_through_aliases(node.args[1]), []).append(node)
-    for softmax in [n for n in gm.graph.nodes if _is(n, aten._softmax.default)]:
-        match = _match_softmax_router(softmax, backwards)
-        if match is None or not ctx.fuel.take():
-            continue
-        logits, backward, normalize = match["logits"], match["backward"], match["normalize"]
-        after_topk = match["indices"].args[0].next  # before every use of the router's outputs
-        weights, indices = inline_traced(
-            gm, after_topk, _router_forward(match["k"], normalize), [logits], PROVENANCE_KEYS
-        )
-        match["output"].replace_all_uses_with(weights)
-        match["indices"].replace_all_uses_with(indices)
-        dtype = backward.meta["val"].dtype
-        (grad_logits,) = inline_traced(
-            gm, backward, _router_backward(normalize, dtype), [match["grad"], logits, indices], PROVENANCE_KEYS
-        )
-        backward.replace_all_uses_with(grad_logits)
-        tokens, experts = logits.meta["val"].shape
-        decisions.append(
-            Decision(
-                "rewrite",
-                softmax.name,
-                f"softmax top-{match['k']} router over {experts} experts ({tokens} tokens"
-                f"{', normalised' if normalize else ''}) -> trex_triton.router_topk (+ router_topk_backward)",
-                {"kernel": "router_topk"},
-            )
-        )
-    return decisions
+        return PassResult(modified, decisions)
 
 
 # Closures over one node's constants, for `inline_traced` (make_fx traces every parameter of the function it
