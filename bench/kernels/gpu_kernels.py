@@ -7,7 +7,8 @@ layer's forward+backward host time vs device time, eager and as a CUDA graph.
     python bench/kernels/gpu_kernels.py --out DIR          (a CUDA device)
     python bench/kernels/gpu_kernels.py --dry-run          (CPU, toy shapes, Triton interpreter: checks the code runs)
 
-Every timed kernel is first checked against its reference (forward and backward) at the timed shape.
+Every timed kernel is first checked against its reference (forward and backward) at the timed shape; the
+router kernel's choice on tied rows is compared with torch.topk's on the device.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def kernel_cases(device, dry):
     bias = torch.randn(experts, device=device) * 0.01  # the aux-free balancing bias (fp32, as the models keep it)
     # V4 scores with sqrt(softplus) over its experts, normalises and scales by 2.5 (routed_scaling_factor)
     route = (top_k, "sqrtsoftplus", True, 1e-20, 2.5)
+    # DeepSeek-V3: sigmoid, 8 groups of 32 experts, the best 4 groups kept, top-8, scaled by 2.5
+    route_v3 = (2, "sigmoid", True, 1e-20, 2.5, 2, 1) if dry else (8, "sigmoid", True, 1e-20, 2.5, 8, 4)
     return [
         (
             "rms_norm",
@@ -157,6 +160,20 @@ def kernel_cases(device, dry):
             "router_topk",
             lambda logits: router.router_topk(logits, bias, *route)[0],
             lambda logits: router.router_topk_reference(logits, bias, *route)[0],
+            [torch.randn(tokens, experts, device=device)],
+            (0,),
+        ),
+        (
+            "router_topk_grouped",
+            lambda logits: router.router_topk(logits, bias, *route_v3)[0],
+            lambda logits: router.router_topk_reference(logits, bias, *route_v3)[0],
+            [torch.randn(tokens, experts, device=device)],
+            (0,),
+        ),
+        (
+            "router_weights",
+            lambda logits: router.router_weights(logits, index, "sqrtsoftplus", True, 1e-20, 1.5),
+            lambda logits: router.router_weights_reference(logits, index, "sqrtsoftplus", True, 1e-20, 1.5),
             [torch.randn(tokens, experts, device=device)],
             (0,),
         ),
@@ -326,6 +343,35 @@ def bench_moe_layer_host_vs_device(device, dry):
     return result
 
 
+def router_ties(device):
+    """Whether router_topk picks, on rows full of equal choices, the experts torch.topk picks on this device
+    (the kernel keeps the lower id among equal choices, as CUDA's topk does; a CPU's topk does not), flat
+    and with DeepSeek-V3's group limit computed by eager's own ops."""
+    import torch
+
+    from trex.backends.triton.kernels import router
+
+    experts, top_k = 256, 8
+    logits = torch.cat(
+        [torch.zeros(4, experts), torch.tensor([0.5, 1.0, 1.0, 0.5]).repeat(4, experts // 4), torch.randn(8, experts)]
+    ).to(device)
+    bias = torch.zeros(experts, device=device)
+    scores = torch.sigmoid(logits)
+    result = {}
+    for label, groups in (("flat", (1, 1)), ("group_limited", (8, 4))):
+        _, indices = router.router_topk(logits, bias, top_k, "sigmoid", True, 1e-20, 2.5, *groups)
+        choice = scores + bias
+        if groups[0] > 1:  # transformers' DeepSeek-V3 router, op for op
+            group_scores = choice.view(-1, groups[0], experts // groups[0]).topk(2, dim=-1)[0].sum(dim=-1)
+            kept = torch.zeros_like(group_scores).scatter_(1, torch.topk(group_scores, groups[1], sorted=False)[1], 1)
+            mask = kept.unsqueeze(-1).expand(-1, groups[0], experts // groups[0]).reshape(-1, experts)
+            choice = choice.masked_fill(~mask.bool(), float("-inf"))
+        expected = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
+        same = indices.sort(-1).values == expected.sort(-1).values
+        result[f"{label}_rows_matching_torch_topk"] = f"{int(same.all(-1).sum())}/{len(same)}"
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/kernels/out"))
@@ -348,6 +394,7 @@ def main() -> None:
         "kernels": bench_kernels(device, args.dry_run),
         "expert_gemm": bench_expert_gemm(device, args.dry_run),
         "moe_layer": bench_moe_layer_host_vs_device(device, args.dry_run),
+        "router_ties": router_ties(device),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -372,6 +419,7 @@ def main() -> None:
             f"| {row['grouped_tflops']:.1f} | {row['loop4_tflops']:.1f} |"
         )
     lines += ["", "moe layer fwd+bwd: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in results["moe_layer"].items())]
+    lines += ["", "router ties (rows where router_topk picks torch.topk's experts): " + str(results["router_ties"])]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

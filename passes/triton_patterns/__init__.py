@@ -11,7 +11,10 @@ and the trex MoE primitives (forward and backward, as `canonicalize_moe` leaves 
     the inverse index map); `trex.moe_combine`, `moe_combine_backward` and `moe_dispatch_backward`
     become `trex_triton.moe_unpermute`, `moe_unpermute_backward` and `moe_permute_backward`, which
     gather through that inverse map (no scatter-add);
-  * `trex.grouped_mm` / `grouped_mm_weight_grad` become `trex_triton.grouped_mm` / `grouped_mm_weight_grad`.
+  * `trex.grouped_mm` / `grouped_mm_weight_grad` become `trex_triton.grouped_mm` / `grouped_mm_weight_grad`;
+and the MoE routers, forward and backward (`routers.py`): Qwen3-MoE's softmax top-k, DeepSeek-V3's
+group-limited sigmoid top-k and DeepSeek-V4's sqrt-softplus top-k (with the aux-free bias in the choice) become
+`trex_triton.router_topk`, V4's hash layers `trex_triton.router_weights`, each with `router_topk_backward`.
 The rewrite is on when the compile target runs on a GPU (where the kernels compile) or when asked
 (`TritonPatterns(force=True)` in `passes=`); elsewhere the pass declines, says so, and changes nothing
 (on a CPU the library's ops would run their references: same meaning, no gain).
@@ -81,9 +84,9 @@ def _match_rms_norm(rsqrt: fx.Node) -> dict | None:
 
 
 class TritonPatterns:
-    """Invariant established: with the rewrite on, no RMSNorm or SwiGLU forward of the matched form
-    remains in aten ops; each is one `trex_triton` op whose outputs replace the values the rest of the
-    graph read. Loss and gradients are unchanged (the ops compute the same function)."""
+    """Invariant established: with the rewrite on, no RMSNorm, SwiGLU, MoE primitive or router region of the
+    matched forms remains in aten/trex ops; each is a `trex_triton` op whose outputs replace the values the
+    rest of the graph read. Loss and gradients are unchanged (the ops compute the same function)."""
 
     name: ClassVar[str] = "triton_patterns"
 

@@ -49,8 +49,11 @@ def test_gpu_kernels_dry_run_checks_every_kernel_and_writes_its_tables(tmp_path)
         "moe_permute",
         "moe_unpermute",
         "router_topk",
+        "router_topk_grouped",
+        "router_weights",
         "linear_cross_entropy",
     }
     assert {row["model"] for row in results["expert_gemm"]} == {"qwen3-235b", "deepseek-v4"}
     assert {"eager_host_s", "eager_device_s", "eager_sync_free_host_s"} <= set(results["moe_layer"])
     assert "| moe_permute |" in (tmp_path / "gpu_check.md").read_text()
+    assert set(results["router_ties"]) == {"flat_rows_matching_torch_topk", "group_limited_rows_matching_torch_topk"}
