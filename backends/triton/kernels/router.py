@@ -179,6 +179,7 @@ def _forward_kernel(
     TOPK_GROUP: tl.constexpr,  # 0: no group limit
     G_BLOCK: tl.constexpr,
     S_BLOCK: tl.constexpr,
+    GIVEN: tl.constexpr,  # the experts are read from indices_ptr (router_weights), not chosen
 ):
     token = tl.program_id(0)
     groups = tl.arange(0, G_BLOCK)
@@ -207,8 +208,11 @@ def _forward_kernel(
     picked = tl.zeros((K_BLOCK,), dtype=tl.int32)
     weights = tl.zeros((K_BLOCK,), dtype=tl.float32)
     for slot in range(TOP_K):
-        best = tl.max(tl.max(choice, axis=1), axis=0)
-        index = tl.min(tl.min(tl.where(choice == best, experts, G_BLOCK * S_BLOCK), axis=1), axis=0)
+        if GIVEN:
+            index = tl.load(indices_ptr + token * TOP_K + slot).to(tl.int32)
+        else:
+            best = tl.max(tl.max(choice, axis=1), axis=0)
+            index = tl.min(tl.min(tl.where(choice == best, experts, G_BLOCK * S_BLOCK), axis=1), axis=0)
         chosen = (experts == index) & valid  # a padded member's id repeats the next group's first expert
         picked = tl.where(slots == slot, index, picked)
         weight = tl.sum(tl.sum(tl.where(chosen, scores, 0.0), axis=1), axis=0)
@@ -217,33 +221,8 @@ def _forward_kernel(
     if NORMALIZE:
         weights = weights / (tl.sum(weights, axis=0) + eps)
     tl.store(weights_ptr + token * TOP_K + slots, weights * scale, mask=slots < TOP_K)
-    tl.store(indices_ptr + token * TOP_K + slots, picked.to(tl.int64), mask=slots < TOP_K)
-
-
-def _weights_kernel(
-    logits_ptr,
-    indices_ptr,
-    weights_ptr,
-    E,
-    eps,
-    scale,
-    TOP_K: tl.constexpr,
-    K_BLOCK: tl.constexpr,
-    SCORE: tl.constexpr,
-    NORMALIZE: tl.constexpr,
-    E_BLOCK: tl.constexpr,
-):
-    token = tl.program_id(0)
-    experts = tl.arange(0, E_BLOCK)[None, :]
-    valid = experts < E
-    x = tl.load(logits_ptr + token * E + experts, mask=valid, other=0.0).to(tl.float32)
-    scores = _scores_of(x, valid, SCORE)  # [1, E_BLOCK]
-    slots = tl.arange(0, K_BLOCK)
-    index = tl.load(indices_ptr + token * TOP_K + slots, mask=slots < TOP_K, other=-1)
-    weights = tl.sum(tl.where(index[:, None] == experts, scores, 0.0), axis=1)  # [K_BLOCK]
-    if NORMALIZE:
-        weights = weights / (tl.sum(weights, axis=0) + eps)
-    tl.store(weights_ptr + token * TOP_K + slots, weights * scale, mask=slots < TOP_K)
+    if not GIVEN:
+        tl.store(indices_ptr + token * TOP_K + slots, picked.to(tl.int64), mask=slots < TOP_K)
 
 
 def _backward_kernel(
@@ -291,7 +270,7 @@ _scores_of = None  # the jitted `_scores_body` the kernels call; set by `_kernel
 def _kernels(interpreted: bool):  # keyed by TRITON_INTERPRET: jit reads it when it wraps
     global _scores_of
     _scores_of = triton.jit(_scores_body)
-    return triton, triton.jit(_forward_kernel), triton.jit(_backward_kernel), triton.jit(_weights_kernel)
+    return triton, triton.jit(_forward_kernel), triton.jit(_backward_kernel)
 
 
 @torch.library.custom_op("trex_triton::router_topk", mutates_args=())
@@ -310,7 +289,7 @@ def router_topk(
     _check(logits, bias, top_k, score, n_group, topk_group)
     if not kernels_run_on(logits):
         return router_topk_reference(logits, bias, top_k, score, normalize, eps, scale, n_group, topk_group)
-    triton, forward, _, _ = _kernels(interpreting())
+    triton, forward, _ = _kernels(interpreting())
     tokens, experts = logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     indices = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
@@ -334,6 +313,7 @@ def router_topk(
             TOPK_GROUP=topk_group if n_group > 1 else 0,
             G_BLOCK=triton.next_power_of_2(n_group),
             S_BLOCK=triton.next_power_of_2(group_size),
+            GIVEN=False,
         )
     return weights, indices
 
@@ -355,23 +335,30 @@ def router_weights(logits: Tensor, indices: Tensor, score: str, normalize: bool,
         raise ValueError(f"trex_triton.router_weights: score must be one of {SCORES}, got {score!r}")
     if not kernels_run_on(logits):
         return router_weights_reference(logits, indices, score, normalize, eps, scale)
-    triton, _, _, gather = _kernels(interpreting())
+    triton, forward, _ = _kernels(interpreting())
     tokens, experts = logits.shape
     top_k = indices.size(1)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     if tokens:
-        gather[(tokens,)](
+        forward[(tokens,)](
             logits.contiguous(),
-            indices.contiguous(),
+            logits,  # no bias
             weights,
+            indices.contiguous(),
             experts,
+            experts,  # one group of every expert
+            1,
             eps,
             scale,
             TOP_K=top_k,
             K_BLOCK=triton.next_power_of_2(top_k),
             SCORE=_SCORE_CODE[score],
+            HAS_BIAS=False,
             NORMALIZE=normalize,
-            E_BLOCK=triton.next_power_of_2(experts),
+            TOPK_GROUP=0,
+            G_BLOCK=1,
+            S_BLOCK=triton.next_power_of_2(experts),
+            GIVEN=True,
         )
     return weights
 
@@ -411,7 +398,7 @@ def router_topk_backward(
     """The gradient of the logits (the scores recomputed from them), for router_topk and router_weights."""
     if not kernels_run_on(logits):
         return router_topk_backward_reference(grad_weights, logits, indices, score, normalize, eps, scale)
-    triton, _, backward, _ = _kernels(interpreting())
+    triton, _, backward = _kernels(interpreting())
     tokens, experts = logits.shape
     top_k = indices.size(1)
     grad_logits = torch.empty(tokens, experts, dtype=logits.dtype, device=logits.device)
