@@ -416,6 +416,13 @@ def _score_backward(scatter_add: fx.Node, scores: fx.Node, score: str, logits: f
     return softplus_backward if list(softplus_backward.args[2:]) == [1, 20] else None
 
 
+def _differentiated(scores: fx.Node, logits: fx.Node) -> bool:
+    """Whether the graph may hold a gradient of the scores: they are saved (AOTAutograd reads a value in the
+    backward through a detach of it), or a score function's backward reads them or the logits."""
+    backwards = (aten.sigmoid_backward.default, aten.softplus_backward.default)
+    return any(_is(u, *_ALIASES, *backwards) for u in scores.users) or any(_is(u, *backwards) for u in logits.users)
+
+
 def _match_gather_router(gather: fx.Node, order: dict[fx.Node, int]) -> dict | str | None:
     """The DeepSeek-V3/V4 router region around `gather` (see the module docstring) with its backward, as a
     dict; a string saying why a router-shaped region is not rewritten; None when `gather` is no router's."""
@@ -443,12 +450,15 @@ def _match_gather_router(gather: fx.Node, order: dict[fx.Node, int]) -> dict | s
         if _is(u, aten.scatter_add.default) and u.args[2] is indices and u.args[1] in (1, -1) and u is not gather
     ]
     backwards = [(s, b) for s in scatter_adds if (b := _score_backward(s, scores, score, logits)) is not None]
-    if len(backwards) != 1:
+    if not scatter_adds and not _differentiated(scores, logits):
+        grad = backward = None  # a forward-only graph (inference, or logits that need no gradient)
+    elif len(backwards) != 1:
         return "no backward of the form autograd derives from the router alone (the scores get other gradients)"
-    scatter_add, backward = backwards[0]
-    grad = _weights_gradient(scatter_add.args[3], gather, weights)
-    if grad is None or _shape(grad) != _shape(indices):
-        return "the weights' gradient reaches the scores through more than the normalisation and scaling"
+    else:
+        scatter_add, backward = backwards[0]
+        grad = _weights_gradient(scatter_add.args[3], gather, weights)
+        if grad is None or _shape(grad) != _shape(indices):
+            return "the weights' gradient reaches the scores through more than the normalisation and scaling"
     return {
         "score": score,
         "logits": logits,
@@ -524,14 +534,15 @@ def _rewrite_gather_routers(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
             how = f"{_shape(indices)[1]} given experts of {experts} (chosen outside the router: hash routing)"
         match["output"].replace_all_uses_with(weights)
         backward = match["backward"]
-        (grad_logits,) = inline_traced(
-            gm,
-            backward,
-            _logits_gradient(*constants, backward.meta["val"].dtype),
-            [match["grad"], logits, indices],
-            PROVENANCE_KEYS,
-        )
-        backward.replace_all_uses_with(grad_logits)
+        if backward is not None:
+            (grad_logits,) = inline_traced(
+                gm,
+                backward,
+                _logits_gradient(*constants, backward.meta["val"].dtype),
+                [match["grad"], logits, indices],
+                PROVENANCE_KEYS,
+            )
+            backward.replace_all_uses_with(grad_logits)
         decisions.append(
             Decision(
                 "rewrite",
@@ -539,7 +550,8 @@ def _rewrite_gather_routers(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
                 f"{score} router over {tokens} tokens: {how}"
                 + (f", normalised (eps {match['eps']:g})" if normalize else "")
                 + (f", scaled by {match['scale']:g}" if match["scale"] != 1.0 else "")
-                + f" -> trex_triton.{kernel} (+ router_topk_backward)",
+                + f" -> trex_triton.{kernel}"
+                + (" (+ router_topk_backward)" if backward is not None else " (forward only: no gradient here)"),
                 {
                     "kernel": kernel,
                     "score": score,

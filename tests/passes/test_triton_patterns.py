@@ -295,3 +295,22 @@ def test_router_bias_gets_no_gradient_even_as_a_trainable_parameter():
     torch.testing.assert_close(model.gate.weight.grad, reference.gate.weight.grad, rtol=1e-4, atol=1e-5)
     graph = compiled.trex.graphs[0]
     assert any(n.target == torch.ops.trex_triton.router_topk.default for n in graph.forward.graph.nodes)
+
+
+@pytest.mark.parametrize("router", ["v3-group-limited", "v4-topk", "v4-hash"])
+def test_deepseek_router_rewritten_in_an_inference_graph(router):
+    """Without autograd (serving) the graph has no backward: the forward region alone becomes the kernel op,
+    the decision says so, and the output equals eager's."""
+    kind, config = DEEPSEEK_ROUTERS[router]
+    torch.manual_seed(0)
+    model = DeepseekRouterLayer(kind, **config)
+    x, ids = torch.randn(10, 16), torch.randint(0, 32, (10,))
+    compiled = trex.compile(model, passes=[TritonPatterns(force=True)], backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, ids), model(x, ids), rtol=1e-5, atol=1e-5)
+    graph = compiled.trex.graphs[0]
+    assert graph.backward is None
+    kernel = torch.ops.trex_triton.router_weights if kind == "v4-hash" else torch.ops.trex_triton.router_topk
+    assert sum(n.target == kernel.default for n in graph.forward.graph.nodes) == 1
+    record = next(r for r in graph.report.records if r.name == "triton_patterns")
+    assert "forward only" in record.decisions[0].reason
