@@ -307,7 +307,7 @@ def test_router_weights_kernel_matches_reference_with_repeated_experts(score, no
 
 
 def test_router_topk_rejects_bad_arguments_with_the_fix():
-    from trex.backends.triton.kernels.router import router_topk
+    from trex.backends.triton.kernels.router import router_topk, router_weights
 
     with pytest.raises(ValueError, match="score must be one of"):
         router_topk(torch.randn(2, 4), None, 2, "tanh", True, 0.0, 1.0)
@@ -319,6 +319,8 @@ def test_router_topk_rejects_bad_arguments_with_the_fix():
         router_topk(torch.randn(2, 6), None, 1, "sigmoid", True, 0.0, 1.0, 4, 1)
     with pytest.raises(ValueError, match="raise topk_group or lower top_k"):
         router_topk(torch.randn(2, 8), None, 3, "sigmoid", True, 0.0, 1.0, 4, 1)
+    with pytest.raises(ValueError, match="indices must be int64"):
+        router_weights(torch.randn(2, 8), torch.zeros(2, 2, dtype=torch.int32), "sigmoid", True, 0.0, 1.0)
 
 
 ROUTER_SM90_COMPILE = """

@@ -139,8 +139,10 @@ def _check_indices(logits: Tensor, indices: Tensor) -> None:
             "trex_triton.router_weights takes logits [tokens, experts] and indices [tokens, k], got "
             f"{tuple(logits.shape)} and {tuple(indices.shape)}"
         )
-    if indices.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"trex_triton.router_weights: indices must be int64 or int32, got {indices.dtype}")
+    if indices.dtype != torch.int64:
+        raise ValueError(
+            f"trex_triton.router_weights: indices must be int64 (as torch.gather takes), got {indices.dtype}"
+        )
 
 
 # Kernel bodies: plain functions that `_kernels` hands to triton.jit when first used (so TRITON_INTERPRET
@@ -273,26 +275,24 @@ def _kernels(interpreted: bool):  # keyed by TRITON_INTERPRET: jit reads it when
     return triton, triton.jit(_forward_kernel), triton.jit(_backward_kernel)
 
 
-@torch.library.custom_op("trex_triton::router_topk", mutates_args=())
-def router_topk(
+def _launch_forward(
     logits: Tensor,
     bias: Tensor | None,
-    top_k: int,
+    indices: Tensor,
+    given: bool,
     score: str,
     normalize: bool,
     eps: float,
     scale: float,
-    n_group: int = 1,
-    topk_group: int = 1,
-) -> tuple[Tensor, Tensor]:
-    """(weights[T,k] fp32, indices[T,k] int64): see the module docstring."""
-    _check(logits, bias, top_k, score, n_group, topk_group)
-    if not kernels_run_on(logits):
-        return router_topk_reference(logits, bias, top_k, score, normalize, eps, scale, n_group, topk_group)
+    n_group: int,
+    topk_group: int,
+) -> Tensor:
+    """The forward kernel over every token: the weights [T,k]; `indices` [T,k] is written (the experts chosen)
+    or, with `given`, read."""
     triton, forward, _ = _kernels(interpreting())
     tokens, experts = logits.shape
+    top_k = indices.size(1)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    indices = torch.empty(tokens, top_k, dtype=torch.int64, device=logits.device)
     group_size = experts // n_group
     if tokens:
         forward[(tokens,)](
@@ -313,8 +313,29 @@ def router_topk(
             TOPK_GROUP=topk_group if n_group > 1 else 0,
             G_BLOCK=triton.next_power_of_2(n_group),
             S_BLOCK=triton.next_power_of_2(group_size),
-            GIVEN=False,
+            GIVEN=given,
         )
+    return weights
+
+
+@torch.library.custom_op("trex_triton::router_topk", mutates_args=())
+def router_topk(
+    logits: Tensor,
+    bias: Tensor | None,
+    top_k: int,
+    score: str,
+    normalize: bool,
+    eps: float,
+    scale: float,
+    n_group: int = 1,
+    topk_group: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """(weights[T,k] fp32, indices[T,k] int64): see the module docstring."""
+    _check(logits, bias, top_k, score, n_group, topk_group)
+    if not kernels_run_on(logits):
+        return router_topk_reference(logits, bias, top_k, score, normalize, eps, scale, n_group, topk_group)
+    indices = torch.empty(logits.size(0), top_k, dtype=torch.int64, device=logits.device)
+    weights = _launch_forward(logits, bias, indices, False, score, normalize, eps, scale, n_group, topk_group)
     return weights, indices
 
 
@@ -335,32 +356,7 @@ def router_weights(logits: Tensor, indices: Tensor, score: str, normalize: bool,
         raise ValueError(f"trex_triton.router_weights: score must be one of {SCORES}, got {score!r}")
     if not kernels_run_on(logits):
         return router_weights_reference(logits, indices, score, normalize, eps, scale)
-    triton, forward, _ = _kernels(interpreting())
-    tokens, experts = logits.shape
-    top_k = indices.size(1)
-    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
-    if tokens:
-        forward[(tokens,)](
-            logits.contiguous(),
-            logits,  # no bias
-            weights,
-            indices.contiguous(),
-            experts,
-            experts,  # one group of every expert
-            1,
-            eps,
-            scale,
-            TOP_K=top_k,
-            K_BLOCK=triton.next_power_of_2(top_k),
-            SCORE=_SCORE_CODE[score],
-            HAS_BIAS=False,
-            NORMALIZE=normalize,
-            TOPK_GROUP=0,
-            G_BLOCK=1,
-            S_BLOCK=triton.next_power_of_2(experts),
-            GIVEN=True,
-        )
-    return weights
+    return _launch_forward(logits, None, indices.contiguous(), True, score, normalize, eps, scale, 1, 1)
 
 
 @router_weights.register_fake
