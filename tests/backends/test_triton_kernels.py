@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trex.backends.triton.availability import kernels_run_on, triton_import_error
 
@@ -368,3 +370,32 @@ def test_router_kernels_compile_for_a_gpu_without_one():
         pytest.skip(f"this triton wheel has no ptxas: {done.stderr[-300:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled 10" in done.stdout
+
+
+@given(
+    data=st.data(),
+    score=st.sampled_from(["sigmoid", "sqrtsoftplus", "softmax"]),
+    normalize=st.booleans(),
+    biased=st.booleans(),
+)
+def test_router_topk_kernel_agrees_with_reference_on_any_routing_shape(data, score, normalize, biased):
+    """Any experts count, grouping (group sizes that are not powers of two included), topk_group and k the
+    op accepts: the kernel chooses the reference's experts (random logits: no ties) with its weights."""
+    from trex.backends.triton.kernels.router import router_topk, router_topk_reference
+
+    n_group = data.draw(st.integers(1, 5), label="n_group")
+    group_size = data.draw(st.integers(2, 7), label="group_size")
+    topk_group = data.draw(st.integers(1, n_group), label="topk_group")
+    kept = group_size * (topk_group if n_group > 1 else 1)
+    top_k = data.draw(st.integers(1, min(kept, 8)), label="top_k")
+    tokens = data.draw(st.integers(1, 5), label="tokens")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    generator = torch.Generator().manual_seed(seed)
+    experts = n_group * group_size
+    logits = torch.randn(tokens, experts, generator=generator) * 2
+    bias = torch.randn(experts, generator=generator) * 0.3 if biased else None
+    route = (bias, top_k, score, normalize, 1e-20, 1.5, n_group, topk_group)
+    weights, indices = router_topk(logits, *route)
+    expected_weights, expected_indices = router_topk_reference(logits, *route)
+    torch.testing.assert_close(indices, expected_indices)
+    torch.testing.assert_close(weights, expected_weights)
