@@ -375,15 +375,26 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
     program = problem.program
     declared = re.findall(r"^(\w+) = (?:\{|\[|pulp\.LpVariable|\w+\.addVar|\w+\.\w+$)", program, re.M)
     declared = [name for name in dict.fromkeys(declared) if name not in ("model", "mdl", "prob", "scip_model")]
-    comments = re.findall(r"^# (\w+): (.+)$", program, re.M)
-    variables = [f"`{name}`" for name in declared if any(name == family_of(v.name) for v in problem.model.variables)]
-    blocks = [
-        f"`{name}` ({_INNER_PARENTHESIS.sub(_AS_CLAUSE, text.rstrip('.'))})"  # no parenthesis inside another
-        for name, text in comments
-        if name not in declared and name.islower()
-    ]
+    comments = dict(re.findall(r"^# (\w+): (.+)$", program, re.M))
+    variable_families = {family_of(v.name) for v in problem.model.variables}
+    variables = [f"`{name}`" for name in declared if name in variable_families]
+    # every constraint family of the model is a block of the program, whether or not a data dictionary
+    # shares its name (`capacity` is both a parameter and the rows `capacity[t]`): none is left out
+    blocks = []
+    for name in dict.fromkeys(family_of(row.name) for row in problem.model.rows):
+        text = comments.get(name)
+        blocks.append(
+            f"`{name}` ({_INNER_PARENTHESIS.sub(_AS_CLAUSE, text.rstrip('.'))})"  # no parenthesis inside another
+            if text
+            else f"`{name}`"
+        )
     sense = "minimizes" if problem.model.sense == "minimize" else "maximizes"
-    objective = problem.math.objective_description
+    # only what the program says: a unit in parentheses ("total cost (USD)") the program never names is dropped
+    objective = re.sub(
+        r" \(([^()]*)\)",
+        lambda match: match.group(0) if match.group(1).lower() in program.lower() else "",
+        problem.math.objective_description,
+    )
     parts = [
         f"The program's data block holds the sets and parameters; the model {sense} the {objective} over the "
         f"variables {join(variables) or 'it declares'}."
@@ -394,6 +405,13 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
             "constraint family, and each dictionary of the data block one indexed parameter."
         )
     kinds = {variable.kind for variable in problem.model.variables}
+    whole = sorted({family_of(v.name) for v in problem.model.variables if v.kind in ("integer", "binary")})
+    if whole:  # the reason first: which declarations make it a MIP ("Because of that" needs a "that")
+        keyword = next((word for word in ("vtype", "cat", "within", "domain") if f"{word}=" in program), "")
+        parts.append(
+            f"The program declares {join([f'`{name}`' for name in whole])} with an integer or binary type"
+            + (f" (its `{keyword}=` argument)." if keyword else ".")
+        )
     parts.append(
         realize(MIP, rng)
         if kinds & {"integer", "binary"}
@@ -407,6 +425,35 @@ def _has_bound(symbol: str, domain: str) -> bool:
     not just nonnegativity or integrality: anything named in it besides the variable itself."""
     rest = re.sub(r"\\[a-zA-Z]+(?:\{[^}]*\})?", " ", domain).replace(symbol, " ")
     return bool(re.search(r"[a-zA-Z]", rest))
+
+
+def lp_plan(problem: Problem) -> tuple[str, ...]:
+    """The optimal plan in the LP file's own names, for a task whose only input is the LP file.
+
+    The file has variable names and coefficients, no nouns and no units: "Start the bracket order
+    ...; it finishes after 2 hours" states facts the prompt never gave (the Sixth review's #17).
+    Each nonzero variable is given with its value, in the file's order; a binary at 1 is "chosen".
+    The story's plan lines remain for the tasks whose prompt tells the story."""
+    lines = []
+    for variable in problem.model.variables:
+        value = problem.values.get(variable.name, 0.0)
+        if abs(value) <= 1e-6:
+            continue
+        shown = format_objective(value)
+        if variable.kind == "binary":
+            lines.append(f"`{variable.name}` = {shown} (binary: chosen)")
+        else:
+            lines.append(f"`{variable.name}` = {shown}")
+    if lines:
+        rest = len(problem.model.variables) - len(lines)
+        lines.append(
+            "The file's one other variable is zero."
+            if rest == 1
+            else f"The file's other {rest} variables are all zero."
+            if rest
+            else "No variable of the file is zero."
+        )
+    return tuple(lines)
 
 
 def no_solution_explanation(problem: Problem) -> str:
@@ -969,8 +1016,9 @@ def _build_task(
         program=problem.program.rstrip("\n") + "\n",
     )
     explain_status = lp_no_solution_explanation if source == "lp" else no_solution_explanation
+    plan = lp_plan(problem) if source == "lp" else tuple(problem.decisions())
     solved = dict(
-        decisions=tuple(problem.decisions()) or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
+        decisions=plan or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
         explanation=explain_status(problem) if problem.status != "optimal" else "",
         check=_check(problem),
     )
