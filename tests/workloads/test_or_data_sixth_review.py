@@ -227,3 +227,33 @@ def test_a_program_input_is_read_with_every_block_and_no_unit_it_does_not_name(r
     declares = text.index("with an integer or binary type")
     assert declares < text.index("mixed-integer"), text
     assert not check_prose(text), check_prose(text)
+
+
+def test_an_lp_file_is_read_by_what_its_rows_do_not_only_by_counts():
+    # the review's #17, #29, #35: "66 variables `start`", "5 equality rows named `once`" and nothing on what
+    # the rows mean; the shapes are read from the coefficients alone, with the file's names and numbers
+    from trex.workloads.or_data.tasks import lp_reading
+
+    builder = ModelBuilder("mix")
+    start = {(j, t): builder.var(f"start__{j}__{t}", "binary") for j in ("a", "b") for t in range(3)}
+    make = {t: builder.var(f"make__{t}") for t in range(2)}
+    stock = builder.var("stock__0")
+    setup = {t: builder.var(f"setup__{t}", "binary") for t in range(2)}
+    load = {j: builder.var(f"load__{j}") for j in ("a", "b")}
+    arc = builder.var("arc__a__b", "binary")
+    for j in ("a", "b"):
+        builder.row(f"once__{j}", {start[j, t]: 1.0 for t in range(3)}, "==", 1.0)
+    builder.row("inventory__0", {make[0]: 1.0, stock: -1.0}, "==", 380.0)
+    builder.row("inventory__1", {make[1]: 1.0, stock: 1.0}, "==", 200.0)
+    for t in range(2):
+        builder.row(f"capacity__{t}", {make[t]: 1.0, setup[t]: -560.0}, "<=", 0.0)
+    builder.row("mtz__a__b", {load["b"]: 1.0, load["a"]: -1.0, arc: -14.0, start["a", 0]: 1.0}, ">=", -11.0)
+    builder.minimize({**{v: 1.0 for v in make.values()}, **{v: 90.0 for v in setup.values()}, stock: 2.0})
+    text = lp_reading(builder.build())
+    assert "`once__a: start__a__0 + start__a__1 + start__a__2 = 1`: exactly one of its 3 binaries is 1" in text, text
+    assert "(all 2 rows of `once` have this shape)" in text, text
+    assert "`inventory__0: make__0 - stock__0 = 380`: the terms with a plus sign equal those with a minus sign" in text
+    assert "(1 of the 2 rows of `inventory` has this shape)" in text and "all of one sign" in text, text
+    assert "only when `setup__0` is 1, and their weighted sum is then at most 560" in text, text
+    assert "when `arc__a__b` is 1 the rest of the row must be at least 3; when it is 0 the bound is -11" in text, text
+    assert not check_prose(text), check_prose(text)

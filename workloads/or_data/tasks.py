@@ -43,6 +43,7 @@ from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree, article, singular_noun
 from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.repair_reason import symptom_reason
+from trex.workloads.or_data.row_shapes import row_shapes
 from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
@@ -361,6 +362,11 @@ def lp_reading(model, target: str = "program") -> str:
         text += f" The file lists {join(sections)}, so this is a mixed-integer program."
     else:
         text += " No variable is listed under General or Binary, so this is a linear program."
+    shapes = row_shapes(model)
+    if shapes:  # what the rows do, not only how many there are (the Sixth review's mechanical readings)
+        text += "\n\nWhat each family of rows says, read from its coefficients alone:\n\n" + "\n".join(
+            f"- {line}" for line in shapes
+        )
     return text
 
 
