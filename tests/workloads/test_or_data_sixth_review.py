@@ -257,3 +257,24 @@ def test_an_lp_file_is_read_by_what_its_rows_do_not_only_by_counts():
     assert "only when `setup__0` is 1, and their weighted sum is then at most 560" in text, text
     assert "when `arc__a__b` is 1 the rest of the row must be at least 3; when it is 0 the bound is -11" in text, text
     assert not check_prose(text), check_prose(text)
+
+
+def test_a_model_read_from_a_program_names_no_unit_the_program_does_not(runner):  # noqa: F811 - pytest fixture
+    # the review's #18 and #28: "(USD)" in the model of a program-input task whose program never names a currency
+    from trex.workloads.or_data.tasks import program_units_only
+
+    problem = verified("lot_sizing", 5, runner)
+    task = _task_with_source(problem, "text_to_model", "model", "code", runner)
+    math_text = task.reference.math
+    for line in math_text.splitlines():
+        if line.startswith("- $"):
+            for unit in re.findall(r"\(([A-Za-z ]+)\)", line):
+                assert any(word.lower().rstrip("s") in problem.program.lower() for word in unit.split()), (unit, line)
+    assert (
+        program_units_only("- $c_t$: cost in $t$ (USD): week 1 120", "cost = {}") == "- $c_t$: cost in $t$: week 1 120"
+    )
+    assert (
+        program_units_only("- $d_t$: demand (pallets): 5", "# make[t]: pallets made") == "- $d_t$: demand (pallets): 5"
+    )
+    kept = "- $v_{wt}$: hours (– = not qualified; table below)"
+    assert program_units_only(kept, "x = 1") == kept

@@ -426,6 +426,30 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
     return agree(" ".join(parts))
 
 
+_DEFINITION_UNIT = re.compile(r"(?m)^(- \$[^\n]*?) \(([^()\n]*)\)")
+
+
+def program_units_only(math_text: str, program: str) -> str:
+    """The model written for a program-input task, without a unit the program never names: a
+    definition's short parenthesis ("(USD)", "(pallets)") stays only when one of its words occurs in
+    the program (its names, comments or strings), so the answer does not bring in the story's
+    currency (the Sixth review's #18, #28). Longer notes ("(table below)", "(– = not qualified)")
+    are kept."""
+    known = set(re.findall(r"[a-z]{3,}", program.lower()))
+
+    def keep(match: re.Match) -> str:
+        words = re.findall(r"[a-z]{3,}", match.group(2).lower())
+        unit_like = 0 < len(match.group(2).split()) <= 3 and "table" not in words and "–" not in match.group(2)
+        if unit_like and words and not any(word in known or word.rstrip("s") in known for word in words):
+            return match.group(1)
+        return match.group(0)
+
+    previous = None
+    while previous != math_text:  # a line may carry more than one such parenthesis
+        previous, math_text = math_text, _DEFINITION_UNIT.sub(keep, math_text)
+    return math_text
+
+
 def _has_bound(symbol: str, domain: str) -> bool:
     """Whether a variable's domain carries a bound given by a parameter (a minimum or a cap),
     not just nonnegativity or integrality: anything named in it besides the variable itself."""
@@ -1030,7 +1054,9 @@ def _build_task(
     )
     if variant == "model" and source == "code":  # the program is all the user gave: read the model from it
         base_parts = {**base_parts, "reasoning": code_reading(problem, text_rng)}
-        parts = AnswerParts(math=answer_full, lp=problem.lp, **solved, **base_parts)
+        parts = AnswerParts(
+            math=program_units_only(answer_full, problem.program), lp=problem.lp, **solved, **base_parts
+        )
     elif variant == "model" and source == "text+lp":  # the LP file is given: the answer is the indexed model
         reasoning = f"{lp_reading(problem.model, 'model')}\n\n{base_parts['reasoning']}"
         # the LP file section repeats the given (verified) file, so the judge re-solves what the answer states
