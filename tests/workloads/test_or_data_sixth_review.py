@@ -32,6 +32,7 @@ REVIEWED = [
     ("Because of their size, Highbury must be covered by at least two ambulance bases.", "agreement"),
     ("The Mon-Fri costs 1,175 yuan per nurse.", "seam"),
     ("- Put 11 nurses on the Mon-Fri.", "seam"),
+    ("- $a_{tp}$: pieces of type $t$ in pattern $p$ (patterns listed)\n- $x_p$: bars cut", "seam"),
     ("Sites:\n- A ambulance base at Canal Street would cost 1.2 million EUR and cover Ardley.", "agreement"),
     # "a row with slack is not met exactly" (#10, 30, 31, 42, 44, 49, 50) and binding rows hidden (#8, #50)
     (
@@ -71,6 +72,7 @@ def test_the_checker_flags_each_sentence_the_sixth_review_quoted(text, kind):
         "Scrap iron costs €310 per ton and provides 0.2% carbon.",
         "Hours needed by translator and document:",
         "Bar piece A (120 cm): 10 ordered.",
+        "- $a_{tp}$: pieces of type $t$ in pattern $p$: p1 2 × board A, 1 × board B",
         "The sequencer runs one batch at a time. The company's head office employs 127 people.",
         "Because of its size, Highbury must be covered by at least two ambulance bases.",
         "Because of their size, Highbury and Elston must be covered by at least two ambulance bases.",

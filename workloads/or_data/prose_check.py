@@ -115,6 +115,7 @@ _SEAMS = (
         r"\b[Tt]he (?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)-(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\b(?! (?:rota|shift|pattern|week))"
     ),  # "The Mon-Fri costs 1,175 yuan": the noun is missing
     re.compile(r"\ban upper bound from first-fit decreasing\b"),  # the set holds FFD's count plus spares
+    re.compile(r"\((?:[\w ]+ )?listed\)[ \t]*(?:\n|$)"),  # "(patterns listed)" and the line ends: nothing is
 )
 # "Nickel pellets cost ... and provides": the second verb of a plural subject left singular.
 _SECOND_VERB = re.compile(

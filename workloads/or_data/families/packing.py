@@ -423,7 +423,7 @@ model.setObjective(quicksum(cut), sense="minimize")
                 ParamDef("l_t", f"{sc.size_word} of piece type $t$ ({sc.unit})", data.size, ("T",)),
                 ParamDef("L", f"{sc.size_word} of a {sc.bin[0]} ({sc.unit})", data.capacity),
                 ParamDef("q_t", "pieces ordered", data.demand, ("T",)),
-                ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$ (patterns listed)", pattern_text, ("P",)),
+                ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$", pattern_text, ("P",)),  # listed with the data
             ),
             variables=(
                 VarDef(
