@@ -280,3 +280,23 @@ def test_a_model_read_from_a_program_names_no_unit_the_program_does_not(runner):
     )
     kept = "- $v_{wt}$: hours (– = not qualified; table below)"
     assert program_units_only(kept, "x = 1") == kept
+
+
+def test_a_row_of_one_term_is_read_as_a_bound_not_as_a_sum_of_1_terms():
+    # the final run of this session rejected 9 instances for "its 1 terms" / "its 1 binaries": a one-term row
+    from trex.workloads.or_data.row_shapes import row_shapes
+
+    builder = ModelBuilder("one")
+    pick_, make_ = builder.var("pick__a", "binary"), builder.var("make__a")
+    builder.row("must__a", {pick_: 1.0}, "==", 1.0)
+    builder.row("cap__a", {make_: 2.0}, "<=", 9.0)
+    builder.row("floor__a", {make_: -1.0}, "<=", -3.0)
+    builder.row("share__a", {make_: 3.0}, "<=", 238.0)  # 79.333...: rounded, said so, no second parenthesis
+    builder.minimize({make_: 1.0, pick_: 1.0})
+    lines = row_shapes(builder.build())
+    assert "`must__a: pick__a = 1`: one term only, so it bounds `pick__a` alone: it is exactly 1." in lines, lines
+    assert "`cap__a: 2 make__a <= 9`: one term only, so it bounds `make__a` alone: it is at most 9 / 2 = 4.5." in lines
+    assert (
+        "`floor__a: -make__a <= -3`: one term only, so it bounds `make__a` alone: it is at least -3 / -1 = 3." in lines
+    )
+    assert not check_prose("\n".join(lines)), check_prose("\n".join(lines))

@@ -6,6 +6,7 @@ reader wants is what the rows *do*, and that can be read off their shape without
 
 | shape | coefficients | reads as |
 | --- | --- | --- |
+| bound | one term | that variable alone kept at most / at least / exactly rhs ÷ coefficient |
 | choice | all 1 on binaries, `=` 1 | exactly one of its binaries is 1 |
 | exclusion | all 1 on binaries, `<=` 1 | at most one of them is 1 |
 | switch | positive terms and one negative binary, `<=` 0 | the positive terms can be nonzero only when the binary is 1, and then up to its coefficient |
@@ -34,6 +35,8 @@ _SHOWN_TERMS = 3
 def shape(row: Row, kinds: dict[str, str]) -> str:
     """The row's shape (the module docstring's table)."""
     coefs = [coef for _, coef in row.terms]
+    if len(coefs) == 1:
+        return "bound"
     binaries = all(kinds.get(name) == "binary" for name, _ in row.terms)
     if binaries and all(coef == 1 for coef in coefs):
         if row.sense == "==" and row.rhs == 1:
@@ -77,7 +80,7 @@ def written(row: Row) -> str:
     parts = []
     for index, (name, coef) in enumerate(row.terms[:_SHOWN_TERMS]):
         magnitude = "" if abs(coef) == 1 else f"{format_number(abs(coef))} "
-        sign = ("- " if coef < 0 else "") if index == 0 else ("- " if coef < 0 else "+ ")
+        sign = ("-" if coef < 0 else "") if index == 0 else ("- " if coef < 0 else "+ ")
         parts.append(f"{sign}{magnitude}{name}")
     more = f" + … ({len(row.terms)} terms)" if len(row.terms) > _SHOWN_TERMS else ""
     sense = {"<=": "<=", ">=": ">=", "==": "="}[row.sense]
@@ -87,6 +90,15 @@ def written(row: Row) -> str:
 def _meaning(kind: str, row: Row) -> str:
     terms = len(row.terms)
     rhs = format_number(row.rhs)
+    if kind == "bound":  # one term: a bound on that variable alone, the coefficient divided out
+        name, coef = row.terms[0]
+        sense = row.sense if coef > 0 or row.sense == "==" else {"<=": ">=", ">=": "<="}[row.sense]
+        word = {"<=": "at most", ">=": "at least", "==": "exactly"}[sense]
+        value = format_number(round(row.rhs / coef, 4))
+        if coef == 1:
+            return f"one term only, so it bounds `{name}` alone: it is {word} {value}"
+        exact = "=" if round(row.rhs / coef, 4) == row.rhs / coef else "≈"
+        return f"one term only, so it bounds `{name}` alone: it is {word} {rhs} / {format_number(coef)} {exact} {value}"
     if kind == "choice":
         return f"exactly one of its {terms} binaries is 1, so the row makes a choice among them"
     if kind == "exclusion":

@@ -888,7 +888,7 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             level - variable.lower
         ) < 1e-6
         if at_bound and (variable.lower > 0 or variable.upper is not None):
-            return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
+            return f"In the original plan {subject} is at its bound, {format_objective(level)}, so moving the bound moves the plan with it."
         return (
             f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change "
             + (
