@@ -87,6 +87,19 @@ def written(row: Row) -> str:
     return f"`{row.name}: {' '.join(parts)}{more} {sense} {format_number(row.rhs)}`"
 
 
+# The shapes whose reading needs only the row's size and right-hand side.
+_PLAIN = {
+    "choice": "exactly one of its {terms} binaries is 1, so the row makes a choice among them",
+    "exclusion": "at most one of its {terms} binaries is 1: the options exclude one another",
+    "at_most": "at most {rhs} of its {terms} binaries may be 1",
+    "cover": "at least {rhs} of its {terms} binaries must be 1",
+    "total": "its terms, all of one sign, add up to exactly the right-hand side, {rhs} here",
+    "balance": "the terms with a plus sign equal those with a minus sign plus the right-hand side, {rhs} here",
+    "limit": "a weighted sum of its {terms} terms is kept at or below the right-hand side, {rhs} here",
+    "requirement": "a weighted sum of its {terms} terms must reach the right-hand side, {rhs} here",
+}
+
+
 def _meaning(kind: str, row: Row) -> str:
     terms = len(row.terms)
     rhs = format_number(row.rhs)
@@ -99,28 +112,14 @@ def _meaning(kind: str, row: Row) -> str:
             return f"one term only, so it bounds `{name}` alone: it is {word} {value}"
         exact = "=" if round(row.rhs / coef, 4) == row.rhs / coef else "≈"
         return f"one term only, so it bounds `{name}` alone: it is {word} {rhs} / {format_number(coef)} {exact} {value}"
-    if kind == "choice":
-        return f"exactly one of its {terms} binaries is 1, so the row makes a choice among them"
-    if kind == "exclusion":
-        return f"at most one of its {terms} binaries is 1: the options exclude one another"
-    if kind == "at_most":
-        return f"at most {rhs} of its {terms} binaries may be 1"
-    if kind == "cover":
-        return f"at least {rhs} of its {terms} binaries must be 1"
-    if kind == "total":
-        return f"its terms, all of one sign, add up to exactly the right-hand side, {rhs} here"
+    if kind in _PLAIN:
+        return _PLAIN[kind].format(terms=terms, rhs=rhs)
     if kind == "switch":
         (binary, coef) = next((name, coef) for name, coef in row.terms if coef < 0)
         return (
             f"the other terms can be nonzero only when `{binary}` is 1, and their weighted sum is then at most "
             f"{format_number(-coef)}: a yes/no decision switches them on"
         )
-    if kind == "balance":
-        return f"the terms with a plus sign equal those with a minus sign plus the right-hand side, {rhs} here"
-    if kind == "limit":
-        return f"a weighted sum of its {terms} terms is kept at or below the right-hand side, {rhs} here"
-    if kind == "requirement":
-        return f"a weighted sum of its {terms} terms must reach the right-hand side, {rhs} here"
     if kind == "big_m":
         binary, coef = _big_m(row, {name: "binary" for name, _ in row.terms})
         word = "at least" if row.sense == ">=" else "at most"
