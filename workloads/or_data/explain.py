@@ -18,6 +18,8 @@ from trex.workloads.or_data.phrasing import capitalize, join, number
 from trex.workloads.or_data.prose import singular_noun
 from trex.workloads.or_data.wording import DELETION_MANY, DELETION_ONE, MINIMAL_MANY, MINIMAL_ONE, realize
 
+# Binding rows named in a "What limits the plan" line; more are counted ("and 3 more"), not hidden.
+MAX_NAMED = 8
 _SENSE_WORDS = {"<=": "at most", ">=": "at least", "==": "exactly"}
 
 
@@ -243,7 +245,10 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         loose = sorted(((slack, name) for name, slack in rows if name not in tight), reverse=True)
         whom = [_grouped(element_words(name, math)[1]) for name in tight]
         # a pair is written "auto parts and coffee beans": no parenthesis inside the list's own
-        named = [w[1:-1].replace(", ", " and ") if w.startswith("(") and w.endswith(")") else w for w in whom if w][:4]
+        # every binding row is named (up to MAX_NAMED; beyond that the rest are counted, never hidden behind "...")
+        named = [w[1:-1].replace(", ", " and ") if w.startswith("(") and w.endswith(")") else w for w in whom if w]
+        hidden = max(0, len(named) - MAX_NAMED)
+        named = named[:MAX_NAMED]
         skipped = unused.get(rows[0][0].split("__")[0], 0)
         note = (
             f", not counting {skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0"
@@ -262,7 +267,7 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
             continue
         text = f"- {capitalize(label)}: {len(tight)} of {len(rows)} rows binding"
         if named:
-            shown = join(named) if len(tight) <= len(named) else ", ".join(named) + ", ..."
+            shown = join(named) if not hidden else ", ".join(named) + f" and {hidden} more"
             text += f" ({shown})"
         text += note
         if loose:
@@ -278,7 +283,8 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
     intro = realize(
         "[Reading the plan against the constraints|Checking each constraint at the optimum|Where the plan meets "
         "its limits]: a row is binding when it holds with equality[, with no room to spare| (the plan meets it "
-        "exactly)], and a row with slack [has room left|is not met exactly].",
+        "exactly)], and a row with slack [has room left|leaves part of its limit unused]: it could be tightened a "
+        "little without moving the optimum.",
         rng,
     )
     for family, count_ in equations.items():

@@ -259,7 +259,7 @@ COMPANY_FACT = re.compile(r"\b(?:company|firm|head office|revenue|logo|customer|
 # Facts that are true of a business and irrelevant to any model built here.
 GENERIC_DISTRACTORS = (
     "The company was founded in {year}.",
-    "Its head office employs {staff} people, none of whom are involved in this decision.",
+    "The company's head office employs {staff} people, none of whom are involved in this decision.",
     "Last year the firm's revenue grew by {growth}%.",
     "The management team meets every {weekday} to review operations.",
     "The company's logo was redesigned in {year}.",

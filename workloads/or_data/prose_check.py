@@ -9,16 +9,16 @@ it is a leak.
 | --- | --- |
 | index_leak | an index letter in a sentence ("devices of product p", "taken by driver w") |
 | raw_fill | a variable description pasted into a sentence ("the 1 if project i is chosen"), an empty fill ("rules: .") or a leftover `{placeholder}` |
-| agreement | plural subject with a singular verb ("Eggs costs"), "they has", "a analyzer", "1 dollars" |
+| agreement | plural subject with a singular verb ("Eggs costs", "Nickel pellets cost ... and provides"), "they has", "a analyzer" (also after a list dash), "1 dollars", "Because of their size, Highbury must" |
 | duplicated_opener | two framing lines stacked ("Background:" then "Here is a planning problem:") |
 | contradicting_filler | company filler in a public or household setting ("The company was founded ..." about a zoo or a fire department) |
 | float_artefact | binary floating-point noise (`0.6599999999999999`) anywhere, code included |
 | number_format | a written-out sum or row a reader cannot check: an element named by a bare number ("Machine for 0:", "1 (2)", "30 (microbiome set, 13)", "the most slack is 16 with 1 to spare"), a row whose limit is 0 or negative because terms were moved to the left ("= −45, 45 below the cap of 0"), "≈" on a sum of whole numbers, terms lumped into "(from 7 nonzero ... terms)" |
 | missing_table | "(table below)" with no table after it |
 | stacked_parentheses | two parentheses in a row or one inside another ("at its limit of 8 (makespan) (binding)", "(the penalty per hour the order waits (customer priority))") |
-| seam | a sentence glued from parts that do not read as one: a plural frame around one element ("The sources are Router C (110 Gbps);"), a capital after a colon inside a sentence ("depend on the CNC machine: A dash means"), a list left empty ("(where it has one): "), "195 thousand (GBP)", "dayly", a doubled noun ("the RNA batch sample batch") |
+| seam | a sentence glued from parts that do not read as one: a plural frame around one element ("The sources are Router C (110 Gbps);"), a capital after a colon inside a sentence ("depend on the CNC machine: A dash means"), a list left empty ("(where it has one): "), "195 thousand (GBP)", "dayly", a doubled noun ("the RNA batch sample batch"), a unit said twice ("Hours needed (hours)"), "pieces of type bar piece A", "Its head office" after another subject, "The Mon-Fri costs", "an upper bound from first-fit decreasing" |
 | mechanical_reading | an LP file read back as counts ("its constraints come in the families no rows", "declared General/Binary", "over 30 variables in the families") |
-| check_rows | "Checking the plan" rows that do not hold it: a "tightest rows" list where no row binds, a switched-off big-M row ("23 × 0 (arc, ...) − 10 = 13") called binding |
+| check_rows | "Checking the plan" rows that do not hold it: a "tightest rows" list where no row binds, a switched-off big-M row ("23 × 0 (arc, ...) − 10 = 13") called binding, the loosest row shown where none binds, "a row with slack is not met exactly", binding rows hidden behind "..." |
 
 `contradicting_filler` also catches filler that names another setting than the story's
 (`phrasing.SETTING_CLUES`: "The shelter houses about 60 animals." in a pet-food company's story),
@@ -107,7 +107,24 @@ _SEAMS = (
     re.compile(r"\(where it has one\): *(?:\n|$)"),
     re.compile(r"\b(?:thousand|million) \([A-Z]{3}\)"),
     re.compile(r"\bdayly\b"),
+    # the Sixth review's seams
+    re.compile(r"\b([A-Za-z]+)\b(?: [a-z]+){0,3} \((?i:\1)\)"),  # "Hours needed (hours)": the unit said twice
+    re.compile(r"\b(\w+?)s? of type (?:\w+ ){0,2}\1\b"),  # "pieces of type bar piece A"
+    re.compile(r"\bIts head office\b"),  # "its" = whatever the sentence before was about
+    re.compile(
+        r"\b[Tt]he (?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)-(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\b(?! (?:rota|shift|pattern|week))"
+    ),  # "The Mon-Fri costs 1,175 yuan": the noun is missing
+    re.compile(r"\ban upper bound from first-fit decreasing\b"),  # the set holds FFD's count plus spares
+    re.compile(r"\((?:[\w ]+ )?listed\)[ \t]*(?:\n|$)"),  # "(patterns listed)" and the line ends: nothing is
 )
+# "Nickel pellets cost ... and provides": the second verb of a plural subject left singular.
+_SECOND_VERB = re.compile(
+    r"(?:^|(?<=[.!?:]\s)|(?<=\n)|(?<=\n- ))([A-Z][a-z]+(?: [a-z]+){0,2}) (?:cost|have|contain|provide|give)\b"
+    r"[^.;\n]{0,60}? and (?:provides|has|contains|costs|gives)\b",
+    re.M,
+)
+# "Because of their size, Highbury must be covered": "their" before one name.
+_THEIR_ONE = re.compile(r"\bBecause of their \w+, [A-Z][\w-]*(?: [A-Z][\w-]*)* (?:must|needs|is|has)\b")
 _DOUBLED_NOUN = re.compile(r"\b([a-z]{3,}) ([a-z]{3,}) \1\b")  # "batch sample batch"; function words are let through
 _NOT_NOUNS = {
     *[
@@ -140,6 +157,13 @@ _MECHANICAL = (
     re.compile(r"\bcome in the families no rows\b"),
     re.compile(r"\bdeclared General/Binary\b"),
     re.compile(r"\bover \d+ variables? in the families\b"),
+)
+# "What limits the plan": a row with room is not a row that fails; no binding row hidden behind "...";
+# where no short row binds, the loosest row says the least (the closest one is shown).
+_CHECK_WORDING = (
+    re.compile(r"\bwith slack (?:is|are) not met exactly\b"),
+    re.compile(r"\brows? binding \([^()\n]*, \.\.\.\)"),
+    re.compile(r"(?:is at its limit here|binds at this plan)[^\n:]*; the one with the most room"),
 )
 _CHECK_HEADINGS = re.compile(
     r"(?:The rows that hold the plan, written out|Checking the tightest rows by hand|What the plan uses of its limits)"
@@ -236,6 +260,9 @@ def _check_rows(text: str) -> list[Flag]:
         lines = match.group(1).strip().split("\n")
         if not any(_BINDS.search(line) for line in lines):
             flags.append(Flag("check_rows", "no row binds under: " + match.group(0).split("\n")[0][:60]))
+    for pattern in _CHECK_WORDING:
+        for match in pattern.finditer(text):
+            flags.append(Flag("check_rows", match.group(0)[:90]))
     for line in text.split("\n"):
         if _BINDS.search(line) and _SWITCHED_OFF.search(line):
             flags.append(Flag("check_rows", line.strip()[:90]))
@@ -287,11 +314,17 @@ def _agreement(prose: str) -> list[Flag]:
     for match in SUBJECT_VERB.finditer(prose):
         if plural_subject(match.group(1)):
             flags.append(Flag("agreement", match.group(0)))
+    for match in _SECOND_VERB.finditer(prose):
+        if plural_subject(match.group(1)):
+            flags.append(Flag("agreement", match.group(0)[:80]))
+    for match in _THEIR_ONE.finditer(prose):
+        flags.append(Flag("agreement", match.group(0)))
     return flags
 
 
 def _sentence_start(text: str, position: int) -> bool:
-    return not text[:position].strip() or text[:position].rstrip()[-1:] in ".!?:\n"
+    before = text[:position].rstrip(" ")
+    return not before.strip() or before[-1:] in ".!?:\n" or bool(re.search(r"(?:^|\n)\s*[-*]$", before))
 
 
 def _openers(text: str) -> list[Flag]:

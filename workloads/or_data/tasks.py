@@ -43,6 +43,7 @@ from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree, article, singular_noun
 from trex.workloads.or_data.prose_check import check_texts
 from trex.workloads.or_data.repair_reason import symptom_reason
+from trex.workloads.or_data.row_shapes import row_shapes
 from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
@@ -361,6 +362,11 @@ def lp_reading(model, target: str = "program") -> str:
         text += f" The file lists {join(sections)}, so this is a mixed-integer program."
     else:
         text += " No variable is listed under General or Binary, so this is a linear program."
+    shapes = row_shapes(model)
+    if shapes:  # what the rows do, not only how many there are (the Sixth review's mechanical readings)
+        text += "\n\nWhat each family of rows says, read from its coefficients alone:\n\n" + "\n".join(
+            f"- {line}" for line in shapes
+        )
     return text
 
 
@@ -375,15 +381,26 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
     program = problem.program
     declared = re.findall(r"^(\w+) = (?:\{|\[|pulp\.LpVariable|\w+\.addVar|\w+\.\w+$)", program, re.M)
     declared = [name for name in dict.fromkeys(declared) if name not in ("model", "mdl", "prob", "scip_model")]
-    comments = re.findall(r"^# (\w+): (.+)$", program, re.M)
-    variables = [f"`{name}`" for name in declared if any(name == family_of(v.name) for v in problem.model.variables)]
-    blocks = [
-        f"`{name}` ({_INNER_PARENTHESIS.sub(_AS_CLAUSE, text.rstrip('.'))})"  # no parenthesis inside another
-        for name, text in comments
-        if name not in declared and name.islower()
-    ]
+    comments = dict(re.findall(r"^# (\w+): (.+)$", program, re.M))
+    variable_families = {family_of(v.name) for v in problem.model.variables}
+    variables = [f"`{name}`" for name in declared if name in variable_families]
+    # every constraint family of the model is a block of the program, whether or not a data dictionary
+    # shares its name (`capacity` is both a parameter and the rows `capacity[t]`): none is left out
+    blocks = []
+    for name in dict.fromkeys(family_of(row.name) for row in problem.model.rows):
+        text = comments.get(name)
+        blocks.append(
+            f"`{name}` ({_INNER_PARENTHESIS.sub(_AS_CLAUSE, text.rstrip('.'))})"  # no parenthesis inside another
+            if text
+            else f"`{name}`"
+        )
     sense = "minimizes" if problem.model.sense == "minimize" else "maximizes"
-    objective = problem.math.objective_description
+    # only what the program says: a unit in parentheses ("total cost (USD)") the program never names is dropped
+    objective = re.sub(
+        r" \(([^()]*)\)",
+        lambda match: match.group(0) if match.group(1).lower() in program.lower() else "",
+        problem.math.objective_description,
+    )
     parts = [
         f"The program's data block holds the sets and parameters; the model {sense} the {objective} over the "
         f"variables {join(variables) or 'it declares'}."
@@ -394,6 +411,13 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
             "constraint family, and each dictionary of the data block one indexed parameter."
         )
     kinds = {variable.kind for variable in problem.model.variables}
+    whole = sorted({family_of(v.name) for v in problem.model.variables if v.kind in ("integer", "binary")})
+    if whole:  # the reason first: which declarations make it a MIP ("Because of that" needs a "that")
+        keyword = next((word for word in ("vtype", "cat", "within", "domain") if f"{word}=" in program), "")
+        parts.append(
+            f"The program declares {join([f'`{name}`' for name in whole])} with an integer or binary type"
+            + (f" (its `{keyword}=` argument)." if keyword else ".")
+        )
     parts.append(
         realize(MIP, rng)
         if kinds & {"integer", "binary"}
@@ -402,11 +426,64 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
     return agree(" ".join(parts))
 
 
+_DEFINITION_UNIT = re.compile(r"(?m)^(- \$[^\n]*?) \(([^()\n]*)\)")
+
+
+def program_units_only(math_text: str, program: str) -> str:
+    """The model written for a program-input task, without a unit the program never names: a
+    definition's short parenthesis ("(USD)", "(pallets)") stays only when one of its words occurs in
+    the program (its names, comments or strings), so the answer does not bring in the story's
+    currency (the Sixth review's #18, #28). Longer notes ("(table below)", "(– = not qualified)")
+    are kept."""
+    known = set(re.findall(r"[a-z]{3,}", program.lower()))
+
+    def keep(match: re.Match) -> str:
+        words = re.findall(r"[a-z]{3,}", match.group(2).lower())
+        unit_like = 0 < len(match.group(2).split()) <= 3 and "table" not in words and "–" not in match.group(2)
+        if unit_like and words and not any(word in known or word.rstrip("s") in known for word in words):
+            return match.group(1)
+        return match.group(0)
+
+    previous = None
+    while previous != math_text:  # a line may carry more than one such parenthesis
+        previous, math_text = math_text, _DEFINITION_UNIT.sub(keep, math_text)
+    return math_text
+
+
 def _has_bound(symbol: str, domain: str) -> bool:
     """Whether a variable's domain carries a bound given by a parameter (a minimum or a cap),
     not just nonnegativity or integrality: anything named in it besides the variable itself."""
     rest = re.sub(r"\\[a-zA-Z]+(?:\{[^}]*\})?", " ", domain).replace(symbol, " ")
     return bool(re.search(r"[a-zA-Z]", rest))
+
+
+def lp_plan(problem: Problem) -> tuple[str, ...]:
+    """The optimal plan in the LP file's own names, for a task whose only input is the LP file.
+
+    The file has variable names and coefficients, no nouns and no units: "Start the bracket order
+    ...; it finishes after 2 hours" states facts the prompt never gave (the Sixth review's #17).
+    Each nonzero variable is given with its value, in the file's order; a binary at 1 is "chosen".
+    The story's plan lines remain for the tasks whose prompt tells the story."""
+    lines = []
+    for variable in problem.model.variables:
+        value = problem.values.get(variable.name, 0.0)
+        if abs(value) <= 1e-6:
+            continue
+        shown = format_objective(value)
+        if variable.kind == "binary":
+            lines.append(f"`{variable.name}` = {shown} (binary: chosen)")
+        else:
+            lines.append(f"`{variable.name}` = {shown}")
+    if lines:
+        rest = len(problem.model.variables) - len(lines)
+        lines.append(
+            "The file's one other variable is zero."
+            if rest == 1
+            else f"The file's other {rest} variables are all zero."
+            if rest
+            else "No variable of the file is zero."
+        )
+    return tuple(lines)
 
 
 def no_solution_explanation(problem: Problem) -> str:
@@ -811,7 +888,7 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             level - variable.lower
         ) < 1e-6
         if at_bound and (variable.lower > 0 or variable.upper is not None):
-            return f"In the original plan {subject} sits at its bound ({format_objective(level)}), so moving the bound moves the plan with it."
+            return f"In the original plan {subject} is at its bound, {format_objective(level)}, so moving the bound moves the plan with it."
         return (
             f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change "
             + (
@@ -969,14 +1046,17 @@ def _build_task(
         program=problem.program.rstrip("\n") + "\n",
     )
     explain_status = lp_no_solution_explanation if source == "lp" else no_solution_explanation
+    plan = lp_plan(problem) if source == "lp" else tuple(problem.decisions())
     solved = dict(
-        decisions=tuple(problem.decisions()) or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
+        decisions=plan or ((NOTHING_DONE,) if problem.status == "optimal" else ()),
         explanation=explain_status(problem) if problem.status != "optimal" else "",
         check=_check(problem),
     )
     if variant == "model" and source == "code":  # the program is all the user gave: read the model from it
         base_parts = {**base_parts, "reasoning": code_reading(problem, text_rng)}
-        parts = AnswerParts(math=answer_full, lp=problem.lp, **solved, **base_parts)
+        parts = AnswerParts(
+            math=program_units_only(answer_full, problem.program), lp=problem.lp, **solved, **base_parts
+        )
     elif variant == "model" and source == "text+lp":  # the LP file is given: the answer is the indexed model
         reasoning = f"{lp_reading(problem.model, 'model')}\n\n{base_parts['reasoning']}"
         # the LP file section repeats the given (verified) file, so the judge re-solves what the answer states

@@ -7,7 +7,8 @@ plan and model only:
 - the objective recomputed term by term from the nonzero decisions ("40 × 27.95 (pale ale) + ...
   = 9,232.81"), stated as the reported optimum only when the sum agrees with it;
 - the rows that hold the plan, written out: the activity of up to two binding rows (different
-  constraint families first) and of the row with the most room, against their limits;
+  constraint families first) and of the row with the most room, against their limits; where no
+  short row binds, the row closest to its limit (the loosest row would say the least);
 - for a linear program with a checked dual certificate, the options the plan leaves at zero priced
   out: the option's own objective coefficient against what it would use, valued at the rows' dual
   values (its reduced cost), which says why leaving it out is optimal and how far its coefficient
@@ -222,21 +223,28 @@ def _switched_off(row: Row, model: LinearModel, values: dict[str, float]) -> boo
     )
 
 
-def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Row], Row | None]:
+def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Row], Row | None, Row | None, int]:
     """Up to two binding inequality rows with a nonzero term (one per constraint family first),
-    and the row with the most room (None when every row binds). Rows with more nonzero terms
-    than `MAX_TERMS` are not written out."""
+    the row with the most room (None when every row binds), the loose row closest to its limit
+    (what to show when no short row binds: the loosest row is the least informative one), and the
+    number of binding rows too long to write out. Rows with more nonzero terms than `MAX_TERMS`
+    are not written out. Room is compared as a share of the limit, so a row with 5,270 to spare
+    on 100,000 is not called roomier than one with 27,900 on 30,000 by accident of scale."""
     binding: list[Row] = []
     loose: list[tuple[float, Row]] = []
+    long_binding = 0
     for row in model.rows:
         if row.sense == "==":
             continue
         used = _used(list(row.terms), values)
-        if not used or len(used) > MAX_TERMS:
+        if not used:
             continue
         slack = slack_of(row, values)
         if _switched_off(row, model, values):
             continue  # its room (or its zero room) is the big-M's: it holds nothing of this plan
+        if len(used) > MAX_TERMS:
+            long_binding += abs(slack) <= 1e-6 * (1 + abs(row.rhs))
+            continue
         if abs(slack) <= 1e-6 * (1 + abs(row.rhs)):
             binding.append(row)
         elif slack > 0 and _used(_sides(row)[0], values):
@@ -255,7 +263,8 @@ def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Ro
         if row not in chosen:
             chosen.append(row)
     roomiest = max(loose, key=lambda item: item[0])[1] if loose else None
-    return chosen, roomiest
+    closest = min(loose, key=lambda item: item[0])[1] if loose else None
+    return chosen, roomiest, closest, long_binding
 
 
 def pricing_out(
@@ -343,10 +352,12 @@ def worked_check(
             rng,
         )
         blocks.append(f"{intro}\n\n{objective}")
-    binding, roomiest = _rows_to_show(model, values)
+    binding, roomiest, closest, long_binding = _rows_to_show(model, values)
     lines = [row_line(row, math, values, rng) for row in binding]
-    if roomiest is not None:
+    if binding and roomiest is not None:
         lines.append(row_line(roomiest, math, values, rng))
+    elif closest is not None:
+        lines.append(row_line(closest, math, values, rng))
     if lines and binding:
         intro = realize(
             "[The rows that hold the plan, written out|Checking the tightest rows by hand|"
@@ -355,11 +366,18 @@ def worked_check(
             + ":",
             rng,
         )
-    elif lines:  # no short row is at its limit: say so, do not call the roomy row a tight one
+    elif lines:  # no short row is at its limit: say so, and show the one nearest to binding
+        longer = (
+            f" ({long_binding} longer {'row binds' if long_binding == 1 else 'rows bind'}; "
+            f"{'it has' if long_binding == 1 else 'they have'} more than {MAX_TERMS} terms)"
+            if long_binding
+            else ""
+        )
         intro = realize(
-            "[No row short enough to write out is at its limit here; the one with the most room|"
-            "None of the short rows binds at this plan; the one with the most room is]:",
+            "[No row short enough to write out is at its limit here{longer}; the one closest to its limit|"
+            "None of the short rows binds at this plan{longer}; the one nearest to binding is]:",
             rng,
+            longer=longer,
         )
         blocks.append(intro + "\n\n" + "\n".join(f"- {line}" for line in lines))
     if duals and not model.is_mip:

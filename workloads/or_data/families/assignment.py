@@ -267,7 +267,8 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                 ),
             )
         )
-        unit = f" ({sc.unit})" if sc.unit else ""
+        # a measure that already names its unit ("hours to complete") gets no "(hours)" after it
+        unit = f" ({sc.unit})" if sc.unit and sc.unit not in sc.measure.split() else ""
         rows = [
             [w, *(number(data.value[w, t]) if (w, t) in data.value else "–" for t in data.tasks)] for w in data.workers
         ]

@@ -25,6 +25,7 @@ from trex.workloads.or_data.phrasing import (
     table,
 )
 from trex.workloads.or_data.program import assemble
+from trex.workloads.or_data.prose import verb
 
 
 @dataclass(frozen=True)
@@ -463,7 +464,7 @@ model.setObjective(quicksum(cost[f] * use[f] for f in ingredients), sense="minim
                     pick(
                         rng,
                         (
-                            f"{capitalize(f)} costs {money(data.cost[f])} per {sc.unit[0]} and provides {traits}.",
+                            f"{capitalize(f)} {verb(f, 'costs')} {money(data.cost[f])} per {sc.unit[0]} and {verb(f, 'provides')} {traits}.",
                             f"One {sc.unit[0]} of {f} has {traits}; it costs {money(data.cost[f])}.",
                         ),
                     )

@@ -281,7 +281,7 @@ class SetCovering(Family):
         sc = data.scenario
         sites, zones = identifier(sc.site[1]), identifier(sc.zone[1])
         if data.structure == "cover":
-            body = f"""# build[s] = 1 when a {sc.site[0]} is built at s
+            body = f"""# build[s] = 1 when {article(sc.site[0])} is built at s
 build = {{s: model.addVar(vtype="B", name=f"build[{{s}}]") for s in {sites}}}
 
 # cover: each {sc.zone[0]} is reached by as many {sc.site[1]} as it requires
@@ -300,13 +300,13 @@ model.setObjective(quicksum(cost[s] * build[s] for s in {sites}), sense="minimiz
             ]
             report = ["for s, var in build.items():", '    show(f"build[{s}]", var)']
         else:
-            body = f"""# build[s] = 1 when a {sc.site[0]} is built at s
+            body = f"""# build[s] = 1 when {article(sc.site[0])} is built at s
 build = {{s: model.addVar(vtype="B", name=f"build[{{s}}]") for s in {sites}}}
 
 # covered[z] = 1 when {sc.zone[0]} z is within reach of a built {sc.site[0]}
 covered = {{z: model.addVar(vtype="B", name=f"covered[{{z}}]") for z in {zones}}}
 
-# reach: a {sc.zone[0]} counts as covered only if some built {sc.site[0]} reaches it
+# reach: {article(sc.zone[0])} counts as covered only if some built {sc.site[0]} reaches it
 for z in {zones}:
     model.addCons(covered[z] <= quicksum(build[s] for s in {sites} if z in reaches[s]), name=f"reach[{{z}}]")
 
@@ -356,7 +356,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 variables=(
                     VarDef(
                         "y_s",
-                        f"1 if a {sc.site[0]} is built at $s$",
+                        f"1 if {article(sc.site[0])} is built at $s$",
                         r"\in \{0, 1\}",
                         "build",
                         ("S",),
@@ -370,7 +370,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                         r"\sum_{s \in N_z} y_s \ge r_z",
                         "cover",
                         ("Z",),
-                        why=f"a {sc.zone[0]} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
+                        why=f"{article(sc.zone[0])} counts as covered only if enough of the built {sc.site[1]} are {sc.reach}; "
                         "[counting the built sites among those that reach it gives that number|the sum of the build "
                         "variables over the sites that reach it is that number]",
                     ),
@@ -391,7 +391,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
             variables=(
                 VarDef(
                     "y_s",
-                    f"1 if a {sc.site[0]} is built at $s$",
+                    f"1 if {article(sc.site[0])} is built at $s$",
                     r"\in \{0, 1\}",
                     "build",
                     ("S",),
@@ -409,7 +409,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
             constraints=(
                 ConstraintDef(
                     "Reach",
-                    f"a {sc.zone[0]} is covered only by a built site that reaches it",
+                    f"{article(sc.zone[0])} is covered only by a built site that reaches it",
                     r"u_z \le \sum_{s \in N_z} y_s",
                     "reach",
                     ("Z",),
@@ -449,7 +449,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
             pick(
                 rng,
                 (
-                    f"A {sc.zone[0]} is covered by a {sc.site[0]} if it is {sc.reach} of it.",
+                    f"{capitalize(article(sc.zone[0]))} is covered by {article(sc.site[0])} if it is {sc.reach} of it.",
                     f"Coverage means being {sc.reach}.",
                 ),
             )
@@ -462,7 +462,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                 lambda row: pick(
                     rng,
                     (
-                        f"a {sc.site[0]} at {row[0]} would cost {row[1]}{scale_word} {money.code} and cover {row[2]}",
+                        f"{article(sc.site[0])} at {row[0]} would cost {row[1]}{scale_word} {money.code} and cover {row[2]}",
                         f"{row[0]} costs {row[1]}{scale_word} {money.code} and reaches {row[2]}",
                     ),
                 ),
@@ -485,7 +485,7 @@ model.setObjective(quicksum(population[z] * covered[z] for z in {zones}), sense=
                     pick(
                         rng,
                         (
-                            f"Because of their size, {join(twice, rng)} must be covered by at least two {sc.site[1]}.",
+                            f"Because of {'its' if len(twice) == 1 else 'their'} size, {join(twice, rng)} must be covered by at least two {sc.site[1]}.",
                             f"{capitalize(join(twice, rng))} {'needs' if len(twice) == 1 else 'need'} backup coverage: two {sc.site[1]} within reach.",
                         ),
                     )

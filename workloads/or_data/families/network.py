@@ -264,7 +264,7 @@ flow = {{(i, j): model.addVar(vtype="{vtype}", lb=0, ub=capacity[i, j], name=f"f
             body = (
                 head
                 + """
-# balance: what leaves a node minus what enters equals its supply (negative: demand)
+# balance: what leaves a node minus what enters equals its supply; a demand is a negative supply
 for n in nodes:
     out_flow = quicksum(flow[i, j] for (i, j) in capacity if i == n)
     in_flow = quicksum(flow[i, j] for (i, j) in capacity if j == n)

@@ -209,7 +209,7 @@ flow = {{
 # build[i, j] = 1 when the candidate {sc.link[0]} from i to j is built
 build = {{(i, j): model.addVar(vtype="B", name=f"build[{{i}},{{j}}]") for (i, j) in build_cost}}
 
-# balance: per commodity, what leaves a node minus what enters is its supply there (negative: its demand)
+# balance: per commodity, what leaves a node minus what enters is its supply there; a demand is a negative supply
 for k in commodities:
     for n in nodes:
         out_flow = quicksum(flow[k, i, j] for (i, j) in capacity if i == n)

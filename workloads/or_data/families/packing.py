@@ -172,6 +172,19 @@ def maximal_patterns(size: Mapping[str, float], capacity: float) -> list[dict[st
     return [{name: count for name, count in pattern.items() if count} for pattern in patterns]
 
 
+def _bins_label(data) -> str:
+    """The set of available bins, with what first-fit decreasing says about it: the set holds FFD's
+    count plus spares (the count is a decision), so calling the whole set "FFD's bound" would be false."""
+    sc = data.scenario
+    ffd = _first_fit_decreasing(data.size, data.capacity)
+    if ffd > data.bins:
+        return f"available {sc.bin[1]}"
+    return (
+        f"available {sc.bin[1]} (first-fit decreasing already packs the {sc.item[1]} into "
+        f"{ffd} {sc.bin[1] if ffd > 1 else sc.bin[0]}, so the optimum uses at most {ffd})"
+    )
+
+
 def _first_fit_decreasing(size: Mapping[str, float], capacity: float) -> int:
     loads: list[float] = []
     for value in sorted(size.values(), reverse=True):
@@ -330,7 +343,7 @@ model.setObjective(quicksum(cut), sense="minimize")
                     SetDef(
                         "K",
                         "k",
-                        f"available {sc.bin[1]} (an upper bound from first-fit decreasing)",
+                        _bins_label(data),
                         slots,
                         member=sc.bin[0],
                     ),
@@ -410,7 +423,7 @@ model.setObjective(quicksum(cut), sense="minimize")
                 ParamDef("l_t", f"{sc.size_word} of piece type $t$ ({sc.unit})", data.size, ("T",)),
                 ParamDef("L", f"{sc.size_word} of a {sc.bin[0]} ({sc.unit})", data.capacity),
                 ParamDef("q_t", "pieces ordered", data.demand, ("T",)),
-                ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$ (patterns listed)", pattern_text, ("P",)),
+                ParamDef("a_{tp}", "pieces of type $t$ in pattern $p$", pattern_text, ("P",)),  # listed with the data
             ),
             variables=(
                 VarDef(
@@ -493,7 +506,8 @@ model.setObjective(quicksum(cut), sense="minimize")
                     ["Piece", f"{capitalize(sc.size_word)} ({sc.unit})", "Ordered"],
                     [(t, number(data.size[t]), number(data.demand[t])) for t in data.items],
                     lambda row: (
-                        f"{number(float(row[2]))} {'piece' if row[2] == 1 else 'pieces'} of type {row[0]} ({row[1]} {sc.unit}) {'is' if row[2] == 1 else 'are'} ordered"
+                        # the type's name already holds its noun ("bar piece A"): no "pieces of type bar piece A"
+                        f"{row[0]} ({row[1]} {sc.unit}): {number(float(row[2]))} ordered"
                     ),
                     intro=("This week's orders:", "Orders:"),
                 )

@@ -115,7 +115,7 @@ def _week_patterns() -> dict[str, tuple[str, ...]]:
     patterns = {}
     for start in range(7):
         days = tuple(DAYS[(start + k) % 7] for k in range(5))
-        patterns[f"{DAYS[start][:3]}-{DAYS[(start + 4) % 7][:3]}"] = days
+        patterns[f"{DAYS[start][:3]}-{DAYS[(start + 4) % 7][:3]} rota"] = days  # a noun: "the Mon-Fri rota costs"
     return patterns
 
 
