@@ -168,3 +168,39 @@ def receive_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]
                     computed += 1
         out[rank] = posted
     return out
+
+
+def send_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]) -> dict:
+    """Where the engine posts each send to another rank, for the cost model's simulation
+    (`simulate_actions(sends=...)`): per rank, (kind, stage, micro-batch) of a compute action -> index in the
+    rank's `orders` of the compute action after which its SEND is posted; only sends posted later than right
+    after their own action are listed.
+
+    In the engine's lowered action lists (`_add_send_recv`) a SEND follows the compute action that produced it,
+    except in an overlapped forward and backward (DualPipeV's OVERLAP_F_B): both sends follow the pair, and the
+    runtime runs the pair's two sub-actions one after the other - the forward's activation leaves only after the
+    backward beside it (RESULTS 14.6). GPipe's and 1F1B's loops send right after each action (no entry)."""
+    lowered = getattr(schedule_object, "pipeline_order_with_comms", None)
+    if not lowered:
+        return {}
+    out: dict[int, dict[tuple[str, int, int], int]] = {}
+    for rank, actions in lowered.items():
+        index = {action: i for i, action in enumerate(orders.get(rank, ()))}
+        posted: dict[tuple[str, int, int], int] = {}
+        computed = -1
+        for action in actions:
+            if action is None:
+                continue
+            kind = action.computation_type.value
+            if kind in ("SEND_F", "SEND_B"):
+                stage, mb = action.stage_index, action.microbatch_index
+                candidates = [("F", stage, mb)] if kind == "SEND_F" else [("B", stage, mb), ("I", stage, mb)]
+                for key in candidates:
+                    if key in index and index[key] != computed:
+                        posted[key] = computed
+                continue
+            for part in action.sub_actions or (action,):
+                if part.computation_type.value in ("F", "B", "I", "W"):
+                    computed += 1
+        out[rank] = posted
+    return out
