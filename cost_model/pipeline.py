@@ -200,6 +200,7 @@ def simulate_actions(
     late_recv: float | None = None,
     posts: dict[int, dict[tuple[str, int, int], int]] | None = None,
     extra: dict | None = None,
+    sends: dict[int, dict[tuple[str, int, int], int]] | None = None,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -221,7 +222,13 @@ def simulate_actions(
     the rank's order of the action after whose end it is posted (-1: at the step's start); an action not
     listed posts it when the rank reaches it (just in time, as the engine's GPipe and 1F1B loops do).
     `extra`: seconds added to single actions ((kind, stage, micro-batch) -> seconds), e.g. the host's
-    preemptions drawn for one sampled step (`preempted_extra`)."""
+    preemptions drawn for one sampled step (`preempted_extra`).
+    `sends[rank][action]`: where the runtime posts the send of the action's output to another rank - the index
+    in the rank's order of the action after whose end it is posted; an action not listed sends at its own end.
+    The message leaves then, not when its action ends: torch.distributed.pipelining's DualPipeV runs an
+    overlapped forward and backward (OVERLAP_F_B) one after the other on a CPU and posts both sends after the
+    pair (`_add_send_recv` puts SEND_F and SEND_B behind the OVERLAP_F_B action), so the forward's activation
+    waits for the backward beside it."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
@@ -230,19 +237,30 @@ def simulate_actions(
     tasks: list[ActionTask] = []
     remaining = sum(len(order) for order in orders.values())
 
-    def backward_done(stage: int, mb: int) -> float | None:
-        return done.get(("B", stage, mb), done.get(("I", stage, mb)))
+    def backward_key(stage: int, mb: int) -> tuple[str, int, int]:
+        return ("B", stage, mb) if ("B", stage, mb) in done else ("I", stage, mb)
+
+    def sent(key: tuple[str, int, int], rank: int) -> float | None:
+        """When the output of action `key` is available to `rank`: its end on its own rank, else when its send is
+        posted (`sends`: after a later action of its rank)."""
+        if key not in done:
+            return None
+        source = owner[key[1]]
+        where = (sends or {}).get(source, {}).get(key) if source != rank else None
+        if where is None:
+            return done[key]
+        return done.get(orders[source][where])
 
     def earliest(rank: int) -> float | None:
         """When the rank's next action may begin (its inputs arrived), None while an input is missing."""
         kind, stage, mb = orders[rank][position[rank]]
         deps: list[tuple[float | None, int]] = []  # (time, stage it comes from)
         if kind == "F" and stage > 0:
-            deps.append((done.get(("F", stage - 1, mb)), stage - 1))
+            deps.append((sent(("F", stage - 1, mb), rank), stage - 1))
         elif kind in ("B", "I"):
             deps.append((done.get(("F", stage, mb)), stage))
             if stage < stages - 1:
-                deps.append((backward_done(stage + 1, mb), stage + 1))
+                deps.append((sent(backward_key(stage + 1, mb), rank), stage + 1))
         elif kind == "W":
             deps.append((done.get(("I", stage, mb)), stage))
         if any(t is None for t, _ in deps):

@@ -10,7 +10,7 @@ over ranks and steps, with the standard error of that mean over the steps: one s
 of percent with the host, so the old default of 4 steps (3 measured) left the mean itself ~20% uncertain),
 the cost model's prediction (event simulation of the schedule's own action
 lists with the cost model's task times and the runtime's costs measured by a calibration run on the
-same ranks: per-action work, p2p, gloo's late receive, the host's slowdowns; the papers' closed form
+same ranks: per-action work, a message's delivery to a waiting rank, gloo's late receive, the host's slowdowns; the papers' closed form
 beside it where one exists), their ratio, and the same simulation fed with the measured mean task
 times (what the model explains when its compute times are right). The prediction's task times are each
 chunk's F/B/I/W measured alone on the chunk by the calibration (`runtime.pipeline.task_calibration`);
@@ -85,10 +85,11 @@ def main() -> int:
     print(
         f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
         "| schedule | pp | vpp | m | measured | +- s.e. | predicted | measured/predicted | compute only | closed form "
-        "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | late recv ms | host slowdown p90 "
+        "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | delivery ms | late recv ms "
+        "| host slowdown p90 "
         "| remote delay ms "
         "| step s | calibrated step s | model step s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -112,7 +113,7 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 14, flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 15, flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
         dumped.extend({"job": list(label), **result["pipeline"]} for label, result in zip(labels, results))
         for (schedule, pp_, vpp, m), result in zip(labels, results):
@@ -132,7 +133,7 @@ def main() -> int:
                 f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
                 f"{bubble['simulated_with_measured_tasks']:.3f} | "
                 f"{bubble.get('predicted_with_cost_model_tasks', float('nan')):.3f} | {costs['action_s'] * 1e3:.2f} | "
-                f"{costs['p2p_s'] * 1e3:.2f} | {costs['late_recv_s'] * 1e3:.2f} | {slowdown_p90(costs):.2f} | "
+                f"{costs['p2p_s'] * 1e3:.2f} | {costs['delivery_s'] * 1e3:.2f} | {costs['late_recv_s'] * 1e3:.2f} | {slowdown_p90(costs):.2f} | "
                 f"{costs['remote_delay_s'] * 1e3:.2f} | {step:.3f} | "
                 f"{model_step(result['pipeline'], 'calibrated_task_seconds'):.3f} | "
                 f"{model_step(result['pipeline']):.3f} |",

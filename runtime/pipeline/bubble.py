@@ -9,8 +9,10 @@ schedule's own per-rank action lists (the engine's `pipeline_order`), with the c
 times in seconds (`estimate_step(...).chunks`; without them, a chunk's forward in proportion to its
 layers and the backward twice the forward, split evenly into input and weight gradients), and what
 the calibration run measured on the same process group (`calibration.measure_overheads`): the
-runtime's work per action, the link's p2p time, the late receive of gloo's rendezvous sends (where
-the engine posts each receive: `schedules.receive_posts`), the step's head and tail, and the host's
+runtime's work per action, a message's delivery to a rank waiting for it (`delivery_s`, measured in that
+run; at least the link's p2p time), the late receive of gloo's rendezvous sends (where the engine posts each
+receive: `schedules.receive_posts`), where it posts each send (`schedules.send_posts`: DualPipeV's overlapped
+forward and backward send after both), the step's head and tail, and the host's
 slowdowns, replayed onto the actions over several sampled windows. For GPipe, 1F1B and interleaved
 1F1B the papers' closed form is reported next to it (`closed_form_bubble`). A third number simulates
 the same action lists with the *measured* mean task times: how much of the measured bubble the
@@ -114,14 +116,15 @@ def predicted_bubble(
 ) -> dict:
     """The predicted bubble: the simulation of the schedule's own action lists with the cost model's task
     times in seconds (`task_times`, relative ones when None) and, with `overheads` (a measured
-    `calibration.PipelineOverheads`), the per-action runtime work, the link's p2p time per cross-rank
-    dependency, the late receive where the engine posts a receive after its message was sent, the host's
+    `calibration.PipelineOverheads`), the per-action runtime work, the measured delivery per cross-rank
+    dependency (at the engine's send posts), the late receive where the engine posts a receive after its
+    message was sent, the host's
     slowdowns (mean over `slowdown_windows`) and the step's head and tail; `cores`: the cores the pipeline's
     ranks share (None: one
     each). Beside it the papers' closed form (GPipe, 1F1B, interleaved), the simulation without the
     runtime's costs (`predicted_compute_only`), and with `measured_times` the same simulation fed with
     the measured task times (what the model explains when its compute times are right)."""
-    from trex.runtime.pipeline.schedules import compute_actions, receive_posts
+    from trex.runtime.pipeline.schedules import compute_actions, receive_posts, send_posts
 
     orders = compute_actions(pipe)
     stages = len(split.chunks)
@@ -129,11 +132,12 @@ def predicted_bubble(
     runtime = {}
     if overheads is not None and task_times is not None:
         runtime = {
-            "p2p": overheads.p2p_s,
+            "p2p": overheads.delivery_s,
             "overhead": overheads.action_s,
             "cores": cores,
             "late_recv": overheads.late_recv_s,
             "posts": receive_posts(pipe, orders),
+            "sends": send_posts(pipe, orders),
         }
     edges = {"head": overheads.head_s, "tail": overheads.tail_s} if runtime else {}
 

@@ -16,8 +16,14 @@ process group, before the prediction is made.
   as the training run (`timing.TimedPipelineStage`). From those timestamps: the gap between two
   consecutive actions of a rank whose inputs had already arrived (`action_s`, the per-action
   overhead), the time from `step()` to the first action and from the last action to the return
-  (`head_s`, `tail_s`), and, as a check of the link model, the delay from a neighbour's action end to
-  the dependent action's start (`remote_delay_s`, which the simulation prices as p2p + action_s).
+  (`head_s`, `tail_s`), and the delay from a neighbour's send to the dependent action's start when the rank
+  was waiting for it (`remote_delay_s`). The simulation prices a message to a waiting rank at
+  `delivery_s` = remote_delay_s - action_s (at least the link's p2p): the ping-pong of the link model
+  runs between two ranks with nothing else to do, while in the pipeline the waiting rank's wake-up (gloo's
+  transport thread, then the rank's thread) competes with the other ranks' compute for the cores - 4 ranks
+  on 2 cores: ~0.4-0.8 ms against a 0.15 ms ping-pong (RESULTS 14.6). A neighbour's send is posted where
+  the engine's lowered action lists put it (`schedules.send_posts`: DualPipeV's overlapped forward's
+  activation leaves after the backward beside it), not always at its action's end.
   Only gaps before actions with no input from another rank count as runtime work: a gap before an
   action whose remote input was sent before the rank got there is the link's handshake (below).
 * The late receive: gloo's send is a rendezvous (the payload leaves only once the receiver has posted
@@ -63,7 +69,7 @@ class PipelineOverheads:
     tail_s: float  # the last action -> step() returns (median over ranks)
     p2p_s: float  # the link model's time for one activation message
     late_recv_s: float  # measured: a receive posted after its message was sent -> the message arrives
-    remote_delay_s: float  # measured: a neighbour's action end -> the dependent action's start
+    remote_delay_s: float  # measured: a neighbour's send -> the dependent action's start (the rank waiting)
     link_latency_us: float
     link_bandwidth_gbs: float
     link_source: str
@@ -72,9 +78,16 @@ class PipelineOverheads:
     # per calibration step: {(kind, stage, micro-batch): measured time / nominal time} of every compute action
     slowdowns: tuple[dict, ...] = ()
 
+    @property
+    def delivery_s(self) -> float:
+        """A message to a rank waiting for it, send posted -> delivered (the rank's own work before the action
+        taken out): the measured remote delay less the per-action work, at least the link's p2p time."""
+        return max(self.p2p_s, self.remote_delay_s - self.action_s)
+
     def to_dict(self) -> dict:
         """JSON-friendly: the slowdowns as a summary (their quantiles over every action and step)."""
         out = asdict(self)
+        out["delivery_s"] = self.delivery_s
         every = sorted(r for step in self.slowdowns for r in step.values())
         out["slowdowns"] = {
             "steps": len(self.slowdowns),
@@ -247,11 +260,14 @@ class NullChunk(nn.Module):
         return x
 
 
-def gaps(records_by_rank: list, stages: int) -> dict:
+def gaps(records_by_rank: list, stages: int, released: dict | None = None) -> dict:
     """Split one run's non-compute time by cause. `records_by_rank`: per rank (pipeline rank,
     [(step seconds, intervals, step start), ...]). The loss interval is merged into its forward.
     local: gaps before an action with no input from another rank (the runtime's own work); remote: a
-    remote input's end -> the action's start, when the rank was waiting for it."""
+    remote input's send -> the action's start, when the rank was waiting for it. The send is posted at the end
+    of the input's action, or of the action `released[(kind, stage, micro-batch)]` names (the action of the
+    same rank after which the engine posts it: `schedules.send_posts`)."""
+    released = released or {}
     local, remote, heads, tails = [], [], [], []
     ends, owner = {}, {}
     for rank, records in records_by_rank:
@@ -271,7 +287,7 @@ def gaps(records_by_rank: list, stages: int) -> dict:
             previous = None
             for kind, stage, mb, start, end in actions:
                 incoming = [
-                    ends.get((step,) + dep)
+                    ends.get((step,) + released.get(dep, dep))
                     for dep in _dependencies(kind, stage, mb, stages, ends, step)
                     if owner.get(dep[1]) != rank
                 ]
@@ -322,7 +338,7 @@ def measure_overheads(
     cost model's seconds per task kind ("F", "I", "W") and chunk, which the null chunks burn (None: no
     compute, no slowdowns measured)."""
     from trex.cost_model.collectives import send_recv
-    from trex.runtime.pipeline.schedules import build_schedule
+    from trex.runtime.pipeline.schedules import build_schedule, compute_actions, send_posts
     from trex.runtime.pipeline.timing import StageClock, collector_paused, timed_stage
 
     rows, seq, hidden = activation
@@ -371,7 +387,11 @@ def measure_overheads(
     slowed = [task_slowdowns(intervals, burns, per_iteration) for _, intervals, _ in records] if task_times else []
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, (me, records, slowed), group=group)
-    found = gaps([(rank, recs) for rank, recs, _ in everyone], len(split.chunks))
+    orders = compute_actions(pipe)
+    released = {
+        key: orders[rank][at] for rank, posted in send_posts(pipe, orders).items() for key, at in posted.items()
+    }
+    found = gaps([(rank, recs) for rank, recs, _ in everyone], len(split.chunks), released)
     slowdowns = around_typical(
         [{k: v for _, _, steps_ in everyone for k, v in steps_[i].items()} for i in range(len(slowed))]
     )

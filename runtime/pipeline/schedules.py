@@ -136,6 +136,32 @@ def compute_actions(schedule_object) -> dict[int, list[tuple[str, int, int]]]:
     return out
 
 
+def _lowered_comms(schedule_object, kinds: tuple[str, str]) -> dict[int, list[tuple[list, int]]]:
+    """The engine's lowered action lists (`pipeline_order_with_comms`) read for the communication actions of
+    `kinds` (("RECV_F", "RECV_B") or ("SEND_F", "SEND_B")): per rank, in order, (the compute actions the message
+    belongs to - (kind, stage, micro-batch) candidates: a backward is B or I -, index of the rank's last compute
+    action before it, -1 before any). Empty without lowered lists (GPipe's and 1F1B's own loops)."""
+    lowered = getattr(schedule_object, "pipeline_order_with_comms", None) or {}
+    out: dict[int, list[tuple[list, int]]] = {}
+    for rank, actions in lowered.items():
+        found: list[tuple[list, int]] = []
+        computed = -1
+        for action in actions:
+            if action is None:
+                continue
+            kind = action.computation_type.value
+            if kind in kinds:
+                stage, mb = action.stage_index, action.microbatch_index
+                candidates = [("F", stage, mb)] if kind == kinds[0] else [("B", stage, mb), ("I", stage, mb)]
+                found.append((candidates, computed))
+                continue
+            for part in action.sub_actions or (action,):
+                if part.computation_type.value in ("F", "B", "I", "W"):
+                    computed += 1
+        out[rank] = found
+    return out
+
+
 def receive_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]) -> dict:
     """Where the engine posts each remote input's receive, for the cost model's rendezvous-link simulation
     (`simulate_actions(posts=...)`): per rank, (kind, stage, micro-batch) of a compute action -> index in the
@@ -144,27 +170,30 @@ def receive_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]
     The multi-chunk schedules run the engine's lowered action lists (`pipeline_order_with_comms`), where a
     RECV is placed as early as the sender's action allows; GPipe's and 1F1B's loops post each receive just
     before the action that needs it, which is the simulation's default (no entry)."""
-    lowered = getattr(schedule_object, "pipeline_order_with_comms", None)
-    if not lowered:
-        return {}
     out: dict[int, dict[tuple[str, int, int], int]] = {}
-    for rank, actions in lowered.items():
+    for rank, found in _lowered_comms(schedule_object, ("RECV_F", "RECV_B")).items():
         mine = set(orders.get(rank, ()))
-        posted: dict[tuple[str, int, int], int] = {}
-        computed = -1
-        for action in actions:
-            if action is None:
-                continue
-            kind = action.computation_type.value
-            if kind in ("RECV_F", "RECV_B"):
-                stage, mb = action.stage_index, action.microbatch_index
-                candidates = [("F", stage, mb)] if kind == "RECV_F" else [("B", stage, mb), ("I", stage, mb)]
-                for key in candidates:
-                    if key in mine:
-                        posted[key] = computed
-                continue
-            for part in action.sub_actions or (action,):
-                if part.computation_type.value in ("F", "B", "I", "W"):
-                    computed += 1
-        out[rank] = posted
+        out[rank] = {key: computed for candidates, computed in found for key in candidates if key in mine}
+    return out
+
+
+def send_posts(schedule_object, orders: dict[int, list[tuple[str, int, int]]]) -> dict:
+    """Where the engine posts each send to another rank, for the cost model's simulation
+    (`simulate_actions(sends=...)`): per rank, (kind, stage, micro-batch) of a compute action -> index in the
+    rank's `orders` of the compute action after which its SEND is posted; only sends posted later than right
+    after their own action are listed.
+
+    In the engine's lowered action lists (`_add_send_recv`) a SEND follows the compute action that produced it,
+    except in an overlapped forward and backward (DualPipeV's OVERLAP_F_B): both sends follow the pair, and the
+    runtime runs the pair's two sub-actions one after the other - the forward's activation leaves only after the
+    backward beside it (RESULTS 14.6). GPipe's and 1F1B's loops send right after each action (no entry)."""
+    out: dict[int, dict[tuple[str, int, int], int]] = {}
+    for rank, found in _lowered_comms(schedule_object, ("SEND_F", "SEND_B")).items():
+        index = {action: i for i, action in enumerate(orders.get(rank, ()))}
+        out[rank] = {
+            key: computed
+            for candidates, computed in found
+            for key in candidates
+            if key in index and index[key] != computed
+        }
     return out

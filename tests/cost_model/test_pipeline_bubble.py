@@ -158,3 +158,19 @@ def test_the_first_chunk_has_no_input_gradient_pass():
     from trex.runtime.pipeline.bubble import split_backward
 
     assert split_backward([4.0, 6.0]) == {"I": [0.0, 3.0], "W": [4.0, 3.0]}
+
+
+def test_a_send_posted_after_a_later_action_delays_its_consumer():
+    """`sends`: rank 0 posts F(0, 0)'s send only after its next action (as the engine does for an overlapped
+    forward and backward, DualPipeV's OVERLAP_F_B), so rank 1's forward waits for that action too."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    times = {"F": [1.0, 1.0]}
+    at_end = simulate_actions(orders, times, 2, p2p=0.1)
+    after_next = simulate_actions(orders, times, 2, p2p=0.1, sends={0: {("F", 0, 0): 1}})
+
+    def start(tasks, mb):
+        return next(t.start for t in tasks if t.rank == 1 and t.microbatch == mb)
+
+    assert start(at_end, 0) == pytest.approx(1.1)
+    assert start(after_next, 0) == pytest.approx(2.1)  # F(0, 1) ends at 2, then the send
+    assert start(after_next, 1) == pytest.approx(3.1)  # F(0, 1)'s own send at its end (not listed)

@@ -134,3 +134,73 @@ def test_slowdowns_are_taken_around_each_tasks_typical_time():
         {("F", 0, 0): 2.0, ("F", 0, 1): 1.0},
         {("B", 1, 0): 1.0},
     )
+
+
+def test_send_posts_follow_an_overlapped_forward_and_backward():
+    """DualPipeV's OVERLAP_F_B: the engine's lowering (`_add_send_recv`) posts the pair's two sends after it, so
+    the forward's send is listed after the backward; a plain action's send follows it (not listed). The
+    calibration's remote delays then count from the send, not from the forward's end."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _ComputationType
+
+    from trex.runtime.pipeline.schedules import send_posts
+
+    f, b = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
+    overlap = _ComputationType.OVERLAP_F_B
+    # 2 ranks, 3 stages (0, 2 on rank 0; 1 on rank 1), micro-batches 0 and 1
+    compute = {
+        0: [
+            _Action(0, f, 0),
+            _Action(2, f, 0),
+            _Action(-1, overlap, None, (_Action(0, f, 1), _Action(2, b, 0))),
+            _Action(2, f, 1),
+            _Action(2, b, 1),
+            _Action(0, b, 0),
+            _Action(0, b, 1),
+        ],
+        1: [_Action(1, f, 0), _Action(1, f, 1), _Action(1, b, 0), _Action(1, b, 1)],
+    }
+    stage_rank = {0: 0, 1: 1, 2: 0}
+    lowered = _add_send_recv({r: list(a) for r, a in compute.items()}, lambda s: stage_rank[s], 3)
+    orders = {
+        0: [("F", 0, 0), ("F", 2, 0), ("F", 0, 1), ("B", 2, 0), ("F", 2, 1), ("B", 2, 1), ("B", 0, 0), ("B", 0, 1)],
+        1: [("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1)],
+    }
+    sends = send_posts(SimpleNamespace(pipeline_order_with_comms=lowered), orders)
+    assert sends == {0: {("F", 0, 1): 3}, 1: {}}  # after B(2, 0), the pair's second half
+    assert send_posts(SimpleNamespace(), orders) == {}
+
+    # remote delay from the send: rank 1's F(1, 1) starts 0.5 after B(2, 0) ends (not 2.5 after F(0, 1) ends)
+    rank0 = [
+        Interval("F", 0, 1, 0.0, 1.0),
+        Interval("B", 2, 0, 1.0, 3.0),
+    ]
+    rank1 = [Interval("F", 1, 0, 0.0, 0.5), Interval("F", 1, 1, 3.5, 4.0)]
+    records = [(0, [(4.0, rank0, 0.0)]), (1, [(4.0, rank1, 0.0)])]
+    released = {("F", 0, 1): ("B", 2, 0)}
+    assert gaps(records, stages=3, released=released)["remote"] == pytest.approx([0.5])
+    assert gaps(records, stages=3)["remote"] == pytest.approx([2.5])
+
+
+def test_delivery_is_the_measured_remote_delay_less_the_action_work():
+    from trex.runtime.pipeline.calibration import PipelineOverheads
+
+    def overheads(remote: float) -> PipelineOverheads:
+        return PipelineOverheads(
+            action_s=0.3e-3,
+            head_s=0.0,
+            tail_s=0.0,
+            p2p_s=0.1e-3,
+            late_recv_s=1e-3,
+            remote_delay_s=remote,
+            link_latency_us=100.0,
+            link_bandwidth_gbs=1.0,
+            link_source="test",
+            activation_bytes=4,
+            samples=1,
+        )
+
+    assert overheads(1.0e-3).delivery_s == pytest.approx(0.7e-3)
+    assert overheads(0.2e-3).delivery_s == pytest.approx(0.1e-3)  # never below the link's p2p time
+    assert overheads(1.0e-3).to_dict()["delivery_s"] == pytest.approx(0.7e-3)
