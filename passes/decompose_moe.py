@@ -66,6 +66,20 @@ class DecomposeMoe:
                     )
                 ],
             )
+        from trex.ops.moe import asks_other_index_dtypes
+
+        if asks_other_index_dtypes(gm.graph):
+            return PassResult(
+                modified=False,
+                decisions=[
+                    Decision(
+                        "decline",
+                        "graph",
+                        "a backend asked the MoE dispatch for other index dtypes than the aten form's (int64 perm, "
+                        "int32 offsets), so the primitives stay as ops",
+                    )
+                ],
+            )
         decisions: list[Decision] = []
         inverses: dict[fx.Node, fx.Node] = {}  # perm value -> its inverse permutation
         for node in list(gm.graph.nodes):
@@ -109,7 +123,7 @@ def _inverse_of(perm: fx.Node, inverses: dict[fx.Node, fx.Node]) -> tuple[fx.Nod
 
 
 def _dispatch(node: fx.Node, inverses) -> Plan:
-    hidden, top_k_index, num_experts = node.args
+    hidden, top_k_index, num_experts = node.args[:3]
     return (
         lambda h, i: aten_form.moe_dispatch(h, i, num_experts),
         [hidden, top_k_index],
