@@ -174,3 +174,16 @@ def test_index_dtypes_other_than_int32_or_int64_are_refused_by_name():
         ops.moe_dispatch(hidden, index, 4, torch.float32)
     with pytest.raises(ValueError, match="offsets_dtype must be torch.int32 or torch.int64"):
         ops.moe_dispatch(hidden, index, 4, torch.int64, torch.int16)
+
+
+def test_passes_written_for_the_default_index_dtypes_see_a_graph_that_asks_for_others():
+    """decompose_moe and the Triton MoE rewrite leave a graph whose dispatch asks for other index dtypes."""
+    from torch import fx
+
+    cases = [((), {}, False), ((torch.int64, torch.int32), {}, False), ((torch.int32, torch.int64), {}, True)]
+    cases.append(((), {"offsets_dtype": torch.int64}, True))
+    for extra, keywords, expected in cases:
+        graph = fx.Graph()
+        hidden, index = graph.placeholder("hidden"), graph.placeholder("index")
+        graph.call_function(ops.moe_dispatch.default, (hidden, index, 4, *extra), keywords)
+        assert moe_ops.asks_other_index_dtypes(graph) is expected, (extra, keywords)

@@ -68,13 +68,13 @@ def asks_other_index_dtypes(graph) -> bool:
     """Whether a dispatch in `graph` produces other index dtypes than the defaults (int64 perm, int32 offsets):
     a pass that rewrites the MoE primitives into code of its own, written for the defaults, leaves such a graph."""
     dispatch = torch.ops.trex.moe_dispatch.default
-    return any(
-        n.op == "call_function"
-        and n.target is dispatch
-        and (n.args[3:] or n.kwargs)
-        and (n.meta["val"][1].dtype, n.meta["val"][2].dtype) != (torch.int64, torch.int32)
-        for n in graph.nodes
-    )
+    defaults = (torch.int64, torch.int32)
+
+    def asked(node) -> tuple:
+        given = (*node.args[3:5], *defaults[len(node.args[3:5]) :])
+        return (node.kwargs.get("perm_dtype", given[0]), node.kwargs.get("offsets_dtype", given[1]))
+
+    return any(n.op == "call_function" and n.target is dispatch and asked(n) != defaults for n in graph.nodes)
 
 
 @torch.library.custom_op("trex::moe_dispatch", mutates_args=())
