@@ -54,32 +54,21 @@ class DecomposeMoe:
                 modified=False,
                 decisions=[Decision("decline", "graph", "a graph of meta tensors is captured to be priced, never run")],
             )
-        if not (self.force or ctx.options.get(OPTION, False)):
-            return PassResult(
-                modified=False,
-                decisions=[
-                    Decision(
-                        "decline",
-                        "graph",
-                        "the leading backend runs the MoE primitives as ops of their own (it does not declare "
-                        "decomposes_moe_primitives), so they stay",
-                    )
-                ],
-            )
         from trex.ops.moe import asks_other_index_dtypes
 
-        if asks_other_index_dtypes(gm.graph):
-            return PassResult(
-                modified=False,
-                decisions=[
-                    Decision(
-                        "decline",
-                        "graph",
-                        "a backend asked the MoE dispatch for other index dtypes than the aten form's (int64 perm, "
-                        "int32 offsets), so the primitives stay as ops",
-                    )
-                ],
+        declined = None
+        if not (self.force or ctx.options.get(OPTION, False)):
+            declined = (
+                "the leading backend runs the MoE primitives as ops of their own (it does not declare "
+                "decomposes_moe_primitives), so they stay"
             )
+        elif asks_other_index_dtypes(gm.graph):
+            declined = (
+                "a backend asked the MoE dispatch for other index dtypes than the aten form's (int64 perm, int32 "
+                "offsets), so the primitives stay as ops"
+            )
+        if declined is not None:
+            return PassResult(modified=False, decisions=[Decision("decline", "graph", declined)])
         decisions: list[Decision] = []
         inverses: dict[fx.Node, fx.Node] = {}  # perm value -> its inverse permutation
         for node in list(gm.graph.nodes):

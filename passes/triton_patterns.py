@@ -338,13 +338,8 @@ def _grouped(kernel):
 def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decision]:
     """Each trex MoE primitive -> its trex_triton kernel op (see the module docstring), in graph order, so a
     layer's dispatch is rewritten (and its inverse map known) before the combine and backwards that use it."""
-    from trex.ops.moe import asks_other_index_dtypes
     from trex.passes.canonicalize.moe import PROVENANCE_KEYS
 
-    if asks_other_index_dtypes(gm.graph):  # the kernels are written for int64 perm and int32 offsets
-        return [
-            Decision("decline", "graph", "a backend asked the MoE dispatch for other index dtypes; primitives stay")
-        ]
     trex_ops, kernels = torch.ops.trex, torch.ops.trex_triton
     inherit = (*PROVENANCE_KEYS, "trex_moe")
     inverses: dict[fx.Node, fx.Node] = {}  # perm -> the inverse map moe_permute made with it
@@ -366,7 +361,7 @@ def _rewrite_moe_primitives(gm: fx.GraphModule, ctx: PassContext) -> list[Decisi
             continue
         target = node.target
         if target is trex_ops.moe_dispatch.default:
-            hidden, index, experts = node.args[:3]
+            hidden, index, experts = node.args
             if not ctx.fuel.take():
                 break
             permuted, perm, inverse, offsets = inline_traced(gm, node, _permute(experts), [hidden, index], inherit)

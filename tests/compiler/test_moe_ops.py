@@ -177,7 +177,7 @@ def test_index_dtypes_other_than_int32_or_int64_are_refused_by_name():
 
 
 def test_passes_written_for_the_default_index_dtypes_see_a_graph_that_asks_for_others():
-    """decompose_moe and the Triton MoE rewrite leave a graph whose dispatch asks for other index dtypes."""
+    """passes.decompose_moe (written for the default index dtypes) leaves a graph whose dispatch asks for others."""
     from torch import fx
 
     cases = [((), {}, False), ((torch.int64, torch.int32), {}, False), ((torch.int32, torch.int64), {}, True)]
