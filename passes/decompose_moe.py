@@ -54,18 +54,21 @@ class DecomposeMoe:
                 modified=False,
                 decisions=[Decision("decline", "graph", "a graph of meta tensors is captured to be priced, never run")],
             )
+        from trex.ops.moe import asks_other_index_dtypes
+
+        declined = None
         if not (self.force or ctx.options.get(OPTION, False)):
-            return PassResult(
-                modified=False,
-                decisions=[
-                    Decision(
-                        "decline",
-                        "graph",
-                        "the leading backend runs the MoE primitives as ops of their own (it does not declare "
-                        "decomposes_moe_primitives), so they stay",
-                    )
-                ],
+            declined = (
+                "the leading backend runs the MoE primitives as ops of their own (it does not declare "
+                "decomposes_moe_primitives), so they stay"
             )
+        elif asks_other_index_dtypes(gm.graph):
+            declined = (
+                "a backend asked the MoE dispatch for other index dtypes than the aten form's (int64 perm, int32 "
+                "offsets), so the primitives stay as ops"
+            )
+        if declined is not None:
+            return PassResult(modified=False, decisions=[Decision("decline", "graph", declined)])
         decisions: list[Decision] = []
         inverses: dict[fx.Node, fx.Node] = {}  # perm value -> its inverse permutation
         for node in list(gm.graph.nodes):
@@ -109,7 +112,7 @@ def _inverse_of(perm: fx.Node, inverses: dict[fx.Node, fx.Node]) -> tuple[fx.Nod
 
 
 def _dispatch(node: fx.Node, inverses) -> Plan:
-    hidden, top_k_index, num_experts = node.args
+    hidden, top_k_index, num_experts = node.args[:3]
     return (
         lambda h, i: aten_form.moe_dispatch(h, i, num_experts),
         [hidden, top_k_index],

@@ -13,6 +13,7 @@ import torch
 import trex.ops  # noqa: F401 - the trex operators must exist before anything is captured
 from trex.capture import CapturedGraph, GraphBreak
 from trex.driver import CompileOptions, TrexCompiler
+from trex.dynamo_state import AutomaticDynamicMemory, own_automatic_dynamic_memory
 from trex.errors import CaptureError, TrexError
 from trex.pass_manager import Pass
 from trex.plan import Plan, load_plan
@@ -97,6 +98,9 @@ class CompiledModule(torch.nn.Module):
         self.trex = session
         self._fallback = fallback
         self._warned = False
+        # Dynamo's automatic-dynamic memory of this model alone (`trex.dynamo_state`: models whose forward is the
+        # same code must not make each other's sizes dynamic)
+        self.__dict__["_dynamo_memory"] = AutomaticDynamicMemory()
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -108,7 +112,8 @@ class CompiledModule(torch.nn.Module):
         first = self.trex.first_call_seconds is None
         start = time.perf_counter()
         try:
-            output = self._compiled(*args, **kwargs)
+            with own_automatic_dynamic_memory(self._dynamo_memory):
+                output = self._compiled(*args, **kwargs)
         except TrexError:
             raise
         except Exception as error:

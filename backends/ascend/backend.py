@@ -22,6 +22,7 @@ from trex.backends.ascend import attention_before_autograd, rotary_before_autogr
 from trex.backends.ascend.main_grad import PREPARED, accumulate_into_main_grads, main_grad_publish
 from trex.backends.ascend.patterns import PATTERNS, Emitter, Match, Pattern, find_matches
 from trex.backends.ascend.report import AscendGraphReport, describe, price_graph
+from trex.backends.ascend.routing_indices import request_npu_index_dtypes
 from trex.backends.ascend.schemas import check_call, shipped_schemas
 from trex.backends.backend import Backend
 from trex.graph_copy import copy_graph_module
@@ -68,6 +69,7 @@ class AscendBackend(Backend):
         check: Callable[..., Any] | None = None,
         main_grad: bool | None = None,
         publish_grads: bool = True,
+        npu_index_dtypes: bool = True,
     ):
         """`main_grad`: whether the routed experts' weight gradients accumulate in place into a persistent float32
         `param.main_grad` through `npu_grouped_matmul_add_` (Megatron-LM's `gradient_accumulation_fusion`,
@@ -84,10 +86,14 @@ class AscendBackend(Backend):
         of the step's micro-batches: more precise than eager's bf16 sum); `main_grad=False` never does (K-split
         for all). `publish_grads` (default on): `param.grad` holds the gradient as torch would leave it, so
         plain torch optimizers work unchanged; `publish_grads=False` is the Megatron contract: `.grad` stays
-        None, the optimizer reads `main_grad` and the caller zero-fills it once per step (`zero_main_grads`)."""
+        None, the optimizer reads `main_grad` and the caller zero-fills it once per step (`zero_main_grads`).
+        `npu_index_dtypes` (default on): the MoE layers produce and save their routing indices in the dtypes
+        torch_npu's routing ops read (int32 rows, int64 group ends; `routing_indices.py`) instead of trex's
+        defaults, which the lowering would convert around every routing op; False keeps trex's defaults."""
         self.target = target
         self.main_grad = main_grad
         self.publish_grads = publish_grads
+        self.npu_index_dtypes = npu_index_dtypes
         self.patterns = tuple(patterns)
         self.emulate = emulate
         self.check = check
@@ -96,6 +102,7 @@ class AscendBackend(Backend):
         self.reports: list[AscendGraphReport] = []
         self.captured_attention = 0  # attention regions rewritten before AOTAutograd (all graphs)
         self.captured_rotary = 0  # V4-form RoPE regions rewritten before AOTAutograd
+        self.captured_index_dtypes = 0  # MoE layers asked for torch_npu's routing-index dtypes before AOTAutograd
 
     def _state(self, graph: fx.Graph) -> _GraphState:
         state = self._graphs.get(graph)
@@ -130,7 +137,8 @@ class AscendBackend(Backend):
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Before AOTAutograd ("captured"): attention regions become npu_fusion_attention, whose autograd
         gives the backward npu_fusion_attention_grad (`attention_before_autograd`), and V4's interleaved
-        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`). Unless `main_grad`
+        RoPE npu_rotary_mul, whose backward is npu_rotary_mul_backward (`rotary_before_autograd`); the MoE layers
+        are asked for torch_npu's routing-index dtypes (`routing_indices`). Unless `main_grad`
         is False, the backward's expert weight gradients (of float32 parameters only, by default with published
         `.grad`s) become in-place accumulations."""
         if phase == "captured":
@@ -141,6 +149,8 @@ class AscendBackend(Backend):
             self.captured_rotary += rotary_before_autograd.lower_rotary(
                 gm, emulate=self.emulate, **({"check": self.check} if self.check else {})
             )
+            if self.npu_index_dtypes:
+                self.captured_index_dtypes += request_npu_index_dtypes(gm)
             return
         if self.main_grad is not False and phase == "backward":
             emitter = Emitter(gm.graph, emulate=self.emulate, **({"check": self.check} if self.check else {}))

@@ -799,7 +799,7 @@ class MoeDispatch(Pattern):
         self.init_routing = init_routing
 
     def match(self, node):
-        hidden, index, num_experts = node.args
+        hidden, index, num_experts = node.args[:3]
         items = _getitems(node)
         index_value, hidden_value = _val(index), _val(hidden)
         fits = 0 < int(num_experts) <= INIT_ROUTING_MAX_EXPERTS and index_value.dim() == 2 and hidden_value.dim() == 2
@@ -846,7 +846,7 @@ class MoeDispatch(Pattern):
         return Match(self.name, self.op, [node, *items.values()], emit)
 
     def _permute_match(self, node, items):
-        hidden, index, num_experts = node.args
+        hidden, index, num_experts = node.args[:3]
 
         def emit(e: Emitter):
             index64 = e.cast(index, torch.int64, _dtype(index))
@@ -949,12 +949,39 @@ class GroupedMmWeightGrad(Pattern):
         return Match(self.name, "npu_grouped_matmul_add", [node], emit)
 
 
+_FLOAT_BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
+
+
+def _widens_float_exactly(source: torch.dtype | None, target: torch.dtype | None) -> bool:
+    """A float converted to a wider float (bf16/fp16 -> fp32 -> fp64): every value survives, so converting back
+    to `source` is the identity."""
+    return source in _FLOAT_BITS and target in _FLOAT_BITS and _FLOAT_BITS[target] > _FLOAT_BITS[source]
+
+
+def _narrowed_back(node: fx.Node, dtype: torch.dtype | None) -> list[fx.Node] | None:
+    """The users of `node` when every one is a plain conversion to `dtype` (e.g. the model's `.to(bf16)` of a
+    combine it ran in fp32), else None."""
+    users = list(node.users)
+    if users and all(_float_cast(u) is not None and u.args[0] is node and _dtype(u) == dtype for u in users):
+        return users
+    return None
+
+
 class MoeCombine(Pattern):
+    """trex.moe_combine -> npu_moe_token_unpermute, whose result has the permuted tokens' dtype (the wheel's meta
+    function; the op has no output-dtype argument, nor does npu_moe_finalize_routing, whose result also has its
+    rows' dtype). A combine run in a wider dtype than the rows (DeepSeek-V3: bf16 rows, fp32 routing weights, so
+    fp32) is converted back to the rows' dtype by the model (`.to(hidden.dtype)`, eager runs it). The op's result
+    widened and converted back is the result itself (`_widens_float_exactly`), so when every use of the combine
+    is that conversion, the conversion takes the op's result directly: no widening glue, no narrowing node."""
+
     name, op = "moe_combine", "npu_moe_token_unpermute"
     anchors = (trex_ops.moe_combine.default,)
 
     def match(self, node):
         expert_out, perm, weights = node.args
+        rows_dtype = _dtype(expert_out)
+        narrowed = _narrowed_back(node, rows_dtype) if _widens_float_exactly(rows_dtype, _dtype(node)) else None
 
         def emit(e: Emitter):
             out = e.npu(
@@ -963,23 +990,37 @@ class MoeCombine(Pattern):
                 {"probs": weights, "padded_mode": False, "restore_shape": None},
                 allowed={"padded_mode": [False]},
             )
-            return {node: e.cast(out, _dtype(node), _dtype(expert_out))}
+            if narrowed:
+                return dict.fromkeys(narrowed, out)
+            return {node: e.cast(out, _dtype(node), rows_dtype)}
 
-        return Match(self.name, self.op, [node], emit)
+        return Match(self.name, self.op, [node, *(narrowed or ())], emit)
 
 
 class MoeCombineBackward(Pattern):
+    """trex.moe_combine_backward -> npu_moe_token_unpermute_grad. When the incoming gradient is an exact widening
+    of a narrower float (DeepSeek-V3's backward converts the bf16 gradient to the combine's fp32), the op takes the
+    narrow gradient itself: the same values, without the conversion (which then belongs to the region)."""
+
     name, op = "moe_combine_bwd", "npu_moe_token_unpermute_grad"
     anchors = (trex_ops.moe_combine_backward.default,)
 
     def match(self, node):
         grad_out, expert_out, perm, weights = node.args
         items = _getitems(node)
+        widened = _float_cast(grad_out)
+        if not (
+            widened is not None
+            and len(widened.users) == 1
+            and _widens_float_exactly(_dtype(widened.args[0]), _dtype(widened))
+        ):
+            widened = None
+        grad_in = widened.args[0] if widened is not None else grad_out
 
         def emit(e: Emitter):
             grads = e.npu(
                 "npu_moe_token_unpermute_grad",
-                (expert_out, grad_out, perm),
+                (expert_out, grad_in, perm),
                 {"probs": weights, "padded_mode": False, "restore_shape": None},
                 allowed={"padded_mode": [False]},
             )
@@ -990,7 +1031,7 @@ class MoeCombineBackward(Pattern):
                 replaced[items[1]] = e.cast(e.item(grads, 1), _dtype(items[1]), _dtype(weights))
             return replaced
 
-        return Match(self.name, self.op, [node, *items.values()], emit)
+        return Match(self.name, self.op, [*([widened] if widened is not None else []), node, *items.values()], emit)
 
 
 class MoeDispatchBackward(Pattern):

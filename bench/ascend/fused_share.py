@@ -23,6 +23,7 @@ gradient one K-split `npu_grouped_matmul` in the parameter's dtype). The once-pe
     python bench/ascend/fused_share.py [--families deepseek-v4 ...] [--full-layers 5] [--full-seq 4096]
                                        [--skip-tiny] [--skip-full] [--grads published|main-grad-published|main-grad|functional]
                                        [--tiny-dtype float32|bfloat16] [--list-moe] [--dispatch init-routing|permute]
+                                       [--index-dtypes npu|trex]
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ GRADS = {
 
 
 DISPATCH = "init-routing"  # --dispatch: npu_moe_init_routing_v2 (the default) or the earlier permute lowering
+INDEX_DTYPES = "npu"  # --index-dtypes: routing indices in torch_npu's dtypes (the default) or trex's (int64 perm)
 
 
 def _ascend(grads: str):
@@ -108,7 +110,11 @@ def _ascend(grads: str):
     from trex.backends.ascend.patterns import PATTERNS, MoeDispatch
 
     patterns = [MoeDispatch(init_routing=False) if isinstance(p, MoeDispatch) else p for p in PATTERNS]
-    return AscendBackend(**GRADS[grads], **({"patterns": patterns} if DISPATCH == "permute" else {}))
+    return AscendBackend(
+        **GRADS[grads],
+        **({"patterns": patterns} if DISPATCH == "permute" else {}),
+        npu_index_dtypes=INDEX_DTYPES == "npu",
+    )
 
 
 def tiny(family: str, grads: str = "published", dtype: torch.dtype = torch.float32):
@@ -218,9 +224,16 @@ def main() -> None:
         default="init-routing",
         help="trex.moe_dispatch as npu_moe_init_routing_v2 (default) or npu_moe_token_permute + compute_expert_tokens",
     )
+    parser.add_argument(
+        "--index-dtypes",
+        choices=["npu", "trex"],
+        default="npu",
+        help="MoE routing indices produced in torch_npu's dtypes (int32 rows, int64 group ends; the default) or in "
+        "trex's defaults (int64 rows, int32 ends), which the lowering converts around the routing ops",
+    )
     args = parser.parse_args()
-    global DISPATCH
-    DISPATCH = args.dispatch
+    global DISPATCH, INDEX_DTYPES
+    DISPATCH, INDEX_DTYPES = args.dispatch, args.index_dtypes
     print(
         "| model | setting | MoE layers: fused share (of us) | MoE, calls priced as replaced nodes "
         "| whole graphs: fused share (of us) | whole, as replaced | seconds |"

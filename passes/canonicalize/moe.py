@@ -145,10 +145,13 @@ def _reference_for(node: fx.Node):
         if node.target is moe_ops.FUSED_FORWARD
         else moe_ops.moe_experts_backward_reference
     )
-    *tensors, activation, swiglu_limit, weights_transposed = node.args
+    # the tensors come first; then activation, swiglu_limit, weights_transposed (and, on the forward, the index
+    # dtypes a backend asked for before AOTAutograd, `trex.ops.moe` module docstring)
+    count = len([a for a in node.args if isinstance(a, fx.Node)])
+    tensors, attributes, keywords = list(node.args[:count]), tuple(node.args[count:]), dict(node.kwargs)
 
     def bound(*tensor_values):
-        return reference(*tensor_values, activation, swiglu_limit, weights_transposed)
+        return reference(*tensor_values, *attributes, **keywords)
 
     return bound, tensors
 

@@ -143,3 +143,47 @@ def test_fake_implementation_gives_static_shapes_for_fp32_capture():
         (30, 24),
         (30, 16),
     )
+
+
+@pytest.mark.parametrize("limit", [0.0, 0.7])
+def test_other_index_dtypes_give_the_same_values_and_gradients(limit):
+    """A backend may ask for int32 perm and int64 offsets (the Ascend backend: the dtypes torch_npu's routing ops
+    read); the op then produces and saves them so, and every output and gradient is the one of the defaults."""
+    results = []
+    for dtypes in ((), (torch.int32, torch.int64)):
+        hidden, index, weights, gate_up, down = _case(torch.float32)
+        out, perm, offsets, *_ = ops.moe_experts(hidden, index, weights, gate_up, down, "silu", limit, False, *dtypes)
+        grads = torch.autograd.grad(out, (hidden, weights, gate_up, down), torch.ones_like(out))
+        results.append((out, perm, offsets, grads))
+    (out, perm, offsets, grads), (out32, perm32, offsets64, grads32) = results
+    assert (perm.dtype, offsets.dtype, perm32.dtype, offsets64.dtype) == (
+        torch.int64,
+        torch.int32,
+        torch.int32,
+        torch.int64,
+    )
+    assert torch.equal(perm, perm32.long()) and torch.equal(offsets.long(), offsets64)
+    torch.testing.assert_close(out32, out, rtol=0, atol=0)
+    for got, want in zip(grads32, grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_index_dtypes_other_than_int32_or_int64_are_refused_by_name():
+    hidden, index, *_ = _case(torch.float32)
+    with pytest.raises(ValueError, match="perm_dtype must be torch.int32 or torch.int64"):
+        ops.moe_dispatch(hidden, index, 4, torch.float32)
+    with pytest.raises(ValueError, match="offsets_dtype must be torch.int32 or torch.int64"):
+        ops.moe_dispatch(hidden, index, 4, torch.int64, torch.int16)
+
+
+def test_passes_written_for_the_default_index_dtypes_see_a_graph_that_asks_for_others():
+    """passes.decompose_moe (written for the default index dtypes) leaves a graph whose dispatch asks for others."""
+    from torch import fx
+
+    cases = [((), {}, False), ((torch.int64, torch.int32), {}, False), ((torch.int32, torch.int64), {}, True)]
+    cases.append(((), {"offsets_dtype": torch.int64}, True))
+    for extra, keywords, expected in cases:
+        graph = fx.Graph()
+        hidden, index = graph.placeholder("hidden"), graph.placeholder("index")
+        graph.call_function(ops.moe_dispatch.default, (hidden, index, 4, *extra), keywords)
+        assert moe_ops.asks_other_index_dtypes(graph) is expected, (extra, keywords)

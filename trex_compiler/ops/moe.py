@@ -20,6 +20,13 @@ the backends see: S = tokens * top_k rows, E experts.
 `perm[s]` is the flat (token * k + slot) index of sorted row s; rows are sorted by expert, stably, so
 expert e owns rows offsets[e-1]:offsets[e]. Every shape is static (S = T*k), which is what keeps
 capture free of graph breaks; only the split points inside `offsets` depend on the data.
+
+Index dtypes: `perm` is int64 and `offsets` int32 unless the dispatch (and `moe_experts`, which saves both
+for its backward) is asked for others (`perm_dtype`, `offsets_dtype`: int32 or int64). A backend whose
+kernels take other index dtypes asks for them before AOTAutograd traces the graph, so the forward produces
+and saves the indices in the dtype its ops read, instead of converting them around every routing op (the
+Ascend backend: int32 rows as `npu_moe_init_routing_v2` returns them, int64 group ends as
+`npu_grouped_matmul` reads them). The values are the same in either dtype.
 """
 
 from __future__ import annotations
@@ -46,25 +53,57 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 # Primitives
 
 
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_index_dtypes(perm_dtype: torch.dtype, offsets_dtype: torch.dtype) -> None:
+    """The routing indices are int32 or int64 (both hold every row index and group end of a routed batch
+    below 2**31 rows); anything else is refused by name."""
+    for name, dtype in (("perm_dtype", perm_dtype), ("offsets_dtype", offsets_dtype)):
+        if dtype not in INDEX_DTYPES:
+            raise ValueError(f"trex MoE ops: {name} must be torch.int32 or torch.int64, got {dtype}")
+
+
+def asks_other_index_dtypes(graph) -> bool:
+    """Whether a dispatch in `graph` produces other index dtypes than the defaults (int64 perm, int32 offsets):
+    a pass that rewrites the MoE primitives into code of its own, written for the defaults, leaves such a graph."""
+    dispatch = torch.ops.trex.moe_dispatch.default
+    defaults = (torch.int64, torch.int32)
+
+    def asked(node) -> tuple:
+        given = (*node.args[3:5], *defaults[len(node.args[3:5]) :])
+        return (node.kwargs.get("perm_dtype", given[0]), node.kwargs.get("offsets_dtype", given[1]))
+
+    return any(n.op == "call_function" and n.target is dispatch and asked(n) != defaults for n in graph.nodes)
+
+
 @torch.library.custom_op("trex::moe_dispatch", mutates_args=())
-def moe_dispatch(hidden: Tensor, top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+def moe_dispatch(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    num_experts: int,
+    perm_dtype: torch.dtype = torch.int64,
+    offsets_dtype: torch.dtype = torch.int32,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sort the (token, slot) pairs by expert and gather their rows."""
+    check_index_dtypes(perm_dtype, offsets_dtype)
     top_k = top_k_index.size(-1)
     expert_ids = top_k_index.reshape(-1)
     _, perm = torch.sort(expert_ids, stable=True)
     sorted_hidden = hidden.index_select(0, perm // top_k)
     counts = torch.bincount(expert_ids, minlength=num_experts)[:num_experts]
-    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    return sorted_hidden, perm, offsets
+    offsets = torch.cumsum(counts, 0, dtype=offsets_dtype)
+    return sorted_hidden, perm.to(perm_dtype), offsets
 
 
 @moe_dispatch.register_fake
-def _(hidden, top_k_index, num_experts):
+def _(hidden, top_k_index, num_experts, perm_dtype=torch.int64, offsets_dtype=torch.int32):
+    check_index_dtypes(perm_dtype, offsets_dtype)
     rows = top_k_index.numel()
     return (
         hidden.new_empty(rows, hidden.size(-1)),
-        top_k_index.new_empty(rows, dtype=torch.int64),
-        top_k_index.new_empty(num_experts, dtype=torch.int32),
+        top_k_index.new_empty(rows, dtype=perm_dtype),
+        top_k_index.new_empty(num_experts, dtype=offsets_dtype),
     )
 
 
@@ -138,7 +177,7 @@ def _(a, b, offsets):
 
 def _inverse_permutation(perm: Tensor) -> Tensor:
     inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
     return inverse
 
 
@@ -229,13 +268,18 @@ def moe_experts_reference(
     activation: str,
     swiglu_limit: float,
     weights_transposed: bool,
+    perm_dtype: torch.dtype = torch.int64,
+    offsets_dtype: torch.dtype = torch.int32,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Routed experts: returns the output and the values the backward needs.
 
-    Returns (out[T,H], perm[S], offsets[E], sorted_hidden[S,H], gate_up_out[S,2I], expert_out[S,H]).
+    Returns (out[T,H], perm[S], offsets[E], sorted_hidden[S,H], gate_up_out[S,2I], expert_out[S,H]); perm and
+    offsets in `perm_dtype` / `offsets_dtype` (see the module docstring: the index dtypes a backend asked for).
     """
     w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
-    sorted_hidden, perm, offsets = ops.moe_dispatch(hidden.to(w_gate_up.dtype), top_k_index, w_gate_up.size(0))
+    sorted_hidden, perm, offsets = ops.moe_dispatch(
+        hidden.to(w_gate_up.dtype), top_k_index, w_gate_up.size(0), perm_dtype, offsets_dtype
+    )
     gate_up_out = ops.grouped_mm(sorted_hidden, w_gate_up, offsets)
     activated = _gated_activation(gate_up_out, activation, swiglu_limit)
     expert_out = ops.grouped_mm(activated, w_down, offsets)
@@ -289,13 +333,25 @@ moe_experts_backward = torch.library.custom_op("trex::moe_experts_backward", mut
 
 
 @moe_experts.register_fake
-def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed):
+def _(
+    hidden,
+    top_k_index,
+    top_k_weights,
+    gate_up_proj,
+    down_proj,
+    activation,
+    swiglu_limit,
+    weights_transposed,
+    perm_dtype=torch.int64,
+    offsets_dtype=torch.int32,
+):
+    check_index_dtypes(perm_dtype, offsets_dtype)
     w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     rows, num_experts = top_k_index.numel(), w_gate_up.size(0)
     return (
         hidden.new_empty(hidden.shape),
-        top_k_index.new_empty(rows, dtype=torch.int64),
-        top_k_index.new_empty(num_experts, dtype=torch.int32),
+        top_k_index.new_empty(rows, dtype=perm_dtype),
+        top_k_index.new_empty(num_experts, dtype=offsets_dtype),
         hidden.new_empty(rows, hidden.size(-1), dtype=w_gate_up.dtype),
         hidden.new_empty(rows, w_gate_up.size(-1), dtype=w_gate_up.dtype),
         hidden.new_empty(rows, w_down.size(-1), dtype=w_down.dtype),
@@ -327,7 +383,8 @@ def _(
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, _, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed = inputs
+    # the index dtypes (inputs 8 and 9, when given) reach the backward through perm's and offsets' own dtypes
+    hidden, _, top_k_weights, gate_up_proj, down_proj, activation, swiglu_limit, weights_transposed = inputs[:8]
     _, perm, offsets, sorted_hidden, gate_up_out, expert_out = output
     ctx.save_for_backward(
         hidden, top_k_weights, gate_up_proj, down_proj, perm, offsets, sorted_hidden, gate_up_out, expert_out
@@ -339,7 +396,7 @@ def _backward(ctx, grad_out, *_unused_grads):
     # _grouped_mm's backward rejects stride-0 gradients (e.g. from `out.sum().backward()`).
     grads = ops.moe_experts_backward(grad_out.contiguous(), *ctx.saved_tensors, *ctx.attributes)
     grad_hidden, grad_weights, grad_gate_up, grad_down = grads
-    return grad_hidden, None, grad_weights, grad_gate_up, grad_down, None, None, None
+    return grad_hidden, None, grad_weights, grad_gate_up, grad_down, None, None, None, None, None
 
 
 moe_experts.register_autograd(_backward, setup_context=_setup_context)
@@ -355,7 +412,7 @@ def _dispatch_setup(ctx, inputs, output):
 
 def _dispatch_backward(ctx, grad_sorted, _grad_perm, _grad_offsets):
     (perm,) = ctx.saved_tensors
-    return ops.moe_dispatch_backward(grad_sorted.contiguous(), perm, ctx.num_tokens), None, None
+    return ops.moe_dispatch_backward(grad_sorted.contiguous(), perm, ctx.num_tokens), None, None, None, None
 
 
 def _grouped_mm_setup(ctx, inputs, output):
