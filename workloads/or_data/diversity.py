@@ -143,8 +143,9 @@ def overlap_by_part(answers: Sequence[str], n: int = 5) -> dict[str, dict[str, f
     totals = {part: sum(len(parts[part]) for parts in split) for part in PARTS}
     everything = sum(totals.values()) or 1
     report = {}
+    repeated = {gram for gram, count in frequency.items() if count > 1}
     for part in PARTS:
-        shared = sum(1 for parts in split for gram in parts[part] if frequency[gram] > 1)
+        shared = sum(len(parts[part] & repeated) for parts in split)
         report[part] = {
             "grams": round(totals[part] / everything, 4),
             "shared": round(shared / totals[part], 4) if totals[part] else 0.0,
@@ -171,9 +172,15 @@ def overlap_by_part_at(
 PARTS_AT = 4  # the family size of the issue's 40-sample reading
 
 
+@functools.lru_cache(maxsize=4096)
+def _sentences(text: str) -> frozenset[str]:
+    """The masked sentences of `text` that `repeated_sentences` counts (at least four words)."""
+    return frozenset(masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4)
+
+
 def repeated_sentences(texts: Sequence[str]) -> float:
     """Share of sentences (masked) that occur in more than one of `texts`."""
-    per_text = [{masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4} for text in texts]
+    per_text = [_sentences(text) for text in texts]
     frequency: Counter = Counter()
     for sentences in per_text:
         frequency.update(sentences)
@@ -247,6 +254,7 @@ def prepare(record: dict[str, Any]) -> None:
     _gram_set(answer, 5)
     _gram_set(prompt, 5)
     _gram_set(_prose(answer), 5)
+    _sentences(_prose(answer))
     _part_grams(answer, 5)
 
 
@@ -255,7 +263,7 @@ def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     try:
         return _diversity_report(records)
     finally:  # the n-gram ids and sets of this report's texts are of no use to the next one
-        for cache in (_gram_set, _part_grams, _prose):
+        for cache in (_gram_set, _part_grams, _prose, _sentences):
             cache.cache_clear()
         _GRAM_IDS.clear()
 
