@@ -2,9 +2,10 @@
 
     python bench/or_data/sandbox_cost.py --synth-dir DIR [--programs 100]
 
-For warm workers that preload pyscipopt only (what `trex data synth` uses) and all five solver
-libraries (the default), runs `pass` and the first `--programs` programs of a synthesis run's
-sft.jsonl one at a time and prints CPU milliseconds per program: on the sandbox's side (the
+For warm workers that preload pyscipopt only, pyscipopt + PuLP + coptpy (the synthesis's `base`
+worker group before the eighth session) and all five solver libraries (the default), runs `pass`
+and the first `--programs` programs of a synthesis run's sft.jsonl that import none of PuLP,
+coptpy and Pyomo (the programs `program_runner.pool_for` sends to its `scip` group), one at a time and prints CPU milliseconds per program: on the sandbox's side (the
 worker's cgroup: fork, bootstrap, the program, clean-up; worker start-up excluded), of the
 program's child alone, and in this process (the host side: request, answer, io files). Also the
 floor of the fork-per-program design: fork + exit + wait of a Python process with those libraries
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shlex
 import subprocess
@@ -28,6 +30,8 @@ from trex.workloads.or_data.program_runner import DEFAULT_LIMITS
 from trex.workloads.sandbox import Sandbox
 
 ALL = ("pyscipopt", "coptpy", "highspy", "pulp", "pyomo.environ")
+# programs importing any of these are left out (a source tree of any session can be measured)
+OTHER_LIBRARY = re.compile(r"^\s*(?:import|from)\s+(?:pulp|coptpy|pyomo)\b", re.M)
 FORK_FLOOR = """
 import importlib, os, statistics, sys, time
 for name in sys.argv[1:]:
@@ -69,7 +73,11 @@ def main() -> None:
     parser.add_argument("--isolation", default="auto")
     args = parser.parse_args()
     records = [json.loads(line) for line in (args.synth_dir / "sft.jsonl").read_text(encoding="utf-8").splitlines()]
-    programs = [record["meta"]["program"] for record in records if record["meta"].get("program")][: args.programs]
+    programs = [
+        record["meta"]["program"]
+        for record in records
+        if record["meta"].get("program") and not OTHER_LIBRARY.search(record["meta"]["program"])
+    ][: args.programs]
     print(f"command: python {shlex.join(sys.argv)}")
     print(f"load average {os.getloadavg()[0]:.2f} at start\n")
     print(
@@ -77,7 +85,7 @@ def main() -> None:
         "ran ok | fork+exit+wait floor, wall ms |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for preload in (("pyscipopt",), ALL):
+    for preload in (("pyscipopt",), ("pyscipopt", "pulp", "coptpy"), ALL):
         floor = float(subprocess.check_output([sys.executable, "-c", FORK_FLOOR, *preload], text=True))
         with Sandbox(DEFAULT_LIMITS, isolation=args.isolation, workers=1, preload=preload) as sandbox:
             sandbox.wait_ready()

@@ -10,7 +10,8 @@ In one invocation, same seed and settings:
    made, so the bubblewrap containers count), and `cores / CPU per sample`, the rate an idle
    machine of that many cores allows; whether the two runs wrote identical sft.jsonl/cpt.jsonl,
    and with `--reference DIR` whether they equal an earlier run's (e.g. one made by an older commit
-   with the same --n and --seed);
+   with the same --n and --seed); and the serial tail: how long the outputs took after the last
+   shard was written;
 2. the first K programs of the written samples run through the warm sandbox and as plain
    `python program.py` subprocesses (no sandbox, no limits), `--workers` at a time each:
    programs per second and the ratio, min/median/max over `--repeat` timings.
@@ -60,6 +61,14 @@ def synth(
         raise SystemExit(f"{shlex.join(argv)} failed with exit status {result.returncode}")
     samples = sum(1 for _ in (out / "sft.jsonl").open(encoding="utf-8"))
     return result, samples, out
+
+
+def serial_tail_s(out: Path) -> float:
+    """Seconds from the last shard file's write to the last output file's: what the run did after
+    its workers' last result (merge, separation, statistics, writing)."""
+    last_shard = max(path.stat().st_mtime for path in (out / "shards").glob("shard-*.jsonl"))
+    outputs = ("sft.jsonl", "cpt.jsonl", "stats.json", "stats.md", "decontamination.json")
+    return max((out / name).stat().st_mtime for name in outputs) - last_shard
 
 
 def same_outputs(a: Path, b: Path) -> bool:
@@ -145,6 +154,7 @@ def main() -> int:
             f"{meter.cpu_s:.1f} | {1000 * per_sample:.1f} | {cores / per_sample:.1f} | {meter.how} |"
         )
     print(f"\nwarm output: {warm_out}")
+    print(f"after the last shard was written, the outputs took {serial_tail_s(warm_out):.1f} s more (the serial tail)")
     identical = True
     if not args.no_cold:
         identical = same_outputs(warm_out, results["cold"][2])

@@ -318,3 +318,35 @@ def test_cpt_separation_drops_a_document_about_an_sft_instance_or_its_data():
     kept, report = separate(sft, [same_instance, same_data, boilerplate])
     assert kept == [{"text": boilerplate["text"]}]
     assert report.dropped_instance == [0] and report.dropped_text == [1]
+
+
+def test_statistics_tallied_while_the_run_goes_on_equal_those_of_the_finished_outputs(run_dir):
+    """`stats.Tally` does the report's per-sample work as the merger keeps each sample (during the
+    run); the report and the CPT separation must be exactly those computed afterwards."""
+    from trex.workloads.or_data.cpt_separation import Separation, separate
+    from trex.workloads.or_data.stats import Tally, approximate_tokens, build_stats
+
+    bench = BenchmarkIndex.from_dir(DATA_DIR, SMALL.ngram) if DATA_DIR.is_dir() else None
+    after = _merge(shard_results(run_dir), bench, n=12)
+    during = Merger(12, bench, tally=Tally(approximate_tokens, Separation()))
+    during.feed(shard_results(run_dir))
+    assert during.sft == after.sft and len(during.tally.prompt) == 12
+    kept_during, report_during = during.tally.separate()
+    kept_after, report_after = separate(after.sft, after.cpt)
+    assert kept_during == kept_after and report_during == report_after
+    during.cpt, after.cpt = kept_during, kept_after
+    assert build_stats(during, approximate_tokens, "t") == build_stats(after, approximate_tokens, "t")
+    assert json.loads((run_dir / "cpt.jsonl").read_text().splitlines()[0]) == kept_after[0]
+
+
+def test_the_separation_membership_test_agrees_with_numpy_isin():
+    import numpy as np
+
+    from trex.workloads.or_data.cpt_separation import _any_in
+
+    rng = np.random.default_rng(0)
+    index = np.unique(rng.integers(0, 1 << 63, 500, dtype=np.uint64))
+    for values in (index[:1], index[-1:], rng.integers(0, 1 << 63, 50, dtype=np.uint64), index[::97] + 1):
+        assert _any_in(values, index) == bool(np.isin(values, index).any())
+    assert not _any_in(index[:3], np.empty(0, dtype=np.uint64))
+    assert _any_in(np.array([np.uint64((1 << 64) - 1)]), np.array([(1 << 64) - 1], dtype=np.uint64))

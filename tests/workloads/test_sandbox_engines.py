@@ -305,3 +305,40 @@ def test_interrupting_an_evaluator_thread_mid_run_kills_its_program():
     while _processes_named(name) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _processes_named(name) == []
+
+
+def test_a_compiled_filter_installs_libseccomps_own_program_in_each_child():
+    """Warm workers compile the filter once (`seccomp_filter.Compiled`) and install the exported BPF
+    program in each child: the instructions are libseccomp's, and they deny what `load()` denies."""
+    from trex.workloads.sandbox import seccomp_filter
+
+    if seccomp_filter.available() is not None:
+        pytest.skip(seccomp_filter.available())
+    compiled = seccomp_filter.Compiled(seccomp_filter.build((os.getpid(),)))
+    assert compiled.bpf == seccomp_filter.export_bpf(seccomp_filter.build((os.getpid(),)))
+    for _ in range(2):  # the same compiled program serves every child
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            import socket
+
+            os.close(read)
+            compiled.install()
+            found = []
+            try:
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            except OSError as error:
+                found.append(seccomp_filter.denied_call(error.errno))
+            try:
+                os.kill(os.getppid(), 0)
+            except OSError as error:
+                found.append(seccomp_filter.denied_call(error.errno))
+            socket.socketpair()[0].close()  # AF_UNIX stays allowed
+            os.write(write, json.dumps(found).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as answer:
+            found = json.loads(answer.read() or "null")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert found == ["socket", "kill"]

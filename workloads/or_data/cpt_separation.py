@@ -2,7 +2,8 @@
 
 Each CPT document is written about its own instance (`pipeline.cpt_instance`: the same family,
 another data stream, verified), never the SFT sample's. Two checks then make sure no document
-teaches an SFT problem after all, run once over the finished outputs (`separate`):
+teaches an SFT problem after all, decided over the finished outputs (`separate`; `Separation`
+does the per-text work sample by sample while a run goes on):
 
 | check | a CPT document is dropped when |
 | --- | --- |
@@ -66,27 +67,62 @@ class SeparationReport:
         }
 
 
+class Separation:
+    """`separate` one sample at a time, so that a run does its work while later shards are still
+    being made: `add_sft` / `add_cpt` take the kept samples as the merger keeps them (each text's
+    13-grams hashed then), `finish` decides once every SFT sample is known (a document may share
+    data with an SFT sample kept after it). The decisions are `separate`'s exactly."""
+
+    def __init__(self, n: int = DEFAULT_NGRAM):
+        self.n = n
+        self._instances: set[str] = set()
+        self._sft_grams: list[np.ndarray] = []
+        self._documents: list[tuple[dict[str, Any], np.ndarray]] = []
+
+    def add_sft(self, record: dict[str, Any]) -> None:
+        self._instances.add(lp_digest(record["meta"]["lp"]))
+        base = (record["meta"].get("what_if") or {}).get("base_lp_digest")
+        if base is not None:
+            self._instances.add(base)
+        self._sft_grams.append(np.fromiter(_numeric_grams(record["messages"][1]["content"], self.n), dtype=np.uint64))
+
+    def add_cpt(self, document: dict[str, Any]) -> None:
+        self._documents.append((document, np.fromiter(_numeric_grams(document["text"], self.n), dtype=np.uint64)))
+
+    def finish(self) -> tuple[list[dict[str, Any]], SeparationReport]:
+        """The kept documents (as `{"text": ...}`) and the report, as `separate` gives them."""
+        index = np.unique(np.concatenate(self._sft_grams)) if self._sft_grams else np.empty(0, dtype=np.uint64)
+        report = SeparationReport()
+        kept: list[dict[str, Any]] = []
+        for position, (document, grams) in enumerate(self._documents):
+            report.checked += 1
+            if document.get("lp_digest") in self._instances:
+                report.dropped_instance.append(position)
+                continue
+            if grams.size and _any_in(grams, index):
+                report.dropped_text.append(position)
+                continue
+            kept.append({"text": document["text"]})
+        return kept, report
+
+
+def _any_in(values: np.ndarray, index: np.ndarray) -> bool:
+    """Whether any of `values` is in `index` (sorted, distinct): a binary search per value.
+    `np.isin` would sort or hash the whole index again for every document."""
+    if not index.size:
+        return False
+    positions = np.minimum(np.searchsorted(index, values), index.size - 1)
+    return bool((index[positions] == values).any())
+
+
 def separate(
     sft: list[dict[str, Any]], cpt: list[dict[str, Any]], n: int = DEFAULT_NGRAM
 ) -> tuple[list[dict[str, Any]], SeparationReport]:
     """The CPT documents (as `{"text": ...}`) that pass both checks of the module docstring, and
     the report. `cpt` entries carry `lp_digest` (dropped from the output)."""
-    instances = {lp_digest(record["meta"]["lp"]) for record in sft}
-    instances |= {(record["meta"].get("what_if") or {}).get("base_lp_digest") for record in sft} - {None}
-    digests = np.fromiter(
-        (digest for record in sft for digest in _numeric_grams(record["messages"][1]["content"], n)), dtype=np.uint64
-    )
-    index = np.unique(digests)
-    report = SeparationReport()
-    kept: list[dict[str, Any]] = []
-    for position, document in enumerate(cpt):
-        report.checked += 1
-        if document.get("lp_digest") in instances:
-            report.dropped_instance.append(position)
-            continue
-        grams = np.fromiter(_numeric_grams(document["text"], n), dtype=np.uint64)
-        if grams.size and np.isin(grams, index, assume_unique=False).any():
-            report.dropped_text.append(position)
-            continue
-        kept.append({"text": document["text"]})
-    return kept, report
+    separation = Separation(n)
+    for record in sft:
+        separation.add_sft(record)
+    for document in cpt:
+        separation.add_cpt(document)
+    return separation.finish()

@@ -117,18 +117,35 @@ def answer_parts(answer: str) -> dict[str, str]:
     return {"prose": rest, "code": code, "lp": lp, "math": "\n".join(math)}
 
 
+@functools.lru_cache(maxsize=4096)
+def _part_grams(answer: str, n: int) -> dict[str, frozenset[int]]:
+    """`grams` of each of `answer_parts` as distinct integers (`_gram_set`'s), kept:
+    `overlap_by_part` measures the same answers again in its random draws."""
+    ids = _GRAM_IDS
+    return {
+        part: frozenset([ids.setdefault(gram, len(ids)) for gram in grams(text, n)])
+        for part, text in answer_parts(answer).items()
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _prose(answer: str) -> str:
+    return prose_only(answer)
+
+
 def overlap_by_part(answers: Sequence[str], n: int = 5) -> dict[str, dict[str, float]]:
     """For each part of `answer_parts`: `grams`, its share of all the answers' distinct n-grams
     (pooled), and `shared`, the share of those that occur in another answer too."""
-    split = [{part: grams(text, n) for part, text in answer_parts(answer).items()} for answer in answers]
+    split = [_part_grams(answer, n) for answer in answers]
     frequency: Counter = Counter()
     for parts in split:
         frequency.update(set().union(*parts.values()))
     totals = {part: sum(len(parts[part]) for parts in split) for part in PARTS}
     everything = sum(totals.values()) or 1
     report = {}
+    repeated = {gram for gram, count in frequency.items() if count > 1}
     for part in PARTS:
-        shared = sum(1 for parts in split for gram in parts[part] if frequency[gram] > 1)
+        shared = sum(len(parts[part] & repeated) for parts in split)
         report[part] = {
             "grams": round(totals[part] / everything, 4),
             "shared": round(shared / totals[part], 4) if totals[part] else 0.0,
@@ -155,9 +172,15 @@ def overlap_by_part_at(
 PARTS_AT = 4  # the family size of the issue's 40-sample reading
 
 
+@functools.lru_cache(maxsize=4096)
+def _sentences(text: str) -> frozenset[str]:
+    """The masked sentences of `text` that `repeated_sentences` counts (at least four words)."""
+    return frozenset(masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4)
+
+
 def repeated_sentences(texts: Sequence[str]) -> float:
     """Share of sentences (masked) that occur in more than one of `texts`."""
-    per_text = [{masked(s.strip()) for s in _SENTENCE.split(text) if len(s.split()) >= 4} for text in texts]
+    per_text = [_sentences(text) for text in texts]
     frequency: Counter = Counter()
     for sentences in per_text:
         frequency.update(sentences)
@@ -222,12 +245,26 @@ def lp_variables(lp: str) -> int:
     return len({name for name in names if name.lower() not in _LP_KEYWORDS and name not in labels})
 
 
+def prepare(record: dict[str, Any]) -> None:
+    """Do the per-text work `diversity_report` will need for `record` now (its caches keep it until
+    the report): a synthesis run calls this as each sample is kept, while later shards are still
+    being made, so the report at the end only counts (`stats.Tally`). The report is the same
+    with or without it."""
+    prompt, answer = record["messages"][1]["content"], record["messages"][2]["content"]
+    _gram_set(answer, 5)
+    _gram_set(prompt, 5)
+    _gram_set(_prose(answer), 5)
+    _sentences(_prose(answer))
+    _part_grams(answer, 5)
+
+
 def diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The report of the module docstring, from SFT records."""
     try:
         return _diversity_report(records)
     finally:  # the n-gram ids and sets of this report's texts are of no use to the next one
-        _gram_set.cache_clear()
+        for cache in (_gram_set, _part_grams, _prose, _sentences):
+            cache.cache_clear()
         _GRAM_IDS.clear()
 
 
@@ -240,7 +277,7 @@ def _diversity_report(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for family, items in sorted(by_family.items()):
         prompts = [item["messages"][1]["content"] for item in items]
         answers = [item["messages"][2]["content"] for item in items]
-        prose = [prose_only(answer) for answer in answers]
+        prose = [_prose(answer) for answer in answers]
         skeletons = Counter(skeleton(prompt) for prompt in prompts)
         sizes = [lp_variables(item["meta"]["lp"]) for item in items]
         sizes_all += sizes

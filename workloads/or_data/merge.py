@@ -39,6 +39,8 @@ class Merger:
     rejected: Counter = field(default_factory=Counter)  # pipeline rejections by stage
     contamination: ContaminationReport = field(default_factory=ContaminationReport)
     results_seen: list[dict[str, Any]] = field(default_factory=list)
+    # `stats.Tally`: told of every kept sample, so the report's per-text work is done during the run
+    tally: Any = None
 
     def __post_init__(self) -> None:
         self._exact: set[str] = set()
@@ -70,6 +72,8 @@ class Merger:
             self.sft.append(result["sft"])
             if result["cpt"] is not None:  # None: no separate CPT instance verified for this index
                 self.cpt.append(result["cpt"])
+            if self.tally is not None:
+                self.tally.keep(result["sft"], result["cpt"])
 
     def _reason_to_remove(self, result: dict[str, Any]) -> str:
         record, document = result["sft"], (result["cpt"] or {}).get("text", "")

@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -37,12 +37,12 @@ from typing import Any
 
 from trex.errors import TrexError
 from trex.workloads.or_data.config import SynthConfig
-from trex.workloads.or_data.cpt_separation import separate
+from trex.workloads.or_data.cpt_separation import Separation
 from trex.workloads.or_data.decontamination import BenchmarkIndex
 from trex.workloads.or_data.merge import Merger
 from trex.workloads.or_data.pipeline import ShardContext, synthesize_shard
 from trex.workloads.or_data.shards import ShardStore, open_manifest
-from trex.workloads.or_data.stats import build_stats, stats_markdown, token_counter
+from trex.workloads.or_data.stats import Tally, build_stats, stats_markdown, token_counter
 from trex.workloads.sandbox.interruption import leave_terminal_session
 
 
@@ -127,7 +127,10 @@ def synthesize(
     store = ShardStore(root, config.shard_size)
     store.clean_temporaries()
     benchmarks = BenchmarkIndex.from_dir(bench_dir, config.ngram) if bench_dir is not None else None
-    merger = Merger(n, benchmarks, config.near_duplicate)
+    count, name = token_counter(tokenizer_dir)
+    # the report's per-sample work is done as samples are kept, while the workers make later shards
+    tally = Tally(count, Separation() if config.cpt_instances == "separate" else None)
+    merger = Merger(n, benchmarks, config.near_duplicate, tally=tally)
     hide = tuple(str(path) for path in (root, bench_dir) if path is not None)
     bar = _progress_bar(n, progress)
     made, reused = 0, 0
@@ -146,9 +149,8 @@ def synthesize(
         if bar is not None:
             bar.close()
     if merger.full:
-        stats = _write_outputs(root, merger, tokenizer_dir, benchmarks, separation=config.cpt_instances == "separate")
+        stats = _write_outputs(root, merger, (count, name), benchmarks)
     else:
-        count, name = token_counter(tokenizer_dir)
         stats = build_stats(merger, count, name)
     return SynthesisResult(root, stats, made, reused, time.monotonic() - started)
 
@@ -263,14 +265,15 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _write_outputs(
-    root: Path, merger: Merger, tokenizer_dir: str | None, benchmarks: BenchmarkIndex | None, *, separation: bool
+    root: Path, merger: Merger, counter: tuple[Callable[[str], int], str], benchmarks: BenchmarkIndex | None
 ) -> dict[str, Any]:
-    """`separation`: drop CPT documents that show an SFT instance (`cpt_separation`); off when the
-    documents are about the SFT instances on purpose (`cpt_instances="same"`)."""
+    """CPT documents that show an SFT instance are dropped (`cpt_separation`, through the merger's
+    tally) when it was given a `Separation`; not when the documents are about the SFT instances
+    on purpose (`cpt_instances="same"`)."""
     _write_jsonl(root / "sft.jsonl", merger.sft)
     separated = None
-    if separation:
-        merger.cpt, separated = separate(merger.sft, merger.cpt)
+    if merger.tally.separation is not None:
+        merger.cpt, separated = merger.tally.separate()
     else:
         merger.cpt = [{"text": document["text"]} for document in merger.cpt]
     _write_jsonl(root / "cpt.jsonl", merger.cpt)
@@ -282,8 +285,7 @@ def _write_outputs(
         {"directory": benchmarks.root, "ngram": benchmarks.n, "texts_indexed": benchmarks.files} if benchmarks else None
     )
     _write_text(root / "decontamination.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
-    count, name = token_counter(tokenizer_dir)
-    stats = build_stats(merger, count, name)
+    stats = build_stats(merger, *counter)
     if benchmarks is None:
         stats["decontamination"]["skipped"] = True
     stats["cpt_separation"] = separated.to_json() if separated else None

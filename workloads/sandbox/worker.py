@@ -4,7 +4,7 @@
 
 Starting an interpreter and importing pyscipopt/coptpy costs about half a second, far more than
 a benchmark-size program needs to run. A worker pays it once: it imports the solver libraries it
-is asked to preload (those of `PRELOAD` by default, where installed), builds the seccomp filter,
+is asked to preload (those of `PRELOAD` by default, where installed), compiles the seccomp filter,
 then serves requests, one JSON line each on its stdin, answering one JSON line each on its stdout:
 
     request  {"id": 7, "source": "...", "files": {"model.lp": "..."}, "limits": {...}, "env": {...}}
@@ -93,7 +93,8 @@ class Worker:
         if config["seccomp"]:
             self.seccomp_error = seccomp_filter.available()
             if self.seccomp_error is None:
-                self.filter = seccomp_filter.build((os.getpid(), os.getppid()))
+                # compiled to BPF once here; each child installs the same instructions
+                self.filter = seccomp_filter.Compiled(seccomp_filter.build((os.getpid(), os.getppid())))
         self.switch_uid = config["uid_base"] is not None
         self.baseline_vm = _mapped_bytes()
         self.in_pid_namespace = config["pid_namespace"]
@@ -209,7 +210,7 @@ class Worker:
         code = 1
         try:
             code = bootstrap.run_program(
-                request["source"], events, config, confine=None if self.filter is None else self.filter.load
+                request["source"], events, config, confine=None if self.filter is None else self.filter.install
             )
         except SystemExit as exit_:
             code = _exit_code(exit_.code)
