@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
 @dataclass
@@ -80,9 +81,27 @@ class ShardedParam:
 
 
 def zero_shard_dim(shape: torch.Size, placements: tuple[Placement, ...]) -> int | None:
-    """The first dim no model dim (tp/ep) splits; ZeRO splits that one across replicas."""
+    """The dim ZeRO splits across replicas: the first dim no model dim (tp/ep) splits. When model dims split
+    every dim (a 1-D tensor split with its heads: V4's attention sinks), ZeRO splits the rank's model shard
+    again on that same dim - a strided shard of the whole tensor, as FSDP2 does at zero=3 (`_StridedShard`) -
+    so every tensor with a dimension is sharded over its replicas, which is what the cost model prices
+    (`cost_model.memory.static_memory` divides all dense parameters by dp). None only for a 0-dim tensor."""
     taken = {p.dim for p in placements if isinstance(p, Shard)}
-    return next((d for d in range(len(shape)) if d not in taken), None)
+    free = next((d for d in range(len(shape)) if d not in taken), None)
+    return free if free is not None or not taken else min(taken)
+
+
+def replica_placement(shard_dim: int | None, placements: tuple[Placement, ...], mesh: DeviceMesh) -> Placement:
+    """How ZeRO's split over replicas (mesh dim 0) appears in a DTensor of the whole tensor: Shard on a dim no
+    model dim splits; on a dim the model dims split too, the replica splits each model shard (right to left,
+    as `zero_shard_dim` does), which DTensor's left-to-right convention writes as a `_StridedShard` whose
+    split factor is the number of model shards of that dim."""
+    if shard_dim is None:
+        return Replicate()
+    splits = math.prod(
+        mesh.size(i) for i, p in enumerate(placements) if i > 0 and isinstance(p, Shard) and p.dim == shard_dim
+    )
+    return _StridedShard(shard_dim, split_factor=splits) if splits > 1 else Shard(shard_dim)
 
 
 class DataParallelAdamW:
@@ -231,7 +250,7 @@ class DataParallelAdamW:
         home = slot.home
         if home.mesh is None:
             return local
-        replica = Shard(slot.shard_dim) if slot.shard_dim is not None else Replicate()
+        replica = replica_placement(slot.shard_dim, home.placements, home.mesh)
         shape = home.global_shape
         stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
         return DTensor.from_local(
