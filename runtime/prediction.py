@@ -51,7 +51,7 @@ def predict(
                 grad_reduce_op="all_reduce" if plan.zero == 1 else "auto",
             )
         if plan.tp > 1:
-            plan = dataclasses.replace(plan, tp_grad_sync=tp_replicated_gradients(config, plan))
+            plan = dataclasses.replace(plan, **tp_gradient_sums(config, plan, compiled))
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
@@ -107,6 +107,22 @@ def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
 # Parameters the runtime's tensor parallelism keeps whole on every tp rank (runtime.parallelize: not a DTensor, not a
 # head/column shard): norms (1-D), routers, MLA's low-rank down-projections and V4's compressor/indexer weights.
 _REPLICATED_UNDER_TP = (".mlp.gate.weight", "q_a_proj.weight", "kv_a_proj_with_mqa.weight", "compressor", "indexer")
+
+
+def tp_gradient_sums(config: Any, plan: ParallelConfig, compiled: bool) -> dict[str, Any]:
+    """How the runtime sums the tp-partial gradients (`ParamHome.partial_over`), as `ParallelConfig` fields: an
+    eager rank's backward graph sums them once per step with the dp reduction (`ReducedGradient`), under ZeRO-2
+    each micro-batch on the reduce-scattered shard; FSDP2 (zero=3) once per step on its shards after the backward
+    (`FullyShardedAdamW.reduce_gradients`); a compiled rank's hook every micro-batch, whole."""
+    calls, nbytes = tp_replicated_gradients(config, plan)
+    dp = plan.data_parallel
+    if plan.zero >= 3:
+        return {"tp_grad_sync": (calls, nbytes / dp), "tp_grad_sync_per_step": True}
+    if compiled:
+        return {"tp_grad_sync": (calls, nbytes), "tp_grad_sync_per_step": False}
+    if plan.zero == 2 and dp > 1:
+        return {"tp_grad_sync": (calls, nbytes / dp), "tp_grad_sync_per_step": False}
+    return {"tp_grad_sync": (calls, nbytes), "tp_grad_sync_per_step": True}
 
 
 def tp_replicated_gradients(config: Any, plan: ParallelConfig) -> tuple[int, float]:
