@@ -176,8 +176,8 @@ class DataParallelAdamW:
         return hook
 
     def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each plain (not DTensor)
-        parameter that has replicas, passed through `ReducedGradient`, so its gradient reduction is a functional
+        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each parameter (plain or
+        DTensor) that has replicas or is tp-partial, passed through `ReducedGradient`, so its gradient reduction is a functional
         collective issued by the backward of the model's own graph (captured by Dynamo/AOT with the rest).
 
         ZeRO-0/1: the last micro-batch all-reduces the gradient accumulated so far (earlier micro-batches
@@ -186,8 +186,8 @@ class DataParallelAdamW:
         whole gradient never outlives the backward. A tp-partial parameter (`ParamHome.partial_over`) is summed over
         tp by the same node: with the replicas' all-reduce in the last micro-batch (the earlier ones accumulate
         their partial gradients locally: both sums are linear), or, under ZeRO-2, on its reduce-scattered shard in
-        every micro-batch. Parameters left out (DTensors, 1-process runs) are reduced by `reduce_gradients` as
-        before; `reduce_gradients` skips the others."""
+        every micro-batch. Parameters left out (1-process runs, a compiled rank's) are reduced by `reduce_gradients`
+        as before; `reduce_gradients` skips the others."""
         self.reduces_in_graph = True
         out: dict[str, torch.Tensor] = {}
         for slot in self.slots:
@@ -306,14 +306,10 @@ class DataParallelAdamW:
 
 
 def _reducible_in_graph(slot: ShardedParam) -> bool:
-    """A plain tensor (not a DTensor: DTensor's own dispatch reduces those) whose gradient needs a sum over its
-    replicas or over the tp ranks it is partial on."""
+    """A parameter whose gradient needs a sum over its replicas or over the tp ranks it is partial on (a DTensor
+    parameter's Partial gradient is redistributed to its placements by DTensor inside the same node)."""
     home = slot.home
-    return (
-        home.mesh is not None
-        and (home.replicas > 1 or home.partial_over is not None)
-        and not isinstance(slot.param, DTensor)
-    )
+    return home.mesh is not None and (home.replicas > 1 or home.partial_over is not None)
 
 
 @dataclass(frozen=True)
@@ -326,13 +322,15 @@ class _Reduction:
     rank: int
     shard_dim: int | None
     partial: str | None = None  # the tp group the gradient is partial over (`ParamHome.partial_over`), summed too
+    placements: tuple[Placement, ...] | None = None  # a DTensor parameter's placements on its tp mesh
 
     @classmethod
     def of(cls, slot: ShardedParam, kind: str) -> _Reduction:
         home = slot.home
         group = home.replica_group.group_name if home.replicas > 1 else None
         partial = home.partial_over.group_name if home.partial_over is not None else None
-        return cls(kind, group, home.replicas, home.replica_rank, slot.shard_dim, partial)
+        placements = tuple(slot.param.placements) if isinstance(slot.param, DTensor) else None
+        return cls(kind, group, home.replicas, home.replica_rank, slot.shard_dim, partial, placements)
 
 
 class ReducedGradient(torch.autograd.Function):
@@ -361,11 +359,20 @@ class ReducedGradient(torch.autograd.Function):
         if ctx.carried is not None:
             grad = grad + ctx.carried
             ctx.carried = None
+        spec = None
+        if isinstance(grad, DTensor):  # a DTensor parameter: its tp sum (a Partial gradient) by DTensor, then local
+            if tuple(grad.placements) != r.placements:
+                grad = grad.redistribute(grad.device_mesh, r.placements)
+            spec, grad = grad, grad.to_local()
         if r.kind == "all_reduce":
             grad = grad.contiguous()
             for group in (r.partial, r.group):
                 if group is not None:
                     grad = funcol.wait_tensor(funcol.all_reduce(grad, "sum", group))
+            if spec is not None:
+                grad = DTensor.from_local(
+                    grad, spec.device_mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride()
+                )
             return grad, None, None, None
         size = grad.size(r.shard_dim)
         padded = _padded(grad, r.shard_dim, r.parts)

@@ -4,6 +4,7 @@ collectives), not by the optimizer afterwards; the losses and gradients of those
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -17,7 +18,7 @@ def _reductions_of_one_step(plan_text: str) -> dict:
     from trex.runtime.run_plan import resolve_plan
 
     config = load_config("tiny-qwen3-moe")
-    plan = resolve_plan(plan_text, config, 2, seq=8, gbs=4, mbs=1)
+    plan = resolve_plan(plan_text, config, dist.get_world_size(), seq=8, gbs=4, mbs=1)
     from trex.runtime.parallelize import parallelize
 
     applied = parallelize(build_model(config, seed=0), plan, torch.device("cpu"), lr=1e-3, weight_decay=0.0)
@@ -71,27 +72,22 @@ def _reductions_of_one_step(plan_text: str) -> dict:
     }
 
 
-def _both_stages() -> list[dict]:
+def _stages(plans: tuple[str, ...]) -> list[dict]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     try:
-        return [_reductions_of_one_step(plan) for plan in PLANS]
+        return [_reductions_of_one_step(plan) for plan in plans]
     finally:
         dist.destroy_process_group()
 
 
-PLANS = ("zero=1", "zero=2", "tp=2")
-
-
-def test_zero_1_and_2_and_tp_partial_reductions_are_nodes_of_the_backward_graph():
-    """dp=2 under ZeRO-1 and ZeRO-2, and tp=2: the tp-replicated parameters (norms, q/k norms, router) whose
-    gradient each tp rank holds only a part of are summed by the same node, not by a blocking hook."""
+def _check(plans: tuple[str, ...], nproc: int) -> None:
     from trex.runtime.launcher import launch_function
 
-    results = launch_function(_both_stages, (), 2)
-    for plan, rank0, rank1 in zip(PLANS, results[0], results[1]):
-        zero = 2 if plan == "zero=2" else 1
+    results = launch_function(_stages, (plans,), nproc)
+    for plan, rank0, rank1 in zip(plans, results[0], results[1]):
+        zero = 2 if "zero=2" in plan else 1
         assert rank0["reducible"] > 0
         # every parameter's reduction hangs off the last micro-batch's graph, none is issued after the backward
         assert rank0["in_graph"] == rank0["reducible"], zero
@@ -99,7 +95,20 @@ def test_zero_1_and_2_and_tp_partial_reductions_are_nodes_of_the_backward_graph(
         if zero == 1:  # the summed gradient is the same on both replicas (each keeps its shard for the optimizer)
             for name, grad in rank0["grads"].items():
                 assert grad.shape == rank1["grads"][name].shape, name
-        if plan == "tp=2":  # each tp rank's part summed: both hold the whole gradient
+        if plan.startswith("tp=2"):  # ranks 0 and 1 are tp peers: each one's part summed, both hold the whole
             assert rank0["partial"] and rank0["partial"] == rank1["partial"]
             for name in rank0["partial"]:
                 assert torch.equal(rank0["grads"][name], rank1["grads"][name]), name
+
+
+def test_zero_1_and_2_and_tp_partial_reductions_are_nodes_of_the_backward_graph():
+    """dp=2 under ZeRO-1 and ZeRO-2, and tp=2: the tp-replicated parameters (norms, q/k norms, router) whose
+    gradient each tp rank holds only a part of are summed by the same node, not by a blocking hook."""
+    _check(("zero=1", "zero=2", "tp=2"), 2)
+
+
+@pytest.mark.slow  # 4 gloo ranks (~1 min)
+def test_dtensor_parameters_reductions_are_nodes_of_the_backward_graph_under_tp_and_dp():
+    """tp=2 x dp=2: Qwen3-MoE's DTensor parameters (tensor-parallel styles) are reduced over dp - and a Partial
+    gradient redistributed over tp - by the same node, under ZeRO-1 and ZeRO-2."""
+    _check(("tp=2,zero=1", "tp=2,zero=2"), 4)
