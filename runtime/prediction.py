@@ -126,9 +126,9 @@ def tp_gradient_sums(config: Any, plan: ParallelConfig, compiled: bool) -> dict[
 
 
 def tp_replicated_gradients(config: Any, plan: ParallelConfig) -> tuple[int, float]:
-    """(all-reduces per micro-batch, bytes) the runtime issues over tp for the gradients of parameters replicated
-    on the tp ranks (`runtime.parallelize` registers a hook per tensor that sums it over tp every backward).
-    Counted on the meta-device model by the runtime's rule: 1-D parameters and the replicated projections."""
+    """(all-reduces, bytes) of one tp sum of the gradients of parameters replicated on the tp ranks (one per
+    tensor: `ParamHome.partial_over`; when and on how much of it, `tp_gradient_sums`). Counted on the meta-device
+    model by the runtime's rule: 1-D parameters and the replicated projections."""
     from trex.integrations.transformers_moe import experts_modules
     from trex.models import build_model
 
