@@ -76,6 +76,9 @@ class ParallelConfig:
     # over tp: (collectives per micro-batch, bytes) when an executor issues that every backward tensor by tensor;
     # None = once per step, coalesced with the data-parallel reduction (Megatron's layer-norm all-reduce)
     tp_grad_sync: tuple[int, float] | None = None
+    # True: those `tp_grad_sync` collectives are issued once per step (the partial gradients accumulate locally
+    # over the micro-batches and are summed with the last one's), not every micro-batch
+    tp_grad_sync_per_step: bool = False
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
     # the dtype the parameters are stored in: None = the compute precision's (bf16 weights plus an fp32 master
     # copy in the optimizer state, Megatron's mixed precision); "fp32" = fp32 parameters the optimizer steps

@@ -501,7 +501,8 @@ def estimate_step(
         calls, nbytes = plan.tp_grad_sync
         if calls > 0:
             tp_place = cluster.strided_placement(*layout.groups["tp"])
-            tp_sync = m * calls * collectives.all_reduce(max(nbytes, 1.0) / calls, tp_place)
+            times = 1 if plan.tp_grad_sync_per_step else m
+            tp_sync = times * calls * collectives.all_reduce(max(nbytes, 1.0) / calls, tp_place)
     dp_sync += tp_sync
     step = pipeline + dp_sync + optimizer
 

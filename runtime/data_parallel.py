@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
 @dataclass
@@ -39,6 +40,10 @@ class ParamHome:
     mesh: DeviceMesh | None  # None in a 1-process run
     placements: tuple[Placement, ...]
     global_shape: tuple[int, ...]
+    # A model-dim group over which this rank's gradient is only a part (tp: a parameter replicated on the tp ranks
+    # but computed on this rank's tokens or heads - norms, router, MLA down-projections): summed over it before
+    # (or, being linear, together with) the replicas' sum.
+    partial_over: dist.ProcessGroup | None = None
 
     @property
     def replica_group(self) -> dist.ProcessGroup | None:
@@ -80,9 +85,27 @@ class ShardedParam:
 
 
 def zero_shard_dim(shape: torch.Size, placements: tuple[Placement, ...]) -> int | None:
-    """The first dim no model dim (tp/ep) splits; ZeRO splits that one across replicas."""
+    """The dim ZeRO splits across replicas: the first dim no model dim (tp/ep) splits. When model dims split
+    every dim (a 1-D tensor split with its heads: V4's attention sinks), ZeRO splits the rank's model shard
+    again on that same dim - a strided shard of the whole tensor, as FSDP2 does at zero=3 (`_StridedShard`) -
+    so every tensor with a dimension is sharded over its replicas, which is what the cost model prices
+    (`cost_model.memory.static_memory` divides all dense parameters by dp). None only for a 0-dim tensor."""
     taken = {p.dim for p in placements if isinstance(p, Shard)}
-    return next((d for d in range(len(shape)) if d not in taken), None)
+    free = next((d for d in range(len(shape)) if d not in taken), None)
+    return free if free is not None or not taken else min(taken)
+
+
+def replica_placement(shard_dim: int | None, placements: tuple[Placement, ...], mesh: DeviceMesh) -> Placement:
+    """How ZeRO's split over replicas (mesh dim 0) appears in a DTensor of the whole tensor: Shard on a dim no
+    model dim splits; on a dim the model dims split too, the replica splits each model shard (right to left,
+    as `zero_shard_dim` does), which DTensor's left-to-right convention writes as a `_StridedShard` whose
+    split factor is the number of model shards of that dim."""
+    if shard_dim is None:
+        return Replicate()
+    splits = math.prod(
+        mesh.size(i) for i, p in enumerate(placements) if i > 0 and isinstance(p, Shard) and p.dim == shard_dim
+    )
+    return _StridedShard(shard_dim, split_factor=splits) if splits > 1 else Shard(shard_dim)
 
 
 class DataParallelAdamW:
@@ -107,6 +130,9 @@ class DataParallelAdamW:
         self.zero = zero
         self.slots: list[ShardedParam] = []
         self.in_graph: set[str] = set()  # parameters whose reduction this step's backward issued (forward_parameters)
+        # True once the trainer reads the parameters through `forward_parameters` (an eager rank): the backward's
+        # `ReducedGradient` nodes then sum the tp-partial gradients too, and their hooks stand aside.
+        self.reduces_in_graph = False
         for name, param, home in named_params:
             local = local_tensor(param)
             shard_dim = zero_shard_dim(local.shape, home.placements) if zero > 0 and home.replicas > 1 else None
@@ -118,6 +144,8 @@ class DataParallelAdamW:
                 master = master.narrow(shard_dim, start, end - start)
             slot = ShardedParam(name, param, home, shard_dim, nn.Parameter(master, requires_grad=True))
             self.slots.append(slot)
+            if home.partial_over is not None:
+                param.register_hook(self._partial_sum(home.partial_over))
             if zero == 2 and shard_dim is not None:
                 # ZeRO-2: reduce-scatter each gradient as soon as it is accumulated, keeping only the shard.
                 param.register_post_accumulate_grad_hook(lambda p, slot=slot: self._scatter_now(slot))
@@ -134,16 +162,33 @@ class DataParallelAdamW:
             )
 
     # -- gradients ------------------------------------------------------------------------------
+    def _partial_sum(self, group: dist.ProcessGroup):
+        """A gradient hook for a rank whose reductions are not in its graph (a `--compile`d rank): each micro-batch's
+        tp-partial gradient summed over `group`, blocking, tensor by tensor (the cost model's `tp_grad_sync`)."""
+
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            if self.reduces_in_graph:  # `ReducedGradient` sums it (once per step, or its shard under ZeRO-2)
+                return grad
+            total = grad.contiguous().clone()
+            dist.all_reduce(total, group=group)
+            return total
+
+        return hook
+
     def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each plain (not DTensor)
-        parameter that has replicas, passed through `ReducedGradient`, so its gradient reduction is a functional
+        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each parameter (plain or
+        DTensor) that has replicas or is tp-partial, passed through `ReducedGradient`, so its gradient reduction is a functional
         collective issued by the backward of the model's own graph (captured by Dynamo/AOT with the rest).
 
         ZeRO-0/1: the last micro-batch all-reduces the gradient accumulated so far (earlier micro-batches
         accumulate locally) and hands the whole sum to the parameter's `.grad`. ZeRO-2: every micro-batch
         reduce-scatters its gradient and the shard accumulates into the optimizer's shard (`master.grad`), so the
-        whole gradient never outlives the backward. Parameters left out (DTensors, 1-process runs) are reduced
-        by `reduce_gradients` as before; `reduce_gradients` skips the others."""
+        whole gradient never outlives the backward. A tp-partial parameter (`ParamHome.partial_over`) is summed over
+        tp by the same node: with the replicas' all-reduce in the last micro-batch (the earlier ones accumulate
+        their partial gradients locally: both sums are linear), or, under ZeRO-2, on its reduce-scattered shard in
+        every micro-batch. Parameters left out (1-process runs, a compiled rank's) are reduced by `reduce_gradients`
+        as before; `reduce_gradients` skips the others."""
+        self.reduces_in_graph = True
         out: dict[str, torch.Tensor] = {}
         for slot in self.slots:
             if not _reducible_in_graph(slot):
@@ -231,7 +276,7 @@ class DataParallelAdamW:
         home = slot.home
         if home.mesh is None:
             return local
-        replica = Shard(slot.shard_dim) if slot.shard_dim is not None else Replicate()
+        replica = replica_placement(slot.shard_dim, home.placements, home.mesh)
         shape = home.global_shape
         stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
         return DTensor.from_local(
@@ -261,14 +306,10 @@ class DataParallelAdamW:
 
 
 def _reducible_in_graph(slot: ShardedParam) -> bool:
-    """A plain tensor with replicas whose gradient no tensor-parallel hook sums first (those keep the hook path)."""
-    param = slot.param
-    return (
-        slot.home.mesh is not None
-        and slot.home.replicas > 1
-        and not isinstance(param, DTensor)
-        and not getattr(param, "_backward_hooks", None)
-    )
+    """A parameter whose gradient needs a sum over its replicas or over the tp ranks it is partial on (a DTensor
+    parameter's Partial gradient is redistributed to its placements by DTensor inside the same node)."""
+    home = slot.home
+    return home.mesh is not None and (home.replicas > 1 or home.partial_over is not None)
 
 
 @dataclass(frozen=True)
@@ -276,15 +317,20 @@ class _Reduction:
     """What `ReducedGradient`'s backward issues for one parameter (plain data: Dynamo treats it as a constant)."""
 
     kind: str  # "all_reduce" (ZeRO-0/1) or "scatter" (ZeRO-2: reduce-scatter, keep this replica's shard)
-    group: str  # the replica group's name (functional collectives take it)
+    group: str | None  # the replica group's name (functional collectives take it); None: no replicas
     parts: int
     rank: int
     shard_dim: int | None
+    partial: str | None = None  # the tp group the gradient is partial over (`ParamHome.partial_over`), summed too
+    placements: tuple[Placement, ...] | None = None  # a DTensor parameter's placements on its tp mesh
 
     @classmethod
     def of(cls, slot: ShardedParam, kind: str) -> _Reduction:
         home = slot.home
-        return cls(kind, home.replica_group.group_name, home.replicas, home.replica_rank, slot.shard_dim)
+        group = home.replica_group.group_name if home.replicas > 1 else None
+        partial = home.partial_over.group_name if home.partial_over is not None else None
+        placements = tuple(slot.param.placements) if isinstance(slot.param, DTensor) else None
+        return cls(kind, group, home.replicas, home.replica_rank, slot.shard_dim, partial, placements)
 
 
 class ReducedGradient(torch.autograd.Function):
@@ -292,9 +338,10 @@ class ReducedGradient(torch.autograd.Function):
     functional collective (`torch.distributed._functional_collectives`), so the reduction is a node of the
     rank's backward graph: dumps show it, the cost model prices it, passes may move it.
 
-    all_reduce: the gradient (plus `carried`, what earlier micro-batches accumulated) summed over the group goes
-    to the parameter. scatter: the gradient is reduce-scattered and this replica's shard goes to `master` (the
-    optimizer's shard, a leaf of its own), the parameter gets none."""
+    all_reduce: the gradient (plus `carried`, what earlier micro-batches accumulated) summed over the group (and
+    over the tp group it is partial on) goes to the parameter. scatter: the gradient is reduce-scattered, the shard
+    summed over the tp group it is partial on, and this replica's shard goes to `master` (the optimizer's shard, a
+    leaf of its own); the parameter gets none."""
 
     @staticmethod
     def forward(ctx, param, master, carried, reduction: _Reduction):
@@ -312,11 +359,26 @@ class ReducedGradient(torch.autograd.Function):
         if ctx.carried is not None:
             grad = grad + ctx.carried
             ctx.carried = None
+        spec = None
+        if isinstance(grad, DTensor):  # a DTensor parameter: its tp sum (a Partial gradient) by DTensor, then local
+            if tuple(grad.placements) != r.placements:
+                grad = grad.redistribute(grad.device_mesh, r.placements)
+            spec, grad = grad, grad.to_local()
         if r.kind == "all_reduce":
-            return funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", r.group)), None, None, None
+            grad = grad.contiguous()
+            for group in (r.partial, r.group):
+                if group is not None:
+                    grad = funcol.wait_tensor(funcol.all_reduce(grad, "sum", group))
+            if spec is not None:
+                grad = DTensor.from_local(
+                    grad, spec.device_mesh, spec.placements, run_check=False, shape=spec.shape, stride=spec.stride()
+                )
+            return grad, None, None, None
         size = grad.size(r.shard_dim)
         padded = _padded(grad, r.shard_dim, r.parts)
         shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(padded, "sum", 0, r.group))
+        if r.partial is not None:  # the tp sum of the shard: 1/replicas of the bytes of summing the whole gradient
+            shard = funcol.wait_tensor(funcol.all_reduce(shard, "sum", r.partial))
         start, end = chunk_bounds(size, r.parts, r.rank)
         return None, shard[: end - start].movedim(0, r.shard_dim).contiguous(), None, None
 

@@ -348,11 +348,13 @@ def parallelize(
             homes[name] = ParamHome(meshes.everyone, (Replicate(),), global_shapes[name])
         elif plan.tp > 1:
             # Replicated on the tp ranks but computed on this rank's tokens or heads only (norms, router, q/k
-            # norms, MLA down-projections): each micro-batch's gradient is summed over tp as it arrives, then
-            # the parameter is an ordinary dense one, summed and ZeRO-sharded over dp (Megatron's layout, the
-            # one the cost model prices).
-            homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
-            param.register_hook(_sum_over(tp_group))
+            # norms, MLA down-projections): the gradient is summed over tp (`partial_over`: by the backward's
+            # `ReducedGradient` node with the dp sum, or a hook each micro-batch on a compiled rank), and the
+            # parameter is an ordinary dense one, summed and ZeRO-sharded over dp (Megatron's layout, the one the
+            # cost model prices).
+            homes[name] = ParamHome(
+                meshes.world, (Replicate(), Replicate()), global_shapes[name], partial_over=tp_group
+            )
         else:
             homes[name] = ParamHome(meshes.world, (Replicate(), Replicate()), global_shapes[name])
     stepper = DataParallelAdamW(
@@ -371,17 +373,6 @@ def _routed_expert_names(model: nn.Module) -> set[str]:
 
     prefixes = [name + "." for name, _ in experts_modules(model)]
     return {name for name, _ in model.named_parameters() if any(name.startswith(p) for p in prefixes)}
-
-
-def _sum_over(group: dist.ProcessGroup):
-    """A gradient hook: the sum of this gradient over `group` (each rank's part of a replicated parameter's)."""
-
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    return hook
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -51,7 +51,7 @@ def predict(
                 grad_reduce_op="all_reduce" if plan.zero == 1 else "auto",
             )
         if plan.tp > 1:
-            plan = dataclasses.replace(plan, tp_grad_sync=tp_replicated_gradients(config, plan))
+            plan = dataclasses.replace(plan, **tp_gradient_sums(config, plan, compiled))
         estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
     except TrexError as error:
         return {"error": str(error)}
@@ -109,10 +109,26 @@ def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:
 _REPLICATED_UNDER_TP = (".mlp.gate.weight", "q_a_proj.weight", "kv_a_proj_with_mqa.weight", "compressor", "indexer")
 
 
+def tp_gradient_sums(config: Any, plan: ParallelConfig, compiled: bool) -> dict[str, Any]:
+    """How the runtime sums the tp-partial gradients (`ParamHome.partial_over`), as `ParallelConfig` fields: an
+    eager rank's backward graph sums them once per step with the dp reduction (`ReducedGradient`), under ZeRO-2
+    each micro-batch on the reduce-scattered shard; FSDP2 (zero=3) once per step on its shards after the backward
+    (`FullyShardedAdamW.reduce_gradients`); a compiled rank's hook every micro-batch, whole."""
+    calls, nbytes = tp_replicated_gradients(config, plan)
+    dp = plan.data_parallel
+    if plan.zero >= 3:
+        return {"tp_grad_sync": (calls, nbytes / dp), "tp_grad_sync_per_step": True}
+    if compiled:
+        return {"tp_grad_sync": (calls, nbytes), "tp_grad_sync_per_step": False}
+    if plan.zero == 2 and dp > 1:
+        return {"tp_grad_sync": (calls, nbytes / dp), "tp_grad_sync_per_step": False}
+    return {"tp_grad_sync": (calls, nbytes), "tp_grad_sync_per_step": True}
+
+
 def tp_replicated_gradients(config: Any, plan: ParallelConfig) -> tuple[int, float]:
-    """(all-reduces per micro-batch, bytes) the runtime issues over tp for the gradients of parameters replicated
-    on the tp ranks (`runtime.parallelize` registers a hook per tensor that sums it over tp every backward).
-    Counted on the meta-device model by the runtime's rule: 1-D parameters and the replicated projections."""
+    """(all-reduces, bytes) of one tp sum of the gradients of parameters replicated on the tp ranks (one per
+    tensor: `ParamHome.partial_over`; when and on how much of it, `tp_gradient_sums`). Counted on the meta-device
+    model by the runtime's rule: 1-D parameters and the replicated projections."""
     from trex.integrations.transformers_moe import experts_modules
     from trex.models import build_model
 

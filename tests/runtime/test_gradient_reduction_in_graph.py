@@ -4,11 +4,12 @@ collectives), not by the optimizer afterwards; the losses and gradients of those
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
-def _reductions_of_one_step(zero: int) -> dict:
-    """On each of 2 gloo ranks: one training step of tiny Qwen3-MoE under dp=2 and `zero`, two micro-batches;
+def _reductions_of_one_step(plan_text: str) -> dict:
+    """On each of 2 gloo ranks: one training step of tiny Qwen3-MoE under `plan_text`, two micro-batches;
     which reduction nodes the last micro-batch's autograd graph holds, and which collectives ran where."""
     import torch.distributed as dist
 
@@ -17,12 +18,16 @@ def _reductions_of_one_step(zero: int) -> dict:
     from trex.runtime.run_plan import resolve_plan
 
     config = load_config("tiny-qwen3-moe")
-    plan = resolve_plan(f"zero={zero}", config, 2, seq=8, gbs=4, mbs=1)
+    plan = resolve_plan(plan_text, config, dist.get_world_size(), seq=8, gbs=4, mbs=1)
     from trex.runtime.parallelize import parallelize
 
     applied = parallelize(build_model(config, seed=0), plan, torch.device("cpu"), lr=1e-3, weight_decay=0.0)
     issued_after: list[str] = []
     original = dist.all_reduce, dist.reduce_scatter_tensor
+    dist.all_reduce, dist.reduce_scatter_tensor = (  # a tp hook (blocking c10d) during the backward would show here
+        lambda *a, **k: (issued_after.append("all_reduce in backward"), original[0](*a, **k))[1],
+        lambda *a, **k: (issued_after.append("reduce_scatter in backward"), original[1](*a, **k))[1],
+    )
 
     def counting(name, call):
         def wrapper(*args, **kwargs):
@@ -31,7 +36,7 @@ def _reductions_of_one_step(zero: int) -> dict:
 
         return wrapper
 
-    torch.manual_seed(dist.get_rank())
+    torch.manual_seed(dist.get_rank() if plan.tp == 1 else 0)  # tp peers read the same tokens
     nodes: list[str] = []
     for last in (False, True):
         ids = torch.randint(0, config.vocab_size, (1, 8))
@@ -63,24 +68,26 @@ def _reductions_of_one_step(zero: int) -> dict:
         "reducible": reducible,
         "issued_after": issued_after,
         "grads": grads,
+        "partial": [s.name for s in applied.optimizer.slots if s.home.partial_over is not None],
     }
 
 
-def _both_stages() -> list[dict]:
+def _stages(plans: tuple[str, ...]) -> list[dict]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     try:
-        return [_reductions_of_one_step(zero) for zero in (1, 2)]
+        return [_reductions_of_one_step(plan) for plan in plans]
     finally:
         dist.destroy_process_group()
 
 
-def test_zero_1_and_2_reductions_are_nodes_of_the_backward_graph():
+def _check(plans: tuple[str, ...], nproc: int) -> None:
     from trex.runtime.launcher import launch_function
 
-    results = launch_function(_both_stages, (), 2)
-    for zero, rank0, rank1 in zip((1, 2), results[0], results[1]):
+    results = launch_function(_stages, (plans,), nproc)
+    for plan, rank0, rank1 in zip(plans, results[0], results[1]):
+        zero = 2 if "zero=2" in plan else 1
         assert rank0["reducible"] > 0
         # every parameter's reduction hangs off the last micro-batch's graph, none is issued after the backward
         assert rank0["in_graph"] == rank0["reducible"], zero
@@ -88,3 +95,20 @@ def test_zero_1_and_2_reductions_are_nodes_of_the_backward_graph():
         if zero == 1:  # the summed gradient is the same on both replicas (each keeps its shard for the optimizer)
             for name, grad in rank0["grads"].items():
                 assert grad.shape == rank1["grads"][name].shape, name
+        if plan.startswith("tp=2"):  # ranks 0 and 1 are tp peers: each one's part summed, both hold the whole
+            assert rank0["partial"] and rank0["partial"] == rank1["partial"]
+            for name in rank0["partial"]:
+                assert torch.equal(rank0["grads"][name], rank1["grads"][name]), name
+
+
+def test_zero_1_and_2_and_tp_partial_reductions_are_nodes_of_the_backward_graph():
+    """dp=2 under ZeRO-1 and ZeRO-2, and tp=2: the tp-replicated parameters (norms, q/k norms, router) whose
+    gradient each tp rank holds only a part of are summed by the same node, not by a blocking hook."""
+    _check(("zero=1", "zero=2", "tp=2"), 2)
+
+
+@pytest.mark.slow  # 4 gloo ranks (~1 min)
+def test_dtensor_parameters_reductions_are_nodes_of_the_backward_graph_under_tp_and_dp():
+    """tp=2 x dp=2: Qwen3-MoE's DTensor parameters (tensor-parallel styles) are reduced over dp - and a Partial
+    gradient redistributed over tp - by the same node, under ZeRO-1 and ZeRO-2."""
+    _check(("tp=2,zero=1", "tp=2,zero=2"), 4)

@@ -126,6 +126,31 @@ def test_tp_replicated_gradients_are_summed_every_micro_batch():
     with_sync = estimate_step(spec, cluster, dataclasses.replace(plan, tp_grad_sync=(calls, nbytes))).breakdown
     # each micro-batch's backward: `calls` all-reduces of 1 ms latency (plus their bytes at 1 GB/s)
     assert with_sync.dp_sync_s - without == pytest.approx(plan.microbatches * (calls * 1e-3 + nbytes / 1e9), rel=1e-6)
+    # an eager rank sums them in its backward graph with the dp reduction: once per step, not per micro-batch
+    once = dataclasses.replace(plan, tp_grad_sync=(calls, nbytes), tp_grad_sync_per_step=True)
+    assert estimate_step(spec, cluster, once).breakdown.dp_sync_s - without == pytest.approx(
+        calls * 1e-3 + nbytes / 1e9, rel=1e-6
+    )
+
+
+def test_tp_partial_gradient_sums_are_priced_where_the_runtime_issues_them():
+    """Eager ZeRO-0/1: once per step, whole (`ReducedGradient`); eager ZeRO-2 with replicas: every micro-batch on
+    the reduce-scattered shard; FSDP2: once per step on its shard; a compiled rank: its hook, every micro-batch."""
+    from trex.runtime.prediction import tp_gradient_sums, tp_replicated_gradients
+    from trex.runtime.run_plan import resolve_plan
+
+    config = load_config(MODEL)
+    calls, nbytes = tp_replicated_gradients(config, plan_of("tp=2"))
+
+    def sums(text: str, compiled: bool = False) -> tuple:
+        plan = resolve_plan(text, config, 4, seq=16, gbs=8, mbs=1)
+        got = tp_gradient_sums(config, plan, compiled)
+        return got["tp_grad_sync"], got["tp_grad_sync_per_step"]
+
+    assert sums("tp=2,zero=1") == ((calls, nbytes), True)
+    assert sums("tp=2,zero=2") == ((calls, nbytes / 2), False)
+    assert sums("tp=2,zero=3") == ((calls, nbytes / 2), True)
+    assert sums("tp=2,zero=1", compiled=True) == ((calls, nbytes), False)
 
 
 @pytest.mark.slow  # one start of 2 gloo ranks, 4 plans (~1.5 min on the loaded 2-core machine)

@@ -24,22 +24,24 @@ PARTS = ("parameters", "gradients", "optimizer_states")
 SHAPE = {"seq": 8, "gbs": 2, "mbs": 1}
 
 
-def _two_rank_static(cases: list[tuple[str, str, str]]) -> None:
-    """One start of 2 gloo ranks running `cases` (model, plan, precision) for one step each."""
+def _two_rank_static(cases: list[tuple[str, str, str]], nproc: int = 2, extra: list | None = None) -> list[dict]:
+    """One start of `nproc` gloo ranks running `cases` (model, plan, precision) for one step each, then the
+    `extra` jobs (their results are returned, rank 0's)."""
     from trex.runtime.launcher import launch_function, run_jobs
 
     jobs = [
-        TrainJob.create(model, plan, 2, **SHAPE, steps=1, precision=precision, verbose=False)
+        TrainJob.create(model, plan, nproc, **SHAPE, steps=1, precision=precision, verbose=False)
         for model, plan, precision in cases
     ]
-    results = launch_function(run_jobs, (jobs,), 2)[0]
+    results = launch_function(run_jobs, (jobs + list(extra or []),), nproc)[0]
     for case, job, result in zip(cases, jobs, results):
-        predicted = predict(load_config(case[0]), job.parallel, 2)["memory_bytes"]
+        predicted = predict(load_config(case[0]), job.parallel, nproc)["memory_bytes"]
         ranks = result["memory_by_rank"]
         for part in PARTS:
             measured = [m[part] for m in ranks]
             assert sum(measured) / len(measured) == predicted[part], (case, part, measured, predicted[part])
             assert max(abs(m - predicted[part]) for m in measured) <= 1e-3 * predicted[part], (case, part, measured)
+    return results[len(jobs) :]
 
 
 def test_static_memory_on_two_ranks_equals_the_prediction_per_family_and_precision():
@@ -67,6 +69,49 @@ def test_static_memory_on_two_ranks_more_plans():
         ]
         + [("tiny-deepseek-v4", "zero=2", "bf16"), ("tiny-deepseek-v4", "tp=2", "fp32")]
     )
+
+
+def test_zero_shards_a_tensor_whose_only_dim_tp_splits():
+    """V4's attention sinks are 1-D and split with their heads over tp: ZeRO-1/2 split this rank's shard again
+    over the dp replicas (a strided shard of the whole tensor) rather than keep it whole on every replica, which
+    the cost model - sharding every dense parameter over dp - would not price."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from trex.runtime.data_parallel import zero_shard_dim
+
+    assert zero_shard_dim(torch.Size([8]), (Replicate(), Shard(0))) == 0
+    assert zero_shard_dim(torch.Size([8, 4]), (Replicate(), Shard(0))) == 1  # a free dim first
+    assert zero_shard_dim(torch.Size([8]), (Replicate(), Replicate())) == 0
+    assert zero_shard_dim(torch.Size([]), (Replicate(),)) is None
+
+
+@pytest.mark.slow  # 4 gloo ranks (~4 min on the loaded 2-core machine)
+def test_static_memory_on_four_ranks_with_tp_and_dp(tmp_path):
+    """tp=2 x dp=2 under ZeRO-1 and ZeRO-2: the tp-split sinks are ZeRO-sharded over dp like every dense
+    parameter (was +32 B and +48 B per rank, mean over ranks, before). The ZeRO-2 run's checkpoint - sinks' states
+    saved as strided shards - resumes under ZeRO-1 on the same ranks, and then on one rank, exactly."""
+    from trex.runtime.trainer import execute
+
+    model = "tiny-deepseek-v4"
+    ref = execute(TrainJob.create(model, "", 1, **SHAPE, steps=3, verbose=False))
+    directory = str(tmp_path / "ckpt")
+    save = TrainJob.create(
+        model, "tp=2,zero=2", 4, **SHAPE, steps=1, checkpoint_dir=directory, save_every=1, verbose=False
+    )
+    resume = TrainJob.create(
+        model, "tp=2,zero=1", 4, **SHAPE, steps=2, checkpoint_dir=directory, resume=True, save_every=1, verbose=False
+    )
+    saved, resumed = _two_rank_static(
+        [(model, "tp=2", "fp32"), (model, "tp=2,zero=2", "fp32")], nproc=4, extra=[save, resume]
+    )
+    assert saved["losses"] == pytest.approx(ref["losses"][:1], rel=1e-5)
+    assert resumed["first_step"] == 1
+    assert resumed["losses"] == pytest.approx(ref["losses"][1:2], rel=1e-5)
+    last = execute(
+        TrainJob.create(model, "", 1, **SHAPE, steps=3, checkpoint_dir=directory, resume=True, verbose=False)
+    )
+    assert last["first_step"] == 2
+    assert last["losses"] == pytest.approx(ref["losses"][2:], rel=1e-5)
 
 
 def test_the_resolved_plan_names_the_runtime_layout_and_bf16_prices_no_master_copy():
