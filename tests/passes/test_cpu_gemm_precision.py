@@ -109,17 +109,12 @@ def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done
 
 
-@pytest.mark.parametrize("decomposed", [False, True], ids=["trex_grouped_mm", "aten_grouped_mm"])
-def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed):
-    """Native bf16 units: the grouped GEMMs (per-expert row counts set by the routing, a native kernel generated
-    per shape) run in fp32 on upcasts; the static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
-    from trex.passes import DecomposeMoe
-
+def _bf16_block_trains_like_eager(passes):
+    """One forward+backward of a bf16 `_Block` through trex (eager backend, `passes`) against eager: loss and every
+    gradient close (bf16 tolerances), gradients in bf16. Returns trex's graph record."""
     torch.manual_seed(0)
     model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
     reference = copy.deepcopy(model)
-    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})
-    passes = ["canonicalize_moe"] + ([DecomposeMoe(force=True)] if decomposed else []) + [native]
     compiled = trex.compile(model, backend="eager", passes=passes)
     loss = compiled(x)
     loss.backward()
@@ -129,7 +124,19 @@ def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed)
     for p, q in zip(model.parameters(), reference.parameters()):
         assert p.grad.dtype == torch.bfloat16
         torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
-    graph = compiled.trex.graphs[0]
+    return compiled.trex.graphs[0]
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["trex_grouped_mm", "aten_grouped_mm"])
+def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed):
+    """Native bf16 units: the grouped GEMMs (per-expert row counts set by the routing, a native kernel generated
+    per shape) run in fp32 on upcasts; the static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
+    from trex.passes import DecomposeMoe
+
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})
+    graph = _bf16_block_trains_like_eager(
+        ["canonicalize_moe"] + ([DecomposeMoe(force=True)] if decomposed else []) + [native]
+    )
     grouped = {ops.grouped_mm.default, ops.grouped_mm_weight_grad.default, torch.ops.aten._grouped_mm.default}
     static = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
     operand_dtypes = {"grouped": set(), "static": set()}
@@ -162,19 +169,8 @@ def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
 
     saved = {}
     for upcast in (False, True):
-        torch.manual_seed(0)
-        model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
-        reference = copy.deepcopy(model)
         passes = ["canonicalize_moe", DecomposeMoe(force=True)] + ([CpuGemmPrecision(native=set())] if upcast else [])
-        compiled = trex.compile(model, backend="eager", passes=passes)
-        loss = compiled(x)
-        loss.backward()
-        expected = reference(x)
-        expected.backward()
-        torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
-        graph = compiled.trex.graphs[0]
+        graph = _bf16_block_trains_like_eager(passes)
         saved[upcast] = _saved_bytes(graph)
         targets = {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
         assert (torch.ops.aten._grouped_mm.default in targets) != upcast
