@@ -16,6 +16,16 @@ are all bf16 (fp16) into
 convert -> the same op in fp32 -> convert back, when the target is a CPU and the CPU compiling (the one
 the program will run on) lacks native bf16 (fp16) GEMM support.
 
+On a CPU that does multiply bf16 (fp16) natively, the grouped GEMMs are still rewritten, and only they:
+a grouped GEMM runs one GEMM per expert, with that expert's row count - runtime data that changes with
+the routing, step by step. oneDNN, behind PyTorch's native bf16 CPU GEMMs, generates (JIT-compiles) a
+kernel for each new problem shape and keeps it in its primitive cache (oneDNN developer guide,
+"Primitive Cache": creating a primitive is expensive, the cache amortises it over calls with the same
+parameters); the fp32 GEMM on upcasts runs BLAS kernels that are not generated per shape. On this
+project's AMX CPU a bf16 `mm` with a row count not seen before cost ~0.7 ms of CPU time against ~0.03 ms
+for the fp32 GEMM on upcasts (bench/cpu_ops/bf16_gemm_new_shapes.py; bench/RESULTS.md section 11,
+eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once and keep the native path.
+
 It runs on the partitioned forward and backward graphs (`stage = "partitioned"`), not on the joint
 graph: there, the fp32 upcast of an activation is its only user, so the min-cut partitioner saved the
 fp32 copy for the backward instead of the bf16 value (twice the bytes: bf16 steps held 1.3-1.7x
@@ -51,6 +61,15 @@ GEMMS = frozenset(
     }
 )
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# GEMMs whose per-group row counts are runtime data (the routing): upcast even where the CPU has native
+# bf16 (fp16) units, whose kernels are generated per shape (see the module docstring)
+GROUPED_GEMMS = frozenset(
+    {
+        torch.ops.trex.grouped_mm.default,
+        torch.ops.trex.grouped_mm_weight_grad.default,
+        aten._grouped_mm.default,
+    }
+)
 
 
 def native_cpu_gemm_dtypes() -> set[torch.dtype]:
@@ -104,8 +123,9 @@ def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, l
 
 class CpuGemmPrecision:
     """Invariant established: on a CPU target without native bf16 (fp16) GEMMs, no GEMM of the list above
-    has bf16 (fp16) operands; each became converts to fp32, the GEMM in fp32, and a convert of its result
-    back (same shape and dtype). Each rewrite consumes one unit of fuel.
+    has bf16 (fp16) operands, and on one with them no grouped GEMM has; each became converts to fp32, the
+    GEMM in fp32, and a convert of its result back (same shape and dtype). Each rewrite consumes one unit
+    of fuel.
     """
 
     name: ClassVar[str] = "cpu_gemm_precision"
@@ -127,20 +147,20 @@ class CpuGemmPrecision:
             return _decline("a graph of meta tensors is captured to be priced, never run on this CPU")
         native = native_cpu_gemm_dtypes() if self.native is None else self.native
         slow = [d for d in LOW_PRECISION if d not in native]
-        if not slow:
-            return _decline("this CPU multiplies bf16 and fp16 natively")
         decisions = []
         inherit = (*PROVENANCE_KEYS, "trex_moe")
         decompositions = ctx.options.get("decompositions")
         upcasts: dict[fx.Node, fx.Node] = {}  # each low-precision operand is upcast once, before its first GEMM
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in GEMMS or _operand_dtype(node) not in slow:
+            if node.op != "call_function" or node.target not in GEMMS:
+                continue
+            dtype = _operand_dtype(node)
+            if dtype not in slow and not (dtype in LOW_PRECISION and node.target in GROUPED_GEMMS):
                 continue
             if node.target is aten._grouped_mm.default and not _plain_grouped_mm(node):
                 continue
             if not ctx.fuel.take():
                 break
-            dtype = _operand_dtype(node)
             for arg in node.all_input_nodes:
                 value = arg.meta.get("val")
                 if arg not in upcasts and isinstance(value, torch.Tensor) and value.dtype == dtype:
@@ -152,18 +172,26 @@ class CpuGemmPrecision:
                 inline_traced(gm, node, fn, inputs, inherit, decompositions),
             )
             decisions.append(
-                Decision(
-                    "upcast",
-                    node.name,
-                    f"{str(dtype).removeprefix('torch.')} GEMM on a CPU without native "
-                    f"{str(dtype).removeprefix('torch.')} units: fp32 GEMM on exact upcasts, rounded once",
-                    {"op": str(node.target)},
-                )
+                Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow), {"op": str(node.target)})
+            )
+        if not slow and not decisions:
+            return _decline(
+                "this CPU multiplies bf16 and fp16 natively and the graph has no low-precision grouped GEMM"
             )
         if decisions:
             gm.graph.lint()
             gm.recompile()
         return PassResult(modified=bool(decisions), decisions=decisions)
+
+
+def _upcast_reason(dtype: torch.dtype, slow: bool) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if slow:
+        return f"{name} GEMM on a CPU without native {name} units: fp32 GEMM on exact upcasts, rounded once"
+    return (
+        f"{name} grouped GEMM: its per-expert row counts change with the routing and the native {name} kernel "
+        "is generated per shape; fp32 GEMM on exact upcasts, rounded once"
+    )
 
 
 def _to_fp32(tensor: torch.Tensor) -> tuple[torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import trex
@@ -108,6 +109,52 @@ def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done
 
 
+def _bf16_block_trains_like_eager(passes):
+    """One forward+backward of a bf16 `_Block` through trex (eager backend, `passes`) against eager: loss and every
+    gradient close (bf16 tolerances), gradients in bf16. Returns trex's graph record."""
+    torch.manual_seed(0)
+    model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend="eager", passes=passes)
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
+    return compiled.trex.graphs[0]
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["trex_grouped_mm", "aten_grouped_mm"])
+def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed):
+    """Native bf16 units: the grouped GEMMs (per-expert row counts set by the routing, a native kernel generated
+    per shape) run in fp32 on upcasts; the static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
+    from trex.passes import DecomposeMoe
+
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})
+    graph = _bf16_block_trains_like_eager(
+        ["canonicalize_moe"] + ([DecomposeMoe(force=True)] if decomposed else []) + [native]
+    )
+    grouped = {ops.grouped_mm.default, ops.grouped_mm_weight_grad.default, torch.ops.aten._grouped_mm.default}
+    static = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    operand_dtypes = {"grouped": set(), "static": set()}
+    for module in (graph.forward, graph.backward):
+        for node in module.graph.nodes:
+            kind = "grouped" if node.target in grouped else "static" if node.target in static else None
+            if kind is not None:
+                operand_dtypes[kind] |= {
+                    a.meta["val"].dtype for a in node.all_input_nodes if a.meta["val"].is_floating_point()
+                }
+        if decomposed:
+            assert torch.ops.trex.extern_aten_grouped_mm.default in {n.target for n in module.graph.nodes}
+    assert operand_dtypes["static"] == {torch.bfloat16}
+    assert operand_dtypes["grouped"] == ({torch.float32} if not decomposed else set())  # decomposed: all extern now
+    record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
+    assert record.decisions and all(d.action == "upcast" and "grouped GEMM" in d.reason for d in record.decisions)
+
+
 def _saved_bytes(graph) -> int:
     """Bytes of the values the forward graph hands the backward (its outputs after the user-visible ones)."""
     (output,) = graph.forward.graph.find_nodes(op="output")
@@ -122,19 +169,8 @@ def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
 
     saved = {}
     for upcast in (False, True):
-        torch.manual_seed(0)
-        model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
-        reference = copy.deepcopy(model)
         passes = ["canonicalize_moe", DecomposeMoe(force=True)] + ([CpuGemmPrecision(native=set())] if upcast else [])
-        compiled = trex.compile(model, backend="eager", passes=passes)
-        loss = compiled(x)
-        loss.backward()
-        expected = reference(x)
-        expected.backward()
-        torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
-        graph = compiled.trex.graphs[0]
+        graph = _bf16_block_trains_like_eager(passes)
         saved[upcast] = _saved_bytes(graph)
         targets = {n.target for g in (graph.forward, graph.backward) for n in g.graph.nodes}
         assert (torch.ops.aten._grouped_mm.default in targets) != upcast
