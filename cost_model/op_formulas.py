@@ -447,6 +447,22 @@ _EP_EXPERTS_LOCAL_BACKWARD = OpFormula(
 )
 
 
+_EP_EXPERTS_LOCAL_INPUT_BACKWARD = OpFormula(
+    "moe",
+    _EXPERT_GEMMS + 8 * S * N + 2 * S * H,
+    (2 * T * H + 3 * S * H + 2 * S * M + S * N + E * H * (M + N)) * s_in,
+    _bind_ep_experts_local,
+    "data gradients of the local grouped GEMMs (the dispatch's gradient exchange needs only these)",
+)
+_EP_EXPERTS_LOCAL_WEIGHT_BACKWARD = OpFormula(
+    "moe",
+    _EXPERT_GEMMS + 4 * S * N,
+    (2 * S * H + 2 * S * M + S * N + 2 * E * H * (M + N)) * s_in,
+    _bind_ep_experts_local,
+    "expert-weight gradients of the local grouped GEMMs (rows reduced per expert)",
+)
+
+
 def _bind_ep_exchange(node: Any) -> dict | None:
     """`trex.ep_exchange` (an expert-parallel all-to-all): the rows this rank sends. When that count is data
     dependent (the combine's send, the dispatch gradient's), the receive count stands for it: under
@@ -575,6 +591,8 @@ EXACT: dict[str, OpFormula] = {
     "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
     "trex.ep_experts_local": _EP_EXPERTS_LOCAL,
     "trex.ep_experts_local_backward": _EP_EXPERTS_LOCAL_BACKWARD,
+    "trex.ep_experts_local_input_backward": _EP_EXPERTS_LOCAL_INPUT_BACKWARD,
+    "trex.ep_experts_local_weight_backward": _EP_EXPERTS_LOCAL_WEIGHT_BACKWARD,
     "aten._scaled_dot_product_flash_attention": _ATTN_FWD,
     "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
     "aten._scaled_dot_product_efficient_attention": _ATTN_FWD,
