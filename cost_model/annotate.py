@@ -215,7 +215,6 @@ _EXPERTS_OPS = (
     "trex.moe_experts",
     "trex.moe_experts_backward",
     "trex.ep_experts_local",
-    "trex.ep_experts_local_backward",
     "trex.ep_experts_local_input_backward",
     "trex.ep_experts_local_weight_backward",
 )

@@ -263,7 +263,6 @@ def simulate_ranks(order: Iterable[fx.Node], seconds_by_rank: list[dict[fx.Node,
 _ROW_PASSTHROUGH = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.view", "aten.alias", "aten.detach")
 _EXPERTS_OPS = (
     "trex.ep_experts_local",
-    "trex.ep_experts_local_backward",
     "trex.ep_experts_local_input_backward",
     "trex.ep_experts_local_weight_backward",
 )

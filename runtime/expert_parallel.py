@@ -13,7 +13,8 @@ step its own custom op, so a captured graph shows (and a pass can move) every ex
 
 The ops are `torch.library.custom_op`s with fake implementations (the received-row count is data
 dependent: an unbacked size bound by `trex.ep_rows`) and autograd registrations (an exchange's gradient
-is the reverse exchange; `ep_experts_local_backward` the local experts' data and weight gradients). The
+is the reverse exchange; the local experts' is two nodes, `ep_experts_local_input_backward` (data gradients)
+and `ep_experts_local_weight_backward`). The
 local math is the one `trex.moe_experts` runs (same primitives), which is why the losses equal the
 1-rank run.
 """
@@ -209,68 +210,6 @@ def _weight_backward(
     return grad_gate_up, grad_down
 
 
-@torch.library.custom_op("trex::ep_experts_local_backward", mutates_args=())
-def ep_experts_local_backward(
-    grad_out: Tensor,
-    recv_counts: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    regroup: Tensor,
-    grouped_in: Tensor,
-    gate_up_out: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-    expected_rows: int,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of `ep_experts_local` w.r.t. the received rows and this rank's expert weights, in one node
-    (what `ep_experts_local_input_backward` then `ep_experts_local_weight_backward` compute; the cost model
-    prices a layer's whole experts backward with it)."""
-    grad_received, grad_local_out, grad_gate_up_out = _input_backward(
-        grad_out,
-        recv_counts,
-        gate_up_proj,
-        down_proj,
-        regroup,
-        gate_up_out,
-        activation,
-        swiglu_limit,
-        weights_transposed,
-    )
-    grad_gate_up, grad_down = _weight_backward(
-        grad_local_out,
-        recv_counts,
-        grouped_in,
-        gate_up_out,
-        grad_gate_up_out,
-        activation,
-        swiglu_limit,
-        weights_transposed,
-    )
-    return grad_received, grad_gate_up, grad_down
-
-
-@ep_experts_local_backward.register_fake
-def _(
-    grad_out,
-    recv_counts,
-    gate_up_proj,
-    down_proj,
-    regroup,
-    grouped_in,
-    gate_up_out,
-    activation,
-    swiglu_limit,
-    weights_transposed,
-    expected_rows,
-):
-    return (
-        torch.empty_like(grouped_in),
-        torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
-        torch.empty_like(down_proj, memory_format=torch.contiguous_format),
-    )
-
-
 @torch.library.custom_op("trex::ep_experts_local_input_backward", mutates_args=())
 def ep_experts_local_input_backward(
     grad_out: Tensor,
@@ -291,17 +230,8 @@ def ep_experts_local_input_backward(
     issued before them and travel while they compute (the input / weight split of the backward in DeepSeek-V3's
     DualPipe, arXiv:2412.19437 section 3.2.1). Returns (grad received [R,H] in received order, and, grouped by
     expert, the output gradient [R,H] and the gate_up output's gradient [R,2I] the weight gradients take)."""
-    return _input_backward(
-        grad_out,
-        recv_counts,
-        gate_up_proj,
-        down_proj,
-        regroup,
-        gate_up_out,
-        activation,
-        swiglu_limit,
-        weights_transposed,
-    )
+    layout = (activation, swiglu_limit, weights_transposed)
+    return _input_backward(grad_out, recv_counts, gate_up_proj, down_proj, regroup, gate_up_out, *layout)
 
 
 @ep_experts_local_input_backward.register_fake
@@ -325,16 +255,8 @@ def ep_experts_local_weight_backward(
 ) -> tuple[Tensor, Tensor]:
     """The expert-weight gradients (second half of the experts' backward; see `ep_experts_local_input_backward`).
     The weights are arguments for their shapes and layout only."""
-    return _weight_backward(
-        grad_local_out,
-        recv_counts,
-        grouped_in,
-        gate_up_out,
-        grad_gate_up_out,
-        activation,
-        swiglu_limit,
-        weights_transposed,
-    )
+    layout = (activation, swiglu_limit, weights_transposed)
+    return _weight_backward(grad_local_out, recv_counts, grouped_in, gate_up_out, grad_gate_up_out, *layout)
 
 
 @ep_experts_local_weight_backward.register_fake
@@ -501,25 +423,9 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
         ),
         "counts": graph.call_function(ops.ep_counts.default, (experts_counts, group)),
     }
-    # the backward of the local experts (data and weight gradients; its saved tensors only shape the bytes)
-    nodes["experts_backward"] = graph.call_function(
-        ops.ep_experts_local_backward.default,
-        (
-            sent,
-            counts,
-            *weights,
-            counts,
-            sent,
-            sent,
-            layout.activation,
-            layout.swiglu_limit,
-            layout.weights_transposed,
-            rows,
-        ),
-    )
-    nodes["experts_backward"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
-    # the two nodes the captured backward holds (data gradients, then weight gradients; see
-    # `ep_experts_local_input_backward`): their sum is the experts' backward, the second part can hide an exchange
+    # the backward of the local experts: the two nodes the captured backward holds (data gradients, then weight
+    # gradients; see `ep_experts_local_input_backward`; the saved tensors only shape the bytes). Their sum is the
+    # experts' backward; the second part can hide an exchange
     activation = (layout.activation, layout.swiglu_limit, layout.weights_transposed, rows)
     nodes["experts_input_backward"] = graph.call_function(
         ops.ep_experts_local_input_backward.default, (sent, counts, *weights, counts, sent, *activation)
