@@ -5,7 +5,7 @@ back (combine). In one chunk the experts wait for the whole dispatch and the com
 nothing hides the two exchanges. Cut the tokens into n chunks and the link carries chunk i+1's dispatch
 while the experts compute chunk i, and chunk i's combine while they compute chunk i+1 (the "two
 micro-batches" overlap of DeepSeek-V3's training, arXiv:2412.19437 section 3.2). Every chunk pays the
-link's latency again (n messages per exchange, and one more blocking count exchange each).
+link's latency again (n messages per exchange; the blocking count exchange stays one per layer).
 
 `chunked_layer_seconds` is the same model reorder_comm's timeline uses (one compute stream, one serial link):
 the dispatches go out back to back, chunk i's experts start when its rows have arrived and the previous
@@ -34,7 +34,7 @@ def chunked_layer_seconds(
 
     dispatch_s / combine_s: one-chunk exchange times, each including one link latency `alpha_s`; a chunk's
     exchange takes `alpha_s + (t - alpha_s) / chunks`. experts_s: the local experts over all rows (a chunk takes
-    1/chunks of it). counts_s: the blocking count exchange in front of the layer, paid once per chunk."""
+    1/chunks of it). counts_s: the blocking count exchange in front of the layer (one for all its chunks)."""
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     alpha = min(alpha_s, dispatch_s, combine_s)
@@ -42,7 +42,7 @@ def chunked_layer_seconds(
     def part(total: float) -> float:
         return alpha + (total - alpha) / chunks
 
-    link = counts_s * chunks  # the blocking count exchanges run first
+    link = counts_s  # the blocking count exchange runs first
     now = link
     arrived = []
     for _ in range(chunks):

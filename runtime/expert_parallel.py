@@ -339,8 +339,8 @@ def routed_experts_ep(
     experts -> combine exchange, each its own graph node (`ep`: the group's size, known when the experts were
     sharded; Dynamo cannot look a group up).
 
-    With `chunks` > 1 the tokens are cut into that many micro-chunks, traced in pipeline order: every chunk's
-    (blocking) count exchange, then every chunk's dispatch started, then per chunk its experts and its combine
+    With `chunks` > 1 the tokens are cut into that many micro-chunks, traced in pipeline order: one (blocking)
+    count exchange for all chunks, then every chunk's dispatch started, then per chunk its experts and its combine
     started, then the combines' waits. Chunk i+1's dispatch then travels while chunk i's experts compute, and
     chunk i's combine while chunk i+1's do (`cost_model.ep_chunks`). Each row's arithmetic is the one-chunk
     layer's; only the grouping of rows in the grouped GEMMs (and the order of the weight gradients' sums)
@@ -349,12 +349,19 @@ def routed_experts_ep(
     local_experts = w_gate_up.size(0)
     chunks = max(1, min(int(chunks), hidden.size(0)))
     parts = list(zip(hidden.chunk(chunks), top_k_index.chunk(chunks), top_k_weights.chunk(chunks)))
-    routed = []
+    sorted_rows = []
     for part_hidden, part_index, _ in parts:
         sorted_hidden, perm, offsets = ops.moe_dispatch(part_hidden.to(w_gate_up.dtype), part_index, local_experts * ep)
         counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
-        recv_counts = ops.ep_counts(counts, group_name)
-        routed.append((sorted_hidden, perm, counts, recv_counts))
+        sorted_rows.append((sorted_hidden, perm, counts))
+    # one blocking count exchange for all chunks (each one is a rendezvous of the ranks): every rank's slice holds
+    # its experts' counts of chunk 0, 1, ...; what arrives is [ep, chunks * local] -> chunk i's [ep, local]
+    stacked = torch.stack([counts for _, _, counts in sorted_rows]).view(chunks, ep, local_experts)
+    received = ops.ep_counts(stacked.transpose(0, 1).reshape(-1), group_name).view(ep, chunks, local_experts)
+    routed = [
+        (sorted_hidden, perm, counts, received[:, i].contiguous())
+        for i, (sorted_hidden, perm, counts) in enumerate(sorted_rows)
+    ]
     dispatched = []
     for sorted_hidden, _, counts, recv_counts in routed:
         send_rows, recv_rows = counts.view(ep, local_experts).sum(1), recv_counts.sum(1)
