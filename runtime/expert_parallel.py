@@ -169,47 +169,6 @@ def _(received, recv_counts, gate_up_proj, down_proj, activation, swiglu_limit, 
     )
 
 
-def _input_backward(
-    grad_out: Tensor,
-    recv_counts: Tensor,
-    gate_up_proj: Tensor,
-    down_proj: Tensor,
-    regroup: Tensor,
-    gate_up_out: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
-    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
-    grad_local_out = grad_out.index_select(0, regroup)
-    grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
-    grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
-    grad_grouped_in = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), local_offsets)
-    return _scatter_rows(grad_grouped_in, regroup), grad_local_out, grad_gate_up_out
-
-
-def _weight_backward(
-    grad_local_out: Tensor,
-    recv_counts: Tensor,
-    grouped_in: Tensor,
-    gate_up_out: Tensor,
-    grad_gate_up_out: Tensor,
-    activation: str,
-    swiglu_limit: float,
-    weights_transposed: bool,
-) -> tuple[Tensor, Tensor]:
-    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
-    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
-    if weights_transposed:
-        grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
-    else:
-        grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
-    return grad_gate_up, grad_down
-
-
 @torch.library.custom_op("trex::ep_experts_local_input_backward", mutates_args=())
 def ep_experts_local_input_backward(
     grad_out: Tensor,
@@ -230,8 +189,13 @@ def ep_experts_local_input_backward(
     issued before them and travel while they compute (the input / weight split of the backward in DeepSeek-V3's
     DualPipe, arXiv:2412.19437 section 3.2.1). Returns (grad received [R,H] in received order, and, grouped by
     expert, the output gradient [R,H] and the gate_up output's gradient [R,2I] the weight gradients take)."""
-    layout = (activation, swiglu_limit, weights_transposed)
-    return _input_backward(grad_out, recv_counts, gate_up_proj, down_proj, regroup, gate_up_out, *layout)
+    w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
+    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
+    grad_local_out = grad_out.index_select(0, regroup)
+    grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
+    grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
+    grad_grouped_in = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), local_offsets)
+    return _scatter_rows(grad_grouped_in, regroup), grad_local_out, grad_gate_up_out
 
 
 @ep_experts_local_input_backward.register_fake
@@ -255,8 +219,15 @@ def ep_experts_local_weight_backward(
 ) -> tuple[Tensor, Tensor]:
     """The expert-weight gradients (second half of the experts' backward; see `ep_experts_local_input_backward`).
     The weights are arguments for their shapes and layout only."""
-    layout = (activation, swiglu_limit, weights_transposed)
-    return _weight_backward(grad_local_out, recv_counts, grouped_in, gate_up_out, grad_gate_up_out, *layout)
+    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
+    activated = _gated_activation(gate_up_out, activation, swiglu_limit)  # recomputed: pointwise, cheap
+    if weights_transposed:
+        grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
+        grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
+    else:
+        grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
+        grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
+    return grad_gate_up, grad_down
 
 
 @ep_experts_local_weight_backward.register_fake

@@ -32,25 +32,26 @@ def exchange_node(ep: int) -> fx.Node:
     return node
 
 
-def experts_node() -> fx.Node:
+def _experts_inputs(rows_name: str) -> tuple[fx.Graph, fx.Node, fx.Node, fx.Node, fx.Node]:
+    """A graph with the rows an experts node takes ([rows, HIDDEN]), the received counts and both expert weights."""
     graph = fx.Graph()
-    rows = TOKENS * TOP_K
-    received = _placeholder(graph, "received", rows, HIDDEN)
+    rows = _placeholder(graph, rows_name, TOKENS * TOP_K, HIDDEN)
     recv_counts = _placeholder(graph, "recv_counts", 2, LOCAL_EXPERTS, dtype=torch.int64)
     gate_up = _placeholder(graph, "gate_up_proj", LOCAL_EXPERTS, 2 * INNER, HIDDEN)
     down = _placeholder(graph, "down_proj", LOCAL_EXPERTS, HIDDEN, INNER)
-    args = (received, recv_counts, gate_up, down, "silu", 0.0, False, rows)
+    return graph, rows, recv_counts, gate_up, down
+
+
+def experts_node() -> fx.Node:
+    graph, received, recv_counts, gate_up, down = _experts_inputs("received")
+    args = (received, recv_counts, gate_up, down, "silu", 0.0, False, TOKENS * TOP_K)
     return graph.call_function(torch.ops.trex.ep_experts_local.default, args)
 
 
 def backward_nodes() -> tuple[fx.Node, fx.Node]:
     """The local experts' backward as the captured graph holds it: data gradients, then weight gradients."""
-    graph = fx.Graph()
+    graph, grad, recv_counts, gate_up, down = _experts_inputs("grad_out")
     rows = TOKENS * TOP_K
-    grad = _placeholder(graph, "grad_out", rows, HIDDEN)
-    recv_counts = _placeholder(graph, "recv_counts", 2, LOCAL_EXPERTS, dtype=torch.int64)
-    gate_up = _placeholder(graph, "gate_up_proj", LOCAL_EXPERTS, 2 * INNER, HIDDEN)
-    down = _placeholder(graph, "down_proj", LOCAL_EXPERTS, HIDDEN, INNER)
     regroup = _placeholder(graph, "regroup", rows, dtype=torch.int64)
     gate_up_out = _placeholder(graph, "gate_up_out", rows, 2 * INNER)
     tail = ("silu", 0.0, False, rows)
