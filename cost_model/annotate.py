@@ -215,7 +215,8 @@ _EXPERTS_OPS = (
     "trex.moe_experts",
     "trex.moe_experts_backward",
     "trex.ep_experts_local",
-    "trex.ep_experts_local_backward",
+    "trex.ep_experts_local_input_backward",
+    "trex.ep_experts_local_weight_backward",
 )
 
 
@@ -237,8 +238,13 @@ def _time(
         return 0.0, ""
     if kind == "gemm" and name in device.op_overhead_us:
         # this implementation's fixed cost per call was measured (a CPU grouped GEMM loops over its groups):
-        # that plus the arithmetic. Its bytes-per-second from the calibration is not a GEMM's bound.
-        return _gemm_time(node, name, values, device) + device.overhead_s(name, kind), ""
+        # that plus the arithmetic. Its bytes-per-second from the calibration is not a GEMM's bound. The measured
+        # call includes its launches (one per group on a CPU), so the modelled ones beyond a single call's are
+        # taken out: the launches are not counted twice.
+        groups = max(1, int(values.get(E, 1)))
+        dtype = _dtype(node, device)
+        extra_launches = device.gemm_launch_s(dtype, groups) - device.gemm_launch_s(dtype)
+        return _gemm_time(node, name, values, device) - extra_launches + device.overhead_s(name, kind), ""
     if kind == "gemm":
         return _gemm_time(node, name, values, device), ""
     if kind == "attention":
@@ -249,11 +255,22 @@ def _time(
         dtype = _dtype(node, device)
         experts = max(1, int(values[E]))
         rows = values[S] / experts
-        gemms = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(
+        forward = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(
             rows, values[H], values[N], dtype, experts
         )
-        if name.endswith("backward"):
-            gemms = 2 * gemms
+        # the backward's halves: the data gradients multiply [rows, out] by each weight transposed (the forward's
+        # row counts); the weight gradients reduce over the rows (K = rows per expert: a few rows make a short
+        # main loop, the tile's fill and the weight-sized output dominate)
+        data = device.gemm_time(rows, values[N], values[H], dtype, experts) + device.gemm_time(
+            rows, values[H], values[M], dtype, experts
+        )
+        weight = device.gemm_time(values[H], values[M], rows, dtype, experts) + device.gemm_time(
+            values[N], values[H], rows, dtype, experts
+        )
+        gemms = {
+            "trex.ep_experts_local_input_backward": data,
+            "trex.ep_experts_local_weight_backward": weight,
+        }.get(name, 2 * forward if name.endswith("backward") else forward)
         return gemms + device.memory_time(moved, 6), ""
     if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
         return device.op_time(measured, kind, flops, moved), ""

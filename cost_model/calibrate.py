@@ -628,7 +628,14 @@ def _calibrate(fast: bool, collectives: bool, ranks: int = 2) -> Calibration:
         peak_tflops={"fp32": 0.1},
         memory_gib=_memory_gib(),
         hbm_bandwidth_gbs=10.0,
-        gemm=GemmModel(compute_units=threads, efficiency={"fp32": 1.0}, tile_m=64, tile_n=64, k_fill=32.0),
+        gemm=GemmModel(
+            compute_units=threads,
+            efficiency={"fp32": 1.0},
+            tile_m=64,
+            tile_n=64,
+            k_fill=32.0,
+            launch_per_group=True,  # torch's CPU grouped GEMM is an mm per group
+        ),
         attention=AttentionModel(0.5, 0.4, 64.0, block=0.0),
         memory_efficiency=1.0,
         kernel_overhead_us=5.0,

@@ -50,6 +50,10 @@ class GemmModel:
     # outside the tensor cores, cuBLASLt FAST_ACCUM off) over one accumulating in the tensor cores.
     # Per-tensor-scaled recipes run their data- and weight-gradient GEMMs so; 1.0: not modelled.
     split_accumulation: float = 1.0
+    # A grouped GEMM issued as one GEMM call per group pays `launch_us` per group: torch's CPU `_grouped_mm`
+    # (ATen/native/GroupedMMUtils.h, `_grouped_mm_fallback`) loops over the groups with one `mm_out` each, where a
+    # GPU grouped kernel is one launch for all groups.
+    launch_per_group: bool = False
 
     def ceiling(self, dtype: str) -> float:
         if dtype not in self.efficiency:
@@ -249,8 +253,14 @@ class DeviceProfile:
         element = DTYPE_BYTES[dtype]
         traffic = groups * ((m * k + k * n) * element + m * n * out_bytes)
         memory = traffic / (self.hbm_bytes_per_s * self.memory_efficiency)
+        return self.gemm_launch_s(dtype, groups) + max(waves * tile, memory)
+
+    def gemm_launch_s(self, dtype: str, groups: int = 1) -> float:
+        """The fixed cost of one (grouped) GEMM call: one launch, or one per group when the device issues a
+        grouped GEMM as a GEMM per group (`GemmModel.launch_per_group`)."""
+        g = self.gemm
         launch = g.launch_us[dtype] * 1e-6 if dtype in g.launch_us else self.kernel_overhead_s
-        return launch + max(waves * tile, memory)
+        return launch * (max(1, int(groups)) if g.launch_per_group else 1)
 
     def gemm_efficiency(self, m: float, n: float, k: float, dtype: str = "bf16", groups: int = 1) -> float:
         """Achieved fraction of the dtype's peak for this shape (time model inverted)."""
@@ -446,8 +456,18 @@ def _uncalibrated_cpu() -> DeviceProfile:
         peak_tflops={"fp32": 0.02 * cores, "bf16": 0.005 * cores, "fp16": 0.005 * cores},
         memory_gib=8.0,
         hbm_bandwidth_gbs=10.0,
+        # A CPU GEMM's output is computed in register micro-tiles of a few rows by one or two SIMD vectors
+        # (OpenBLAS's Haswell sgemm kernel 16 x 4, BLIS's Haswell sgemm 6 x 16; Goto & van de Geijn, "Anatomy of
+        # high-performance matrix multiplication", ACM TOMS 2008): rows are padded to that micro-tile, not to a
+        # GPU thread block's 64 or 128 (a 32-row expert GEMM is not priced as a 64-row one). 16 x 16 covers
+        # both libraries' register tiles; `trex calibrate` fits the machine's own.
         gemm=GemmModel(
-            compute_units=cores, efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0}, tile_m=64, tile_n=64, k_fill=32.0
+            compute_units=cores,
+            efficiency={"fp32": 1.0, "bf16": 1.0, "fp16": 1.0},
+            tile_m=16,
+            tile_n=16,
+            k_fill=32.0,
+            launch_per_group=True,
         ),
         attention=AttentionModel(forward_efficiency=0.5, backward_efficiency=0.4, half_keys=64.0, block=0.0),
         memory_efficiency=1.0,
@@ -615,6 +635,7 @@ _GEMM_FIELDS = {
     "k_fill": "per-tile pipeline fill in elements of K",
     "launch_us": "table of dtype = fixed microseconds per GEMM call",
     "split_accumulation": "FP8 main-loop time factor with split (FP32-promoted) accumulation, >= 1 (1: not modelled)",
+    "launch_per_group": "true when a grouped GEMM is one call per group, each paying launch_us (default: true for cpu)",
 }
 _ATTENTION_FIELDS = {
     "forward_efficiency": "fraction of BF16 peak (0-1]",
@@ -715,6 +736,14 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
             f"lacks {', '.join(missing)}",
             "give an efficiency for every dtype in peak_tflops",
         )
+    per_group = gemm_table.get("launch_per_group", data["name"] == "cpu")
+    if not isinstance(per_group, bool):
+        raise _fail(
+            source,
+            "device.gemm.launch_per_group",
+            f"must be true or false (got {per_group!r})",
+            _GEMM_FIELDS["launch_per_group"],
+        )
     gemm = GemmModel(
         compute_units=units,
         efficiency=efficiency,
@@ -731,6 +760,7 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
             gemm_table.get("split_accumulation", 1.0),
             _GEMM_FIELDS["split_accumulation"],
         ),
+        launch_per_group=per_group,
     )
     if gemm.split_accumulation < 1.0:
         raise _fail(
@@ -880,6 +910,7 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
                 "efficiency": dict(profile.gemm.efficiency),
                 "launch_us": dict(profile.gemm.launch_us),
                 "split_accumulation": profile.gemm.split_accumulation,
+                "launch_per_group": profile.gemm.launch_per_group,
             },
             "attention": {
                 "forward_efficiency": profile.attention.forward_efficiency,

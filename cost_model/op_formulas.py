@@ -414,7 +414,7 @@ _MOE_EXPERTS_BACKWARD = OpFormula(
 
 
 def _bind_ep_experts_local(node: Any) -> dict | None:
-    """`trex.ep_experts_local(_backward)`, the local experts of the split expert-parallel layer: priced at the
+    """`trex.ep_experts_local` and its two backward halves, the local experts of the split expert-parallel layer: priced at the
     balanced-routing row count the op carries as its last argument (`expected_rows`): a rank receives as many
     (token, slot) rows as it sends (the received-row count itself is data dependent)."""
     gate_up, down = node.args[2].meta["val"], node.args[3].meta["val"]
@@ -438,12 +438,19 @@ _EP_EXPERTS_LOCAL = OpFormula(
     _bind_ep_experts_local,
     "local experts' grouped GEMMs over the rows received (balanced: rows sent); the exchanges are their own nodes",
 )
-_EP_EXPERTS_LOCAL_BACKWARD = OpFormula(
+_EP_EXPERTS_LOCAL_INPUT_BACKWARD = OpFormula(
     "moe",
-    2 * _EXPERT_GEMMS + 8 * S * N + 4 * S * H,
-    (3 * T * H + 6 * S * H + 2 * S * M + 2 * S * N + 3 * E * H * (M + N)) * s_in,
+    _EXPERT_GEMMS + 8 * S * N + 2 * S * H,
+    (2 * T * H + 3 * S * H + 2 * S * M + S * N + E * H * (M + N)) * s_in,
     _bind_ep_experts_local,
-    "data and weight gradients of the local grouped GEMMs",
+    "data gradients of the local grouped GEMMs (the dispatch's gradient exchange needs only these)",
+)
+_EP_EXPERTS_LOCAL_WEIGHT_BACKWARD = OpFormula(
+    "moe",
+    _EXPERT_GEMMS + 4 * S * N,
+    (2 * S * H + 2 * S * M + S * N + 2 * E * H * (M + N)) * s_in,
+    _bind_ep_experts_local,
+    "expert-weight gradients of the local grouped GEMMs (rows reduced per expert)",
 )
 
 
@@ -574,7 +581,8 @@ EXACT: dict[str, OpFormula] = {
     "trex.moe_experts": _MOE_EXPERTS,
     "trex.moe_experts_backward": _MOE_EXPERTS_BACKWARD,
     "trex.ep_experts_local": _EP_EXPERTS_LOCAL,
-    "trex.ep_experts_local_backward": _EP_EXPERTS_LOCAL_BACKWARD,
+    "trex.ep_experts_local_input_backward": _EP_EXPERTS_LOCAL_INPUT_BACKWARD,
+    "trex.ep_experts_local_weight_backward": _EP_EXPERTS_LOCAL_WEIGHT_BACKWARD,
     "aten._scaled_dot_product_flash_attention": _ATTN_FWD,
     "aten._scaled_dot_product_flash_attention_for_cpu": _ATTN_FWD,
     "aten._scaled_dot_product_efficient_attention": _ATTN_FWD,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import operator
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -260,7 +261,22 @@ def simulate_ranks(order: Iterable[fx.Node], seconds_by_rank: list[dict[fx.Node,
 
 
 _ROW_PASSTHROUGH = ("aten.clone", "aten.contiguous", "aten._to_copy", "aten.view", "aten.alias", "aten.detach")
-_EXPERTS_OPS = ("trex.ep_experts_local", "trex.ep_experts_local_backward")
+_EXPERTS_OPS = (
+    "trex.ep_experts_local",
+    "trex.ep_experts_local_input_backward",
+    "trex.ep_experts_local_weight_backward",
+)
+
+
+def _rows_source(node: fx.Node) -> Any:
+    """The value whose rows a local-experts node computes on: its first argument, or for the weight-gradient half
+    of the backward (whose first argument is the data-gradient half's output) that half's first argument."""
+    value = node.args[0]
+    if isinstance(value, fx.Node) and value.target is operator.getitem:
+        producer = value.args[0]
+        if isinstance(producer, fx.Node) and producer.op == "call_function" and _name(producer) in _EXPERTS_OPS:
+            return producer.args[0]
+    return value
 
 
 def _exchange_upstream(value: Any) -> fx.Node | None:
@@ -308,7 +324,7 @@ def traffic_seconds(
             received_rows[node] = received // max(1, row_bytes)
     for node in graph.nodes:
         if node.op == "call_function" and _name(node) in _EXPERTS_OPS:
-            start = _exchange_upstream(node.args[0])
+            start = _exchange_upstream(_rows_source(node))
             if start in received_rows:
                 rows = received_rows[start]
                 cost = annotate_node(node, cluster, groups, overrides={"S": rows, "T": rows})

@@ -13,7 +13,8 @@ step its own custom op, so a captured graph shows (and a pass can move) every ex
 
 The ops are `torch.library.custom_op`s with fake implementations (the received-row count is data
 dependent: an unbacked size bound by `trex.ep_rows`) and autograd registrations (an exchange's gradient
-is the reverse exchange; `ep_experts_local_backward` the local experts' data and weight gradients). The
+is the reverse exchange; the local experts' is two nodes, `ep_experts_local_input_backward` (data gradients)
+and `ep_experts_local_weight_backward`). The
 local math is the one `trex.moe_experts` runs (same primitives), which is why the losses equal the
 1-rank run.
 """
@@ -168,54 +169,82 @@ def _(received, recv_counts, gate_up_proj, down_proj, activation, swiglu_limit, 
     )
 
 
-@torch.library.custom_op("trex::ep_experts_local_backward", mutates_args=())
-def ep_experts_local_backward(
+@torch.library.custom_op("trex::ep_experts_local_input_backward", mutates_args=())
+def ep_experts_local_input_backward(
     grad_out: Tensor,
     recv_counts: Tensor,
     gate_up_proj: Tensor,
     down_proj: Tensor,
     regroup: Tensor,
-    grouped_in: Tensor,
     gate_up_out: Tensor,
     activation: str,
     swiglu_limit: float,
     weights_transposed: bool,
     expected_rows: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of `ep_experts_local` w.r.t. the received rows and this rank's expert weights."""
+    """The gradient w.r.t. the received rows alone (the data-gradient GEMMs), first half of the experts' backward.
+
+    Why split: the dispatch's gradient exchange needs only this; the expert-weight gradients
+    (`ep_experts_local_weight_backward`) need nothing downstream until the optimizer, so the exchange can be
+    issued before them and travel while they compute (the input / weight split of the backward in DeepSeek-V3's
+    DualPipe, arXiv:2412.19437 section 3.2.1). Returns (grad received [R,H] in received order, and, grouped by
+    expert, the output gradient [R,H] and the gate_up output's gradient [R,2I] the weight gradients take)."""
     w_gate_up, w_down = _expert_weights(gate_up_proj, down_proj, weights_transposed)
     local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
     grad_local_out = grad_out.index_select(0, regroup)
     grad_activated = ops.grouped_mm(grad_local_out, w_down.transpose(-2, -1), local_offsets)
     grad_gate_up_out = _gated_activation_backward(grad_activated, gate_up_out, activation, swiglu_limit)
-    activated = _gated_activation(gate_up_out, activation, swiglu_limit)
     grad_grouped_in = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), local_offsets)
-    grad_received = _scatter_rows(grad_grouped_in, regroup)
+    return _scatter_rows(grad_grouped_in, regroup), grad_local_out, grad_gate_up_out
+
+
+@ep_experts_local_input_backward.register_fake
+def _(grad_out, recv_counts, gate_up_proj, down_proj, regroup, gate_up_out, activation, swiglu_limit, transposed, rows):
+    return torch.empty_like(grad_out), torch.empty_like(grad_out), torch.empty_like(gate_up_out)
+
+
+@torch.library.custom_op("trex::ep_experts_local_weight_backward", mutates_args=())
+def ep_experts_local_weight_backward(
+    grad_local_out: Tensor,
+    recv_counts: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    grouped_in: Tensor,
+    gate_up_out: Tensor,
+    grad_gate_up_out: Tensor,
+    activation: str,
+    swiglu_limit: float,
+    weights_transposed: bool,
+    expected_rows: int,
+) -> tuple[Tensor, Tensor]:
+    """The expert-weight gradients (second half of the experts' backward; see `ep_experts_local_input_backward`).
+    The weights are arguments for their shapes and layout only."""
+    local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
+    activated = _gated_activation(gate_up_out, activation, swiglu_limit)  # recomputed: pointwise, cheap
     if weights_transposed:
         grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
         grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
     else:
         grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
         grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
-    return grad_received, grad_gate_up, grad_down
+    return grad_gate_up, grad_down
 
 
-@ep_experts_local_backward.register_fake
+@ep_experts_local_weight_backward.register_fake
 def _(
-    grad_out,
+    grad_local_out,
     recv_counts,
     gate_up_proj,
     down_proj,
-    regroup,
     grouped_in,
     gate_up_out,
+    grad_gate_up_out,
     activation,
     swiglu_limit,
     weights_transposed,
     expected_rows,
 ):
     return (
-        torch.empty_like(grouped_in),
         torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
         torch.empty_like(down_proj, memory_format=torch.contiguous_format),
     )
@@ -231,14 +260,28 @@ def _local_setup(ctx, inputs, output):
 def _local_backward(ctx, grad_out, *_unused):
     recv_counts, gate_up_proj, down_proj, regroup, grouped_in, gate_up_out = ctx.saved_tensors
     activation, swiglu_limit, transposed, expected_rows = ctx.attributes
-    grad_received, grad_gate_up, grad_down = ops.ep_experts_local_backward(
+    # two nodes: the data gradient first, so the dispatch's gradient exchange can be issued while the weight
+    # gradients compute (`ep_experts_local_input_backward`)
+    grad_received, grad_local_out, grad_gate_up_out = ops.ep_experts_local_input_backward(
         grad_out.contiguous(),
         recv_counts,
         gate_up_proj,
         down_proj,
         regroup,
+        gate_up_out,
+        activation,
+        swiglu_limit,
+        transposed,
+        expected_rows,
+    )
+    grad_gate_up, grad_down = ops.ep_experts_local_weight_backward(
+        grad_local_out,
+        recv_counts,
+        gate_up_proj,
+        down_proj,
         grouped_in,
         gate_up_out,
+        grad_gate_up_out,
         activation,
         swiglu_limit,
         transposed,
@@ -267,8 +310,8 @@ def routed_experts_ep(
     experts -> combine exchange, each its own graph node (`ep`: the group's size, known when the experts were
     sharded; Dynamo cannot look a group up).
 
-    With `chunks` > 1 the tokens are cut into that many micro-chunks, traced in pipeline order: every chunk's
-    (blocking) count exchange, then every chunk's dispatch started, then per chunk its experts and its combine
+    With `chunks` > 1 the tokens are cut into that many micro-chunks, traced in pipeline order: one (blocking)
+    count exchange for all chunks, then every chunk's dispatch started, then per chunk its experts and its combine
     started, then the combines' waits. Chunk i+1's dispatch then travels while chunk i's experts compute, and
     chunk i's combine while chunk i+1's do (`cost_model.ep_chunks`). Each row's arithmetic is the one-chunk
     layer's; only the grouping of rows in the grouped GEMMs (and the order of the weight gradients' sums)
@@ -277,12 +320,19 @@ def routed_experts_ep(
     local_experts = w_gate_up.size(0)
     chunks = max(1, min(int(chunks), hidden.size(0)))
     parts = list(zip(hidden.chunk(chunks), top_k_index.chunk(chunks), top_k_weights.chunk(chunks)))
-    routed = []
+    sorted_rows = []
     for part_hidden, part_index, _ in parts:
         sorted_hidden, perm, offsets = ops.moe_dispatch(part_hidden.to(w_gate_up.dtype), part_index, local_experts * ep)
         counts = torch.diff(offsets.to(torch.int64), prepend=offsets.new_zeros(1, dtype=torch.int64))
-        recv_counts = ops.ep_counts(counts, group_name)
-        routed.append((sorted_hidden, perm, counts, recv_counts))
+        sorted_rows.append((sorted_hidden, perm, counts))
+    # one blocking count exchange for all chunks (each one is a rendezvous of the ranks): every rank's slice holds
+    # its experts' counts of chunk 0, 1, ...; what arrives is [ep, chunks * local] -> chunk i's [ep, local]
+    stacked = torch.stack([counts for _, _, counts in sorted_rows]).view(chunks, ep, local_experts)
+    received = ops.ep_counts(stacked.transpose(0, 1).reshape(-1), group_name).view(ep, chunks, local_experts)
+    routed = [
+        (sorted_hidden, perm, counts, received[:, i].contiguous())
+        for i, (sorted_hidden, perm, counts) in enumerate(sorted_rows)
+    ]
     dispatched = []
     for sorted_hidden, _, counts, recv_counts in routed:
         send_rows, recv_rows = counts.view(ep, local_experts).sum(1), recv_counts.sum(1)
@@ -316,7 +366,7 @@ def routed_experts_ep(
 def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[str, float]:
     """The cost model's times (seconds) for one EP layer of `module` on `tokens` tokens of this rank, one chunk:
     the dispatch and combine exchanges, the local experts (forward and backward), the blocking count exchange,
-    the link's latency, and what each extra chunk adds (`extra_chunk`: the backward's sum of that chunk's
+    the link's latency (`experts_weight_backward`: the weight-gradient part of the backward), and what each extra chunk adds (`extra_chunk`: the backward's sum of that chunk's
     expert-weight gradients into the others'). Priced by `annotate_node` on graph nodes of the same ops and shapes the captured layer will hold
     (meta tensors), so the figures are the ones reorder_comm reads from `node.meta["cost"]`."""
     from torch import fx
@@ -351,23 +401,18 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
         ),
         "counts": graph.call_function(ops.ep_counts.default, (experts_counts, group)),
     }
-    # the backward of the local experts (data and weight gradients; its saved tensors only shape the bytes)
-    nodes["experts_backward"] = graph.call_function(
-        ops.ep_experts_local_backward.default,
-        (
-            sent,
-            counts,
-            *weights,
-            counts,
-            sent,
-            sent,
-            layout.activation,
-            layout.swiglu_limit,
-            layout.weights_transposed,
-            rows,
-        ),
+    # the backward of the local experts: the two nodes the captured backward holds (data gradients, then weight
+    # gradients; see `ep_experts_local_input_backward`; the saved tensors only shape the bytes). Their sum is the
+    # experts' backward; the second part can hide an exchange
+    activation = (layout.activation, layout.swiglu_limit, layout.weights_transposed, rows)
+    nodes["experts_input_backward"] = graph.call_function(
+        ops.ep_experts_local_input_backward.default, (sent, counts, *weights, counts, sent, *activation)
     )
-    nodes["experts_backward"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
+    nodes["experts_input_backward"].meta["val"] = [torch.empty(rows, width, dtype=dtype, device=meta)]
+    nodes["experts_weight_backward"] = graph.call_function(
+        ops.ep_experts_local_weight_backward.default, (sent, counts, *weights, sent, sent, sent, *activation)
+    )
+    nodes["experts_weight_backward"].meta["val"] = [torch.empty(1, dtype=dtype, device=meta)]
     # a chunked layer's backward sums each chunk's expert-weight gradients: one add per weight and extra chunk
     for name, weight in zip(("weight_sum_gate_up", "weight_sum_down"), weights):
         nodes[name] = graph.call_function(torch.ops.aten.add.Tensor, (weight, weight))
@@ -380,6 +425,7 @@ def price_ep_layer(module: nn.Module, tokens: int, top_k: int, cluster) -> dict[
         cost = annotate_node(node, cluster)
         out[name] = float(cost.time_s) if cost is not None and cost.priced else 0.0
     out["extra_chunk"] = out.pop("weight_sum_gate_up") + out.pop("weight_sum_down")
+    out["experts_backward"] = out.pop("experts_input_backward") + out["experts_weight_backward"]
     out["combine"] = out["dispatch"]
     tier = cluster.tiers[-1] if cluster.tiers else None
     out["alpha"] = tier.latency_s if tier is not None else 0.0
@@ -417,7 +463,11 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
         for n in CHUNK_CHOICES:
             if n <= tokens:
                 part = price_ep_layer(module, -(-tokens // n), top_k, cluster)
-                by_chunks[n] = (n * part["experts"], n * part["experts_backward"])
+                by_chunks[n] = (
+                    n * part["experts"],
+                    n * part["experts_backward"],
+                    n * part["experts_weight_backward"],
+                )
         choice = choose_chunks(
             times["dispatch"],
             times["experts"],
@@ -428,6 +478,7 @@ def plan_ep_chunks(model: nn.Module, tokens: int, cluster=None) -> list[tuple[st
             experts_backward_s=times["experts_backward"],
             extra_chunk_s=times["extra_chunk"],
             experts_by_chunks=by_chunks,
+            experts_weight_backward_s=times["experts_weight_backward"],
         )
         module.trex_ep_chunks = choice.chunks
         module.trex_ep_chunk_reason = choice.reason

@@ -133,6 +133,10 @@ def _h100_table() -> dict:
             lambda d: d["device"]["gemm"].__setitem__("split_accumulation", 0.9),
             "'device.gemm.split_accumulation' must be >= 1",
         ),
+        (
+            lambda d: d["device"]["gemm"].__setitem__("launch_per_group", "yes"),
+            "'device.gemm.launch_per_group' must be true or false",
+        ),
     ],
 )
 def test_bad_profiles_name_the_field_and_the_fix(tmp_path, edit, message):
@@ -179,3 +183,29 @@ def test_a_user_profile_without_optional_tables_gets_defaults():
     )
     assert profile.attention.forward_efficiency > 0 and profile.gemm.tile_m == 128
     assert profile.gemm_efficiency(4096, 4096, 4096) < 0.7
+
+
+def test_an_uncalibrated_cpu_pads_rows_to_a_register_tile_not_a_thread_block():
+    from trex.cost_model.devices import _uncalibrated_cpu
+
+    cpu = _uncalibrated_cpu()
+    # 32 rows of an expert GEMM are not priced as 64 (a 64-row tile would make them equal)
+    assert cpu.gemm_time(32, 288, 512, "fp32") < 0.75 * cpu.gemm_time(64, 288, 512, "fp32")
+    # one launch per group: torch's CPU grouped GEMM is a loop of GEMMs
+    launch = cpu.gemm_launch_s("fp32")
+    assert cpu.gemm_launch_s("fp32", 16) == pytest.approx(16 * launch)
+    assert H100.gemm_launch_s("bf16", 16) == H100.gemm_launch_s("bf16")  # a GPU grouped kernel is one launch
+
+
+def test_launches_per_group_survive_a_file_and_default_to_the_cpu(tmp_path):
+    from dataclasses import replace
+
+    from trex.cost_model.devices import _uncalibrated_cpu
+
+    cpu = _uncalibrated_cpu()
+    assert load_device_profile(save_device_profile(cpu, tmp_path / "cpu.toml")) == cpu
+    data = device_profile_to_dict(cpu)
+    data["device"]["gemm"].pop("launch_per_group")
+    assert device_profile_from_dict(data).gemm.launch_per_group  # an older cpu profile file
+    other = replace(cpu, name="my-cpu", gemm=replace(cpu.gemm, launch_per_group=False))
+    assert not load_device_profile(save_device_profile(other, tmp_path / "other.toml")).gemm.launch_per_group

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from trex.cost_model.ep_chunks import choose_chunks, chunked_layer_seconds, chunked_step_seconds
+from trex.cost_model.ep_chunks import (
+    choose_chunks,
+    chunked_backward_seconds,
+    chunked_layer_seconds,
+    chunked_step_seconds,
+)
 
 
 def test_one_chunk_is_the_serial_layer():
@@ -59,3 +64,31 @@ def test_the_choice_prices_the_experts_at_each_chunk_count_own_rows():
     assert per_call.seconds[1] == pytest.approx(proportional.seconds[1])
     assert per_call.seconds[4] > proportional.seconds[4]
     assert "4 calls 8.000 / 16.000 ms" in per_call.reason
+
+
+def test_a_backward_without_weight_gradients_of_its_own_is_the_one_node_pipeline():
+    for chunks in (1, 2, 4):
+        assert chunked_backward_seconds(3.0, 2.0, 0.0, 4.0, 0.5, chunks) == pytest.approx(
+            chunked_layer_seconds(3.0, 2.0, 4.0, 0.5, chunks)
+        )
+
+
+def test_weight_gradients_after_the_data_gradients_let_the_dispatch_gradient_leave_earlier():
+    # link-bound (combine gradient 2, experts backward 2 of which 1 weight gradients, dispatch gradient 2, 2 chunks):
+    # link C1 [0,1] C2 [1,2]; I1 [1,1.5]; W1 fills the wait for C2 [1.5,2]; D1 [2,3]; I2 [2,2.5]; W2 [2.5,3];
+    # D2 [3,4]: the link's 4.0, as without the split (E1 [1,2], D1 [2,3], E2 [2,3], D2 [3,4])
+    split = chunked_backward_seconds(2.0, 1.0, 1.0, 2.0, 0.0, 2)
+    whole = chunked_backward_seconds(2.0, 2.0, 0.0, 2.0, 0.0, 2)
+    assert split == pytest.approx(4.0) and split <= whole
+    # compute-bound: experts backward 6 per layer; the split issues each dispatch gradient 1.5 earlier
+    split = chunked_backward_seconds(2.0, 3.0, 3.0, 2.0, 0.0, 2)
+    whole = chunked_backward_seconds(2.0, 6.0, 0.0, 2.0, 0.0, 2)
+    assert split < whole
+    # nothing waits for the last weight gradients but the end of the layer: they count once, after the data ones
+    assert chunked_backward_seconds(0.0, 1.0, 5.0, 0.0, 0.0, 1) == pytest.approx(6.0)
+
+
+def test_the_choice_reports_the_weight_gradient_part():
+    choice = choose_chunks(2e-3, 1e-3, 2e-3, 0.0, experts_backward_s=4e-3, experts_weight_backward_s=2e-3)
+    assert "(2.000 ms weight gradients)" in choice.reason
+    assert choice.seconds[2] <= choose_chunks(2e-3, 1e-3, 2e-3, 0.0, experts_backward_s=4e-3).seconds[2]

@@ -79,7 +79,8 @@ def compiled_rank(plans: list[Plan]) -> list[dict]:
                         "ep_exchange",
                         "ep_counts",
                         "ep_experts_local",
-                        "ep_experts_local_backward",
+                        "ep_experts_local_input_backward",
+                        "ep_experts_local_weight_backward",
                     )
                     if node.op != "call_function" or not ("c10d_functional" in name or expert_parallel):
                         continue
@@ -111,8 +112,10 @@ def test_tp_and_ep_plans_compile_on_two_ranks_with_their_collectives_priced_in_t
         assert tp["found"].get("all_gather_into_tensor", 0) >= 4 * layers, tp["found"]
         assert tp["found"].get("reduce_scatter_tensor", 0) >= 4 * layers, tp["found"]
         # ep: per MoE layer a counts exchange, dispatch and combine exchanges (forward and backward: four), the
-        # local experts forward and backward; every exchange priced as an all-to-all on the EP group
+        # local experts forward and backward (data gradients and weight gradients: two nodes); every exchange
+        # priced as an all-to-all on the EP group
         assert ep["found"].get("ep_exchange") == 4 * moe_layers, ep["found"]
         assert ep["found"].get("ep_counts") == moe_layers, ep["found"]
         assert ep["found"].get("ep_experts_local") == moe_layers, ep["found"]
-        assert ep["found"].get("ep_experts_local_backward") == moe_layers, ep["found"]
+        assert ep["found"].get("ep_experts_local_input_backward") == moe_layers, ep["found"]
+        assert ep["found"].get("ep_experts_local_weight_backward") == moe_layers, ep["found"]
