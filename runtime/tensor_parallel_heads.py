@@ -177,7 +177,9 @@ def apply_head_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]
     """Shard a DeepSeek-V3/V4 causal LM over `tp_mesh` (see the module docstring).
 
     Returns {parameter name: the dim it is sharded on over tp} for the parameters split here (the LM
-    head is a DTensor and not listed).
+    head is a DTensor and not listed). `model` may be a pipeline stage's part (`keep_rank_part`): its
+    layers, and the embedding / head only where it holds them; between stages the residual stream stays
+    this rank's sequence shard (`runtime.pipeline.stages.ChunkModule`).
     """
     config = model.config
     if config.model_type not in FAMILIES:
@@ -190,7 +192,9 @@ def apply_head_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]
     inner = model.model
     shards: dict[str, int] = {}
     shard_attention = _shard_v4_attention if config.model_type == "deepseek_v4" else _shard_v3_attention
-    for index, layer in enumerate(inner.layers):
+    # named_children: a pipeline stage's part (`runtime.pipeline.stages.LayerSubset`) registers its layers under
+    # their index in the whole model, so the names (and `tp_shards`) stay those of the unsharded model
+    for index, layer in inner.layers.named_children():
         prefix = f"model.layers.{index}."
         shard_attention(layer.self_attn, config, rank, parts, shards, prefix + "self_attn.")
         _wrap_block(layer.self_attn, group)
@@ -201,14 +205,16 @@ def apply_head_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> dict[str, int]
         else:
             _shard_mlp(mlp, group, rank, parts, shards, prefix + "mlp.")
         layer.register_forward_pre_hook(_local_token_ids(rank, parts), with_kwargs=True)
-    inner.layers[0].register_forward_pre_hook(_enter_sequence_shard(rank, parts), with_kwargs=True)
-    inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, tp_mesh, "replicated")
-    shards["model.embed_tokens.weight"] = 0
-    parallelize_module(
-        model,
-        tp_mesh,
-        {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
-    )
+    if inner.embed_tokens is not None:  # the whole model, or the stage that runs chunk 0 (it holds layer 0)
+        inner.layers[0].register_forward_pre_hook(_enter_sequence_shard(rank, parts), with_kwargs=True)
+        inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens, tp_mesh, "replicated")
+        shards["model.embed_tokens.weight"] = 0
+    if model.lm_head is not None:  # a later stage's part has no head (and the last stage no embedding)
+        parallelize_module(
+            model,
+            tp_mesh,
+            {"lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)},
+        )
     return shards
 
 

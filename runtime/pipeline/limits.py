@@ -19,22 +19,38 @@ def pipeline_limits(plan: ParallelConfig) -> list[str]:
 
 
 TP_SCHEDULES = ("gpipe", "1f1b")
+# tp inside pipeline stages: Qwen3-MoE's sequence-parallel DTensor styles (`runtime.tensor_parallel`) and
+# DeepSeek-V3/V4's head-parallel attention (`runtime.tensor_parallel_heads`), both cut at chunk boundaries
+# (`stages.ChunkModule.sequence_parallel_on`)
+TP_FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
 
 
-def tensor_parallel_problems(config: Any, plan: ParallelConfig, schedule: str) -> list[str]:
-    """pp x tp runs tensor parallelism with sequence parallelism inside each stage (`runtime.tensor_parallel`,
-    Qwen3-MoE); the head-parallel attention of DeepSeek-V3/V4 (`runtime.tensor_parallel_heads`) has not been
-    cut at chunk boundaries yet, and only the one-chunk schedules have been run over tensor-parallel stages."""
+def tensor_parallel_problems(config: Any, plan: ParallelConfig, schedule: str, compile: bool = False) -> list[str]:
+    """pp x tp runs tensor parallelism with sequence parallelism inside each stage, for the families and the
+    one-chunk schedules that have been checked against the 1-rank run (tests/runtime/test_pipeline_parallel.py).
+    DeepSeek-V3/V4's head-parallel stages have been run with pp x tp alone (bench/RESULTS.md 14.7): not yet
+    composed with dp, ep, ZeRO-3 (its chunk roots are wrapped before tp swaps in the vocabulary-parallel
+    embedding) or compiled chunks, so those are refused for them."""
     if plan.tp == 1:
         return []
     problems = []
     family = getattr(config, "model_type", "")
-    if family != "qwen3_moe":
+    if family not in TP_FAMILIES:
         problems.append(
-            f"pp={plan.pp} with tp={plan.tp} runs qwen3_moe models (sequence-parallel tp inside each stage); "
-            f"{family or 'this model'}'s head-parallel tp is not executed inside pipeline stages yet: use tp=1 with "
-            "pp (dp, zero and ep compose with it) or pp=1 with tp"
+            f"pp={plan.pp} with tp={plan.tp} runs {', '.join(TP_FAMILIES)} models (sequence-parallel tp inside each "
+            f"stage); {family or 'this model'} is not one of them: use tp=1 with pp or pp=1 with tp"
         )
+    elif family != "qwen3_moe":
+        untried = [f"dp={plan.dp}"] if plan.dp > 1 else []
+        untried += [f"ep={plan.ep}"] if plan.ep > 1 else []
+        untried += ["zero=3"] if plan.zero == 3 else []
+        untried += ["--compile"] if compile else []
+        if untried:
+            problems.append(
+                f"pp={plan.pp} x tp={plan.tp} for {family} (head-parallel attention inside each stage) has been "
+                f"checked against the 1-rank run without dp, ep, zero=3 or --compile; drop {', '.join(untried)} "
+                "or use tp=1 with pp"
+            )
     if schedule not in TP_SCHEDULES:
         problems.append(
             f"--schedule {schedule} with tp={plan.tp}: tensor-parallel stages have been checked against the 1-rank "
@@ -81,7 +97,7 @@ def check_pipeline_job(
             "routed experts, which FSDP2 must shard as their own unit over the expert-data-parallel ranks; use "
             "zero=1 or 2 with ep, ep=1 with zero=3, or gpipe, 1f1b or interleaved"
         )
-    problems += tensor_parallel_problems(config, plan, name)
+    problems += tensor_parallel_problems(config, plan, name, compile)
     try:  # every problem at once: the split's and the schedule's
         split = split_for_plan(plan, config.num_hidden_layers, placement_of(name), stage_split or None)
         check_pipeline_model(config, split)

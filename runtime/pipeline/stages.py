@@ -22,6 +22,7 @@ from torch import nn
 
 from trex.errors import TrexError
 from trex.runtime.pipeline.split import Chunk, StageSplit, check_first_chunk_layers
+from trex.runtime.tensor_parallel_heads import FAMILIES as HEAD_PARALLEL_FAMILIES
 
 PIPELINE_FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
 
@@ -97,11 +98,14 @@ class ChunkModule(nn.Module):
         self.tp_mesh = None  # set under tensor parallelism (`sequence_parallel_on`)
 
     def sequence_parallel_on(self, tp_mesh) -> None:
-        """Tensor parallelism with sequence parallelism inside the chunk (`runtime.tensor_parallel`): the
-        residual stream is a sequence-sharded DTensor between layers. The engine sends plain tensors, so a
+        """Tensor parallelism with sequence parallelism inside the chunk. Qwen3-MoE (`runtime.tensor_parallel`):
+        the residual stream is a sequence-sharded DTensor between layers; the engine sends plain tensors, so a
         chunk hands on its rank's sequence shard (`to_local`) and the next chunk wraps it back (`from_local`,
-        Shard(1)); the last chunk's logits leave as the rank's vocabulary shard (`PipelineTrainer` wraps
-        them for the vocabulary-parallel loss)."""
+        Shard(1)). DeepSeek-V3/V4 (`runtime.tensor_parallel_heads`): the stream is already a plain tensor
+        holding this rank's sequence shard (chunk 0's first layer slices it after the whole-sequence embedding),
+        so it crosses the boundary as it is; a later chunk builds its mask and rotary tables for the whole
+        sequence (tp x its shard), since attention all-gathers the sequence. The last chunk's logits leave
+        as the rank's vocabulary shard (`PipelineTrainer` wraps them for the vocabulary-parallel loss)."""
         self.tp_mesh = tp_mesh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,11 +118,14 @@ class ChunkModule(nn.Module):
                 hidden = embeds.unsqueeze(2).expand(-1, -1, self.config.hc_mult, -1).contiguous()
         else:
             hidden = x
-            if self.tp_mesh is not None:
+            if self.tp_mesh is not None and self.family not in HEAD_PARALLEL_FAMILIES:
                 from torch.distributed.tensor import DTensor, Shard
 
                 hidden = DTensor.from_local(x, self.tp_mesh, [Shard(1)], run_check=False)
             embeds = hidden[:, :, 0] if self.family == "deepseek_v4" else hidden  # shape, dtype, device only
+            if self.tp_mesh is not None and self.family in HEAD_PARALLEL_FAMILIES:  # x: this rank's shard
+                batch, tokens, width = embeds.shape
+                embeds = embeds.new_empty((batch, tokens * self.tp_mesh.size(), width))
         context = self._layer_context(embeds)
         if self.family == "deepseek_v4":
             context["input_ids"] = input_ids  # hash-routed layers only sit in chunk 0 (split check)

@@ -5,7 +5,8 @@ Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B,
 (vpp=2, V placement, backward split into input and weight gradients) and under 1F1B with ZeRO-3 (each
 chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
-chunks per stage), pp composed with ep, dp/ZeRO-1/2/3 (ZB-V and DualPipeV with ZeRO-3 too) and tp on 4 ranks,
+chunks per stage), pp composed with ep, dp/ZeRO-1/2/3 (ZB-V and DualPipeV with ZeRO-3 too) and tp on 4 ranks
+(all three families under tp),
 and pp=2 -> pp=4 / pp=1 resumes.
 """
 
@@ -184,16 +185,28 @@ def test_pipeline_composes_with_expert_and_data_parallelism_on_four_ranks(model)
     assert stage_states == pytest.approx(plain / 2, rel=0.02)
 
 
+TENSOR_PARALLEL_CASES = {
+    "tiny-qwen3-moe": ["1f1b"],
+    # head-parallel attention inside each stage; V4's hash-routed layer on chunk 0 routes this rank's token ids
+    "tiny-deepseek-v3": ["gpipe", "1f1b"],
+    "tiny-deepseek-v4": ["gpipe", "1f1b"],
+}
+
+
 @pytest.mark.slow
-def test_pipeline_composes_with_tensor_parallelism_on_four_ranks():
-    """pp=2 x tp=2: sequence-parallel tp inside each stage (the chunk hands on its rank's sequence shard, the last
-    chunk its vocabulary shard of the logits for the vocabulary-parallel loss); losses and gathered gradients equal
-    the 1-rank run's, and the bubble is reported as for any pipeline."""
-    model = "tiny-qwen3-moe"
+@pytest.mark.parametrize("model", list(TENSOR_PARALLEL_CASES))
+def test_pipeline_composes_with_tensor_parallelism_on_four_ranks(model):
+    """pp=2 x tp=2: tp with sequence parallelism inside each stage (the chunk hands on its rank's sequence shard,
+    the last chunk its vocabulary shard of the logits for the vocabulary-parallel loss) - Qwen3-MoE's DTensor
+    styles, DeepSeek-V3/V4's head-parallel attention; losses and gathered gradients equal the 1-rank run's, and
+    the bubble is reported as for any pipeline."""
+    schedules = TENSOR_PARALLEL_CASES[model]
     ref = execute(job(model, "", 1, gather_gradients=True))
-    results = launch_function(run_jobs, ([job(model, "pp=2,tp=2", 4, "1f1b", gather_gradients=True)],), 4)
-    assert_same_run(results[0][0], ref, f"{model} pp=2,tp=2 1f1b")
-    assert_bubble_report(results[0][0], "1f1b", f"{model} pp=2,tp=2 1f1b")
+    jobs = [job(model, "pp=2,tp=2", 4, schedule, gather_gradients=True) for schedule in schedules]
+    results = launch_function(run_jobs, (jobs,), 4)
+    for schedule, result in zip(schedules, results[0]):
+        assert_same_run(result, ref, f"{model} pp=2,tp=2 {schedule}")
+        assert_bubble_report(result, schedule, f"{model} pp=2,tp=2 {schedule}")
 
 
 @pytest.mark.slow

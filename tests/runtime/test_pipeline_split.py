@@ -100,11 +100,19 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
         "pp=2,vpp=2,dp=2,ep=2,zero=3", 4, schedule="zbv"
     )
     assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
-    # pp x tp: sequence-parallel tp inside the stages (Qwen3-MoE), not yet V3/V4's head-parallel tp or the V schedules
+    # pp x tp: sequence-parallel tp inside the stages (Qwen3-MoE; V3/V4 head-parallel), not yet the V schedules
     for schedule in ("interleaved", "zbv"):
         assert "under gpipe and 1f1b only" in refused("pp=2,vpp=2,tp=2", 4, schedule=schedule)
-    with pytest.raises(TrexError, match="deepseek_v3's head-parallel tp is not executed inside pipeline stages"):
-        TrainJob.create("tiny-deepseek-v3", "pp=2,tp=2", 4, **SHAPE, steps=1)
+    for model in ("tiny-deepseek-v3", "tiny-deepseek-v4"):
+        assert TrainJob.create(model, "pp=2,tp=2", 4, **SHAPE, steps=1, schedule="gpipe").parallel.tp == 2
+        # V3/V4's head-parallel stages have been run with pp x tp alone: what was not run is refused, named
+        for plan, nproc, fields, named in (
+            ("pp=2,tp=2,dp=2", 8, {}, "drop dp=2"),
+            ("pp=2,tp=2,zero=3", 4, {}, "drop zero=3"),
+            ("pp=2,tp=2", 4, {"compile": True}, "drop --compile"),
+        ):
+            with pytest.raises(TrexError, match=f"head-parallel attention inside each stage.*{named}"):
+                TrainJob.create(model, plan, nproc, **SHAPE, steps=1, **fields)
 
 
 def test_trex_train_refuses_a_bad_stage_split_before_starting_ranks(capsys):
