@@ -11,13 +11,15 @@ from types import SimpleNamespace
 from test_or_data_review_defects import _toy_design
 from test_or_data_support import generated
 
+from trex.workloads.or_data.bugs import Bug
 from trex.workloads.or_data.explain import limits_analysis
 from trex.workloads.or_data.families import FAMILIES
 from trex.workloads.or_data.linear_model import ModelBuilder
 from trex.workloads.or_data.prose_check import check_prose
+from trex.workloads.or_data.repair_reason import _buggy_objective
 from trex.workloads.or_data.row_shapes import switched_off
 from trex.workloads.or_data.solve import solve_model
-from trex.workloads.or_data.tasks import _as_old_options, _options_reason, same_options
+from trex.workloads.or_data.tasks import _as_old_options, _options_reason, same_options, understanding
 from trex.workloads.or_data.worked import pricing_out, worked_check
 
 
@@ -162,3 +164,47 @@ def test_a_cutting_stock_what_if_compares_patterns_by_content_not_by_number():
     # the decision-by-decision comparison pairs the same pattern, never two patterns sharing a number
     after = _as_old_options(base, changed)
     assert set(after) == set(match) and all(after[old] == changed.values.get(new, 0.0) for old, new in match.items())
+
+
+def _blend(cap_cheap: bool, quality: str):
+    """min x + 5 y over x + y >= 10; `quality` is the sense of the row on y (intended `<=` 2)."""
+    builder = ModelBuilder("blend")
+    x, y = builder.var("make__x"), builder.var("make__y")
+    builder.row("demand", {x: 1.0, y: 1.0}, ">=", 10.0)
+    builder.row("quality", {y: 1.0}, quality, 2.0)
+    if cap_cheap:
+        builder.row("cap", {x: 1.0}, "<=", 6.0)
+    builder.minimize({x: 1.0, y: 5.0})
+    return builder.build()
+
+
+def test_a_bug_that_tightens_the_model_is_not_said_to_weaken_its_rows():
+    """#37: a flipped row that forces an expensive input in makes the buggy value worse than the
+    intended optimum; the lead says the changed rows force it in, not that weakened rows leave it out."""
+    _, math = _toy_design()
+    intended = _blend(False, "<=")  # x = 10: 10
+    buggy = _blend(False, ">=")  # y >= 2 forced in: 8 + 10 = 18
+    solved = solve_model(buggy)
+    bug = Bug("flipped_inequality", "", ">=", "<=", "it reports 18")
+    text = _buggy_objective(bug, buggy, math, solved.values, solved.objective, intended)
+    assert "weakened" not in text and "leave out" not in text, text
+    assert "force in: they cut off the intended optimum 10, so the buggy value is higher" in text, text
+    # a bug that drops a row: the buggy value beats the intended one only with a plan the intended rows forbid
+    intended, buggy = _blend(True, ">="), _blend(False, ">=")  # 6 + 20 = 26 against 8 + 10 = 18
+    solved = solve_model(buggy)
+    bug = Bug("missing_constraint", "", "", "", "it reports 18")
+    text = _buggy_objective(bug, buggy, math, solved.values, solved.objective, intended)
+    assert "allow and the intended ones forbid (the intended optimum is 26)" in text, text
+
+
+def test_an_lp_without_an_optimum_is_not_said_to_have_one_proven_by_duality():
+    """#40: the LP sentence's duality clause is kept for an optimal LP only."""
+    math = FAMILIES["resource_allocation"].math_model(generated("resource_allocation", 0).data)
+    assert not any("mathbb{Z}" in v.domain or r"\{0, 1\}" in v.domain for v in math.variables)
+    optimal = [understanding(math, random.Random(seed)) for seed in range(40)]
+    assert any("by LP duality" in text for text in optimal)
+    for status in ("unbounded", "infeasible"):
+        texts = [understanding(math, random.Random(seed), status) for seed in range(40)]
+        assert not any("duality" in text for text in texts)
+        # the rest of the text is the same words: only the clause goes
+        assert [re.sub(r", and its optimum is \w+ by LP duality", "", text) for text in optimal] == texts

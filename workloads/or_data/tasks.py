@@ -220,11 +220,13 @@ _PROMPTS = {
 }
 
 
-def understanding(math: MathModel, rng: random.Random | None = None) -> str:
+def understanding(math: MathModel, rng: random.Random | None = None, status: str = "optimal") -> str:
     """What the problem asks and why each part of the model is there, from the model's typed
     phrases (`VarDef.noun`/`indicator`/`whole`, `ConstraintDef.why`/`technique`): the decisions,
     the goal, every constraint with its reason, and why the variables are (or need not be)
-    whole numbers. `rng` picks among equivalent phrasings."""
+    whole numbers. `rng` picks among equivalent phrasings; `status` is the problem's outcome, and
+    only an optimal LP is said to have an optimum proven by LP duality (the Seventh review's #40
+    read that of an unbounded one)."""
     rng = rng or random.Random(0)
     decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
     goal = realize(GOAL_MIN if math.sense == "minimize" else GOAL_MAX, rng, what=math.objective_description)
@@ -268,9 +270,20 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     if binary:
         sentences.append(capitalize(realize(BINARY_ONE if len(binary) == 1 else BINARY_MANY, rng, what=join(binary))))
     sentences += [capitalize(sentence) for sentence in integral]
-    sentences.append(realize(MIP, rng) if sentences else realize(LP, rng))
+    sentences.append(realize(MIP, rng) if sentences else _lp_sentence(rng, status))
     paragraphs.append(" ".join(sentences))
     return agree("\n\n".join(paragraphs))
+
+
+_DUALITY_CLAUSE = re.compile(r", and its optimum is (?:proven|certified) by LP duality")
+
+
+def _lp_sentence(rng: random.Random, status: str) -> str:
+    """The LP sentence, its duality clause kept only for a problem solved to optimality (an
+    infeasible or unbounded LP has no optimum to prove; a program-input task, status "", is not
+    about one). The same `rng` draws either way, so the rest of the text does not change."""
+    sentence = realize(LP, rng)
+    return sentence if status == "optimal" else _DUALITY_CLAUSE.sub("", sentence)
 
 
 def rows_in_words(constraint, math: MathModel, rng: random.Random) -> str:
@@ -418,11 +431,7 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
             f"The program declares {join([f'`{name}`' for name in whole])} with an integer or binary type"
             + (f" (its `{keyword}=` argument)." if keyword else ".")
         )
-    parts.append(
-        realize(MIP, rng)
-        if kinds & {"integer", "binary"}
-        else realize(LP, rng).replace(", and its optimum is proven by LP duality", "")
-    )
+    parts.append(realize(MIP, rng) if kinds & {"integer", "binary"} else _lp_sentence(rng, ""))
     return agree(" ".join(parts))
 
 
@@ -1035,7 +1044,7 @@ def _build_task(
     written = written_rows(problem.model, problem.math)  # the general model next to this instance's rows
     answer_full = f"{math_full.rstrip()}\n\n{written}\n" if written else math_full
     answer_brief = f"{math_brief.rstrip()}\n\n{written}\n" if written else math_brief
-    base_parts = dict(reasoning=understanding(problem.math, text_rng), outcome=problem.outcome)
+    base_parts = dict(reasoning=understanding(problem.math, text_rng, problem.outcome.status), outcome=problem.outcome)
 
     if variant == "repair":
         bug = inject_bug(problem.program, problem.outcome, task_rng, runner) if problem.status == "optimal" else None
