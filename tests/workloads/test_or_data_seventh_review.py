@@ -208,3 +208,16 @@ def test_an_lp_without_an_optimum_is_not_said_to_have_one_proven_by_duality():
         assert not any("duality" in text for text in texts)
         # the rest of the text is the same words: only the clause goes
         assert [re.sub(r", and its optimum is \w+ by LP duality", "", text) for text in optimal] == texts
+
+
+def test_an_active_disjunction_row_is_written_without_its_zero_big_m_term():
+    """The binding rows are written again (they were computed and dropped since the Fifth session);
+    an order row whose binary at 0 makes it the active disjunct is written without "+ 32.5 × 0 (...)",
+    which reads as a switched-off row, and none of the rows shown is flagged."""
+    data = generated("machine_scheduling", 1).data
+    family = FAMILIES["machine_scheduling"]
+    model, math = family.linear_model(data), family.math_model(data)
+    solved = solve_model(model)
+    text = worked_check(model, math, solved.values, solved.objective, random.Random(1))
+    assert "so it binds" in text or "binding" in text, text
+    assert not [flag for flag in check_prose(text) if flag.kind == "check_rows"], check_prose(text)

@@ -185,6 +185,9 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
     # the limit's decisions, written out even at 0 when there are few ("0.25 × 0 (...)"): a bare
     # "minimum of 0" would hide what the limit is made of
     right_used = right if len(right) <= MAX_TERMS else _used(right, values)
+    # a decision at 0 beside nonzero ones adds nothing to the limit: "10.5 (start, backup) − 3.5", not
+    # "+ 32.5 × 0 (before, ...)", which reads as a switched-off big-M row when the row is the active one
+    right_used = _used(right_used, values) or right_used
     kinds = len({family_of(name) for name, _ in [*_used(left, values), *right_used]})
     left_text, left_rounded = written_sum(left, values, math, kinds)
     left_value = _math.fsum(coef * values.get(name, 0.0) for name, coef in left)
