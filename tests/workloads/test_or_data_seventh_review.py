@@ -221,3 +221,16 @@ def test_an_active_disjunction_row_is_written_without_its_zero_big_m_term():
     text = worked_check(model, math, solved.values, solved.objective, random.Random(1))
     assert "so it binds" in text or "binding" in text, text
     assert not [flag for flag in check_prose(text) if flag.kind == "check_rows"], check_prose(text)
+    # each order pair has one active row (binary at the value that keeps its big-M out) and one switched off
+    for row in model.rows:
+        if row.name.startswith(("i_first", "j_first")):
+            order = solved.values[next(name for name, _ in row.terms if name.startswith("before"))]
+            active = (order > 0.5) == row.name.startswith("i_first")
+            assert switched_off(row, model, solved.values) != active, (row, order)
+    # a used facility's capacity row (`flow - cap * open <= 0`, open at 1) is a resource's, not a switch's
+    builder = ModelBuilder("facility")
+    flow, other, open_ = builder.var("flow__a"), builder.var("flow__b"), builder.var("open__a", "binary")
+    builder.row("capacity__a", {flow: 1.0, other: 1.0, open_: -80.0}, "<=", 0.0)
+    builder.minimize({open_: 10.0, flow: 1.0, other: 1.0})
+    facility = builder.build()
+    assert not switched_off(facility.rows[0], facility, {"flow__a": 35.0, "flow__b": 5.0, "open__a": 1.0})
