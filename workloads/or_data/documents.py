@@ -72,7 +72,9 @@ def _section(section: str, problem: Problem, statement: str, rng: random.Random)
     if section == "problem":
         return statement
     if section == "model":
-        return f"{understanding(problem.math, rng)}\n\n{problem.math.to_markdown(with_data=True)}"
+        return (
+            f"{understanding(problem.math, rng, problem.outcome.status)}\n\n{problem.math.to_markdown(with_data=True)}"
+        )
     if section == "lp":
         return f"```lp\n{problem.lp.rstrip()}\n```"
     if section == "program":
@@ -97,7 +99,7 @@ def concept_document(problem: Problem, statement: str, rng: random.Random) -> st
     parts = [
         f"# {title}: {problem.family.title.lower()}",
         f"## The situation\n\n{statement}",
-        f"## The modeling idea\n\n{understanding(problem.math, rng)}",
+        f"## The modeling idea\n\n{understanding(problem.math, rng, problem.outcome.status)}",
         f"## The formulation\n\n{problem.math.to_markdown(with_data=True)}",
     ]
     if problem.status == "infeasible":

@@ -16,6 +16,7 @@ from trex.workloads.or_data.iis import IIS, Element, deletion_filter
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
 from trex.workloads.or_data.prose import singular_noun
+from trex.workloads.or_data.row_shapes import switched_off
 from trex.workloads.or_data.wording import DELETION_MANY, DELETION_ONE, MINIMAL_MANY, MINIMAL_ONE, realize
 
 # Binding rows named in a "What limits the plan" line; more are counted ("and 3 more"), not hidden.
@@ -219,10 +220,12 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
     slack, and what that means for changing a limit (the dual value per unit for an LP, given in
     `duals` as row -> multiplier in the minimization sense; for a MIP the caveat that whole-number
     decisions move in steps). Rows in which every variable is zero are tight only trivially (a
-    linking row of an unused option) and are not counted. "" when the model has no inequality row."""
+    linking row of an unused option) and are not counted, nor are big-M rows switched off by a decision at
+    0 (`row_shapes.switched_off`), whose room is the big-M's. "" when the model has no inequality row."""
     families: dict[str, list[tuple[str, float]]] = {}
     equations: dict[str, int] = {}
     unused: dict[str, int] = {}  # rows of options the plan leaves at zero, per family: said, not hidden
+    off: dict[str, int] = {}  # big-M rows a decision at 0 switches off, per family: said, not hidden
     for row in model.rows:
         if row.sense == "==":
             family = row.name.split("__")[0]
@@ -230,6 +233,9 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
             continue
         if all(abs(values.get(name, 0.0)) <= 1e-9 for name, _ in row.terms) and abs(row.rhs) <= 1e-9:
             unused[row.name.split("__")[0]] = unused.get(row.name.split("__")[0], 0) + 1
+            continue
+        if switched_off(row, model, values):  # its room, or its zero room, is the big-M's (the Seventh's #48)
+            off[row.name.split("__")[0]] = off.get(row.name.split("__")[0], 0) + 1
             continue
         activity = row.activity(values)
         slack = row.rhs - activity if row.sense == "<=" else activity - row.rhs
@@ -250,11 +256,18 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         hidden = max(0, len(named) - MAX_NAMED)
         named = named[:MAX_NAMED]
         skipped = unused.get(rows[0][0].split("__")[0], 0)
-        note = (
-            f", not counting {skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0"
+        switched = off.get(rows[0][0].split("__")[0], 0)
+        left_out = (
+            [f"{skipped} {'row' if skipped == 1 else 'rows'} of options the plan does not use, where every term is 0"]
             if skipped
-            else ""
+            else []
         )
+        if switched:
+            left_out.append(
+                f"{switched} big-M {'row' if switched == 1 else 'rows'} of options the plan does not use, "
+                f"switched off by {'its' if switched == 1 else 'their'} yes/no decision at 0"
+            )
+        note = f", not counting {join(left_out)}" if left_out else ""
         if len(rows) == 1:
             state = (
                 realize("[binding, with no slack left|binding (it holds with equality)]", rng)

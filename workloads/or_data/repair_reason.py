@@ -115,14 +115,28 @@ def symptom_reason(bug: Bug, model: LinearModel, math: MathModel, rng: random.Ra
         )
     if result.status == "optimal" and result.values:
         broken = _broken_rows(bug, model, math, result.values)
-        source = _buggy_objective(bug, buggy, math, result.values, result.objective)
+        intended = solve_model(model)
+        source = _buggy_objective(
+            bug,
+            buggy,
+            math,
+            result.values,
+            result.objective,
+            intended.objective if intended.status == "optimal" else None,
+        )
         return "\n\n".join(part for part in (broken, source) if part)
     return ""
 
 
-def _buggy_objective(bug: Bug, buggy: LinearModel, math: MathModel, values: dict[str, float], objective) -> str:
+def _buggy_objective(
+    bug: Bug, buggy: LinearModel, math: MathModel, values: dict[str, float], objective, model: LinearModel | None = None
+) -> str:
     """Where the buggy program's number comes from: its plan's objective, term by term (the
-    Fifth review: "does not say why 870", "why 450"), led by what the bug lets the solver do."""
+    Fifth review: "does not say why 870", "why 450"), led by what the bug lets the solver do. For a
+    changed row the lead follows the comparison with the intended model's optimum (`model` solved): a
+    buggy value better than it needs a plan the intended rows forbid, a worse one means the changed
+    rows cut off the intended plan (the Seventh review's #37: a flipped quality row that forces
+    nickel in was called "weakened"); a changed objective is said to be one."""
     if objective is None:
         return ""
     if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in buggy.objective):
@@ -146,10 +160,30 @@ def _buggy_objective(bug: Bug, buggy: LinearModel, math: MathModel, values: dict
             "of each coefficient whose decision it splits:"
         )
     else:
-        lead = (
-            f"Where the buggy value {number(round(objective, 4))} comes from: the buggy plan's objective, term by "
-            "term, with what its weakened rows let it leave out:"
+        head = (
+            f"Where the buggy value {number(round(objective, 4))} comes from: the buggy plan's objective, term by term"
         )
+        solved = solve_model(model) if model is not None else None
+        intended = solved.objective if solved is not None and solved.status == "optimal" else None
+        better = buggy.sense == "minimize" and intended is not None and objective < intended
+        better |= buggy.sense == "maximize" and intended is not None and objective > intended
+        tolerance = 1e-6 * (1 + abs(intended)) if intended is not None else 0.0
+        if intended is None:
+            lead = f"{head}:"
+        elif dict(buggy.objective) != dict(model.objective):
+            lead = f"{head}, as its changed objective counts it (the intended optimum is {number(round(intended, 4))}):"
+        elif abs(objective - intended) <= tolerance:
+            lead = f"{head}; it equals the intended optimum, so the changed rows do not move the value here:"
+        elif better:
+            lead = (
+                f"{head}, with what its changed rows allow and the intended ones forbid (the intended optimum is "
+                f"{number(round(intended, 4))}):"
+            )
+        else:
+            lead = (
+                f"{head}, with what its changed rows force in: they cut off the intended optimum "
+                f"{number(round(intended, 4))}, so the buggy value is {'higher' if buggy.sense == 'minimize' else 'lower'}:"
+            )
     return f"{lead}\n\n{line}"
 
 

@@ -24,6 +24,7 @@ it (shortened), with the number of the family's rows that share it.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from trex.workloads.or_data.linear_model import LinearModel, Row, family_of
@@ -153,3 +154,58 @@ def row_shapes(model: LinearModel) -> list[str]:
             )
             lines.append(f"{written(first)}: {_meaning(kind, first)}{share}.")
     return lines
+
+
+def switched_off(row: Row, model: LinearModel, values: dict[str, float]) -> bool:
+    """Whether `row` is a big-M row that the plan switches off, so that its room (or its zero room)
+    is the big-M's and says nothing about a resource: an MTZ load row of an unused arc, a disjunction
+    the other way round. The row has exactly one whole-number decision, a binary carrying the row's
+    largest coefficient, at 0 where 0 loosens the row, and the row mixes signs (a capacity row of
+    quantities is a limit, not a switch), or at 1 where 1 loosens it and the rest of the row compares
+    two continuous decisions (a disjunction's other half); and its big-M term must be what makes it
+    hold with room: switching the binary the other way would break the row at this plan (its room is
+    less than the big-M), or with the binary as it is the row holds for every value the other
+    decisions' bounds allow (an MTZ row `u_j - u_i - Q x_ij >= d_j - Q` with `d <= u <= Q`). A capacity row of an integer program
+    whose largest coefficient sits on an integer quantity made 0 (the Seventh review's sewing row
+    for trousers) is an ordinary row; so is a machine's makespan row, whose many assignment binaries
+    are loads, not switches (seed 2401 #38)."""
+    variables = {variable.name: variable for variable in model.variables}
+    whole = [(name, coef) for name, coef in row.terms if variables[name].kind != "continuous"]
+    if len(whole) != 1 or row.sense == "==":
+        return False
+    name, coef = whole[0]
+    largest = max(abs(other) for _, other in row.terms)
+    loosens_at_zero = coef > 0 if row.sense == "<=" else coef < 0
+    mixed = any(other > 0 for _, other in row.terms) and any(other < 0 for _, other in row.terms)
+    if variables[name].kind != "binary" or not mixed or abs(coef) < largest - 1e-9:
+        return False
+    value = values.get(name, 0.0)
+    if loosens_at_zero and abs(value) > 1e-6:
+        return False
+    if not loosens_at_zero:
+        # at 1 the term loosens the row: a disjunction's other half (`s_j - s_i - M y <= -p_j` with y = 1)
+        # compares two continuous decisions; a used facility's `flow - cap * open <= 0` does not, and
+        # its room is a resource's
+        rest = [other for term, other in row.terms if term != name]
+        if abs(value - 1) > 1e-6 or not (any(other > 0 for other in rest) and any(other < 0 for other in rest)):
+            return False
+    activity = math.fsum(other * values.get(term, 0.0) for term, other in row.terms)
+    room = row.rhs - activity if row.sense == "<=" else activity - row.rhs
+    return room < abs(coef) - 1e-9 or _implied_by_bounds(row, name, variables, value)
+
+
+def _implied_by_bounds(row: Row, binary: str, variables: dict, value: float) -> bool:
+    """Whether the row, with `binary` at `value`, holds for every value within the other decisions' bounds."""
+    # the rest's least (`>=`) or largest (`<=`) activity; an unbounded side means the row can bind
+    sign = 1.0 if row.sense == "<=" else -1.0
+    extreme = 0.0
+    for name, coef in row.terms:
+        if name == binary:
+            extreme += coef * value
+            continue
+        variable = variables[name]
+        bound = variable.upper if sign * coef > 0 else variable.lower
+        if bound is None:
+            return False
+        extreme += coef * bound
+    return sign * extreme <= sign * row.rhs + 1e-9

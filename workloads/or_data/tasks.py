@@ -35,7 +35,7 @@ from trex.workloads.or_data.explain import (
     variable_phrase,
 )
 from trex.workloads.or_data.families.base import WhatIf
-from trex.workloads.or_data.linear_model import family_of
+from trex.workloads.or_data.linear_model import LinearModel, family_of
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
 from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
@@ -220,11 +220,13 @@ _PROMPTS = {
 }
 
 
-def understanding(math: MathModel, rng: random.Random | None = None) -> str:
+def understanding(math: MathModel, rng: random.Random | None = None, status: str = "optimal") -> str:
     """What the problem asks and why each part of the model is there, from the model's typed
     phrases (`VarDef.noun`/`indicator`/`whole`, `ConstraintDef.why`/`technique`): the decisions,
     the goal, every constraint with its reason, and why the variables are (or need not be)
-    whole numbers. `rng` picks among equivalent phrasings."""
+    whole numbers. `rng` picks among equivalent phrasings; `status` is the problem's outcome, and
+    only an optimal LP is said to have an optimum proven by LP duality (the Seventh review's #40
+    read that of an unbounded one)."""
     rng = rng or random.Random(0)
     decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
     goal = realize(GOAL_MIN if math.sense == "minimize" else GOAL_MAX, rng, what=math.objective_description)
@@ -268,9 +270,20 @@ def understanding(math: MathModel, rng: random.Random | None = None) -> str:
     if binary:
         sentences.append(capitalize(realize(BINARY_ONE if len(binary) == 1 else BINARY_MANY, rng, what=join(binary))))
     sentences += [capitalize(sentence) for sentence in integral]
-    sentences.append(realize(MIP, rng) if sentences else realize(LP, rng))
+    sentences.append(realize(MIP, rng) if sentences else _lp_sentence(rng, status))
     paragraphs.append(" ".join(sentences))
     return agree("\n\n".join(paragraphs))
+
+
+_DUALITY_CLAUSE = re.compile(r", and its optimum is (?:proven|certified) by LP duality")
+
+
+def _lp_sentence(rng: random.Random, status: str) -> str:
+    """The LP sentence, its duality clause kept only for a problem solved to optimality (an
+    infeasible or unbounded LP has no optimum to prove; a program-input task, status "", is not
+    about one). The same `rng` draws either way, so the rest of the text does not change."""
+    sentence = realize(LP, rng)
+    return sentence if status == "optimal" else _DUALITY_CLAUSE.sub("", sentence)
 
 
 def rows_in_words(constraint, math: MathModel, rng: random.Random) -> str:
@@ -418,11 +431,7 @@ def code_reading(problem: Problem, rng: random.Random) -> str:
             f"The program declares {join([f'`{name}`' for name in whole])} with an integer or binary type"
             + (f" (its `{keyword}=` argument)." if keyword else ".")
         )
-    parts.append(
-        realize(MIP, rng)
-        if kinds & {"integer", "binary"}
-        else realize(LP, rng).replace(", and its optimum is proven by LP duality", "")
-    )
+    parts.append(realize(MIP, rng) if kinds & {"integer", "binary"} else _lp_sentence(rng, ""))
     return agree(" ".join(parts))
 
 
@@ -621,6 +630,15 @@ def _plan_block(title: str, problem: Problem, rng: random.Random) -> str:
     return f"{realize(title, rng, objective=problem.outcome.text())}\n\n{shown or '- nothing is done'}"
 
 
+def _as_old_options(base: Problem, changed: Problem) -> dict[str, float]:
+    """The new plan under the old model's names, for a decision-by-decision comparison: by name when
+    the change keeps the options, by content (`same_options`) when it re-enumerates them, so that
+    a renumbered pattern is not compared with a different one; options of only one model are left out."""
+    if {v.name for v in base.model.variables} == {v.name for v in changed.model.variables}:
+        return changed.values
+    return {old: changed.values.get(new, 0.0) for old, new in same_options(base.model, changed.model).items()}
+
+
 def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     """Base plan, new plan and why the optimum moved (or did not)."""
     rng = _wording_rng(changed)
@@ -661,7 +679,9 @@ def what_if_analysis(base: Problem, changed: Problem, what_if: WhatIf) -> str:
     moved = (
         ""
         if same_plan
-        else moved_decisions(base.model, base.values, changed.values, base.math, changed.model.objective)
+        else moved_decisions(
+            base.model, base.values, _as_old_options(base, changed), base.math, changed.model.objective
+        )
     )
     if moved:
         blocks.append(moved)
@@ -725,13 +745,49 @@ def _nonzero(values: dict[str, float]) -> dict[str, float]:
     return {name: round(value, 6) for name, value in values.items() if abs(value) > 1e-6}
 
 
+def same_options(base: LinearModel, changed: LinearModel) -> dict[str, str]:
+    """Old decision -> the new decision with the same column (kind and coefficient in every row,
+    rows matched by name; the objective coefficient may differ, a what-if can move it), the same
+    name first. Names alone do not carry an option across a change that re-enumerates the options:
+    a cutting-stock program numbers its maximal patterns for the new bar length afresh, so `cut__p5`
+    is 3A+B+D at 700 cm and 4A+B+D at 800 cm (the Seventh review's #12)."""
+
+    def columns(model: LinearModel) -> dict[str, tuple]:
+        column: dict[str, list[tuple[str, float]]] = {variable.name: [] for variable in model.variables}
+        for row in model.rows:
+            for name, coef in row.terms:
+                column[name].append((row.name, round(coef, 9)))
+        kinds = {variable.name: variable.kind for variable in model.variables}
+        return {name: (kinds[name], tuple(sorted(terms))) for name, terms in column.items()}
+
+    old, new = columns(base), columns(changed)
+    by_content: dict[tuple, list[str]] = {}
+    for name, key in new.items():
+        by_content.setdefault(key, []).append(name)
+    matched: dict[str, str] = {}
+    taken: set[str] = set()
+    for name, key in old.items():
+        if new.get(name) == key:
+            matched[name] = name
+            taken.add(name)
+    for name, key in old.items():
+        if name not in matched:
+            free = [other for other in by_content.get(key, []) if other not in taken]
+            if free:
+                matched[name] = free[0]
+                taken.add(free[0])
+    return matched
+
+
 def _options_reason(base: Problem, changed: Problem) -> str:
     """Why the optimum moved when the change adds or removes decision options (a longer job has
     fewer start slots, a larger capacity other patterns): whether the original choices are still
-    allowed and still chosen, and, when they are, which of their coefficients moved the optimum."""
-    old_names = {v.name for v in base.model.variables}
+    allowed and still chosen, and, when they are, which of their coefficients moved the optimum.
+    Options are matched by content (`same_options`), not by name."""
+    match = same_options(base.model, changed.model)
     new_names = {v.name for v in changed.model.variables}
-    gone, added = len(old_names - new_names), len(new_names - old_names)
+    gone = len(base.model.variables) - len(match)
+    added = len(new_names - set(match.values()))
     options = join(
         [
             text
@@ -739,20 +795,28 @@ def _options_reason(base: Problem, changed: Problem) -> str:
             if count
         ]
     )
-    chosen = sorted(name for name, value in base.values.items() if abs(value) > 1e-6)
-    carried = {name: base.values.get(name, 0.0) for name in new_names}  # a new option is not taken by the old plan
-    still_allowed = all(name in new_names for name in chosen) and check_solution(changed.model, carried).feasible
-    if not still_allowed:
-        lost = [name for name in chosen if name not in new_names]
+    chosen_old = sorted(name for name, value in base.values.items() if abs(value) > 1e-6)
+    lost = [name for name in chosen_old if name not in match]
+    carried = {name: 0.0 for name in new_names}  # a new option is not taken by the old plan
+    carried.update({match[name]: base.values[name] for name in chosen_old if name in match})
+    if lost:
+        shown = join([variable_phrase(name, base.math) for name in lost[:3]]) + (
+            f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        )
         why = (
-            f"{len(lost)} of the original plan's decisions {'is' if len(lost) == 1 else 'are'} no longer an option"
-            if lost
-            else "the original plan breaks a limit of the new data"
+            f"{len(lost)} of the original plan's decisions ({shown}) {'has' if len(lost) == 1 else 'have'} no "
+            "counterpart with the same coefficients among the new options"
         )
         return f"The change {options}; {why}, so the plan has to be re-optimized from the new options."
+    if not check_solution(changed.model, carried).feasible:
+        return (
+            f"The change {options}; the original plan, carried over option by option, breaks a limit of the new "
+            "data, so the plan has to be re-optimized from the new options."
+        )
+    chosen = sorted(match[name] for name in chosen_old)
     same_choices = chosen == sorted(name for name, value in changed.values.items() if abs(value) > 1e-6)
     old_costs, new_costs = dict(base.model.objective), dict(changed.model.objective)
-    moved = [name for name in chosen if abs(old_costs.get(name, 0.0) - new_costs.get(name, 0.0)) > 1e-9]
+    moved = [name for name in chosen_old if abs(old_costs.get(name, 0.0) - new_costs.get(match[name], 0.0)) > 1e-9]
     if not moved:
         return f"The change {options}, but the original plan is still allowed and " + (
             "still optimal, and none of its decisions changes its coefficient."
@@ -760,9 +824,9 @@ def _options_reason(base: Problem, changed: Problem) -> str:
             else "another plan of the new options does better."
         )
     terms_old, _ = written_sum([(name, old_costs.get(name, 0.0)) for name in moved], base.values, base.math)
-    terms_new, _ = written_sum([(name, new_costs.get(name, 0.0)) for name in moved], base.values, base.math)
+    terms_new, _ = written_sum([(name, new_costs.get(match[name], 0.0)) for name in moved], base.values, base.math)
     old_part = math.fsum(old_costs.get(name, 0.0) * base.values[name] for name in moved)
-    new_part = math.fsum(new_costs.get(name, 0.0) * base.values[name] for name in moved)
+    new_part = math.fsum(new_costs.get(match[name], 0.0) * base.values[name] for name in moved)
     text = (
         f"The change {options}, but every decision of the original plan is still allowed"
         + f". What moves the objective is the coefficient of the chosen decisions: {terms_old} = "
@@ -980,7 +1044,7 @@ def _build_task(
     written = written_rows(problem.model, problem.math)  # the general model next to this instance's rows
     answer_full = f"{math_full.rstrip()}\n\n{written}\n" if written else math_full
     answer_brief = f"{math_brief.rstrip()}\n\n{written}\n" if written else math_brief
-    base_parts = dict(reasoning=understanding(problem.math, text_rng), outcome=problem.outcome)
+    base_parts = dict(reasoning=understanding(problem.math, text_rng, problem.outcome.status), outcome=problem.outcome)
 
     if variant == "repair":
         bug = inject_bug(problem.program, problem.outcome, task_rng, runner) if problem.status == "optimal" else None

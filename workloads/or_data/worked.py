@@ -27,12 +27,15 @@ from __future__ import annotations
 import math as _math
 import random
 import re
+from dataclasses import replace
 
 from trex.workloads.or_data.explain import element_words, key_names, variable_phrase
 from trex.workloads.or_data.linear_model import LinearModel, Row, family_of
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize
 from trex.workloads.or_data.prose import number
+from trex.workloads.or_data.row_shapes import switched_off
+from trex.workloads.or_data.solve import solve_model
 from trex.workloads.or_data.wording import realize
 
 _ZERO = 1e-9
@@ -182,6 +185,9 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
     # the limit's decisions, written out even at 0 when there are few ("0.25 × 0 (...)"): a bare
     # "minimum of 0" would hide what the limit is made of
     right_used = right if len(right) <= MAX_TERMS else _used(right, values)
+    # a decision at 0 beside nonzero ones adds nothing to the limit: "10.5 (start, backup) − 3.5", not
+    # "+ 32.5 × 0 (before, ...)", which reads as a switched-off big-M row when the row is the active one
+    right_used = _used(right_used, values) or right_used
     kinds = len({family_of(name) for name, _ in [*_used(left, values), *right_used]})
     left_text, left_rounded = written_sum(left, values, math, kinds)
     left_value = _math.fsum(coef * values.get(name, 0.0) for name, coef in left)
@@ -209,20 +215,6 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
     return f"{row_label(row, math)}: {left_text} {_equals(left_rounded)} {signed(left_value)}, {state}."
 
 
-def _switched_off(row: Row, model: LinearModel, values: dict[str, float]) -> bool:
-    """A big-M row of an option the plan does not take (an MTZ load row of an unused arc, a
-    disjunction the other way round): its largest coefficient sits on a whole-number decision at 0,
-    so its room is the big-M's, not a resource's, and it is no contrast worth showing."""
-    if not any(abs(values.get(name, 0.0)) > 1e-6 for name, _ in row.terms):
-        return False  # an unused option's row: every term 0 (left out elsewhere)
-    kinds = {variable.name: variable.kind for variable in model.variables}
-    largest = max(abs(coef) for _, coef in row.terms)
-    return any(
-        kinds.get(name) != "continuous" and abs(values.get(name, 0.0)) <= 1e-6 and abs(coef) >= largest - _ZERO
-        for name, coef in row.terms
-    )
-
-
 def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Row], Row | None, Row | None, int]:
     """Up to two binding inequality rows with a nonzero term (one per constraint family first),
     the row with the most room (None when every row binds), the loose row closest to its limit
@@ -240,7 +232,7 @@ def _rows_to_show(model: LinearModel, values: dict[str, float]) -> tuple[list[Ro
         if not used:
             continue
         slack = slack_of(row, values)
-        if _switched_off(row, model, values):
+        if switched_off(row, model, values):
             continue  # its room (or its zero room) is the big-M's: it holds nothing of this plan
         if len(used) > MAX_TERMS:
             long_binding += abs(slack) <= 1e-6 * (1 + abs(row.rhs))
@@ -300,6 +292,7 @@ def pricing_out(
         rejected.append((abs(own), variable.name, own, priced, reduced))
     # the most tempting first: the largest own coefficient for a maximization, the smallest cost otherwise
     rejected.sort(key=lambda item: (-item[0] if model.sense == "maximize" else item[0], item[1]))
+    optimum = model.objective_value({variable.name: values.get(variable.name, 0.0) for variable in model.variables})
     lines = []
     for _, name, own, priced, reduced in rejected[:limit]:
         parts = []
@@ -311,23 +304,63 @@ def pricing_out(
         more = f" + {len(priced) - 4} more" if len(priced) > 4 else ""
         worth = _math.fsum(coef * price for _, coef, price in priced)
         subject = variable_phrase(name, math)
-        if model.sense == "maximize":
-            verdict = (
-                f"so each unit would lower the {math.objective_description} by {signed(-reduced)}; "
-                f"its coefficient would have to rise above {signed(worth)} before it enters the plan"
-            )
-        else:
-            verdict = (
-                f"so each unit would raise the {math.objective_description} by {signed(reduced)}; "
-                f"its cost would have to fall below {signed(worth)} before it enters the plan"
-            )
-        lines.append(
+        line = (
             f"{capitalize(subject)} is 0. One unit of it has objective coefficient {signed(own, 6)}, and "
             f"at the dual values of its rows it is worth {' '.join(parts)}{more} = {signed(worth)}; "
-            f"its reduced cost is {signed(own, 6)} − {factor(worth)} = {signed(reduced)}, "
-            f"{verdict}."
+            f"its reduced cost is {signed(own, 6)} − {factor(worth)} = {signed(reduced)}"
         )
+        rate = forced_rate(model, name, optimum)
+        if rate is not None and abs(rate - abs(reduced)) <= _RATE_TOLERANCE * (1 + abs(reduced)):
+            lines.append(f"{line}, {_verdict(model, math, abs(reduced), own)}.")
+        elif rate is None:  # forcing it in breaks a row no other decision can make up for
+            lines.append(
+                f"{line}. These dual values are not the only ones of this plan, and no price makes the option "
+                "enter: forcing any of it in and re-solving makes the problem infeasible."
+            )
+        else:  # a degenerate plan: its dual values are not unique, and these ones understate the option's cost
+            lines.append(
+                f"{line}. These dual values are not the only ones of this plan (it is degenerate), so the reduced "
+                f"cost is not what the option costs: forcing {number(_STEP)} of it in and re-solving moves the "
+                f"optimum by {number(round(rate * _STEP, 6))}, {_verdict(model, math, rate, own)}."
+            )
     return lines
+
+
+_STEP = 0.01  # how much of a rejected option `forced_rate` forces in: the rate at the plan, past any tie
+_RATE_TOLERANCE = 1e-3
+
+
+def forced_rate(model: LinearModel, name: str, optimum: float) -> float | None:
+    """What each unit of `name` costs the optimum when `_STEP` of it is forced in and the LP is
+    re-solved from the plan's optimum `optimum`, per unit and as a loss (positive); None when
+    forcing it in is infeasible. This is the
+    reduced cost when the plan's dual values are unique; at a degenerate plan they are not, and a
+    reduced cost read from one set of them can understate the real cost (the Seventh review's #23:
+    1.5 stated, 6.5 real), so the stated figure is checked against this one."""
+    forced = replace(
+        model,
+        variables=tuple(
+            replace(variable, lower=_STEP) if variable.name == name else variable for variable in model.variables
+        ),
+    )
+    moved = solve_model(forced)
+    if moved.status != "optimal":
+        return None
+    loss = moved.objective - optimum if model.sense == "minimize" else optimum - moved.objective
+    return loss / _STEP
+
+
+def _verdict(model: LinearModel, math: MathModel, rate: float, own: float) -> str:
+    """Each unit's loss and the objective coefficient at which the option would enter the plan."""
+    if model.sense == "maximize":
+        return (
+            f"so each unit would lower the {math.objective_description} by {signed(rate)}; "
+            f"its coefficient would have to rise above {signed(own + rate)} before it enters the plan"
+        )
+    return (
+        f"so each unit would raise the {math.objective_description} by {signed(rate)}; "
+        f"its cost would have to fall below {signed(own - rate)} before it enters the plan"
+    )
 
 
 def worked_check(
@@ -379,6 +412,7 @@ def worked_check(
             rng,
             longer=longer,
         )
+    if lines:  # both branches: the binding rows were computed and then dropped before (the Seventh's #38)
         blocks.append(intro + "\n\n" + "\n".join(f"- {line}" for line in lines))
     if duals and not model.is_mip:
         priced = pricing_out(model, math, values, duals)
