@@ -12,7 +12,7 @@ the parts do not overlap):
 | part | what |
 | --- | --- |
 | SCIP model solves | `solve._build_and_solve`: the verifier's solve, a MIP's polish, the tasks' variants |
-| HiGHS solves | `solve._solve_lp_text_highs`: a MIP optimum re-solved from its LP file, the judge's solves |
+| HiGHS solves | `solve._solve_lp_text_highs`, `solve.solve_read_highs`: a MIP optimum re-solved from its LP file, the judge's solves |
 | LP read-backs | `lp_structure.scip_read_back` and `highs_read`/`highs_read_back` (the `lp_scip`/`lp_highs` checks) |
 | sandbox, host side | `ProgramRunner.run` in this process: request, answer, io files |
 | the rest in-process | generation, prose, checks, DTA, the judge, records |
@@ -68,6 +68,7 @@ def timed(part: str, function):
 def instrument() -> None:
     solve._build_and_solve = timed("SCIP model solves", solve._build_and_solve)
     solve._solve_lp_text_highs = timed("HiGHS solves", solve._solve_lp_text_highs)
+    verify.solve_read_highs = timed("HiGHS solves", solve.solve_read_highs)
     verify.scip_read_back = timed("LP read-backs", lp_structure.scip_read_back)
     verify.highs_read = timed("LP read-backs", lp_structure.highs_read)
     verify.highs_read_back = timed("LP read-backs", lp_structure.highs_read_back)

@@ -94,8 +94,8 @@ def test_an_unreadable_file_is_a_failure_of_each_reader():
 class _Counted:
     def __init__(self, monkeypatch):
         self.solved: list[str] = []
-        original = verify.solve_lp_text_highs
-        monkeypatch.setattr(verify, "solve_lp_text_highs", lambda lp: self.solved.append(lp) or original(lp))
+        original = verify.solve_read_highs
+        monkeypatch.setattr(verify, "solve_read_highs", lambda highs, lp: self.solved.append(lp) or original(highs, lp))
 
 
 def test_only_a_mip_optimum_is_re_solved_from_the_file(monkeypatch, runner):  # noqa: F811 - pytest fixture

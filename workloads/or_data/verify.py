@@ -43,7 +43,7 @@ from trex.workloads.or_data.math_model import MathModel, check_structure
 from trex.workloads.or_data.outcome import Outcome, tidy_objective
 from trex.workloads.or_data.program_runner import ProgramRunner
 from trex.workloads.or_data.prose import agree
-from trex.workloads.or_data.solve import SolveResult, polish, solve_lp_text_highs, solve_model
+from trex.workloads.or_data.solve import SolveResult, polish, solve_model, solve_read_highs
 from trex.workloads.or_data.solver_libraries import TranslationError, usable_for
 
 CHECKS = ("structure", "solve", "solution", "certificate", "lp_scip", "lp_highs", "program")
@@ -181,7 +181,8 @@ def verify_problem(
 def _check_lp_file(lp: str, model: LinearModel, outcome: Outcome) -> None:
     """`lp_scip`, `lp_highs`: each solver's reader reads the file as exactly `model`
     (`lp_structure`: the file then has the model's outcome, proven by the certificate above), and
-    a MIP optimum, which has no certificate, is re-solved by HiGHS from what its reader read."""
+    a MIP optimum, which has no certificate, is re-solved by HiGHS from what its reader read
+    (the same read: `solve.solve_read_highs`)."""
     differences = scip_read_back(lp, model)
     if differences:
         raise VerificationFailed("lp_scip", "SCIP reads the LP file differently: " + "; ".join(differences[:3]))
@@ -190,7 +191,7 @@ def _check_lp_file(lp: str, model: LinearModel, outcome: Outcome) -> None:
     if differences:
         raise VerificationFailed("lp_highs", "HiGHS reads the LP file differently: " + "; ".join(differences[:3]))
     if model.is_mip and outcome.status == "optimal":
-        read_back = solve_lp_text_highs(lp)
+        read_back = solve_read_highs(highs, lp)
         if not _same(read_back, outcome):
             raise VerificationFailed(
                 "lp_highs",
