@@ -234,3 +234,20 @@ def test_an_active_disjunction_row_is_written_without_its_zero_big_m_term():
     builder.minimize({open_: 10.0, flow: 1.0, other: 1.0})
     facility = builder.build()
     assert not switched_off(facility.rows[0], facility, {"flow__a": 35.0, "flow__b": 5.0, "open__a": 1.0})
+
+
+def test_a_repair_whose_buggy_plan_uses_decisions_is_built_not_rejected_with_an_error():
+    """The lead's check after the merge (seed 0, index 342: network design, repair): `symptom_reason`
+    handed the intended optimum (a float) to `_buggy_objective` where the intended model belongs, so
+    every repair whose buggy program solved to a plan with nonzero decisions failed with
+    AttributeError in the pipeline and was rejected as an error."""
+    from trex.workloads.or_data.config import SynthConfig
+    from trex.workloads.or_data.pipeline import ShardContext, synthesize_shard
+
+    context = ShardContext(SynthConfig(seed=0, families=tuple(FAMILIES), isolation="process"))
+    try:
+        (result,) = synthesize_shard(range(342, 343), context)
+    finally:
+        context.close()
+    assert (result["family"], result["variant"]) == ("network_design", "repair"), result
+    assert result["stage"] != "error", result.get("detail")

@@ -115,15 +115,7 @@ def symptom_reason(bug: Bug, model: LinearModel, math: MathModel, rng: random.Ra
         )
     if result.status == "optimal" and result.values:
         broken = _broken_rows(bug, model, math, result.values)
-        intended = solve_model(model)
-        source = _buggy_objective(
-            bug,
-            buggy,
-            math,
-            result.values,
-            result.objective,
-            intended.objective if intended.status == "optimal" else None,
-        )
+        source = _buggy_objective(bug, buggy, math, result.values, result.objective, model)
         return "\n\n".join(part for part in (broken, source) if part)
     return ""
 
