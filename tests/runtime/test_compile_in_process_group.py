@@ -73,8 +73,11 @@ def compiled_rank(plans: list[Plan]) -> list[dict]:
                 module = graph.joint or graph.forward
                 annotate(module, "cpu")
                 for node in module.graph.nodes:
+                    if node.op != "call_function":
+                        continue
                     name = str(node.target)
-                    short = name.split(".")[-2]
+                    parts = name.split(".")  # torch ops print as namespace.op.overload; python callables have no dots
+                    short = parts[-2] if len(parts) > 1 else name
                     expert_parallel = short in (
                         "ep_exchange",
                         "ep_counts",
@@ -82,7 +85,7 @@ def compiled_rank(plans: list[Plan]) -> list[dict]:
                         "ep_experts_local_input_backward",
                         "ep_experts_local_weight_backward",
                     )
-                    if node.op != "call_function" or not ("c10d_functional" in name or expert_parallel):
+                    if not ("c10d_functional" in name or expert_parallel):
                         continue
                     found[short] = found.get(short, 0) + 1
                     cost = node.meta.get("cost")
