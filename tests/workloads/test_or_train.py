@@ -272,8 +272,17 @@ def test_muon_is_plan_independent_and_resumes_under_another_plan(tmp_path, capsy
     first = run_json(capsys, [*common, "--steps", "2", "--nproc", "2", "--plan", "ep=2,zero=0", *ckpt])
     rest = run_json(capsys, [*common, "--steps", "4", *ckpt, "--resume"])  # one rank resumes the 2-rank run
     assert rest["first_step"] == 2
+    # torch's Muon runs its Newton-Schulz iteration in bf16 (torch/optim/_muon.py: `grad.bfloat16()`): the fp32
+    # gradient sums of another plan differ in their last bits (reduction order), which can move a bf16 rounding of
+    # the momentum (2**-8 relative) for a few elements. The losses then agree to bf16's effect on one update, not to
+    # fp32's: seen 3e-5 relative at the fourth step on an AVX-512/AMX CPU (1e-7 on the steps before Muon acts).
     for a, b in zip(whole["losses"], first["losses"] + rest["losses"], strict=True):
-        assert abs(a - b) <= 1e-5 * abs(a)
+        assert abs(a - b) <= 2e-4 * abs(a)
+    # resuming under the same plan is exact: the same sums in the same order
+    ckpt_one = ["--checkpoint-dir", str(tmp_path / "ck1"), "--save-every", "2"]
+    run_json(capsys, [*common, "--steps", "2", *ckpt_one])
+    again = run_json(capsys, [*common, "--steps", "4", *ckpt_one, "--resume"])
+    assert again["losses"] == whole["losses"][2:]
     assert main([*common, "--steps", "2", "--nproc", "2", "--plan", "zero=1"]) != 0
     assert "orthogonalises whole weight matrices" in capsys.readouterr().err
 
