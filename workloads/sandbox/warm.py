@@ -109,10 +109,15 @@ class WarmWorker:
             return f"exit {self.process.poll()}"
 
     def _read_answer(self, timeout: float) -> dict | None:
-        ready, _, _ = select.select([self._answers], [], [], timeout)
-        if not ready:
+        # `kill` (an abort from another thread) closes the answer stream under a waiting reader: select or
+        # readline then raise ValueError on the closed file, which means the same as EOF - no answer
+        try:
+            ready, _, _ = select.select([self._answers], [], [], timeout)
+            if not ready:
+                return None
+            line = self._answers.readline()
+        except (ValueError, OSError):
             return None
-        line = self._answers.readline()
         if not line:
             return None
         try:
