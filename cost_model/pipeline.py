@@ -201,6 +201,7 @@ def simulate_actions(
     posts: dict[int, dict[tuple[str, int, int], int]] | None = None,
     extra: dict | None = None,
     sends: dict[int, dict[tuple[str, int, int], int]] | None = None,
+    late_recv_idle: float | None = None,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -228,12 +229,19 @@ def simulate_actions(
     The message leaves then, not when its action ends: torch.distributed.pipelining's DualPipeV runs an
     overlapped forward and backward (OVERLAP_F_B) one after the other on a CPU and posts both sends after the
     pair (`_add_send_recv` puts SEND_F and SEND_B behind the OVERLAP_F_B action), so the forward's activation
-    waits for the backward beside it."""
+    waits for the backward beside it.
+    `late_recv_idle`: the late receive's price when the sending rank is not working at the moment the receive is
+    posted (blocked in a wait, as the engine's 1F1B loop is after posting each batch of sends and receives:
+    it waits on the sends too). Its transport thread then answers the handshake at once, where a computing
+    sender's must first be scheduled beside its rank's thread; both are measured by the calibration
+    (`calibration.measure_late_recv`). None: `late_recv` whatever the sender does."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
     free = {rank: 0.0 for rank in orders}
     working: dict[int, list] = {}  # rank -> [phase "O"/"C", work left, compute start]
+    began: dict[int, float] = {}  # rank -> when its current action's work (overhead, then compute) began
+    spans: dict[int, list[tuple[float, float]]] = {rank: [] for rank in orders}  # finished work, per rank
     tasks: list[ActionTask] = []
     remaining = sum(len(order) for order in orders.values())
 
@@ -275,10 +283,18 @@ def simulate_actions(
             if owner.get(s, rank) == rank:
                 return t
             if late_recv is not None and t <= posted:
+                if late_recv_idle is not None and not working_at(owner[s], posted):
+                    return posted + late_recv_idle
                 return posted + late_recv
             return t + p2p
 
         return max([posted] + [arrival(t, s) for t, s in deps])
+
+    def working_at(rank: int, t: float) -> bool:
+        """Whether `rank` was working (runtime overhead or compute) at time `t` (<= the simulation's now)."""
+        if rank in working and began[rank] <= t:
+            return True
+        return any(start <= t < end for start, end in reversed(spans[rank]))
 
     now = 0.0
     while remaining:
@@ -293,6 +309,7 @@ def simulate_actions(
                 kind, stage, mb = orders[rank][position[rank]]
                 work = durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0)
                 working[rank] = ["O", overhead, now] if overhead > 0 else ["C", work, now]
+                began[rank] = now
             else:
                 starts.append(ready)
         if not working:
@@ -318,6 +335,7 @@ def simulate_actions(
             done[(kind, stage, mb)] = now
             free[rank] = now
             tasks.append(ActionTask(rank, kind, stage, mb, state[2], now))
+            spans[rank].append((began.pop(rank), now))
             del working[rank]
             position[rank] += 1
             remaining -= 1

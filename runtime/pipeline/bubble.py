@@ -136,6 +136,7 @@ def predicted_bubble(
             "overhead": overheads.action_s,
             "cores": cores,
             "late_recv": overheads.late_recv_s,
+            "late_recv_idle": overheads.late_recv_idle_s,
             "posts": receive_posts(pipe, orders),
             "sends": send_posts(pipe, orders),
         }
@@ -158,6 +159,9 @@ def predicted_bubble(
         return statistics.fmean(samples)
 
     out = {"predicted": bubble(times, **runtime), "predicted_compute_only": bubble(times)}
+    if runtime.get("late_recv_idle") is not None:
+        # the previous model on the same run: every late receive priced as if its sender were computing
+        out["predicted_sender_always_computing"] = bubble(times, **{**runtime, "late_recv_idle": None})
     if schedule in CLOSED_FORM_SCHEDULES:
         out["predicted_closed_form"] = closed_form_bubble(schedule, split.pp, split.vpp, microbatches)
     if measured_times is not None:

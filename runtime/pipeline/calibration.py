@@ -34,6 +34,10 @@ process group, before the prediction is made.
   pipeline (its transport thread must be woken while its rank's thread holds a core). The delay is bimodal
   (most a few tenths of a ms, some several ms: RESULTS 14.3), so its mean needs many messages: 60 per rank
   pair (with 30, the mean moved 1.2-4.5 ms between the jobs of one bench run, RESULTS 14.5).
+  It is measured twice: with the sender computing, and with the sender blocked in its send's wait
+  (`late_recv_idle_s`). The engine's 1F1B loop waits on every batch of sends and receives it posts, so there
+  a late receive's sender is usually blocked, not computing, and its transport thread answers at once
+  (RESULTS 14.9); the simulation prices each late receive by what its sender is doing when it is posted.
 
 * The host's slowdowns: a rank's forward or backward does not take the same time every time - on a
   shared CPU host the OS gives its core to another thread for a while (or, with more ranks than cores,
@@ -77,6 +81,11 @@ class PipelineOverheads:
     samples: int  # local gaps the action overhead is the mean of
     # per calibration step: {(kind, stage, micro-batch): measured time / nominal time} of every compute action
     slowdowns: tuple[dict, ...] = ()
+    # measured: the late receive when the sender is blocked in a wait (not computing) as the receive is posted
+    late_recv_idle_s: float | None = None
+    # per pipeline rank: the calibration step's time split into compute, message posts, waits, the rest
+    # (`timing.comm_split`), to set beside the training run's (`measured["step_split"]`)
+    step_split: tuple[dict, ...] = ()
 
     @property
     def delivery_s(self) -> float:
@@ -160,11 +169,15 @@ def busy_compute(seconds: float, work: torch.Tensor) -> None:
         work = work / work.norm()
 
 
-def measure_late_recv(group, nbytes: int, repeats: int = 60, sender_busy_s: float = 0.02) -> float:
+def measure_late_recv(
+    group, nbytes: int, repeats: int = 60, sender_busy_s: float = 0.02, sender_waits: bool = False
+) -> float:
     """Mean time from posting a receive to its arrival when the message was sent before the receive was
     posted (see the module docstring), measured between pipeline ranks (0, 1), (2, 3), ... of `group` at
-    once: the sender posts its send, then computes for `sender_busy_s`; the receiver computes for a quarter
-    of that, then posts its recv and waits. Every rank of the group must call it."""
+    once: the sender posts its send, then computes for `sender_busy_s` (`sender_waits`: blocks in the send's
+    wait instead, as the engine's 1F1B loop waits on each batch of sends and receives it posts); the receiver
+    computes for a quarter of `sender_busy_s`, then posts its recv and waits. Every rank of the group must
+    call it."""
     me = dist.get_rank(group)
     size = dist.get_world_size(group)
     partner = me + 1 if me % 2 == 0 else me - 1
@@ -179,7 +192,8 @@ def measure_late_recv(group, nbytes: int, repeats: int = 60, sender_busy_s: floa
         other = dist.get_global_rank(group, partner)
         if me % 2 == 0:
             request = dist.isend(buffer, other, group=group)
-            busy_compute(sender_busy_s, work)
+            if not sender_waits:
+                busy_compute(sender_busy_s, work)
             request.wait()
         else:
             busy_compute(sender_busy_s / 4, work)
@@ -339,12 +353,13 @@ def measure_overheads(
     compute, no slowdowns measured)."""
     from trex.cost_model.collectives import send_recv
     from trex.runtime.pipeline.schedules import build_schedule, compute_actions, send_posts
-    from trex.runtime.pipeline.timing import StageClock, collector_paused, timed_stage
+    from trex.runtime.pipeline.timing import StageClock, collector_paused, comm_split, p2p_timed, timed_stage
 
     rows, seq, hidden = activation
     nbytes = rows * seq * hidden * 4
     tier = link_tier(group, nbytes)
     late_recv = measure_late_recv(group, nbytes)
+    late_recv_idle = measure_late_recv(group, nbytes, sender_waits=True)
     me = dist.get_rank(group)
     clock = StageClock()
     mine = split.chunks_of(me)
@@ -373,20 +388,24 @@ def measure_overheads(
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows * microbatches, seq), generator=generator)
     holds_first = any(c.first for c in mine)
-    records = []
+    records, comms = [], []
     for step in range(steps + 1):
         dist.barrier(group=group)
         clock.take()
         started = time.perf_counter()
-        with collector_paused():  # as the training step runs
+        log: list = []
+        with collector_paused(), p2p_timed(log):  # as the training step runs
             pipe.step(*((ids,) if holds_first else ()), target=ids, losses=[])
         seconds = time.perf_counter() - started
         intervals = clock.take()
         if step:  # the first step infers shapes
             records.append((seconds, intervals, started))
+            comms.append((seconds, intervals, log))
     slowed = [task_slowdowns(intervals, burns, per_iteration) for _, intervals, _ in records] if task_times else []
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, (me, records, slowed), group=group)
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (me, comm_split(comms)), group=group)
     orders = compute_actions(pipe)
     released = {
         key: orders[rank][at] for rank, posted in send_posts(pipe, orders).items() for key, at in posted.items()
@@ -409,6 +428,8 @@ def measure_overheads(
         activation_bytes=nbytes,
         samples=len(found["local"]),
         slowdowns=slowdowns,
+        late_recv_idle_s=late_recv_idle,
+        step_split=tuple(part for _, part in sorted(dict(parts).items())),
     )
 
 

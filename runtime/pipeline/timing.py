@@ -82,3 +82,61 @@ def collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextmanager
+def p2p_timed(log: list) -> Iterator[None]:
+    """The engine's message posts (`_batch_p2p`) and waits (`_wait_batch_p2p`) recorded in `log` as
+    ("post" / "wait", start, end) while the block runs (one schedule step). Why: the training run's
+    non-compute time was longer than the calibration's null chunks measure for the same schedule (RESULTS
+    14.6); with the posts and waits timed in both runs, a step's non-compute time splits into posting,
+    waiting for a message (or for a send's handshake) and the rest (the runtime's own Python work), and the
+    two runs can be compared part by part (`comm_split`). Every schedule of the engine posts and waits
+    through these two module functions (the lowered runtime's SEND/RECV actions too)."""
+    from torch.distributed.pipelining import schedules
+
+    post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
+
+    def timed_post(ops, desc=None):
+        start = time.perf_counter()
+        try:
+            return post(ops, desc=desc)
+        finally:
+            if ops:
+                log.append(("post", start, time.perf_counter()))
+
+    def timed_wait(work):
+        start = time.perf_counter()
+        try:
+            return wait(work)
+        finally:
+            if work:
+                log.append(("wait", start, time.perf_counter()))
+
+    schedules._batch_p2p, schedules._wait_batch_p2p = timed_post, timed_wait
+    try:
+        yield
+    finally:
+        schedules._batch_p2p, schedules._wait_batch_p2p = post, wait
+
+
+def comm_split(steps: list[tuple[float, list[Interval], list]]) -> dict[str, float]:
+    """One rank's steps, each (step seconds, compute intervals, `p2p_timed` log), as the mean milliseconds per
+    step spent computing, posting messages, waiting on them (`long_waits`: waits over 0.1 ms, their count per
+    step) and elsewhere (`other`: the runtime's work between actions: bookkeeping, autograd and activation
+    release outside the timed passes)."""
+    if not steps:
+        return {}
+    n = len(steps)
+    compute = sum(busy_seconds(intervals) for _, intervals, _ in steps) / n
+    posting = sum(end - start for _, _, log in steps for what, start, end in log if what == "post") / n
+    waits = [end - start for _, _, log in steps for what, start, end in log if what == "wait"]
+    step = sum(seconds for seconds, _, _ in steps) / n
+    return {
+        "step_ms": step * 1e3,
+        "compute_ms": compute * 1e3,
+        "post_ms": posting * 1e3,
+        "wait_ms": sum(waits) / n * 1e3,
+        "long_waits": sum(w > 1e-4 for w in waits) / n,
+        "other_ms": (step - compute - posting - sum(waits) / n) * 1e3,
+    }

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trex.errors import TrexError
-from trex.runtime.pipeline.timing import collector_paused
+from trex.runtime.pipeline.timing import collector_paused, comm_split, p2p_timed
 from trex.runtime.trainer import IGNORE_INDEX, Trainer
 
 
@@ -114,6 +114,7 @@ class PipelineTrainer(Trainer):
         self.pipe = build_schedule(self.schedule_name, stages, plan.microbatches, self.micro_batch_loss)
         self.normalizer = 1
         self.step_records: list[tuple[float, list, float]] = []  # (step seconds, intervals, start) per step
+        self.step_comms: list[list] = []  # per step: the engine's message posts and waits (`timing.p2p_timed`)
         self.count_activations = True
         from trex.runtime.pipeline.activations import LiveActivations
 
@@ -171,9 +172,11 @@ class PipelineTrainer(Trainer):
         args = (rows.inputs,) if self.holds_first else ()
         self.clock.take()
         start = time.perf_counter()
-        with counting, autocast, collector_paused(), self.applied.loss_context():
+        comms: list = []
+        with counting, autocast, collector_paused(), self.applied.loss_context(), p2p_timed(comms):
             self.pipe.step(*args, target=rows.targets, losses=losses)
         self.step_records.append((time.perf_counter() - start, self.clock.take(), start))
+        self.step_comms.append(comms)
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:
             self.gathered = self.gather_full_gradients()
@@ -218,6 +221,11 @@ class PipelineTrainer(Trainer):
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (self.stage_rank, records))
         measured = measured_bubble(everyone, len(self.split.chunks))
+        comms = self.step_comms[1:] if len(self.step_comms) > 1 else self.step_comms
+        split: list = [None] * dist.get_world_size()
+        mine = comm_split([(seconds, intervals, log) for (seconds, intervals, _), log in zip(records, comms)])
+        dist.all_gather_object(split, (self.stage_rank, mine))
+        measured["step_split"] = [part for _, part in sorted(dict(split).items())]
         chunks, why = self.predicted_chunks()
         model_times = chunk_task_times(chunks) if chunks else None
         calibrated, calibration_note = self.calibrate_tasks()

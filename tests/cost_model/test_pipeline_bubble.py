@@ -141,6 +141,27 @@ def test_a_receive_posted_after_its_message_was_sent_waits_for_the_handshake():
     assert simulated_bubble(late, own_span=True) > simulated_bubble(in_time, own_span=True)
 
 
+def test_a_late_receive_is_priced_by_what_its_sender_does_when_it_is_posted():
+    """Rank 1 posts F(1, 1)'s receive at 4.1, after F(0, 1) was sent (2.0). Rank 0 then either waits (nothing
+    left to do: blocked, as the engine's 1F1B loop is in its batched send/recv wait), and the handshake costs the
+    waiting sender's `late_recv_idle`, or still computes (F(0, 4), 4.0 to 5.0), and it costs `late_recv`."""
+    times = {"F": [1.0, 3.0]}
+    waiting = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    computing = {0: [("F", 0, mb) for mb in range(5)], 1: [("F", 1, 0), ("F", 1, 1)]}
+
+    def start(tasks):
+        return next(t.start for t in tasks if t.rank == 1 and t.microbatch == 1)
+
+    costs = {"p2p": 0.1, "late_recv": 0.5, "late_recv_idle": 0.2}
+    assert start(simulate_actions(waiting, times, 2, **costs)) == pytest.approx(4.1 + 0.2)
+    assert start(simulate_actions(computing, times, 2, **costs)) == pytest.approx(4.1 + 0.5)
+    # without the waiting sender's price every late receive costs `late_recv` (the model before RESULTS 14.9)
+    assert start(simulate_actions(waiting, times, 2, p2p=0.1, late_recv=0.5)) == pytest.approx(4.1 + 0.5)
+    # the runtime's per-action work counts as working: a sender in its overhead is not waiting
+    overhead = simulate_actions(computing, times, 2, overhead=0.05, **costs)
+    assert start(overhead) == pytest.approx(next(t.end for t in overhead if t.rank == 1) + 0.05 + 0.5)
+
+
 def test_extra_time_lengthens_one_action():
     orders = {0: [("F", 0, 0), ("F", 0, 1)]}
     tasks = simulate_actions(orders, {"F": [1.0]}, 1, extra={("F", 0, 1): 0.25})
