@@ -18,7 +18,6 @@ def pipeline_limits(plan: ParallelConfig) -> list[str]:
     return []
 
 
-TP_SCHEDULES = ("gpipe", "1f1b")
 # tp inside pipeline stages: Qwen3-MoE's sequence-parallel DTensor styles (`runtime.tensor_parallel`) and
 # DeepSeek-V3/V4's head-parallel attention (`runtime.tensor_parallel_heads`), both cut at chunk boundaries
 # (`stages.ChunkModule.sequence_parallel_on`)
@@ -26,11 +25,12 @@ TP_FAMILIES = ("qwen3_moe", "deepseek_v3", "deepseek_v4")
 
 
 def tensor_parallel_problems(config: Any, plan: ParallelConfig, schedule: str, compile: bool = False) -> list[str]:
-    """pp x tp runs tensor parallelism with sequence parallelism inside each stage, for the families and the
-    one-chunk schedules that have been checked against the 1-rank run (tests/runtime/test_pipeline_parallel.py).
-    DeepSeek-V3/V4's head-parallel stages have been run with pp x tp alone (bench/RESULTS.md 14.7): not yet
-    composed with dp, ep, ZeRO-3 (its chunk roots are wrapped before tp swaps in the vocabulary-parallel
-    embedding) or compiled chunks, so those are refused for them."""
+    """pp x tp runs tensor parallelism with sequence parallelism inside each stage, for the families that have
+    been checked against the 1-rank run under every schedule - GPipe and 1F1B, interleaved 1F1B (vpp=2) and
+    the split-backward ZB-V and DualPipeV (tests/runtime/test_pipeline_parallel.py, bench/RESULTS.md 14.7 and
+    14.9). DeepSeek-V3/V4's head-parallel stages have been run with pp x tp alone: not yet composed with dp,
+    ep, ZeRO-3 (its chunk roots are wrapped before tp swaps in the vocabulary-parallel embedding) or compiled
+    chunks, so those are refused for them."""
     if plan.tp == 1:
         return []
     problems = []
@@ -51,12 +51,6 @@ def tensor_parallel_problems(config: Any, plan: ParallelConfig, schedule: str, c
                 f"checked against the 1-rank run without dp, ep, zero=3 or --compile; drop {', '.join(untried)} "
                 "or use tp=1 with pp"
             )
-    if schedule not in TP_SCHEDULES:
-        problems.append(
-            f"--schedule {schedule} with tp={plan.tp}: tensor-parallel stages have been checked against the 1-rank "
-            f"run under {' and '.join(TP_SCHEDULES)} only (one chunk per stage; not yet with vpp > 1 or the split "
-            "backward); use one of them with tp"
-        )
     return problems
 
 

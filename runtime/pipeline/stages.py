@@ -160,9 +160,12 @@ class ChunkModule(nn.Module):
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (what the engine sends on), a plain tensor as it is."""
+    """A DTensor's local shard (what the engine sends on), a plain tensor as it is - never a view: the split
+    backward's input pass (ZB-V, DualPipeV) detaches a stage's outputs in place (`stage_backward_input`), which
+    autograd refuses for a view, and a DTensor's `to_local()` is one (tp inside the stage). A view is copied."""
     to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None else tensor
+    out = to_local() if to_local is not None else tensor
+    return out.clone() if out._is_view() else out
 
 
 def build_chunks(part: nn.Module, split: StageSplit, rank: int) -> list[ChunkModule]:

@@ -6,6 +6,8 @@ it is the rendezvous link's late receive, which the calibration measures on its 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from trex.runtime.pipeline.calibration import NullChunk, gaps
@@ -204,3 +206,37 @@ def test_delivery_is_the_measured_remote_delay_less_the_action_work():
     assert overheads(1.0e-3).delivery_s == pytest.approx(0.7e-3)
     assert overheads(0.2e-3).delivery_s == pytest.approx(0.1e-3)  # never below the link's p2p time
     assert overheads(1.0e-3).to_dict()["delivery_s"] == pytest.approx(0.7e-3)
+
+
+def test_step_split_separates_compute_posts_waits_and_the_rest():
+    """A step's time: compute (the timed passes), the engine's message posts and waits (`p2p_timed`'s log), and
+    what is left (the runtime's own work between actions); waits over 0.1 ms are counted."""
+    from trex.runtime.pipeline.timing import comm_split
+
+    steps = [
+        (10.0e-3, [Interval("F", 0, 0, 0.0, 4.0e-3)], [("post", 4.0e-3, 4.5e-3), ("wait", 4.5e-3, 8.5e-3)]),
+        (12.0e-3, [Interval("F", 0, 1, 0.0, 6.0e-3)], [("wait", 6.0e-3, 6.05e-3)]),
+    ]
+    split = comm_split(steps)
+    assert split["step_ms"] == pytest.approx(11.0)
+    assert split["compute_ms"] == pytest.approx(5.0)
+    assert split["post_ms"] == pytest.approx(0.25)
+    assert split["wait_ms"] == pytest.approx(2.025)
+    assert split["long_waits"] == pytest.approx(0.5)
+    assert split["other_ms"] == pytest.approx(11.0 - 5.0 - 0.25 - 2.025)
+    assert comm_split([]) == {}
+
+
+def test_p2p_timing_records_the_engines_posts_and_waits_and_restores_them():
+    from torch.distributed.pipelining import schedules
+
+    from trex.runtime.pipeline.timing import p2p_timed
+
+    post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
+    log: list = []
+    with p2p_timed(log):
+        assert schedules._batch_p2p is not post and schedules._wait_batch_p2p is not wait
+        assert schedules._batch_p2p([]) == []  # nothing posted: nothing recorded
+        schedules._wait_batch_p2p([SimpleNamespace(wait=lambda: None)])
+    assert schedules._batch_p2p is post and schedules._wait_batch_p2p is wait
+    assert [what for what, _, _ in log] == ["wait"] and log[0][1] <= log[0][2]

@@ -6,7 +6,7 @@ Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B,
 chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
 chunks per stage), pp composed with ep, dp/ZeRO-1/2/3 (ZB-V and DualPipeV with ZeRO-3 too) and tp on 4 ranks
-(all three families under tp),
+(all three families under tp, every schedule),
 and pp=2 -> pp=4 / pp=1 resumes.
 """
 
@@ -186,11 +186,16 @@ def test_pipeline_composes_with_expert_and_data_parallelism_on_four_ranks(model)
 
 
 TENSOR_PARALLEL_CASES = {
-    "tiny-qwen3-moe": ["1f1b"],
+    "tiny-qwen3-moe": ["1f1b", "interleaved", "zbv", "dualpipev"],
     # head-parallel attention inside each stage; V4's hash-routed layer on chunk 0 routes this rank's token ids
-    "tiny-deepseek-v3": ["gpipe", "1f1b"],
-    "tiny-deepseek-v4": ["gpipe", "1f1b"],
+    "tiny-deepseek-v3": ["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"],
+    "tiny-deepseek-v4": ["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"],
 }
+
+
+def tensor_parallel_plan(schedule: str) -> str:
+    """pp=2 x tp=2, with two chunks per stage for the interleaved and the V schedules."""
+    return "pp=2,tp=2" if schedule in ("gpipe", "1f1b") else "pp=2,vpp=2,tp=2"
 
 
 @pytest.mark.slow
@@ -202,11 +207,12 @@ def test_pipeline_composes_with_tensor_parallelism_on_four_ranks(model):
     the bubble is reported as for any pipeline."""
     schedules = TENSOR_PARALLEL_CASES[model]
     ref = execute(job(model, "", 1, gather_gradients=True))
-    jobs = [job(model, "pp=2,tp=2", 4, schedule, gather_gradients=True) for schedule in schedules]
+    jobs = [job(model, tensor_parallel_plan(schedule), 4, schedule, gather_gradients=True) for schedule in schedules]
     results = launch_function(run_jobs, (jobs,), 4)
     for schedule, result in zip(schedules, results[0]):
-        assert_same_run(result, ref, f"{model} pp=2,tp=2 {schedule}")
-        assert_bubble_report(result, schedule, f"{model} pp=2,tp=2 {schedule}")
+        label = f"{model} {tensor_parallel_plan(schedule)} {schedule}"
+        assert_same_run(result, ref, label)
+        assert_bubble_report(result, schedule, label)
 
 
 @pytest.mark.slow

@@ -100,9 +100,11 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
         "pp=2,vpp=2,dp=2,ep=2,zero=3", 4, schedule="zbv"
     )
     assert "drop --compile or use gpipe, 1f1b or interleaved" in refused("pp=2,vpp=2", 2, schedule="zbv", compile=True)
-    # pp x tp: sequence-parallel tp inside the stages (Qwen3-MoE; V3/V4 head-parallel), not yet the V schedules
-    for schedule in ("interleaved", "zbv"):
-        assert "under gpipe and 1f1b only" in refused("pp=2,vpp=2,tp=2", 4, schedule=schedule)
+    # pp x tp: sequence-parallel tp inside the stages (Qwen3-MoE; V3/V4 head-parallel), under every schedule
+    for model in ("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-deepseek-v4"):
+        for schedule in ("interleaved", "zbv", "dualpipev"):
+            created = TrainJob.create(model, "pp=2,vpp=2,tp=2", 4, **SHAPE, steps=1, schedule=schedule)
+            assert (created.parallel.tp, created.parallel.vpp) == (2, 2)
     for model in ("tiny-deepseek-v3", "tiny-deepseek-v4"):
         assert TrainJob.create(model, "pp=2,tp=2", 4, **SHAPE, steps=1, schedule="gpipe").parallel.tp == 2
         # V3/V4's head-parallel stages have been run with pp x tp alone: what was not run is refused, named
