@@ -162,9 +162,13 @@ class ChunkModule(nn.Module):
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (what the engine sends on), a plain tensor as it is - never a view: the split
     backward's input pass (ZB-V, DualPipeV) detaches a stage's outputs in place (`stage_backward_input`), which
-    autograd refuses for a view, and a DTensor's `to_local()` is one (tp inside the stage). A view is copied."""
+    autograd refuses for a view, and a DTensor's `to_local()` is one (tp inside the stage). A view is copied.
+    Inside a captured graph (`--compile`) the check is left out: Dynamo cannot trace `_is_view` (a bool), and
+    the compiled chunk's outputs are the graph's own (the V schedules refuse --compile anyway)."""
     to_local = getattr(tensor, "to_local", None)
     out = to_local() if to_local is not None else tensor
+    if torch.compiler.is_compiling():
+        return out
     return out.clone() if out._is_view() else out
 
 
