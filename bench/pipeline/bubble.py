@@ -15,6 +15,11 @@ beside it where one exists), their ratio, and the same simulation fed with the m
 times (what the model explains when its compute times are right). The prediction's task times are each
 chunk's F/B/I/W measured alone on the chunk by the calibration (`runtime.pipeline.task_calibration`);
 `pred. cost-model tasks` is the same simulation with the cost model's FLOP-priced task times instead.
+`late recv, sender waiting ms` is the late receive measured with the sender blocked in its wait (the 1F1B
+loop's case), which the prediction uses where the simulated sender is not working; `old model` is the same
+prediction with every late receive priced as if its sender were computing (the model before RESULTS 14.9), so
+the two models are compared on the same run. After the table, per job, a step's time split into compute, the
+engine's message posts and waits, and the rest, for the training run and its calibration's null chunks.
 At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
 1-rank run on the way.
 """
