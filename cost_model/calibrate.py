@@ -28,6 +28,8 @@ on a shared machine other processes only ever add time):
 * fused attention forward and backward (`scaled_dot_product_attention`): efficiency vs the fp32 peak.
 * collectives over gloo between 2 local processes (all_reduce, all_gather, reduce_scatter,
   all_to_all): latency and bandwidth of an alpha-beta line fitted to all_reduce, the others kept as data.
+* an eager rank's issue costs (`trex.cost_model.eager_issue`, with the collectives: a process of its own on a
+  fake process group): per op beyond the kernel's fixed cost, extra per DTensor op, per FSDP2 unit pass.
 
 `fast=True` runs the same code on small sizes with few repetitions (a few seconds), for tests.
 """
@@ -51,6 +53,7 @@ from trex.cost_model.catalog import UNCALIBRATED_GLOO_LATENCY_US
 from trex.cost_model.cluster import Cluster, MeasuredCollective, Tier, cluster_to_dict
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
+from trex.cost_model.eager_issue import measure_eager_costs_apart
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Calibration:
     loops: tuple[float, float] = (0.0, 0.0)  # ns per TensorIterator row, ns per 2-D loop call
     rows: RowCosts | None = None  # softmax / reduction row costs
     vector_flops: float = 0.0
+    eager: dict[str, Any] = field(default_factory=dict)  # eager issue costs and what they came from (eager_issue)
     seconds: float = 0.0
 
     def cluster(self) -> Cluster:
@@ -728,6 +732,15 @@ def _calibrate(fast: bool, collectives: bool, ranks: int = 2) -> Calibration:
             source=f"measured by `trex calibrate`: each collective kind over gloo, {max(2, ranks)} local processes",
             collectives=fit_collectives(result.collectives),
         )
+        # an eager rank's issue costs (plain op, DTensor op, FSDP2 unit): a process of its own with a fake group
+        result.eager = measure_eager_costs_apart(repeats)
+        if "error" not in result.eager:
+            result.profile = replace(
+                result.profile,
+                eager_op_us=result.eager["eager_op_us"],
+                dtensor_op_us=result.eager["dtensor_op_us"],
+                fsdp_unit_us=result.eager["fsdp_unit_us"],
+            )
     result.seconds = time.perf_counter() - started
     return result
 
@@ -792,6 +805,7 @@ def save_calibration(result: Calibration, path: str | Path | None = None) -> Pat
         )
         if result.rows
         else "not measured",
+        "eager_issue": {key: str(value) for key, value in result.eager.items()},
         "seconds": result.seconds,
     }
     path.write_text(json.dumps(data, indent=2) + "\n" if path.suffix == ".json" else dumps(data))

@@ -133,6 +133,11 @@ class DeviceProfile:
     scalar_softmax_ns: Mapping[str, float] = field(default_factory=dict)
     reduce_output_ns: Mapping[str, float] = field(default_factory=dict)
     comm_units: float = 0.0  # compute units an overlapped communication kernel occupies (0: overlap modelled as free)
+    # an eager CPU rank's issue costs (`cost_model.eager_issue`, measured by `trex calibrate`; 0: not modelled):
+    # microseconds per op beyond the kernel's fixed cost, extra per DTensor op, per FSDP2 unit forward+backward
+    eager_op_us: float = 0.0
+    dtensor_op_us: float = 0.0
+    fsdp_unit_us: float = 0.0
     _gemm_cache: dict = field(
         default_factory=dict, init=False, compare=False, repr=False
     )  # the planner prices the same shapes often
@@ -619,6 +624,12 @@ _FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "row_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per inner loop row beyond the first"),
     "loop_call_overhead_ns": ((int, float), "CPU element-wise kernels: nanoseconds per 2-D loop call beyond the first"),
     "comm_units": ((int, float), "compute units an overlapped communication kernel occupies (0: overlap is free)"),
+    "eager_op_us": ((int, float), "eager CPU rank: microseconds to issue one op beyond its kernel's fixed cost"),
+    "dtensor_op_us": (
+        (int, float),
+        "eager CPU rank: extra microseconds per DTensor op (sharding propagation, tp hooks)",
+    ),
+    "fsdp_unit_us": ((int, float), "eager CPU rank: microseconds of FSDP2 hooks per unit per forward+backward"),
     "vector_lanes": (
         int,
         "CPU: fp32 lanes per SIMD vector; softmax rows shorter than this run scalar (0: not modelled)",
@@ -838,6 +849,10 @@ def device_profile_from_dict(data: Mapping[str, Any], source: str = "<dict>") ->
             _FIELDS["loop_call_overhead_ns"][1],
         ),
         comm_units=_non_negative(source, "device.comm_units", data.get("comm_units", 0.0), _FIELDS["comm_units"][1]),
+        **{
+            key: _non_negative(source, f"device.{key}", data.get(key, 0.0), _FIELDS[key][1])
+            for key in ("eager_op_us", "dtensor_op_us", "fsdp_unit_us")
+        },
         vector_lanes=int(
             _non_negative(source, "device.vector_lanes", data.get("vector_lanes", 0), _FIELDS["vector_lanes"][1])
         ),
@@ -897,6 +912,9 @@ def device_profile_to_dict(profile: DeviceProfile) -> dict[str, Any]:
             "row_overhead_ns": profile.row_overhead_ns,
             "loop_call_overhead_ns": profile.loop_call_overhead_ns,
             "comm_units": profile.comm_units,
+            "eager_op_us": profile.eager_op_us,
+            "dtensor_op_us": profile.dtensor_op_us,
+            "fsdp_unit_us": profile.fsdp_unit_us,
             "vector_lanes": profile.vector_lanes,
             "scalar_softmax_ns": dict(profile.scalar_softmax_ns),
             "reduce_output_ns": dict(profile.reduce_output_ns),

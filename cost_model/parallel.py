@@ -79,6 +79,10 @@ class ParallelConfig:
     # True: those `tp_grad_sync` collectives are issued once per step (the partial gradients accumulate locally
     # over the micro-batches and are summed with the last one's), not every micro-batch
     tp_grad_sync_per_step: bool = False
+    # what one rank issues per step on an eager CPU executor, counted on its program (`runtime.issued_ops`):
+    # (plain ops, DTensor ops, FSDP2 unit passes); priced by the device's measured issue costs
+    # (`cost_model.eager_issue`). None: not counted (production plans: the host model prices issue time)
+    issued_ops: tuple[int, int, int] | None = None
     grad_dtype: Precision = "fp32"  # main-gradient buffer and gradient reduction dtype
     # the dtype the parameters are stored in: None = the compute precision's (bf16 weights plus an fp32 master
     # copy in the optimizer state, Megatron's mixed precision); "fp32" = fp32 parameters the optimizer steps

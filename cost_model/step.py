@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trex.cost_model import collectives
+from trex.cost_model import collectives, eager_issue
 from trex.cost_model.caveats import estimate_caveats
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.devices import GIB
@@ -54,6 +54,7 @@ class Breakdown:
     optimizer_s: float
     dp_sync_s: float  # the data-parallel part of exposed_comm_s
     host_wait_s: float = 0.0  # the device idle while the host issues ops (host-bound stretches, trex.cost_model.host)
+    eager_issue_s: float = 0.0  # an eager CPU rank issuing its counted ops (trex.cost_model.eager_issue)
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -64,6 +65,7 @@ class Breakdown:
             "optimizer": self.optimizer_s,
             "data_parallel_sync": self.dp_sync_s,
             "host_wait": self.host_wait_s,
+            "eager_issue": self.eager_issue_s,
         }
 
 
@@ -504,14 +506,18 @@ def estimate_step(
             times = 1 if plan.tp_grad_sync_per_step else m
             tp_sync = times * calls * collectives.all_reduce(max(nbytes, 1.0) / calls, tp_place)
     dp_sync += tp_sync
-    step = pipeline + dp_sync + optimizer
+    # an eager CPU rank issues every op on the core that runs its kernels: the counted ops' issue cost adds up
+    issue = (
+        share * eager_issue.issue_seconds(eager_issue.IssueCounts(*plan.issued_ops), device) if plan.issued_ops else 0.0
+    )
+    step = pipeline + dp_sync + optimizer + issue
 
     compute = m * sum(compute_per_chunk[c] for c in slow_ids)
     recompute = m * sum(recompute_per_chunk[c] for c in slow_ids)
     comm = m * sum(comm_per_chunk[c] for c in slow_ids)
     host_wait = m * sum(chunks[c].host_wait_s for c in slow_ids)
     bubble = max(0.0, pipeline - compute - comm - host_wait)
-    breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync, host_wait)
+    breakdown = Breakdown(compute, recompute, comm + dp_sync, bubble, optimizer, dp_sync, host_wait, issue)
     tokens = plan.gbs * plan.seq
     notes = list(spec.assumptions)
     if device.name == "cpu" and not device.calibrated:

@@ -306,10 +306,13 @@ class DataParallelAdamW:
 
 
 def _reducible_in_graph(slot: ShardedParam) -> bool:
-    """A parameter whose gradient needs a sum over its replicas or over the tp ranks it is partial on (a DTensor
-    parameter's Partial gradient is redistributed to its placements by DTensor inside the same node)."""
+    """A parameter whose gradient needs a sum over its replicas or over the tp ranks it is partial on, or a DTensor
+    parameter (its gradient may be Partial over tp - a sequence-parallel norm's - even without replicas: DTensor
+    redistributes it to the parameter's placements with a functional collective inside the same node)."""
     home = slot.home
-    return home.mesh is not None and (home.replicas > 1 or home.partial_over is not None)
+    return home.mesh is not None and (
+        home.replicas > 1 or home.partial_over is not None or isinstance(slot.param, DTensor)
+    )
 
 
 @dataclass(frozen=True)

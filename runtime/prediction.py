@@ -7,6 +7,8 @@ transformers' eager modules and the runtime's tp/ep implementations) where it co
 cost model's own activation formula prices production fused kernels (what the planner ranks plans
 by) and is reported beside it as `activations_production_kernels`. Where the eager description does
 not cover a run, the production formula is the prediction and `activation_model` says why.
+On a CPU profile calibrated with eager issue costs, the step also pays what the rank issues (plain and DTensor
+ops, FSDP2 unit passes), counted on rank 0's own program (`runtime.issued_ops`, `cost_model.eager_issue`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def predict(
     from trex.cost_model.step import estimate_step
     from trex.errors import TrexError
     from trex.runtime.activation_model import NotCovered, eager_activations
+    from trex.runtime.issued_ops import count_issued, with_issue_counts
 
     try:
         spec = spec_from_config(config, getattr(config, "model_type", "model"))
@@ -52,7 +55,15 @@ def predict(
             )
         if plan.tp > 1:
             plan = dataclasses.replace(plan, **tp_gradient_sums(config, plan, compiled))
-        estimate = estimate_step(spec, get_cluster(cluster, nproc), plan)
+        machine = get_cluster(cluster, nproc)
+        issue_note = issue_counts_note = None
+        if _prices_issue(machine.device) and not compiled:
+            counts = count_issued(config, plan, nproc, plan.optimizer)
+            if isinstance(counts, str):
+                issue_note = f"issue cost left out: {counts}"
+            else:
+                plan, issue_counts_note = with_issue_counts(plan, counts), counts.to_dict()
+        estimate = estimate_step(spec, machine, plan)
     except TrexError as error:
         return {"error": str(error)}
     memory = estimate.memory
@@ -78,7 +89,15 @@ def predict(
         "memory_bytes": parts,
         "activations_production_kernels": memory.activations,
         "activation_model": described,
+        "issued_ops": issue_counts_note,
+        **({"issue_note": issue_note} if issue_note else {}),
     }
+
+
+def _prices_issue(device: Any) -> bool:
+    """Whether the device profile carries measured eager issue costs (a CPU calibrated by this `trex calibrate`):
+    only then are a rank's ops counted (`runtime.issued_ops`, a few seconds in a process of its own)."""
+    return any(getattr(device, key, 0.0) > 0 for key in ("eager_op_us", "dtensor_op_us", "fsdp_unit_us"))
 
 
 def reduction_calls(config: Any, plan: ParallelConfig) -> tuple[int, int]:

@@ -101,6 +101,13 @@ def plain_step_seconds(model_path: str, seq: int, gbs: int, mbs: int, steps: int
     return times
 
 
+def _issued(counts) -> str:
+    """The rank's counted ops (`runtime.issued_ops`), or why they were not counted."""
+    if isinstance(counts, dict):
+        return f"{counts['plain_ops']}, {counts['dtensor_ops']}, {counts['fsdp_unit_passes']}"
+    return str(counts or "not counted (profile without eager issue costs)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=4)
@@ -171,6 +178,7 @@ def main() -> int:
                 "losses_equal_1_rank": same,
                 "predicted_breakdown_s": predicted.get("step_breakdown_s"),
                 "grad_reduce_calls": predicted.get("grad_reduce_calls"),
+                "issued_ops": predicted.get("issued_ops") or predicted.get("issue_note"),
             }
         )
     print(
@@ -210,15 +218,17 @@ def main() -> int:
         f"{', '.join(sorted({f'{m.kind}/{m.group}' for t in cluster.tiers for m in t.collectives})) or 'none'}"
     )
     print(
-        "\n| plan | compute | exposed comm (tp/ep + dp) | dp sync | optimizer | host wait | dp calls (dense, expert) |"
+        "\n| plan | compute | exposed comm (tp/ep + dp) | dp sync | optimizer | host wait | eager issue | "
+        "dp calls (dense, expert) | issued per step (plain ops, DTensor ops, FSDP2 unit passes) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         b = r["predicted_breakdown_s"] or {}
         print(
             f"| {r['plan']} | {b.get('compute', 0) * 1e3:.1f} | {b.get('exposed_communication', 0) * 1e3:.1f} | "
             f"{b.get('data_parallel_sync', 0) * 1e3:.1f} | {b.get('optimizer', 0) * 1e3:.1f} | "
-            f"{b.get('host_wait', 0) * 1e3:.1f} | {r['grad_reduce_calls']} |"
+            f"{b.get('host_wait', 0) * 1e3:.1f} | {b.get('eager_issue', 0) * 1e3:.1f} | {r['grad_reduce_calls']} | "
+            f"{_issued(r['issued_ops'])} |"
         )
     step_rho = memory_rho = float("nan")
     if len(rows) > 1:

@@ -53,14 +53,19 @@ def _reductions_of_one_step(plan_text: str) -> dict:
                 nodes.append(type(node).__name__)
                 stack.extend(next_node for next_node, _ in node.next_functions)
         loss.backward()
+    from torch.distributed.tensor import DTensor
+
+    redistribute = DTensor.redistribute
     dist.all_reduce, dist.reduce_scatter_tensor = (
         counting("all_reduce", original[0]),
         counting("reduce_scatter", original[1]),
     )
+    DTensor.redistribute = counting("redistribute", redistribute)  # a Partial DTensor gradient summed afterwards
     try:
         applied.optimizer.reduce_gradients()
     finally:
         dist.all_reduce, dist.reduce_scatter_tensor = original
+        DTensor.redistribute = redistribute
     reducible = sum(1 for slot in applied.optimizer.slots if _reducible_in_graph(slot))
     grads = {s.name: s.master.grad.clone() for s in applied.optimizer.slots}
     return {
@@ -69,6 +74,7 @@ def _reductions_of_one_step(plan_text: str) -> dict:
         "issued_after": issued_after,
         "grads": grads,
         "partial": [s.name for s in applied.optimizer.slots if s.home.partial_over is not None],
+        "dtensors": sum(1 for s in applied.optimizer.slots if isinstance(s.param, DTensor)),
     }
 
 
@@ -95,6 +101,8 @@ def _check(plans: tuple[str, ...], nproc: int) -> None:
         if zero == 1:  # the summed gradient is the same on both replicas (each keeps its shard for the optimizer)
             for name, grad in rank0["grads"].items():
                 assert grad.shape == rank1["grads"][name].shape, name
+        if plan == "tp=2":  # a tp-only plan: the DTensor parameters (no replicas) are reduced in the graph too
+            assert rank0["dtensors"] > 0
         if plan.startswith("tp=2"):  # ranks 0 and 1 are tp peers: each one's part summed, both hold the whole
             assert rank0["partial"] and rank0["partial"] == rank1["partial"]
             for name in rank0["partial"]:
@@ -103,7 +111,8 @@ def _check(plans: tuple[str, ...], nproc: int) -> None:
 
 def test_zero_1_and_2_and_tp_partial_reductions_are_nodes_of_the_backward_graph():
     """dp=2 under ZeRO-1 and ZeRO-2, and tp=2: the tp-replicated parameters (norms, q/k norms, router) whose
-    gradient each tp rank holds only a part of are summed by the same node, not by a blocking hook."""
+    gradient each tp rank holds only a part of are summed by the same node, not by a blocking hook; at tp=2
+    (no replicas) the DTensor parameters' Partial gradients are redistributed by that node, not afterwards."""
     _check(("zero=1", "zero=2", "tp=2"), 2)
 
 

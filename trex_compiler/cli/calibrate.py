@@ -79,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(
                 f"gloo {m.kind} over {m.group}", f"{m.latency_us:.1f} us + bytes / {m.bandwidth_gbs:.2f} GB/s"
             )
+    if "error" in result.eager:
+        table.add_row("eager issue costs", f"not measured: {result.eager['error']}")
+    elif result.eager:
+        table.add_row("eager op issue (beyond its kernel)", f"{profile.eager_op_us:.2f} us")
+        table.add_row("DTensor op, extra", f"{profile.dtensor_op_us:.1f} us")
+        table.add_row("FSDP2 unit, forward+backward hooks", f"{profile.fsdp_unit_us:.1f} us")
     console.print(table)
     console.print(f"saved to {path}")
     return 0
