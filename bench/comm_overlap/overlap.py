@@ -468,8 +468,18 @@ def main() -> int:
         "--compare-profile",
         help="also print the prediction with the cpu profile `trex calibrate` saved in this directory",
     )
+    parser.add_argument(
+        "--profile",
+        help="price everything (the chunk choice, the pass's decisions, 'predicted exposed') with the cpu profile "
+        "`trex calibrate` saved in this directory (as $TREX_CACHE_DIR), e.g. bench/comm_overlap/calibration",
+    )
     args = parser.parse_args()
     from trex.runtime.launcher import launch_function
+
+    if args.profile:
+        if not (Path(args.profile) / "cpu.toml").exists():
+            parser.error(f"--profile {args.profile}: no cpu.toml there; run `trex calibrate --out DIR/cpu.toml` first")
+        os.environ["TREX_CACHE_DIR"] = str(Path(args.profile).resolve())  # the spawned ranks inherit it
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = {
