@@ -9,6 +9,9 @@ The pass reschedules the graph (a list scheduler over its data dependences) so t
   reductions), unless the extra memory that holds its buffer earlier would pass the budget;
 - every wait is as late as its users allow, and compute that does not depend on a pending transfer
   is pulled in front of the wait while the transfer would otherwise be exposed (within the budget);
+- in a joint graph's backward, the weight gradients (what only the output reads) may be held back so the
+  data gradients reach the next collective sooner and the weight gradients fill the waits (kept when the
+  timeline exposes less; `weight_gradient_nodes`);
 - latency-bound collectives of the same kind and group whose inputs are ready together are issued as
   one coalesced collective when the alpha-beta model says the saved latencies pay;
 - the order in which collectives are issued is the original one, on every rank: the pass never
@@ -17,7 +20,8 @@ The pass reschedules the graph (a list scheduler over its data dependences) so t
 
 Time comes from `node.meta["cost"]` (the cost model; nodes without it are priced first, on the target's
 cluster, or on the emulated link when `TREX_EMULATE_LINK` is set). The same simulation (one compute
-stream, one serial link) predicts the exposed communication before and after; both go in the decisions.
+stream, one serial link) predicts the exposed communication before and after; both go in the decisions, with
+the least any order-keeping schedule could expose on that model (`exposure_bound`).
 """
 
 from __future__ import annotations
