@@ -384,9 +384,13 @@ def exposure_bound(graph: fx.Graph, joint: bool = True) -> ExposureBound:
     (compute before the first collective) + (all link time) + (compute after the last one), and exposed time is
     that minus the segment's compute. What it does not count (dependences that leave the link idle between
     layers) only makes the true least exposure larger: the pass's schedule can be compared against it.
-    `joint` False: the graph is one segment (a partitioned forward or backward graph)."""
+    `joint` False: the graph is one segment (a partitioned forward or backward graph); so is a joint graph whose
+    collective order interleaves forward and backward collectives (then they do not run as two segments)."""
     nodes = list(graph.nodes)
     backward = backward_nodes(nodes) if joint else set()
+    in_order = [n in backward for n in nodes if is_collective(n)]
+    if in_order != sorted(in_order):  # a forward collective issued after a backward one: the two segments overlap
+        joint = False
     total, parts = 0.0, []
     segments = (("forward", [n for n in nodes if n not in backward]), ("backward", [n for n in nodes if n in backward]))
     for label, members in segments if joint else (("graph", nodes),):
