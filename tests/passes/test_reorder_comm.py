@@ -449,3 +449,19 @@ def test_the_exposure_bound_counts_compute_that_must_precede_the_first_and_follo
     assert bound.exposed_s == pytest.approx(4e-3)
     assert simulate(gm.graph.nodes).exposed_s == pytest.approx(4e-3)  # 1 ms of independent compute hides 1 ms
     assert "5.000 ms on the link" in bound.parts[0]
+
+
+def test_a_joint_graph_whose_collectives_interleave_forward_and_backward_is_bounded_as_one_segment():
+    graph = fx.Graph()
+    grad, x = graph.placeholder("tangents_1"), graph.placeholder("x")
+    backward_start = graph.call_function(funcol.all_reduce.default, (grad, "sum", group_name()))
+    forward_start = graph.call_function(funcol.all_gather_into_tensor.default, (x, 1, group_name()))
+    backward_work = graph.call_function(torch.ops.aten.mm.default, (grad, grad))
+    waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in (backward_start, forward_start)]
+    costs = {backward_start.name: 4e-3, forward_start.name: 4e-3, backward_work.name: 6e-3}
+    gm = finish(graph, [*waits, backward_work], [torch.randn(4, 4), torch.randn(4, 4)], costs)
+    # the forward's all-gather is issued after the backward's all-reduce: the backward's compute can hide it, so
+    # the forward alone (4 ms on the link, no compute) is no bound
+    bound = exposure_bound(gm.graph)
+    assert bound.exposed_s == pytest.approx(exposure_bound(gm.graph, joint=False).exposed_s) == pytest.approx(2e-3)
+    assert simulate(gm.graph.nodes).exposed_s >= bound.exposed_s - 1e-12
