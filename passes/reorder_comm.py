@@ -399,23 +399,9 @@ def exposure_bound(graph: fx.Graph, joint: bool = True) -> ExposureBound:
             continue
         member_set = set(members)
         compute = {n for n in members if n.op == "call_function" and not is_collective(n) and not is_wait(n)}
-        before: set[fx.Node] = set()
-        stack = list(collectives[0].all_input_nodes)
-        while stack:
-            n = stack.pop()
-            if n in before or n not in member_set:
-                continue
-            before.add(n)
-            stack.extend(n.all_input_nodes)
-        last = collectives[-1]
-        after: set[fx.Node] = set()
-        stack = list(last.users)  # its waits (through a coalesced start's getitems), or a blocking one's users
-        while stack:
-            n = stack.pop()
-            if n in after or n not in member_set:
-                continue
-            after.add(n)
-            stack.extend(n.users)
+        before = _reachable(collectives[0].all_input_nodes, lambda n: n.all_input_nodes, member_set)
+        # the last collective's waits (through a coalesced start's getitems), or a blocking one's users, onwards
+        after = _reachable(collectives[-1].users, lambda n: n.users, member_set)
         link = sum(_seconds(n) for n in collectives)
         before_s = sum(_seconds(n) for n in before & compute)
         after_s = sum(_seconds(n) for n in after & compute)
@@ -428,6 +414,19 @@ def exposure_bound(graph: fx.Graph, joint: bool = True) -> ExposureBound:
             f"{exposed * 1e3:.3f} ms"
         )
     return ExposureBound(total, parts)
+
+
+def _reachable(first: Iterable[fx.Node], step, within: set[fx.Node]) -> set[fx.Node]:
+    """The nodes of `within` reached from `first` by repeatedly following `step` (inputs or users)."""
+    found: set[fx.Node] = set()
+    stack = list(first)
+    while stack:
+        n = stack.pop()
+        if n in found or n not in within:
+            continue
+        found.add(n)
+        stack.extend(step(n))
+    return found
 
 
 def weight_gradient_nodes(nodes: list[fx.Node], backward: set[fx.Node]) -> set[fx.Node]:
