@@ -9,6 +9,9 @@ The pass reschedules the graph (a list scheduler over its data dependences) so t
   reductions), unless the extra memory that holds its buffer earlier would pass the budget;
 - every wait is as late as its users allow, and compute that does not depend on a pending transfer
   is pulled in front of the wait while the transfer would otherwise be exposed (within the budget);
+- in a joint graph's backward, the weight gradients (what only the output reads) may be held back so the
+  data gradients reach the next collective sooner and the weight gradients fill the waits (kept when the
+  timeline exposes less; `weight_gradient_nodes`);
 - latency-bound collectives of the same kind and group whose inputs are ready together are issued as
   one coalesced collective when the alpha-beta model says the saved latencies pay;
 - the order in which collectives are issued is the original one, on every rank: the pass never
@@ -17,7 +20,8 @@ The pass reschedules the graph (a list scheduler over its data dependences) so t
 
 Time comes from `node.meta["cost"]` (the cost model; nodes without it are priced first, on the target's
 cluster, or on the emulated link when `TREX_EMULATE_LINK` is set). The same simulation (one compute
-stream, one serial link) predicts the exposed communication before and after; both go in the decisions.
+stream, one serial link) predicts the exposed communication before and after; both go in the decisions, with
+the least any order-keeping schedule could expose on that model (`exposure_bound`).
 """
 
 from __future__ import annotations
@@ -343,11 +347,111 @@ class Schedule:
     moved_starts: dict[str, int]  # start -> how many nodes earlier it is issued
     hoisted: dict[str, list[str]]  # wait -> compute nodes pulled in front of it
     held_back: dict[str, str]  # start -> why it was not issued earlier
+    deferred: list[str] = field(default_factory=list)  # weight-gradient nodes held back for the waits
+    deferred_s: float = 0.0  # their compute time
+    deferral_stopped: str = ""  # why deferring stopped before the backward's end (the memory budget), or ""
 
 
-def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
+def backward_nodes(nodes: list[fx.Node], deps: dict[fx.Node, set[fx.Node]] | None = None) -> set[fx.Node]:
+    """The nodes of a joint graph that depend on a tangent (its backward; empty for a forward-only graph), output
+    excluded. `deps`: node -> what it must follow (default its inputs)."""
+    backward: set[fx.Node] = set()
+    for n in nodes:
+        inputs = deps[n] if deps is not None else n.all_input_nodes
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(d in backward for d in inputs):
+            backward.add(n)
+    if nodes:
+        backward.discard(nodes[-1])
+    return backward
+
+
+@dataclass
+class ExposureBound:
+    """The least exposed communication any schedule of a graph can reach on the timing model (`exposure_bound`)."""
+
+    exposed_s: float
+    parts: list[str]  # per segment (forward / backward): how the figure is made
+
+
+def exposure_bound(graph: fx.Graph, joint: bool = True) -> ExposureBound:
+    """A lower bound on the exposed communication of every schedule that keeps the collective order, on the model
+    `simulate` runs (one compute stream, one serial link), per segment of a joint graph (its forward, its
+    backward: each runs as its own graph and waits for its own collectives).
+
+    The link carries the segment's transfers one after the other, and none can begin before the segment's first
+    collective is issued, which needs every compute node that collective depends on; the compute that depends on
+    the last collective's result runs after all transfers. So the segment lasts at least
+    (compute before the first collective) + (all link time) + (compute after the last one), and exposed time is
+    that minus the segment's compute. What it does not count (dependences that leave the link idle between
+    layers) only makes the true least exposure larger: the pass's schedule can be compared against it.
+    `joint` False: the graph is one segment (a partitioned forward or backward graph); so is a joint graph whose
+    collective order interleaves forward and backward collectives (then they do not run as two segments)."""
+    nodes = list(graph.nodes)
+    backward = backward_nodes(nodes) if joint else set()
+    in_order = [n in backward for n in nodes if is_collective(n)]
+    if in_order != sorted(in_order):  # a forward collective issued after a backward one: the two segments overlap
+        joint = False
+    total, parts = 0.0, []
+    segments = (("forward", [n for n in nodes if n not in backward]), ("backward", [n for n in nodes if n in backward]))
+    for label, members in segments if joint else (("graph", nodes),):
+        collectives = [n for n in members if is_collective(n)]
+        if not collectives:
+            continue
+        member_set = set(members)
+        compute = {n for n in members if n.op == "call_function" and not is_collective(n) and not is_wait(n)}
+        before = _reachable(collectives[0].all_input_nodes, lambda n: n.all_input_nodes, member_set)
+        # the last collective's waits (through a coalesced start's getitems), or a blocking one's users, onwards
+        after = _reachable(collectives[-1].users, lambda n: n.users, member_set)
+        link = sum(_seconds(n) for n in collectives)
+        before_s = sum(_seconds(n) for n in before & compute)
+        after_s = sum(_seconds(n) for n in after & compute)
+        compute_s = sum(_seconds(n) for n in compute)
+        exposed = max(0.0, before_s + link + after_s - compute_s)
+        total += exposed
+        parts.append(
+            f"{label}: {before_s * 1e3:.3f} ms of compute before its first collective + {link * 1e3:.3f} ms on the "
+            f"link + {after_s * 1e3:.3f} ms after its last - {compute_s * 1e3:.3f} ms of compute = "
+            f"{exposed * 1e3:.3f} ms"
+        )
+    return ExposureBound(total, parts)
+
+
+def _reachable(first: Iterable[fx.Node], step, within: set[fx.Node]) -> set[fx.Node]:
+    """The nodes of `within` reached from `first` by repeatedly following `step` (inputs or users)."""
+    found: set[fx.Node] = set()
+    stack = list(first)
+    while stack:
+        n = stack.pop()
+        if n in found or n not in within:
+            continue
+        found.add(n)
+        stack.extend(step(n))
+    return found
+
+
+def weight_gradient_nodes(nodes: list[fx.Node], backward: set[fx.Node]) -> set[fx.Node]:
+    """The backward's compute nodes that only the graph's output needs: the parameter gradients (weight-gradient
+    GEMMs and what feeds only them, the chunks' gradient sums, the embedding's gradient). Nothing that
+    communicates or that a later layer's backward reads depends on them, so they can wait to fill a transfer:
+    the input / weight split of the backward (zero-bubble pipeline parallelism, Qi et al., arXiv:2401.10241;
+    DeepSeek-V3's DualPipe, arXiv:2412.19437 section 3.2.1), used here to hide communication."""
+    found: set[fx.Node] = set()
+    for n in reversed(nodes):
+        if n not in backward or n.op != "call_function" or is_collective(n) or is_wait(n) or n.is_impure():
+            continue
+        if n.users and all(u.op == "output" or u in found for u in n.users):
+            found.add(n)
+    return found
+
+
+def schedule(graph: fx.Graph, budget_bytes: int, defer_weight_gradients: bool = False) -> Schedule:
     """A list schedule: issue collectives as early as inputs, collective order and budget allow; defer a
-    wait while independent ready compute can fill its transfer; otherwise keep the original order."""
+    wait while independent ready compute can fill its transfer; otherwise keep the original order.
+
+    `defer_weight_gradients`: the backward's weight-gradient nodes (`weight_gradient_nodes`) are not placed in
+    program order but held back while the memory they keep alive (their inputs) fits the budget, so that the
+    data gradients reach the next collective sooner and the weight gradients fill the waits (the rest run
+    before the output)."""
     nodes = list(graph.nodes)
     position = {n: i for i, n in enumerate(nodes)}
     deps: dict[fx.Node, set[fx.Node]] = {n: set(_inputs(n)) for n in nodes}
@@ -380,12 +484,11 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
     missing = {n: len(ds) for n, ds in deps.items()}
     # A joint graph keeps its forward before its backward (the partitioner reads it that way): nodes that
     # depend on a tangent wait until every other node is placed.
-    backward: set[fx.Node] = set()
-    for n in nodes:
-        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(d in backward for d in deps[n]):
-            backward.add(n)
-    backward.discard(nodes[-1])
+    backward = backward_nodes(nodes, deps)
     forward_left = [sum(1 for n in nodes if n not in backward and n.op != "output")]
+    deferrable = weight_gradient_nodes(nodes, backward) if defer_weight_gradients else set()
+    deferring: dict[fx.Node, int] = {}  # deferrable nodes the frontier passed: -> the input bytes they keep alive
+    stopped = [""]
     gated: list[fx.Node] = []
     ready: list[tuple[int, fx.Node]] = []
 
@@ -409,8 +512,24 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
     moved, hoisted, held_back = {}, {}, {}
 
     def frontier() -> int:
-        while front_at[0] < len(nodes) and nodes[front_at[0]] in scheduled:
-            front_at[0] += 1
+        while front_at[0] < len(nodes):
+            n = nodes[front_at[0]]
+            if n in scheduled or n in deferring:
+                front_at[0] += 1
+            elif n in deferrable and not stopped[0]:
+                # held back: what it reads stays alive until it runs (counted against the budget)
+                keeps = sum(_out_bytes(d) for d in _inputs(n) if d.op == "call_function")
+                if held[0] + keeps > budget_bytes:
+                    stopped[0] = (
+                        f"stopped at {n.name}: its inputs ({keeps} B) would take the extra live memory over the "
+                        f"budget of {budget_bytes} B"
+                    )
+                    break
+                deferring[n] = keeps
+                held[0] += keeps
+                front_at[0] += 1
+            else:
+                break
         while early and early[0][0] <= front_at[0]:
             held[0] -= heapq.heappop(early)[1]
         return front_at[0]
@@ -424,6 +543,8 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
             size = _out_bytes(n)
             heapq.heappush(early, (position[n], size))
             held[0] += size
+        if n in deferring:
+            held[0] -= deferring.pop(n)
         scheduled.add(n)
         order.append(n)
         frontier()
@@ -467,20 +588,23 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
                 f"issuing it {position[start] - front} nodes early would hold {extra} B of extra live memory, "
                 f"over the budget of {budget_bytes} B"
             )
-        _, first = ready[0]
+        frontier()
+        # the earliest ready node, passing over held-back weight gradients while anything else is ready
+        first = min(((p, n) for p, n in ready if n not in deferring), default=ready[0])[1]
         chosen = first
         if kind[first] == "wait" and done_at.get(_start_of(first), 0.0) > now:
-            # the transfer is still running: fill it with the earliest independent ready compute
+            # the transfer is still running: fill it with independent ready compute, the earliest of the nodes
+            # on the way to the next collective first, then the held-back weight gradients
             front = frontier()
-            for _, n in sorted(ready)[1:]:
-                if kind[n] != "compute" or _seconds(n) <= 0:
-                    continue
+            for _, n in sorted(ready, key=lambda item: (item[1] in deferring, item[0])):
+                if n is first or kind[n] != "compute" or (_seconds(n) <= 0 and n not in deferring):
+                    continue  # (a free held-back node, a weight's view, opens the way to its weight-gradient GEMM)
                 if extra_bytes(front) + _out_bytes(n) > budget_bytes:
                     continue
                 chosen = n
                 hoisted.setdefault(first.name, []).append(n.name)
                 break
-        if chosen is first:
+        if ready[0][1] is chosen:
             heapq.heappop(ready)
         else:
             ready.remove((position[chosen], chosen))
@@ -488,7 +612,54 @@ def schedule(graph: fx.Graph, budget_bytes: int) -> Schedule:
         place(chosen)
     if len(order) != len(nodes):
         raise TrexError(f"reorder_comm: scheduled {len(order)} of {len(nodes)} nodes (a dependence cycle?)")
-    return Schedule(order, moved, hoisted, held_back)
+    deferred, latest = [], -1  # weight gradients placed after a node that came later in the program
+    for n in order:
+        if n in deferrable and position[n] < latest:
+            deferred.append(n)
+        latest = max(latest, position[n])
+    return Schedule(
+        order,
+        moved,
+        hoisted,
+        held_back,
+        deferred=[n.name for n in deferred],
+        deferred_s=sum(_seconds(n) for n in deferred),
+        deferral_stopped=stopped[0],
+    )
+
+
+def best_schedule(graph: fx.Graph, budget_bytes: int) -> tuple[Schedule, Timeline, Decision | None]:
+    """`schedule` with the backward's weight gradients in program order and held back for the waits; the one whose
+    timeline exposes less communication (program order on a tie), its timeline, and the deferral's decision with
+    its reason (None when the graph has no weight gradient to hold back)."""
+    plain = schedule(graph, budget_bytes)
+    plain_timeline = simulate(plain.order)
+    deferred = schedule(graph, budget_bytes, defer_weight_gradients=True)
+    if not deferred.deferred:
+        return plain, plain_timeline, None
+    deferred_timeline = simulate(deferred.order)
+    taken = deferred_timeline.exposed_s < plain_timeline.exposed_s - 1e-12
+    reason = (
+        f"{len(deferred.deferred)} weight-gradient nodes ({deferred.deferred_s * 1e3:.3f} ms; only the parameter "
+        "gradients need them) held back so the data gradients reach the next exchange sooner, then run under the "
+        f"waits: exposed {plain_timeline.exposed_s * 1e3:.3f} ms in program order, "
+        f"{deferred_timeline.exposed_s * 1e3:.3f} ms held back; "
+        + ("held back" if taken else "kept in program order (holding them back hides nothing more)")
+        + (f"; {deferred.deferral_stopped}" if deferred.deferral_stopped else "")
+    )
+    decision = Decision(
+        "defer_weight_gradients" if taken else "keep_weight_gradients",
+        "graph",
+        reason,
+        {
+            "nodes": len(deferred.deferred),
+            "seconds": deferred.deferred_s,
+            "exposed_in_order_s": plain_timeline.exposed_s,
+            "exposed_deferred_s": deferred_timeline.exposed_s,
+            "deferred": deferred.deferred[:32],
+        },
+    )
+    return (deferred, deferred_timeline, decision) if taken else (plain, plain_timeline, decision)
 
 
 def apply_order(graph: fx.Graph, order: list[fx.Node]) -> bool:
@@ -732,7 +903,7 @@ def _bucketing_that_pays(gm: fx.GraphModule, alpha: float, bandwidth: float, clu
             tried[name] = f"largest bucket {largest} B over the {budget} B memory budget"
             continue
         _price_new_nodes(trial, cluster)
-        timeline = simulate(schedule(trial.graph, budget).order)
+        _, timeline, _ = best_schedule(trial.graph, budget)
         tried[name] = timeline.exposed_s
         if timeline.exposed_s <= reference + 1e-12 and (best is None or timeline.exposed_s < best[2].exposed_s - 1e-12):
             best = (cap, latency_bound_only, timeline)
@@ -814,8 +985,7 @@ class ReorderComm:
         decisions: list[Decision] = []
 
         alpha, bandwidth = _link_of(cluster)
-        plan = schedule(graph, budget)
-        after = simulate(plan.order)
+        plan, after, deferral = best_schedule(graph, budget)
         if ctx.fuel.take():
             bucketed = _bucketing_that_pays(
                 gm, alpha, bandwidth, cluster, budget, min(after.exposed_s, before.exposed_s)
@@ -840,8 +1010,7 @@ class ReorderComm:
                     )
                 )
                 _price_new_nodes(gm, cluster)
-                plan = schedule(graph, budget)
-                after = simulate(plan.order)
+                plan, after, deferral = best_schedule(graph, budget)
         modified = bool(decisions)
         if after.exposed_s <= before.exposed_s + 1e-12 and ctx.fuel.take():
             modified = apply_order(graph, plan.order) or modified
@@ -856,8 +1025,11 @@ class ReorderComm:
                 )
             )
         check_same_order(before_sequence, collective_sequence(graph))
+        if deferral is not None:
+            decisions.append(deferral)
         decisions += self._collective_decisions(graph, before, after, plan)
         decisions += ep_micro_chunk_decisions(graph, alpha)
+        bound = exposure_bound(graph)
         across = check_across_ranks(collective_sequence(graph), ctx.graph_id)
         decisions.append(
             Decision(
@@ -865,11 +1037,14 @@ class ReorderComm:
                 "graph",
                 f"predicted exposed communication {before.exposed_s * 1e3:.3f} -> {after.exposed_s * 1e3:.3f} ms of "
                 f"{before.comm_s * 1e3:.3f} ms on the link; step {before.step_s * 1e3:.3f} -> {after.step_s * 1e3:.3f} "
-                f"ms; collective order unchanged ({len(before_sequence)} collectives); extra live memory budget "
+                f"ms; no schedule keeping the collective order exposes less than {bound.exposed_s * 1e3:.3f} ms on the "
+                f"model ({'; '.join(bound.parts)}); collective order unchanged ({len(before_sequence)} collectives); "
+                "extra live memory budget "
                 f"{budget / 2**20:.1f} MiB ({budget_source})" + (f"; {across}" if across else ""),
                 {
                     "exposed_before_s": before.exposed_s,
                     "exposed_after_s": after.exposed_s,
+                    "exposed_bound_s": bound.exposed_s,
                     "comm_s": before.comm_s,
                     "step_before_s": before.step_s,
                     "step_after_s": after.step_s,
@@ -881,6 +1056,7 @@ class ReorderComm:
         gm.meta["reorder_comm"] = {
             "exposed_before_s": before.exposed_s,
             "exposed_after_s": after.exposed_s,
+            "exposed_bound_s": bound.exposed_s,
             "comm_s": before.comm_s,
             "step_before_s": before.step_s,
             "step_after_s": after.step_s,

@@ -200,16 +200,59 @@ def build(
 def predicted(compiled, link: str) -> float:
     """Exposed communication the pass's timeline (cost model + link model) predicts for the graphs as they run:
     the partitioned forward and backward graphs (each waits for its own collectives), or the inference graph."""
+    return model_figures(compiled, link)["exposed_s"]
+
+
+def model_figures(compiled, link: str) -> dict[str, float]:
+    """On the graphs as they run, priced by the cost model with the current cpu profile: the exposed communication
+    the timeline predicts (`exposed_s`), the least any schedule keeping the collective order could expose
+    (`bound_s`, `reorder_comm.exposure_bound`), and the compute alone (`compute_s`: the zero-link step the
+    profile predicts, to set against the measured one), each also per forward / backward graph."""
     from trex.cost_model.annotate import annotate
-    from trex.passes.reorder_comm import simulate
+    from trex.passes.reorder_comm import exposure_bound, simulate
     from trex.runtime.emulated_link import parse_link
 
-    total = 0.0
+    out = {"exposed_s": 0.0, "bound_s": 0.0, "compute_s": 0.0}
     for graph in compiled.trex.graphs:
-        for module in [graph.forward, graph.backward] if graph.backward is not None else [graph.joint or graph.forward]:
+        modules = [("forward", graph.forward), ("backward", graph.backward)]
+        if graph.backward is None:
+            modules = [("forward", graph.joint or graph.forward)]
+        for which, module in modules:
             annotate(module, parse_link(link).cluster())
-            total += simulate(module.graph.nodes).exposed_s
-    return total
+            timeline = simulate(module.graph.nodes)
+            figures = {
+                "exposed_s": timeline.exposed_s,
+                "bound_s": exposure_bound(module.graph, joint=False).exposed_s,
+                "compute_s": timeline.step_s - timeline.exposed_s,
+            }
+            for key, value in figures.items():
+                out[key] += value
+                out[f"{which}_{key}"] = out.get(f"{which}_{key}", 0.0) + value
+    return out
+
+
+def profile_in_use() -> str:
+    """One line naming the cpu profile the cost model prices with now: its description, calibrated or not, its
+    fp32 GEMM rate per compute unit (what a one-thread rank's GEMMs run at) and compute units, and whether it
+    describes this machine (calibrated, on this CPU model, with the threads a rank runs)."""
+    import torch
+
+    from trex.cost_model.devices import get_device
+
+    profile = get_device("cpu")
+    per_unit = profile.peak_flops("fp32") * profile.gemm.ceiling("fp32") / profile.gemm.compute_units / 1e9
+    model = cpu_fields().get("model name", "?").strip()
+    threads = torch.get_num_threads()
+    if not profile.calibrated:
+        verdict = "not this machine's (not measured)"
+    elif model not in profile.description or profile.gemm.compute_units != threads:
+        verdict = f"not this machine's (measured on another CPU or thread count than {model}, {threads} threads)"
+    else:
+        verdict = f"this machine's ({model}, {threads} thread per rank)"
+    return (
+        f"{'calibrated' if profile.calibrated else 'NOT calibrated'}: {profile.description}; fp32 GEMM "
+        f"{per_unit:.1f} GFLOP/s per compute unit, {profile.gemm.compute_units} units: {verdict}"
+    )
 
 
 def predicted_with_traffic(compiled, link: str, traces: list[list]) -> list[float] | None:
@@ -244,15 +287,16 @@ def predicted_with_traffic(compiled, link: str, traces: list[list]) -> list[floa
     return exposed
 
 
-def other_profile_prediction(compiled, args: dict) -> float | None:
-    """`predicted` with the cpu profile saved in `--compare-profile` (a `trex calibrate` output directory, as
-    $TREX_CACHE_DIR) instead of the one the run prices with: the same program, another device profile."""
+def other_profile_prediction(compiled, args: dict) -> dict | None:
+    """`model_figures` (and `profile_in_use`) with the cpu profile saved in `--compare-profile` (a `trex calibrate`
+    output directory, as $TREX_CACHE_DIR) instead of the one the run prices with: the same program, another
+    device profile."""
     if not args.get("compare_profile"):
         return None
     saved = os.environ.get("TREX_CACHE_DIR")
     os.environ["TREX_CACHE_DIR"] = args["compare_profile"]
     try:
-        return predicted(compiled, args["link"])
+        return {**model_figures(compiled, args["link"]), "profile": profile_in_use()}
     finally:
         if saved is None:
             os.environ.pop("TREX_CACHE_DIR")
@@ -294,7 +338,7 @@ def rank_main(args: dict) -> dict:
             vocab = model.config.vocab_size
             ids = torch.randint(0, vocab, (args["rows"], args["seq"] + 1), generator=torch.Generator().manual_seed(1))
             mine = ids.chunk(world)[rank]
-            losses, slow, zero, link_s = [], [], [], []
+            losses, slow, zero, link_s, slow_forward, zero_forward = [], [], [], [], [], []
             for step in range(args["steps"] + 1):
                 for which in ("slow", "zero"):
                     emulated_link.set_link(args["link"] if which == "slow" else "zero")
@@ -304,6 +348,7 @@ def rank_main(args: dict) -> dict:
                     logits = compiled(input_ids=mine[:, :-1], use_cache=False).logits
                     loss = F.cross_entropy(logits.float().flatten(0, 1), mine[:, 1:].flatten(), reduction="sum")
                     loss = loss / ids[:, 1:].numel()
+                    forward_s = time.perf_counter() - start
                     loss.backward()
                     elapsed = time.perf_counter() - start
                     charged = emulated_link.STATS.total_seconds
@@ -319,6 +364,7 @@ def rank_main(args: dict) -> dict:
                     if step == 0:
                         continue  # compile
                     (slow if which == "slow" else zero).append(elapsed)
+                    (slow_forward if which == "slow" else zero_forward).append(forward_s)
                     if which == "slow":
                         link_s.append(charged)
                         total = loss.detach().clone()
@@ -328,12 +374,17 @@ def rank_main(args: dict) -> dict:
             emulated_link.set_link("zero")
             traces = [None] * world
             dist.all_gather_object(traces, trace)
+            figures = model_figures(compiled, args["link"])
             out["plans"][f"{plan}/{label}"] = {
                 "slow": slow,
                 "zero": zero,
+                "slow_forward": slow_forward,
+                "zero_forward": zero_forward,
                 "link_s": link_s,
                 "losses": losses,
-                "predicted_exposed_s": predicted(compiled, args["link"]),
+                "predicted_exposed_s": figures["exposed_s"],
+                "model": figures,
+                "profile": profile_in_use(),
                 "predicted_routed_s": predicted_with_traffic(compiled, args["link"], traces),
                 "predicted_other_profile_s": other_profile_prediction(compiled, args),
                 "model_spans": list(SPANS),
@@ -356,6 +407,36 @@ def waiter_lateness(event: list[float]) -> float:
     from trex.runtime.emulated_link import waiter_lateness
 
     return waiter_lateness(event)
+
+
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    return {key.strip(): value for key, value in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+
+# fp32 lanes of the widest FMA vector, by the flag that announces it
+VECTOR_LANES = (("avx512f", 16), ("avx2", 8))
+# FMA pipes per core: two 512-bit FMA units on Intel's AMX-capable Xeon Scalable cores (4th gen and later), two
+# 256-bit FMA units on AVX2 cores since Haswell (Intel 64 and IA-32 Architectures Optimization Reference Manual)
+FMA_PIPES = 2
+
+
+def machine() -> str:
+    """This machine's CPU as the kernel reports it (model name, vector extensions) and the documented fp32 peak of
+    one core that follows: lanes x 2 FLOP per FMA x FMA pipes x the clock /proc/cpuinfo reports."""
+    fields = cpu_fields()
+    if not fields:
+        return "unknown (no /proc/cpuinfo)"
+    flags = set(fields.get("flags", "").split())
+    vector = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "avx2", "fma") if f in flags]
+    lanes = next((n for flag, n in VECTOR_LANES if flag in flags), 4)
+    ghz = float(fields.get("cpu MHz", "0") or 0) / 1e3
+    peak = f"{lanes} lanes x 2 x {FMA_PIPES} FMA pipes x {ghz:.2f} GHz = {lanes * 2 * FMA_PIPES * ghz:.0f} GFLOP/s fp32"
+    return f"{fields.get('model name', '?').strip()}, {os.cpu_count()} cores, {' '.join(vector) or 'no AVX'}; one core's documented peak {peak}"
 
 
 def spread(values: list[float]) -> str:
@@ -387,8 +468,18 @@ def main() -> int:
         "--compare-profile",
         help="also print the prediction with the cpu profile `trex calibrate` saved in this directory",
     )
+    parser.add_argument(
+        "--profile",
+        help="price everything (the chunk choice, the pass's decisions, 'predicted exposed') with the cpu profile "
+        "`trex calibrate` saved in this directory (as $TREX_CACHE_DIR), e.g. bench/comm_overlap/calibration",
+    )
     args = parser.parse_args()
     from trex.runtime.launcher import launch_function
+
+    if args.profile:
+        if not (Path(args.profile) / "cpu.toml").exists():
+            parser.error(f"--profile {args.profile}: no cpu.toml there; run `trex calibrate --out DIR/cpu.toml` first")
+        os.environ["TREX_CACHE_DIR"] = str(Path(args.profile).resolve())  # the spawned ranks inherit it
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = {
@@ -412,6 +503,11 @@ def main() -> int:
     for plan in config["plans"]:
         for line in r0[f"{plan}/pass"]["chunking"]:
             print(f"{plan} micro-chunks (cost model): {line}")
+    first = r0[f"{config['plans'][0]}/no_pass"]
+    print(f"cpu profile of the run (the pass's decisions, 'predicted exposed'): {first['profile']}")
+    if first.get("predicted_other_profile_s"):
+        print(f"cpu profile of --compare-profile: {first['predicted_other_profile_s']['profile']}")
+    print(f"this machine: {machine()}")
     print(
         "| plan | pass | step, slow link | step, zero link | exposed comm (slow - zero) | comm charged / step | "
         "comm share of step | predicted exposed | losses |"
@@ -446,6 +542,37 @@ def main() -> int:
                 f"{'; '.join(sorted(set(peer['peer']))) or 'did not run'}; losses identical to no pass: "
                 f"{peer['losses'] == r0[f'{plan}/no_pass']['losses']}"
             )
+        print(
+            f"{plan}: which profile prices this machine (compute alone = the zero-link step, forward / backward; "
+            "the exposure bound is the least any schedule keeping the collective order could expose on that "
+            "profile's model):"
+        )
+        for label in config["labels"]:
+            row = r0[f"{plan}/{label}"]
+            zero_fwd = statistics.median(row["zero_forward"])
+            zero_bwd = statistics.median([z - f for z, f in zip(row["zero"], row["zero_forward"])])
+            exposed_fwd = statistics.median([s - z for s, z in zip(row["slow_forward"], row["zero_forward"])])
+            exposed_bwd = statistics.median(
+                [
+                    (s - sf) - (z - zf)
+                    for s, sf, z, zf in zip(row["slow"], row["slow_forward"], row["zero"], row["zero_forward"])
+                ]
+            )
+            print(
+                f"  {label}: measured zero-link step {zero_fwd:.4f} + {zero_bwd:.4f} s, exposed {exposed_fwd:.4f} + "
+                f"{exposed_bwd:.4f} s (forward + backward, medians); "
+                + "; ".join(
+                    f"{name} profile: compute {m['forward_compute_s']:.4f} + {m['backward_compute_s']:.4f} s "
+                    f"({(m['compute_s']) / (zero_fwd + zero_bwd):.2f}x measured), predicted exposed "
+                    f"{m['forward_exposed_s']:.4f} + {m['backward_exposed_s']:.4f} s, bound "
+                    f"{m['forward_bound_s']:.4f} + {m['backward_bound_s']:.4f} s"
+                    for name, m in (
+                        ("run's", row["model"]),
+                        ("--compare-profile", row.get("predicted_other_profile_s")),
+                    )
+                    if m
+                )
+            )
         for label in config["labels"]:
             row = r0[f"{plan}/{label}"]
             measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
@@ -460,8 +587,8 @@ def main() -> int:
                     else "no traffic prediction; "
                 )
                 + (
-                    f"with the --compare-profile cpu profile {row['predicted_other_profile_s']:.4f} s "
-                    f"({row['predicted_other_profile_s'] / measured if measured > 0 else float('nan'):.2f}); "
+                    f"with the --compare-profile cpu profile {row['predicted_other_profile_s']['exposed_s']:.4f} s "
+                    f"({row['predicted_other_profile_s']['exposed_s'] / measured if measured > 0 else float('nan'):.2f}); "
                     if row.get("predicted_other_profile_s") is not None
                     else ""
                 )

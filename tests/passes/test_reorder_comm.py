@@ -28,6 +28,7 @@ from trex.passes.reorder_comm import (
     ReorderComm,
     check_same_order,
     collective_sequence,
+    exposure_bound,
     is_start,
     is_wait,
     simulate,
@@ -241,7 +242,10 @@ def graphs_with_collectives(draw):
     """A random program over 4x4 tensors: compute ops, collectives started on any value and waited for
     at a random later point (values are used only after their wait), random costs."""
     graph = fx.Graph()
-    inputs = [graph.placeholder(f"x{i}") for i in range(draw(st.integers(1, 3)))]
+    # a first input named as a tangent makes the graph a joint one: what depends on it is its backward, and the
+    # values only the output reads are weight gradients the pass may hold back
+    joint = draw(st.booleans())
+    inputs = [graph.placeholder("tangents_1" if i == 0 and joint else f"x{i}") for i in range(draw(st.integers(1, 3)))]
     values = list(inputs)
     pending: list[tuple[fx.Node, fx.Node]] = []  # (start, source)
     costs: dict[str, float] = {}
@@ -292,6 +296,8 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
     if sequence:
         summary = next(d for d in result.decisions if d.action == "summary")
         assert summary.data["exposed_after_s"] <= exposed + 1e-12
+        if not any(d.action == "keep_order" for d in result.decisions):  # the pass's schedule: forward first
+            assert summary.data["exposed_bound_s"] <= summary.data["exposed_after_s"] + 1e-12
     else:
         assert not result.modified and not result.decisions  # nothing to schedule
     for got, want in zip(gm(*inputs), before(*inputs)):
@@ -304,13 +310,18 @@ def test_random_graphs_keep_their_meaning_and_collective_order(case, budget):
     assert sum(map(is_wait, gm.graph.nodes)) == sum(map(is_wait, before.graph.nodes))
 
 
-def test_a_collective_waits_for_the_slowest_rank_to_issue_it():
-    graph = fx.Graph()
+def exchange_between_gemms(graph: fx.Graph):
+    """x @ w -> all-reduce -> wait, with an independent w @ w issued between start and wait."""
     x, w = graph.placeholder("x"), graph.placeholder("w")
     before = graph.call_function(torch.ops.aten.mm.default, (x, w))
     start = graph.call_function(funcol.all_reduce.default, (before, "sum", group_name()))
     independent = graph.call_function(torch.ops.aten.mm.default, (w, w))
-    wait = graph.call_function(funcol.wait_tensor.default, (start,))
+    return w, before, start, independent, graph.call_function(funcol.wait_tensor.default, (start,))
+
+
+def test_a_collective_waits_for_the_slowest_rank_to_issue_it():
+    graph = fx.Graph()
+    _, before, start, independent, wait = exchange_between_gemms(graph)
     used = graph.call_function(torch.ops.aten.relu.default, (wait,))
     costs = {before.name: 1e-3, start.name: 3e-3, independent.name: 1e-3}
     gm = finish(graph, [used, independent], [torch.randn(4, 4), torch.randn(4, 4)], costs)
@@ -396,3 +407,59 @@ def test_the_default_budget_is_the_memory_headroom_of_the_plan_or_the_graph():
     # the 8 KiB product, then x^T (8 KiB) and the 256 KiB gradient with it
     assert budget == int(cluster.device.usable_memory_bytes) - 4 * 256 * 256 * 4 - (8 * 256 * 4 * 2 + 256 * 256 * 4)
     assert "device memory headroom" in source
+
+
+def test_weight_gradients_are_held_back_to_fill_the_wait_of_the_exchange_the_data_gradient_feeds():
+    graph = fx.Graph()
+    x, w, grad = graph.placeholder("x"), graph.placeholder("w"), graph.placeholder("tangents_1")
+    weight_grad = graph.call_function(torch.ops.aten.mm.default, (grad, x))  # only the output needs it
+    data_grad = graph.call_function(torch.ops.aten.mm.default, (grad, w))
+    start = graph.call_function(funcol.all_reduce.default, (data_grad, "sum", group_name()))
+    wait = graph.call_function(funcol.wait_tensor.default, (start,))
+    used = graph.call_function(torch.ops.aten.relu.default, (wait,))
+    inputs = [torch.randn(4, 4) for _ in range(3)]
+    costs = {weight_grad.name: 4e-3, data_grad.name: 1e-3, start.name: 5e-3}
+    gm = finish(graph, [used, weight_grad], inputs, costs)
+    before = copy_graph_module(gm)
+    result = run_pass(gm)
+    order = [n.name for n in gm.graph.nodes]
+    # in program order the weight gradient runs first and the exchange waits 5 ms; held back it runs under it
+    assert (
+        order.index(data_grad.name) < order.index(start.name) < order.index(weight_grad.name) < order.index(wait.name)
+    )
+    assert all(torch.equal(got, want) for got, want in zip(gm(*inputs), before(*inputs)))
+    deferral = next(d for d in result.decisions if d.action == "defer_weight_gradients")
+    assert weight_grad.name in deferral.data["deferred"] and "held back" in deferral.reason
+    assert (deferral.data["exposed_in_order_s"], deferral.data["exposed_deferred_s"]) == pytest.approx((5e-3, 1e-3))
+    # no schedule can do better: 1 ms of compute must precede the exchange, 5 ms on the link, 5 ms of compute
+    summary = next(d for d in result.decisions if d.action == "summary").data
+    assert (summary["exposed_after_s"], summary["exposed_bound_s"]) == pytest.approx((1e-3, 1e-3))
+
+
+def test_the_exposure_bound_counts_compute_that_must_precede_the_first_and_follow_the_last_collective():
+    graph = fx.Graph()
+    w, first, start, independent, wait = exchange_between_gemms(graph)
+    last = graph.call_function(torch.ops.aten.mm.default, (wait, w))
+    costs = {first.name: 2e-3, start.name: 5e-3, independent.name: 1e-3, last.name: 3e-3}
+    gm = finish(graph, [last, independent], [torch.randn(4, 4), torch.randn(4, 4)], costs)
+    bound = exposure_bound(gm.graph, joint=False)
+    # 2 ms before the exchange, 5 ms on the link, 3 ms after it: at least 10 ms for 6 ms of compute
+    assert bound.exposed_s == pytest.approx(4e-3)
+    assert simulate(gm.graph.nodes).exposed_s == pytest.approx(4e-3)  # 1 ms of independent compute hides 1 ms
+    assert "5.000 ms on the link" in bound.parts[0]
+
+
+def test_a_joint_graph_whose_collectives_interleave_forward_and_backward_is_bounded_as_one_segment():
+    graph = fx.Graph()
+    grad, x = graph.placeholder("tangents_1"), graph.placeholder("x")
+    backward_start = graph.call_function(funcol.all_reduce.default, (grad, "sum", group_name()))
+    forward_start = graph.call_function(funcol.all_gather_into_tensor.default, (x, 1, group_name()))
+    backward_work = graph.call_function(torch.ops.aten.mm.default, (grad, grad))
+    waits = [graph.call_function(funcol.wait_tensor.default, (s,)) for s in (backward_start, forward_start)]
+    costs = {backward_start.name: 4e-3, forward_start.name: 4e-3, backward_work.name: 6e-3}
+    gm = finish(graph, [*waits, backward_work], [torch.randn(4, 4), torch.randn(4, 4)], costs)
+    # the forward's all-gather is issued after the backward's all-reduce: the backward's compute can hide it, so
+    # the forward alone (4 ms on the link, no compute) is no bound
+    bound = exposure_bound(gm.graph)
+    assert bound.exposed_s == pytest.approx(exposure_bound(gm.graph, joint=False).exposed_s) == pytest.approx(2e-3)
+    assert simulate(gm.graph.nodes).exposed_s >= bound.exposed_s - 1e-12
