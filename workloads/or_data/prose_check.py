@@ -116,7 +116,41 @@ _SEAMS = (
     ),  # "The Mon-Fri costs 1,175 yuan": the noun is missing
     re.compile(r"\ban upper bound from first-fit decreasing\b"),  # the set holds FFD's count plus spares
     re.compile(r"\((?:[\w ]+ )?listed\)[ \t]*(?:\n|$)"),  # "(patterns listed)" and the line ends: nothing is
+    # the Seventh review's seams
+    re.compile(r"\b\d[\d,.]* ([a-z]+) of \1\b"),  # "Only 15 engineers of engineers are available"
+    re.compile(
+        r"\b[A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z]"
+    ),
+    # ^ "Lindenhof and Corner Cup and Bean Street and Café Rosa": two pairs run together
+    re.compile(r"\bhas (?:limited time|only so many hours), so the number of\b"),  # a count justified by time
 )
+# Words of one setting in another (the Seventh review's 10 cases): shipping for sites that serve
+# people or data, "money, time or space" for whatever the limits are, goods for data traffic.
+_OTHER_SETTING = (
+    re.compile(r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b"),
+    re.compile(r"\b(?:whether )?money, time or space\b"),
+    re.compile(r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)"),
+)
+# "The decisions are whether a lorry drives ... and the bottles delivered": a "whether" clause runs on
+# over the next decision; "to put into each option for corporate bonds": a general noun with its
+# elements pasted after it; "flow, Yard 2, Hub Central 35 → 52": the kind and elements run into a value.
+_RUN_ON = (
+    re.compile(r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]"),
+    re.compile(r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)"),
+    re.compile(r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d"),
+)
+# one lane named as two places ("1 of 6 rows binding (Data Center North and Core Router A)"), in a text
+# that writes its lanes as arrows; a pair of jobs ("(pistons and brackets)") is a pair, not a lane
+_LANE_AS_PAIR = re.compile(r"\b1 of \d+ rows binding \([^()\n,]* and [^()\n,]*\)")
+_PLURAL_SEAMS = (
+    re.compile(r"\bhow ([a-z]+) (?:flows|moves|travels)\b"),  # "how containers flows"
+    re.compile(r"\b([a-z]+) is at least a share\b"),  # "shirts is at least a share"
+)
+_FALSE_CLAIMS = (
+    # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
+    re.compile(r"\boptimum moves in steps: loosening a binding row helps only when\b"),
+)
+_EMPTY_HEADING = re.compile(r"\*\*Constraints\*\*[ \t]*\n(?:[ \t]*\n)*(?:[ \t]*(?:$|```|#|\*\*)|$)")
 # "Nickel pellets cost ... and provides": the second verb of a plural subject left singular.
 _SECOND_VERB = re.compile(
     r"(?:^|(?<=[.!?:]\s)|(?<=\n)|(?<=\n- ))([A-Z][a-z]+(?: [a-z]+){0,2}) (?:cost|have|contain|provide|give)\b"
@@ -249,6 +283,35 @@ def check_prose(text: str) -> list[Flag]:
         if match.group(1) not in FUNCTION_WORDS | _NOT_NOUNS and match.group(2) not in FUNCTION_WORDS | _NOT_NOUNS:
             flags.append(Flag("seam", prose[max(0, match.start() - 20) : match.end() + 10].strip()))
     flags += _check_rows(text)
+    flags += _seventh_review(text, prose)
+    return flags
+
+
+def _seventh_review(text: str, prose: str) -> list[Flag]:
+    """The Seventh review's text patterns: words of another setting, decisions run together, plural
+    subjects with singular verbs in template slots, a false MIP claim, an empty heading and a line
+    said twice."""
+    flags = []
+    for kind, patterns, where in (
+        ("contradicting_filler", _OTHER_SETTING, prose),
+        ("raw_fill", _RUN_ON, prose),
+        ("check_rows", _FALSE_CLAIMS, prose),
+    ):
+        for pattern in patterns:
+            for match in pattern.finditer(where):
+                flags.append(Flag(kind, match.group(0)[:90]))
+    for pattern in _PLURAL_SEAMS:
+        for match in pattern.finditer(prose):
+            if is_plural(match.group(1)) and match.group(1) not in FUNCTION_WORDS:
+                flags.append(Flag("agreement", match.group(0)))
+    if "→" in prose:
+        for match in _LANE_AS_PAIR.finditer(prose):
+            flags.append(Flag("seam", match.group(0)[:90]))
+    if _EMPTY_HEADING.search(text):
+        flags.append(Flag("seam", "a **Constraints** heading with nothing under it"))
+    lines = [line.strip() for line in prose.split("\n") if len(line.split()) >= 6 and line.strip()[:1].isupper()]
+    for line in sorted({line for line in lines if lines.count(line) > 1}):
+        flags.append(Flag("duplicated_opener", "said twice: " + line[:70]))
     return flags
 
 
