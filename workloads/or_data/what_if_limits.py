@@ -79,6 +79,8 @@ def limits_taking_over(
     for row in changed_model.rows:
         if row.name in skip or not _used(row, after) or not _tight(row, after):
             continue
+        if abs(row.rhs) <= 1e-9 or len({coef > 0 for _, coef in row.terms}) > 1:
+            continue  # a linking or balance-like row: its right-hand side is not the limit ("limit of 0")
         old = old_rows.get(row.name)
         if old is not None and _tight(old, before):
             continue
