@@ -111,6 +111,9 @@ FIXED = [
     "- Load, because the rules give each machine exactly one job.",
 ]
 
+# Wording the checker's older rules rejected although it reads right (seed 2461 #132: the doubled-noun rule).
+NOT_SEAMS = ["The budget constraint is there since there is only a limited budget for the stations."]
+
 
 @pytest.mark.parametrize(
     ("sentence", "kind", "fixed"), [(*pair, fixed) for pair, fixed in zip(REVIEWED, FIXED, strict=True)]
@@ -118,6 +121,11 @@ FIXED = [
 def test_the_reviewed_sentence_is_flagged_and_its_fix_is_not(sentence, kind, fixed):
     assert kind in {flag.kind for flag in check_prose(sentence)}, (sentence, check_prose(sentence))
     assert not check_prose(fixed), check_prose(fixed)
+
+
+@pytest.mark.parametrize("sentence", NOT_SEAMS)
+def test_wording_that_reads_right_is_not_flagged(sentence):
+    assert not check_prose(sentence), check_prose(sentence)
 
 
 def _why_texts(family: str, seeds=range(12)) -> list[str]:
@@ -328,3 +336,23 @@ def test_the_packing_bound_names_its_capacity():
         label = _bins_label(data)
         if "first-fit decreasing" in label:
             assert re.search(r"\(at [\d,.]+ \w+ each, first-fit decreasing", label), label
+
+
+def test_a_linking_row_is_not_named_as_a_limit_the_new_plan_meets():
+    """Seed 2451 #748, #803: a binding linking row ("flow − 70 build <= 0") was named "at its limit of 0",
+    which is no limit; only rows whose right-hand side is an amount are named."""
+    from trex.workloads.or_data.what_if_limits import limits_taking_over  # new in the ninth session
+
+    models = []
+    for cost in (5.0, 1.0):  # the what-if makes the built link cheap enough to fill
+        b = ModelBuilder("link")
+        flow, build = b.var("flow__hub__prague", upper=100.0), b.var("build__hub__prague", "binary")
+        other = b.var("flow__leipzig__prague", upper=100.0)
+        b.row("capacity__hub__prague", {flow: 1.0, build: -70.0}, "<=", 0.0)
+        b.row("balance__prague", {flow: 1.0, other: 1.0}, ">=", 50.0)
+        b.minimize({flow: cost, other: 3.0, build: 10.0})
+        models.append(b.build())
+    before, after = (solve_model(model).values for model in models)
+    assert after["flow__hub__prague"] == pytest.approx(50.0) and before["flow__hub__prague"] == pytest.approx(0.0)
+    over = limits_taking_over(*models, before, after, _arcs_math())
+    assert "limit of 0" not in over and "capacity for Hub → Prague" not in over, over

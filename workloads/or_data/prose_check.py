@@ -186,6 +186,7 @@ _NOT_NOUNS = {
         "then",
     ],
     *["time", "step", "side", "after"],
+    *["there", "since"],  # "is there since there is only a limited budget" (seed 2461 #132) is not a doubled noun
 }
 _MECHANICAL = (
     re.compile(r"\bcome in the families no rows\b"),
