@@ -262,16 +262,11 @@ def test_a_mip_limit_is_priced_by_re_solving_not_by_a_claim():
     model = b.build()
     solved = solve_model(model)
     assert solved.objective == pytest.approx(20.0)
-    math = MathModel(
-        "Toy",
-        "maximize",
-        "p",
-        "profit",
-        (SetDef("P", "p", "products", ("tables", "chairs")), SetDef("R", "r", "resources", ("sewing", "cutting"))),
-        (),
-        (VarDef("x_p", "units", r"\in \mathbb{Z}", "make", ("P",), noun="units of each product to make"),),
-        (ConstraintDef("Capacity", "within capacity", "x", "capacity", ("R",)),),
-    )
+    products = SetDef("P", "p", "products", ("tables", "chairs"))
+    resources = SetDef("R", "r", "resources", ("sewing", "cutting"))
+    make = VarDef("x_p", "units", r"\in \mathbb{Z}", "make", ("P",), noun="units of each product to make")
+    capacity = ConstraintDef("Capacity", "within capacity", "x", "capacity", ("R",))
+    math = MathModel("Toy", "maximize", "p", "profit", (products, resources), (), (make,), (capacity,))
     text = limits_analysis(model, math, solved.values, random.Random(0))
     assert "moves in steps" not in text, text
     assert "Loosening capacity for sewing by one unit, to 25, leaves the optimum at 20" in text, text

@@ -124,31 +124,34 @@ _SEAMS = (
     # ^ "Lindenhof and Corner Cup and Bean Street and Café Rosa": two pairs run together
     re.compile(r"\bhas (?:limited time|only so many hours), so the number of\b"),  # a count justified by time
 )
-# Words of one setting in another (the Seventh review's 10 cases): shipping for sites that serve
-# people or data, "money, time or space" for whatever the limits are, goods for data traffic.
-_OTHER_SETTING = (
-    re.compile(r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b"),
-    re.compile(r"\b(?:whether )?money, time or space\b"),
-    re.compile(r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)"),
-)
-# "The decisions are whether a lorry drives ... and the bottles delivered": a "whether" clause runs on
-# over the next decision; "to put into each option for corporate bonds": a general noun with its
-# elements pasted after it; "flow, Yard 2, Hub Central 35 → 52": the kind and elements run into a value.
-_RUN_ON = (
-    re.compile(r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]"),
-    re.compile(r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)"),
-    re.compile(r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d"),
-)
+# The Seventh review's patterns by the kind they raise, as raw expressions (compiled below):
+# - contradicting_filler: words of one setting in another (its 10 cases): shipping for sites that
+#   serve people or data, "money, time or space" for whatever the limits are, goods for data traffic;
+# - raw_fill: a "whether" clause running on over the next decision ("whether a lorry drives ... and
+#   the bottles delivered"), a general noun with its elements pasted after it ("to put into each
+#   option for corporate bonds"), the kind and elements of a decision run into its value ("flow,
+#   Yard 2, Hub Central 35 → 52").
+_SEVENTH_PATTERNS = {
+    "contradicting_filler": [
+        r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b",
+        r"\b(?:whether )?money, time or space\b",
+        r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)",
+    ],
+    "raw_fill": [
+        r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]",
+        r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)",
+        r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d",
+    ],
+    # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
+    "check_rows": [r"\boptimum moves in steps: loosening a binding row helps only when\b"],
+}
+_SEVENTH = {kind: [re.compile(pattern) for pattern in patterns] for kind, patterns in _SEVENTH_PATTERNS.items()}
 # one lane named as two places ("1 of 6 rows binding (Data Center North and Core Router A)"), in a text
 # that writes its lanes as arrows; a pair of jobs ("(pistons and brackets)") is a pair, not a lane
 _LANE_AS_PAIR = re.compile(r"\b1 of \d+ rows binding \([^()\n,]* and [^()\n,]*\)")
 _PLURAL_SEAMS = (
     re.compile(r"\bhow ([a-z]+) (?:flows|moves|travels)\b"),  # "how containers flows"
     re.compile(r"\b([a-z]+) is at least a share\b"),  # "shirts is at least a share"
-)
-_FALSE_CLAIMS = (
-    # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
-    re.compile(r"\boptimum moves in steps: loosening a binding row helps only when\b"),
 )
 _EMPTY_HEADING = re.compile(r"\*\*Constraints\*\*[ \t]*\n(?:[ \t]*\n)*(?:[ \t]*(?:$|```|#|\*\*)|$)")
 # "Nickel pellets cost ... and provides": the second verb of a plural subject left singular.
@@ -293,14 +296,8 @@ def _seventh_review(text: str, prose: str) -> list[Flag]:
     subjects with singular verbs in template slots, a false MIP claim, an empty heading and a line
     said twice."""
     flags = []
-    for kind, patterns, where in (
-        ("contradicting_filler", _OTHER_SETTING, prose),
-        ("raw_fill", _RUN_ON, prose),
-        ("check_rows", _FALSE_CLAIMS, prose),
-    ):
-        for pattern in patterns:
-            for match in pattern.finditer(where):
-                flags.append(Flag(kind, match.group(0)[:90]))
+    for kind, patterns in _SEVENTH.items():
+        flags += [Flag(kind, match.group(0)[:90]) for pattern in patterns for match in pattern.finditer(prose)]
     for pattern in _PLURAL_SEAMS:
         for match in pattern.finditer(prose):
             if is_plural(match.group(1)) and match.group(1) not in FUNCTION_WORDS:
