@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from trex.workloads.or_data.explain import element_words, ordered_pair, variable_phrase
 from trex.workloads.or_data.linear_model import LinearModel, Row
+from trex.workloads.or_data.loosening import resource_row
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import join, number
 
@@ -79,8 +80,8 @@ def limits_taking_over(
     for row in changed_model.rows:
         if row.name in skip or not _used(row, after) or not _tight(row, after):
             continue
-        if abs(row.rhs) <= 1e-9 or len({coef > 0 for _, coef in row.terms}) > 1:
-            continue  # a linking or balance-like row: its right-hand side is not the limit ("limit of 0")
+        if not resource_row(row, changed_model):
+            continue  # a linking row ("at its limit of 0") or a count of yes/no decisions ("conflicts ... of 1")
         old = old_rows.get(row.name)
         if old is not None and _tight(old, before):
             continue
