@@ -74,25 +74,35 @@ def ordered_pair(name: str, math: MathModel) -> str | None:
     A lane written "Yard 2, Hub Central" or "(Yard 2 and Hub Central)" reads as two places, and two
     such pairs in one list run together ("Lindenhof and Corner Cup and Bean Street and Café Rosa")."""
     family, *keys = name.split("__")
-    if len(keys) != 2:
-        return None
-    definition = next((d for d in (*math.constraints, *math.variables) if d.lp_family == family), None)
-    if definition is None:
-        return None
-    sets = {s.symbol: s for s in math.sets}
-    over = definition.over
-    if len(over) == 1 and over[0] in sets:
-        pair_set = sets[over[0]]
-    else:  # a row over some pairs only, named by its condition: "(s,d) with a capacity"
-        index = re.match(r"\(([a-z]),([a-z])\)", getattr(definition, "condition", "") or "")
-        pair_set = next((s for s in math.sets if index and s.index == index.group(0)), None)
-        if pair_set is None:
-            return None
-    directed = re.search(r"\barcs?\b|\blinks?\b|\broutes?\b|\blanes?\b|ordered pairs", pair_set.description)
-    if not re.fullmatch(r"\([a-z],[a-z]\)", pair_set.index) or not directed:
+    if len(keys) != 2 or family not in _directed_families(math):
         return None
     names = spoken_names(math)
     return " → ".join(names.get(key, key.replace("_", " ")) for key in keys)
+
+
+def _directed_families(math: MathModel) -> frozenset[str]:
+    """The LP families of `math` indexed by a directed pair set (see `ordered_pair`); computed once
+    per model, since every term of a written-out sum asks."""
+    found = math.__dict__.get("_directed_families")
+    if found is not None:
+        return found
+    sets = {s.symbol: s for s in math.sets}
+    families = set()
+    for definition in (*math.constraints, *math.variables):
+        over = definition.over
+        if len(over) == 1 and over[0] in sets:
+            pair_set = sets[over[0]]
+        else:  # a row over some pairs only, named by its condition: "(s,d) with a capacity"
+            index = re.match(r"\(([a-z]),([a-z])\)", getattr(definition, "condition", "") or "")
+            pair_set = next((s for s in math.sets if index and s.index == index.group(0)), None)
+            if pair_set is None:
+                continue
+        directed = re.search(r"\barcs?\b|\blinks?\b|\broutes?\b|\blanes?\b|ordered pairs", pair_set.description)
+        if re.fullmatch(r"\([a-z],[a-z]\)", pair_set.index) and directed:
+            families.add(definition.lp_family)
+    found = frozenset(families)
+    object.__setattr__(math, "_directed_families", found)
+    return found
 
 
 _EACH = re.compile(r"\beach ([a-z-]+(?:'s)?(?: [a-z-]+(?:'s)?){0,2})")
