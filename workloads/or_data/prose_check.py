@@ -131,21 +131,26 @@ _SEAMS = (
 #   the bottles delivered"), a general noun with its elements pasted after it ("to put into each
 #   option for corporate bonds"), the kind and elements of a decision run into its value ("flow,
 #   Yard 2, Hub Central 35 → 52").
+# Each pattern comes with a word it cannot match without: the expressions run on every prompt and
+# answer, and a plain substring test first keeps them off the texts they cannot concern.
 _SEVENTH_PATTERNS = {
     "contradicting_filler": [
-        r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b",
-        r"\b(?:whether )?money, time or space\b",
-        r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)",
+        ("ship", r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b"),
+        ("money, time", r"\b(?:whether )?money, time or space\b"),
+        ("goods are", r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)"),
     ],
     "raw_fill": [
-        r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]",
-        r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)",
-        r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d",
+        ("whether", r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]"),
+        ("fixed proportion", r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)"),
+        (" → ", r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d"),
     ],
     # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
-    "check_rows": [r"\boptimum moves in steps: loosening a binding row helps only when\b"],
+    "check_rows": [("moves in steps", r"\boptimum moves in steps: loosening a binding row helps only when\b")],
 }
-_SEVENTH = {kind: [re.compile(pattern) for pattern in patterns] for kind, patterns in _SEVENTH_PATTERNS.items()}
+_SEVENTH = {
+    kind: [(needle, re.compile(pattern)) for needle, pattern in patterns]
+    for kind, patterns in _SEVENTH_PATTERNS.items()
+}
 # one lane named as two places ("1 of 6 rows binding (Data Center North and Core Router A)"), in a text
 # that writes its lanes as arrows; a pair of jobs ("(pistons and brackets)") is a pair, not a lane
 _LANE_AS_PAIR = re.compile(r"\b1 of \d+ rows binding \([^()\n,]* and [^()\n,]*\)")
@@ -297,18 +302,20 @@ def _seventh_review(text: str, prose: str) -> list[Flag]:
     said twice."""
     flags = []
     for kind, patterns in _SEVENTH.items():
-        flags += [Flag(kind, match.group(0)[:90]) for pattern in patterns for match in pattern.finditer(prose)]
-    for pattern in _PLURAL_SEAMS:
+        for needle, pattern in patterns:
+            if needle in prose:
+                flags += [Flag(kind, match.group(0)[:90]) for match in pattern.finditer(prose)]
+    for pattern in _PLURAL_SEAMS if ("how " in prose or "a share" in prose) else ():
         for match in pattern.finditer(prose):
             if is_plural(match.group(1)) and match.group(1) not in FUNCTION_WORDS:
                 flags.append(Flag("agreement", match.group(0)))
     if "→" in prose:
         for match in _LANE_AS_PAIR.finditer(prose):
             flags.append(Flag("seam", match.group(0)[:90]))
-    if _EMPTY_HEADING.search(text):
+    if "**Constraints**" in text and _EMPTY_HEADING.search(text):
         flags.append(Flag("seam", "a **Constraints** heading with nothing under it"))
-    lines = [line.strip() for line in prose.split("\n") if len(line.split()) >= 6 and line.strip()[:1].isupper()]
-    for line in sorted({line for line in lines if lines.count(line) > 1}):
+    lines = Counter(line.strip() for line in prose.split("\n") if line.strip()[:1].isupper() and len(line.split()) >= 6)
+    for line in sorted(line for line, count in lines.items() if count > 1):
         flags.append(Flag("duplicated_opener", "said twice: " + line[:70]))
     return flags
 
