@@ -35,7 +35,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from trex.workloads.or_data.diversity import overlap_at
+from trex.workloads.or_data.diversity import PARTS, overlap_at, overlap_by_part_at
 
 FILES = {
     "NL4OPT": "NL4OPT.json",
@@ -98,10 +98,57 @@ def run_rows(run: Path) -> list[str]:
     return rows
 
 
+# A 1,000-sample run spreads its answers over 18 families: about 55 answers per family, the k at which
+# the acceptance row ("<= 25% within family") is read.
+RUN_K = 55
+_PAREN_MATH = re.compile(r"\\\((.*?)\\\)|\\\[(.*?)\\\]", re.S)
+
+
+def as_markdown_math(answer: str) -> str:
+    """ORLM writes inline math as \\( ... \\) and display math as \\[ ... \\]; `answer_parts` reads
+    $...$ and $$...$$, so the formulas are rewritten that way to land in the math part, not in prose."""
+    return _PAREN_MATH.sub(lambda m: f"${m.group(1)}$" if m.group(1) is not None else f"$${m.group(2)}$$", answer)
+
+
+def part_row(name: str, answers: list[str], k: int) -> str:
+    """Overall overlap and, per part, the part's share of the 5-grams and the share of them shared
+    with another answer of the group, at `k` answers (mean of 32 draws)."""
+    whole = overlap_at(answers, k, draws=32)
+    parts = overlap_by_part_at(answers, k, draws=32)
+    if whole is None or parts is None:
+        return f"| {name} | {len(answers)} | - | - |"
+    shown = "; ".join(f"{part} {parts[part]['grams']:.0%} ({parts[part]['shared']:.0%})" for part in PARTS)
+    return f"| {name} | {len(answers)} | {whole:.1%} | {shown} |"
+
+
+def run_part_rows(run: Path, k: int) -> list[str]:
+    """`part_row` per family of a `quality.py` run at `k`, and the mean over families."""
+    records = [json.loads(line) for line in open(run / "sft.jsonl", encoding="utf-8") if line.strip()]
+    by_family: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        by_family[record["meta"]["family"]].append(record["messages"][2]["content"])
+    wholes, reports = [], []
+    for answers in by_family.values():
+        size = min(k, len(answers))
+        wholes.append(overlap_at(answers, size, draws=32))
+        reports.append(overlap_by_part_at(answers, size, draws=32))
+    mean = {
+        part: {key: statistics.mean(report[part][key] for report in reports) for key in ("grams", "shared")}
+        for part in PARTS
+    }
+    shown = "; ".join(f"{part} {mean[part]['grams']:.0%} ({mean[part]['shared']:.0%})" for part in PARTS)
+    sizes = sorted(len(answers) for answers in by_family.values())
+    return [
+        f"| this run's answers, mean over {len(by_family)} families (k = min({k}, family size); sizes "
+        f"{sizes[0]}-{sizes[-1]}) | {len(records)} | {statistics.mean(wholes):.1%} | {shown} |"
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="/work/shared/data/or_bench")
     parser.add_argument("--run", default=None, help="a quality.py output directory (sft.jsonl)")
+    parser.add_argument("--k", type=int, default=RUN_K, help="answers per group for the by-part table")
     args = parser.parse_args()
     data = Path(args.data)
     missing = [name for name in FILES.values() if not (data / name).is_file()]
@@ -112,6 +159,7 @@ def main() -> int:
         "| --- | --- | --- | --- | --- |",
     ]
     nl4opt: list[str] = []
+    orlm: dict[str, list[str]] = {}
     for name, file in FILES.items():
         if not (data / file).is_file():
             continue
@@ -128,6 +176,7 @@ def main() -> int:
                 if record.get("en_math_model_coptpy_code")
             ]
             lines.append(row(f"ORLM's answers to {name} (model-written: model + program)", answers))
+            orlm[name] = [as_markdown_math(answer) for answer in answers]
     groups: dict[str, list[str]] = defaultdict(list)
     for question in nl4opt:
         groups[topic(question)].append(question)
@@ -135,6 +184,20 @@ def main() -> int:
         lines.append(row(f"NL4OPT, topic '{name}'", texts))
     if args.run:
         lines += run_rows(Path(args.run))
+    lines += [
+        "",
+        f"| answers at k = {args.k} (as many as one family of a 1,000-sample run) | texts | overlap | by part: "
+        "share of 5-grams (share of them shared) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, answers in orlm.items():
+        lines.append(part_row(f"ORLM's answers to {name}", answers, args.k))
+    if len(orlm) > 1:
+        lines.append(
+            part_row("ORLM's answers to both, pooled", [a for answers in orlm.values() for a in answers], args.k)
+        )
+    if args.run:
+        lines += run_part_rows(Path(args.run), args.k)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

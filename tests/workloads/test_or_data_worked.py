@@ -128,6 +128,7 @@ def test_moved_decisions_lists_each_change_with_its_difference():
     before = {"make__chairs": 4.0, "make__tables": 0.0, "make__desks": 0.0}
     after = {"make__chairs": 3.0, "make__tables": 0.5, "make__desks": 0.0}
     text = moved_decisions(model, before, after, math)
-    assert text == "Decision by decision, 2 decisions move: chairs 4 → 3 (−1); tables 0 → 0.5 (+0.5)."
+    # a colon after each decision: "truck 1 1 → 0" ran the element's number into the value (Seventh review #32)
+    assert text == "Decision by decision, 2 decisions move: chairs: 4 → 3 (−1); tables: 0 → 0.5 (+0.5)."
     assert moved_decisions(model, before, dict(before), math) == ""
     assert not check_prose(text)

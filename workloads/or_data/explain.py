@@ -13,6 +13,8 @@ import random
 import re
 
 from trex.workloads.or_data.iis import IIS, Element, deletion_filter
+from trex.workloads.or_data.iis_reading import cut_reading, row_capacity
+from trex.workloads.or_data.loosening import loosening_sentences
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
 from trex.workloads.or_data.prose import singular_noun
@@ -64,6 +66,43 @@ def element_words(name: str, math: MathModel) -> tuple[str, str]:
         if variable.lp_family == family:
             return (variable.noun or variable.indicator or family), whom
     return family.replace("_", " "), whom
+
+
+def ordered_pair(name: str, math: MathModel) -> str | None:
+    """ "Yard 2 → Hub Central" for a row or variable indexed by an arc (an ordered pair of places:
+    its set's index is a pair and its description says arcs, links, routes, lanes or ordered pairs), None otherwise.
+    A lane written "Yard 2, Hub Central" or "(Yard 2 and Hub Central)" reads as two places, and two
+    such pairs in one list run together ("Lindenhof and Corner Cup and Bean Street and Café Rosa")."""
+    family, *keys = name.split("__")
+    if len(keys) != 2 or family not in _directed_families(math):
+        return None
+    names = spoken_names(math)
+    return " → ".join(names.get(key, key.replace("_", " ")) for key in keys)
+
+
+def _directed_families(math: MathModel) -> frozenset[str]:
+    """The LP families of `math` indexed by a directed pair set (see `ordered_pair`); computed once
+    per model, since every term of a written-out sum asks."""
+    found = math.__dict__.get("_directed_families")
+    if found is not None:
+        return found
+    sets = {s.symbol: s for s in math.sets}
+    families = set()
+    for definition in (*math.constraints, *math.variables):
+        over = definition.over
+        if len(over) == 1 and over[0] in sets:
+            pair_set = sets[over[0]]
+        else:  # a row over some pairs only, named by its condition: "(s,d) with a capacity"
+            index = re.match(r"\(([a-z]),([a-z])\)", getattr(definition, "condition", "") or "")
+            pair_set = next((s for s in math.sets if index and s.index == index.group(0)), None)
+            if pair_set is None:
+                continue
+        directed = re.search(r"\barcs?\b|\blinks?\b|\broutes?\b|\blanes?\b|ordered pairs", pair_set.description)
+        if re.fullmatch(r"\([a-z],[a-z]\)", pair_set.index) and directed:
+            families.add(definition.lp_family)
+    found = frozenset(families)
+    object.__setattr__(math, "_directed_families", found)
+    return found
 
 
 _EACH = re.compile(r"\beach ([a-z-]+(?:'s)?(?: [a-z-]+(?:'s)?){0,2})")
@@ -139,6 +178,7 @@ def variable_phrase(name: str, math: MathModel) -> str:
     (servings of each ingredient to use)" reads as a template seam); `instance_phrase` gives the
     specific one where a sentence can take a plural noun."""
     what, whom = element_words(name, math)
+    whom = ordered_pair(name, math) or whom  # "the variable for Yard 2 → Hub Central", not two places
     is_question = what.startswith(("whether", "which", "for each"))
     kind = "yes/no variable" if is_question else "variable"
     if not whom:
@@ -148,6 +188,7 @@ def variable_phrase(name: str, math: MathModel) -> str:
 
 def describe_element(element: Element, math: MathModel, model=None) -> str:
     what, whom = element_words(element.name, math)
+    whom = ordered_pair(element.name, math) or whom
     target = f" for {whom}" if whom else ""
     if element.kind == "row":
         description = next((c.description for c in math.constraints if c.lp_family == element.name.split("__")[0]), "")
@@ -157,9 +198,11 @@ def describe_element(element: Element, math: MathModel, model=None) -> str:
         row = next((r for r in model.rows if r.name == element.name), None) if model is not None else None
         mixed = row is not None and len({coef > 0 for _, coef in row.terms}) > 1
         if mixed and element.value == 0:
-            return (
-                f"{capitalize(what)}{target}{about}"  # "x - Q y <= 0" reads better as its meaning than as "at most 0"
-            )
+            # "x - Q y <= 0" reads better as its meaning than as "at most 0"; what it lets through once
+            # its yes/no decision is 1 is the bound a reader needs (the Seventh review's #15, #30)
+            capacity = row_capacity(row, model) if element.sense == "<=" else None
+            bound = f": at most {number(round(capacity, 6))} once built or opened" if capacity else ""
+            return f"{capitalize(what)}{target}{about}{bound}"
         return f"{capitalize(what)}{target}{about}: {_SENSE_WORDS[element.sense]} {number(round(element.value, 6))}"
     side = "lower bound" if element.kind == "lower" else "upper bound"
     specific = instance_phrase(what.removeprefix("the "), element.name, math) if whom else None
@@ -180,6 +223,12 @@ def iis_explanation(model, math: MathModel, rng: random.Random | None = None) ->
         return ""
     lines = "\n".join(f"- {describe_element(element, math, model)}" for element in found.elements)
     single = len(found.elements) == 1
+
+    def words(name: str) -> str:
+        what, whom = element_words(name, math)
+        return what.lower() + (f" for {ordered_pair(name, math) or whom}" if whom else "")
+
+    reading = cut_reading(found, model, words)
     if not found.irreducible:
         minimal = "The search could not confirm within its node limit that the set is minimal."
     else:
@@ -187,7 +236,7 @@ def iis_explanation(model, math: MathModel, rng: random.Random | None = None) ->
     how = realize(
         DELETION_ONE if single else DELETION_MANY, rng, tests=str(found.tests), count=str(len(found.elements))
     )
-    return f"{how}\n\n{lines}\n\n{minimal}"
+    return f"{how}\n\n{lines}\n\n{minimal}" + (f"\n\n{reading}" if reading else "")
 
 
 def binding_rows(model, values: dict[str, float], tolerance: float = 1e-6) -> list[str]:
@@ -249,7 +298,7 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         tight = [name for name, slack in rows if slack <= 1e-6 * (1 + abs(_rhs(model, name)))]
         binding_all += tight
         loose = sorted(((slack, name) for name, slack in rows if name not in tight), reverse=True)
-        whom = [_grouped(element_words(name, math)[1]) for name in tight]
+        whom = [ordered_pair(name, math) or _grouped(element_words(name, math)[1]) for name in tight]
         # a pair is written "auto parts and coffee beans": no parenthesis inside the list's own
         # every binding row is named (up to MAX_NAMED; beyond that the rest are counted, never hidden behind "...")
         named = [w[1:-1].replace(", ", " and ") if w.startswith("(") and w.endswith(")") else w for w in whom if w]
@@ -280,12 +329,18 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
             continue
         text = f"- {capitalize(label)}: {len(tight)} of {len(rows)} rows binding"
         if named:
-            shown = join(named) if not hidden else ", ".join(named) + f" and {hidden} more"
+            # pairs written "a and b" are separated by semicolons, so two of them do not run together
+            # ("pistons and gearbox housings and gearbox housings and axles", the Seventh review's #48)
+            paired = any(" and " in name for name in named)
+            if paired:
+                shown = "; ".join(named) + (f"; and {hidden} more" if hidden else "")
+            else:
+                shown = join(named) if not hidden else ", ".join(named) + f" and {hidden} more"
             text += f" ({shown})"
         text += note
         if loose:
             slack, name = loose[0]
-            who = _grouped(element_words(name, math)[1])
+            who = ordered_pair(name, math) or _grouped(element_words(name, math)[1])
             text += realize(
                 "[; the most slack is|; the loosest row is] {who} with {slack} to spare",
                 rng,
@@ -326,11 +381,16 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
                 rng,
             )
     else:
-        closing = realize(
-            "[With whole-number decisions|In a mixed-integer program] the optimum moves in steps: loosening a "
-            "binding row helps only when [a whole unit more fits|the extra room admits a different whole-number "
-            "plan], and [a row with slack can start to bind|a limit with slack can become the binding one] once "
-            "other data change.",
+        # a MIP has no dual values: what one more unit of a binding limit does is measured by re-solving
+        # (`loosening`), not asserted ("the optimum moves in steps ...", the Seventh review's #19, #24)
+        def label(name: str) -> str:
+            what, whom = element_words(name, math)
+            return what.lower() + (f" for {ordered_pair(name, math) or whom}" if whom else "")
+
+        measured = loosening_sentences(model, values, binding_all, label)
+        closing = " ".join(measured) or realize(
+            "[With whole-number decisions|In a mixed-integer program] no shadow price applies: a binding row shows "
+            "where the plan meets a limit, not what one more unit of that limit is worth.",
             rng,
         )
     return "\n".join([intro, "", *lines, "", closing])

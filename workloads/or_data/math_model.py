@@ -130,9 +130,9 @@ class MathModel:
             "",
             f"$$ {verb} \\; {self.objective} $$",
             "",
-            "**Constraints**",
-            "",
         ]
+        # a heading over nothing reads as text cut off (the Seventh review's #40): a model without rows says so
+        lines += ["**Constraints**", ""] if self.constraints else ["No constraints: each variable has only its bounds."]
         for number_, constraint in enumerate(self.constraints, start=1):
             quantifier = self._quantifier(constraint.over, constraint.condition)
             label, description = constraint.label, agree(constraint.description)

@@ -116,7 +116,49 @@ _SEAMS = (
     ),  # "The Mon-Fri costs 1,175 yuan": the noun is missing
     re.compile(r"\ban upper bound from first-fit decreasing\b"),  # the set holds FFD's count plus spares
     re.compile(r"\((?:[\w ]+ )?listed\)[ \t]*(?:\n|$)"),  # "(patterns listed)" and the line ends: nothing is
+    # the Seventh review's seams
+    re.compile(r"\b\d[\d,.]* ([a-z]+) of \1\b"),  # "Only 15 engineers of engineers are available"
+    re.compile(
+        r"\b[A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z][\w-]*(?: [A-Z][\w-]*)* and [A-Z]"
+    ),
+    # ^ "Lindenhof and Corner Cup and Bean Street and Café Rosa": two pairs run together
+    re.compile(r"\bhas (?:limited time|only so many hours), so the number of\b"),  # a count justified by time
 )
+# The Seventh review's patterns by the kind they raise, as raw expressions (compiled below):
+# - contradicting_filler: words of one setting in another (its 10 cases): shipping for sites that
+#   serve people or data, "money, time or space" for whatever the limits are, goods for data traffic;
+# - raw_fill: a "whether" clause running on over the next decision ("whether a lorry drives ... and
+#   the bottles delivered"), a general noun with its elements pasted after it ("to put into each
+#   option for corporate bonds"), the kind and elements of a decision run into its value ("flow,
+#   Yard 2, Hub Central 35 → 52").
+# Each pattern comes with a word it cannot match without: the expressions run on every prompt and
+# answer, and a plain substring test first keeps them off the texts they cannot concern.
+_SEVENTH_PATTERNS = {
+    "contradicting_filler": [
+        ("ship", r"\b(?:data centers?|charging hubs?|clinics?|hospitals?|schools?)\b[^.;\n]{0,30}\bship(?:s|ped)?\b"),
+        ("money, time", r"\b(?:whether )?money, time or space\b"),
+        ("goods are", r"\bgoods are neither created nor lost\b(?=[\s\S]*\b(?:Gbps|Mbit|data traffic)\b)"),
+    ],
+    "raw_fill": [
+        ("whether", r"\b(?:are|is|determine|decide|settle|has to determine) whether [^.;:\n]{5,140}? and the [a-z]"),
+        ("fixed proportion", r"\beach [a-z]+ for [^.;:()\n]{1,80}? together \(in a fixed proportion\)"),
+        (" → ", r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d"),
+    ],
+    # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
+    "check_rows": [("moves in steps", r"\boptimum moves in steps: loosening a binding row helps only when\b")],
+}
+_SEVENTH = {
+    kind: [(needle, re.compile(pattern)) for needle, pattern in patterns]
+    for kind, patterns in _SEVENTH_PATTERNS.items()
+}
+# one lane named as two places ("1 of 6 rows binding (Data Center North and Core Router A)"), in a text
+# that writes its lanes as arrows; a pair of jobs ("(pistons and brackets)") is a pair, not a lane
+_LANE_AS_PAIR = re.compile(r"\b1 of \d+ rows binding \([^()\n,]* and [^()\n,]*\)")
+_PLURAL_SEAMS = (
+    re.compile(r"\bhow ([a-z]+) (?:flows|moves|travels)\b"),  # "how containers flows"
+    re.compile(r"\b([a-z]+) is at least a share\b"),  # "shirts is at least a share"
+)
+_EMPTY_HEADING = re.compile(r"\*\*Constraints\*\*[ \t]*\n(?:[ \t]*\n)*(?:[ \t]*(?:$|```|#|\*\*)|$)")
 # "Nickel pellets cost ... and provides": the second verb of a plural subject left singular.
 _SECOND_VERB = re.compile(
     r"(?:^|(?<=[.!?:]\s)|(?<=\n)|(?<=\n- ))([A-Z][a-z]+(?: [a-z]+){0,2}) (?:cost|have|contain|provide|give)\b"
@@ -152,6 +194,7 @@ _NOT_NOUNS = {
         "then",
     ],
     *["time", "step", "side", "after"],
+    *["there", "since"],  # "is there since there is only a limited budget" (seed 2461 #132) is not a doubled noun
 }
 _MECHANICAL = (
     re.compile(r"\bcome in the families no rows\b"),
@@ -249,6 +292,31 @@ def check_prose(text: str) -> list[Flag]:
         if match.group(1) not in FUNCTION_WORDS | _NOT_NOUNS and match.group(2) not in FUNCTION_WORDS | _NOT_NOUNS:
             flags.append(Flag("seam", prose[max(0, match.start() - 20) : match.end() + 10].strip()))
     flags += _check_rows(text)
+    flags += _seventh_review(text, prose)
+    return flags
+
+
+def _seventh_review(text: str, prose: str) -> list[Flag]:
+    """The Seventh review's text patterns: words of another setting, decisions run together, plural
+    subjects with singular verbs in template slots, a false MIP claim, an empty heading and a line
+    said twice."""
+    flags = []
+    for kind, patterns in _SEVENTH.items():
+        for needle, pattern in patterns:
+            if needle in prose:
+                flags += [Flag(kind, match.group(0)[:90]) for match in pattern.finditer(prose)]
+    for pattern in _PLURAL_SEAMS if ("how " in prose or "a share" in prose) else ():
+        for match in pattern.finditer(prose):
+            if is_plural(match.group(1)) and match.group(1) not in FUNCTION_WORDS:
+                flags.append(Flag("agreement", match.group(0)))
+    if "→" in prose:
+        for match in _LANE_AS_PAIR.finditer(prose):
+            flags.append(Flag("seam", match.group(0)[:90]))
+    if "**Constraints**" in text and _EMPTY_HEADING.search(text):
+        flags.append(Flag("seam", "a **Constraints** heading with nothing under it"))
+    lines = Counter(line.strip() for line in prose.split("\n") if line.strip()[:1].isupper() and len(line.split()) >= 6)
+    for line in sorted(line for line, count in lines.items() if count > 1):
+        flags.append(Flag("duplicated_opener", "said twice: " + line[:70]))
     return flags
 
 

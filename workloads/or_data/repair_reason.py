@@ -107,9 +107,10 @@ def symptom_reason(bug: Bug, model: LinearModel, math: MathModel, rng: random.Ra
             return ""
         names = sorted(ray.ray)[:4]
         moves = [_named(name, math) for name in names]
-        more = f" (and {len(ray.ray) - len(names)} more)" if len(ray.ray) > len(names) else ""
+        if len(ray.ray) > len(names):  # counted in the list: "(minutes) (and 8 more)" stacked two parentheses
+            moves.append(f"{len(ray.ray) - len(names)} more")
         return (
-            f"Why the buggy program is unbounded: starting from a feasible plan, increasing {join(moves)}{more} "
+            f"Why the buggy program is unbounded: starting from a feasible plan, increasing {join(moves)} "
             "keeps every one of its rows satisfied and improves its objective without end, so no optimum exists; "
             "the intended model's rows stop that growth."
         )

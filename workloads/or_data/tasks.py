@@ -47,6 +47,7 @@ from trex.workloads.or_data.row_shapes import row_shapes
 from trex.workloads.or_data.solver_libraries import DISPLAY
 from trex.workloads.or_data.style import AnswerParts
 from trex.workloads.or_data.verify import Problem, VerificationFailed, verify_problem
+from trex.workloads.or_data.what_if_limits import broken_rows, limits_taking_over
 from trex.workloads.or_data.wording import (
     BASE_PLAN,
     BINARY_MANY,
@@ -228,7 +229,12 @@ def understanding(math: MathModel, rng: random.Random | None = None, status: str
     only an optimal LP is said to have an optimum proven by LP duality (the Seventh review's #40
     read that of an unbounded one)."""
     rng = rng or random.Random(0)
-    decisions = [variable.indicator or f"the {variable.noun}" for variable in math.variables]
+    # a "whether ..." clause runs on over whatever follows its "and" ("whether a lorry drives ... and the
+    # bottles delivered so far", the Seventh review's #7, #48): noun phrases first, clauses last, each
+    # clause with its own "whether"
+    nouns = [f"the {variable.noun}" for variable in math.variables if not variable.indicator]
+    clauses = [variable.indicator for variable in math.variables if variable.indicator]
+    decisions = nouns + clauses
     goal = realize(GOAL_MIN if math.sense == "minimize" else GOAL_MAX, rng, what=math.objective_description)
     paragraphs = [f"{realize(DECISIONS, rng, x=join(decisions))} {goal}"]
     if math.constraints:
@@ -521,16 +527,28 @@ def no_solution_explanation(problem: Problem) -> str:
             specific.append(f"the {phrase}")  # "the tons of solvent A to make per month"
         else:
             grouped.setdefault(what, []).append(whom)
-    moves = specific + [
-        f"the {what.removeprefix('the ')}" + (f" for {join([w for w in whoms if w])}" if any(whoms) else "")
-        for what, whoms in grouped.items()
-    ]
+    moves = specific + [_ray_group(what, whoms) for what, whoms in grouped.items()]
     return agree(
         f"The problem is unbounded. {note}. Starting from any feasible plan, increasing {join(moves)} "
         + ("together (in a fixed proportion) " if len(ray) > 1 else "alone ")
         + "keeps every constraint satisfied and improves the objective without limit, "
         "so no plan is optimal: the model lacks a limit the real situation has."
     ).replace("..", ".")
+
+
+def _ray_group(what: str, whoms: list[str]) -> str:
+    """The decisions of one family that an unbounded ray increases, in one phrase: the elements
+    take the place of the description's "each <noun>" ("the amount (million dollars) to put into
+    corporate bonds and real estate"), not pasted after it ("the amount ... to put into each option
+    for corporate bonds", the Seventh review's #9, #40)."""
+    what = what.removeprefix("the ")
+    named = [whom for whom in whoms if whom]
+    if not named:
+        return f"the {what}"
+    general = re.search(r"\beach [a-z-]+", what)
+    if general is not None and all(", " not in whom for whom in named):
+        return f"the {what[: general.start()]}{join(named)}{what[general.end() :]}"
+    return f"the {what} for {join(named)}"
 
 
 def lp_no_solution_explanation(problem: Problem) -> str:
@@ -880,7 +898,12 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
                 + (
                     ", which is what re-solving gives (the same constraints stay binding)."
                     if agree_
-                    else f"; re-solving gives {format_objective(delta)}, so the change is large enough that another limit takes over."
+                    else f"; re-solving gives {format_objective(delta)}, so the change is large enough that another "
+                    + (
+                        f"limit takes over: {over}."
+                        if (over := _taking_over(base, changed, {row.name}))
+                        else "limit takes over."
+                    )
                 )
             )
         if slack > 1e-6 and abs(delta) < 1e-9:
@@ -910,9 +933,11 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             )
         if slack <= 1e-6:
             return f"The {label} was used to the full in the original plan, so changing it forces the plan to adapt."
+        over = _taking_over(base, changed, set())  # the changed row too: the better plan may fill its new room
         return (
             f"The {label} had {format_objective(slack)} unused in the original plan and the original plan still meets "
-            "the new limit, but with whole-number decisions the extra room admits a better combination."
+            "the new limit, but with whole-number decisions the extra room admits a better combination"
+            + (f", one that meets {over}." if over else ".")
         )
     if {v.name for v in base.model.variables} != {v.name for v in changed.model.variables}:
         return _options_reason(base, changed)
@@ -940,7 +965,12 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
                     else f"but re-optimizing reaches {changed.outcome.text()}."
                 )
             )
-        return f"The change alters coefficients of the {where} {noun}, and the original plan no longer satisfies {'it' if noun == 'constraint' else 'them'}, so the plan has to change."
+        broken = broken_rows(changed.model, base.values, rows_changed, base.math)
+        return (
+            f"The change alters coefficients of the {where} {noun}, and the original plan no longer satisfies "
+            + (f"{'it' if noun == 'constraint' else 'them'}" if not broken else f"them: it breaks {broken}")
+            + ", so the plan has to change."
+        )
     new_variables = {variable.name: variable for variable in changed.model.variables}
     for variable in base.model.variables:
         other = new_variables.get(variable.name)
@@ -952,7 +982,7 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
             level - variable.lower
         ) < 1e-6
         if at_bound and (variable.lower > 0 or variable.upper is not None):
-            return f"In the original plan {subject} is at its bound, {format_objective(level)}, so moving the bound moves the plan with it."
+            return _bound_reason(base, changed, variable.name, other, subject, level)
         return (
             f"In the original plan {subject} is {format_objective(level)}, strictly inside its bounds, so the bound change "
             + (
@@ -975,6 +1005,10 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
         level = base.values.get(name, 0.0)
         subject = variable_phrase(name, base.math)
         used = f"The changed coefficient multiplies {subject}, which is {format_objective(level)} in the original plan"
+        upper = base.model.variable(name).upper
+        better = delta * (1 if base.model.sense == "maximize" else -1) >= 0
+        if upper is not None and level > 0 and abs(level - upper) <= 1e-6 * (1 + abs(upper)) and better:
+            used += f", already at its upper bound of {format_objective(upper)}"  # more of it is not possible (#50)
         arithmetic = f"{format_objective(new - old)} × {format_objective(level)} = {format_objective(kept)}"
     else:
         used = f"The changed coefficient appears on {len(changes)} variables"
@@ -984,6 +1018,33 @@ def _what_if_reason(base: Problem, changed: Problem, delta: float, same_plan: bo
     return (
         f"{used}; keeping the original plan would change the objective by {arithmetic}, but re-optimizing finds a plan that does "
         f"at least as well ({format_objective(delta)} in total), so the plan changes."
+    )
+
+
+def _taking_over(base: Problem, changed: Problem, skip: set[str]) -> str:
+    """`what_if_limits.limits_taking_over` of a what-if's two plans, in the base model's words."""
+    return limits_taking_over(
+        base.model, changed.model, base.values, _as_old_options(base, changed) or changed.values, base.math, skip
+    )
+
+
+def _bound_reason(base: Problem, changed: Problem, name: str, other, subject: str, level: float) -> str:
+    """A moved bound that held the original plan: how far the new plan follows it, and which limits
+    the new plan meets that the original one had room on (the Seventh review's #8: the bound moved
+    by 17 and the optimum by 6, because the arcs feeding it reach their capacity)."""
+    head = f"In the original plan {subject} is at its bound, {format_objective(level)}"
+    old = base.model.variable(name)
+    new_bound = other.upper if other.upper != old.upper and other.upper is not None else other.lower
+    new_level = changed.values.get(name, 0.0)
+    over = _taking_over(base, changed, {name})
+    if abs(new_level - new_bound) <= 1e-6 * (1 + abs(new_bound)):
+        return f"{head}, and the new plan follows the bound to {format_objective(new_level)}" + (
+            f"; it also meets {over}, where the original plan had room." if over else ", so the plan moves with it."
+        )
+    return (
+        f"{head}; the new plan moves it only to {format_objective(new_level)}, short of the new bound of "
+        f"{format_objective(new_bound)}"
+        + (f", because it now meets {over}." if over else ", because other limits stop it first.")
     )
 
 

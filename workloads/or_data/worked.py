@@ -29,7 +29,7 @@ import random
 import re
 from dataclasses import replace
 
-from trex.workloads.or_data.explain import element_words, key_names, variable_phrase
+from trex.workloads.or_data.explain import element_words, key_names, ordered_pair, variable_phrase
 from trex.workloads.or_data.linear_model import LinearModel, Row, family_of
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize
@@ -65,10 +65,26 @@ def _shown(value: float) -> tuple[str, bool]:
 
 def _who(name: str, math: MathModel, families: int) -> str:
     what, whom = element_words(name, math)
+    whom = ordered_pair(name, math) or whom  # an arc reads "Yard 2 → Hub Central", not as two places
     if families > 1:  # several kinds of decision in one sum: say which kind each term is
         kind = family_of(name).replace("_", " ")
         return f"{kind}, {whom}" if whom else kind
     return whom or re.sub(r" \([^()]*\)$", "", what.removeprefix("the "))
+
+
+def _moved_label(name: str, math: MathModel, families: int) -> str:
+    """A decision in the list of moves: "flow on Yard 2 → Hub Central", "put (bicycles, truck 1)",
+    "lager". Not "put, bicycles, truck 1 1 → 0", where the kind reads as one more element and the
+    truck's number runs into the value (the Seventh review's #8, #32)."""
+    if families <= 1:
+        return _who(name, math, families)
+    kind = family_of(name).replace("_", " ")
+    whom = ordered_pair(name, math) or element_words(name, math)[1]
+    if not whom:
+        return kind
+    if " → " in whom:
+        return f"{kind} on {whom}"
+    return f"{kind} ({whom})" if ", " in whom else f"{kind} {whom}"
 
 
 def _term(coef: float, value: float, label: str, first: bool) -> tuple[str, bool]:
@@ -200,6 +216,7 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
         limit = right_text if single else f"{right_text} {_equals(right_rounded)} {signed(limit_value)}"
     else:
         limit = signed(limit_value, 6)
+    idle = len(right) if right and not right_used else 0  # too many to write out, and every one at 0
     slack = limit_value - left_value if sense == "<=" else left_value - limit_value
     if abs(slack) <= 1e-6 * (1 + abs(limit_value)):
         state = realize(
@@ -212,6 +229,11 @@ def row_line(row: Row, math: MathModel, values: dict[str, float], rng: random.Ra
         room = number(round(abs(slack), 4))
         side = "below the cap of" if sense == "<=" else "above the minimum of"
         state = f"{room} {side} {limit}"
+        if idle:  # "above the minimum of 0" hides that the limit is made of decisions (blending's share rows)
+            state = (
+                f"{room} {side.removesuffix(' of')}, which is {limit} here because none of the {idle} decisions "
+                "on its limit's side is used"
+            )
     return f"{row_label(row, math)}: {left_text} {_equals(left_rounded)} {signed(left_value)}, {state}."
 
 
@@ -504,8 +526,9 @@ def moved_decisions(
     for _, name, old, new in moves[:limit]:
         difference = new - old
         change = ("+" if difference > 0 else "") + signed(difference)
-        shown.append(f"{_who(name, math, families)} {signed(old)} → {signed(new)} ({change})")
-    more = f", and {len(moves) - limit} smaller moves" if len(moves) > limit else ""
+        shown.append(f"{_moved_label(name, math, families)}: {signed(old)} → {signed(new)} ({change})")
+    hidden = len(moves) - limit
+    more = f", and {hidden} smaller {'move' if hidden == 1 else 'moves'}" if hidden > 0 else ""
     count = "1 decision moves" if len(moves) == 1 else f"{len(moves)} decisions move"
     text = f"Decision by decision, {count}: {'; '.join(shown)}{more}."
     costs = dict(model.objective)

@@ -116,6 +116,24 @@ class AssignmentData:
         return [(w, t) for w in self.workers for t in self.tasks if (w, t) not in self.value]
 
 
+def _load_reason(data: AssignmentData) -> str:
+    """Why the load row is there, from the prompt's own rule (a count of tasks per worker), not from
+    time the story never mentions (the Seventh review's #38, #42, #46)."""
+    sc = data.scenario
+    worker, task, tasks = sc.worker[0], sc.task[0], sc.task[1]
+    if data.capacity == 1 and len(data.tasks) == len(data.workers):
+        return (
+            f"the rules give each {worker} exactly one {task}; with as many {tasks} as {sc.worker[1]} and every "
+            f"{task} covered, [a cap of one {task} per {worker}|at most one {task} per {worker}] already forces "
+            f"exactly one each, and without it one {worker} could take every {task}"
+        )
+    cap = "one" if data.capacity == 1 else number(data.capacity)
+    return (
+        f"the rules let one {worker} take at most {cap} {task if data.capacity == 1 else tasks}; [without the cap|"
+        f"without this row] one {worker} could take every {task}"
+    )
+
+
 class Assignment(Family):
     name = "assignment"
     title = "Assignment"
@@ -204,7 +222,12 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                 ),
             ),
             params=(
-                ParamDef("v_{wt}", f"{sc.measure} when $w$ takes $t$ (– = not qualified)", data.value, ("W", "T")),
+                ParamDef(
+                    "v_{wt}",
+                    f"{sc.measure} when $w$ takes $t$" + (" (– = not qualified)" if data.forbidden else ""),
+                    data.value,
+                    ("W", "T"),
+                ),
                 ParamDef("k", f"most {sc.task[1]} per {sc.worker[0]}", data.capacity),
             ),
             variables=(
@@ -214,7 +237,8 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                     r"\in \{0, 1\}",
                     "assign",
                     ("A",),
-                    indicator=f"which {sc.task[1]} each {sc.worker[0]} takes (among the pairs that are allowed)",
+                    indicator=f"which {sc.task[1]} each {sc.worker[0]} takes"
+                    + (" (among the pairs that are allowed)" if data.forbidden else ""),
                 ),
             ),
             constraints=(
@@ -234,8 +258,7 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
                     r"\sum_{t:(w,t) \in A} x_{wt} \le k",
                     "load",
                     ("W",),
-                    why=f"a {sc.worker[0]} has [limited time|only so many hours], so the number of {sc.task[1]} "
-                    f"[given to one {sc.worker[0]}|one {sc.worker[0]} takes on|assigned to the same {sc.worker[0]}] is capped",
+                    why=_load_reason(data),
                 ),
             ),
         )

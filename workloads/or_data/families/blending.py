@@ -214,7 +214,9 @@ class Blending(Family):
         minimum, maximum = {}, {}
         for q in qualities:
             if rng.random() < 0.8:
-                minimum[q.name] = _round_down(level[q.name] * rng.uniform(0.75, 0.98))
+                low = _round_down(level[q.name] * rng.uniform(0.75, 0.98))
+                if low > 0:  # a level under 0.1 rounds to a minimum of 0, a row that asks nothing
+                    minimum[q.name] = low
             if q.name not in minimum or rng.random() < 0.35:
                 maximum[q.name] = _round_up(level[q.name] * rng.uniform(1.03, 1.3))
         available = {f: float(int(witness[f] * rng.uniform(1.2, 2.5)) + 1) for f in ingredients if rng.random() < 0.35}

@@ -334,12 +334,14 @@ model.setObjective(quicksum(fixed_cost[s] * is_open[s] for s in {sites}) + {ship
                     r"\sum_{c \in C} x_{cs} \le Q_s y_s",
                     "capacity",
                     ("S",),
-                    why=f"a {sc.site[0]} can ship [only up to its capacity|no more than its capacity], and a closed one "
-                    "[nothing|nothing at all]",
-                    technique="[Multiplying the capacity by the opening decision links the flows to the yes/no choice|The "
-                    "capacity term carries the opening decision as a factor, which ties the flows to the yes/no "
-                    f"choice]: closing a {sc.site[0]} sets its capacity to 0, so [the fixed cost must be paid before "
-                    "anything is shipped from it|nothing leaves it unless its fixed cost is paid].",
+                    # "handle"/"serve", not "ship": the same words must fit data centers and clinics
+                    why=f"a {sc.site[0]} can [handle|serve] [only up to its capacity|no more than its capacity] in "
+                    f"{sc.unit[1]}, and a closed one [none|none at all]",
+                    technique="[Multiplying the capacity by the opening decision links the amounts served to the yes/no "
+                    "choice|The capacity term carries the opening decision as a factor, which ties the amounts served "
+                    f"to the yes/no choice]: closing a {sc.site[0]} sets its capacity to 0, so [the fixed cost must be "
+                    f"paid before it serves any {sc.customer[0]}|it serves no {sc.customer[0]} unless its fixed cost "
+                    "is paid].",
                 ),
             ]
             objective = r"\sum_{s \in S} f_s y_s + \sum_{c \in C} \sum_{s \in S} g_{cs} x_{cs}"

@@ -24,6 +24,7 @@ from trex.workloads.or_data.phrasing import (
     present,
 )
 from trex.workloads.or_data.program import assemble
+from trex.workloads.or_data.prose import singular_noun
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class Knapsack(Family):
             if total <= capacity[d.name]:
                 capacity = {**capacity, d.name: _tidy(total * 0.8, d.span[2])}
             data = replace(data, mandatory=tuple(chosen), capacity=capacity, conflicts=(), requires=())
-            note = f"the mandatory {sc.item[1]} {join(chosen)} together need {number(total)} {d.unit} of {d.name}, but only {number(capacity[d.name])} are available"
+            note = f"the mandatory {sc.item[1]} {join(chosen)} together need {number(total)} {d.unit}{'' if d.unit == d.name else ' of ' + d.name}, but only {number(capacity[d.name])} are available"
             return Generated(data, "infeasible", note)
         return Generated(data, "optimal")
 
@@ -324,7 +325,9 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
             ParamDef("w_{di}", f"use of limit $d$ by {sc.item[0]} $i$", data.size, ("D", "I")),
             ParamDef(
                 "C_d",
-                "capacity of limit $d$ (" + ", ".join(f"{d.name} in {d.unit}" for d in data.dimensions) + ")",
+                "capacity of limit $d$ ("
+                + ", ".join(d.name if d.unit == d.name else f"{d.name} in {d.unit}" for d in data.dimensions)
+                + ")",
                 data.capacity,
                 ("D",),
             ),
@@ -340,8 +343,10 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                 r"\sum_{i \in I} w_{di} y_i \le C_d",
                 "capacity",
                 ("D",),
-                why="[each limit (money, time or space) has a fixed amount|every limit, whether money, time or space, is "
-                "fixed], and every chosen item [uses part of it|takes up part of it]",
+                # the instance's own limits, not "money, time or space" (engineers, power, data rate)
+                why=f"[each limit ({join([d.name for d in data.dimensions])}) has a fixed amount|every limit, whether "
+                f"{join([d.name for d in data.dimensions], conjunction='or')}, is fixed], and every chosen "
+                f"{sc.item[0]} [uses part of it|takes up part of it]",
             )
         ]
         if data.conflicts:
@@ -422,7 +427,11 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
             )
         )
         dims = data.dimensions
-        header = [capitalize(sc.item[0]), capitalize(sc.value_word), *(f"{d.name} ({d.unit})" for d in dims)]
+        header = [
+            capitalize(sc.item[0]),
+            capitalize(sc.value_word),
+            *(d.name if d.unit == d.name else f"{d.name} ({d.unit})" for d in dims),
+        ]
         rows = [(i, worth(data.value[i]), *(number(data.size[d.name, i]) for d in dims)) for i in data.items]
         st.add(
             present(
@@ -431,7 +440,12 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                 rows,
                 lambda row: (
                     f"{row[0]}: {sc.value_word} {row[1]}, "
-                    + ", ".join(f"{d.name} {row[2 + k]} {d.unit}" for k, d in enumerate(dims))
+                    + ", ".join(
+                        f"{row[2 + k]} {singular_noun(d.unit) if row[2 + k] == '1' else d.unit}"
+                        if d.unit == d.name
+                        else f"{d.name} {row[2 + k]} {d.unit}"
+                        for k, d in enumerate(dims)
+                    )
                 ),
                 intro=(
                     f"Data for each {sc.item[0]}:",
@@ -446,9 +460,13 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                 pick(
                     rng,
                     (
-                        f"The total {d.name} cannot exceed {number(data.capacity[d.name])} {d.unit}.",
-                        f"Only {number(data.capacity[d.name])} {d.unit} of {d.name} are available.",
-                        f"There is a limit of {number(data.capacity[d.name])} {d.unit} on {d.name}.",
+                        f"The total {'number of ' if d.unit == d.name else ''}{d.name} cannot exceed "
+                        f"{number(data.capacity[d.name])}{'' if d.unit == d.name else ' ' + d.unit}.",
+                        f"Only {number(data.capacity[d.name])} {d.unit}"
+                        + ("" if d.unit == d.name else f" of {d.name}")
+                        + " are available.",
+                        f"There is a limit of {number(data.capacity[d.name])} {d.unit}"
+                        + ("." if d.unit == d.name else f" on {d.name}."),
                     ),
                 )
                 for d in dims

@@ -356,7 +356,7 @@ model.setObjective(throughput, sense="maximize")
                         f"{conservation} = b_n",
                         "balance",
                         ("N",),
-                        why="[goods are neither created nor lost at a node|nothing is created or lost at a node]: what leaves "
+                        why="[flow is neither created nor lost at a node|nothing is created or lost at a node]: what leaves "
                         "minus what arrives is the node's own supply (positive), its demand (negative) or zero at a "
                         "pass-through point",
                     ),
@@ -411,7 +411,7 @@ model.setObjective(throughput, sense="maximize")
                 (
                     f"{data.operator} operates a {sc.network} with {len(data.nodes)} nodes ({join(data.nodes, rng)}) connected by one-way {sc.link[1]}.",
                     f"The {sc.network} of {data.operator} moves {sc.commodity} between {len(data.nodes)} locations: {join(data.nodes, rng)}.",
-                    f"{data.operator} has to plan how {sc.commodity} flows through its {sc.network}, whose nodes are {join(data.nodes, rng)}.",
+                    f"{data.operator} has to plan how to route {sc.commodity} through its {sc.network}, whose nodes are {join(data.nodes, rng)}.",
                     f"In the {sc.network} run by {data.operator}, {sc.commodity} can only travel along the {sc.link[1]} listed below.",
                 ),
             )

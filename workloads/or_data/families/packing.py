@@ -179,9 +179,11 @@ def _bins_label(data) -> str:
     ffd = _first_fit_decreasing(data.size, data.capacity)
     if ffd > data.bins:
         return f"available {sc.bin[1]}"
+    # the capacity is named: a what-if answer shows this model above the program of the changed data,
+    # where "at most 4" would read as a claim about a run that needs 6 (the Seventh review's #32)
     return (
-        f"available {sc.bin[1]} (first-fit decreasing already packs the {sc.item[1]} into "
-        f"{ffd} {sc.bin[1] if ffd > 1 else sc.bin[0]}, so the optimum uses at most {ffd})"
+        f"available {sc.bin[1]} (at {number(data.capacity)} {sc.unit} each, first-fit decreasing already packs "
+        f"the {sc.item[1]} into {ffd} {sc.bin[1] if ffd > 1 else sc.bin[0]}, so the optimum uses at most {ffd})"
     )
 
 

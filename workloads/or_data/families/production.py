@@ -362,7 +362,7 @@ model.setObjective(quicksum(profit[p] * make[p] for p in products), sense="maxim
             constraints.append(
                 ConstraintDef(
                     "Product mix",
-                    f"{data.mix[0]} is at least a share $\\sigma$ of the output",
+                    f"the share of {data.mix[0]} in the output is at least $\\sigma$",
                     f"x_{{\\text{{{data.mix[0]}}}}} \\ge \\sigma \\sum_{{p \\in P}} x_p",
                     "mix",
                     (),
