@@ -177,7 +177,7 @@ def print_table(rows: list[dict], inductor: bool, file=None) -> None:
         line += " " + " / ".join(_ratio_cell(c["trex"], c[n]) for n in names if n != "trex") + " |"
         line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
         peaks = [r["peak"]["eager"], r["peak"]["trex"]] + ([r["peak"]["inductor"]] if inductor else [])
-        line += " " + " / ".join(f"{p / 2**20:.1f}" for p in peaks) + " |"
+        line += " " + " / ".join(f"{p / 2**20:.2f}" for p in peaks) + " |"  # 0.01 MiB: the memory item compares them
         print(line, file=file, flush=True)
 
 
