@@ -9,12 +9,14 @@ and rounding the product once to bf16 computes the same value as the bf16 GEMM u
 the fp32 accumulation, at a fraction of the time, and a code generator fuses the conversions into the
 kernels that produce the operands.
 
-The pass rewrites `aten.mm`, `addmm`, `bmm`, `baddbmm`, trex's grouped GEMMs (`trex.grouped_mm`,
-`trex.grouped_mm_weight_grad`), `aten._grouped_mm` (decompose_moe's bf16 expert GEMMs, whose fp32 form is
-`trex.extern_aten_grouped_mm`) and CPU flash attention (forward and backward) whose floating operands
-are all bf16 (fp16) into
-convert -> the same op in fp32 -> convert back, when the target is a CPU and the CPU compiling (the one
-the program will run on) lacks native bf16 (fp16) GEMM support.
+The pass rewrites `aten.mm`, `addmm`, `bmm`, `baddbmm` and CPU flash attention (forward and backward)
+whose floating operands are all bf16 (fp16) into convert -> the same op in fp32 -> convert back, when the
+target is a CPU and the CPU compiling (the one the program will run on) lacks native bf16 (fp16) GEMM
+support. The grouped GEMMs (`trex.grouped_mm`, `trex.grouped_mm_weight_grad`, and `aten._grouped_mm`,
+decompose_moe's bf16 expert GEMMs) become `trex.extern_aten_grouped_mm` on their own low-precision
+operands, which upcasts, multiplies and rounds one group (expert) at a time: the same values, without
+fp32 copies of whole weights, token blocks and results alive around the GEMM (with whole-operand upcasts
+trex's bf16 peak step memory exceeded Inductor's, bench/RESULTS.md section 11, eighth and ninth sessions).
 
 On a CPU that does multiply bf16 (fp16) natively, the grouped GEMMs are still rewritten, and only they:
 a grouped GEMM runs one GEMM per expert, with that expert's row count - runtime data that changes with
@@ -54,7 +56,7 @@ GEMMS = frozenset(
         aten.baddbmm.default,
         torch.ops.trex.grouped_mm.default,
         torch.ops.trex.grouped_mm_weight_grad.default,
-        aten._grouped_mm.default,  # decompose_moe's bf16 expert GEMMs (fp32: trex.extern_aten_grouped_mm)
+        aten._grouped_mm.default,  # decompose_moe's bf16 expert GEMMs (-> trex.extern_aten_grouped_mm)
         # CPU attention is GEMMs too (1.7x slower in bf16 here, fwd+bwd, 4 x 4 heads x 32 x 32)
         aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
@@ -101,10 +103,6 @@ def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, l
     position = {arg: i for i, arg in enumerate(inputs)}
     inputs = [upcasts.get(arg, arg) for arg in inputs]
     target, value = node.target, node.meta["val"]
-    if target is aten._grouped_mm.default:  # its meta function takes bf16 only; the same CPU kernel in fp32
-        from trex.ops import moe_decompositions  # noqa: F401 - registers trex.extern_aten_grouped_mm
-
-        target = torch.ops.trex.extern_aten_grouped_mm.default
 
     def fp32(*tensors):
         def operand(arg):
@@ -123,9 +121,10 @@ def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, l
 
 class CpuGemmPrecision:
     """Invariant established: on a CPU target without native bf16 (fp16) GEMMs, no GEMM of the list above
-    has bf16 (fp16) operands, and on one with them no grouped GEMM has; each became converts to fp32, the
-    GEMM in fp32, and a convert of its result back (same shape and dtype). Each rewrite consumes one unit
-    of fuel.
+    has bf16 (fp16) operands, and on one with them no grouped GEMM has: each non-grouped one became converts
+    to fp32, the GEMM in fp32 and a convert of its result back (same shape and dtype); each grouped one became
+    `trex.extern_aten_grouped_mm` on the same operands, which multiplies in fp32 one group at a time (exact
+    upcasts, one rounding per element). Each rewrite consumes one unit of fuel.
     """
 
     name: ClassVar[str] = "cpu_gemm_precision"
@@ -157,10 +156,16 @@ class CpuGemmPrecision:
             dtype = _operand_dtype(node)
             if dtype not in slow and not (dtype in LOW_PRECISION and node.target in GROUPED_GEMMS):
                 continue
-            if node.target is aten._grouped_mm.default and not _plain_grouped_mm(node):
+            if node.target in GROUPED_GEMMS and not _plain_grouped_mm(node):
                 continue
             if not ctx.fuel.take():
                 break
+            if node.target in GROUPED_GEMMS:
+                replace_node(gm, node, _grouped_on_group_upcasts(gm, node, inherit, decompositions))
+                decisions.append(
+                    Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow, True), {"op": str(node.target)})
+                )
+                continue
             for arg in node.all_input_nodes:
                 value = arg.meta.get("val")
                 if arg not in upcasts and isinstance(value, torch.Tensor) and value.dtype == dtype:
@@ -172,7 +177,7 @@ class CpuGemmPrecision:
                 inline_traced(gm, node, fn, inputs, inherit, decompositions),
             )
             decisions.append(
-                Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow), {"op": str(node.target)})
+                Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow, False), {"op": str(node.target)})
             )
         if not slow and not decisions:
             return _decline(
@@ -184,14 +189,40 @@ class CpuGemmPrecision:
         return PassResult(modified=bool(decisions), decisions=decisions)
 
 
-def _upcast_reason(dtype: torch.dtype, slow: bool) -> str:
+def _upcast_reason(dtype: torch.dtype, slow: bool, grouped: bool) -> str:
     name = str(dtype).removeprefix("torch.")
+    how = (
+        "fp32 GEMM on exact upcasts of one expert's operands at a time, each product rounded once"
+        if grouped
+        else "fp32 GEMM on exact upcasts, rounded once"
+    )
     if slow:
-        return f"{name} GEMM on a CPU without native {name} units: fp32 GEMM on exact upcasts, rounded once"
+        return f"{name} {'grouped ' if grouped else ''}GEMM on a CPU without native {name} units: {how}"
     return (
         f"{name} grouped GEMM: its per-expert row counts change with the routing and the native {name} kernel "
-        "is generated per shape; fp32 GEMM on exact upcasts, rounded once"
+        f"is generated per shape; {how}"
     )
+
+
+def _grouped_on_group_upcasts(gm: fx.GraphModule, node: fx.Node, inherit, decompositions) -> fx.Node:
+    """The grouped GEMM `node` as `trex.extern_aten_grouped_mm` on its own low-precision operands, which upcasts
+    and multiplies one group (expert) at a time (`ops.moe_decompositions.grouped_mm_on_group_upcasts`): no fp32
+    copy of a whole operand or result is alive around the GEMM (whole-operand upcasts held trex's bf16 peak step
+    memory above Inductor's, bench/RESULTS.md section 11). `trex.grouped_mm_weight_grad(a, b, offsets)` is the
+    reduction-grouped form on `a`'s transpose."""
+    from trex.ops import moe_decompositions  # noqa: F401 - registers trex.extern_aten_grouped_mm
+
+    extern = torch.ops.trex.extern_aten_grouped_mm.default
+    if node.target is torch.ops.trex.grouped_mm_weight_grad.default:
+
+        def grouped(a, b, offsets):
+            return extern(a.t(), b, offsets)
+    else:
+
+        def grouped(mat_a, mat_b, offs):
+            return extern(mat_a, mat_b, offs)
+
+    return inline_traced(gm, node, grouped, list(node.args), inherit, decompositions)
 
 
 def _to_fp32(tensor: torch.Tensor) -> tuple[torch.Tensor]:
@@ -199,11 +230,16 @@ def _to_fp32(tensor: torch.Tensor) -> tuple[torch.Tensor]:
 
 
 def _plain_grouped_mm(node: fx.Node) -> bool:
-    """An `aten._grouped_mm` with only (mat_a, mat_b, offs), in the operand forms trex's fp32 twin takes."""
+    """A grouped GEMM with only its three operands, (mat_a, mat_b, offs) in a form `trex.extern_aten_grouped_mm`
+    takes (the trex ops' forms are always such: [S, K] x [E, K, N], and [S, K]^T x [S, N])."""
     from trex.ops.moe_decompositions import aten_grouped_mm_form_supported
 
     if len(node.args) != 3 or any(v is not None for v in node.kwargs.values()):
         return False
+    if not all(isinstance(a, fx.Node) for a in node.args):
+        return False
+    if node.target is not aten._grouped_mm.default:
+        return True
     mat_a, mat_b = (a.meta["val"] for a in node.args[:2])
     return aten_grouped_mm_form_supported(mat_a, mat_b)
 

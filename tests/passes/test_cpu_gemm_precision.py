@@ -130,7 +130,8 @@ def _bf16_block_trains_like_eager(passes):
 @pytest.mark.parametrize("decomposed", [False, True], ids=["trex_grouped_mm", "aten_grouped_mm"])
 def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed):
     """Native bf16 units: the grouped GEMMs (per-expert row counts set by the routing, a native kernel generated
-    per shape) run in fp32 on upcasts; the static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
+    per shape) run in fp32 one expert at a time (`trex.extern_aten_grouped_mm` on the bf16 operands); the
+    static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
     from trex.passes import DecomposeMoe
 
     native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})
@@ -147,10 +148,15 @@ def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed)
                 operand_dtypes[kind] |= {
                     a.meta["val"].dtype for a in node.all_input_nodes if a.meta["val"].is_floating_point()
                 }
-        if decomposed:
-            assert torch.ops.trex.extern_aten_grouped_mm.default in {n.target for n in module.graph.nodes}
+        extern = [n for n in module.graph.nodes if n.target is torch.ops.trex.extern_aten_grouped_mm.default]
+        assert (
+            extern
+            and all(  # on the bf16 operands themselves: no whole fp32 copy is made for it
+                a.meta["val"].dtype == torch.bfloat16 for n in extern for a in n.args[:2]
+            )
+        )
     assert operand_dtypes["static"] == {torch.bfloat16}
-    assert operand_dtypes["grouped"] == ({torch.float32} if not decomposed else set())  # decomposed: all extern now
+    assert operand_dtypes["grouped"] == set()  # every grouped GEMM became the extern one
     record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
     assert record.decisions and all(d.action == "upcast" and "grouped GEMM" in d.reason for d in record.decisions)
 
@@ -164,7 +170,8 @@ def _saved_bytes(graph) -> int:
 
 def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
     """The pass runs after the partition: what the backward saves is what it saves without the pass (bf16),
-    and the decomposed expert GEMMs (`aten._grouped_mm`, bf16) run as fp32 `trex.extern_aten_grouped_mm`."""
+    and the decomposed expert GEMMs (`aten._grouped_mm`, bf16) run as `trex.extern_aten_grouped_mm` (fp32 GEMMs
+    on one expert's upcasts at a time)."""
     from trex.passes import DecomposeMoe
 
     saved = {}
@@ -185,3 +192,28 @@ def test_the_backward_saves_bf16_activations_not_their_fp32_upcasts():
             ]
             assert len(upcast_sources) == len(set(upcast_sources)), upcast_sources
     assert saved[True] == saved[False]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_grouped_gemm_on_group_upcasts_equals_the_whole_operand_upcast(dtype):
+    """`trex.extern_aten_grouped_mm` on low-precision operands: each element is the fp32 grouped GEMM on exact
+    upcasts, rounded once (bit-equal to upcasting whole operands), in both forms; an empty group and the rows
+    past the last offset are zero."""
+    from trex.ops import moe_decompositions  # noqa: F401 - registers the op
+
+    extern = torch.ops.trex.extern_aten_grouped_mm
+    generator = torch.Generator().manual_seed(0)
+    offs = torch.tensor([5, 5, 17, 30], dtype=torch.int32)  # group 1 empty, rows 30..31 in no group
+    a = torch.randn(32, 16, generator=generator).to(dtype)
+    b = torch.randn(4, 16, 8, generator=generator).to(dtype)
+    out = extern(a, b, offs)
+    assert out.dtype == dtype and out.shape == (32, 8)
+    whole = torch._grouped_mm(a.float(), b.float(), offs=offs).to(dtype)
+    assert torch.equal(out[:30], whole[:30])
+    assert not out[30:].any()
+    grad_out = torch.randn(32, 8, generator=generator).to(dtype)
+    weight_grad = extern(a.t(), grad_out, offs)  # the reduction dimension grouped: [K, M] x [M, N] -> [G, K, N]
+    assert weight_grad.dtype == dtype and weight_grad.shape == (4, 16, 8)
+    expected = torch._grouped_mm(a.float().t(), grad_out.float(), offs=offs).to(dtype)
+    assert torch.equal(weight_grad, expected)
+    assert not weight_grad[1].any()

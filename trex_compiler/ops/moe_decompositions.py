@@ -41,12 +41,48 @@ _library.impl("extern_grouped_mm", moe.grouped_mm_compute, "CompositeExplicitAut
 _library.impl("extern_grouped_mm_weight_grad", moe.grouped_mm_weight_grad_compute, "CompositeExplicitAutograd")
 
 
-# aten._grouped_mm's own CPU kernel (any float dtype) under a name whose meta function accepts fp32: what
-# passes.cpu_gemm_precision turns a bf16 `aten._grouped_mm` into (fp32 operands, one rounding after).
+# aten._grouped_mm under a name whose meta function accepts any float dtype: what passes.cpu_gemm_precision
+# turns a bf16 (fp16) grouped GEMM into. fp32 operands run aten's own CPU kernel; low-precision operands are
+# multiplied in fp32 one group at a time and each group's product is rounded once into the low-precision
+# output (see `grouped_mm_on_group_upcasts`).
 _library.define("extern_aten_grouped_mm(Tensor mat_a, Tensor mat_b, Tensor offs) -> Tensor")
-_library.impl(
-    "extern_aten_grouped_mm", lambda a, b, offs: torch._grouped_mm(a, b, offs=offs), "CompositeExplicitAutograd"
-)
+
+
+def grouped_mm_on_group_upcasts(mat_a: Tensor, mat_b: Tensor, offs: Tensor) -> Tensor:
+    """`aten._grouped_mm(mat_a, mat_b, offs)` computed in fp32, one group at a time, in mat_a's dtype.
+
+    Why per group: upcasting whole operands before the GEMM (and rounding its whole fp32 result after)
+    keeps fp32 copies of every expert's weights, of all sorted tokens and of the whole result alive around
+    each grouped GEMM - on the tiny bf16 models that raised trex's peak step memory above Inductor's
+    (bench/RESULTS.md section 11, eighth session). Here at most one group's fp32 operands and product exist
+    at a time. The values are those of the whole-operand form: exact upcasts, the same fp32 GEMM per group
+    (aten's CPU kernel also runs one GEMM per group), one round-to-nearest-even conversion of each result
+    element (`copy_` into the low-precision output). Two forms, those the MoE decompositions emit:
+
+    * [M, K] x [G, K, N] -> [M, N]: rows grouped (the experts' forward GEMMs and data gradients); rows past
+      the last offset belong to no group and are zero (aten leaves them unwritten);
+    * [K, M] x [M, N] -> [G, K, N]: the reduction dimension grouped (weight gradients); a group with no rows
+      gets zeros, as in aten.
+    """
+    if mat_a.dtype == torch.float32 and mat_b.dtype == torch.float32:
+        return torch._grouped_mm(mat_a, mat_b, offs=offs)
+    ends = offs.tolist()
+    bounds = list(zip([0, *ends[:-1]], ends))
+    if mat_b.dim() == 3:
+        out = mat_a.new_empty(mat_a.size(0), mat_b.size(-1))
+        for group, (start, end) in enumerate(bounds):
+            if end > start:
+                out[start:end] = torch.mm(mat_a[start:end].float(), mat_b[group].float())
+        out[ends[-1] if ends else 0 :].zero_()
+        return out
+    out = mat_a.new_zeros(len(bounds), mat_a.size(0), mat_b.size(1))
+    for group, (start, end) in enumerate(bounds):
+        if end > start:
+            out[group] = torch.mm(mat_a[:, start:end].float(), mat_b[start:end].float())
+    return out
+
+
+_library.impl("extern_aten_grouped_mm", grouped_mm_on_group_upcasts, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("trex::extern_aten_grouped_mm", lib=_library)
