@@ -85,11 +85,25 @@ def step_matches_eager():
     in fp32) in fp32. Loss and each gradient of the compiled model must be at most twice as far from that run as
     eager bf16's (2-norm of the difference; at least the distance of the fp32 value rounded to bf16, the error no
     bf16 result avoids). Two bf16 programs that sum in different orders can differ elementwise by more than a
-    fixed atol while both are as accurate as bf16 allows; this asks the compiled one to be no less accurate."""
+    fixed atol while both are as accurate as bf16 allows; this asks the compiled one to be no less accurate.
 
-    def check(compiled, model, reference, config, dtype, fp32_reference=False):
+    With `hold_routing=True` every program of the comparison (compiled, eager, fp32) takes the routing decisions
+    eager makes on the batch (`tests/held_routing.py`: a near-tie decision flips under any change of summation
+    order, and one flip moves the loss more than all rounding does); call it before the compiled model's first
+    call, which is when the held routers are traced."""
+
+    def check(compiled, model, reference, config, dtype, fp32_reference=False, hold_routing=False):
         input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
         exact = copy.deepcopy(reference).float() if fp32_reference and dtype == torch.bfloat16 else None
+        if hold_routing:
+            import held_routing  # tests/held_routing.py; imports transformers' MoE models, so only when asked
+
+            choices = held_routing.record_routing(
+                copy.deepcopy(reference), lambda m: m(input_ids=input_ids, use_cache=False)
+            )
+            for held in (model, reference, exact):
+                if held is not None:
+                    held_routing.hold_routing(held, choices)
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
         loss.backward()
         expected = reference(input_ids=input_ids, labels=input_ids, use_cache=False).loss
