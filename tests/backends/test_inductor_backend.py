@@ -297,3 +297,29 @@ def test_held_routing_removes_a_near_tie_flip_and_nothing_else(family, layer):
     jump = (jumped - out).norm().item()
     assert jump > 0.1 * out[0, 0].norm().item()  # a discrete jump: a share of the token's output (80-90% here)
     assert (moved - out).norm().item() < 1e-2 * jump  # continuous: of the order of the 1e-3 nudge
+
+
+@pytest.mark.parametrize("family", ["deepseek-v4", "deepseek-v3", "qwen3-moe"])
+def test_holding_a_model_to_its_own_routing_changes_no_bit(family):
+    """The held routers recompute each weight by the router's own ops in its own order, so a model held to the
+    choices it makes anyway trains bit for bit as it does (2 layers: V4's hash and top-k routers and its sparse
+    attention's indexer, V3's dense and MoE layers)."""
+    import held_routing
+
+    from trex.models import build_model, tiny_config
+
+    config = tiny_config(family, num_layers=2)
+    model = build_model(config, dtype=torch.bfloat16, seed=1)
+    ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    choices = held_routing.record_routing(copy.deepcopy(model), lambda m: m(input_ids=ids, use_cache=False))
+    expected = {"deepseek-v4": 2, "deepseek-v3": 1, "qwen3-moe": 2}[family]  # V4: layer 1's router and indexer
+    assert len(choices) == expected, sorted(choices)
+    held = held_routing.hold_routing(copy.deepcopy(model), choices)
+    losses = []
+    for m in (model, held):
+        loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        losses.append(loss)
+    assert torch.equal(*losses)
+    for (name, p), q in zip(model.named_parameters(), held.parameters()):
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), name
