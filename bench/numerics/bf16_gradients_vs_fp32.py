@@ -1,6 +1,6 @@
 """Which stage of trex's bf16 compile moves a gradient away from the fp32 run: a bisection tool.
 
-    python bench/numerics/bf16_gradients_vs_fp32.py [--family deepseek-v4] [--layers N] VARIANT [VARIANT ...]
+    python bench/numerics/bf16_gradients_vs_fp32.py [--family deepseek-v4] [--layers N] [--hold] VARIANT [VARIANT ...]
 
 It builds the tiny model in bf16 (seed 1, the tokens of `tests/conftest.py`'s `step_matches_eager`), runs eager
 bf16 and the same weights in fp32 once, then for each variant compiles a fresh copy with `trex.compile`, runs one
@@ -17,19 +17,28 @@ distance (the criterion of `step_matches_eager(fp32_reference=True)`: at most 2x
                outputs that differ are printed in graph order: the first float ones (where the compiled code
                first departs) and every integer one (e.g. a router's top-k experts: a routing decision flipped)
     KIND/PASS  a variant without one pass of the default pipeline, e.g. graph/cpu_gemm_precision
+
+`--hold`: eager bf16, the fp32 run and every variant take the routing eager bf16 chooses on the batch
+(tests/held_routing.py; what `step_matches_eager(hold_routing=True)` does), so the figures are those the slow test
+judges.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import trex
 from trex.backends.inductor import InductorBackend
 from trex.models import build_model, tiny_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # held_routing: the slow test's helper
+import held_routing  # noqa: E402
 
 
 def run_by_fx(gm, example_inputs):
@@ -135,6 +144,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="set an Inductor setting for every variant, e.g. cpp.simdlen=256 (a Python literal value)",
     )
+    parser.add_argument("--hold", action="store_true", help="every run takes eager bf16's routing on the batch")
     args = parser.parse_args()
     import ast
 
@@ -152,6 +162,11 @@ def main() -> None:
     base = build_model(config, dtype=torch.bfloat16, seed=1)
     input_ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     reference, exact = copy.deepcopy(base), copy.deepcopy(base).float()
+    choices = None
+    if args.hold:
+        choices = held_routing.record_routing(copy.deepcopy(base), lambda m: m(input_ids=input_ids, use_cache=False))
+        for model in (reference, exact):
+            held_routing.hold_routing(model, choices)
     losses = []
     for model in (reference, exact):
         loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
@@ -167,6 +182,8 @@ def main() -> None:
         torch._dynamo.reset()
         inductor_config.emulate_precision_casts = kind == "emulate"
         model = copy.deepcopy(base)
+        if choices is not None:
+            held_routing.hold_routing(model, choices)
         start = time.perf_counter()
         compiled = trex.compile(model, backend=backends(kind), passes=f"-{removed}" if removed else None)
         loss = compiled(input_ids=input_ids, labels=input_ids, use_cache=False).loss
