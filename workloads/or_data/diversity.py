@@ -99,7 +99,7 @@ def overlap(texts: Sequence[str], n: int = 5) -> float:
     if not arrays:
         return 0.0
     ids = np.concatenate(arrays)
-    order = np.argsort(ids, kind="stable")
+    order = np.argsort(ids)
     ordered = ids[order]
     equal_next = ordered[1:] == ordered[:-1]
     repeated_sorted = np.zeros(len(ids), dtype=bool)
