@@ -259,6 +259,37 @@ def test_a_killed_run_resumes_to_the_same_output_as_an_uninterrupted_one(tmp_pat
     assert len(ids) == len(set(ids)) == 16 and ids == sorted(ids)
 
 
+def test_the_last_needed_shard_is_made_in_pieces_and_the_output_is_that_of_whole_shards(tmp_path, monkeypatch):
+    """With two workers the shard expected to complete the run is made in pieces merged as they
+    come (the rest of it is not made once the merger is full); the outputs equal a one-worker run
+    of whole shards, and every shard file written holds its whole index range."""
+    from trex.workloads.or_data import synthesis
+    from trex.workloads.or_data.config import PROGRAMMATIC_TEACHER, TeacherSpec
+
+    config = SynthConfig(seed=4, shard_size=10)
+    split_calls = []
+    pieces = synthesis._pieces
+    monkeypatch.setattr(
+        synthesis, "_pieces", lambda indices, split: split_calls.append(split) or pieces(indices, split)
+    )
+    synthesize(config, tmp_path / "whole", 13, workers=1, progress=False)
+    result = synthesize(config, tmp_path / "pieces", 13, workers=2, progress=False)
+    assert True in split_calls  # the pool path split its last shard
+    for name in ("sft.jsonl", "cpt.jsonl", "stats.json", "decontamination.json"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "pieces" / name).read_bytes(), name
+    store = ShardStore(tmp_path / "pieces", config.shard_size)
+    written = sorted(int(path.stem.split("-")[1]) for path in store.directory.glob("shard-*.jsonl"))
+    assert written and result.shards_made == len(written)
+    for shard in written:
+        assert [item["index"] for item in store.read(shard)] == list(store.indices(shard))
+    assert synthesis._pieces(range(10, 23), True) == [range(10, 15), range(15, 20), range(20, 23)]
+    assert synthesis._pieces(range(10, 23), False) == [range(10, 23)]
+    assert synthesis._pieces_are_independent(config)
+    model = TeacherSpec("openai", "m", {"model": "x"})
+    assert not synthesis._pieces_are_independent(SynthConfig(teachers=(PROGRAMMATIC_TEACHER, model)))
+    assert not synthesis._pieces_are_independent(SynthConfig(reflection=model))
+
+
 def test_a_config_travels_to_worker_processes_unchanged():
     from trex.workloads.or_data.config import PROGRAMMATIC_TEACHER, TeacherSpec
     from trex.workloads.or_data.selection import SelectionPolicy

@@ -92,6 +92,27 @@ def test_programs_run_in_the_worker_group_that_preloaded_their_library(runner): 
     assert set(runner._sandboxes) >= {"base", "pyomo"}
 
 
+def test_the_pyomo_group_preloads_highspy_and_its_programs_solve_through_appsi_highs(runner):  # noqa: F811
+    """The Pyomo programs solve with `SolverFactory("appsi_highs")`: their worker has highspy
+    imported already (the import succeeded inside the sandbox), and a program solving through it
+    in a child of that worker gets HiGHS's answer."""
+    program = (
+        "import pyomo.environ as pyo\n"
+        "m = pyo.ConcreteModel()\n"
+        "m.x = pyo.Var(domain=pyo.NonNegativeIntegers, bounds=(0, 10))\n"
+        "m.y = pyo.Var(domain=pyo.NonNegativeReals)\n"
+        "m.c = pyo.Constraint(expr=m.x + 2 * m.y <= 7)\n"
+        "m.d = pyo.Constraint(expr=m.x - m.y <= 1)\n"
+        "m.o = pyo.Objective(expr=3 * m.x + 2 * m.y, sense=pyo.maximize)\n"
+        "r = pyo.SolverFactory('appsi_highs').solve(m, load_solutions=False)\n"
+        "m.solutions.load_from(r)\n"
+        "print(f'Optimal objective value: {pyo.value(m.o):.10g}')\n"
+    )
+    run = runner.run(program)
+    assert "highspy" in runner.sandbox_for("pyomo")._pool.info["preloaded"]
+    assert run.ok and run.outcome.objective == 13  # x = 3, y = 2
+
+
 def test_an_lp_file_is_read_and_solved_once_and_its_copies_are_independent():
     lp = "Maximize\n obj: 3 x + 2 y\nSubject To\n c1: x + y <= 4\n c2: x + 3 y <= 6\nBounds\n x <= 3\nGenerals\n y\nEnd\n"
     first = solve.solve_lp_text_highs(lp)
@@ -271,6 +292,33 @@ def test_the_overlap_of_integer_gram_ids_equals_the_overlap_of_the_grams():
     for subset in (texts, texts[:4], texts[10:25], [], ["one two"]):
         assert diversity.overlap(subset) == by_tuples(subset)
     assert diversity.overlap_at(texts, 15) == round(sum(by_tuples(sample) for sample in _draws(texts, 15)) / 8, 4)
+
+
+def test_grams_are_the_slices_at_every_position():
+    from trex.workloads.or_data import diversity
+
+    for text in ["", "one", "one two three four", *_texts(20)]:
+        tokens = diversity.words(text)
+        for n in (1, 2, 5, 13):
+            assert diversity.grams(text, n) == {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def test_a_tallied_samples_tokens_are_those_of_its_messages_joined():
+    """`Tally` adds the approximate counts of a sample's messages instead of counting them joined:
+    the word-piece pattern never matches the joining newline, so the sums are the joined counts."""
+    from trex.workloads.or_data.stats import Tally, approximate_tokens
+
+    tally = Tally(approximate_tokens)
+    system = "You are helpful.  "
+    samples = [(" lead\n", "x=1,y:2 \t"), ("a-b", "c_d.e"), ("", ""), ("end.", "\nstart")] + [
+        (text, text[::-1]) for text in _texts(10)
+    ]
+    for prompt, answer in samples:
+        messages = [{"content": system}, {"content": prompt}, {"content": answer}]
+        tally.keep({"messages": messages}, None)
+        joined = "\n".join(message["content"] for message in messages)
+        assert tally.sample[-1] == approximate_tokens(joined)
+        assert tally.prompt[-1] == approximate_tokens(prompt) and tally.answer[-1] == approximate_tokens(answer)
 
 
 def _draws(texts: list[str], k: int) -> list[list[str]]:

@@ -40,7 +40,12 @@ PRELOAD = ("pyscipopt", "pulp", "pyomo.environ", "coptpy")
 # bench/RESULTS.md section 6), and most programs (the CPT instance's, every mutated repair
 # program, 60% of the translations) never import it. Each group's worker preloads what its
 # programs use; a program importing something else still runs (it imports it in its own child).
-POOLS = {"base": ("pyscipopt", "pulp", "coptpy"), "pyomo": ("pyscipopt", "pyomo.environ")}
+# The Pyomo programs solve with `SolverFactory("appsi_highs")`, which imports highspy on first use:
+# preloaded, that import is paid once per worker instead of once per program (a Pyomo program's
+# sandbox-side CPU 41 -> 26 ms, bench/RESULTS.md section 6, ninth session). PuLP imports highspy
+# itself, so the `base` group has it already. Importing highspy starts no thread (HiGHS starts its
+# scheduler's threads on the first solve, which a worker never runs), so forking stays safe.
+POOLS = {"base": ("pyscipopt", "pulp", "coptpy"), "pyomo": ("pyscipopt", "pyomo.environ", "highspy")}
 _PYOMO_IMPORT = re.compile(r"^\s*(?:import|from)\s+pyomo\b", re.M)
 MAX_LP_CHARS = 400_000
 CLOCK_LIMITS = (FailureKind.TIMEOUT, FailureKind.CPU_LIMIT)

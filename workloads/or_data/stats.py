@@ -83,12 +83,26 @@ class Tally:
         self.answer: list[int] = []
         self.sample: list[int] = []
         self.documents: list[int] = []  # every CPT document kept by the merger, before separation
+        self._counted: dict[str, int] = {}  # the system messages' counts
+
+    def _constant_tokens(self, text: str) -> int:
+        tokens = self._counted.get(text)
+        if tokens is None:
+            tokens = self._counted[text] = self.count_tokens(text)
+        return tokens
 
     def keep(self, record: dict[str, Any], document: dict[str, Any] | None) -> None:
         count, messages = self.count_tokens, record["messages"]
-        self.prompt.append(count(messages[1]["content"]))
-        self.answer.append(count(messages[2]["content"]))
-        self.sample.append(count("\n".join(message["content"] for message in messages)))
+        prompt, answer = count(messages[1]["content"]), count(messages[2]["content"])
+        self.prompt.append(prompt)
+        self.answer.append(answer)
+        if count is approximate_tokens and len(messages) == 3:
+            # `_PIECE` never matches whitespace, so the messages joined by "\n" have exactly the
+            # pieces of the messages: their counts add up, and the system message (the same in
+            # every sample) is counted once. A tokenizer may merge across the join: counted whole.
+            self.sample.append(self._constant_tokens(messages[0]["content"]) + prompt + answer)
+        else:
+            self.sample.append(count("\n".join(message["content"] for message in messages)))
         diversity_prepare(record)
         if self.separation is not None:
             self.separation.add_sft(record)
