@@ -53,7 +53,7 @@ from trex.cost_model.catalog import UNCALIBRATED_GLOO_LATENCY_US
 from trex.cost_model.cluster import Cluster, MeasuredCollective, Tier, cluster_to_dict
 from trex.cost_model.cpu_loops import tensor_iterator_loops
 from trex.cost_model.devices import AttentionModel, DeviceProfile, GemmModel, calibrated_cpu_path
-from trex.cost_model.eager_issue import measure_eager_costs_apart
+from trex.cost_model.eager_issue_measure import measure_eager_costs_apart
 
 
 @dataclass

@@ -30,7 +30,7 @@ def count_in_process(model_path: str, plan: dict[str, Any], nproc: int, optimize
     import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
     from torch.distributed.fsdp import FSDPModule
 
-    from trex.cost_model.eager_issue import IssuedOps
+    from trex.cost_model.eager_issue_measure import IssuedOps
     from trex.runtime.memory_accounting import SavedActivations
     from trex.runtime.optimization import Schedule
     from trex.runtime.trainer import ProgressFile, Trainer, TrainJob

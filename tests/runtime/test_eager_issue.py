@@ -10,7 +10,8 @@ import torch
 
 from trex.cost_model.catalog import get_cluster
 from trex.cost_model.devices import load_device_profile
-from trex.cost_model.eager_issue import IssueCounts, IssuedOps, issue_seconds, measure_eager_costs_apart
+from trex.cost_model.eager_issue import IssueCounts, issue_seconds
+from trex.cost_model.eager_issue_measure import IssuedOps, measure_eager_costs_apart
 from trex.cost_model.model_spec import spec_from_config
 from trex.cost_model.step import estimate_step
 from trex.models import load_config
