@@ -11,7 +11,8 @@ per-unit pre/post forward and backward hooks (copy-in, copy-out, resharding book
 a program issues (a DTensor op counts once: its local ops run beneath the mode), split into plain and
 DTensor ops. `trex calibrate` measures the cost of each on this host (`measure_eager_costs`, in a process of
 its own with a fake process group: no communication is timed) and stores it in the device profile
-(`eager_op_us`, `dtensor_op_us`, `fsdp_unit_us`); `issue_seconds` prices a rank's counts with them. Nothing is fitted to training runs.
+(`eager_op_us`, `dtensor_op_us`, `fsdp_unit_us`); `issue_seconds` prices a rank's counts with them.
+Nothing is fitted to training runs.
 
 This module is the pricing half and imports no torch (the estimator and the planner run without it);
 `eager_issue_measure` holds the counting mode and the micro-benchmarks.
