@@ -172,24 +172,48 @@ def _fixed_kernel_us(repeats: int) -> float:
     return best * 1e6
 
 
-def _eager_costs_worker(repeats: int, ranks: int, queue: Any) -> None:
+def _measure_on_one_thread(repeats: int, ranks: int) -> dict[str, float]:
     torch.set_num_threads(1)  # as the ranks run (OMP_NUM_THREADS=1)
-    try:
-        queue.put(measure_eager_costs(repeats, ranks))
-    except Exception as error:  # reported to the calibrating process, which says what was not measured
-        queue.put({"error": f"{type(error).__name__}: {error}"})
+    return measure_eager_costs(repeats, ranks)
 
 
 def measure_eager_costs_apart(repeats: int = 7, ranks: int = 2, timeout: float = 300.0) -> dict[str, Any]:
-    """`measure_eager_costs` in a spawned process (its fake process group never touches the caller's)."""
+    """`measure_eager_costs` in a spawned process (its fake process group never touches the caller's); a dict
+    with "error" when it could not be measured (the calibration then says what was not measured)."""
+    answer = answer_apart(_measure_on_one_thread, (repeats, ranks), timeout)
+    return answer if answer is not None else {"error": "the measuring process ended without an answer"}
+
+
+def _answering(fn: Any, args: tuple, queue: Any) -> None:
+    try:
+        queue.put(fn(*args))
+    except Exception as error:  # sent to the caller, which says what was left out and why
+        queue.put({"error": f"{type(error).__name__}: {error}"})
+
+
+def answer_apart(fn: Any, args: tuple, timeout_s: float) -> dict[str, Any] | None:
+    """`fn(*args)` (a module-level function returning a dict) in a spawned process, so that a fake process
+    group or torch state it sets up never touches the caller's. Its dict; {"error": ...} when it raised; None
+    when the process died without answering or ran past `timeout_s` (a dead process is not waited out)."""
     import multiprocessing
+    import queue as queues
 
     context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_eager_costs_worker, args=(repeats, ranks, queue))
+    answers = context.Queue()
+    process = context.Process(target=_answering, args=(fn, args, answers))
     process.start()
     try:
-        return queue.get(timeout=timeout)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                return answers.get(timeout=1.0)
+            except queues.Empty:
+                if not process.is_alive():
+                    try:
+                        return answers.get(timeout=1.0)
+                    except queues.Empty:
+                        return None
+        return None
     finally:
         process.join(timeout=30)
         if process.is_alive():

@@ -53,53 +53,23 @@ def count_in_process(model_path: str, plan: dict[str, Any], nproc: int, optimize
         dist.destroy_process_group()
 
 
-def _worker(model_path: str, plan: dict[str, Any], nproc: int, optimizer: str, queue: Any) -> None:
-    try:
-        queue.put(count_in_process(model_path, plan, nproc, optimizer).to_dict())
-    except Exception as error:  # the prediction says why the issue cost is left out
-        queue.put({"error": f"{type(error).__name__}: {error}"})
+def _counts(model_path: str, plan: dict[str, Any], nproc: int, optimizer: str) -> dict[str, int]:
+    return count_in_process(model_path, plan, nproc, optimizer).to_dict()
 
 
 @functools.lru_cache(maxsize=64)
 def _count_cached(config_json: str, plan_json: str, nproc: int, optimizer: str) -> IssueCounts | str:
-    import multiprocessing
+    from trex.cost_model.eager_issue_measure import answer_apart
 
     with tempfile.TemporaryDirectory(prefix="trex-issued-") as directory:
         path = Path(directory) / "config.json"
         path.write_text(config_json)
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        process = context.Process(target=_worker, args=(str(path), json.loads(plan_json), nproc, optimizer, queue))
-        process.start()
-        try:
-            result = _answer(process, queue)
-        finally:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.terminate()
+        result = answer_apart(_counts, (str(path), json.loads(plan_json), nproc, optimizer), 600.0)
     if result is None:
-        return f"the counting process ended without an answer (exit code {process.exitcode})"
+        return "the counting process ended without an answer (or ran past 600 s)"
     if "error" in result:
         return result["error"]
     return IssueCounts(**result)
-
-
-def _answer(process: Any, queue: Any, timeout_s: float = 600.0) -> dict[str, Any] | None:
-    """The child's answer; None when it died without one (no waiting out the timeout on a dead process)."""
-    import queue as queues
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            return queue.get(timeout=1.0)
-        except queues.Empty:
-            if not process.is_alive():
-                try:
-                    return queue.get(timeout=1.0)
-                except queues.Empty:
-                    return None
-    return None
 
 
 def count_issued(config: Any, plan: ParallelConfig, nproc: int, optimizer: str = "adamw") -> IssueCounts | str:

@@ -109,3 +109,25 @@ def test_the_calibration_measures_the_three_issue_costs_and_the_profile_keeps_th
     assert (loaded.eager_op_us, loaded.dtensor_op_us, loaded.fsdp_unit_us) == pytest.approx(
         (profile.eager_op_us, profile.dtensor_op_us, profile.fsdp_unit_us)
     )
+
+
+def _dies_without_answering() -> dict:
+    import os
+
+    os._exit(3)
+
+
+def _raises() -> dict:
+    raise ValueError("no fake group here")
+
+
+def test_a_spawned_measurement_that_dies_or_raises_is_reported_not_waited_out():
+    import time
+
+    from trex.cost_model.eager_issue_measure import answer_apart
+
+    timeout_s = 300.0
+    start = time.monotonic()
+    assert answer_apart(_dies_without_answering, (), timeout_s) is None
+    assert time.monotonic() - start < timeout_s  # the dead process was noticed, not waited out to the timeout
+    assert answer_apart(_raises, (), timeout_s) == {"error": "ValueError: no fake group here"}
