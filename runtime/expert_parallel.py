@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from trex.errors import TrexError
-from trex.ops.moe import _expert_weights, _gated_activation, _gated_activation_backward
+from trex.ops.moe import _expert_weight_gradients, _expert_weights, _gated_activation, _gated_activation_backward
 
 IMPLEMENTATION_NAME = "trex_ep"
 ops = torch.ops.trex
@@ -221,13 +221,9 @@ def ep_experts_local_weight_backward(
     The weights are arguments for their shapes and layout only."""
     local_offsets = torch.cumsum(recv_counts.sum(0), 0, dtype=torch.int32)
     activated = _gated_activation(gate_up_out, activation, swiglu_limit)  # recomputed: pointwise, cheap
-    if weights_transposed:
-        grad_gate_up = ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(activated, grad_local_out, local_offsets)
-    else:
-        grad_gate_up = ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, local_offsets)
-        grad_down = ops.grouped_mm_weight_grad(grad_local_out, activated, local_offsets)
-    return grad_gate_up, grad_down
+    return _expert_weight_gradients(
+        grouped_in, grad_gate_up_out, activated, grad_local_out, local_offsets, weights_transposed
+    )
 
 
 @ep_experts_local_weight_backward.register_fake

@@ -259,6 +259,28 @@ def _expert_weights(gate_up_proj: Tensor, down_proj: Tensor, weights_transposed:
     return gate_up_proj.transpose(-2, -1), down_proj.transpose(-2, -1)
 
 
+def _expert_weight_gradients(
+    grouped_in: Tensor,
+    grad_gate_up_out: Tensor,
+    activated: Tensor,
+    grad_out: Tensor,
+    offsets: Tensor,
+    weights_transposed: bool,
+) -> tuple[Tensor, Tensor]:
+    """The experts' gate_up and down weight gradients in the parameters' own layout (`weights_transposed`:
+    [E, in, out], else [E, out, in]), from each GEMM's input and output gradient, rows grouped by `offsets`.
+    Shared by the one-rank backward and the expert-parallel one (`runtime.expert_parallel`)."""
+    if weights_transposed:
+        return (
+            ops.grouped_mm_weight_grad(grouped_in, grad_gate_up_out, offsets),
+            ops.grouped_mm_weight_grad(activated, grad_out, offsets),
+        )
+    return (
+        ops.grouped_mm_weight_grad(grad_gate_up_out, grouped_in, offsets),
+        ops.grouped_mm_weight_grad(grad_out, activated, offsets),
+    )
+
+
 def moe_experts_reference(
     hidden: Tensor,
     top_k_index: Tensor,
@@ -314,13 +336,9 @@ def moe_experts_backward_reference(
     activated = _gated_activation(gate_up_out, activation, swiglu_limit)  # recomputed: pointwise, cheap
     grad_sorted_hidden = ops.grouped_mm(grad_gate_up_out, w_gate_up.transpose(-2, -1), offsets)
     grad_hidden = ops.moe_dispatch_backward(grad_sorted_hidden, perm, hidden.size(0)).to(hidden.dtype)
-    # Weight gradients in the parameters' own layout.
-    if weights_transposed:
-        grad_gate_up_proj = ops.grouped_mm_weight_grad(sorted_hidden, grad_gate_up_out, offsets)
-        grad_down_proj = ops.grouped_mm_weight_grad(activated, grad_expert_out, offsets)
-    else:
-        grad_gate_up_proj = ops.grouped_mm_weight_grad(grad_gate_up_out, sorted_hidden, offsets)
-        grad_down_proj = ops.grouped_mm_weight_grad(grad_expert_out, activated, offsets)
+    grad_gate_up_proj, grad_down_proj = _expert_weight_gradients(
+        sorted_hidden, grad_gate_up_out, activated, grad_expert_out, offsets, weights_transposed
+    )
     return grad_hidden, grad_weights, grad_gate_up_proj, grad_down_proj
 
 
