@@ -253,7 +253,7 @@ def test_an_lp_file_is_read_by_what_its_rows_do_not_only_by_counts():
     builder.minimize({**{v: 1.0 for v in make.values()}, **{v: 90.0 for v in setup.values()}, stock: 2.0})
     text = lp_reading(builder.build())
     assert "`once__a: start__a__0 + start__a__1 + start__a__2 = 1`: exactly one of its 3 binaries is 1" in text, text
-    assert "(all 2 rows of `once` have this shape)" in text, text
+    assert "(both rows of `once` have this shape)" in text, text  # "all 2 rows": the Seventh review's #27
     assert "`inventory__0: make__0 - stock__0 = 380`: the terms with a plus sign equal those with a minus sign" in text
     assert "(1 of the 2 rows of `inventory` has this shape)" in text and "all of one sign" in text, text
     assert "only when `setup__0` is 1, and their weighted sum is then at most 560" in text, text

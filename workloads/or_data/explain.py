@@ -14,7 +14,7 @@ import re
 
 from trex.workloads.or_data.iis import IIS, Element, deletion_filter
 from trex.workloads.or_data.iis_reading import cut_reading, row_capacity
-from trex.workloads.or_data.loosening import loosening_sentences
+from trex.workloads.or_data.loosening import count_row, loosening_sentences
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.phrasing import capitalize, join, number
 from trex.workloads.or_data.prose import singular_noun
@@ -74,10 +74,32 @@ def ordered_pair(name: str, math: MathModel) -> str | None:
     A lane written "Yard 2, Hub Central" or "(Yard 2 and Hub Central)" reads as two places, and two
     such pairs in one list run together ("Lindenhof and Corner Cup and Bean Street and Café Rosa")."""
     family, *keys = name.split("__")
+    names = spoken_names(math)
+    if len(keys) == 3 and family in _item_on_arc_families(math):
+        # a commodity on an arc (`flow__lime__yard_oeste__port_antofa`): "lime on Yard Oeste → Port Antofa",
+        # not "flow, lime, Yard Oeste, Port Antofa" (the tenth session's review, #7)
+        first, *arc = (names.get(key, key.replace("_", " ")) for key in keys)
+        return f"{first} on {' → '.join(arc)}"
     if len(keys) != 2 or family not in _directed_families(math):
         return None
-    names = spoken_names(math)
     return " → ".join(names.get(key, key.replace("_", " ")) for key in keys)
+
+
+def _item_on_arc_families(math: MathModel) -> frozenset[str]:
+    """The LP families of `math` indexed by one set and then a directed pair set (a commodity on an
+    arc, `x_{kij}` over (K, A)); computed once per model."""
+    found = math.__dict__.get("_item_on_arc_families")
+    if found is None:
+        sets = {s.symbol: s for s in math.sets}
+        directed = _directed_families(math)
+        pair_sets = {
+            d.over[0] for d in (*math.constraints, *math.variables) if d.lp_family in directed and len(d.over) == 1
+        }
+        found = frozenset(
+            d.lp_family for d in math.variables if len(d.over) == 2 and d.over[0] in sets and d.over[1] in pair_sets
+        )
+        object.__setattr__(math, "_item_on_arc_families", found)
+    return found
 
 
 def _directed_families(math: MathModel) -> frozenset[str]:
@@ -263,19 +285,31 @@ def limits_in_words(model, math: MathModel, values: dict[str, float], limit: int
     return join(phrases) + more
 
 
-def limits_analysis(model, math: MathModel, values: dict[str, float], rng: random.Random, duals=None) -> str:
+def limits_analysis(
+    model, math: MathModel, values: dict[str, float], rng: random.Random, duals=None, least: str = ""
+) -> str:
     """What holds an optimal plan in place, read from the plan itself: for each constraint family
     how many of its inequality rows are binding (no slack left) and which, the rows with the most
     slack, and what that means for changing a limit (the dual value per unit for an LP, given in
     `duals` as row -> multiplier in the minimization sense; for a MIP the caveat that whole-number
     decisions move in steps). Rows in which every variable is zero are tight only trivially (a
     linking row of an unused option) and are not counted, nor are big-M rows switched off by a decision at
-    0 (`row_shapes.switched_off`), whose room is the big-M's. "" when the model has no inequality row."""
+    0 (`row_shapes.switched_off`), whose room is the big-M's. Rows the model is correct without
+    (`ConstraintDef.redundant`: symmetry breaking) are not read as limits: "Symmetry: 3 of 4 rows
+    binding" said nothing about why the count of trucks is least (the Seventh review's #24); they
+    get one line saying why. `least` is the family's own reason the optimum cannot be better
+    (`Family.least_reason`: a weight bound on the trucks), said before the measured sentences.
+    "" when the model has no inequality row."""
+    redundant = {c.lp_family: (c.label, c.redundant) for c in math.constraints if c.redundant}
     families: dict[str, list[tuple[str, float]]] = {}
     equations: dict[str, int] = {}
     unused: dict[str, int] = {}  # rows of options the plan leaves at zero, per family: said, not hidden
     off: dict[str, int] = {}  # big-M rows a decision at 0 switches off, per family: said, not hidden
+    ordering: dict[str, int] = {}  # rows of a redundant family: counted, said, never read as limits
     for row in model.rows:
+        if row.name.split("__")[0] in redundant:
+            ordering[row.name.split("__")[0]] = ordering.get(row.name.split("__")[0], 0) + 1
+            continue
         if row.sense == "==":
             family = row.name.split("__")[0]
             equations[family] = equations.get(family, 0) + 1
@@ -359,6 +393,16 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
         label, _ = element_words(next(row.name for row in model.rows if row.name.split("__")[0] == family), math)
         rows_word = "1 equation" if count_ == 1 else f"{count_} equations"
         lines.append(f"- {capitalize(label)}: {rows_word}, met exactly by every feasible plan.")
+    for family, count_ in ordering.items():
+        label, why = redundant[family]
+        rows_word = "its row" if count_ == 1 else f"its {count_} rows"
+        lines.append(
+            f"- {capitalize(label)}: {rows_word} never limit the optimum ({why}), so whether they bind says "
+            "nothing about the plan."
+            if count_ > 1
+            else f"- {capitalize(label)}: {rows_word} never limits the optimum ({why}), so whether it binds says "
+            "nothing about the plan."
+        )
     if duals:
         priced = [(name, duals.get(name, 0.0)) for name in binding_all if abs(duals.get(name, 0.0)) > 1e-9][:3]
         if priced:
@@ -383,11 +427,15 @@ def limits_analysis(model, math: MathModel, values: dict[str, float], rng: rando
     else:
         # a MIP has no dual values: what one more unit of a binding limit does is measured by re-solving
         # (`loosening`), not asserted ("the optimum moves in steps ...", the Seventh review's #19, #24)
+        by_name = {row.name: row for row in model.rows}
+
         def label(name: str) -> str:
             what, whom = element_words(name, math)
+            if whom and count_row(by_name[name], model):  # a rule on a pair: "conflicts for camera and tent"
+                whom = join(whom.split(", "))
             return what.lower() + (f" for {ordered_pair(name, math) or whom}" if whom else "")
 
-        measured = loosening_sentences(model, values, binding_all, label)
+        measured = ([least] if least else []) + loosening_sentences(model, values, binding_all, label)
         closing = " ".join(measured) or realize(
             "[With whole-number decisions|In a mixed-integer program] no shadow price applies: a binding row shows "
             "where the plan meets a limit, not what one more unit of that limit is worth.",

@@ -65,6 +65,9 @@ class ConstraintDef:
     condition: str = ""  # LaTeX condition shown after the quantifier
     why: str = ""  # why the problem needs it, in words from the story (not a restatement of the formula)
     technique: str = ""  # how a modelling device works where one is used (big-M, linking, linearisation)
+    # why the rows never limit the optimum, for rows the model is correct without (symmetry breaking:
+    # "they only put the interchangeable trucks in order"); such rows are not read as limits of the plan
+    redundant: str = ""
 
 
 @dataclass(frozen=True)

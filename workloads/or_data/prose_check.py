@@ -145,7 +145,12 @@ _SEVENTH_PATTERNS = {
         (" → ", r"(?:: |; )[a-z]+, [^;:()\n→]+ −?\d[\d,.]* → −?\d"),
     ],
     # said under every MIP, true under none in particular (the Seventh review's #19, #24, #45, #48)
-    "check_rows": [("moves in steps", r"\boptimum moves in steps: loosening a binding row helps only when\b")],
+    "check_rows": [
+        ("moves in steps", r"\boptimum moves in steps: loosening a binding row helps only when\b"),
+        # symmetry-breaking rows read as limits of the plan (#24: "Symmetry: 2 of 3 rows binding"): they
+        # only order interchangeable bins, so they never say why the count is least
+        ("Symmetry", r"(?m)^- Symmetry(?: for [^:\n]+)?: (?:\d+ of \d+ rows binding|binding|[\d,.]+ of slack left)"),
+    ],
 }
 _SEVENTH = {
     kind: [(needle, re.compile(pattern)) for needle, pattern in patterns]
@@ -218,7 +223,12 @@ _APPROX_LINE = re.compile(r"[^\n]*≈ −?[\d,]+(?:\.\d+)?")
 _TABLE_BELOW = "(table below)"
 _TABLE_HEADER = re.compile(r"^\s*\|.*\|\s*\n\s*\|\s*-", re.M)
 
-_BAD_PRONOUN_VERB = re.compile(r"\b(?:they|we|you) (?:has|is|was|does)\b|\b(?:he|she|it) (?:have|are|were)\b", re.I)
+# "they lacks" (the tenth session's review, #2): the verbs the stories' reasons start with, beside the auxiliaries
+_BAD_PRONOUN_VERB = re.compile(
+    r"\b(?:they|we|you) (?:has|is|was|does|lacks|needs|holds|reads|takes|works|wants)\b"
+    r"|\b(?:he|she|it) (?:have|are|were)\b",
+    re.I,
+)
 _A_BEFORE_VOWEL = re.compile(r"\b[aA] ([aeiouAEIOU][a-z]+)")
 _AN_BEFORE_CONSONANT = re.compile(r"\b[aA]n ([b-df-hj-np-tv-z][a-z]+)")
 _ONE_PLURAL = re.compile(r"(?<![\d.,-])\b1 ([a-z]+s)\b")

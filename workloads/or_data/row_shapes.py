@@ -114,7 +114,11 @@ def _meaning(kind: str, row: Row) -> str:
         exact = "=" if round(row.rhs / coef, 4) == row.rhs / coef else "≈"
         return f"one term only, so it bounds `{name}` alone: it is {word} {rhs} / {format_number(coef)} {exact} {value}"
     if kind in _PLAIN:
-        return _PLAIN[kind].format(terms=terms, rhs=rhs)
+        text = _PLAIN[kind].format(terms=terms, rhs=rhs)
+        if kind in ("limit", "requirement") and all(coef == 1 for _, coef in row.terms):
+            # every coefficient 1: a plain sum, not "a weighted sum" (the Seventh review's #27)
+            text = text.replace("a weighted sum of its", "the plain sum of its")
+        return text
     if kind == "switch":
         (binary, coef) = next((name, coef) for name, coef in row.terms if coef < 0)
         return (
@@ -148,7 +152,7 @@ def row_shapes(model: LinearModel) -> list[str]:
             share = (
                 ""
                 if len(rows) == 1
-                else f" (all {len(rows)} rows of `{family}` have this shape)"
+                else f" ({'both' if len(rows) == 2 else f'all {len(rows)}'} rows of `{family}` have this shape)"
                 if count_ == len(rows)
                 else f" ({count_} of the {len(rows)} rows of `{family}` {'has' if count_ == 1 else 'have'} this shape)"
             )

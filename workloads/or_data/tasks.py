@@ -31,11 +31,13 @@ from trex.workloads.or_data.explain import (
     element_words,
     iis_explanation,
     instance_phrase,
+    key_names,
     limits_analysis,
     variable_phrase,
 )
 from trex.workloads.or_data.families.base import WhatIf
 from trex.workloads.or_data.linear_model import LinearModel, family_of
+from trex.workloads.or_data.lp_input_program import lp_input_program
 from trex.workloads.or_data.math_model import MathModel
 from trex.workloads.or_data.outcome import Outcome, format_objective
 from trex.workloads.or_data.phrasing import FRAMINGS, capitalize, join, pick
@@ -311,12 +313,19 @@ def rows_in_words(constraint, math: MathModel, rng: random.Random) -> str:
         return realize(ROWS_PLAIN, rng, rows=rows_text)
     elements = ""
     if not set_def.display and len(set_def.elements) <= 8:
-        # pairs are written "Inland Port → Cross-Dock Leipzig": no parenthesis inside the list's own
-        listed = [
-            element[1:-1].replace(", ", " → ", 1) if element.startswith("(") and element.endswith(")") else element
-            for element in map(str, set_def.elements)
-        ]
-        elements = f" ({join(listed)})"
+        # pairs are written "Inland Port → Cross-Dock Leipzig": no parenthesis inside the list's own. A pair
+        # without a direction (a conflict) is "machine parts and spare tires", not an arrow,
+        # and two such pairs are kept apart by semicolons (the tenth session's review, #10)
+        unordered = bool(re.search(r"\bconflicting pairs\b|\bpairs of jobs\b", set_def.description))
+        pairs = [e[1:-1] for e in map(str, set_def.elements) if e.startswith("(") and e.endswith(")")]
+        if pairs and len(pairs) == len(set_def.elements) and unordered:
+            elements = f" ({'; '.join(pair.replace(', ', ' and ', 1) for pair in pairs)})"
+        else:
+            listed = [
+                element[1:-1].replace(", ", " → ", 1) if element.startswith("(") and element.endswith(")") else element
+                for element in map(str, set_def.elements)
+            ]
+            elements = f" ({join(listed)})"
     return realize(ROWS_EACH, rng, rows=rows_text, noun=singular_noun(noun), elements=elements)
 
 
@@ -745,7 +754,8 @@ def _limits(problem: Problem) -> str:
     if certificate is not None and certificate.kind == "dual":
         sign = 1.0 if problem.model.sense == "minimize" else -1.0
         duals = {name: sign * value for name, value in certificate.rows.items()}
-    return limits_analysis(problem.model, problem.math, problem.values, _wording_rng(problem), duals)
+    least = problem.family.least_reason(problem.data, problem.values)
+    return limits_analysis(problem.model, problem.math, problem.values, _wording_rng(problem), duals, least)
 
 
 def _check(problem: Problem) -> str:
@@ -1191,9 +1201,12 @@ def _build_task(
     elif variant == "code":
         parts = AnswerParts(math=answer_brief, program=problem.program, **solved, **base_parts)
     elif variant == "translate":
+        program = problem.program
         if source == "lp":  # only the LP file is given: read the model from its names, not from the story
             base_parts = {**base_parts, "reasoning": lp_reading(problem.model)}
-        parts = AnswerParts(program=problem.program, **solved, **base_parts)
+            # and write the program in the file's keys and words (the Seventh review's #14, #27)
+            program = lp_input_program(problem.program, problem.model, key_names(problem.math))
+        parts = AnswerParts(program=program, **solved, **base_parts)
     else:  # decision: the plan, then what holds it in place
         parts = AnswerParts(
             math=answer_brief, program=problem.program, analysis=_limits(problem), **solved, **base_parts

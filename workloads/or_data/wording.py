@@ -88,7 +88,9 @@ WHOLE_STATED = "{what} [must be|have to be] whole numbers[, as the problem [stat
 BINARY_ONE = "{what} is a yes/no [choice|decision], [modelled|written] [with|as] a binary (0/1) variable."
 BINARY_MANY = "{what} are yes/no [choices|decisions], [modelled|written] [with|as] binary (0/1) variables."
 MIP = (
-    "[So|Hence|Therefore|With [that|these integer variables]|Because of [that|these]] "
+    # "Because of these" needs a plural before it, and the sentence before may name one decision (the Seventh
+    # review's #25, #29, #38; the tenth session's #4): "that" reads after either
+    "[So|Hence|Therefore|With [that|these integer variables]|Because of that] "
     "[this is|the model is|we [have|get]|it becomes] a mixed-integer [program|linear program][| (MIP)]."
 )
 LP = (

@@ -68,6 +68,8 @@ def _who(name: str, math: MathModel, families: int) -> str:
     whom = ordered_pair(name, math) or whom  # an arc reads "Yard 2 → Hub Central", not as two places
     if families > 1:  # several kinds of decision in one sum: say which kind each term is
         kind = family_of(name).replace("_", " ")
+        if " → " in whom:  # "flow on Yard Oeste → Port Antofa", not "flow, Yard Oeste, Port Antofa"
+            return f"{kind} of {whom}" if " on " in whom else f"{kind} on {whom}"
         return f"{kind}, {whom}" if whom else kind
     return whom or re.sub(r" \([^()]*\)$", "", what.removeprefix("the "))
 
@@ -168,6 +170,7 @@ def objective_line(model: LinearModel, math: MathModel, values: dict[str, float]
 
 def row_label(row: Row, math: MathModel) -> str:
     what, whom = element_words(row.name, math)
+    whom = ordered_pair(row.name, math) or whom  # "Capacity for Hub Berlin → Brno", not "for Hub Berlin, Brno"
     return capitalize(what) + (f" for {whom}" if whom else "")
 
 
@@ -378,6 +381,11 @@ def _verdict(model: LinearModel, math: MathModel, rate: float, own: float) -> st
         return (
             f"so each unit would lower the {math.objective_description} by {signed(rate)}; "
             f"its coefficient would have to rise above {signed(own + rate)} before it enters the plan"
+        )
+    if own - rate < -1e-9:  # "fall below −3" names a price no option has: say it enters at no cost of 0 or more
+        return (
+            f"so each unit would raise the {math.objective_description} by {signed(rate)}, more than its own cost of "
+            f"{signed(own)}: even at a cost of 0 it would stay out of the plan"
         )
     return (
         f"so each unit would raise the {math.objective_description} by {signed(rate)}; "

@@ -215,7 +215,10 @@ class ResourceAllocation(Family):
                 data, budget=None, borrow_rate=borrow, maximum=maximum, hours=None, effort={}, group=(), group_share=0.0
             )
             note = (
-                f"money can be borrowed without limit at {borrow:.1%}, and {best} returns {rate[best]:.1%} with no upper limit, "
+                # "each unit put into vegetables returns": the activity's name may be a plural ("vegetables returns",
+                # the tenth session's review #25)
+                f"money can be borrowed without limit at {borrow:.1%}, and each unit put into {best} returns "
+                f"{rate[best]:.1%} with no upper limit, "
                 "so every borrowed unit put into it adds to the return"
             )
             return Generated(data, "unbounded", note)

@@ -116,6 +116,16 @@ class AssignmentData:
         return [(w, t) for w in self.workers for t in self.tasks if (w, t) not in self.value]
 
 
+def _unqualified(sc: Scenario) -> str:
+    """Why a worker cannot take a task, after its pronoun: people are "they", and "they" takes the
+    plural verb ("they lack the required certification", not "they lacks", the tenth session's review #2)."""
+    if sc.worker[0] not in ("translator", "nurse", "driver", "consultant"):
+        return f"it {sc.unqualified}"
+    first, _, rest = sc.unqualified.partition(" ")
+    plural = {"has": "have", "does": "do", "is": "are"}.get(first) or (first[:-1] if first.endswith("s") else first)
+    return f"they {plural} {rest}".rstrip()
+
+
 def _load_reason(data: AssignmentData) -> str:
     """Why the load row is there, from the prompt's own rule (a count of tasks per worker), not from
     time the story never mentions (the Seventh review's #38, #42, #46)."""
@@ -309,9 +319,7 @@ model.setObjective(quicksum(value[w, t] * assign[w, t] for (w, t) in value), sen
         st.add(intro + "\n\n" + table([f"{capitalize(sc.worker[0])} \\ {sc.task[0]}", *data.tasks], rows))
         if data.forbidden and rng.random() < 0.6:
             w, t = data.forbidden[0]
-            st.add(
-                f"For example, {w} cannot take the {t} {sc.task[0]} because {'they' if sc.worker[0] in ('translator', 'nurse', 'driver', 'consultant') else 'it'} {sc.unqualified}."
-            )
+            st.add(f"For example, {w} cannot take the {t} {sc.task[0]} because {_unqualified(sc)}.")
         st.distract([*sc.facts, *generic_distractors(rng, 2)], 0, 2)
         goal = "maximizes the total" if sc.maximize else "minimizes the total"
         st.question = pick(

@@ -82,6 +82,13 @@ class Family(ABC):
     def what_if(self, data: Any, rng: random.Random) -> WhatIf:
         """A realistic change of one parameter, asked as a question."""
 
+    def least_reason(self, data: Any, values: Mapping[str, float]) -> str:
+        """Why no plan does better than the optimum `values`, from the family's own knowledge (a
+        bound any plan must meet: "the crates total 3,935 kg and 2 trucks hold 3,800 kg, so no plan
+        uses fewer than 3"), or "" where the family has no such argument. Said in "What limits the
+        plan", where binding rows alone may not say it (the Seventh review's #24)."""
+        return ""
+
     def __repr__(self) -> str:
         return f"<family {self.name}>"
 

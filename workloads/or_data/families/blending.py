@@ -274,7 +274,9 @@ class Blending(Family):
         sc = data.scenario
         diet = sc.structure == "diet"
         vtype = "I" if sc.integer else "C"
-        body = f'''# use[f]: {sc.unit[1]} of ingredient f in {sc.context}, up to what is available
+        # the model's own words ("portions of ingredient f used"): a model -> code task gives the model, not the
+        # story, so "in a daily ration for one animal" would be a fact the input does not give (the Seventh's #25)
+        body = f'''# use[f]: {sc.unit[1]} of ingredient f used, up to what is available
 use = {{f: model.addVar(vtype="{vtype}", lb=0, ub=available.get(f), name=f"use[{{f}}]") for f in ingredients}}
 '''
         if not diet:
@@ -294,7 +296,7 @@ for q, level in minimum.items():
 """
         if data.maximum:
             body += f"""
-# max_quality: {where.replace("at least", "at most").replace("minimum", "maximum")}
+# max_quality: {where.replace("at least", "at most").replace("minimum", "maximum").replace("required", "allowed")}
 for q, level in maximum.items():
     model.addCons(quicksum(content[q, f] * use[f] for f in ingredients) <= level{scale_text}, name=f"max_quality[{{q}}]")
 """

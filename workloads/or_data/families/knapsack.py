@@ -24,7 +24,7 @@ from trex.workloads.or_data.phrasing import (
     present,
 )
 from trex.workloads.or_data.program import assemble
-from trex.workloads.or_data.prose import singular_noun
+from trex.workloads.or_data.prose import singular_noun, sv
 
 
 @dataclass(frozen=True)
@@ -226,10 +226,18 @@ class Knapsack(Family):
             must = pick(rng, free)
             if all(size[d.name, must] <= capacity[d.name] for d in dimensions):
                 mandatory = (must,)
+        who = pick(rng, sc.who)
+        money = currency(rng)  # drawn after the owner, as before
+        # a budget is counted in the story's own money: "255 yuan" of benefit next to a budget "(thousand
+        # dollars)" mixed two currencies in one table (the tenth session's review, #29)
+        dimensions = tuple(
+            replace(d, unit=f"thousand {money.word or money.code}") if d.unit.startswith("thousand ") else d
+            for d in dimensions
+        )
         data = KnapsackData(
             sc,
-            pick(rng, sc.who),
-            currency(rng),
+            who,
+            money,
             items,
             dimensions,
             value,
@@ -484,7 +492,8 @@ model.setObjective(quicksum(value[i] * select[i] for i in items), sense="maximiz
                 pick(
                     rng,
                     (
-                        f"{capitalize(a)} can only be chosen if {b} is chosen too.",
+                        # "if textiles are chosen too": the verb agrees with the item's name (the tenth review's #21)
+                        f"{capitalize(a)} can only be chosen if {sv(b, 'is')} chosen too.",
                         f"Including {a} requires including {b}.",
                     ),
                 )

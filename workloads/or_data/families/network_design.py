@@ -104,6 +104,25 @@ class DesignData:
     amount: dict[str, float]
 
 
+def _big_m_words(data: DesignData) -> str:
+    """What the capacity is as a big-M. It is the tightest one only when no candidate link could
+    carry more than all commodities together; otherwise that total would be tighter (the tenth
+    session's review #4: "the tightest big-M possible" for a 75-ton link when only 65 tons exist)."""
+    total = sum(data.amount.values())
+    looser = [arc for arc in data.build_cost if data.capacity[arc] > total + 1e-9]
+    if not looser:
+        return (
+            "[the capacity itself is the tightest big-M possible here, as no candidate can carry more than all "
+            "commodities together|no flow can exceed the capacity anyway, and no candidate's capacity is above "
+            "all commodities together, so it is the natural big-M]."
+        )
+    unit = data.scenario.unit[1]
+    return (
+        f"the capacity is a valid big-M, as no flow can exceed it; where it is above the {number(total)} {unit} of "
+        f"all commodities together ({join([f'{i} → {j}' for i, j in looser])}), that total would be a tighter one."
+    )
+
+
 class NetworkDesign(Family):
     name = "network_design"
     title = "Multi-commodity network design"
@@ -329,8 +348,7 @@ model.setObjective(
                     "link's capacity carries the build variable as a factor]: with $y_{ij} = 0$ the right-hand side is 0 "
                     "and the link is closed, with $y_{ij} = 1$ its full capacity opens. [This linking constraint is "
                     "what charges the fixed cost whenever a link is used|Because of this link, no flow can use a "
-                    "candidate without its fixed cost being paid]; [the capacity itself is the tightest big-M "
-                    "possible|no flow can exceed the capacity anyway, so it is the natural big-M].",
+                    "candidate without its fixed cost being paid]; " + _big_m_words(data),
                 ),
             ),
         )

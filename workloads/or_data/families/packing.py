@@ -5,6 +5,7 @@ stock lengths using as few stock pieces as possible, over the enumerated maximal
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -404,6 +405,7 @@ model.setObjective(quicksum(cut), sense="minimize")
                         why=f"the {sc.bin[1]} are interchangeable, and using them in order removes equivalent solutions "
                         "that only differ by renumbering; [it is not needed for correctness, but it speeds up the "
                         "search|the model is correct without it, but the search is faster with it]",
+                        redundant=f"they only put the interchangeable {sc.bin[1]} in order",
                     ),
                 ),
             )
@@ -550,6 +552,39 @@ model.setObjective(quicksum(cut), sense="minimize")
                 pieces = join([f"{n} × {t}" for t, n in pattern.items()])
                 lines.append(f"Cut {count} {sc.bin[0] if count == 1 else sc.bin[1]} into {pieces}.")
         return lines
+
+    def least_reason(self, data: PackingData, values: Mapping[str, float]) -> str:
+        """The size bound: everything to pack (or every ordered piece) needs ceil(total / capacity)
+        bins or bars, since none can hold more than its capacity; where the optimum meets it, that is
+        why it is least, and where it does not, the gap is the pieces' indivisibility, which only the
+        solver's search closes."""
+        sc = data.scenario
+        if sc.structure == "bins":
+            used = sum(1 for k in range(1, data.bins + 1) if values.get(lp_name("use", k), 0.0) > 0.5)
+            total = sum(data.size.values())
+            items = f"the {sc.item[1]}"
+        else:
+            used = sum(round(values.get(lp_name("cut", f"p{p + 1}"), 0.0)) for p in range(len(data.patterns)))
+            total = sum(data.demand[t] * data.size[t] for t in data.items)
+            items = f"the ordered {sc.item[1]}"
+        bound = max(1, math.ceil(total / data.capacity - 1e-9))
+        if used < 1:
+            return ""
+        many = lambda count: sc.bin[0] if count == 1 else sc.bin[1]  # noqa: E731
+        size = f"{number(total)} {sc.unit}"
+        if bound == used == 1:
+            return f"Why one {sc.bin[0]} is the least: {items} total {size}, within one {sc.bin[0]}'s {number(data.capacity)} {sc.unit}."
+        if bound == used:
+            return (
+                f"Why {used} {many(used)} is the least: {items} total {size}, and {bound - 1} {many(bound - 1)} "
+                f"{'holds' if bound == 2 else 'hold'} at most {number((bound - 1) * data.capacity)} {sc.unit}, so no plan does with fewer."
+            )
+        split = "be split between" if sc.structure == "bins" else "be cut across"
+        return (
+            f"The {sc.size_word} alone asks for at least {bound} {many(bound)} ({size} against {number(data.capacity)} "
+            f"{sc.unit} each); the plan needs {used} because no {sc.item[0]} can {split} {sc.bin[1]}, and the "
+            f"solver's search proves that {used - 1} {many(used - 1)} cannot do."
+        )
 
     def what_if(self, data: PackingData, rng: random.Random) -> WhatIf:
         sc = data.scenario
