@@ -9,6 +9,7 @@ import random
 import re
 
 import pytest
+from test_or_data_sixth_review import _task_with_source
 from test_or_data_support import generated, runner, verified  # noqa: F401 - runner is a fixture
 
 from trex.workloads.or_data.explain import key_names, limits_analysis
@@ -17,7 +18,7 @@ from trex.workloads.or_data.linear_model import ModelBuilder
 from trex.workloads.or_data.math_model import ConstraintDef, MathModel, SetDef, VarDef
 from trex.workloads.or_data.prose_check import check_prose
 from trex.workloads.or_data.solve import solve_model
-from trex.workloads.or_data.tasks import _limits, build_task, lp_reading
+from trex.workloads.or_data.tasks import _limits, lp_reading
 
 BIN_SEEDS = (2, 4, 6, 8)  # bin packing seeds whose instance is the "bins" structure (trucks, disks, servers)
 
@@ -120,22 +121,6 @@ def test_a_prerequisite_is_priced_as_a_rule():
     assert "Dropping" not in text, text
 
 
-def _lp_task(problem, runner):  # noqa: F811
-    for seed in range(80):
-        task = build_task(
-            "t",
-            problem,
-            "model_to_code",
-            "translate",
-            text_rng=random.Random(seed),
-            task_rng=random.Random(seed),
-            runner=runner,
-        )
-        if task.source == "lp":
-            return task
-    raise AssertionError("no LP-input task in 80 seeds")
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_an_lp_input_program_uses_the_files_keys_and_words(family, runner):  # noqa: F811
     """The Seventh review's #14 and #27: the program of an LP -> code answer named "pallets of retail region
@@ -143,7 +128,7 @@ def test_an_lp_input_program_uses_the_files_keys_and_words(family, runner):  # n
     North'), none of which the file gives. It now uses the file's keys, its comments say what the file's
     variables and rows are, and it still solves to the file's optimum."""
     problem = verified(family, 2, runner)
-    program = _lp_task(problem, runner).reference.program
+    program = _task_with_source(problem, "model_to_code", "translate", "lp", runner).reference.program
     for key, element in key_names(problem.math).items():
         if key != element:
             assert repr(element) not in program, (element, key)
