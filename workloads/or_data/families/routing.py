@@ -231,7 +231,7 @@ for j in customers:
 # fleet: at most one route per {sc.vehicle[0]} starts at the depot
 model.addCons(quicksum(arc[depot, j] for j in customers) <= vehicles, name="fleet")
 
-# routes_needed: the demand needs at least this many routes (a valid inequality)
+# routes_needed: the demand needs at least this many routes, a valid inequality
 model.addCons(quicksum(arc[depot, j] for j in customers) >= routes_needed, name="routes_needed")
 
 # load: the amount delivered grows by each demand along a route; the capacity is the big-M
