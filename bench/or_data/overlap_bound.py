@@ -42,7 +42,9 @@ def measure(groups: list[list[str]], k: int, draws: int) -> dict:
         wholes.append(overlap_at(answers, size, draws=draws))
         prose_alone.append(overlap_at([answer_parts(answer)["prose"] for answer in answers], size, draws=draws))
         reports.append(overlap_by_part_at(answers, size, draws=draws))
-    parts = {part: {key: statistics.mean(r[part][key] for r in reports) for key in ("grams", "shared")} for part in PARTS}
+    parts = {
+        part: {key: statistics.mean(r[part][key] for r in reports) for key in ("grams", "shared")} for part in PARTS
+    }
     floor = sum(parts[p]["grams"] * parts[p]["shared"] for p in PARTS if p != "prose")
     pooled = floor + parts["prose"]["grams"] * parts["prose"]["shared"]
     needed = (BOUND - floor) / parts["prose"]["grams"] if parts["prose"]["grams"] else float("nan")
@@ -84,7 +86,9 @@ def main() -> int:
         path = data / "orlm_predictions" / file
         if path.is_file():
             records = [json.loads(text) for text in path.read_text(encoding="utf-8").splitlines() if text]
-            orlm[name] = [as_markdown_math(r["en_math_model_coptpy_code"]) for r in records if r.get("en_math_model_coptpy_code")]
+            orlm[name] = [
+                as_markdown_math(r["en_math_model_coptpy_code"]) for r in records if r.get("en_math_model_coptpy_code")
+            ]
     print(
         "| answers | texts | k | overlap | by part: share of 5-grams (share of them shared) | prose alone | "
         "floor: overlap if the prose shared nothing | prose share needed for 25% |"
@@ -96,7 +100,9 @@ def main() -> int:
         print(line(name, sum(sizes), k, measure(list(families.values()), k, args.draws)), flush=True)
     for k in KS:
         for name, answers in orlm.items():
-            print(line(f"ORLM's answers to {name} (all types mixed)", len(answers), k, measure([answers], k, args.draws)))
+            print(
+                line(f"ORLM's answers to {name} (all types mixed)", len(answers), k, measure([answers], k, args.draws))
+            )
     return 0
 
 
