@@ -49,6 +49,17 @@ def assert_same_run(result: dict, ref: dict, label: str) -> None:
         assert error <= GRAD_TOL, f"{label}: {name} gradient differs by {error:.2e} (relative to its max)"
 
 
+def assert_cases_match_the_one_rank_run(model: str, cases: list[tuple[str, str]], nproc: int) -> None:
+    """(plan, schedule) jobs on `nproc` ranks in one start: losses and gathered gradients equal the 1-rank run's,
+    and each reports its bubble."""
+    ref = execute(job(model, "", 1, gather_gradients=True))
+    jobs = [job(model, plan, nproc, schedule, gather_gradients=True) for plan, schedule in cases]
+    results = launch_function(run_jobs, (jobs,), nproc)
+    for (plan, schedule), result in zip(cases, results[0]):
+        assert_same_run(result, ref, f"{model} {plan} {schedule}")
+        assert_bubble_report(result, schedule, f"{model} {plan} {schedule}")
+
+
 def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
     pipeline = result["pipeline"]
     assert pipeline["schedule"] == schedule, label
@@ -121,12 +132,7 @@ TWO_STAGE_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("model", FAMILIES)
 def test_every_schedule_with_two_stages_matches_the_one_rank_run(model):
-    ref = execute(job(model, "", 1, gather_gradients=True))
-    jobs = [job(model, plan, 2, schedule, gather_gradients=True) for plan, schedule in TWO_STAGE_CASES]
-    results = launch_function(run_jobs, (jobs,), 2)
-    for (plan, schedule), result in zip(TWO_STAGE_CASES, results[0]):
-        assert_same_run(result, ref, f"{model} {plan} {schedule}")
-        assert_bubble_report(result, schedule, f"{model} {plan} {schedule}")
+    assert_cases_match_the_one_rank_run(model, TWO_STAGE_CASES, 2)
 
 
 def eight_layer_config(tmp_path, family: str) -> str:
@@ -233,13 +239,7 @@ def test_head_parallel_stages_compose_with_expert_parallelism_on_four_ranks(mode
     """pp=2 x tp=2 x ep=2 for DeepSeek-V3/V4: head-parallel attention over the tp ranks of each stage and the
     routed experts over the same ranks (the expert mesh folds over dp x tp); losses and gathered gradients equal
     the 1-rank run's."""
-    cases = HEAD_PARALLEL_EP_CASES[model]
-    ref = execute(job(model, "", 1, gather_gradients=True))
-    jobs = [job(model, plan, 4, schedule, gather_gradients=True) for plan, schedule in cases]
-    results = launch_function(run_jobs, (jobs,), 4)
-    for (plan, schedule), result in zip(cases, results[0]):
-        assert_same_run(result, ref, f"{model} {plan} {schedule}")
-        assert_bubble_report(result, schedule, f"{model} {plan} {schedule}")
+    assert_cases_match_the_one_rank_run(model, HEAD_PARALLEL_EP_CASES[model], 4)
 
 
 @pytest.mark.slow
