@@ -54,10 +54,10 @@ process group, before the prediction is made.
 * The host's time slices: with more pipeline ranks on the host than cores (4 CPU ranks on 2 cores), the
   kernel does not share a core between runnable ranks at once (processor sharing): it runs one at a time for a
   slice and then switches (Linux's EEVDF scheduler checks for a switch at the scheduler tick: the bench host,
-  built with CONFIG_HZ=250, ticks every 4 ms). A rank woken by its message while every core is busy waits in the run queue - idle time to its
-  clock - and then computes at full speed. `measure_time_slice` measures the slice on the ranks themselves:
-  every rank of the group spins on the clock at once, and the runs between the moments it was descheduled are
-  the slices it got (median over the ranks). The simulation hands the cores out in slices of that length
+  built with CONFIG_HZ=250, ticks every 4 ms). A rank woken by its message while every core is busy waits in
+  the run queue - idle time to its clock - and then computes at full speed. `measure_time_slice` measures the
+  slice on the ranks themselves: every rank of the group spins on the clock at once, and the runs between the
+  moments it was descheduled are the slices it got (median over the ranks). The simulation hands the cores out in slices of that length
   (`simulate_actions(slice_s=...)`) where the ranks outnumber the cores.
 
 Timestamps of different ranks are compared directly: `time.perf_counter` is the host's monotonic
