@@ -17,6 +17,7 @@ Two ways to get the step's pipeline time from per-chunk forward/backward times:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -202,6 +203,7 @@ def simulate_actions(
     extra: dict | None = None,
     sends: dict[int, dict[tuple[str, int, int], int]] | None = None,
     late_recv_idle: float | None = None,
+    slice_s: float | None = None,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -213,6 +215,13 @@ def simulate_actions(
     `cores`: when the ranks share fewer cores than there are ranks (CPU ranks on one host), the ranks
     working at a moment (overhead or compute) progress at min(1, cores / working) - processor sharing;
     None: every rank has its own processor.
+    `slice_s`: with `cores`, the host's scheduler hands out cores in time slices of `slice_s` instead
+    (`time_slice_slots`): at most `cores` ranks run at once, each at full speed; a rank whose input arrives
+    while every core is taken waits in the run queue, first come first served, and that wait is not part of its
+    action (the action's clock starts when its thread runs: the measured bubble counts it as idle, where
+    processor sharing would have started the action at once, slowed, and counted it as busy); a running rank
+    whose slice is spent while another waits goes to the back of the queue (its action's clock runs on); a rank
+    whose next action is ready when its action ends keeps its core.
     `late_recv`: a rendezvous link (gloo's send waits for the receiver's recv: the payload leaves only after
     the receiver has posted its recv and told the sender so) and a runtime that posts each receive just
     before the action that needs it (torch.distributed.pipelining). A message whose sender finished before
@@ -296,6 +305,13 @@ def simulate_actions(
             return True
         return any(start <= t < end for start, end in reversed(spans[rank]))
 
+    def work_of(rank: int) -> float:
+        kind, stage, mb = orders[rank][position[rank]]
+        return durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0)
+
+    slots = time_slice_slots(cores, slice_s, len(orders))
+    running: dict[int, float] = {}  # time slices: rank holding a core -> the time left of its slice
+    queue: deque[int] = deque()  # time slices: runnable ranks waiting for a core, first come first served
     now = 0.0
     while remaining:
         starts = []
@@ -306,31 +322,50 @@ def simulate_actions(
             if ready is None:
                 continue
             if ready <= now:
-                kind, stage, mb = orders[rank][position[rank]]
-                work = durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0)
-                working[rank] = ["O", overhead, now] if overhead > 0 else ["C", work, now]
+                # compute start: now, or with time slices when the rank first runs (it may wait for a core)
+                start = now if slots is None else None
+                working[rank] = ["O", overhead, now] if overhead > 0 else ["C", work_of(rank), start]
                 began[rank] = now
+                if slots is not None and rank not in running:
+                    queue.append(rank)  # woken: waits for a core (a rank that just finished keeps its own)
             else:
                 starts.append(ready)
+        if slots is not None:
+            for rank in [r for r in running if r not in working]:
+                del running[rank]  # blocked on a message: its core goes to the next runnable rank
+            while queue and len(running) < slots:
+                running[queue.popleft()] = slice_s
         if not working:
             if not starts:
                 stuck = {r: order[position[r]] for r, order in orders.items() if position[r] < len(order)}
                 raise RuntimeError(f"pipeline action lists deadlock (waiting: {stuck})")
             now = min(starts)
             continue
-        rate = 1.0 if cores is None or len(working) <= cores else cores / len(working)
-        step = min(left for _, left, _ in working.values()) / rate
+        if slots is None:
+            rate = 1.0 if cores is None or len(working) <= cores else cores / len(working)
+            advancing = list(working)
+            step = min(left for _, left, _ in working.values()) / rate
+        else:
+            rate, advancing = 1.0, list(running)
+            for rank in advancing:
+                if working[rank][2] is None:
+                    working[rank][2] = now
+            step = min(working[r][1] for r in advancing)
+            if queue:
+                step = min(step, min(running.values()))
         if starts:
             step = min(step, min(starts) - now)
         now += step
-        for rank in list(working):
+        for rank in advancing:
             state = working[rank]
             state[1] -= step * rate
+            if slots is not None:
+                running[rank] -= step
             if state[1] > 1e-12 * max(1.0, now):
                 continue
             kind, stage, mb = orders[rank][position[rank]]
             if state[0] == "O":
-                working[rank] = ["C", durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0), now]
+                working[rank] = ["C", work_of(rank), now]
                 continue
             done[(kind, stage, mb)] = now
             free[rank] = now
@@ -339,7 +374,27 @@ def simulate_actions(
             del working[rank]
             position[rank] += 1
             remaining -= 1
+        if slots is not None:
+            for rank in list(running):
+                if running[rank] > 1e-12 * max(1.0, now):
+                    continue
+                if queue and rank in working:  # its slice is spent and another rank waits: back of the queue
+                    del running[rank]
+                    queue.append(rank)
+                else:
+                    running[rank] = slice_s
     return tasks
+
+
+def time_slice_slots(cores: float | None, slice_s: float | None, ranks: int) -> int | None:
+    """The cores the time-slice model (`simulate_actions(slice_s=...)`) hands out; None: processor sharing (a
+    share of the host's cores that is not a whole number of cores: the pipeline's ranks then share them with
+    another pipeline's) or a core per rank."""
+    if slice_s is None or cores is None or cores >= ranks:
+        return None
+    if slice_s <= 0:
+        raise ValueError(f"a time slice must be positive, got {slice_s} s")
+    return int(cores) if cores >= 1 and cores == int(cores) else None
 
 
 def simulated_bubble(

@@ -51,6 +51,15 @@ process group, before the prediction is made.
   calibration step's slowdowns onto the same actions (`slowdowns`, one sample per step; 12 steps, since one
   step's bubble moves by tens of percent with the host: RESULTS 14.5).
 
+* The host's time slices: with more pipeline ranks on the host than cores (4 CPU ranks on 2 cores), the
+  kernel does not share a core between runnable ranks at once (processor sharing): it runs one at a time for a
+  slice and then switches (Linux's EEVDF scheduler checks for a switch at the scheduler tick: the bench host,
+  built with CONFIG_HZ=250, ticks every 4 ms). A rank woken by its message while every core is busy waits in
+  the run queue - idle time to its clock - and then computes at full speed. `measure_time_slice` measures the
+  slice on the ranks themselves: every rank of the group spins on the clock at once, and the runs between the
+  moments it was descheduled are the slices it got (median over the ranks). The simulation hands the cores out in slices of that length
+  (`simulate_actions(slice_s=...)`) where the ranks outnumber the cores.
+
 Timestamps of different ranks are compared directly: `time.perf_counter` is the host's monotonic
 clock, shared by the processes of one host (the CPU ranks this runs on).
 """
@@ -86,6 +95,8 @@ class PipelineOverheads:
     # per pipeline rank: the calibration step's time split into compute, message posts, waits, the rest
     # (`timing.comm_split`), to set beside the training run's (`measured["step_split"]`)
     step_split: tuple[dict, ...] = ()
+    # measured: the host scheduler's time slice while the group's ranks all run (None: never descheduled)
+    slice_s: float | None = None
 
     @property
     def delivery_s(self) -> float:
@@ -205,6 +216,37 @@ def measure_late_recv(
     dist.all_gather_object(shared, delays, group=group)
     every = [d for part in shared for d in part]
     return statistics.fmean(every) if every else 0.0
+
+
+def spin_runs(seconds: float, gap_s: float = 1e-4) -> list[float]:
+    """Spin on the clock for `seconds`; the lengths of the runs between the moments this thread was off its core
+    (a jump of the clock over `gap_s`), the first run (begun before the spin, not at a slice's start) left out."""
+    runs: list[float] = []
+    last = segment = time.perf_counter()
+    end = last + seconds
+    while last < end:
+        now = time.perf_counter()
+        if now - last > gap_s:
+            runs.append(last - segment)
+            segment = now
+        last = now
+    return runs[1:]
+
+
+def time_slice(runs: list[float], least: int = 8) -> float | None:
+    """The scheduler's time slice from the runs of spinning threads (`spin_runs`): their median; None with fewer
+    than `least` runs (the threads were hardly descheduled: a core each)."""
+    return statistics.median(runs) if len(runs) >= least else None
+
+
+def measure_time_slice(group, seconds: float = 0.25) -> float | None:
+    """The host's time slice while every rank of `group` runs at once (see the module docstring): each rank
+    spins for `seconds` after a barrier; the median run over the ranks. Every rank of the group must call it."""
+    dist.barrier(group=group)
+    runs = spin_runs(seconds)
+    shared: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shared, runs, group=group)
+    return time_slice([r for part in shared for r in part])
 
 
 # -- the schedule runtime ---------------------------------------------------------------------------------
@@ -360,6 +402,7 @@ def measure_overheads(
     tier = link_tier(group, nbytes)
     late_recv = measure_late_recv(group, nbytes)
     late_recv_idle = measure_late_recv(group, nbytes, sender_waits=True)
+    slice_s = measure_time_slice(group)
     me = dist.get_rank(group)
     clock = StageClock()
     mine = split.chunks_of(me)
@@ -430,6 +473,7 @@ def measure_overheads(
         slowdowns=slowdowns,
         late_recv_idle_s=late_recv_idle,
         step_split=tuple(part for _, part in sorted(dict(parts).items())),
+        slice_s=slice_s,
     )
 
 

@@ -110,6 +110,67 @@ def test_ranks_sharing_fewer_cores_slow_down_while_they_overlap():
     assert [t.end for t in shared] == pytest.approx([2.0, 2.0])
 
 
+def test_time_slices_run_one_rank_per_core_and_rotate_when_a_slice_is_spent():
+    """Two independent 1.0 s forwards on one core in 0.25 s slices: rank 0 runs first, rank 1 waits for the core
+    (its action's clock starts when it first runs), then they alternate; both finish as under processor
+    sharing, but rank 1's wait before its first slice is idle, not busy."""
+    orders = {0: [("F", 0, 0)], 1: [("F", 0, 1)]}
+    tasks = simulate_actions(orders, {"F": [1.0, 1.0]}, 2, cores=1, slice_s=0.25)
+    by_rank = {t.rank: t for t in tasks}
+    assert (by_rank[0].start, by_rank[0].end) == pytest.approx((0.0, 1.75))
+    assert (by_rank[1].start, by_rank[1].end) == pytest.approx((0.25, 2.0))
+
+
+def test_a_rank_woken_while_the_cores_are_taken_waits_idle_for_one():
+    """One core; rank 1's forward needs rank 0's, rank 2 computes a 3 s forward meanwhile. Under processor sharing
+    rank 1 starts the moment its input is there, at a fraction of the core (busy all along); with slices it waits
+    in the run queue for rank 2's slice to end (idle time), then runs at full speed; with slices longer than
+    rank 2's work it waits for all of it. Same work, less busy time, more bubble."""
+    orders = {0: [("F", 0, 0)], 1: [("F", 1, 0)], 2: [("F", 0, 1)]}
+    times, extra = {"F": [1.0, 1.0]}, {("F", 0, 1): 2.0}
+
+    def run(**kw):
+        tasks = simulate_actions(orders, times, 2, extra=extra, cores=1, **kw)
+        return {t.rank: (t.start, t.end) for t in tasks}, simulated_bubble(tasks)
+
+    sharing, sharing_bubble = run()
+    sliced, sliced_bubble = run(slice_s=0.5)
+    whole, whole_bubble = run(slice_s=10.0)
+    assert sharing[1][0] == pytest.approx(sharing[0][1])  # starts as its input arrives (2.0), at half speed
+    assert sliced[0][1] == pytest.approx(1.5)  # rank 0: slices 0-0.5 and 1.0-1.5
+    assert sliced[1] == pytest.approx((2.0, 3.5))  # waits for rank 2's slice 1.5-2.0; 2.5-3.0 is rank 2's again
+    assert whole[1] == pytest.approx((4.0, 5.0))  # behind rank 2's whole forward (1.0-4.0)
+    assert sharing_bubble < sliced_bubble < whole_bubble
+
+
+def test_time_slices_queue_ranks_first_come_first_served():
+    """Three independent forwards on one core, slices longer than the work: run to completion in arrival order
+    (a rank's clock starts when it first runs); with slices short enough they all overlap (processor sharing's
+    limit)."""
+    orders = {r: [("F", 0, r)] for r in range(3)}
+    long = simulate_actions(orders, {"F": [1.0]}, 1, cores=1, slice_s=10.0)
+    assert [(t.rank, t.start, t.end) for t in sorted(long, key=lambda t: t.start)] == [
+        (0, 0.0, 1.0),
+        (1, 1.0, 2.0),
+        (2, 2.0, 3.0),
+    ]
+    short = simulate_actions(orders, {"F": [1.0]}, 1, cores=1, slice_s=1e-3)
+    sharing = simulate_actions(orders, {"F": [1.0]}, 1, cores=1)
+    assert sorted(t.end for t in short) == pytest.approx(sorted(t.end for t in sharing), abs=3e-3)
+    assert simulated_bubble(short) == pytest.approx(simulated_bubble(sharing), abs=3e-3)
+
+
+def test_time_slices_need_a_whole_number_of_cores_fewer_than_the_ranks():
+    from trex.cost_model.pipeline import time_slice_slots
+
+    assert time_slice_slots(2.0, 4e-3, 4) == 2
+    assert time_slice_slots(2.0, 4e-3, 2) is None  # a core per rank: nothing to hand out
+    assert time_slice_slots(1.5, 4e-3, 4) is None  # shared with another pipeline: processor sharing
+    assert time_slice_slots(2.0, None, 4) is None
+    with pytest.raises(ValueError, match="time slice must be positive"):
+        time_slice_slots(2.0, 0.0, 4)
+
+
 def test_own_span_bubble_ends_each_rank_at_its_last_action():
     """GPipe: the last stage returns before the first stage's drain, so its own step is shorter; head and
     tail lengthen every rank's step without adding compute."""

@@ -240,3 +240,26 @@ def test_p2p_timing_records_the_engines_posts_and_waits_and_restores_them():
         schedules._wait_batch_p2p([SimpleNamespace(wait=lambda: None)])
     assert schedules._batch_p2p is post and schedules._wait_batch_p2p is wait
     assert [what for what, _, _ in log] == ["wait"] and log[0][1] <= log[0][2]
+
+
+def test_spinning_ranks_read_the_time_slices_between_their_descheduled_moments(monkeypatch):
+    """`spin_runs` cuts a spin at every clock jump over `gap_s` (the thread was off its core) and leaves out the
+    first run (begun before the spin); `time_slice` is the runs' median, None with too few (a core each)."""
+    from trex.runtime.pipeline import calibration
+
+    # a clock read every 10 us; descheduled (4 ms jumps) after 1 ms, 5 ms and 9 ms of running
+    ticks, now = [], 0.0
+    for run in (1e-3, 4e-3, 4e-3, 4e-3):
+        for _ in range(round(run / 1e-5)):
+            ticks.append(now)
+            now += 1e-5
+        now += 4e-3
+    while now < 0.06:  # running on, past the spin's end
+        ticks.append(now)
+        now += 1e-5
+    clock = iter(ticks)
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock))
+    runs = calibration.spin_runs(seconds=0.05)
+    assert runs == pytest.approx([4e-3 - 1e-5] * 3)
+    assert calibration.time_slice(runs, least=3) == pytest.approx(4e-3 - 1e-5)
+    assert calibration.time_slice(runs) is None  # fewer than 8 runs: the ranks were hardly descheduled

@@ -6,7 +6,7 @@ Default run: one start of 2 gloo ranks runs tiny Qwen3-MoE with pp=2 under 1F1B,
 chunk an FSDP2 root), and resumes under pp=2 (GPipe) a checkpoint the 1-rank run saved. Slow: all three families (DeepSeek-V4 with its hash-routed MoE
 layer on the first stage) and all five schedules with pp=2 and pp=4 (8-layer models for pp=4 with two
 chunks per stage), pp composed with ep, dp/ZeRO-1/2/3 (ZB-V and DualPipeV with ZeRO-3 too) and tp on 4 ranks
-(all three families under tp, every schedule),
+(all three families under tp, every schedule; DeepSeek-V3/V4 under tp x ep),
 and pp=2 -> pp=4 / pp=1 resumes.
 """
 
@@ -47,6 +47,17 @@ def assert_same_run(result: dict, ref: dict, label: str) -> None:
         scale = max(want.abs().max().item(), 1e-2 * largest, 1e-12)
         error = (grads[name] - want).abs().max().item() / scale
         assert error <= GRAD_TOL, f"{label}: {name} gradient differs by {error:.2e} (relative to its max)"
+
+
+def assert_cases_match_the_one_rank_run(model: str, cases: list[tuple[str, str]], nproc: int) -> None:
+    """(plan, schedule) jobs on `nproc` ranks in one start: losses and gathered gradients equal the 1-rank run's,
+    and each reports its bubble."""
+    ref = execute(job(model, "", 1, gather_gradients=True))
+    jobs = [job(model, plan, nproc, schedule, gather_gradients=True) for plan, schedule in cases]
+    results = launch_function(run_jobs, (jobs,), nproc)
+    for (plan, schedule), result in zip(cases, results[0]):
+        assert_same_run(result, ref, f"{model} {plan} {schedule}")
+        assert_bubble_report(result, schedule, f"{model} {plan} {schedule}")
 
 
 def assert_bubble_report(result: dict, schedule: str, label: str) -> None:
@@ -121,12 +132,7 @@ TWO_STAGE_CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("model", FAMILIES)
 def test_every_schedule_with_two_stages_matches_the_one_rank_run(model):
-    ref = execute(job(model, "", 1, gather_gradients=True))
-    jobs = [job(model, plan, 2, schedule, gather_gradients=True) for plan, schedule in TWO_STAGE_CASES]
-    results = launch_function(run_jobs, (jobs,), 2)
-    for (plan, schedule), result in zip(TWO_STAGE_CASES, results[0]):
-        assert_same_run(result, ref, f"{model} {plan} {schedule}")
-        assert_bubble_report(result, schedule, f"{model} {plan} {schedule}")
+    assert_cases_match_the_one_rank_run(model, TWO_STAGE_CASES, 2)
 
 
 def eight_layer_config(tmp_path, family: str) -> str:
@@ -213,6 +219,27 @@ def test_pipeline_composes_with_tensor_parallelism_on_four_ranks(model):
         label = f"{model} {tensor_parallel_plan(schedule)} {schedule}"
         assert_same_run(result, ref, label)
         assert_bubble_report(result, schedule, label)
+
+
+HEAD_PARALLEL_EP_CASES = {
+    "tiny-deepseek-v3": [("pp=2,tp=2,ep=2", "1f1b")],
+    # the split backward (input, then weight gradients) through the expert-parallel exchange, and V4's hash-routed
+    # layer on chunk 0 with its experts over the tp ranks
+    "tiny-deepseek-v4": [
+        ("pp=2,tp=2,ep=2", "1f1b"),
+        ("pp=2,vpp=2,tp=2,ep=2", "zbv"),
+        ("pp=2,vpp=2,tp=2,ep=2", "dualpipev"),
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(HEAD_PARALLEL_EP_CASES))
+def test_head_parallel_stages_compose_with_expert_parallelism_on_four_ranks(model):
+    """pp=2 x tp=2 x ep=2 for DeepSeek-V3/V4: head-parallel attention over the tp ranks of each stage and the
+    routed experts over the same ranks (the expert mesh folds over dp x tp); losses and gathered gradients equal
+    the 1-rank run's."""
+    assert_cases_match_the_one_rank_run(model, HEAD_PARALLEL_EP_CASES[model], 4)
 
 
 @pytest.mark.slow

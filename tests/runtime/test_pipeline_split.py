@@ -107,7 +107,10 @@ def test_bad_pipeline_jobs_are_refused_before_any_process_starts():
             assert (created.parallel.tp, created.parallel.vpp) == (2, 2)
     for model in ("tiny-deepseek-v3", "tiny-deepseek-v4"):
         assert TrainJob.create(model, "pp=2,tp=2", 4, **SHAPE, steps=1, schedule="gpipe").parallel.tp == 2
-        # V3/V4's head-parallel stages have been run with pp x tp alone: what was not run is refused, named
+        # with ep over the tp ranks (run: test_head_parallel_stages_compose_with_expert_parallelism_on_four_ranks)
+        created = TrainJob.create(model, "pp=2,vpp=2,tp=2,ep=2", 4, **SHAPE, steps=1, schedule="zbv").parallel
+        assert (created.tp, created.ep) == (2, 2)
+        # V3/V4's head-parallel stages have been run with pp x tp and pp x tp x ep: what was not run is refused
         for plan, nproc, fields, named in (
             ("pp=2,tp=2,dp=2", 8, {}, "drop dp=2"),
             ("pp=2,tp=2,zero=3", 4, {}, "drop zero=3"),
