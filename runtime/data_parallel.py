@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -176,9 +177,15 @@ class DataParallelAdamW:
         return hook
 
     def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each parameter (plain or
-        DTensor) that has replicas or is tp-partial, passed through `ReducedGradient`, so its gradient reduction is a functional
-        collective issued by the backward of the model's own graph (captured by Dynamo/AOT with the rest).
+        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: `gradient_reductions(last)`
+        applied (`through_reductions`) outside any captured program."""
+        return through_reductions(self.gradient_reductions(last))
+
+    def gradient_reductions(self, last: bool, *, dtensors: bool = True) -> dict[str, GradientReduction]:
+        """What the micro-batch's forward passes each parameter (plain or DTensor) that has replicas or is tp-partial
+        through (`ReducedGradient`, applied by `through_reductions` - inside the rank's captured program under
+        `--compile`, `runtime.rank_loss`), so its gradient reduction is a functional collective issued by the
+        backward of the model's own graph (captured by Dynamo/AOT with the rest).
 
         ZeRO-0/1: the last micro-batch all-reduces the gradient accumulated so far (earlier micro-batches
         accumulate locally) and hands the whole sum to the parameter's `.grad`. ZeRO-2: every micro-batch
@@ -186,15 +193,19 @@ class DataParallelAdamW:
         whole gradient never outlives the backward. A tp-partial parameter (`ParamHome.partial_over`) is summed over
         tp by the same node: with the replicas' all-reduce in the last micro-batch (the earlier ones accumulate
         their partial gradients locally: both sums are linear), or, under ZeRO-2, on its reduce-scattered shard in
-        every micro-batch. Parameters left out (1-process runs, a compiled rank's) are reduced by `reduce_gradients`
-        as before; `reduce_gradients` skips the others."""
+        every micro-batch. Parameters left out (1-process runs; DTensor parameters when `dtensors` is False) are
+        reduced by `reduce_gradients` as before; `reduce_gradients` skips the others.
+
+        `dtensors=False` is what a `--compile`d rank passes: captured by Dynamo/AOT, `ReducedGradient` on a DTensor
+        parameter (Qwen3-MoE's DTensor tp styles) gives wrong gradients (about half their norm at tp=2, while the
+        eager node is exact), so those parameters keep the reduction after the backward there."""
         self.reduces_in_graph = True
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, GradientReduction] = {}
         for slot in self.slots:
-            if not _reducible_in_graph(slot):
+            if not _reducible_in_graph(slot) or (not dtensors and isinstance(slot.param, DTensor)):
                 continue
             if self.zero == 2 and slot.shard_dim is not None:
-                out[slot.name] = ReducedGradient.apply(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
+                out[slot.name] = GradientReduction(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
                 self.in_graph.add(slot.name)
             elif last:
                 if (
@@ -202,7 +213,7 @@ class DataParallelAdamW:
                 ):  # its gradient is already the replicas' sum: reducing again adds it twice
                     raise RuntimeError(f"{slot.name}: a second last micro-batch before reduce_gradients()")
                 carried, slot.param.grad = slot.param.grad, None  # earlier micro-batches' local sum joins this one
-                out[slot.name] = ReducedGradient.apply(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
+                out[slot.name] = GradientReduction(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
                 self.in_graph.add(slot.name)
         return out
 
@@ -313,6 +324,21 @@ def _reducible_in_graph(slot: ShardedParam) -> bool:
     return home.mesh is not None and (
         home.replicas > 1 or home.partial_over is not None or isinstance(slot.param, DTensor)
     )
+
+
+class GradientReduction(NamedTuple):
+    """One parameter read through `ReducedGradient`: the arguments of its `apply` (a tuple, so a captured program
+    takes it as graph inputs plus a constant)."""
+
+    param: torch.Tensor
+    master: torch.Tensor | None  # ZeRO-2: the optimizer's shard, which receives the reduce-scattered gradient
+    carried: torch.Tensor | None  # ZeRO-0/1: what earlier micro-batches accumulated locally
+    reduction: _Reduction
+
+
+def through_reductions(reductions: dict[str, GradientReduction]) -> dict[str, torch.Tensor]:
+    """Each parameter of `reductions` passed through its `ReducedGradient` node, by name (for `functional_call`)."""
+    return {name: ReducedGradient.apply(*entry) for name, entry in reductions.items()}
 
 
 @dataclass(frozen=True)
