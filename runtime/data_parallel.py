@@ -181,7 +181,7 @@ class DataParallelAdamW:
         applied (`through_reductions`) outside any captured program."""
         return through_reductions(self.gradient_reductions(last))
 
-    def gradient_reductions(self, last: bool, *, dtensors: bool = True) -> dict[str, GradientReduction]:
+    def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
         """What the micro-batch's forward passes each parameter (plain or DTensor) that has replicas or is tp-partial
         through (`ReducedGradient`, applied by `through_reductions` - inside the rank's captured program under
         `--compile`, `runtime.rank_loss`), so its gradient reduction is a functional collective issued by the
@@ -193,16 +193,12 @@ class DataParallelAdamW:
         whole gradient never outlives the backward. A tp-partial parameter (`ParamHome.partial_over`) is summed over
         tp by the same node: with the replicas' all-reduce in the last micro-batch (the earlier ones accumulate
         their partial gradients locally: both sums are linear), or, under ZeRO-2, on its reduce-scattered shard in
-        every micro-batch. Parameters left out (1-process runs; DTensor parameters when `dtensors` is False) are
-        reduced by `reduce_gradients` as before; `reduce_gradients` skips the others.
-
-        `dtensors=False` is what a `--compile`d rank passes: captured by Dynamo/AOT, `ReducedGradient` on a DTensor
-        parameter (Qwen3-MoE's DTensor tp styles) gives wrong gradients (about half their norm at tp=2, while the
-        eager node is exact), so those parameters keep the reduction after the backward there."""
+        every micro-batch. Parameters left out (1-process runs) are reduced by `reduce_gradients` as before;
+        `reduce_gradients` skips the others."""
         self.reduces_in_graph = True
         out: dict[str, GradientReduction] = {}
         for slot in self.slots:
-            if not _reducible_in_graph(slot) or (not dtensors and isinstance(slot.param, DTensor)):
+            if not _reducible_in_graph(slot):
                 continue
             if self.zero == 2 and slot.shard_dim is not None:
                 out[slot.name] = GradientReduction(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
@@ -377,7 +373,12 @@ class ReducedGradient(torch.autograd.Function):
         ctx.reduction = reduction
         # The carried sum is gradient memory (priced with the gradients), not a saved activation: kept on ctx rather
         # than through save_for_backward, which saved-tensor accounting (runtime.memory_accounting) would count.
-        ctx.carried = carried
+        # Captured by Dynamo, a DTensor kept on ctx is silently dropped from the backward (a tensor input the
+        # backward reads is saved by AOTAutograd anyway): there it goes through save_for_backward.
+        ctx.carried, ctx.saved_carried = carried, carried is not None and torch.compiler.is_compiling()
+        if ctx.saved_carried:
+            ctx.save_for_backward(carried)
+            ctx.carried = None
         return param.view_as(param)
 
     @staticmethod
@@ -385,8 +386,9 @@ class ReducedGradient(torch.autograd.Function):
         import torch.distributed._functional_collectives as funcol
 
         r: _Reduction = ctx.reduction
-        if ctx.carried is not None:
-            grad = grad + ctx.carried
+        carried = ctx.saved_tensors[0] if ctx.saved_carried else ctx.carried
+        if carried is not None:
+            grad = grad + carried
             ctx.carried = None
         spec = None
         if isinstance(grad, DTensor):  # a DTensor parameter: its tp sum (a Partial gradient) by DTensor, then local

@@ -182,12 +182,11 @@ class AppliedPlan:
         hooks ({})."""
         return through_reductions(self.gradient_reductions(last))
 
-    def gradient_reductions(self, last: bool, *, dtensors: bool = True) -> dict[str, GradientReduction]:
+    def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
         """The same, not yet applied: what `runtime.rank_loss.RankLoss` passes through `ReducedGradient` inside the
-        rank's (captured) program (`dtensors`: see `DataParallelAdamW.gradient_reductions`). {} under FSDP2, which
-        reduces in its own hooks."""
+        rank's (captured) program. {} under FSDP2, which reduces in its own hooks."""
         if isinstance(self.optimizer, DataParallelAdamW):
-            return self.optimizer.gradient_reductions(last, dtensors=dtensors)
+            return self.optimizer.gradient_reductions(last)
         return {}
 
     def vocab_shard(self) -> VocabShard | None:

@@ -290,7 +290,7 @@ class Trainer:
         """The micro-batch's loss. `last`: the last micro-batch of the step, whose backward issues the gradient
         reductions (`AppliedPlan.gradient_reductions`: functional collectives in the rank's backward graph, applied
         inside `runtime.rank_loss.RankLoss` - the captured program under --compile)."""
-        reductions = self.applied.gradient_reductions(last, dtensors=not self.job.compile)
+        reductions = self.applied.gradient_reductions(last)
         return self.forward(batch.inputs, batch.targets, batch.position_ids, reductions) / normalizer
 
     def train_step(self, step: int) -> float:
