@@ -94,6 +94,9 @@ class TrainJob:
         check_pipeline_job(
             config, plan, fields.get("schedule", ""), fields.get("stage_split", ""), fields.get("compile", False)
         )
+        from trex.runtime.zero3_in_graph import check_compiled_zero3
+
+        check_compiled_zero3(plan, fields.get("zero3", "fsdp2"), fields.get("compile", False))
         return cls(model=model, plan_text=plan_text, plan=plan.to_dict(), **fields)
 
     @property
