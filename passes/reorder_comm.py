@@ -83,7 +83,23 @@ def _group_of(node: fx.Node) -> str:
     names = [a.name for a in node.target._schema.arguments]
     values = dict(zip(names, node.args))
     values.update(node.kwargs)
-    return str(values.get("group_name", values.get("tag", "?")))
+    return _group_shape(str(values.get("group_name", values.get("tag", "?"))))
+
+
+def _group_shape(name: str) -> str:
+    """A process group as every rank of a device mesh can agree on it: its size and the steps between its sorted
+    global ranks (a mesh dim's groups all have the same: ep {0,1} and {2,3} are "2:1", their replicas {0,2} and
+    {1,3} "2:2"). Group *names* are not that: each rank names the group it belongs to, so the ranks of different
+    groups of one mesh dim hold different names. The name itself where it resolves to no group of this process."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        ranks = sorted(dist.get_process_group_ranks(_resolve_process_group(name)))
+    except (RuntimeError, ValueError, KeyError, AttributeError):
+        return name
+    return f"{len(ranks)}:{','.join(str(b - a) for a, b in zip(ranks, ranks[1:]))}"
 
 
 def collective_signature(node: fx.Node) -> str:

@@ -50,7 +50,8 @@ vocabulary-parallel (runtime.vocab_parallel: its lookup keeps the shifted ids, i
 and routed experts run on this rank's t = T/tp tokens; attention and the dense MLP all-gather the
 sequence and their projections keep the *gathered* input (T tokens: eager DTensor keeps what the
 matmul read, it does not re-gather in the backward); heads and MLP columns are 1/tp per rank; the
-LM head keeps its gathered input and the loss its vocabulary shard.
+LM head keeps its gathered input and the loss (runtime.vocab_parallel's cross-entropy) the softmax of its vocabulary
+shard and the targets.
 
 Expert parallelism: each rank receives as many rows as it sends under balanced routing (the
 expectation); a measured rank that received more rows than it sent keeps proportionally more in the
@@ -348,20 +349,24 @@ def _head(plan: ParallelConfig, config: Any, tokens: float, local: float, *, bf1
         if bf16
         else [Kept("head", "lm_head: input (the gathered sequence under tp)", tokens * hidden, FP32)]
     )
-    return (
-        _rms_norm("head", "final norm", local, hidden, 1)
-        + lm_head
-        + [
+    targets = Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64)
+    if plan.tp > 1:  # runtime.vocab_parallel.VocabParallelCrossEntropy: its softmax over this rank's columns
+        loss = [
             Kept(
                 "head",
-                "cross_entropy: log-softmax (float32, this rank's vocabulary)",
+                "vocab-parallel cross_entropy: softmax (float32, this rank's vocabulary)",
                 tokens * config.vocab_size / plan.tp,
                 FP32,
             ),
-            Kept("head", "cross_entropy: targets (a view of the global batch)", plan.gbs * plan.seq, INT64),
+            targets,
+        ]
+    else:
+        loss = [
+            Kept("head", "cross_entropy: log-softmax (float32)", tokens * config.vocab_size, FP32),
+            targets,
             Kept("head", "cross_entropy: total weight", 1, FP32),
         ]
-    )
+    return _rms_norm("head", "final norm", local, hidden, 1) + lm_head + loss
 
 
 def _deepseek_v3(config: Any, plan: ParallelConfig) -> ActivationModel:

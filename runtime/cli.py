@@ -149,10 +149,11 @@ def build_job(args: argparse.Namespace, config=None, **fields):
         args.plan, config, args.nproc, seq=args.seq, gbs=args.gbs, mbs=args.mbs, precision=args.precision
     )
     zero3, ep_chunks = getattr(args, "zero3", "fsdp2"), getattr(args, "ep_chunks", "auto")
-    if zero3 == "graph":
-        from trex.runtime.zero3_in_graph import check_zero3_in_graph
+    from trex.runtime.zero3_in_graph import check_compiled_zero3, check_zero3_in_graph
 
+    if zero3 == "graph":
         check_zero3_in_graph(plan, **{"checkpoint_dir": args.checkpoint_dir, **fields})
+    check_compiled_zero3(plan, zero3, args.compile)
     from trex.runtime.expert_parallel import parse_ep_chunks
 
     parse_ep_chunks(ep_chunks)  # refuse a bad count before any process starts

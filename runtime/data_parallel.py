@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -176,9 +177,15 @@ class DataParallelAdamW:
         return hook
 
     def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: each parameter (plain or
-        DTensor) that has replicas or is tp-partial, passed through `ReducedGradient`, so its gradient reduction is a functional
-        collective issued by the backward of the model's own graph (captured by Dynamo/AOT with the rest).
+        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: `gradient_reductions(last)`
+        applied (`through_reductions`) outside any captured program."""
+        return through_reductions(self.gradient_reductions(last))
+
+    def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
+        """What the micro-batch's forward passes each parameter (plain or DTensor) that has replicas or is tp-partial
+        through (`ReducedGradient`, applied by `through_reductions` - inside the rank's captured program under
+        `--compile`, `runtime.rank_loss`), so its gradient reduction is a functional collective issued by the
+        backward of the model's own graph (captured by Dynamo/AOT with the rest).
 
         ZeRO-0/1: the last micro-batch all-reduces the gradient accumulated so far (earlier micro-batches
         accumulate locally) and hands the whole sum to the parameter's `.grad`. ZeRO-2: every micro-batch
@@ -186,15 +193,15 @@ class DataParallelAdamW:
         whole gradient never outlives the backward. A tp-partial parameter (`ParamHome.partial_over`) is summed over
         tp by the same node: with the replicas' all-reduce in the last micro-batch (the earlier ones accumulate
         their partial gradients locally: both sums are linear), or, under ZeRO-2, on its reduce-scattered shard in
-        every micro-batch. Parameters left out (1-process runs, a compiled rank's) are reduced by `reduce_gradients`
-        as before; `reduce_gradients` skips the others."""
+        every micro-batch. Parameters left out (1-process runs) are reduced by `reduce_gradients` as before;
+        `reduce_gradients` skips the others."""
         self.reduces_in_graph = True
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, GradientReduction] = {}
         for slot in self.slots:
             if not _reducible_in_graph(slot):
                 continue
             if self.zero == 2 and slot.shard_dim is not None:
-                out[slot.name] = ReducedGradient.apply(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
+                out[slot.name] = GradientReduction(slot.param, slot.master, None, _Reduction.of(slot, "scatter"))
                 self.in_graph.add(slot.name)
             elif last:
                 if (
@@ -202,7 +209,7 @@ class DataParallelAdamW:
                 ):  # its gradient is already the replicas' sum: reducing again adds it twice
                     raise RuntimeError(f"{slot.name}: a second last micro-batch before reduce_gradients()")
                 carried, slot.param.grad = slot.param.grad, None  # earlier micro-batches' local sum joins this one
-                out[slot.name] = ReducedGradient.apply(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
+                out[slot.name] = GradientReduction(slot.param, None, carried, _Reduction.of(slot, "all_reduce"))
                 self.in_graph.add(slot.name)
         return out
 
@@ -315,6 +322,21 @@ def _reducible_in_graph(slot: ShardedParam) -> bool:
     )
 
 
+class GradientReduction(NamedTuple):
+    """One parameter read through `ReducedGradient`: the arguments of its `apply` (a tuple, so a captured program
+    takes it as graph inputs plus a constant)."""
+
+    param: torch.Tensor
+    master: torch.Tensor | None  # ZeRO-2: the optimizer's shard, which receives the reduce-scattered gradient
+    carried: torch.Tensor | None  # ZeRO-0/1: what earlier micro-batches accumulated locally
+    reduction: _Reduction
+
+
+def through_reductions(reductions: dict[str, GradientReduction]) -> dict[str, torch.Tensor]:
+    """Each parameter of `reductions` passed through its `ReducedGradient` node, by name (for `functional_call`)."""
+    return {name: ReducedGradient.apply(*entry) for name, entry in reductions.items()}
+
+
 @dataclass(frozen=True)
 class _Reduction:
     """What `ReducedGradient`'s backward issues for one parameter (plain data: Dynamo treats it as a constant)."""
@@ -351,7 +373,12 @@ class ReducedGradient(torch.autograd.Function):
         ctx.reduction = reduction
         # The carried sum is gradient memory (priced with the gradients), not a saved activation: kept on ctx rather
         # than through save_for_backward, which saved-tensor accounting (runtime.memory_accounting) would count.
-        ctx.carried = carried
+        # Captured by Dynamo, a DTensor kept on ctx is silently dropped from the backward (a tensor input the
+        # backward reads is saved by AOTAutograd anyway): there it goes through save_for_backward.
+        ctx.carried, ctx.saved_carried = carried, carried is not None and torch.compiler.is_compiling()
+        if ctx.saved_carried:
+            ctx.save_for_backward(carried)
+            ctx.carried = None
         return param.view_as(param)
 
     @staticmethod
@@ -359,8 +386,9 @@ class ReducedGradient(torch.autograd.Function):
         import torch.distributed._functional_collectives as funcol
 
         r: _Reduction = ctx.reduction
-        if ctx.carried is not None:
-            grad = grad + ctx.carried
+        carried = ctx.saved_tensors[0] if ctx.saved_carried else ctx.carried
+        if carried is not None:
+            grad = grad + carried
             ctx.carried = None
         spec = None
         if isinstance(grad, DTensor):  # a DTensor parameter: its tp sum (a Partial gradient) by DTensor, then local

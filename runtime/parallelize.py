@@ -18,7 +18,14 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from trex.cost_model.parallel import ParallelConfig
-from trex.runtime.data_parallel import DataParallelAdamW, ParamHome, local_tensor
+from trex.runtime.data_parallel import (
+    DataParallelAdamW,
+    GradientReduction,
+    ParamHome,
+    chunk_bounds,
+    local_tensor,
+    through_reductions,
+)
 from trex.runtime.mesh import PlanMeshes, build_meshes
 
 BETAS = (0.9, 0.95)
@@ -133,6 +140,14 @@ class FullyShardedAdamW:
         return out
 
 
+@dataclass(frozen=True)
+class VocabShard:
+    """This tp rank's part of the vocabulary: the first column of its logits, and the tp group's name."""
+
+    start: int
+    group: str
+
+
 @dataclass
 class AppliedPlan:
     model: nn.Module
@@ -165,9 +180,24 @@ class AppliedPlan:
         """Parameters whose gradient reduction the micro-batch's backward issues itself (ZeRO-0/1/2; see
         `DataParallelAdamW.forward_parameters`), by name, for `torch.func.functional_call`; FSDP2 reduces in its own
         hooks ({})."""
+        return through_reductions(self.gradient_reductions(last))
+
+    def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
+        """The same, not yet applied: what `runtime.rank_loss.RankLoss` passes through `ReducedGradient` inside the
+        rank's (captured) program. {} under FSDP2, which reduces in its own hooks."""
         if isinstance(self.optimizer, DataParallelAdamW):
-            return self.optimizer.forward_parameters(last)
+            return self.optimizer.gradient_reductions(last)
         return {}
+
+    def vocab_shard(self) -> VocabShard | None:
+        """Under tp, where this rank's columns of the vocabulary-parallel head's logits begin and the tp group's name
+        (the loss's collectives run on it); None without tp (the head's logits are whole)."""
+        if self.plan.tp == 1 or self.meshes is None:
+            return None
+        tp = self.meshes.world["tp"]
+        vocab = self.model.config.vocab_size
+        start, _ = chunk_bounds(vocab, tp.size(), tp.get_local_rank())  # DTensor's Shard(-1) split of the head
+        return VocabShard(start, tp.get_group().group_name)
 
     def before_micro_batch(self, last: bool) -> None:
         """FSDP2 reduce-scatters after every micro-batch's backward (sums into the sharded gradient)."""

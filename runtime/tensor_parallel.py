@@ -6,7 +6,9 @@ Between blocks the residual stream is sequence-sharded (`Shard(1)`): norms run o
 q/k/v, row-parallel o with a reduce-scatter back to the sequence shard), and the embedding is
 vocab-parallel (`runtime.vocab_parallel`: rows split over tp, masked lookup, reduce-scatter into the
 sequence shard; its gradient exists for this rank's rows only). The head is column-parallel over the vocabulary
-and the loss runs on vocabulary shards (`loss_parallel`), so full logits never exist on one rank.
+and the loss runs on vocabulary shards (`runtime.vocab_parallel.vocab_parallel_cross_entropy` in `runtime.rank_loss`,
+functional collectives in the rank's graph; DTensor's `loss_parallel` in the pipeline trainer and for the users of
+`trex.compile(model, plan=...)`), so full logits never exist on one rank.
 MoE blocks take their sequence slice as plain tensors: router and experts see only this rank's
 tokens (their gradients are summed over the tp ranks as well as dp, see `runtime.parallelize`);
 dense MLP blocks are column/row parallel like attention.

@@ -17,7 +17,7 @@ run on the slice, and attention, the dense MLP and the shared experts all-gather
 and reduce-scatter it on exit. Those two collectives are torch's *functional* collectives
 (`_c10d_functional.all_gather_into_tensor` / `reduce_scatter_tensor`, autograd included: the backward
 of one is the other), so they are ordinary nodes when the rank's model is captured. The LM head is
-vocabulary-parallel on DTensor (loss on vocabulary shards, `loss_parallel`) as in `tensor_parallel`.
+vocabulary-parallel on DTensor (the loss on vocabulary shards) as in `tensor_parallel`.
 
 Gradient bookkeeping: a parameter sharded here receives its whole shard's gradient; every replicated
 parameter receives this rank's part only (its tokens, or its heads' use of a shared latent), so

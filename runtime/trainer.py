@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trex.cost_model.parallel import ParallelConfig
 from trex.errors import TrexError
@@ -95,6 +94,9 @@ class TrainJob:
         check_pipeline_job(
             config, plan, fields.get("schedule", ""), fields.get("stage_split", ""), fields.get("compile", False)
         )
+        from trex.runtime.zero3_in_graph import check_compiled_zero3
+
+        check_compiled_zero3(plan, fields.get("zero3", "fsdp2"), fields.get("compile", False))
         return cls(model=model, plan_text=plan_text, plan=plan.to_dict(), **fields)
 
     @property
@@ -257,12 +259,17 @@ class Trainer:
             self.applied.notes.extend(
                 choose_ep_chunks(self.model, self.job.ep_chunks, plan.mbs * plan.seq, self.job.compile)
             )
-        self.forward = self.model
+        from trex.runtime.rank_loss import RankLoss
+
+        # The micro-batch's program: forward, loss and gradient reductions (captured whole under --compile).
+        self.forward = RankLoss(
+            self.model, self.applied.vocab_shard(), bf16=plan.precision == "bf16", device_type=self.device.type
+        )
         self.count_activations = True
         if self.job.compile:
             import trex
 
-            self.forward = trex.compile(self.model)
+            self.forward = trex.compile(self.forward)
             if plan.ep > 1:  # trex.compile selects the local "trex" experts op; this model's experts are sharded
                 from trex.runtime.expert_parallel import route_through_ep
 
@@ -284,23 +291,10 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------------
     def loss_of(self, batch, normalizer: int, *, last: bool) -> torch.Tensor:
         """The micro-batch's loss. `last`: the last micro-batch of the step, whose backward issues the gradient
-        reductions (`AppliedPlan.forward_parameters`: functional collectives in the rank's backward graph)."""
-        autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.plan.precision == "bf16" else nullcontext()
-        )
-        extra = {} if batch.position_ids is None else {"position_ids": batch.position_ids}
-        inputs = {"input_ids": batch.inputs, "use_cache": False, **extra}
-        parameters = self.applied.forward_parameters(last) if not self.job.compile else {}
-        with autocast:
-            if parameters:
-                logits = torch.func.functional_call(self.forward, parameters, (), inputs, strict=False).logits
-            else:
-                logits = self.forward(**inputs).logits
-        with self.applied.loss_context():
-            loss = F.cross_entropy(
-                logits.float().flatten(0, 1), batch.targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
-            )
-        return loss / normalizer
+        reductions (`AppliedPlan.gradient_reductions`: functional collectives in the rank's backward graph, applied
+        inside `runtime.rank_loss.RankLoss` - the captured program under --compile)."""
+        reductions = self.applied.gradient_reductions(last)
+        return self.forward(batch.inputs, batch.targets, batch.position_ids, reductions) / normalizer
 
     def train_step(self, step: int) -> float:
         from trex.runtime.data import as_global_batch, micro_batches
@@ -319,8 +313,7 @@ class Trainer:
             # Saved activations are the same every step: count them in the first step only (no hooks later).
             with self.activations.counting() if self.count_activations else nullcontext():
                 loss = self.loss_of(micro, normalizer, last=i == len(batches) - 1)
-            with self.applied.loss_context():  # vocab-parallel cross-entropy has its own backward
-                loss.backward()
+            loss.backward()
             local += _plain(loss.detach()).double()
         self.applied.optimizer.reduce_gradients()
         if self.job.gather_gradients and self.gathered is None:

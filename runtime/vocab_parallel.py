@@ -1,4 +1,4 @@
-"""Vocabulary-parallel embedding: each tensor-parallel rank holds 1/tp of the table's rows.
+"""Vocabulary-parallel embedding and cross-entropy: each tensor-parallel rank holds 1/tp of the vocabulary.
 
 Megatron's `VocabParallelEmbedding` (Shoeybi et al., "Megatron-LM", 2019, section 3): rank r keeps rows
 [r*V/tp, (r+1)*V/tp). A lookup of ids outside that range reads row 0 and is zeroed (masked), so every
@@ -18,12 +18,19 @@ Two outputs, for the two tensor-parallel layouts of `runtime`:
   "replicated"     the whole sequence on every rank (reduce-scatter, then all-gather):
                    `runtime.tensor_parallel_heads` slices the sequence at the first decoder layer,
                    after the model has built its positions and masks from the full shape.
+
+The loss on the column-parallel head's logits (`vocab_parallel_cross_entropy`, Megatron's vocabulary-parallel
+cross-entropy: Shoeybi et al. 2019, section 3) is written with the same functional collectives instead of
+DTensor's `loss_parallel` context, so that it is traced into the rank's captured forward with the model
+(`runtime.rank_loss`): its two all-reduces (the row maxima, then the sums of exponentials with the target
+logits) are nodes the dumps show and the cost model prices, and its backward is part of the backward graph.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,3 +81,55 @@ class VocabParallelEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"rows [{self.start}, {self.end}) of {self.num_embeddings}, dim {self.embedding_dim}, {self.output}"
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Token-sum cross-entropy of logits split by vocabulary over a tp group, every rank getting the whole sum.
+
+    forward: the row maxima all-reduced (max) for a stable softmax, then one all-reduce (sum) of two rows per
+    token: the sum of exponentials of this rank's shard and the target's logit if this rank holds the target (0
+    otherwise); the loss of a token is log(sum) - target logit. backward: d loss / d logits = softmax - one-hot,
+    which this rank computes for its shard from the softmax it saved (its vocabulary only) with no collective:
+    every tp rank computes the same replicated loss, so each one's gradient is that of the one loss (Megatron's
+    reduce-in-forward, identity-in-backward). Targets equal to `ignore_index` score nothing and get no gradient.
+
+    Saved for the backward: the softmax of this rank's shard (float32, tokens x vocabulary/tp) and the targets,
+    which is what `runtime.activation_model` prices for the loss under tp."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, start: int, group: str, ignore_index: int) -> Tensor:
+        with torch.no_grad():
+            row_max = funcol.wait_tensor(funcol.all_reduce(logits.max(-1).values, "max", group))
+        shifted = logits - row_max.unsqueeze(-1)
+        inside, local = _local_targets(targets, start, logits.size(-1))
+        target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
+        exp = shifted.exp()
+        summed = funcol.wait_tensor(funcol.all_reduce(torch.stack([exp.sum(-1), target_logit]), "sum", group))
+        scored = targets != ignore_index
+        loss = ((summed[0].log() - summed[1]) * scored).sum()
+        ctx.save_for_backward(exp.div_(summed[0].unsqueeze(-1)), targets)
+        ctx.start, ctx.ignore_index = start, ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):
+        softmax, targets = ctx.saved_tensors
+        inside, local = _local_targets(targets, ctx.start, softmax.size(-1))
+        grad = softmax.scatter_add(-1, local.unsqueeze(-1), -inside.to(softmax.dtype).unsqueeze(-1))
+        grad = grad * ((targets != ctx.ignore_index).to(softmax.dtype) * grad_loss).unsqueeze(-1)
+        return grad, None, None, None, None
+
+
+def _local_targets(targets: Tensor, start: int, width: int) -> tuple[Tensor, Tensor]:
+    """Which targets fall in this rank's columns [start, start + width), and their column there (0 if not)."""
+    inside = (targets >= start) & (targets < start + width)
+    return inside, (targets - start).masked_fill(~inside, 0)
+
+
+def vocab_parallel_cross_entropy(
+    logits: Tensor, targets: Tensor, start: int, group: str, ignore_index: int = -100
+) -> Tensor:
+    """Sum over tokens of the cross-entropy of `logits` ([tokens, vocabulary/tp], this rank's columns, which
+    begin at vocabulary index `start`) against `targets` ([tokens], whole-vocabulary ids), over the tp group
+    named `group`; see `VocabParallelCrossEntropy`."""
+    return VocabParallelCrossEntropy.apply(logits, targets, start, group, ignore_index)

@@ -49,6 +49,19 @@ def check_zero3_in_graph(plan: ParallelConfig, **job) -> None:
             raise TrexError(f"--zero3 graph does not support {what} yet; use --zero3 fsdp2 (the default) for it")
 
 
+def check_compiled_zero3(plan: ParallelConfig, zero3: str, compile: bool) -> None:
+    """Refuse `--compile` with ZeRO-3 through FSDP2 before any rank starts. `--compile` captures the rank's whole
+    micro-batch program as one graph (`runtime.rank_loss`); FSDP2 gathers and reduce-scatters in module hooks that
+    torch keeps out of every Dynamo graph by design (`torch._dynamo.disable`, "skipping FSDP hooks"), so capture would
+    stop at the first one (a graph break) after the ranks started."""
+    if compile and plan.zero == 3 and plan.pp == 1 and zero3 != "graph":
+        raise TrexError(
+            "--compile cannot capture zero=3 through FSDP2 (--zero3 fsdp2, the default): FSDP2's gathers and "
+            "reduce-scatters run in hooks torch keeps out of compiled graphs; use --zero3 graph (ZeRO-3 as graph "
+            "collectives, data-parallel plans only) or run this plan without --compile"
+        )
+
+
 def original_name(name: str) -> str:
     """A parametrized parameter's name (`m.parametrizations.weight.original`) -> the model's name (`m.weight`)."""
     if name.endswith(".original") and ".parametrizations." in name:

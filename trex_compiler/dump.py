@@ -38,14 +38,24 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype)  # "torch.float32"
 
 
+def _example_int(value: int | torch.SymInt) -> int:
+    """A size's example value: the int, or a SymInt's hint. An unbacked SymInt (a data-dependent size, such as the
+    rows an expert-parallel rank receives) has no hint: the smallest value its range allows (0 if unbounded)."""
+    if isinstance(value, int):
+        return value
+    if value.node.hint is not None:
+        return int(value.node.hint)
+    lower = value.node.shape_env.bound_sympy(value.node.expr).lower
+    return max(0, int(lower)) if getattr(lower, "is_Integer", False) else 0
+
+
 def _input_spec(node: fx.Node) -> str:
     value = node.meta.get("val")
     if isinstance(value, torch.Tensor):
-        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else int(s.node.hint) for s in value.shape)
+        shape = tuple(_example_int(s) for s in value.shape)
         return f"({node.name!r}, {shape!r}, {_dtype_name(value.dtype)})"
     if isinstance(value, (int, torch.SymInt)):
-        hint = int(value) if isinstance(value, int) else int(value.node.hint)
-        return f"({node.name!r}, {hint!r}, 'int')"
+        return f"({node.name!r}, {_example_int(value)!r}, 'int')"
     return f"({node.name!r}, None, None)"
 
 

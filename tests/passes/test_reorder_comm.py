@@ -463,3 +463,26 @@ def test_a_joint_graph_whose_collectives_interleave_forward_and_backward_is_boun
     bound = exposure_bound(gm.graph)
     assert bound.exposed_s == pytest.approx(exposure_bound(gm.graph, joint=False).exposed_s) == pytest.approx(2e-3)
     assert simulate(gm.graph.nodes).exposed_s >= bound.exposed_s - 1e-12
+
+
+def _group_shapes_on_a_two_by_two_mesh() -> dict[str, str]:
+    """On each of 4 gloo ranks: the signature's description of this rank's group along each dim of a 2 x 2 mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trex.passes.reorder_comm import _group_shape
+
+    dist.init_process_group("gloo")
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        return {dim: _group_shape(mesh.get_group(dim).group_name) for dim in ("dp", "tp")}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_of_a_mesh_dim_describes_its_group_alike_for_the_cross_rank_order_check():
+    """Ranks 0 and 1 hold different groups along dp ({0, 2} and {1, 3}, named differently by each rank): the
+    collective order check across ranks compares what is the same on all of them, the size and the rank step."""
+    from trex.runtime.launcher import launch_function
+
+    shapes = launch_function(_group_shapes_on_a_two_by_two_mesh, (), 4)
+    assert all(s == {"dp": "2:2", "tp": "2:1"} for s in shapes.values()), shapes

@@ -70,6 +70,8 @@ def cli_args(**overrides) -> argparse.Namespace:
         ({"plan": "zero=1", "zero3": "graph"}, "the plan has zero=1; add zero=3"),
         ({"plan": "zero=3,ep=2", "zero3": "graph"}, "ep=2 (use --zero3 fsdp2"),
         ({"plan": "ep=2", "ep_chunks": "0"}, "--ep-chunks must be 'auto' or a positive integer"),
+        ({"plan": "zero=3", "compile": True}, "--compile cannot capture zero=3 through FSDP2"),
+        ({"plan": "zero=3,ep=2", "compile": True}, "use --zero3 graph"),
         ({"plan": "ep=2", "ep_chunks": "many"}, "--ep-chunks must be 'auto' or a positive integer"),
     ],
 )
