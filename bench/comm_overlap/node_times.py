@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -50,6 +51,7 @@ class OpClock:
         self.calls: Counter = Counter()
         self.wall: Counter = Counter()
         self.cpu: Counter = Counter()
+        self.faults: Counter = Counter()  # minor page faults: first touches of memory the allocator got fresh
 
 
 CLOCK = OpClock()
@@ -68,10 +70,12 @@ class Clocked:
     def __call__(self, *args, **kwargs):
         if not CLOCK.on:
             return self.op(*args, **kwargs)
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         cpu, wall = time.thread_time(), time.perf_counter()
         out = self.op(*args, **kwargs)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         if not CLOCK.replay:
+            CLOCK.faults[self.name] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults
             CLOCK.wall[self.name] += wall
             CLOCK.cpu[self.name] += cpu
             CLOCK.calls[self.name] += 1
@@ -276,22 +280,23 @@ def main() -> int:
     hot, in_step = r0["hot"], r0["in_step"]
     print(
         "| op | graph nodes | calls / step | priced ms / step | CPU ms / step | wall ms / step | CPU / priced | "
-        "in step / again at once (operands hot) |"
+        "in step / again at once (operands hot) | page faults / step |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     names = sorted(set(cpu) | set(priced), key=lambda n: -max(cpu.get(n, 0.0), priced.get(n, 0.0)))
     for name in names[: args.top]:
         p, c = priced.get(name, 0.0), cpu.get(name, 0.0)
         print(
             f"| {name} | {nodes.get(name, 0)} | {calls.get(name, 0):.0f} | {p * 1e3:.2f} | {c * 1e3:.2f} | "
             f"{wall.get(name, 0.0) * 1e3:.2f} | {c / p if p > 0 else float('nan'):.2f} | "
-            f"{in_step[name] / hot[name] if hot.get(name) else float('nan'):.2f} |"
+            f"{in_step[name] / hot[name] if hot.get(name) else float('nan'):.2f} | "
+            f"{r0['faults'].get(name, 0) / steps:.0f} |"
         )
     rest = names[args.top :]
     print(
         f"| (the other {len(rest)} ops) | | {sum(calls.get(n, 0) for n in rest):.0f} | "
         f"{sum(priced.get(n, 0.0) for n in rest) * 1e3:.2f} | {sum(cpu.get(n, 0.0) for n in rest) * 1e3:.2f} | "
-        f"{sum(wall.get(n, 0.0) for n in rest) * 1e3:.2f} | | |"
+        f"{sum(wall.get(n, 0.0) for n in rest) * 1e3:.2f} | | | {sum(r0['faults'].get(n, 0) for n in rest) / steps:.0f} |"
     )
     step_cpu = statistics.median(row[1] for row in r0["plain"])
     ops_cpu = sum(cpu.values())
@@ -307,6 +312,10 @@ def main() -> int:
         f"{t['priced_compute_s'] * 1e3:.1f} ms, exposed {t['priced_exposed_s'] * 1e3:.1f} ms; with each op's nodes at "
         f"their measured CPU time: compute {t['measured_compute_s'] * 1e3:.1f} ms, exposed "
         f"{t['measured_exposed_s'] * 1e3:.1f} ms (a diagnosis from this run's times, not a prediction)"
+    )
+    print(
+        f"minor page faults in the graphs' ops: {sum(r0['faults'].values()) / steps:.0f} per step (each a 4 KiB page the "
+        "allocator took fresh from the kernel, zeroed and mapped on its first touch)"
     )
     both = [n for n in hot if hot[n] > 0]
     print(
