@@ -223,6 +223,7 @@ def rank_main(args: dict) -> dict:
             calls=dict(clock.calls),
             wall=dict(clock.wall),
             cpu=dict(clock.cpu),
+            faults=dict(clock.faults),
             hot=dict(clock.hot),
             in_step=dict(clock.in_step),
         )
