@@ -286,3 +286,48 @@ def test_a_partitioned_stage_pass_runs_on_the_forward_and_backward_graphs_and_re
         inference = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
         inference(x)
     assert seen.phases[2:] == ["inference"]
+
+
+def _storage_groups(gm):
+    """Node names grouped by the storage their value's tensors share (the aliasing a propagation gives)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    groups = {}
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(tensor, torch.Tensor):
+                groups.setdefault(StorageWeakRef(tensor.untyped_storage()), set()).add(node.name)
+    return sorted(sorted(group) for group in groups.values())
+
+
+def _layouts(gm):
+    def layout(value):
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype)
+        if isinstance(value, (list, tuple)):
+            return tuple(layout(v) for v in value)
+        return value
+
+    return [(node.name, layout(node.meta.get("val"))) for node in gm.graph.nodes if node.op != "output"]
+
+
+def test_re_propagating_only_the_changed_nodes_gives_what_a_full_propagation_gives(small_moe):
+    from trex.changed_shapes import NodeStates, propagate_changed_shapes
+    from trex.graph_copy import copy_graph_module
+    from trex.pass_manager import _fake_mode_of, fake_inputs, propagate_shapes
+
+    model, x = small_moe
+    compiled = trex.compile(model, passes=[])  # the joint graph as AOTAutograd traced it
+    _train_once(compiled, x)
+    gm = compiled.trex.graphs[0].joint
+    before = NodeStates(gm)
+    (rewrite,) = resolve_pipeline(["canonicalize_moe"])
+    assert rewrite.run(gm, PassContext(target="cpu", phase="joint")).modified
+    recomputed = propagate_changed_shapes(gm, before, _fake_mode_of(fake_inputs(gm)))
+    full = copy_graph_module(gm)  # node metadata copied; a full propagation then recomputes every value
+    propagate_shapes(full)
+    assert _layouts(gm) == _layouts(full)
+    assert _storage_groups(gm) == _storage_groups(full)
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    assert 0 < recomputed < len(computed), "the rewrite's nodes and what they reach, not every node"
