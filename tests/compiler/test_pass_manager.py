@@ -331,3 +331,38 @@ def test_re_propagating_only_the_changed_nodes_gives_what_a_full_propagation_giv
     assert _storage_groups(gm) == _storage_groups(full)
     computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     assert 0 < recomputed < len(computed), "the rewrite's nodes and what they reach, not every node"
+
+
+def test_the_pipeline_hands_on_the_values_a_full_propagation_gives(small_moe):
+    """After every default pass (the MoE layers' inlines copied from one trace per distinct op and shapes, each
+    check re-propagating only what changed), the joint graph carries what a full propagation computes."""
+    from trex.graph_copy import copy_graph_module
+    from trex.pass_manager import propagate_shapes
+    from trex.passes.decompose_moe import DecomposeMoe
+
+    model, x = small_moe
+    pipeline = [DecomposeMoe(force=True) if p.name == "decompose_moe" else p for p in resolve_pipeline(None)]
+    compiled = trex.compile(model, passes=pipeline)  # as when Inductor leads: the MoE primitives decomposed
+    _train_once(compiled, x)
+    graph = compiled.trex.graphs[0]
+    assert {r.name: r for r in graph.report.records}["decompose_moe"].modified
+    full = copy_graph_module(graph.joint)
+    propagate_shapes(full)
+    assert _layouts(graph.joint) == _layouts(full)
+    assert _storage_groups(graph.joint) == _storage_groups(full)
+
+
+def test_a_trace_is_reused_only_for_the_same_key_and_input_layouts():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trex.graph_inline import TraceCache
+
+    cache = TraceCache()
+    with FakeTensorMode() as mode:
+        a, b, wide = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4, 16)
+    first = cache.trace("double", lambda t: t * 2, [a], None)
+    assert cache.trace("double", lambda t: t * 2, [b], None) is first and cache.hits == 1
+    assert cache.trace("double", lambda t: t * 2, [wide], None) is not first  # another shape
+    assert cache.trace("triple", lambda t: t * 3, [a], None) is not first  # another function
+    assert cache.trace("double", lambda t: t * 2, [a.t()], None) is not first  # another stride
+    assert cache.hits == 1 and mode is not None
