@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from trex.graph_inline import inline_traced, on_meta_device, replace_node
+from trex.graph_inline import TraceCache, inline_traced, on_meta_device, replace_node
 from trex.ops import moe_decompositions as aten_form
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
@@ -71,6 +71,7 @@ class DecomposeMoe:
             return PassResult(modified=False, decisions=[Decision("decline", "graph", declined)])
         decisions: list[Decision] = []
         inverses: dict[fx.Node, fx.Node] = {}  # perm value -> its inverse permutation
+        traces = TraceCache()  # the layers repeat: one trace per distinct primitive and shapes
         for node in list(gm.graph.nodes):
             if node.op != "call_function" or node.target not in _RULES:
                 continue
@@ -78,6 +79,8 @@ class DecomposeMoe:
             if not ctx.fuel.take():
                 break
             fn, inputs, reason = rule(node, inverses)
+            # the function is decided by the op, its constants and which inverse permutation it reads (the reason)
+            key = (node.target, repr([a for a in node.args if not isinstance(a, fx.Node)]), reason)
             outputs = inline_traced(
                 gm,
                 node,
@@ -85,6 +88,7 @@ class DecomposeMoe:
                 inputs,
                 inherit=(*PROVENANCE_KEYS, "trex_moe"),
                 decompositions=ctx.options.get("decompositions"),
+                cache=(traces, key),
             )
             if node.target is ops.moe_dispatch.default:
                 sorted_hidden, perm, offsets, inverse = outputs

@@ -22,6 +22,7 @@ from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from trex.backends import Backend, backend_names_from_env, default_backend_names, get_backend, lower_graph
 from trex.backends.eager import EagerBackend
@@ -212,6 +213,10 @@ class TrexCompiler:
         start = time.perf_counter()
         partition = min_cut_rematerialization_partition if self.options.partitioner == "min_cut" else default_partition
         forward, backward = partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        # code generated when first needed: the partitioned passes recompile after each rewrite, and the
+        # Inductor backend compiles from the graph, never from its Python code (the partitioner hands the
+        # backward over as a plain GraphModule, whose every recompile regenerates its code)
+        forward, backward = (_LazyGraphModule.from_graphmodule(module) for module in (forward, backward))
         _drop_unused_trex_collectives(backward)
         graph.seconds["partition"] = time.perf_counter() - start
         self._run_partitioned_passes(graph, forward, backward)

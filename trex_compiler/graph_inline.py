@@ -16,6 +16,39 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 
+def _layout(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype, value.device)
+    return (type(value), value)
+
+
+class TraceCache:
+    """The graphs one pass traced, keyed by what decides a trace: the caller's key for the function (the op
+    and every constant it closes over) and each input's shape, stride, offset, dtype and device.
+
+    Why: the layers of a model repeat, and a pass that rewrites one op per layer (the MoE primitives, four
+    to sixty-one layers) traced the same function on the same shapes once per layer - most of its time.
+    A copied trace's nodes carry the first trace's FakeTensor values (right shapes and dtypes, another
+    layer's storages); the pass manager's check re-derives the values of every node a pass added
+    (`trex.changed_shapes`), so the graph a pass hands on is as if each layer had been traced."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[Any, fx.GraphModule] = {}
+        self.hits = 0
+
+    def trace(self, key: Any, fn: Callable[..., Any], fake_args: list[Any], decompositions: dict | None):
+        full_key = (key, tuple(_layout(a) for a in fake_args), id(decompositions))
+        sub = self._graphs.get(full_key)
+        if sub is not None:
+            self.hits += 1
+            return sub
+        mode = torch._guards.detect_fake_mode(fake_args)
+        with mode:
+            sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
+        self._graphs[full_key] = sub
+        return sub
+
+
 def inline_traced(
     gm: fx.GraphModule,
     node: fx.Node,
@@ -23,15 +56,20 @@ def inline_traced(
     inputs: list[fx.Node],
     inherit: Iterable[str],
     decompositions: dict | None = None,
+    cache: tuple[TraceCache, Any] | None = None,
 ) -> Any:
     """Trace `fn(*inputs)` and copy its nodes in before `node`; returns the nodes of its outputs (same
     structure as `fn`'s result). The new nodes copy `node.meta[key]` for every key of `inherit`.
     `decompositions`: the table the graph was traced with (`PassContext.options["decompositions"]`), so
-    the new nodes are in the same form as the rest."""
+    the new nodes are in the same form as the rest. `cache`: a `TraceCache` and the key that names `fn`
+    (equal keys only for functions that trace alike on equal inputs), to copy an earlier equal trace."""
     fake_args = [a.meta["val"] for a in inputs]
-    mode = torch._guards.detect_fake_mode(fake_args)
-    with mode:
-        sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
+    if cache is not None:
+        sub = cache[0].trace(cache[1], fn, fake_args, decompositions)
+    else:
+        mode = torch._guards.detect_fake_mode(fake_args)
+        with mode:
+            sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
     inherit = [key for key in inherit if key in node.meta]
     env: dict[fx.Node, Any] = {}
     placeholders = iter(inputs)

@@ -2,7 +2,7 @@
 
 A pass is a small object with a `name`, a docstring that states the invariant it establishes, and
 `run(gm, ctx) -> PassResult`. Passes never print: the manager times each one, counts the node delta,
-lints the graph and re-propagates FakeTensor shapes after it (so a pass that breaks the graph is
+lints the graph and re-propagates FakeTensor shapes where it changed the graph (so a pass that breaks the graph is
 caught at the pass that broke it), records its decisions, and with a dump directory writes the graph
 and the decisions after every pass. From outside, passes can be disabled by name
 (`TREX_PASSES=-name`) and the total number of rewrites bounded (`TREX_FUEL=N`) to bisect a bad
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import fx
 
+from trex.changed_shapes import NodeStates, propagate_changed_shapes
 from trex.errors import PassError, SettingError, TrexError
 from trex.graph_copy import copy_graph_module
 
@@ -240,11 +241,20 @@ def _output_signature(gm: fx.GraphModule) -> list[tuple[tuple[int, ...], torch.d
     return signature
 
 
-def check_graph(gm: fx.GraphModule, pass_name: str, outputs_before: list | None = None) -> None:
-    """Lint, recompile, re-propagate shapes, and check the outputs kept their shapes and dtypes."""
+def check_graph(
+    gm: fx.GraphModule, pass_name: str, outputs_before: list | None = None, states: NodeStates | None = None
+) -> None:
+    """Lint, recompile, re-propagate shapes, and check the outputs kept their shapes and dtypes.
+
+    With `states` (each node as it was before the pass), only the nodes the pass changed and those their
+    change reaches are re-propagated (`trex.changed_shapes`); without, every node."""
     gm.graph.lint()
     gm.recompile()
-    propagate_shapes(gm)
+    mode = _fake_mode_of(fake_inputs(gm)) if states is not None else None
+    if mode is not None:
+        propagate_changed_shapes(gm, states, mode)
+    else:
+        propagate_shapes(gm)
     if outputs_before is not None:
         outputs_after = _output_signature(gm)
         if outputs_after != outputs_before:
@@ -322,12 +332,13 @@ class PassManager:
                 continue
             outputs_before = _output_signature(gm)
             start = time.perf_counter()
+            states = NodeStates(gm)
             try:
                 result = pass_.run(gm, ctx)
                 if not isinstance(result, PassResult):
                     raise TrexError(f"pass {pass_.name} returned {type(result).__name__}, not a PassResult")
                 if result.modified or count_nodes(gm) != record.nodes_before:
-                    check_graph(gm, pass_.name, outputs_before)
+                    check_graph(gm, pass_.name, outputs_before, states)
                 else:  # unchanged: the structural lint is enough
                     gm.graph.lint()
             except SettingError:

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import fx
-from torch.fx.experimental.proxy_tensor import make_fx
 
+from trex.graph_inline import TraceCache
 from trex.ops import moe as moe_ops
 from trex.pass_manager import Decision, PassContext, PassResult
 
@@ -97,12 +97,13 @@ class CanonicalizeMoe:
         layers = {
             n: experts_module_path(n if n.target is moe_ops.FUSED_FORWARD else (_forward_of(n) or n)) for n in fused
         }
+        traces = TraceCache()  # the layers repeat: one trace per distinct op, attributes and shapes
         for node in fused:
             if not ctx.fuel.take():
                 break
             phase = "forward" if node.target is moe_ops.FUSED_FORWARD else "backward"
             name, facts, reason = node.name, _shape_facts(node), _reason(node, layers[node], phase)
-            added = _inline(gm, node, layers[node], phase, ctx.options.get("decompositions"))
+            added = _inline(gm, node, layers[node], phase, ctx.options.get("decompositions"), traces)
             decisions.append(
                 Decision(
                     "decompose", name, reason, {"layer": layers[node], "phase": phase, "nodes_added": added, **facts}
@@ -156,12 +157,20 @@ def _reference_for(node: fx.Node):
     return bound, tensors
 
 
-def _inline(gm: fx.GraphModule, node: fx.Node, layer: str, phase: str, decompositions: dict | None = None) -> int:
+def _inline(
+    gm: fx.GraphModule,
+    node: fx.Node,
+    layer: str,
+    phase: str,
+    decompositions: dict | None = None,
+    traces: TraceCache | None = None,
+) -> int:
     fn, tensor_args = _reference_for(node)
     fake_args = [a.meta["val"] for a in tensor_args]
-    mode = torch._guards.detect_fake_mode(fake_args)
-    with mode:  # with the table the graph was traced with (PassContext.options["decompositions"])
-        sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
+    # the reference is decided by the op and its trailing attributes (activation, limits, layout, index dtypes);
+    # traced with the table the graph was traced with (PassContext.options["decompositions"])
+    key = (node.target, repr(node.args[len(tensor_args) :]), repr(sorted(node.kwargs.items())))
+    sub = (traces or TraceCache()).trace(key, fn, fake_args, decompositions)
     graph = gm.graph
     env: dict[fx.Node, Any] = {}
     placeholders = iter(tensor_args)

@@ -286,3 +286,83 @@ def test_a_partitioned_stage_pass_runs_on_the_forward_and_backward_graphs_and_re
         inference = trex.compile(model, passes=["canonicalize_moe", seen], backend="eager")
         inference(x)
     assert seen.phases[2:] == ["inference"]
+
+
+def _storage_groups(gm):
+    """Node names grouped by the storage their value's tensors share (the aliasing a propagation gives)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    groups = {}
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(tensor, torch.Tensor):
+                groups.setdefault(StorageWeakRef(tensor.untyped_storage()), set()).add(node.name)
+    return sorted(sorted(group) for group in groups.values())
+
+
+def _layouts(gm):
+    def layout(value):
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype)
+        if isinstance(value, (list, tuple)):
+            return tuple(layout(v) for v in value)
+        return value
+
+    return [(node.name, layout(node.meta.get("val"))) for node in gm.graph.nodes if node.op != "output"]
+
+
+def test_re_propagating_only_the_changed_nodes_gives_what_a_full_propagation_gives(small_moe):
+    from trex.changed_shapes import NodeStates, propagate_changed_shapes
+    from trex.graph_copy import copy_graph_module
+    from trex.pass_manager import _fake_mode_of, fake_inputs, propagate_shapes
+
+    model, x = small_moe
+    compiled = trex.compile(model, passes=[])  # the joint graph as AOTAutograd traced it
+    _train_once(compiled, x)
+    gm = compiled.trex.graphs[0].joint
+    before = NodeStates(gm)
+    (rewrite,) = resolve_pipeline(["canonicalize_moe"])
+    assert rewrite.run(gm, PassContext(target="cpu", phase="joint")).modified
+    recomputed = propagate_changed_shapes(gm, before, _fake_mode_of(fake_inputs(gm)))
+    full = copy_graph_module(gm)  # node metadata copied; a full propagation then recomputes every value
+    propagate_shapes(full)
+    assert _layouts(gm) == _layouts(full)
+    assert _storage_groups(gm) == _storage_groups(full)
+    computed = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    assert 0 < recomputed < len(computed), "the rewrite's nodes and what they reach, not every node"
+
+
+def test_the_pipeline_hands_on_the_values_a_full_propagation_gives(small_moe):
+    """After every default pass (the MoE layers' inlines copied from one trace per distinct op and shapes, each
+    check re-propagating only what changed), the joint graph carries what a full propagation computes."""
+    from trex.graph_copy import copy_graph_module
+    from trex.pass_manager import propagate_shapes
+    from trex.passes.decompose_moe import DecomposeMoe
+
+    model, x = small_moe
+    pipeline = [DecomposeMoe(force=True) if p.name == "decompose_moe" else p for p in resolve_pipeline(None)]
+    compiled = trex.compile(model, passes=pipeline)  # as when Inductor leads: the MoE primitives decomposed
+    _train_once(compiled, x)
+    graph = compiled.trex.graphs[0]
+    assert {r.name: r for r in graph.report.records}["decompose_moe"].modified
+    full = copy_graph_module(graph.joint)
+    propagate_shapes(full)
+    assert _layouts(graph.joint) == _layouts(full)
+    assert _storage_groups(graph.joint) == _storage_groups(full)
+
+
+def test_a_trace_is_reused_only_for_the_same_key_and_input_layouts():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trex.graph_inline import TraceCache
+
+    cache = TraceCache()
+    with FakeTensorMode() as mode:
+        a, b, wide = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4, 16)
+    first = cache.trace("double", lambda t: t * 2, [a], None)
+    assert cache.trace("double", lambda t: t * 2, [b], None) is first and cache.hits == 1
+    assert cache.trace("double", lambda t: t * 2, [wide], None) is not first  # another shape
+    assert cache.trace("triple", lambda t: t * 3, [a], None) is not first  # another function
+    assert cache.trace("double", lambda t: t * 2, [a.t()], None) is not first  # another stride
+    assert cache.hits == 1 and mode is not None
