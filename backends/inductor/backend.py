@@ -88,6 +88,14 @@ class InductorBackend(Backend):
 
         return select_decomp_table()
 
+    def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
+        """Scatter-adds into zeros become sums over their index slots (`zero_fills`), so that their buffers are
+        not filled in the backward's first kernel and kept alive across the step's peak."""
+        if phase != "captured" and inductor_unavailable_reason() is None:
+            from trex.backends.inductor.zero_fills import scatter_adds_as_slot_sums
+
+            scatter_adds_as_slot_sums(gm)
+
     def supports(self, node: fx.Node) -> bool:
         if node.op != "call_function" or inductor_unavailable_reason() is not None:
             return False
