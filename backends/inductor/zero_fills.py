@@ -68,13 +68,23 @@ def _slot_sums(width: int):
 def scatter_adds_as_slot_sums(gm: fx.GraphModule) -> list[str]:
     """Rewrite, in place, every narrow last-dimension `scatter_add` into zeros of a CPU graph as its sums over
     the index slots (see the module docstring); the names of the nodes rewritten."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    table = select_decomp_table()  # the new nodes in the form Inductor lowers (no second trace of the region)
     rewritten = []
     for node in list(gm.graph.find_nodes(op="call_function", target=aten.scatter_add.default)):
         if not _rewritable(node):
             continue
         base, _, index, src = node.args[:4]
         slot_sums = _slot_sums(node.meta["val"].size(-1))
-        out = inline_traced(gm, node, slot_sums, [index, src], inherit=("nn_module_stack", "stack_trace", "seq_nr"))
+        out = inline_traced(
+            gm,
+            node,
+            slot_sums,
+            [index, src],
+            inherit=("nn_module_stack", "stack_trace", "seq_nr"),
+            decompositions=table,
+        )
         replace_node(gm, node, out)
         rewritten.append(node.name)
         if not base.users:

@@ -54,3 +54,15 @@ def test_other_scatter_adds_are_left_alone():
         gm = make_fx(fn, tracing_mode="fake")(*args)
         assert scatter_adds_as_slot_sums(gm) == []
         assert torch.equal(gm(*args), fn(*args))
+
+
+def test_the_slot_sums_are_in_the_form_inductor_lowers():
+    """The new nodes need no decomposition of Inductor's: the region is not traced a second time."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+
+    gm = make_fx(_router_gather_backward, tracing_mode="fake")(torch.randint(0, 8, (4, 2)), torch.randn(4, 2))
+    scatter_adds_as_slot_sums(gm)
+    table = select_decomp_table()
+    calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert calls and not [t for t in calls if t in table and t not in lowerings]
