@@ -65,6 +65,38 @@ def _slot_sums(width: int):
     return slot_sums
 
 
+def _one_hot_scatter(node: fx.Node) -> bool:
+    """`full(0).scatter(-1, index, value)` with one index per row and a scalar value: the one-hot gradient of
+    `nll_loss` (cross-entropy's backward). Inductor materialises a scatter's buffer; as `where(index ==
+    arange(E), value, 0)` it is a pointwise expression Inductor computes inside the kernels that read it (the
+    log-softmax backward's sum and difference), with no [tokens, vocab] buffer: on tiny V3 bf16 that fp32
+    buffer (64 KiB) was alive at the step's peak, in the backward's first kernel (bench/RESULTS.md section 11,
+    tenth session). The same values: exactly `value` at the index, 0 elsewhere."""
+    if len(node.args) < 4 or node.kwargs or not _zero_fill(node.args[0]) or not isinstance(node.args[2], fx.Node):
+        return False
+    dim, index, value = node.args[1], node.args[2], node.args[3]
+    out, idx = node.meta.get("val"), index.meta.get("val")
+    if not isinstance(out, torch.Tensor) or not isinstance(idx, torch.Tensor) or out.dim() == 0:
+        return False
+    return (
+        isinstance(value, (int, float))
+        and dim % out.dim() == out.dim() - 1
+        and idx.dim() == out.dim()
+        and idx.shape[-1] == 1
+        and tuple(idx.shape[:-1]) == tuple(out.shape[:-1])
+        and out.device.type == "cpu"
+    )
+
+
+def _one_hot(width: int, value: float, dtype: torch.dtype):
+    def one_hot(index: torch.Tensor) -> torch.Tensor:
+        columns = torch.arange(width, device=index.device, dtype=index.dtype)
+        hot = torch.full((), value, dtype=dtype, device=index.device)
+        return torch.where(index == columns, hot, torch.zeros((), dtype=dtype, device=index.device))
+
+    return one_hot
+
+
 def scatter_adds_as_slot_sums(gm: fx.GraphModule) -> list[str]:
     """Rewrite, in place, every narrow last-dimension `scatter_add` into zeros of a CPU graph as its sums over
     the index slots (see the module docstring); the names of the nodes rewritten."""
@@ -86,6 +118,19 @@ def scatter_adds_as_slot_sums(gm: fx.GraphModule) -> list[str]:
             decompositions=table,
         )
         replace_node(gm, node, out)
+        rewritten.append(node.name)
+        if not base.users:
+            gm.graph.erase_node(base)
+    for node in list(gm.graph.find_nodes(op="call_function", target=aten.scatter.value)):
+        if not _one_hot_scatter(node):
+            continue
+        base, _, index, value = node.args[:4]
+        out = node.meta["val"]
+        one_hot = _one_hot(out.size(-1), value, out.dtype)
+        new = inline_traced(
+            gm, node, one_hot, [index], inherit=("nn_module_stack", "stack_trace", "seq_nr"), decompositions=table
+        )
+        replace_node(gm, node, new)
         rewritten.append(node.name)
         if not base.users:
             gm.graph.erase_node(base)

@@ -66,3 +66,26 @@ def test_the_slot_sums_are_in_the_form_inductor_lowers():
     table = select_decomp_table()
     calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert calls and not [t for t in calls if t in table and t not in lowerings]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_hot_scatter_becomes_a_pointwise_where_with_its_values(dtype):
+    """`nll_loss`'s backward one-hot (`full(0).scatter(-1, target[:, None], -1.0)`) becomes `where`: no scatter
+    buffer, exactly -1 at the target and 0 elsewhere, in the Inductor-lowerable form."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+
+    def nll_backward_one_hot(target):
+        return aten.scatter.value(torch.zeros(target.size(0), 10, dtype=dtype), 1, target, -1.0)
+
+    target = torch.randint(0, 10, (6, 1))
+    gm = make_fx(nll_backward_one_hot, tracing_mode="fake")(target)
+    assert scatter_adds_as_slot_sums(gm) == ["scatter"]
+    calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.scatter.value not in calls
+    table = select_decomp_table()
+    assert not [t for t in calls if t in table and t not in lowerings]
+    assert torch.equal(gm(target), nll_backward_one_hot(target))
+    wide = torch.randint(0, 10, (6, 2))  # two indices per row: left alone
+    gm = make_fx(lambda t: aten.scatter.value(torch.zeros(6, 10), 1, t, -1.0), tracing_mode="fake")(wide)
+    assert scatter_adds_as_slot_sums(gm) == []
