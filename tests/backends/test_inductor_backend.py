@@ -136,19 +136,15 @@ def test_tiny_models_train_like_eager_through_inductor(family, dtype, step_match
     assert len(lowering["forward"].partitions) == 1 and len(lowering["backward"].partitions) == 1
 
 
-@needs_inductor
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monkeypatch):
-    """A bf16 graph is compiled with Inductor's `emulate_precision_casts` (each value rounded to its dtype as
-    eager rounds it: without it tiny V4's bf16 sinks gradient was 3.2x eager's distance from fp32, see
-    `backends.inductor.backend._eager_roundings`); an fp32 graph is compiled with Inductor's own setting."""
+def _record_inductor_settings(monkeypatch, read) -> list:
+    """Replace Inductor's `compile_fx_inner` by a recorder: each compile appends `read()` (the Inductor settings
+    it ran under) to the returned list, and the graph runs op by op."""
     import torch._inductor.compile_fx as compile_fx
-    import torch._inductor.config as inductor_config
 
-    seen = []
+    seen: list = []
 
-    def by_fx(gm, example_inputs, **kwargs):  # records the setting and runs the graph op by op
-        seen.append(inductor_config.emulate_precision_casts)
+    def by_fx(gm, example_inputs, **kwargs):
+        seen.append(read())
 
         def run(args):
             values = list(args)
@@ -158,6 +154,18 @@ def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monke
         return run
 
     monkeypatch.setattr(compile_fx, "compile_fx_inner", by_fx)
+    return seen
+
+
+@needs_inductor
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monkeypatch):
+    """A bf16 graph is compiled with Inductor's `emulate_precision_casts` (each value rounded to its dtype as
+    eager rounds it: without it tiny V4's bf16 sinks gradient was 3.2x eager's distance from fp32, see
+    `backends.inductor.backend._eager_roundings`); an fp32 graph is compiled with Inductor's own setting."""
+    import torch._inductor.config as inductor_config
+
+    seen = _record_inductor_settings(monkeypatch, lambda: inductor_config.emulate_precision_casts)
     default = inductor_config.emulate_precision_casts
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1)).to(dtype)
     compiled = trex.compile(copy.deepcopy(model), backend=["inductor", "eager"])
@@ -190,26 +198,15 @@ def test_whole_graph_regions_compile_without_inductors_runtime_asserts(case, exp
     alignment asserts: its inputs are the graph's, fixed by Dynamo's guards and AOTAutograd before it runs
     (`backends.inductor.backend._runtime_checks`). `runtime_checks=True`, the user's own TORCHINDUCTOR_*_ASSERTS
     and a region with eager ops around it keep Inductor's setting (None: the setting outside the compile)."""
-    import torch._inductor.compile_fx as compile_fx
     import torch._inductor.config as inductor_config
 
     from trex.backends.inductor import InductorBackend
 
     for name in ("TORCHINDUCTOR_SIZE_ASSERTS", "TORCHINDUCTOR_ALIGNMENT_ASSERTS"):
         monkeypatch.delenv(name, raising=False)
-    seen = []
-
-    def by_fx(gm, example_inputs, **kwargs):  # records the settings and runs the graph op by op
-        seen.append((inductor_config.size_asserts, inductor_config.alignment_asserts))
-
-        def run(args):
-            values = list(args)
-            args.clear()
-            return list(gm(*values))
-
-        return run
-
-    monkeypatch.setattr(compile_fx, "compile_fx_inner", by_fx)
+    seen = _record_inductor_settings(
+        monkeypatch, lambda: (inductor_config.size_asserts, inductor_config.alignment_asserts)
+    )
     outside = (inductor_config.size_asserts, inductor_config.alignment_asserts)
     backend = {"runtime_checks": InductorBackend(runtime_checks=True), "eager between": _DecliningMul()}.get(
         case, InductorBackend()
