@@ -14,6 +14,9 @@ the scatter-add's: each output element sums the `src` entries whose index names 
 entry, or none, for top-k indices, which are distinct: exact). `where`, not a one-hot product, so an
 infinite or NaN entry stays in its own element. Only a narrow scatter (at most `MAX_SLOTS` index slots per
 row) is rewritten: the sum form does E comparisons per slot where the scatter writes one element.
+
+The same holds for cross-entropy's backward one-hot (`full(0).scatter(-1, target, -1.0)`), which becomes a
+pointwise `where` (`_one_hot_scatter`).
 """
 
 from __future__ import annotations
