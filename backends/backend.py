@@ -14,6 +14,13 @@ from typing import Any, ClassVar
 
 from torch import fx
 
+# GraphModule.meta key `lower_graph` sets on a region that is the whole graph AOTAutograd compiles (its
+# forward or its backward): the region's inputs are then the graph's inputs, whose sizes and strides Dynamo's
+# guards (the forward's parameters and user inputs) and AOTAutograd (the saved activations, as the forward
+# returned them, and the tangents, which it restrides to the traced layout) have already fixed. A backend may
+# leave out checks of its own on them (`InductorBackend.runtime_checks`).
+WHOLE_GRAPH = "trex_whole_graph"
+
 
 class Backend(ABC):
     name: ClassVar[str]

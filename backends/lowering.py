@@ -20,7 +20,7 @@ from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from trex.backends.backend import Backend
+from trex.backends.backend import WHOLE_GRAPH, Backend
 from trex.backends.eager import EagerBackend
 from trex.errors import BackendError
 from trex.graph_copy import copy_graph_module
@@ -189,6 +189,7 @@ def lower_graph(
         lowering.predicted_seconds = predicted_seconds_per_backend(assignment, target)
     whole = _whole_graph_backend(gm, assignment)
     if whole is not None:  # one backend took every node: the graph is its one region, no glue graph around it
+        gm.meta[WHOLE_GRAPH] = True  # its inputs are the graph's, checked before it runs (backends.backend)
         _lower_region(lowering, whole, f"trex_{whole.name}_0", gm)
         compiled = lowering.module
         lowering.boxed = getattr(compiled, "boxed", None)

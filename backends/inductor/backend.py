@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from trex.backends.backend import Backend
+from trex.backends.backend import WHOLE_GRAPH, Backend
 from trex.backends.inductor.regions import compile_regions, plan_regions
 
 # GraphModule.meta key: the backend whose decompositions the graph was traced with (see trace_decompositions)
@@ -66,11 +67,14 @@ class InductorBackend(Backend):
     # kernels, where the primitives themselves would be opaque extern calls with Python bodies
     decomposes_moe_primitives: ClassVar[bool] = True
 
-    def __init__(self, regional: bool = False) -> None:
+    def __init__(self, regional: bool = False, runtime_checks: bool = False) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
         # regions.py: a graph whose decoder layers repeat is compiled one distinct layer at a time. Opt-in
         # until its first-call saving and its step time are measured on the tiny models (bench/RESULTS.md 11)
         self.regional = regional
+        # Keep Inductor's size/stride and alignment asserts in the generated code of a whole-graph region too
+        # (see `_runtime_checks`); they are always kept in a region between eager ops
+        self.runtime_checks = runtime_checks
 
     def trace_decompositions(self, target: Any) -> dict | None:
         """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
@@ -83,6 +87,14 @@ class InductorBackend(Backend):
         from torch._inductor.decomposition import select_decomp_table
 
         return select_decomp_table()
+
+    def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
+        """Scatter-adds into zeros become sums over their index slots (`zero_fills`), so that their buffers are
+        not filled in the backward's first kernel and kept alive across the step's peak."""
+        if phase != "captured" and inductor_unavailable_reason() is None:
+            from trex.backends.inductor.zero_fills import scatter_adds_as_slot_sums
+
+            scatter_adds_as_slot_sums(gm)
 
     def supports(self, node: fx.Node) -> bool:
         if node.op != "call_function" or inductor_unavailable_reason() is not None:
@@ -103,7 +115,8 @@ class InductorBackend(Backend):
             decomposed, single_output = _decomposed_tuple_graph(gm, example_inputs)
         plan = plan_regions(decomposed) if self.regional else None
         notes: list[str] = []
-        with _region_output_strides_unreported(), _eager_roundings(decomposed):
+        checks = self.runtime_checks or plan is not None or not gm.meta.get(WHOLE_GRAPH, False)
+        with _region_output_strides_unreported(), _eager_roundings(decomposed), _runtime_checks(checks):
             if plan is None:
                 compiled = compile_fx_inner(decomposed, list(example_inputs))
             else:
@@ -147,6 +160,30 @@ def _region_output_strides_unreported():
         yield
     finally:
         context.output_strides = saved
+
+
+# The environment variables with which a user sets Inductor's asserts himself; trex then keeps his choice.
+_ASSERT_SETTINGS = ("TORCHINDUCTOR_SIZE_ASSERTS", "TORCHINDUCTOR_ALIGNMENT_ASSERTS")
+
+
+def _runtime_checks(keep: bool):
+    """Compile without Inductor's size/stride and alignment asserts unless `keep` (or the user set them).
+
+    Why: in its generated Python wrapper Inductor checks, on every call, the size and stride of every graph
+    input and the layout of every extern kernel's output (`assert_size_stride`, ~0.4 us each, and
+    `assert_alignment`). A whole-graph region's inputs are the graph's inputs, already fixed before it runs
+    (`trex.backends.backend.WHOLE_GRAPH`): on tiny Qwen3-MoE that is 49 forward and 160 backward input checks
+    of the ~300 per step, and without the asserts the step was 4-9% faster (bench/RESULTS.md 11, tenth
+    session). The extern kernels' output layouts are their meta functions' (ATen's; trex's own extern ops are
+    tested to return the layout of their fake implementations, tests/backends/test_inductor_backend.py).
+    `InductorBackend(runtime_checks=True)` keeps them, and so does setting TORCHINDUCTOR_SIZE_ASSERTS or
+    TORCHINDUCTOR_ALIGNMENT_ASSERTS; a region with eager ops around it always keeps them, since its inputs are
+    then what eager kernels returned."""
+    if keep or any(name in os.environ for name in _ASSERT_SETTINGS):
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(size_asserts=False, alignment_asserts=False)
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)

@@ -136,19 +136,15 @@ def test_tiny_models_train_like_eager_through_inductor(family, dtype, step_match
     assert len(lowering["forward"].partitions) == 1 and len(lowering["backward"].partitions) == 1
 
 
-@needs_inductor
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monkeypatch):
-    """A bf16 graph is compiled with Inductor's `emulate_precision_casts` (each value rounded to its dtype as
-    eager rounds it: without it tiny V4's bf16 sinks gradient was 3.2x eager's distance from fp32, see
-    `backends.inductor.backend._eager_roundings`); an fp32 graph is compiled with Inductor's own setting."""
+def _record_inductor_settings(monkeypatch, read) -> list:
+    """Replace Inductor's `compile_fx_inner` by a recorder: each compile appends `read()` (the Inductor settings
+    it ran under) to the returned list, and the graph runs op by op."""
     import torch._inductor.compile_fx as compile_fx
-    import torch._inductor.config as inductor_config
 
-    seen = []
+    seen: list = []
 
-    def by_fx(gm, example_inputs, **kwargs):  # records the setting and runs the graph op by op
-        seen.append(inductor_config.emulate_precision_casts)
+    def by_fx(gm, example_inputs, **kwargs):
+        seen.append(read())
 
         def run(args):
             values = list(args)
@@ -158,6 +154,18 @@ def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monke
         return run
 
     monkeypatch.setattr(compile_fx, "compile_fx_inner", by_fx)
+    return seen
+
+
+@needs_inductor
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monkeypatch):
+    """A bf16 graph is compiled with Inductor's `emulate_precision_casts` (each value rounded to its dtype as
+    eager rounds it: without it tiny V4's bf16 sinks gradient was 3.2x eager's distance from fp32, see
+    `backends.inductor.backend._eager_roundings`); an fp32 graph is compiled with Inductor's own setting."""
+    import torch._inductor.config as inductor_config
+
+    seen = _record_inductor_settings(monkeypatch, lambda: inductor_config.emulate_precision_casts)
     default = inductor_config.emulate_precision_casts
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1)).to(dtype)
     compiled = trex.compile(copy.deepcopy(model), backend=["inductor", "eager"])
@@ -165,6 +173,86 @@ def test_inductor_rounds_where_eager_rounds_in_low_precision_graphs(dtype, monke
     compiled(x).sum().backward()
     assert seen == [dtype == torch.bfloat16 or default] * 2  # forward and backward
     assert inductor_config.emulate_precision_casts == default  # only for the compile
+
+
+class _DecliningMul:
+    """Inductor that leaves every `aten.mul` to eager: the graph becomes regions with eager ops between them."""
+
+    def __new__(cls):
+        from trex.backends.inductor import InductorBackend
+
+        class Declining(InductorBackend):
+            def supports(self, node):
+                return node.target is not torch.ops.aten.mul.Tensor and super().supports(node)
+
+        return Declining()
+
+
+@needs_inductor
+@pytest.mark.parametrize(
+    "case, expected",
+    [("whole graph", (False, False)), ("runtime_checks", None), ("user's environment", None), ("eager between", None)],
+)
+def test_whole_graph_regions_compile_without_inductors_runtime_asserts(case, expected, monkeypatch):
+    """A region that is the whole forward or backward graph is compiled without Inductor's size/stride and
+    alignment asserts: its inputs are the graph's, fixed by Dynamo's guards and AOTAutograd before it runs
+    (`backends.inductor.backend._runtime_checks`). `runtime_checks=True`, the user's own TORCHINDUCTOR_*_ASSERTS
+    and a region with eager ops around it keep Inductor's setting (None: the setting outside the compile)."""
+    import torch._inductor.config as inductor_config
+
+    from trex.backends.inductor import InductorBackend
+
+    for name in ("TORCHINDUCTOR_SIZE_ASSERTS", "TORCHINDUCTOR_ALIGNMENT_ASSERTS"):
+        monkeypatch.delenv(name, raising=False)
+    seen = _record_inductor_settings(
+        monkeypatch, lambda: (inductor_config.size_asserts, inductor_config.alignment_asserts)
+    )
+    outside = (inductor_config.size_asserts, inductor_config.alignment_asserts)
+    backend = {"runtime_checks": InductorBackend(runtime_checks=True), "eager between": _DecliningMul()}.get(
+        case, InductorBackend()
+    )
+    if case == "user's environment":
+        monkeypatch.setenv("TORCHINDUCTOR_SIZE_ASSERTS", "1")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    compiled = trex.compile(copy.deepcopy(model), backend=[backend, "eager"])
+    x = torch.randn(4, 8)
+    loss = (compiled(x) * 2).sum()
+    loss.backward()
+    torch.testing.assert_close(loss, (model(x) * 2).sum())
+    regions = [p for g in compiled.trex.graphs for lw in g.lowerings.values() for p in lw.partitions]
+    assert (len(regions) > 2) == (case == "eager between"), regions
+    assert seen and set(seen) == {expected or outside}, seen
+    assert (inductor_config.size_asserts, inductor_config.alignment_asserts) == outside  # only for the compile
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_trex_extern_ops_return_the_layout_of_their_fake_implementations(dtype):
+    """What Inductor's output asserts checked at run time in a whole-graph region, checked here for trex's own
+    extern kernels: the real output has the size, stride and dtype its fake implementation promised, in the
+    forms the MoE decompositions emit (rows past the last offset and an empty expert included)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import trex.ops.moe_decompositions  # noqa: F401 - registers the extern ops
+
+    ops = torch.ops.trex
+    offsets = torch.tensor([3, 3, 7, 9], dtype=torch.int32)  # expert 1 empty; rows 9.. belong to no expert
+    x, w = torch.randn(12, 8, dtype=dtype), torch.randn(4, 8, 16, dtype=dtype)  # strides of 16-byte multiples
+    a, b = torch.randn(12, 8, dtype=dtype), torch.randn(12, 16, dtype=dtype)
+    calls = [
+        (ops.extern_aten_grouped_mm.default, (x, w, offsets)),
+        (ops.extern_aten_grouped_mm.default, (a.t(), b, offsets)),
+        (ops.extern_aten_grouped_mm.default, (x, w.transpose(1, 2).contiguous().transpose(1, 2), offsets)),
+    ]
+    if dtype == torch.float32:
+        calls += [
+            (ops.extern_grouped_mm.default, (x, w, offsets)),
+            (ops.extern_grouped_mm_weight_grad.default, (a, b, offsets)),
+        ]
+    for op, args in calls:
+        real = op(*args)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(*[mode.from_tensor(t) for t in args])
+        assert (real.shape, real.stride(), real.dtype) == (fake.shape, fake.stride(), fake.dtype), op
 
 
 def _bf16_accumulated_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
