@@ -27,7 +27,6 @@ from torch.distributed.tensor import DTensor
 
 from trex.runtime.data_parallel import GradientReduction, through_reductions
 from trex.runtime.parallelize import VocabShard
-from trex.runtime.trainer import IGNORE_INDEX
 from trex.runtime.vocab_parallel import vocab_parallel_cross_entropy
 
 
@@ -35,11 +34,14 @@ class RankLoss(nn.Module):
     """`model` (a causal LM after `runtime.parallelize`) and its next-token loss: the sum over scored targets.
 
     vocab: this rank's columns of the vocabulary under tp (`AppliedPlan.vocab_shard`), None without tp.
-    bf16: the model's forward runs under `torch.autocast` in bf16 (the loss is computed in float32)."""
+    bf16: the model's forward runs under `torch.autocast` in bf16 (the loss is computed in float32).
+    ignore_index: the target that scores nothing (the trainer's `IGNORE_INDEX`; passed in, so that this module
+    does not import the trainer that builds it)."""
 
-    def __init__(self, model: nn.Module, vocab: VocabShard | None, *, bf16: bool, device_type: str):
+    def __init__(self, model: nn.Module, vocab: VocabShard | None, *, bf16: bool, device_type: str, ignore_index: int):
         super().__init__()
         self.model, self.vocab, self.bf16, self.device_type = model, vocab, bf16, device_type
+        self.ignore_index = ignore_index
 
     @property
     def config(self):
@@ -65,9 +67,9 @@ class RankLoss(nn.Module):
                 logits = self.model(**inputs).logits
         if self.vocab is None:
             return F.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+                logits.float().flatten(0, 1), targets.flatten(), reduction="sum", ignore_index=self.ignore_index
             )
         local = logits.to_local() if isinstance(logits, DTensor) else logits
         return vocab_parallel_cross_entropy(
-            local.float().flatten(0, 1), targets.flatten(), self.vocab.start, self.vocab.group, IGNORE_INDEX
+            local.float().flatten(0, 1), targets.flatten(), self.vocab.start, self.vocab.group, self.ignore_index
         )

@@ -263,7 +263,11 @@ class Trainer:
 
         # The micro-batch's program: forward, loss and gradient reductions (captured whole under --compile).
         self.forward = RankLoss(
-            self.model, self.applied.vocab_shard(), bf16=plan.precision == "bf16", device_type=self.device.type
+            self.model,
+            self.applied.vocab_shard(),
+            bf16=plan.precision == "bf16",
+            device_type=self.device.type,
+            ignore_index=IGNORE_INDEX,
         )
         self.count_activations = True
         if self.job.compile:

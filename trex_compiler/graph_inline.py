@@ -38,15 +38,29 @@ class TraceCache:
 
     def trace(self, key: Any, fn: Callable[..., Any], fake_args: list[Any], decompositions: dict | None):
         full_key = (key, tuple(_layout(a) for a in fake_args), id(decompositions))
+        if _symbolic(full_key):
+            # A graph captured with dynamic shapes: its sizes are SymInts, which neither hash nor compare as
+            # plain values (equal-looking sizes of two layers are guarded expressions), so it is traced afresh.
+            return _trace(fn, fake_args, decompositions)
         sub = self._graphs.get(full_key)
         if sub is not None:
             self.hits += 1
             return sub
-        mode = torch._guards.detect_fake_mode(fake_args)
-        with mode:
-            sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
-        self._graphs[full_key] = sub
+        sub = self._graphs[full_key] = _trace(fn, fake_args, decompositions)
         return sub
+
+
+def _symbolic(value: Any) -> bool:
+    """Whether a key holds a symbolic size or value (SymInt, SymFloat, SymBool) anywhere in its tuples."""
+    if isinstance(value, tuple):
+        return any(_symbolic(item) for item in value)
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _trace(fn: Callable[..., Any], fake_args: list[Any], decompositions: dict | None) -> fx.GraphModule:
+    mode = torch._guards.detect_fake_mode(fake_args)
+    with mode:
+        return make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
 
 
 def inline_traced(
@@ -67,9 +81,7 @@ def inline_traced(
     if cache is not None:
         sub = cache[0].trace(cache[1], fn, fake_args, decompositions)
     else:
-        mode = torch._guards.detect_fake_mode(fake_args)
-        with mode:
-            sub = make_fx(fn, decomposition_table=decompositions, tracing_mode="real")(*fake_args)
+        sub = _trace(fn, fake_args, decompositions)
     inherit = [key for key in inherit if key in node.meta]
     env: dict[fx.Node, Any] = {}
     placeholders = iter(inputs)

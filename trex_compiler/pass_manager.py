@@ -215,6 +215,13 @@ def _fake_mode_of(values: Sequence[Any]):
     return detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
 
 
+def _symbolic_sizes(values: Sequence[Any]) -> bool:
+    """Whether any input is a symbolic size or a tensor with one (a graph Dynamo captured with dynamic shapes)."""
+    return any(isinstance(v, torch.SymInt) for v in values) or any(
+        isinstance(d, torch.SymInt) for v in values if isinstance(v, torch.Tensor) for d in (*v.shape, *v.stride())
+    )
+
+
 def propagate_shapes(gm: fx.GraphModule) -> None:
     """Recompute node.meta['val'] for every node with FakeTensorProp (the pass invariant check)."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -247,10 +254,13 @@ def check_graph(
     """Lint, recompile, re-propagate shapes, and check the outputs kept their shapes and dtypes.
 
     With `states` (each node as it was before the pass), only the nodes the pass changed and those their
-    change reaches are re-propagated (`trex.changed_shapes`); without, every node."""
+    change reaches are re-propagated (`trex.changed_shapes`); without, or when the graph was captured with
+    dynamic (symbolic) sizes, every node: a symbolic size's guards and hints are the shape environment's, and
+    the partial re-propagation is checked against a full one on static graphs only."""
     gm.graph.lint()
     gm.recompile()
-    mode = _fake_mode_of(fake_inputs(gm)) if states is not None else None
+    inputs = fake_inputs(gm) if states is not None else []
+    mode = _fake_mode_of(inputs) if states is not None and not _symbolic_sizes(inputs) else None
     if mode is not None:
         propagate_changed_shapes(gm, states, mode)
     else:

@@ -366,3 +366,22 @@ def test_a_trace_is_reused_only_for_the_same_key_and_input_layouts():
     assert cache.trace("triple", lambda t: t * 3, [a], None) is not first  # another function
     assert cache.trace("double", lambda t: t * 2, [a.t()], None) is not first  # another stride
     assert cache.hits == 1 and mode is not None
+
+
+def test_a_trace_with_symbolic_sizes_is_traced_afresh_not_cached():
+    """A graph captured with dynamic shapes hands the pass SymInt sizes, which do not hash: the cache traces them
+    each time instead of failing (the compiled generation of tests/workloads/test_or_clients.py failed so)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from trex.graph_inline import TraceCache
+
+    cache = TraceCache()
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.empty(5, 8), symbolic_context=context)
+    assert isinstance(x.shape[0], torch.SymInt)
+    first = cache.trace("double", lambda t: t * 2, [x], None)
+    second = cache.trace("double", lambda t: t * 2, [x], None)
+    assert first is not second and cache.hits == 0
+    assert [n.target for n in first.graph.nodes if n.op == "call_function"] == [torch.ops.aten.mul.Tensor]
