@@ -57,6 +57,12 @@ def _symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
+def symbolic_layouts(values: Any) -> bool:
+    """Whether any of `values` is a symbolic value or a tensor with a symbolic size, stride or offset (a graph
+    Dynamo captured with dynamic shapes)."""
+    return _symbolic(tuple(_layout(v) for v in values))
+
+
 def _trace(fn: Callable[..., Any], fake_args: list[Any], decompositions: dict | None) -> fx.GraphModule:
     mode = torch._guards.detect_fake_mode(fake_args)
     with mode:

@@ -26,6 +26,7 @@ from torch import fx
 from trex.changed_shapes import NodeStates, propagate_changed_shapes
 from trex.errors import PassError, SettingError, TrexError
 from trex.graph_copy import copy_graph_module
+from trex.graph_inline import symbolic_layouts
 
 if TYPE_CHECKING:
     from trex.dump import DumpWriter
@@ -215,13 +216,6 @@ def _fake_mode_of(values: Sequence[Any]):
     return detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
 
 
-def _symbolic_sizes(values: Sequence[Any]) -> bool:
-    """Whether any input is a symbolic size or a tensor with one (a graph Dynamo captured with dynamic shapes)."""
-    return any(isinstance(v, torch.SymInt) for v in values) or any(
-        isinstance(d, torch.SymInt) for v in values if isinstance(v, torch.Tensor) for d in (*v.shape, *v.stride())
-    )
-
-
 def propagate_shapes(gm: fx.GraphModule) -> None:
     """Recompute node.meta['val'] for every node with FakeTensorProp (the pass invariant check)."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -260,7 +254,7 @@ def check_graph(
     gm.graph.lint()
     gm.recompile()
     inputs = fake_inputs(gm) if states is not None else []
-    mode = _fake_mode_of(inputs) if states is not None and not _symbolic_sizes(inputs) else None
+    mode = _fake_mode_of(inputs) if states is not None and not symbolic_layouts(inputs) else None
     if mode is not None:
         propagate_changed_shapes(gm, states, mode)
     else:
