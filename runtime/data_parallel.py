@@ -130,8 +130,8 @@ class DataParallelAdamW:
             raise ValueError(f"DataParallelAdamW runs ZeRO stages 0-2, got {zero}")
         self.zero = zero
         self.slots: list[ShardedParam] = []
-        self.in_graph: set[str] = set()  # parameters whose reduction this step's backward issued (forward_parameters)
-        # True once the trainer reads the parameters through `forward_parameters` (an eager rank): the backward's
+        self.in_graph: set[str] = set()  # parameters whose reduction this step's backward issued (gradient_reductions)
+        # True once the trainer reads the parameters through `gradient_reductions` (`runtime.rank_loss`): the backward's
         # `ReducedGradient` nodes then sum the tp-partial gradients too, and their hooks stand aside.
         self.reduces_in_graph = False
         for name, param, home in named_params:
@@ -175,11 +175,6 @@ class DataParallelAdamW:
             return total
 
         return hook
-
-    def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """The parameters a micro-batch's forward reads, for `torch.func.functional_call`: `gradient_reductions(last)`
-        applied (`through_reductions`) outside any captured program."""
-        return through_reductions(self.gradient_reductions(last))
 
     def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
         """What the micro-batch's forward passes each parameter (plain or DTensor) that has replicas or is tp-partial

@@ -24,7 +24,6 @@ from trex.runtime.data_parallel import (
     ParamHome,
     chunk_bounds,
     local_tensor,
-    through_reductions,
 )
 from trex.runtime.mesh import PlanMeshes, build_meshes
 
@@ -176,15 +175,10 @@ class AppliedPlan:
             return loss_parallel()
         return nullcontext()
 
-    def forward_parameters(self, last: bool) -> dict[str, torch.Tensor]:
-        """Parameters whose gradient reduction the micro-batch's backward issues itself (ZeRO-0/1/2; see
-        `DataParallelAdamW.forward_parameters`), by name, for `torch.func.functional_call`; FSDP2 reduces in its own
-        hooks ({})."""
-        return through_reductions(self.gradient_reductions(last))
-
     def gradient_reductions(self, last: bool) -> dict[str, GradientReduction]:
-        """The same, not yet applied: what `runtime.rank_loss.RankLoss` passes through `ReducedGradient` inside the
-        rank's (captured) program. {} under FSDP2, which reduces in its own hooks."""
+        """Parameters whose gradient reduction the micro-batch's backward issues itself (ZeRO-0/1/2; see
+        `DataParallelAdamW.gradient_reductions`), by name: what `runtime.rank_loss.RankLoss` passes through
+        `ReducedGradient` inside the rank's (captured) program. {} under FSDP2, which reduces in its own hooks."""
         if isinstance(self.optimizer, DataParallelAdamW):
             return self.optimizer.gradient_reductions(last)
         return {}

@@ -14,7 +14,7 @@ def _reductions_of_one_step(plan_text: str) -> dict:
     import torch.distributed as dist
 
     from trex.models import build_model, load_config
-    from trex.runtime.data_parallel import _reducible_in_graph
+    from trex.runtime.data_parallel import _reducible_in_graph, through_reductions
     from trex.runtime.run_plan import resolve_plan
 
     config = load_config("tiny-qwen3-moe")
@@ -40,7 +40,7 @@ def _reductions_of_one_step(plan_text: str) -> dict:
     nodes: list[str] = []
     for last in (False, True):
         ids = torch.randint(0, config.vocab_size, (1, 8))
-        parameters = applied.forward_parameters(last)
+        parameters = through_reductions(applied.gradient_reductions(last))
         logits = torch.func.functional_call(applied.model, parameters, (), {"input_ids": ids}, strict=False).logits
         loss = logits.float().logsumexp(-1).sum()
         if last:
