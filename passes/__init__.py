@@ -26,6 +26,7 @@ _PASS_CLASSES = {
     "TritonPatterns": "trex.passes.triton_patterns",
     "Recompute": "trex.passes.recompute",
     "ReorderComm": "trex.passes.reorder_comm",
+    "HoistGradients": "trex.passes.hoist_gradients",
 }
 
 
@@ -55,6 +56,7 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "decompose_moe",  # MoE primitives -> core aten, when the leading backend generates code from aten (Inductor)
     "reorder_comm",  # collectives issued early / waited late under compute, same order on every rank
     "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
+    "hoist_gradients",  # after the partition: grouped-GEMM weight gradients run as soon as their operands exist
 )
 
 
@@ -101,6 +103,7 @@ __all__ = [
     "CpuGemmPrecision",
     "DeadCodeElimination",
     "DecomposeMoe",
+    "HoistGradients",
     "Recompute",
     "ReorderComm",
     "TritonPatterns",
