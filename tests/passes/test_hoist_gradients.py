@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from conftest import SmallMoe
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -96,34 +97,16 @@ def test_live_bytes_counts_views_once_and_frees_values_at_their_last_reader():
     assert curve[view] == 64 and curve[mul] == 128
 
 
-class _Block(torch.nn.Module):
-    """A small MoE block (router, SwiGLU experts) whose backward has the experts' weight gradients."""
-
-    def __init__(self, hidden=16, experts=4):
-        super().__init__()
-        self.proj = torch.nn.Linear(hidden, hidden)
-        self.router = torch.nn.Linear(hidden, experts, bias=False)
-        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * hidden, hidden) * hidden**-0.5)
-        self.down = torch.nn.Parameter(torch.randn(experts, hidden, hidden) * hidden**-0.5)
-
-    def forward(self, x):
-        x = self.proj(x)
-        weights, index = torch.topk(torch.softmax(self.router(x), -1), 2, dim=-1)
-        return (
-            torch.ops.trex.moe_experts(x, index, weights, self.gate_up, self.down, "silu", 0.0, False)[0] ** 2
-        ).sum()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_moe_backward_computes_the_same_gradients_with_its_weight_gradients_hoisted(dtype):
-    """The MoE primitives decomposed (the bf16 grouped GEMMs upcast per expert), once without the pass and once
-    with it: the down projection's weight gradient moves up and every gradient is bit-equal."""
+    """Two MoE layers, 96 tokens, the MoE primitives decomposed (the bf16 grouped GEMMs upcast per expert), once
+    without the pass and once with it: weight gradients move up and every gradient is bit-equal."""
     native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})  # grouped GEMMs upcast on any CPU
     pipeline = ["canonicalize_moe", DecomposeMoe(force=True), native]
     grads, decisions = {}, {}
     for hoisted in (False, True):
         torch.manual_seed(0)
-        model, x = _Block().to(dtype), torch.randn(96, 16).to(dtype)
+        model, x = SmallMoe().to(dtype), torch.randn(96, 16).to(dtype)
         compiled = trex.compile(
             copy.deepcopy(model), backend="eager", passes=pipeline + (["hoist_gradients"] if hoisted else [])
         )
