@@ -204,6 +204,7 @@ def simulate_actions(
     sends: dict[int, dict[tuple[str, int, int], int]] | None = None,
     late_recv_idle: float | None = None,
     slice_s: float | None = None,
+    ready_send: float | None = None,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -243,7 +244,14 @@ def simulate_actions(
     posted (blocked in a wait, as the engine's 1F1B loop is after posting each batch of sends and receives:
     it waits on the sends too). Its transport thread then answers the handshake at once, where a computing
     sender's must first be scheduled beside its rank's thread; both are measured by the calibration
-    (`calibration.measure_late_recv`). None: `late_recv` whatever the sender does."""
+    (`calibration.measure_late_recv`). None: `late_recv` whatever the sender does.
+    `ready_send`: what posting a send costs its rank when the receiving rank has already posted the matching
+    receive (gloo writes the payload at once, and the sender's transport thread then holds the sender's core:
+    measured by `calibration.measure_ready_send` as the time the sender's own work after the post loses). The
+    rank's next action, and its next send posted at the same moment (DualPipeV posts the sends of an overlapped
+    forward and backward one after the other), wait that long; a send whose receive is not posted yet is only
+    queued (its price is the receiver's late receive). None: posting costs nothing (the model before RESULTS
+    14.13)."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
@@ -253,16 +261,21 @@ def simulate_actions(
     spans: dict[int, list[tuple[float, float]]] = {rank: [] for rank in orders}  # finished work, per rank
     tasks: list[ActionTask] = []
     remaining = sum(len(order) for order in orders.values())
+    released: dict[tuple[str, int, int], float] = {}  # with `ready_send`: when each remote output's send was posted
+    receivers = remote_consumers(orders) if ready_send is not None else {}
+    index_of = {rank: {action: i for i, action in enumerate(order)} for rank, order in orders.items()}
 
     def backward_key(stage: int, mb: int) -> tuple[str, int, int]:
         return ("B", stage, mb) if ("B", stage, mb) in done else ("I", stage, mb)
 
     def sent(key: tuple[str, int, int], rank: int) -> float | None:
         """When the output of action `key` is available to `rank`: its end on its own rank, else when its send is
-        posted (`sends`: after a later action of its rank)."""
+        posted (`sends`: after a later action of its rank; `ready_send`: after the sends posted before it)."""
         if key not in done:
             return None
         source = owner[key[1]]
+        if source != rank and key in released:
+            return released[key]
         where = (sends or {}).get(source, {}).get(key) if source != rank else None
         if where is None:
             return done[key]
@@ -297,7 +310,25 @@ def simulate_actions(
                 return posted + late_recv
             return t + p2p
 
-        return max([posted] + [arrival(t, s) for t, s in deps])
+        return max([posted, free[rank]] + [arrival(t, s) for t, s in deps])
+
+    def receive_posted(rank: int, action: tuple[str, int, int], t: float) -> bool:
+        """Whether `rank` has posted the receive of `action`'s remote input by time `t` (<= the simulation's now)."""
+        where = (posts or {}).get(rank, {}).get(action)
+        if where is not None:
+            at = 0.0 if where < 0 else done.get(orders[rank][where])
+            return at is not None and at <= t
+        return position[rank] == index_of[rank][action] and rank not in working and free[rank] <= t
+
+    def post_sends(rank: int, index: int, now: float) -> float:
+        """Post the sends the rank's engine posts after its action `index` ends at `now` (`ready_send`); returns
+        when the rank is free again: each send to a rank that already posted its receive holds it `ready_send`."""
+        at = now
+        for key in sent_after.get(rank, {}).get(index, ()):
+            released[key] = at
+            if any(receive_posted(r, action, at) for r, action in receivers.get(key, ())):
+                at += ready_send
+        return at
 
     def working_at(rank: int, t: float) -> bool:
         """Whether `rank` was working (runtime overhead or compute) at time `t` (<= the simulation's now)."""
@@ -308,6 +339,15 @@ def simulate_actions(
     def work_of(rank: int) -> float:
         kind, stage, mb = orders[rank][position[rank]]
         return durations[kind][stage] + (extra or {}).get((kind, stage, mb), 0.0)
+
+    sent_after: dict[int, dict[int, list[tuple[str, int, int]]]] = {}  # rank -> action index -> sends posted then
+    for key in receivers:
+        source = owner[key[1]]
+        where = (sends or {}).get(source, {}).get(key, index_of[source][key])
+        sent_after.setdefault(source, {}).setdefault(where, []).append(key)
+    for by_index in sent_after.values():
+        for keys in by_index.values():
+            keys.sort(key=lambda key: (key[0] != "F", index_of[owner[key[1]]][key]))  # SEND_F before SEND_B
 
     slots = time_slice_slots(cores, slice_s, len(orders))
     running: dict[int, float] = {}  # time slices: rank holding a core -> the time left of its slice
@@ -374,6 +414,10 @@ def simulate_actions(
             del working[rank]
             position[rank] += 1
             remaining -= 1
+            if receivers:
+                free[rank] = post_sends(rank, position[rank] - 1, now)
+                if free[rank] > now:  # its core is held by the send's transport thread: working, to a late receive
+                    spans[rank].append((now, free[rank]))
         if slots is not None:
             for rank in list(running):
                 if running[rank] > 1e-12 * max(1.0, now):
@@ -384,6 +428,26 @@ def simulate_actions(
                 else:
                     running[rank] = slice_s
     return tasks
+
+
+def remote_consumers(orders: dict[int, Sequence[tuple[str, int, int]]]) -> dict[tuple, list[tuple[int, tuple]]]:
+    """Each action whose output another rank needs -> [(that rank, the action that needs it)]: a forward's
+    activation goes to the next stage's forward, a backward's (B or I) input gradient to the previous stage's
+    backward (the dependencies of `simulate_actions`)."""
+    owner = {stage: rank for rank, order in orders.items() for _, stage, _ in order}
+    every = {action for order in orders.values() for action in order}
+    out: dict[tuple, list[tuple[int, tuple]]] = {}
+    for rank, order in orders.items():
+        for kind, stage, mb in order:
+            if kind == "F" and stage > 0:
+                source = ("F", stage - 1, mb)
+            elif kind in ("B", "I") and stage + 1 in owner:
+                source = ("B", stage + 1, mb) if ("B", stage + 1, mb) in every else ("I", stage + 1, mb)
+            else:
+                continue
+            if owner[source[1]] != rank:
+                out.setdefault(source, []).append((rank, (kind, stage, mb)))
+    return out
 
 
 def time_slice_slots(cores: float | None, slice_s: float | None, ranks: int) -> int | None:

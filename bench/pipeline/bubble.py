@@ -18,10 +18,12 @@ chunk's F/B/I/W measured alone on the chunk by the calibration (`runtime.pipelin
 `late recv, sender waiting ms` is the late receive measured with the sender blocked in its wait (the 1F1B
 loop's case), which the prediction uses where the simulated sender is not working. `slice ms` is the host
 scheduler's time slice measured on the ranks (`calibration.measure_time_slice`); where the ranks outnumber
-the cores (pp=4 on 2 cores) the prediction hands the cores out in such slices, and `old model` is the same
-prediction with the cores shared at once by every working rank (processor sharing, the model of RESULTS
-14.10); elsewhere `old model` prices every late receive as if its sender computed (the model before RESULTS
-14.9). Both models are computed on the same run. After the table, per job, a step's time split into compute, the
+the cores (pp=4 on 2 cores) the prediction hands the cores out in such slices. `ready send ms` is what
+posting a send to a rank already waiting for it costs the sender (`calibration.measure_ready_send`: gloo's
+transport thread holds the sender's core; `ready send, waited ms` the same with the sender first waiting for
+its send, the price under 1F1B, whose loop waits on each batch it posts), which the prediction charges where the
+simulated receiver has posted its receive; `old model` is the same prediction with such posts free (the model of RESULTS 14.12).
+Both models are computed on the same run. After the table, per job, a step's time split into compute, the
 engine's message posts and waits, and the rest, for the training run and its calibration's null chunks.
 At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
 1-rank run on the way.
@@ -68,6 +70,11 @@ def slowdown_p90(costs: dict) -> float:
     """The 90th percentile of the calibration's task slowdowns (measured / nominal time), every action and step."""
     value = (costs.get("slowdowns") or {}).get("p90")
     return float("nan") if value is None else value
+
+
+def milliseconds(seconds: float | None) -> str:
+    """A measured time in ms for the table; `nan` where it was not measured (a zero is a measurement)."""
+    return "nan" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def print_step_split(jobs: list[dict]) -> None:
@@ -120,9 +127,9 @@ def main() -> int:
         "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | delivery ms | late recv ms "
         "| host slowdown p90 "
         "| remote delay ms "
-        "| step s | calibrated step s | model step s | late recv, sender waiting ms | slice ms | old model: predicted "
-        "| old model: measured/predicted |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| step s | calibrated step s | model step s | late recv, sender waiting ms | slice ms | ready send ms | ready send, waited ms "
+        "| old model: predicted | old model: measured/predicted |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
@@ -146,7 +153,7 @@ def main() -> int:
                     )
                     labels.append((schedule, pp, vpp, m))
                 except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 19, flush=True)
+                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 21, flush=True)
         results = launch_function(run_jobs, (jobs,), pp)[0]
         dumped.extend({"job": list(label), **result["pipeline"]} for label, result in zip(labels, results))
         for (schedule, pp_, vpp, m), result in zip(labels, results):
@@ -159,9 +166,8 @@ def main() -> int:
             costs = result["pipeline"]["runtime_overheads"]
             rows.append((schedule, pp_, vpp, m, measured, predicted, closed, ratio))
             within += 0.8 <= ratio <= 1.2
-            # the previous model on the same run: processor sharing where the ranks outnumber the cores (14.10),
-            # else every late receive priced at the computing sender's late receive (14.8)
-            old = bubble.get("predicted_processor_sharing", bubble.get("predicted_sender_always_computing", predicted))
+            # the previous model on the same run (14.12): a send posted to a rank already waiting costs nothing
+            old = bubble.get("predicted_sends_free", predicted)
             old_ratio = measured / old if old > 0 else float("nan")
             old_within += 0.8 <= old_ratio <= 1.2
             per_step = result["pipeline"]["measured"]["per_step"]
@@ -176,6 +182,7 @@ def main() -> int:
                 f"{model_step(result['pipeline'], 'calibrated_task_seconds'):.3f} | "
                 f"{model_step(result['pipeline']):.3f} | {(costs.get('late_recv_idle_s') or float('nan')) * 1e3:.2f} | "
                 f"{(costs.get('slice_s') or float('nan')) * 1e3:.2f} | "
+                f"{milliseconds(costs.get('ready_send_s'))} | {milliseconds(costs.get('ready_send_waited_s'))} | "
                 f"{old:.3f} | {old_ratio:.2f} |",
                 flush=True,
             )
@@ -184,8 +191,8 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(dumped, indent=1, default=str))
     print(f"\nrows with measured/predicted within 20% (0.80-1.20): {within} of {len(rows)}")
     print(
-        f"the same rows with the old model (processor sharing where ranks outnumber cores, else the late receive "
-        f"priced as if the sender computed): {old_within}"
+        f"the same rows with the old model (RESULTS 14.12: a send posted to a rank already waiting costs its "
+        f"sender nothing): {old_within}"
     )
     print("measured/predicted bubble per schedule: min / median / max")
     for schedule, values in ratios.items():

@@ -12,7 +12,8 @@ the calibration run measured on the same process group (`calibration.measure_ove
 runtime's work per action, a message's delivery to a rank waiting for it (`delivery_s`, measured in that
 run; at least the link's p2p time), the late receive of gloo's rendezvous sends (where the engine posts each
 receive: `schedules.receive_posts`), where it posts each send (`schedules.send_posts`: DualPipeV's overlapped
-forward and backward send after both), the step's head and tail, and the host's
+forward and backward send after both), what a send posted to a rank already waiting for it holds its sender
+(`ready_send_s`), the step's head and tail, and the host's
 slowdowns, replayed onto the actions over several sampled windows. For GPipe, 1F1B and interleaved
 1F1B the papers' closed form is reported next to it (`closed_form_bubble`). A third number simulates
 the same action lists with the *measured* mean task times: how much of the measured bubble the
@@ -105,6 +106,15 @@ def chunk_task_times(chunks) -> dict[str, list[float]]:
     return {"F": forward, "B": backward, **split_backward(backward)}
 
 
+def ready_send_price(schedule: str, overheads) -> float | None:
+    """What a send posted to a rank already waiting for it costs its sender under `schedule`: the engine's 1F1B
+    loop waits on each batch of sends and receives it posts before it computes on (`Schedule1F1B`), so its price
+    is the one measured with the sender waiting for its send; GPipe and the lowered runtime (interleaved, ZB-V,
+    DualPipeV) compute on and wait for their sends at the end of the step. None where it was not measured."""
+    field = "ready_send_waited_s" if schedule == "1f1b" else "ready_send_s"
+    return getattr(overheads, field, None)
+
+
 def predicted_bubble(
     pipe,
     schedule: str,
@@ -141,6 +151,7 @@ def predicted_bubble(
             "posts": receive_posts(pipe, orders),
             "sends": send_posts(pipe, orders),
             "slice_s": getattr(overheads, "slice_s", None),
+            "ready_send": ready_send_price(schedule, overheads),
         }
     edges = {"head": overheads.head_s, "tail": overheads.tail_s} if runtime else {}
 
@@ -166,6 +177,9 @@ def predicted_bubble(
         return statistics.fmean(samples)
 
     out = {"predicted": bubble(times, replayed, **runtime), "predicted_compute_only": bubble(times)}
+    if runtime.get("ready_send") is not None:
+        # the model before RESULTS 14.13 on the same run: posting a send to a rank already waiting costs nothing
+        out["predicted_sends_free"] = bubble(times, replayed, **{**runtime, "ready_send": None})
     if sliced:  # the previous model on the same run (RESULTS 14.10): every working rank shares the cores at once
         out["predicted_processor_sharing"] = bubble(times, slowdowns, **{**runtime, "slice_s": None})
     if runtime.get("late_recv_idle") is not None:

@@ -39,6 +39,21 @@ process group, before the prediction is made.
   a late receive's sender is usually blocked, not computing, and its transport thread answers at once
   (RESULTS 14.9); the simulation prices each late receive by what its sender is doing when it is posted.
 
+* The ready send: posting a send whose receive the other rank has already posted (it waits for the message)
+  writes the payload at once, and then the sender's gloo transport thread keeps the sender's core for
+  milliseconds while the sender's thread, which computes on after the post, waits in the run queue. Measured on
+  2 gloo ranks on this host (RESULTS 14.13): a 4-128 KiB send to a waiting receiver took 2.9-3.9 ms of the
+  sender's wall time inside the `isend` call, almost all of it run-queue delay (/proc's schedstat), while
+  the sender's transport thread ran 1.9-2.9 ms of CPU per message and the receiver had the payload 0.08 ms
+  (median) after the post began; a send posted before its receive costs the sender ~0.07 ms (it is only
+  queued; the late receive prices it). `measure_ready_send` times exactly that: the work a sender does right
+  after such a post, against the same work without one, twice: with the sender computing on at once (GPipe
+  and the lowered runtime post their sends and wait for them at the end) and with the sender first waiting
+  for the send to complete (the engine's 1F1B loop waits on each batch it posts, the send included) - which
+  of the two its schedule does is what prices it. The simulation holds the sending rank that long
+  (`simulate_actions(ready_send=...)`), which also delays a second send posted right after (DualPipeV's SEND_F
+  and SEND_B after an overlapped pair).
+
 * The host's slowdowns: a rank's forward or backward does not take the same time every time - on a
   shared CPU host the OS gives its core to another thread for a while (or, with more ranks than cores,
   to another rank), and such a slowdown on one rank is idle time on its neighbours, which a simulation
@@ -97,6 +112,10 @@ class PipelineOverheads:
     step_split: tuple[dict, ...] = ()
     # measured: the host scheduler's time slice while the group's ranks all run (None: never descheduled)
     slice_s: float | None = None
+    # measured: what posting a send costs its rank when the receiver already waits for it (`measure_ready_send`),
+    # the sender computing on after the post / first waiting for its send to complete (1F1B's batched waits)
+    ready_send_s: float | None = None
+    ready_send_waited_s: float | None = None
 
     @property
     def delivery_s(self) -> float:
@@ -216,6 +235,49 @@ def measure_late_recv(
     dist.all_gather_object(shared, delays, group=group)
     every = [d for part in shared for d in part]
     return statistics.fmean(every) if every else 0.0
+
+
+def measure_ready_send(
+    group, nbytes: int, repeats: int = 40, work_s: float = 0.008, sender_waits: bool = False
+) -> float:
+    """What posting a send costs its rank when the receiver has already posted the matching receive and waits, the
+    sender computing on after the post (see the module docstring): the time a fixed amount of work (`burn`,
+    about `work_s`) right after the post takes, less the same work's time without a post, mean over `repeats`
+    rounds of each, interleaved; between pipeline ranks (0, 1), (2, 3), ... of `group` at once. `sender_waits`:
+    the sender first waits for its send to complete, then computes (the engine's 1F1B loop waits on each batch
+    it posts, the send included; GPipe and the lowered runtime wait for their sends at the end). Every rank of
+    the group must call it."""
+    me = dist.get_rank(group)
+    size = dist.get_world_size(group)
+    partner = me + 1 if me % 2 == 0 else me - 1
+    active = partner < size
+    buffer = torch.zeros(max(1, nbytes // 4))
+    iterations = max(1, round(work_s / burn_seconds_per_iteration()))
+    with_post, without = [], []
+    for i in range(2 * repeats + 2):
+        post = i % 2 == 0
+        dist.barrier(group=group)
+        if not active:
+            continue
+        other = dist.get_global_rank(group, partner)
+        if me % 2 == 0:
+            burn(iterations // 4)  # the receiver posts its receive meanwhile
+            start = time.perf_counter()
+            request = dist.isend(buffer, other, group=group) if post else None
+            if request is not None and sender_waits:
+                request.wait()  # (a gloo send's work is waited once: a second wait does not return)
+                request = None
+            burn(iterations)
+            (with_post if post else without).append(time.perf_counter() - start)
+            if request is not None:
+                request.wait()
+        elif post:
+            dist.recv(buffer, other, group=group)
+    shared: list = [None] * size
+    dist.all_gather_object(shared, (with_post[2:], without[2:]), group=group)
+    posted = [t for part, _ in shared for t in part]
+    plain = [t for _, part in shared for t in part]
+    return max(0.0, statistics.fmean(posted) - statistics.fmean(plain)) if posted and plain else 0.0
 
 
 def spin_runs(seconds: float, gap_s: float = 1e-4) -> list[float]:
@@ -402,6 +464,8 @@ def measure_overheads(
     tier = link_tier(group, nbytes)
     late_recv = measure_late_recv(group, nbytes)
     late_recv_idle = measure_late_recv(group, nbytes, sender_waits=True)
+    ready_send = measure_ready_send(group, nbytes)
+    ready_send_waited = measure_ready_send(group, nbytes, sender_waits=True)
     slice_s = measure_time_slice(group)
     me = dist.get_rank(group)
     clock = StageClock()
@@ -474,6 +538,8 @@ def measure_overheads(
         late_recv_idle_s=late_recv_idle,
         step_split=tuple(part for _, part in sorted(dict(parts).items())),
         slice_s=slice_s,
+        ready_send_s=ready_send,
+        ready_send_waited_s=ready_send_waited,
     )
 
 

@@ -256,3 +256,40 @@ def test_a_send_posted_after_a_later_action_delays_its_consumer():
     assert start(at_end, 0) == pytest.approx(1.1)
     assert start(after_next, 0) == pytest.approx(2.1)  # F(0, 1) ends at 2, then the send
     assert start(after_next, 1) == pytest.approx(3.1)  # F(0, 1)'s own send at its end (not listed)
+
+
+def test_a_send_to_a_rank_already_waiting_holds_its_sender():
+    """`ready_send`: rank 1 waits for F(0, 0) from the step's start (its receive is posted), so posting that send
+    holds rank 0 for `ready_send` before F(0, 1) (gloo's transport thread on the sender's core); F(0, 1)'s send
+    finds rank 1 still computing F(1, 0) (receive not posted), is only queued and costs rank 0 nothing."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1), ("F", 0, 2)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    times = {"F": [1.0, 3.0]}
+    before = simulate_actions(orders, times, 2, p2p=0.1)
+    held = simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4)
+
+    def start(tasks, rank, mb):
+        return next(t.start for t in tasks if t.rank == rank and t.microbatch == mb)
+
+    assert start(before, 0, 1) == pytest.approx(1.0)
+    assert start(held, 0, 1) == pytest.approx(1.4)
+    assert start(held, 1, 0) == pytest.approx(1.1)  # the message itself leaves when the post begins
+    assert start(held, 0, 2) == pytest.approx(2.4)  # F(0, 1)'s send was queued: rank 1 was computing F(1, 0)
+    assert simulated_bubble(held, own_span=True) > simulated_bubble(before, own_span=True)
+
+
+def test_sends_posted_together_leave_one_after_the_other():
+    """Two sends posted after one action (as the engine posts SEND_F, then SEND_B, after DualPipeV's overlapped
+    forward and backward), both to a rank that posted their receives at the step's start: the second leaves
+    `ready_send` after the first, so its consumer starts that much later."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    times = {"F": [1.0, 0.1]}
+    costs = {"p2p": 0.1, "sends": {0: {("F", 0, 0): 1}}, "posts": {1: {("F", 1, 1): -1}}}
+    before = simulate_actions(orders, times, 2, **costs)
+    held = simulate_actions(orders, times, 2, ready_send=0.4, **costs)
+
+    def start(tasks, mb):
+        return next(t.start for t in tasks if t.rank == 1 and t.microbatch == mb)
+
+    assert start(before, 0) == pytest.approx(2.1) and start(before, 1) == pytest.approx(2.2)
+    assert start(held, 0) == pytest.approx(2.1)  # F(0, 0)'s send first, when F(0, 1) ends
+    assert start(held, 1) == pytest.approx(2.0 + 0.4 + 0.1)  # F(0, 1)'s send once the first post let go
