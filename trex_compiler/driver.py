@@ -10,6 +10,7 @@ Each graph's record is a `trex.capture.CapturedGraph`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -146,7 +147,21 @@ class TrexCompiler:
             partition_fn=lambda joint, joint_inputs, **kw: self._partition(graph, joint, joint_inputs, **kw),
             **extra,
         )
-        return compile_with_aot(gm, example_inputs)
+        with self._backward_lowering():
+            return compile_with_aot(gm, example_inputs)
+
+    def _backward_lowering(self):
+        """Lower the backward right after the forward, not at the first backward call (AOTAutograd's
+        default), when a backend keeps building the forward's kernels after lowering it
+        (`builds_kernels_in_background`: `InductorBackend(background_builds=True)` on CPU, opt-in): the
+        backward's lowering then runs while the forward's kernels build (backends/inductor/kernel_builds.py).
+        A compiled training graph's first call then pays for the backward even if it never runs backward."""
+        import torch._functorch.config as functorch_config
+
+        target = self.options.target
+        if not any(getattr(b, "builds_kernels_in_background", lambda t: False)(target) for b in self.options.backends):
+            return contextlib.nullcontext()
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
     @functools.cached_property
     def _decompositions(self) -> dict | None:
