@@ -3,16 +3,16 @@
 Why: a full (generation-2) collection traverses every object the collector tracks: torch's, sympy's and
 transformers' modules, the model, the caches - most of them alive long before the compile and after it.
 A cold compile allocates millions of objects (FakeTensors, fx nodes, Inductor's IR and sympy expressions),
-which triggers a full collection every so often: on tiny DeepSeek-V4 bf16's first call, 8 full collections
-took 3.6 s of the main thread's 39 s of CPU (torch.compile's first call: 6 took 4.0 s; bench/RESULTS.md 11,
-eleventh session). `gc.freeze()` moves the objects alive at the compile's start to the permanent generation,
+which triggers a full collection every so often: on tiny DeepSeek-V4 bf16's first call the main thread spent
+6.9 s in collections, 5.2 s of it in 8 full ones (torch.compile's first call: 6.5 s; with this module trex's:
+3.6 s; `bench/compile_collector.py`, bench/RESULTS.md 11, eleventh session). `gc.freeze()` moves the objects alive at the compile's start to the permanent generation,
 which collections skip; `gc.unfreeze()` at the end hands them back to the oldest generation. Garbage made
 during the compile is collected as before (it was not alive at the start). With the old objects frozen, the
 oldest generation holds only the compile's own, so CPython's rule that defers a full collection until the
 objects promoted since the last one exceed 25% of the long-lived ones no longer spaces them out (21 full
-collections instead of 8, 2.5 s); the compile therefore also runs a full collection only every
-`_FULL_EVERY` second-generation collections (CPython's default: 10): 3 full collections, 1.4 s, for 4% more
-peak RSS (722 vs 696 MiB) on that first call. Between its stages the compile
+collections instead of 8); the compile therefore also runs a full collection only every `_FULL_EVERY`
+second-generation collections (CPython's default: 10): 3-5 full collections, for 4% more peak RSS (722 vs
+696 MiB) on that first call. Between its stages the compile
 freezes again what it has built so far and keeps (`freeze_survivors`: the joint graph after the AOT trace, the
 partitioned graphs), which the later stages' full collections would otherwise traverse each time.
 
