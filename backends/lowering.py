@@ -235,11 +235,18 @@ def _lower_region(lowering: Lowering, backend: Backend, name: str, region: fx.Gr
     if not callable(compiled):
         raise BackendError(f"backend {backend.name!r}.lower returned {type(compiled).__name__}, not a callable")
     lowering.region_seconds[name] = time.perf_counter() - start
+    builds = getattr(compiled, "trex_kernel_builds", None)  # kernels still building: their wait is compile time
+    if builds is not None and builds.pending:
+        builds.on_finish.append(lambda seconds: _add_seconds(lowering.region_seconds, name, seconds))
     lowering.notes += [f"{name}: {note}" for note in getattr(compiled, "trex_notes", [])]
     lowering.partitions.append((backend.name, name, [n.name for n in region.graph.nodes if n.op == "call_function"]))
     if lowering.module is region:
         lowering.module = compiled
     return compiled
+
+
+def _add_seconds(seconds_by_region: dict[str, float], name: str, seconds: float) -> None:
+    seconds_by_region[name] = seconds_by_region.get(name, 0.0) + seconds
 
 
 def boxed_single_region(gm: fx.GraphModule) -> Callable[[list[Any]], Any] | None:

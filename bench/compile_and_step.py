@@ -79,11 +79,30 @@ def peak_step_bytes(step: TrainStep) -> int:
 
 def warm_up_compilers() -> None:
     """Pay Inductor's once-per-process costs before either compiler is timed: its imports, the C++ compiler
-    and vector-ISA probes (small test programs it compiles), the compile worker threads. Without this the
-    variant compiled first (trex) pays them and the one after it (torch.compile) does not."""
+    and vector-ISA probes (small test programs it compiles), the compile worker threads, and the system
+    description its graph hashes read (`CacheBase.get_system`, ~0.4-0.8 s here, first reached by a graph with
+    a matmul). Without this the variant compiled first (trex) pays them and the one after it (torch.compile)
+    does not."""
     x = torch.randn(8, requires_grad=True)
-    torch.compile(lambda t: (t * 2).sin().sum())(x).backward()
+    w = torch.randn(8, 8, requires_grad=True)
+    torch.compile(lambda t, w: (t.view(1, 8) @ w).sin().sum())(x, w).backward()
     torch._dynamo.reset()
+
+
+def cold_compile_setup(family: str, dtype: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The bench's process set-up for a cold first call, for the scripts that dissect it (first_call_profile,
+    kernel_build_overlap): seeded, one torch thread, Inductor's caches off, compilers warmed up; the tiny model
+    of `family` in `dtype` ("fp32" / "bf16") and its batch of 4 x 32 token ids."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.force_disable_caches = True
+    warm_up_compilers()
+    config = tiny_config(family)
+    model = build_model(config, seed=0).to(DTYPES[dtype])
+    input_ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    return model, input_ids
 
 
 def bench_family(

@@ -10,6 +10,7 @@ Each graph's record is a `trex.capture.CapturedGraph`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from trex.backends import Backend, backend_names_from_env, default_backend_names, get_backend, lower_graph
 from trex.backends.eager import EagerBackend
 from trex.capture import CapturedGraph, GraphBreak
+from trex.collector import freeze_survivors, skip_existing_objects
 from trex.dump import DumpWriter
 from trex.pass_manager import (
     JOINT,
@@ -146,7 +148,21 @@ class TrexCompiler:
             partition_fn=lambda joint, joint_inputs, **kw: self._partition(graph, joint, joint_inputs, **kw),
             **extra,
         )
-        return compile_with_aot(gm, example_inputs)
+        with self._backward_lowering(), skip_existing_objects():
+            return compile_with_aot(gm, example_inputs)
+
+    def _backward_lowering(self):
+        """Lower the backward right after the forward, not at the first backward call (AOTAutograd's
+        default), when a backend keeps building the forward's kernels after lowering it
+        (`builds_kernels_in_background`: `InductorBackend(background_builds=True)` on CPU, opt-in): the
+        backward's lowering then runs while the forward's kernels build (backends/inductor/kernel_builds.py).
+        A compiled training graph's first call then pays for the backward even if it never runs backward."""
+        import torch._functorch.config as functorch_config
+
+        target = self.options.target
+        if not any(getattr(b, "builds_kernels_in_background", lambda t: False)(target) for b in self.options.backends):
+            return contextlib.nullcontext()
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
     @functools.cached_property
     def _decompositions(self) -> dict | None:
@@ -185,6 +201,7 @@ class TrexCompiler:
         return PassContext(target=self.options.target.name, phase=graph.phase, graph_id=graph.graph_id, options=options)
 
     def _run_pipeline(self, graph: CapturedGraph, gm: fx.GraphModule) -> None:
+        freeze_survivors()  # the traced graph and its FakeTensors live to the end of the compile
         start = time.perf_counter()
         graph.seconds["aot_trace"] = start - graph.started_at
         self._say(
@@ -276,7 +293,9 @@ class TrexCompiler:
     def _lower(self, graph: CapturedGraph, which: str, gm: fx.GraphModule):
         start = time.perf_counter()
         inputs = graph.graph_inputs
-        lowering = lower_graph(gm, self.options.backends, self.options.target, phase=which, graph_inputs=inputs)
+        freeze_survivors()  # the partitioned graphs
+        with skip_existing_objects():  # the backward is lowered at its first call, outside `__call__`
+            lowering = lower_graph(gm, self.options.backends, self.options.target, phase=which, graph_inputs=inputs)
         graph.lowerings[which] = lowering
         graph.seconds[f"lower_{which}"] = time.perf_counter() - start
         self._say(graph, f"{which} graph lowered")

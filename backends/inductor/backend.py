@@ -26,7 +26,9 @@ import torch
 from torch import fx
 
 from trex.backends.backend import WHOLE_GRAPH, Backend
+from trex.backends.inductor.kernel_builds import KernelBuilds, can_defer
 from trex.backends.inductor.regions import compile_regions, plan_regions
+from trex.errors import BackendError
 
 # GraphModule.meta key: the backend whose decompositions the graph was traced with (see trace_decompositions)
 DECOMPOSED = "trex_decomposed_for"
@@ -67,7 +69,7 @@ class InductorBackend(Backend):
     # kernels, where the primitives themselves would be opaque extern calls with Python bodies
     decomposes_moe_primitives: ClassVar[bool] = True
 
-    def __init__(self, regional: bool = False, runtime_checks: bool = False) -> None:
+    def __init__(self, regional: bool = False, runtime_checks: bool = False, background_builds: bool = False) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
         # regions.py: a graph whose decoder layers repeat is compiled one distinct layer at a time. Opt-in
         # until its first-call saving and its step time are measured on the tiny models (bench/RESULTS.md 11)
@@ -75,6 +77,10 @@ class InductorBackend(Backend):
         # Keep Inductor's size/stride and alignment asserts in the generated code of a whole-graph region too
         # (see `_runtime_checks`); they are always kept in a region between eager ops
         self.runtime_checks = runtime_checks
+        # kernel_builds: a region's C++ kernels finish building at its first call, not inside `lower`, and the
+        # backward lowers while the forward's build. Opt-in: on this 2-vCPU machine the overlap made the first
+        # call 7-10% slower (bench/kernel_build_overlap.py; bench/RESULTS.md 11, eleventh session)
+        self.background_builds = background_builds
 
     def trace_decompositions(self, target: Any) -> dict | None:
         """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
@@ -87,6 +93,13 @@ class InductorBackend(Backend):
         from torch._inductor.decomposition import select_decomp_table
 
         return select_decomp_table()
+
+    def builds_kernels_in_background(self, target: Any) -> bool:
+        """Whether a compiled region's C++ kernels keep building after `lower` returns, until its first call
+        (`kernel_builds`): with `background_builds`, on a CPU target. The driver then lowers the backward right
+        after the forward, so that it lowers while the forward's kernels build."""
+        cpu = getattr(target, "device_type", None) == "cpu"
+        return self.background_builds and cpu and inductor_unavailable_reason() is None
 
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Scatter-adds into zeros become sums over their index slots (`zero_fills`), so that their buffers are
@@ -116,19 +129,36 @@ class InductorBackend(Backend):
         plan = plan_regions(decomposed) if self.regional else None
         notes: list[str] = []
         checks = self.runtime_checks or plan is not None or not gm.meta.get(WHOLE_GRAPH, False)
-        with _region_output_strides_unreported(), _eager_roundings(decomposed), _runtime_checks(checks):
+        builds = KernelBuilds()
+        defer = self.background_builds and can_defer(example_inputs)
+        deferred = builds.deferring() if defer else contextlib.nullcontext()
+        with _region_output_strides_unreported(), _eager_roundings(decomposed), _runtime_checks(checks), deferred:
             if plan is None:
                 compiled = compile_fx_inner(decomposed, list(example_inputs))
             else:
                 compiled, notes = compile_regions(plan, lambda graph, inputs: compile_fx_inner(graph, list(inputs)))
                 notes.insert(0, f"regional compilation: {len(plan.regions)} regions, {plan.distinct} compiled")
         self.compile_seconds[region] = time.perf_counter() - start
+        builds.on_finish.append(lambda seconds: self._add_seconds(region, seconds))
+
+        def finish_builds() -> None:
+            try:
+                builds.finish()
+            except Exception as error:
+                raise BackendError(
+                    f"backend 'inductor': building the C++ kernels of region {region} failed: {error} "
+                    "(trex.compile(model, backend=['eager']) runs the graph without Inductor's kernels)"
+                ) from error
 
         def run(*args: Any) -> Any:
+            if builds.pending:
+                finish_builds()
             outputs = compiled(list(args))
             return outputs[0] if single_output else tuple(outputs)
 
         def run_boxed(args: list[Any]) -> Any:
+            if builds.pending:
+                finish_builds()
             # Inductor's calling convention: it empties `args` as it starts, so an input (a saved
             # activation, in the backward) is freed when the generated code no longer needs it.
             outputs = compiled(args)
@@ -137,7 +167,12 @@ class InductorBackend(Backend):
         run.trex_region = region  # type: ignore[attr-defined]
         run.trex_notes = notes  # type: ignore[attr-defined]  # copied into the lowering's notes
         run.boxed = run_boxed  # type: ignore[attr-defined]  # see lowering.boxed_single_region
+        run.trex_kernel_builds = builds  # type: ignore[attr-defined]  # its waits, done at the first call
         return run
+
+    def _add_seconds(self, region: str, seconds: float) -> None:
+        """A deferred kernel wait is part of the region's compile time (`kernel_builds`)."""
+        self.compile_seconds[region] = self.compile_seconds.get(region, 0.0) + seconds
 
 
 @contextlib.contextmanager
