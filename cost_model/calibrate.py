@@ -343,25 +343,31 @@ def _expert_op_calls(rows_per_expert: int) -> dict[str, tuple[Any, tuple]]:
     }
 
 
-def _modelled_parts(op: Any, args: tuple, profile: DeviceProfile) -> tuple[float, float]:
-    """(seconds of the call's grouped GEMMs on `profile`'s tile model, bytes of its rows as its formula counts
-    them): what `annotate` prices this call from, traced to a graph node."""
+def traced_call(op: Any, args: tuple) -> Any:
+    """The graph node of one call `op(*args)` (its tensor arguments traced, the rest kept as constants), with the
+    shapes the cost model's formulas bind."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from trex.cost_model.annotate import expert_gemm_seconds, expert_row_bytes
-    from trex.cost_model.op_formulas import formula_for
-
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
-    def call(*ts):
+    def call(*tensors):
         full = list(args)
-        for i, t in zip(positions, ts):
+        for i, t in zip(positions, tensors):
             full[i] = t
         return op(*full)
 
-    graph = make_fx(call)(*tensors).graph
+    graph = make_fx(call)(*(args[i] for i in positions)).graph
     (node,) = [n for n in graph.nodes if n.op == "call_function" and n.target is op]
+    return node
+
+
+def _modelled_parts(op: Any, args: tuple, profile: DeviceProfile) -> tuple[float, float]:
+    """(seconds of the call's grouped GEMMs on `profile`'s tile model, bytes of its rows as its formula counts
+    them): what `annotate` prices this call from, traced to a graph node."""
+    from trex.cost_model.annotate import expert_gemm_seconds, expert_row_bytes
+    from trex.cost_model.op_formulas import formula_for
+
+    node = traced_call(op, args)
     formula = formula_for(node.target)
     values = formula.bind(node)
     _, moved = (float(x) for x in formula.evaluate(*[float(values.get(s, 0.0)) for s in formula.symbols]))

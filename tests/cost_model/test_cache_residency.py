@@ -130,7 +130,7 @@ def test_the_expert_ops_are_calibrated_beside_their_modelled_gemms_and_priced_th
     calls take beyond the GEMM model's grouped GEMMs as a fixed cost plus a rate over their row bytes; annotate
     prices a traced op as those GEMMs plus that line (the weights' bytes stay the GEMMs')."""
     from trex.cost_model.annotate import annotate_node, expert_gemm_seconds, expert_row_bytes
-    from trex.cost_model.calibrate import _expert_op_calls, measure_expert_ops
+    from trex.cost_model.calibrate import _expert_op_calls, measure_expert_ops, traced_call
     from trex.cost_model.catalog import get_cluster
 
     cpu = BUILTIN_DEVICES["cpu"]
@@ -147,18 +147,7 @@ def test_the_expert_ops_are_calibrated_beside_their_modelled_gemms_and_priced_th
         op_overhead_us={k: fixed * 1e6 for k, (fixed, _) in measured.items()},
         op_bandwidth_gbs={k: rate / 1e9 for k, (_, rate) in measured.items()},
     )
-    op, args = _expert_op_calls(16)["trex.ep_experts_local"]
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-    def call(*ts):
-        full = list(args)
-        for i, t in zip(positions, ts):
-            full[i] = t
-        return op(*full)
-
-    gm = make_fx(call)(*tensors)
-    (node,) = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is op]
+    node = traced_call(*_expert_op_calls(16)["trex.ep_experts_local"])
     cluster = get_cluster("cpu").with_device(profile)
     cost = annotate_node(node, cluster)
     rows = expert_row_bytes(cost.op, _values(node), cost.bytes)
