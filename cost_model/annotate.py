@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 from trex.cost_model import collectives
+from trex.cost_model.cache_residency import cold_read_bytes
 from trex.cost_model.catalog import get_cluster
 from trex.cost_model.cluster import Cluster
 from trex.cost_model.cpu_loops import node_loops
@@ -41,6 +42,7 @@ from trex.cost_model.op_formulas import (
     formula_for,
     node_outputs,
     op_name,
+    s_in,
 )
 from trex.cost_model.torch_npu_formulas import WEIGHT_GRAD_GEMMS, splits_k
 
@@ -61,6 +63,7 @@ class NodeCost:
     bindings: Mapping[str, float] = field(default_factory=dict)
     priced: bool = True
     note: str = ""
+    cold_bytes: float = 0.0  # of its reads, not in the cache when it runs (trex.cost_model.cache_residency)
 
     def describe(self) -> str:
         if not self.priced:
@@ -156,7 +159,7 @@ def _group_size(
     return (world_size or 0), None
 
 
-def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) -> float:
+def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile, cold: float = 0.0) -> float:
     dtype = _dtype(node, device)
     if name in WEIGHT_GRAD_GEMMS:  # torch_npu's grouped GEMM accumulating into fp32: it multiplies its inputs' dtype
         dtype = _dtype(node.args[1], device)
@@ -180,6 +183,8 @@ def _gemm_time(node: fx.Node, name: str, values: dict, device: DeviceProfile) ->
         if weight_grad:
             return device.gemm_time(values[K], values[N], rows, dtype, experts)
         return device.gemm_time(rows, values[N], values[K], dtype, experts)
+    if cold > 0:
+        return device.gemm_time_cold(values[M], values[N], values[K], dtype, int(values.get(B, 1)), cold)
     return device.gemm_time(values[M], values[N], values[K], dtype, int(values.get(B, 1)))
 
 
@@ -220,6 +225,39 @@ _EXPERTS_OPS = (
 )
 
 
+def expert_gemm_seconds(name: str, values: Mapping, device: DeviceProfile, dtype: str) -> float:
+    """The grouped GEMMs of a fused experts op (`_EXPERTS_OPS`) on the tile model: S rows over E experts, hidden
+    H, gate_up width M, down width N (the formula's bindings)."""
+    experts = max(1, int(values[E]))
+    rows = values[S] / experts
+    forward = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(
+        rows, values[H], values[N], dtype, experts
+    )
+    # the backward's halves: the data gradients multiply [rows, out] by each weight transposed (the forward's
+    # row counts); the weight gradients reduce over the rows (K = rows per expert: a few rows make a short
+    # main loop, the tile's fill and the weight-sized output dominate)
+    data = device.gemm_time(rows, values[N], values[H], dtype, experts) + device.gemm_time(
+        rows, values[H], values[M], dtype, experts
+    )
+    weight = device.gemm_time(values[H], values[M], rows, dtype, experts) + device.gemm_time(
+        values[N], values[H], rows, dtype, experts
+    )
+    return {
+        "trex.ep_experts_local_input_backward": data,
+        "trex.ep_experts_local_weight_backward": weight,
+    }.get(name, 2 * forward if name.endswith("backward") else forward)
+
+
+def expert_row_bytes(name: str, values: Mapping, moved: float) -> float:
+    """Of a fused experts op's bytes (its formula's), those of its rows (received, gathered, activated,
+    scattered, their gradients): the rest is its weights (read; the weight-gradient half also writes their
+    gradients), which its grouped GEMMs price."""
+    weights = values[E] * values[H] * (values[M] + values[N]) * values.get(s_in, 4.0)
+    if name == "trex.ep_experts_local_weight_backward":
+        weights *= 2
+    return max(moved - float(weights), 0.0)
+
+
 def _time(
     node: fx.Node,
     formula: OpFormula,
@@ -229,6 +267,7 @@ def _time(
     cluster: Cluster,
     groups: Mapping[str, Sequence[int]] | None,
     world_size: int | None,
+    cold: float = 0.0,
 ) -> tuple[float, str]:
     device = cluster.device
     kind = formula.kind
@@ -246,34 +285,30 @@ def _time(
         extra_launches = device.gemm_launch_s(dtype, groups) - device.gemm_launch_s(dtype)
         return _gemm_time(node, name, values, device) - extra_launches + device.overhead_s(name, kind), ""
     if kind == "gemm":
-        return _gemm_time(node, name, values, device), ""
+        return _gemm_time(node, name, values, device, cold), ""
     if kind == "attention":
         keys = values[L_k] * values[causal]
         backward = name.endswith("backward")
         return device.attention_time(flops, keys, backward), ""
     if kind == "moe" and name in _EXPERTS_OPS:
-        dtype = _dtype(node, device)
-        experts = max(1, int(values[E]))
-        rows = values[S] / experts
-        forward = device.gemm_time(rows, values[M], values[H], dtype, experts) + device.gemm_time(
-            rows, values[H], values[N], dtype, experts
-        )
-        # the backward's halves: the data gradients multiply [rows, out] by each weight transposed (the forward's
-        # row counts); the weight gradients reduce over the rows (K = rows per expert: a few rows make a short
-        # main loop, the tile's fill and the weight-sized output dominate)
-        data = device.gemm_time(rows, values[N], values[H], dtype, experts) + device.gemm_time(
-            rows, values[H], values[M], dtype, experts
-        )
-        weight = device.gemm_time(values[H], values[M], rows, dtype, experts) + device.gemm_time(
-            values[N], values[H], rows, dtype, experts
-        )
-        gemms = {
-            "trex.ep_experts_local_input_backward": data,
-            "trex.ep_experts_local_weight_backward": weight,
-        }.get(name, 2 * forward if name.endswith("backward") else forward)
-        return gemms + device.memory_time(moved, 6), ""
+        gemms = expert_gemm_seconds(name, values, device, _dtype(node, device))
+        cold = min(cold, moved)
+        if name in device.op_overhead_us:
+            # this op was measured (`calibrate.measure_expert_ops`): its fixed cost per call and the rate of
+            # everything beside its GEMMs (index build, row gathers, activation, scatter, the weights' layout)
+            # per byte of its row traffic, on operands in the cache. The graph's order leaves reads cold (the
+            # weights, a graph input, first): the rows' at the memory's rate, the weights' packed at the memory's
+            # rate instead of the cache's (`DeviceProfile.gemm_time_cold`)
+            rows = expert_row_bytes(name, values, moved)
+            weights = moved - rows
+            cold_weights = min(cold, weights)
+            packing = 0.0
+            if cold_weights > 0 and device.cache_bandwidth_gbs > 0:
+                packing = max(device.cold_read_s(cold_weights) - cold_weights / (device.cache_bandwidth_gbs * 1e9), 0.0)
+            return gemms + packing + device.op_time(measured, kind, 0.0, rows, cold_bytes=cold - cold_weights), ""
+        return gemms + device.memory_time(moved - cold, 6) + device.cold_read_s(cold), ""
     if kind == "moe":  # dispatch / combine: gathers, sorts and weighted sums
-        return device.op_time(measured, kind, flops, moved), ""
+        return device.op_time(measured, kind, flops, moved, cold_bytes=cold), ""
     if kind == "collective":
         size, ranks = _group_size(node, groups, world_size)
         if size <= 1:
@@ -289,7 +324,7 @@ def _time(
         elif collective == "all_to_all":
             buffer = values.get(sympy.Symbol("bytes_in"), moved)
         return collectives.collective_time(collective, buffer, placement), ""
-    seconds = device.op_time(measured, kind, flops, moved, _loops(node, kind, name, device))
+    seconds = device.op_time(measured, kind, flops, moved, _loops(node, kind, name, device), cold_bytes=cold)
     return seconds + _row_seconds(node, kind, name, device), ""
 
 
@@ -310,11 +345,16 @@ def annotate_node(
     groups: Mapping[str, Sequence[int]] | None = None,
     world_size: int | None = None,
     overrides: Mapping[str, float] | None = None,
+    cold_bytes: float = 0.0,
 ) -> NodeCost | None:
     """The cost of one call_function node (None for placeholders and outputs).
 
     overrides: formula symbol name -> value, in place of what the node's shapes bind (a data-dependent size
-    known after the fact, e.g. the rows an expert-parallel exchange really moved: `S`, `bytes_in`)."""
+    known after the fact, e.g. the rows an expert-parallel exchange really moved: `S`, `bytes_in`).
+    cold_bytes: of its reads, the bytes not in the cache when it runs (`cache_residency.cold_read_bytes`):
+    memory-bound ops read them at the memory's rate, a GEMM packs them at that rate before its arithmetic
+    (`DeviceProfile.gemm_time_cold`; grouped GEMMs keep their measured calls); attention and collectives do not
+    use it."""
     if node.op != "call_function":
         return None
     name = op_name(node.target)
@@ -338,7 +378,7 @@ def annotate_node(
         values[causal] = cluster.device.attention.causal_keys(values[L_q]) / values[L_k]
     ordered = [float(values.get(symbol, 0.0)) for symbol in formula.symbols]
     flops, moved = (float(x) for x in formula.evaluate(*ordered))
-    seconds, problem = _time(node, formula, values, flops, moved, cluster, groups, world_size)
+    seconds, problem = _time(node, formula, values, flops, moved, cluster, groups, world_size, cold_bytes)
     if seconds > 0 and formula.kind in ("attention",):  # the per-call cost this device measured for this op kind
         device = cluster.device
         seconds += device.overhead_s(name, formula.kind) - device.kernel_overhead_s
@@ -347,8 +387,18 @@ def annotate_node(
         return NodeCost(
             name, formula.kind, flops, moved, 0.0, formula.flops, formula.bytes, bindings, priced=False, note=problem
         )
+    cold = min(cold_bytes, moved) if formula.kind not in ("attention", "collective", "view", "sync") else 0.0
     return NodeCost(
-        name, formula.kind, flops, moved, seconds, formula.flops, formula.bytes, bindings, note=formula.note
+        name,
+        formula.kind,
+        flops,
+        moved,
+        seconds,
+        formula.flops,
+        formula.bytes,
+        bindings,
+        note=formula.note,
+        cold_bytes=cold,
     )
 
 
@@ -363,12 +413,19 @@ def annotate(
 
     groups: process-group name -> global ranks, for collectives whose group is not initialised in
     this process (the default: ranks 0..group_size-1 of the target cluster).
+
+    On a device with a modelled cache (`cache_mib`, a calibrated CPU) a memory-bound op's reads that the
+    graph's order has pushed out of the cache are priced at the memory's rate (`cache_residency`): the
+    calibration's per-op rates are measured on operands in the cache. The graph is priced in its current
+    order, so re-annotate after reordering it.
     """
     cluster = cluster_of(target)
     fx_graph = graph.graph if isinstance(graph, fx.GraphModule) else graph
     report = AnnotationReport(target=f"{cluster.name}:{cluster.device.name}")
+    device = cluster.device
+    cold = cold_read_bytes(fx_graph, device.cache_mib * 2**20) if device.cache_mib > 0 else {}
     for node in fx_graph.nodes:
-        cost = annotate_node(node, cluster, groups, world_size)
+        cost = annotate_node(node, cluster, groups, world_size, cold_bytes=cold.get(node, 0.0))
         if cost is None:
             continue
         node.meta["cost"] = cost

@@ -300,6 +300,111 @@ def measure_kinds(
     return out
 
 
+# the fused expert-parallel experts ops (runtime/expert_parallel.py): measured at two row counts per expert, with the
+# weights in transformers' own [E, out, in] layout (what the programs pass them as) and a DeepSeek-style width
+EXPERT_OPS_SHAPE = {"experts": 8, "hidden": 512, "intermediate": 128, "rows_per_expert": (8, 64)}
+
+
+def _expert_op_calls(rows_per_expert: int) -> dict[str, tuple[Any, tuple]]:
+    """The three expert-parallel experts ops, one rank's received rows spread evenly over its experts, each with the
+    arguments its graph gives it (the forward's saved tensors feed the two backward halves)."""
+    import trex.runtime.expert_parallel  # noqa: F401 - registers torch.ops.trex.ep_*
+
+    ops = torch.ops.trex
+    experts, hidden, inter = (EXPERT_OPS_SHAPE[k] for k in ("experts", "hidden", "intermediate"))
+    rows = experts * rows_per_expert
+    generator = torch.Generator().manual_seed(0)
+    received = torch.randn(rows, hidden, generator=generator)
+    counts = torch.full((1, experts), rows_per_expert, dtype=torch.int64)
+    gate_up = torch.randn(experts, 2 * inter, hidden, generator=generator) * 0.05  # [E, out, in]
+    down = torch.randn(experts, hidden, inter, generator=generator) * 0.05
+    forward = (received, counts, gate_up, down, "silu", 0.0, False, rows)
+    _, regroup, grouped_in, gate_up_out = ops.ep_experts_local(*forward)
+    grad = torch.randn(rows, hidden, generator=generator)
+    data = (grad, counts, gate_up, down, regroup, gate_up_out, "silu", 0.0, False, rows)
+    _, grad_local_out, grad_gate_up_out = ops.ep_experts_local_input_backward(*data)
+    weight = (
+        grad_local_out,
+        counts,
+        gate_up,
+        down,
+        grouped_in,
+        gate_up_out,
+        grad_gate_up_out,
+        "silu",
+        0.0,
+        False,
+        rows,
+    )
+    return {
+        "trex.ep_experts_local": (ops.ep_experts_local.default, forward),
+        "trex.ep_experts_local_input_backward": (ops.ep_experts_local_input_backward.default, data),
+        "trex.ep_experts_local_weight_backward": (ops.ep_experts_local_weight_backward.default, weight),
+    }
+
+
+def traced_call(op: Any, args: tuple) -> Any:
+    """The graph node of one call `op(*args)` (its tensor arguments traced, the rest kept as constants), with the
+    shapes the cost model's formulas bind."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def call(*tensors):
+        full = list(args)
+        for i, t in zip(positions, tensors):
+            full[i] = t
+        return op(*full)
+
+    graph = make_fx(call)(*(args[i] for i in positions)).graph
+    (node,) = [n for n in graph.nodes if n.op == "call_function" and n.target is op]
+    return node
+
+
+def _modelled_parts(op: Any, args: tuple, profile: DeviceProfile) -> tuple[float, float]:
+    """(seconds of the call's grouped GEMMs on `profile`'s tile model, bytes of its rows as its formula counts
+    them): what `annotate` prices this call from, traced to a graph node."""
+    from trex.cost_model.annotate import expert_gemm_seconds, expert_row_bytes
+    from trex.cost_model.op_formulas import formula_for
+
+    node = traced_call(op, args)
+    formula = formula_for(node.target)
+    values = formula.bind(node)
+    _, moved = (float(x) for x in formula.evaluate(*[float(values.get(s, 0.0)) for s in formula.symbols]))
+    name = str(op).rsplit(".", 1)[0]
+    return expert_gemm_seconds(name, values, profile, "fp32"), expert_row_bytes(name, values, moved)
+
+
+def measure_expert_ops(profile: DeviceProfile, repeats: int) -> dict[str, tuple[float, float]]:
+    """Per expert-parallel experts op: (fixed seconds per call, bytes per second) of what the call takes beyond
+    its grouped GEMMs as `profile`'s GEMM model prices them (the index build, the row gathers and scatter, the
+    activation, reading the [E, out, in] weights through a transpose), from calls at two row counts
+    (`EXPERT_OPS_SHAPE`): annotate then prices the op as its modelled GEMMs plus this line over its bytes, as
+    `trex.grouped_mm`'s measured call is priced; the bytes are the rows' (`annotate.expert_row_bytes`: the
+    weights are the GEMMs', and a larger model's weights would otherwise be charged at the rows' rate). Calls on operands in the cache, as every op of the calibration;
+    `cache_residency` adds the reads a graph's order leaves cold."""
+    small_rows, large_rows = EXPERT_OPS_SHAPE["rows_per_expert"]
+    small, large = _expert_op_calls(small_rows), _expert_op_calls(large_rows)
+    out = {}
+    for key in small:
+        points = []
+        for op, args in (small[key], large[key]):
+            seconds = _batched_time(lambda op=op, args=args: op(*args), 3, repeats)
+            gemms, moved = _modelled_parts(op, args, profile)
+            points.append((moved, max(seconds - gemms, 0.0)))
+        (b_small, r_small), (b_large, r_large) = points
+        # the line through both calls; a call costs at least one kernel's fixed cost (the profile's measured
+        # per-op overhead), so where the line's intercept falls below it, the line runs from that cost through the
+        # larger call (the smaller one then sits below it, the noise of a short call)
+        floor = profile.kernel_overhead_s
+        fixed = floor
+        if r_large > r_small and b_large > b_small:
+            fixed = max(r_small - b_small * (r_large - r_small) / (b_large - b_small), floor)
+        rate = b_large / (r_large - fixed) if r_large > fixed else 1e15  # 1e15: no per-byte cost measurable
+        out[key] = (fixed, rate)
+    return out
+
+
 def measure_loop_overheads(repeats: int, rows: int = 4096) -> tuple[float, float]:
     """(ns per inner row, ns per 2-D loop call) of CPU element-wise kernels, from two layouts with
     the bytes of a contiguous reference: the first two of four columns (rows of 2 that cannot
@@ -685,6 +790,7 @@ def _calibrate(fast: bool, collectives: bool, ranks: int = 2) -> Calibration:
     result.kinds = measure_kinds(
         repeats, loops=result.loops, reduce_output_ns=result.rows.reduce_output_ns.get("contiguous", 0.0)
     )
+    result.kinds.update(measure_expert_ops(profile, repeats))
     result.vector_flops = measure_vector(1 << 16, repeats)
     profile = replace(
         profile,

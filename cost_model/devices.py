@@ -165,22 +165,38 @@ class DeviceProfile:
             self.memory_time(bytes_moved, kernels), kernels * self.kernel_overhead_s + flops / self.vector_flops()
         )
 
-    def op_time(self, op: str, kind: str, flops: float, bytes_moved: float, loops: tuple[int, int] = (1, 1)) -> float:
+    def op_time(
+        self,
+        op: str,
+        kind: str,
+        flops: float,
+        bytes_moved: float,
+        loops: tuple[int, int] = (1, 1),
+        cold_bytes: float = 0.0,
+    ) -> float:
         """One memory-bound op: its fixed cost plus the slowest of its traffic at the rate measured
         for it (when calibrated), its traffic through the cache/memory model, and its arithmetic.
         `loops` = (rows, 2-D calls) of a CPU element-wise kernel (`trex.cost_model.cpu_loops`) adds
-        their per-loop costs beyond the single row and call a contiguous op pays."""
+        their per-loop costs beyond the single row and call a contiguous op pays. `cold_bytes` of its
+        reads are not in the cache when it runs (`trex.cost_model.cache_residency`): they stream at the
+        memory rate (`cold_read_s`), the rest of its traffic at the rates measured on resident operands."""
         rows, calls = loops
         fixed = (
             self.overhead_s(op, kind)
             + (max(rows - 1, 0) * self.row_overhead_ns + max(calls - 1, 0) * self.loop_call_overhead_ns) * 1e-9
         )
-        memory = self.memory_time(bytes_moved, 1) - self.kernel_overhead_s
+        cold = min(max(cold_bytes, 0.0), bytes_moved)
+        memory = self.memory_time(bytes_moved - cold, 1) - self.kernel_overhead_s + self.cold_read_s(cold)
         seconds = max(memory, flops / self.vector_flops())
         rate = self.op_bandwidth_gbs.get(op, self.op_bandwidth_gbs.get(kind))
         if rate:
-            seconds = max(seconds, bytes_moved / (rate * 1e9))
+            seconds = max(seconds, (bytes_moved - cold) / (rate * 1e9) + self.cold_read_s(cold))
         return fixed + seconds
+
+    def cold_read_s(self, cold_bytes: float) -> float:
+        """Seconds to read `cold_bytes` that are not in the cache: the memory's streaming rate (the rate
+        `memory_time` charges beyond the cache)."""
+        return max(cold_bytes, 0.0) / (self.hbm_bytes_per_s * self.memory_efficiency)
 
     # -- derived quantities, SI units -------------------------------------------------------
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -240,6 +256,26 @@ class DeviceProfile:
         if len(self._gemm_cache) < 100_000:
             self._gemm_cache[key] = seconds
         return seconds
+
+    def gemm_time_cold(self, m: float, n: float, k: float, dtype: str, groups: int, cold_bytes: float) -> float:
+        """`gemm_time` when `cold_bytes` of its operands are not in the cache when it starts
+        (`trex.cost_model.cache_residency`). A CPU GEMM first copies its operand panels into a packed layout
+        (Goto & van de Geijn, "Anatomy of high-performance matrix multiplication", ACM TOMS 34(3), 2008), a
+        pass that reads them before the arithmetic, not beside it: reading the cold bytes at the memory's rate
+        instead of the cache's (at which the calibration's GEMMs, measured on the same operands back to back,
+        read them) lengthens the arithmetic side of the model. A GEMM bound by its traffic already reads all of
+        it at the memory's rate."""
+        base = self.gemm_time(m, n, k, dtype, groups)
+        if cold_bytes <= 0 or self.cache_bandwidth_gbs <= 0 or m <= 0 or n <= 0 or k <= 0:
+            return base
+        launch = self.gemm_launch_s(dtype, groups)
+        element = DTYPE_BYTES[dtype]
+        memory = groups * ((m * k + k * n) * element + m * n * 2.0) / (self.hbm_bytes_per_s * self.memory_efficiency)
+        compute = base - launch  # max(arithmetic, memory)
+        if compute <= memory:
+            return base
+        extra = self.cold_read_s(cold_bytes) - cold_bytes / (self.cache_bandwidth_gbs * 1e9)
+        return launch + max(compute + max(extra, 0.0), memory)
 
     def _gemm_time(
         self, m: float, n: float, k: float, dtype: str, groups: int, out_bytes: float, split: bool = False

@@ -347,7 +347,9 @@ def traffic_seconds(
             start = _exchange_upstream(_rows_source(node))
             if start in received_rows:
                 rows = received_rows[start]
-                cost = annotate_node(node, cluster, groups, overrides={"S": rows, "T": rows})
+                # the reads its place in the graph left out of the cache, as `annotate` found them
+                cold = getattr(node.meta.get("cost"), "cold_bytes", 0.0)
+                cost = annotate_node(node, cluster, groups, overrides={"S": rows, "T": rows}, cold_bytes=cold)
                 if cost is not None and cost.priced:
                     seconds[node] = cost.time_s
     return seconds

@@ -16,8 +16,10 @@ Each plan is compiled three times with trex.compile (eager backend): the default
 the layers also take the micro-chunk count the cost model picks, `plan_ep_chunks`), the same with
 `-reorder_comm` (`no_pass`, one chunk), and `-reorder_comm` with Inductor's overlap scheduler run on the
 partitioned forward and backward graphs (`inductor`; `--no-inductor` skips it). Every timed step runs once with the slow link and once with the `zero` link (same
-compiled program, `emulated_link.set_link`), interleaved; exposed communication of a step is the
-difference. The prediction is the pass's own timeline (cost model + the link model) over the graphs as they
+compiled program, `emulated_link.set_link`), back to back, the pair's order alternating; exposed communication
+of a step is the pair's difference, and a program's is the median over the pairs, printed with its 95%
+distribution-free interval and quartiles (`exposure_summary`) and the predicted / measured ratio over that
+interval. The prediction is the pass's own timeline (cost model + the link model) over the graphs as they
 run; a second one prices what the step's collectives really moved (an EP exchange's rows depend on the routing)
 and simulates both ranks together (`predicted_with_traffic`).
 Losses of the two compilations must be identical (printed). Ratios: min / median / max over the steps.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -340,7 +343,10 @@ def rank_main(args: dict) -> dict:
             mine = ids.chunk(world)[rank]
             losses, slow, zero, link_s, slow_forward, zero_forward = [], [], [], [], [], []
             for step in range(args["steps"] + 1):
-                for which in ("slow", "zero"):
+                # a pair of steps, slow link and zero link, back to back; the order alternates (slow first on even
+                # steps, zero first on odd ones) so a drift of the machine within a pair (a neighbour's load, the
+                # cache or allocator state one step leaves the next) falls on both sides equally often
+                for which in ("slow", "zero") if step % 2 == 0 else ("zero", "slow"):
                     emulated_link.set_link(args["link"] if which == "slow" else "zero")
                     dist.barrier()
                     emulated_link.STATS.reset()
@@ -441,6 +447,33 @@ def machine() -> str:
 
 def spread(values: list[float]) -> str:
     return f"{min(values):.4f} / {statistics.median(values):.4f} / {max(values):.4f}"
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval for the median of `values` (independent pairs' differences):
+    the order statistics x(j) <= median <= x(n+1-j), j the largest rank with P(Binomial(n, 1/2) < j) <= (1 -
+    confidence) / 2 (the sign test's interval; Conover, Practical Nonparametric Statistics, 3rd ed., section
+    3.2). With too few values for that confidence (n < 6 at 95%) it is the range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, below, j = (1 - confidence) / 2, 0.0, 0
+    while j < n and below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
+        j += 1
+    j = max(j, 1)
+    return ordered[j - 1], ordered[n - j]
+
+
+def exposure_summary(diffs: list[float]) -> str:
+    """The measured exposed communication of a program: the median of its paired (slow - zero) step
+    differences, its 95% interval (`median_interval`) and the quartiles, so the criterion is read against a
+    number whose spread is printed."""
+    low, high = median_interval(diffs)
+    quartiles = statistics.quantiles(diffs, n=4) if len(diffs) >= 2 else [diffs[0]] * 3
+    return (
+        f"median {statistics.median(diffs):.4f} s (95% interval {low:.4f} - {high:.4f}; quartiles "
+        f"{quartiles[0]:.4f} / {quartiles[2]:.4f}; {len(diffs)} pairs)"
+    )
 
 
 def main() -> int:
@@ -575,11 +608,19 @@ def main() -> int:
             )
         for label in config["labels"]:
             row = r0[f"{plan}/{label}"]
-            measured = statistics.median([s - z for s, z in zip(row["slow"], row["zero"])])
+            diffs = [s - z for s, z in zip(row["slow"], row["zero"])]
+            measured = statistics.median(diffs)
+            low, high = median_interval(diffs)
             routed = row["predicted_routed_s"]
+            within = (
+                f"{row['predicted_exposed_s'] / high:.2f} - {row['predicted_exposed_s'] / low:.2f}"
+                if low > 0
+                else "n/a (the interval reaches 0)"
+            )
             print(
-                f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {measured:.4f} s, "
-                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f}; "
+                f"  {label}: predicted exposed {row['predicted_exposed_s']:.4f} s, measured {exposure_summary(diffs)}, "
+                f"predicted / measured {row['predicted_exposed_s'] / measured if measured > 0 else float('nan'):.2f} "
+                f"(over the measured median's 95% interval {within}); "
                 + (
                     f"with the step's routing (ranks {', '.join(f'{x:.4f}' for x in routed)} s) "
                     f"{routed[0] / measured if measured > 0 else float('nan'):.2f}; "
