@@ -300,7 +300,7 @@ def measure_kinds(
     return out
 
 
-# the fused expert-parallel experts ops (runtime/expert_parallel.py): measured at two row counts per expert, with the
+# the fused expert-parallel experts ops (trex/ops/ep_experts.py): measured at two row counts per expert, with the
 # weights in transformers' own [E, out, in] layout (what the programs pass them as) and a DeepSeek-style width
 EXPERT_OPS_SHAPE = {"experts": 8, "hidden": 512, "intermediate": 128, "rows_per_expert": (8, 64)}
 
@@ -308,7 +308,7 @@ EXPERT_OPS_SHAPE = {"experts": 8, "hidden": 512, "intermediate": 128, "rows_per_
 def _expert_op_calls(rows_per_expert: int) -> dict[str, tuple[Any, tuple]]:
     """The three expert-parallel experts ops, one rank's received rows spread evenly over its experts, each with the
     arguments its graph gives it (the forward's saved tensors feed the two backward halves)."""
-    import trex.runtime.expert_parallel  # noqa: F401 - registers torch.ops.trex.ep_*
+    import trex.ops  # noqa: F401 - registers torch.ops.trex.ep_experts_local*
 
     ops = torch.ops.trex
     experts, hidden, inter = (EXPERT_OPS_SHAPE[k] for k in ("experts", "hidden", "intermediate"))
