@@ -69,6 +69,9 @@ class TrainJob:
     emulate_link: str | None = None  # gloo collectives take this link's modelled time (runtime/emulated_link.py)
     zero3: str = "fsdp2"  # zero=3 as FSDP2 hooks, or "graph": collectives inside the graph (runtime/zero3_in_graph)
     ep_chunks: str = "auto"  # EP layers' micro-chunks: "auto" (the cost model's choice with --compile) or a count
+    # take the bubble prediction's calibration before the training steps instead of after them (the bubble bench
+    # alternates the order between its rounds, so neither side always sees the host first)
+    calibrate_first: bool = False
 
     @classmethod
     def create(

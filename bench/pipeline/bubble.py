@@ -27,6 +27,14 @@ Both models are computed on the same run. After the table, per job, a step's tim
 engine's message posts and waits, and the rest, for the training run and its calibration's null chunks.
 At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
 1-rank run on the way.
+
+Each row runs in `--rounds` rounds (`runtime.pipeline.rounds`): every round is a job of its own, a training run
+and the calibration that prices it taken back to back (after the steps in even rounds, before them in odd ones),
+the rounds of all rows one after the other in time. The table above prints every round; the rows table after it
+gives, per row, the measured bubble over every round's steps with its bootstrap interval (steps resampled within
+their round), the prediction's median and min-max over the rounds (how much it moves when the calibration is
+re-taken), and the row's ratio: the median over the rounds of each round's measured / predicted, with its
+min-max. A row counts as within 20% on that median; `verdict` says whether every round agreed.
 """
 
 from __future__ import annotations
@@ -89,16 +97,49 @@ def print_step_split(jobs: list[dict]) -> None:
 
     print(
         "\nstep split, ms per step (mean over ranks): training run | calibration (null chunks)\n"
-        "| schedule | pp | m | step | compute | post | wait | waits > 0.1 ms | other "
+        "| schedule | pp | m | round | step | compute | post | wait | waits > 0.1 ms | other "
         "| cal. step | cal. compute | cal. post | cal. wait | cal. waits > 0.1 ms | cal. other |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for job in jobs:
-        schedule, pp, _, m = job["job"]
+        schedule, pp, _, m, round_ = job["job"]
         run = mean(job["measured"].get("step_split") or [])
         cal = mean(list(job["runtime_overheads"].get("step_split") or []))
         cells = " | ".join(f"{v:.2f}" for v in run + cal)
-        print(f"| {schedule} | {pp} | {m} | {cells} |")
+        print(f"| {schedule} | {pp} | {m} | {round_} | {cells} |")
+
+
+def print_rows(rounds_of: dict, ratios: dict) -> tuple[int, int, int]:
+    """The rows table (`runtime.pipeline.rounds.summarize_rounds`, 90% intervals); fills `ratios` (per schedule,
+    each row's ratio) and returns the rows within 20% (median over rounds), those with every round within, and
+    those within with the old model."""
+    from trex.runtime.pipeline.rounds import BAND, summarize_rounds
+
+    within = every_round = old_within = 0
+    print(
+        "\nper row, over its rounds: measured = mean over every round's steps [bootstrap 90% interval]; predicted = "
+        "median [min-max over the rounds' calibrations]; measured/predicted = median over rounds of each round's "
+        "pair [min-max]\n"
+        "| schedule | pp | vpp | m | rounds | measured | measured 90% interval | predicted | predicted min-max "
+        "| measured/predicted | min-max | every round | verdict | old model: measured/predicted |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for (schedule, pp, vpp, m), rounds in rounds_of.items():
+        row = summarize_rounds([(measured, predicted, steps) for measured, predicted, steps, _ in rounds])
+        old = statistics.median(measured / o for measured, _, _, o in rounds if o > 0)
+        ratios.setdefault(schedule, []).append(row.ratio)
+        within += row.within
+        every_round += row.every_round_within
+        old_within += BAND[0] <= old <= BAND[1]
+        low, high = row.measured_interval
+        print(
+            f"| {schedule} | {pp} | {vpp} | {m} | {len(rounds)} | {row.measured:.3f} | {low:.3f}-{high:.3f} | "
+            f"{row.predicted:.3f} | {row.predicted_range[0]:.3f}-{row.predicted_range[1]:.3f} | {row.ratio:.2f} | "
+            f"{row.ratio_range[0]:.2f}-{row.ratio_range[1]:.2f} | {' '.join(f'{r:.2f}' for r in row.ratios)} | "
+            f"{row.verdict()} | {old:.2f} |",
+            flush=True,
+        )
+    return within, every_round, old_within
 
 
 def main() -> int:
@@ -106,12 +147,20 @@ def main() -> int:
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--schedules", nargs="+", default=[name for name, _ in SCHEDULES])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=12, help="training steps per round (the first left out)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="paired rounds per row (training run + its calibration; the order alternates between rounds)",
+    )
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--json", help="also write every job's `pipeline` report (with the per-action times) here")
     args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 2:
+        parser.error(f"--rounds must be at least 1 and --steps at least 2 (got {args.rounds}, {args.steps})")
 
     from trex.errors import TrexError
     from trex.runtime.launcher import launch_function, run_jobs
@@ -120,26 +169,27 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="trex-bubble-"))
     model = model_config(directory, args.hidden, args.layers)
     vpp_of = dict(SCHEDULES)
-    rows, ratios, dumped, within, old_within = [], {}, [], 0, 0
+    ratios, dumped, rounds_of = {}, [], {}
     print(
-        f"model {model} (seq {args.seq}, mbs 1, fp32), {args.steps} steps (first left out)\n"
-        "| schedule | pp | vpp | m | measured | +- s.e. | predicted | measured/predicted | compute only | closed form "
+        f"model {model} (seq {args.seq}, mbs 1, fp32), {args.rounds} rounds per row of {args.steps} steps "
+        "(first left out); every round:\n"
+        "| schedule | pp | vpp | m | round | calibrated | measured | +- s.e. | predicted | measured/predicted | compute only | closed form "
         "| sim. with measured tasks | pred. cost-model tasks | action ms | p2p ms | delivery ms | late recv ms "
         "| host slowdown p90 "
         "| remote delay ms "
         "| step s | calibrated step s | model step s | late recv, sender waiting ms | slice ms | ready send ms | ready send, waited ms "
         "| old model: predicted | old model: measured/predicted |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for pp in args.pp:
         jobs, labels = [], []
-        for schedule in args.schedules:
-            vpp = vpp_of[schedule]
-            for m in args.microbatches:
-                plan = f"pp={pp}" + (f",vpp={vpp}" if vpp > 1 else "")
-                try:
-                    jobs.append(
-                        TrainJob.create(
+        for round_ in range(args.rounds):  # the rounds of every row one after the other in time
+            for schedule in args.schedules:
+                vpp = vpp_of[schedule]
+                for m in args.microbatches:
+                    plan = f"pp={pp}" + (f",vpp={vpp}" if vpp > 1 else "")
+                    try:
+                        job = TrainJob.create(
                             model,
                             plan,
                             pp,
@@ -149,31 +199,32 @@ def main() -> int:
                             steps=args.steps,
                             schedule=schedule,
                             verbose=False,
-                        )  # fmt: skip
-                    )
-                    labels.append((schedule, pp, vpp, m))
-                except TrexError as error:
-                    print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 21, flush=True)
+                            calibrate_first=round_ % 2 == 1,
+                        )
+                    except TrexError as error:
+                        if round_ == 0:
+                            print(f"| {schedule} | {pp} | {vpp} | {m} | refused: {str(error)[:90]} |" + "|" * 23)
+                        continue
+                    jobs.append(job)
+                    labels.append((schedule, pp, vpp, m, round_))
         results = launch_function(run_jobs, (jobs,), pp)[0]
         dumped.extend({"job": list(label), **result["pipeline"]} for label, result in zip(labels, results))
-        for (schedule, pp_, vpp, m), result in zip(labels, results):
+        for (schedule, pp_, vpp, m, round_), result in zip(labels, results):
             bubble = result["pipeline"]["bubble_fraction"]
             measured, predicted = bubble["measured"], bubble["predicted"]
             ratio = measured / predicted if predicted > 0 else float("nan")
-            ratios.setdefault(schedule, []).append(ratio)
             closed = bubble.get("predicted_closed_form")
             step = statistics.median(result["step_times_s"][1:] or result["step_times_s"])
             costs = result["pipeline"]["runtime_overheads"]
-            rows.append((schedule, pp_, vpp, m, measured, predicted, closed, ratio))
-            within += 0.8 <= ratio <= 1.2
             # the previous model on the same run (14.12): a send posted to a rank already waiting costs nothing
             old = bubble.get("predicted_sends_free", predicted)
             old_ratio = measured / old if old > 0 else float("nan")
-            old_within += 0.8 <= old_ratio <= 1.2
             per_step = result["pipeline"]["measured"]["per_step"]
+            rounds_of.setdefault((schedule, pp_, vpp, m), []).append((measured, predicted, per_step, old))
             error = statistics.stdev(per_step) / len(per_step) ** 0.5 if len(per_step) > 1 else float("nan")
+            first = "before" if result["pipeline"].get("calibrated_first") else "after"
             print(
-                f"| {schedule} | {pp_} | {vpp} | {m} | {measured:.3f} | {error:.3f} | {predicted:.3f} | {ratio:.2f} | "
+                f"| {schedule} | {pp_} | {vpp} | {m} | {round_} | {first} | {measured:.3f} | {error:.3f} | {predicted:.3f} | {ratio:.2f} | "
                 f"{bubble['predicted_compute_only']:.3f} | {'-' if closed is None else f'{closed:.3f}'} | "
                 f"{bubble['simulated_with_measured_tasks']:.3f} | "
                 f"{bubble.get('predicted_with_cost_model_tasks', float('nan')):.3f} | {costs['action_s'] * 1e3:.2f} | "
@@ -189,10 +240,12 @@ def main() -> int:
     print_step_split(dumped)
     if args.json:
         Path(args.json).write_text(json.dumps(dumped, indent=1, default=str))
-    print(f"\nrows with measured/predicted within 20% (0.80-1.20): {within} of {len(rows)}")
+    within, every_round, old_within = print_rows(rounds_of, ratios)
+    print(f"\nrows with measured/predicted within 20% (0.80-1.20): {within} of {len(rounds_of)}")
+    print(f"rows with every round's measured/predicted within 20%: {every_round} of {len(rounds_of)}")
     print(
         f"the same rows with the old model (RESULTS 14.12: a send posted to a rank already waiting costs its "
-        f"sender nothing): {old_within}"
+        f"sender nothing), median over rounds: {old_within}"
     )
     print("measured/predicted bubble per schedule: min / median / max")
     for schedule, values in ratios.items():

@@ -119,6 +119,7 @@ class PipelineTrainer(Trainer):
         from trex.runtime.pipeline.activations import LiveActivations
 
         self.live_activations = LiveActivations(part)
+        self.calibration = self.calibrate() if job.calibrate_first else None
 
     def compile_chunk(self, chunk):
         """`trex.compile` on one chunk: its own captured graph, passes and, under TREX_DUMP, its own dump
@@ -215,7 +216,7 @@ class PipelineTrainer(Trainer):
     def report(self) -> dict:
         """Schedule, split and bubble (measured from every rank's intervals; predicted by the cost model with
         the schedule runtime's per-action costs, measured by a calibration run of the same schedule)."""
-        from trex.runtime.pipeline.bubble import chunk_task_times, measured_bubble, predicted_bubble
+        from trex.runtime.pipeline.bubble import measured_bubble, predicted_bubble
 
         records = self.step_records[1:] if len(self.step_records) > 1 else self.step_records  # step 1: warm-up
         everyone: list = [None] * dist.get_world_size()
@@ -226,11 +227,15 @@ class PipelineTrainer(Trainer):
         mine = comm_split([(seconds, intervals, log) for (seconds, intervals, _), log in zip(records, comms)])
         dist.all_gather_object(split, (self.stage_rank, mine))
         measured["step_split"] = [part for _, part in sorted(dict(split).items())]
-        chunks, why = self.predicted_chunks()
-        model_times = chunk_task_times(chunks) if chunks else None
-        calibrated, calibration_note = self.calibrate_tasks()
-        task_times = calibrated or model_times
-        overheads = self.calibrate_runtime(task_times)
+        training = (records[0][2], records[-1][2] + records[-1][0]) if records else (float("nan"),) * 2
+        calibration = self.calibration or self.calibrate()
+        model_times, calibrated, task_times, overheads, notes = (
+            calibration["model_times"],
+            calibration["calibrated"],
+            calibration["task_times"],
+            calibration["overheads"],
+            calibration["notes"],
+        )
 
         def predict(times: dict | None, measured_times: dict | None = None) -> dict:
             return predicted_bubble(
@@ -262,11 +267,38 @@ class PipelineTrainer(Trainer):
             "predicted_task_seconds": model_times,
             "calibrated_task_seconds": calibrated,
             "pipeline_cores": self.pipeline_cores(),
+            # when each side ran (this rank's clock, perf_counter seconds): the measured steps and the calibration
+            "measured_window_s": list(training),
+            "calibration_window_s": list(calibration["window"]),
+            "calibrated_first": self.calibration is not None,
         }
-        notes = [n for n in (calibration_note, why if not calibrated else "") if n]
         if notes:
             out["prediction_note"] = "; ".join(notes)
         return out
+
+    def calibrate(self) -> dict:
+        """Everything the bubble prediction measures on the ranks (`calibrate_tasks`, `calibrate_runtime`), with
+        the window it took. Runs after the training steps, or before them with `TrainJob.calibrate_first`: the
+        chunks' gradients are restored by the task calibration, the runtime calibration runs null chunks, and the
+        global RNG (the task calibration's output gradients) is restored here, so the training run is the same
+        either way."""
+        from trex.runtime.pipeline.bubble import chunk_task_times
+
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else None):
+            chunks, why = self.predicted_chunks()
+            model_times = chunk_task_times(chunks) if chunks else None
+            calibrated, calibration_note = self.calibrate_tasks()
+            task_times = calibrated or model_times
+            overheads = self.calibrate_runtime(task_times)
+        return {
+            "model_times": model_times,
+            "calibrated": calibrated,
+            "task_times": task_times,
+            "overheads": overheads,
+            "notes": [n for n in (calibration_note, why if not calibrated else "") if n],
+            "window": (start, time.perf_counter()),
+        }
 
     def calibrate_runtime(self, task_times: dict | None = None):
         """The schedule runtime's per-action work, the link and the host's slowdowns, measured on this pipeline

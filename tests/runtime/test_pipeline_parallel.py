@@ -98,6 +98,9 @@ def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipe
     jobs.append(job(model, "pp=2", 2, "gpipe", checkpoint_dir=str(tmp_path / "ckpt"), resume=True))
     # `--plan auto` prices pipeline layouts too: held to pp=2 it picks vpp, the split and ZeRO, and that runs
     jobs.append(job(model, "auto:pp=2", 2, gather_gradients=True))
+    # the bubble bench's odd rounds: the prediction's calibration taken before the training steps leaves the
+    # training run as it is (the chunks' gradients and the RNG restored)
+    jobs.append(job(model, "pp=2,vpp=2", 2, "zbv", gather_gradients=True, calibrate_first=True))
     results = launch_function(run_jobs, (jobs,), 2)
     for (plan, schedule), result in zip(cases, results[0]):
         assert result["world_size"] == 2
@@ -113,6 +116,13 @@ def test_pipeline_schedules_match_the_one_rank_run_and_resume_under_another_pipe
     planned = results[0][4]
     assert planned["pipeline"]["pp"] == 2
     assert_same_run(planned, ref, f"{model} auto:pp=2 -> {planned['pipeline']['split']}")
+    first = results[0][5]
+    assert_same_run(first, ref, f"{model} pp=2,vpp=2 zbv, calibrated first")
+    assert_bubble_report(first, "zbv", "pp=2,vpp=2 zbv, calibrated first")
+    pipeline = first["pipeline"]
+    assert pipeline["calibrated_first"] and pipeline["calibration_window_s"][1] <= pipeline["measured_window_s"][0]
+    after = results[0][1]["pipeline"]  # the same plan calibrated after its steps
+    assert not after["calibrated_first"] and after["measured_window_s"][1] <= after["calibration_window_s"][0]
     for a, b in zip(results[0], results[1]):  # every rank reports the same losses
         assert a["losses"] == b["losses"]
 
