@@ -22,7 +22,9 @@ the cores (pp=4 on 2 cores) the prediction hands the cores out in such slices. `
 posting a send to a rank already waiting for it costs the sender (`calibration.measure_ready_send`: gloo's
 transport thread holds the sender's core; `ready send, waited ms` the same with the sender first waiting for
 its send, the price under 1F1B, whose loop waits on each batch it posts), which the prediction charges where the
-simulated receiver has posted its receive; `old model` is the same prediction with such posts free (the model of RESULTS 14.12).
+simulated receiver has posted its receive. `old model` is the same prediction with the task calibration of
+RESULTS 14.14, where each rank's first chunk was timed by the sample that opens the rank's turn, right after
+its wait in the barrier (`task_calibration.measure_stage_tasks_first_in_turn`; now that sample is kept apart).
 Both models are computed on the same run. After the table, per job, a step's time split into compute, the
 engine's message posts and waits, and the rest, for the training run and its calibration's null chunks.
 At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
@@ -216,8 +218,8 @@ def main() -> int:
             closed = bubble.get("predicted_closed_form")
             step = statistics.median(result["step_times_s"][1:] or result["step_times_s"])
             costs = result["pipeline"]["runtime_overheads"]
-            # the previous model on the same run (14.12): a send posted to a rank already waiting costs nothing
-            old = bubble.get("predicted_sends_free", predicted)
+            # the previous model on the same run (14.14): each rank's first chunk timed as it opens its turn
+            old = bubble.get("predicted_first_in_turn", predicted)
             old_ratio = measured / old if old > 0 else float("nan")
             per_step = result["pipeline"]["measured"]["per_step"]
             rounds_of.setdefault((schedule, pp_, vpp, m), []).append((measured, predicted, per_step, old))
@@ -244,8 +246,8 @@ def main() -> int:
     print(f"\nrows with measured/predicted within 20% (0.80-1.20): {within} of {len(rounds_of)}")
     print(f"rows with every round's measured/predicted within 20%: {every_round} of {len(rounds_of)}")
     print(
-        f"the same rows with the old model (RESULTS 14.12: a send posted to a rank already waiting costs its "
-        f"sender nothing), median over rounds: {old_within}"
+        f"the same rows with the old model (RESULTS 14.14: each rank's first chunk calibrated by the sample that "
+        f"opens its turn), median over rounds: {old_within}"
     )
     print("measured/predicted bubble per schedule: min / median / max")
     for schedule, values in ratios.items():

@@ -38,6 +38,16 @@ simulation applies the cores' sharing itself (`cores`). Ranks of the same pipeli
 expert-parallel replicas) measure together, since the chunk's forward may hold their collectives (the
 experts' all-to-all). The parameters' gradients are saved before and restored after.
 
+Each turn starts with one more sample of the rank's first chunk, kept apart (`first_in_turn`), before the
+samples that are medianed. The first passes a rank runs after its wait in the barrier (the other ranks' turns,
+20-40 ms asleep) are slow: in the lead's idle bench runs (bench/RESULTS.md 14.14) the first forward of each
+rank's turn was calibrated 15-35% above the same chunk's forward in the training run (GPipe / 1F1B m=8: 7.7 /
+8.2 ms against 6.4 / 6.5; ZB-V m=8 chunks 0 and 1: 5.1 / 5.2 against 4.2 / 3.9), while the rank's second chunk,
+timed next, came within a few percent (3.5 / 3.7 against 3.7 / 3.9). In the training run a rank waits a few ms
+at most between its actions, so its passes are the warm ones. Timed first in its turn, the first chunk looked
+slower than its neighbours: an imbalance between chunks the training does not have, which the simulation then
+turns into bubble. The cold sample is returned too, so the bench can price the old calibration on the same run.
+
 The turns go sample by sample (each round, every rank in turn times one micro-batch of each of its chunks),
 not rank by rank. A shared host's speed drifts over seconds (other processes, the cores' clocks); when each
 rank took all its samples in one window of its own, the median of each chunk carried its window's speed,
@@ -145,9 +155,34 @@ def measure_stage_tasks(
 ) -> dict[str, list[float]]:
     """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
     runs it, the pipeline ranks taking turns sample by sample (see the module docstring): each round, every
-    rank in turn runs one sample of each of its chunks (`chunk_task_sampler`); the median over the rounds
-    after `warmups`. Every rank of the world calls it; `chunks`: this rank's `ChunkModule`s, `runners`: what
-    runs them (the chunk or its compiled module); `make_input(chunk)`: a fresh input for the chunk."""
+    rank in turn runs one sample of each of its chunks (`chunk_task_sampler`), after a first sample of its first
+    chunk that is kept apart; the median over the rounds after `warmups`. Every rank of the world calls it;
+    `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its compiled module);
+    `make_input(chunk)`: a fresh input for the chunk."""
+    times, _ = measure_stage_tasks_first_in_turn(
+        chunks, runners, make_input, loss_of, split_backward, stage_rank, pp, chunk_count, pipeline_group,
+        context, repeats, warmups,
+    )  # fmt: skip
+    return times
+
+
+def measure_stage_tasks_first_in_turn(
+    chunks: list,
+    runners: list[torch.nn.Module],
+    make_input: Callable[[object], torch.Tensor],
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    split_backward: bool,
+    stage_rank: int,
+    pp: int,
+    chunk_count: int,
+    pipeline_group,
+    context: Callable[[], object] = nullcontext,
+    repeats: int = 9,
+    warmups: int = 2,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """`measure_stage_tasks`, and beside it the same times with each rank's first chunk timed by the sample that
+    opens its turn (right after the barrier: how the calibration timed it before the turn opened with a sample
+    kept apart)."""
     from trex.runtime.pipeline.timing import collector_paused
 
     params = [p for runner in runners for p in runner.parameters()]
@@ -165,11 +200,17 @@ def measure_stage_tasks(
         for module, runner in zip(chunks, runners)
     }
     samples: dict[int, list[tuple[float, ...]]] = {index: [] for index in samplers}
+    opening = next(iter(samplers), None)  # the rank's first chunk: it opens every turn
+    cold: list[tuple[float, ...]] = []
     try:
         for round_ in range(warmups + repeats):
             for turn in range(pp):
                 if turn == stage_rank:
                     with collector_paused():
+                        if opening is not None:
+                            times = samplers[opening]()
+                            if round_ >= warmups:
+                                cold.append(times)
                         for index, sample in samplers.items():
                             times = sample()
                             if round_ >= warmups:
@@ -178,17 +219,23 @@ def measure_stage_tasks(
     finally:
         for p, grad in saved:
             p.grad = grad
-    mine = {
-        index: {kind: statistics.median(values) for kind, values in zip(KINDS, zip(*rows))}
-        for index, rows in samples.items()
-    }
+
+    def medians(rows: list[tuple[float, ...]]) -> dict[str, float]:
+        return {kind: statistics.median(values) for kind, values in zip(KINDS, zip(*rows))}
+
+    mine = {index: medians(rows) for index, rows in samples.items()}
+    opened = {**mine, opening: medians(cold)} if cold else mine
     everyone: list = [None] * dist.get_world_size(pipeline_group)
-    dist.all_gather_object(everyone, mine, group=pipeline_group)
-    merged = {index: times for part in everyone for index, times in part.items()}
+    dist.all_gather_object(everyone, (mine, opened), group=pipeline_group)
+    merged = {index: times for part, _ in everyone for index, times in part.items()}
+    merged_opened = {index: times for _, part in everyone for index, times in part.items()}
     missing = sorted(set(range(chunk_count)) - set(merged))
     if missing:
         raise RuntimeError(f"internal: no task times measured for pipeline chunks {missing}")
-    return {kind: [merged[c][kind] for c in range(chunk_count)] for kind in KINDS}
+    return tuple(
+        {kind: [per_chunk[c][kind] for c in range(chunk_count)] for kind in KINDS}
+        for per_chunk in (merged, merged_opened)
+    )
 
 
 def full_backward_split(times: dict[str, list[float]]) -> dict[str, list[float]]:

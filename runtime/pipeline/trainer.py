@@ -252,6 +252,9 @@ class PipelineTrainer(Trainer):
         predicted = predict(task_times, measured["task_seconds"])
         if calibrated and model_times:  # the same simulation with the cost model's FLOP-priced task times
             predicted["predicted_with_cost_model_tasks"] = predict(model_times)["predicted"]
+        opened = calibration["calibrated_first_in_turn"]
+        if opened:  # the model before RESULTS 14.15 on the same run: the first chunk timed as it opens its turn
+            predicted["predicted_first_in_turn"] = predict(opened)["predicted"]
         out = {
             "schedule": self.schedule_name,
             "pp": self.split.pp,
@@ -266,6 +269,7 @@ class PipelineTrainer(Trainer):
             "runtime_overheads": overheads.to_dict(),
             "predicted_task_seconds": model_times,
             "calibrated_task_seconds": calibrated,
+            "calibrated_task_seconds_first_in_turn": calibration["calibrated_first_in_turn"],
             "pipeline_cores": self.pipeline_cores(),
             # when each side ran (this rank's clock, perf_counter seconds): the measured steps and the calibration
             "measured_window_s": list(training),
@@ -288,12 +292,13 @@ class PipelineTrainer(Trainer):
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else None):
             chunks, why = self.predicted_chunks()
             model_times = chunk_task_times(chunks) if chunks else None
-            calibrated, calibration_note = self.calibrate_tasks()
+            calibrated, opened, calibration_note = self.calibrate_tasks()
             task_times = calibrated or model_times
             overheads = self.calibrate_runtime(task_times)
         return {
             "model_times": model_times,
             "calibrated": calibrated,
+            "calibrated_first_in_turn": opened,
             "task_times": task_times,
             "overheads": overheads,
             "notes": [n for n in (calibration_note, why if not calibrated else "") if n],
@@ -317,16 +322,17 @@ class PipelineTrainer(Trainer):
             task_times=task_times,
         )
 
-    def calibrate_tasks(self) -> tuple[dict | None, str]:
+    def calibrate_tasks(self) -> tuple[dict | None, dict | None, str]:
         """Each chunk's F, B, I and W seconds measured on the chunk itself with the engine's own backward
-        functions (`task_calibration.measure_stage_tasks`); (None, why) where that cannot run: ZeRO-3 chunks
-        (FSDP2's hooks would all-gather, reduce-scatter and reshard around the lone passes)."""
+        functions (`task_calibration.measure_stage_tasks`), and the same with each rank's first chunk timed by
+        the sample that opens its turn (the calibration before RESULTS 14.15); (None, None, why) where that cannot
+        run: ZeRO-3 chunks (FSDP2's hooks would all-gather, reduce-scatter and reshard around the lone passes)."""
         from trex.runtime.data import as_global_batch
         from trex.runtime.pipeline.schedules import V_SCHEDULES
-        from trex.runtime.pipeline.task_calibration import full_backward_split, measure_stage_tasks
+        from trex.runtime.pipeline.task_calibration import full_backward_split, measure_stage_tasks_first_in_turn
 
         if self.plan.zero == 3:
-            return None, "cost-model task times (the chunks' own passes are not timed alone under zero=3)"
+            return None, None, "cost-model task times (the chunks' own passes are not timed alone under zero=3)"
         batch = as_global_batch(self.source.global_batch(0)).to(self.device)
         rows = batch.replica_rows(self.applied.replica_index, self.applied.replicas)
         mbs = self.plan.mbs
@@ -359,7 +365,7 @@ class PipelineTrainer(Trainer):
             stack.enter_context(self.applied.loss_context())
             return stack
 
-        times = measure_stage_tasks(
+        times, opened = measure_stage_tasks_first_in_turn(
             self.chunks,
             self.runners,
             make_input,
@@ -371,7 +377,7 @@ class PipelineTrainer(Trainer):
             self.applied.meshes.pipeline.get_group(),
             context=context,
         )
-        return full_backward_split(times), ""
+        return full_backward_split(times), full_backward_split(opened), ""
 
     def predicted_chunks(self):
         """The cost model's per-chunk times for this run (`cost_model.step.estimate_step` on the `cpu` target

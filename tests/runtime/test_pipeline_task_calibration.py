@@ -14,7 +14,12 @@ import torch.nn.functional as F
 from trex.models import build_model, tiny_config
 from trex.runtime.pipeline.split import from_counts
 from trex.runtime.pipeline.stages import ChunkModule
-from trex.runtime.pipeline.task_calibration import full_backward_split, measure_stage_tasks, time_chunk_tasks
+from trex.runtime.pipeline.task_calibration import (
+    full_backward_split,
+    measure_stage_tasks,
+    measure_stage_tasks_first_in_turn,
+    time_chunk_tasks,
+)
 
 SEQ = 8
 
@@ -77,3 +82,19 @@ def test_stage_tasks_follow_the_engines_split_and_leave_the_gradients_alone(one_
     assert times["I"][0] == 0 and times["I"][1] > 0, times  # the first chunk has no input-gradient pass
     for name, p in model.named_parameters():
         assert torch.equal(p.grad, before[name]), name
+
+
+def test_the_sample_that_opens_a_turn_is_kept_apart_from_the_first_chunks_times(one_rank_group):
+    """Each turn opens with one more sample of the rank's first chunk (right after the barrier, where the passes
+    run slow); the medians come from the samples after it, and the opening samples give the first chunk's times
+    of the old calibration. The other chunks' times are the same in both."""
+    config, _, chunks = _chunks()
+    make_input, loss_of = _inputs(config)
+    times, opened = measure_stage_tasks_first_in_turn(
+        chunks, chunks, make_input, loss_of, True, 0, 1, 2, None, repeats=3
+    )
+    assert set(opened) == set(times) == {"F", "B", "I", "W"}
+    for kind in ("F", "B", "I", "W"):
+        assert opened[kind][1] == times[kind][1], kind  # the second chunk: one measurement, both tables
+    assert opened["F"][0] > 0 and opened["I"][0] == 0  # the first chunk, timed by its own (opening) samples
+    assert opened["F"][0] != times["F"][0]
