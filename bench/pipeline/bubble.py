@@ -150,12 +150,8 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--schedules", nargs="+", default=[name for name, _ in SCHEDULES])
     parser.add_argument("--steps", type=int, default=12, help="training steps per round (the first left out)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="paired rounds per row (training run + its calibration; the order alternates between rounds)",
-    )
+    rounds_help = "paired rounds per row (training run + its calibration; the order alternates between rounds)"
+    parser.add_argument("--rounds", type=int, default=3, help=rounds_help)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)

@@ -139,31 +139,9 @@ def time_chunk_tasks(
     return {kind: statistics.median(values) for kind, values in zip(KINDS, zip(*samples))}
 
 
-def measure_stage_tasks(
-    chunks: list,
-    runners: list[torch.nn.Module],
-    make_input: Callable[[object], torch.Tensor],
-    loss_of: Callable[[torch.Tensor], torch.Tensor],
-    split_backward: bool,
-    stage_rank: int,
-    pp: int,
-    chunk_count: int,
-    pipeline_group,
-    context: Callable[[], object] = nullcontext,
-    repeats: int = 9,
-    warmups: int = 2,
-) -> dict[str, list[float]]:
-    """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
-    runs it, the pipeline ranks taking turns sample by sample (see the module docstring): each round, every
-    rank in turn runs one sample of each of its chunks (`chunk_task_sampler`), after a first sample of its first
-    chunk that is kept apart; the median over the rounds after `warmups`. Every rank of the world calls it;
-    `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its compiled module);
-    `make_input(chunk)`: a fresh input for the chunk."""
-    times, _ = measure_stage_tasks_first_in_turn(
-        chunks, runners, make_input, loss_of, split_backward, stage_rank, pp, chunk_count, pipeline_group,
-        context, repeats, warmups,
-    )  # fmt: skip
-    return times
+def measure_stage_tasks(*args, **kwargs) -> dict[str, list[float]]:
+    """The task times of `measure_stage_tasks_first_in_turn` (same arguments), without the opening samples'."""
+    return measure_stage_tasks_first_in_turn(*args, **kwargs)[0]
 
 
 def measure_stage_tasks_first_in_turn(
@@ -180,8 +158,13 @@ def measure_stage_tasks_first_in_turn(
     repeats: int = 9,
     warmups: int = 2,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """`measure_stage_tasks`, and beside it the same times with each rank's first chunk timed by the sample that
-    opens its turn (right after the barrier: how the calibration timed it before the turn opened with a sample
+    """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
+    runs it, the pipeline ranks taking turns sample by sample (see the module docstring): each round, every
+    rank in turn runs one sample of each of its chunks (`chunk_task_sampler`), after a first sample of its first
+    chunk that is kept apart; the median over the rounds after `warmups`. Every rank of the world calls it;
+    `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its compiled module);
+    `make_input(chunk)`: a fresh input for the chunk. Returned with the same times where each rank's first chunk
+    is timed by the samples that open its turns (right after the barrier: the calibration before that sample was
     kept apart)."""
     from trex.runtime.pipeline.timing import collector_paused
 
