@@ -24,7 +24,9 @@ transport thread holds the sender's core; `ready send, waited ms` the same with 
 its send, the price under 1F1B, whose loop waits on each batch it posts), which the prediction charges where the
 simulated receiver has posted its receive. `old model` is the same prediction with the task calibration of
 RESULTS 14.14, where each rank's first chunk was timed by the sample that opens the rank's turn, right after
-its wait in the barrier (`task_calibration.measure_stage_tasks_first_in_turn`; now that sample is kept apart).
+its wait in the barrier (`task_calibration.measure_stage_tasks_first_in_turn`; now that sample is kept apart
+where each rank has its own core). Where the ranks share cores (pp=4 on 2 cores) the prediction keeps that
+calibration, and the rows table gives the warm passes' prediction beside it.
 Both models are computed on the same run. After the table, per job, a step's time split into compute, the
 engine's message posts and waits, and the rest, for the training run and its calibration's null chunks.
 At the end: min/median/max of the ratio measured/predicted per schedule. Losses are checked equal to the
@@ -123,12 +125,15 @@ def print_rows(rounds_of: dict, ratios: dict) -> tuple[int, int, int]:
         "median [min-max over the rounds' calibrations]; measured/predicted = median over rounds of each round's "
         "pair [min-max]\n"
         "| schedule | pp | vpp | m | rounds | measured | measured 90% interval | predicted | predicted min-max "
-        "| measured/predicted | min-max | every round | verdict | old model: measured/predicted |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| measured/predicted | min-max | every round | verdict | old model: measured/predicted "
+        "| warm passes, ranks sharing cores: measured/predicted |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     for (schedule, pp, vpp, m), rounds in rounds_of.items():
-        row = summarize_rounds([(measured, predicted, steps) for measured, predicted, steps, _ in rounds])
-        old = statistics.median(measured / o for measured, _, _, o in rounds if o > 0)
+        row = summarize_rounds([(measured, predicted, steps) for measured, predicted, steps, *_ in rounds])
+        old = statistics.median(measured / o for measured, _, _, o, _ in rounds if o > 0)
+        warm = [measured / w for measured, _, _, _, w in rounds if w]
+        warm_cell = f"{statistics.median(warm):.2f}" if warm else "-"
         ratios.setdefault(schedule, []).append(row.ratio)
         within += row.within
         every_round += row.every_round_within
@@ -138,7 +143,7 @@ def print_rows(rounds_of: dict, ratios: dict) -> tuple[int, int, int]:
             f"| {schedule} | {pp} | {vpp} | {m} | {len(rounds)} | {row.measured:.3f} | {low:.3f}-{high:.3f} | "
             f"{row.predicted:.3f} | {row.predicted_range[0]:.3f}-{row.predicted_range[1]:.3f} | {row.ratio:.2f} | "
             f"{row.ratio_range[0]:.2f}-{row.ratio_range[1]:.2f} | {' '.join(f'{r:.2f}' for r in row.ratios)} | "
-            f"{row.verdict()} | {old:.2f} |",
+            f"{row.verdict()} | {old:.2f} | {warm_cell} |",
             flush=True,
         )
     return within, every_round, old_within
@@ -218,7 +223,8 @@ def main() -> int:
             old = bubble.get("predicted_first_in_turn", predicted)
             old_ratio = measured / old if old > 0 else float("nan")
             per_step = result["pipeline"]["measured"]["per_step"]
-            rounds_of.setdefault((schedule, pp_, vpp, m), []).append((measured, predicted, per_step, old))
+            warm = bubble.get("predicted_warm_tasks")  # ranks sharing cores: the warm passes' prediction
+            rounds_of.setdefault((schedule, pp_, vpp, m), []).append((measured, predicted, per_step, old, warm))
             error = statistics.stdev(per_step) / len(per_step) ** 0.5 if len(per_step) > 1 else float("nan")
             first = "before" if result["pipeline"].get("calibrated_first") else "after"
             print(

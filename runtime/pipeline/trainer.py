@@ -253,8 +253,12 @@ class PipelineTrainer(Trainer):
         if calibrated and model_times:  # the same simulation with the cost model's FLOP-priced task times
             predicted["predicted_with_cost_model_tasks"] = predict(model_times)["predicted"]
         opened = calibration["calibrated_first_in_turn"]
-        if opened:  # the model before RESULTS 14.15 on the same run: the first chunk timed as it opens its turn
+        if opened and task_times is calibrated:
+            # the model before RESULTS 14.15 on the same run: each rank's first chunk timed as it opens its turn
             predicted["predicted_first_in_turn"] = predict(opened)["predicted"]
+        elif opened:  # ranks sharing cores keep that calibration (`calibrate`); the warm passes' prediction beside
+            predicted["predicted_first_in_turn"] = predicted["predicted"]
+            predicted["predicted_warm_tasks"] = predict(calibrated)["predicted"]
         out = {
             "schedule": self.schedule_name,
             "pp": self.split.pp,
@@ -293,7 +297,13 @@ class PipelineTrainer(Trainer):
             chunks, why = self.predicted_chunks()
             model_times = chunk_task_times(chunks) if chunks else None
             calibrated, opened, calibration_note = self.calibrate_tasks()
-            task_times = calibrated or model_times
+            # Where each rank has its own core the training's passes run warm (a rank waits a few ms at most
+            # between actions), so the samples after the turn's opening one price them (RESULTS 14.15). Where the
+            # ranks share cores (pp=4 on 2 cores: time slices) a rank resumes after another rank held its core,
+            # as the opening sample does; whether that is the better price there was not measured, so those
+            # ranks keep the calibration of RESULTS 14.14 (the first chunk timed as it opens its turn).
+            shared = self.pipeline_cores() is not None
+            task_times = (opened if shared else calibrated) or model_times
             overheads = self.calibrate_runtime(task_times)
         return {
             "model_times": model_times,
