@@ -72,6 +72,9 @@ class TrainJob:
     # take the bubble prediction's calibration before the training steps instead of after them (the bubble bench
     # alternates the order between its rounds, so neither side always sees the host first)
     calibrate_first: bool = False
+    # also time the task calibration's samples with every pipeline rank at once (a diagnostic: RESULTS 14.16 found
+    # them equal to the in-turn ones), reported as `predicted_concurrent_tasks`; the prediction does not use them
+    calibrate_concurrent: bool = False
 
     @classmethod
     def create(

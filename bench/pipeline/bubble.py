@@ -39,6 +39,11 @@ gives, per row, the measured bubble over every round's steps with its bootstrap 
 their round), the prediction's median and min-max over the rounds (how much it moves when the calibration is
 re-taken), and the row's ratio: the median over the rounds of each round's measured / predicted, with its
 min-max. A row counts as within 20% on that median; `verdict` says whether every round agreed.
+
+`--concurrent-calibration` (a diagnostic, RESULTS 14.16): the task calibration also times every chunk with all
+pipeline ranks sampling at once, as the training runs them (`TrainJob.calibrate_concurrent`). A table at the end
+gives, per row, the prediction with those times beside the one in force, and how much longer the training's own
+passes ran than the in-turn samples and than the at-once samples (median over chunks and kinds).
 """
 
 from __future__ import annotations
@@ -113,6 +118,47 @@ def print_step_split(jobs: list[dict]) -> None:
         print(f"| {schedule} | {pp} | {m} | {round_} | {cells} |")
 
 
+def task_ratio(measured: dict, calibrated: dict) -> float:
+    """Median over the chunks and kinds both sides ran (over 1 ms: the first chunk's I is none) of the training's
+    mean task time over the calibrated one."""
+    pairs = [
+        (run, calibrated[kind][c])
+        for kind in ("F", "B", "I", "W")
+        for c, run in enumerate(measured.get(kind, []))
+        if run > 1e-3 and calibrated[kind][c] > 1e-3
+    ]
+    return statistics.median(run / cal for run, cal in pairs) if pairs else float("nan")
+
+
+def print_concurrent(jobs: list[dict]) -> None:
+    """Per row, over its rounds (medians): the prediction in force and the one with the at-once task samples,
+    each as measured/predicted, and the training's passes over each calibration's (`task_ratio`)."""
+    rows: dict[tuple, list[tuple[float, ...]]] = {}
+    for job in jobs:
+        bubble, together = job["bubble_fraction"], job.get("calibrated_task_seconds_concurrent")
+        if not together or not job.get("calibrated_task_seconds"):
+            continue
+        measured, tasks = bubble["measured"], job["measured"]["task_seconds"]
+        rows.setdefault(tuple(job["job"][:4]), []).append(
+            (
+                measured / bubble["predicted"],
+                measured / bubble["predicted_concurrent_tasks"],
+                task_ratio(tasks, job["calibrated_task_seconds"]),
+                task_ratio(tasks, together),
+            )
+        )
+    if not rows:
+        return
+    print("\nthe task calibration in turns against all ranks at once (medians over the rounds [min-max])")
+    print(
+        "| schedule | pp | vpp | m | measured/predicted | at once: measured/predicted | training/in-turn passes | training/at-once passes |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for (schedule, pp, vpp, m), values in rows.items():
+        cells = [f"{statistics.median(column):.2f} [{min(column):.2f}-{max(column):.2f}]" for column in zip(*values)]
+        print(f"| {schedule} | {pp} | {vpp} | {m} | " + " | ".join(cells) + " |")
+
+
 def print_rows(rounds_of: dict, ratios: dict) -> tuple[int, int, int]:
     """The rows table (`runtime.pipeline.rounds.summarize_rounds`, 90% intervals); fills `ratios` (per schedule,
     each row's ratio) and returns the rows within 20% (median over rounds), those with every round within, and
@@ -161,6 +207,8 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--json", help="also write every job's `pipeline` report (with the per-action times) here")
+    concurrent_help = "also time the task calibration with every rank at once (a diagnostic; see the docstring)"
+    parser.add_argument("--concurrent-calibration", action="store_true", help=concurrent_help)
     args = parser.parse_args()
     if args.rounds < 1 or args.steps < 2:
         parser.error(f"--rounds must be at least 1 and --steps at least 2 (got {args.rounds}, {args.steps})")
@@ -203,6 +251,7 @@ def main() -> int:
                             schedule=schedule,
                             verbose=False,
                             calibrate_first=round_ % 2 == 1,
+                            calibrate_concurrent=args.concurrent_calibration,
                         )
                     except TrexError as error:
                         if round_ == 0:
@@ -242,6 +291,7 @@ def main() -> int:
                 flush=True,
             )
     print_step_split(dumped)
+    print_concurrent(dumped)
     if args.json:
         Path(args.json).write_text(json.dumps(dumped, indent=1, default=str))
     within, every_round, old_within = print_rows(rounds_of, ratios)

@@ -48,6 +48,12 @@ at most between its actions, so its passes are the warm ones. Timed first in its
 slower than its neighbours: an imbalance between chunks the training does not have, which the simulation then
 turns into bubble. The cold sample is returned too, so the bench can price the old calibration on the same run.
 
+With `concurrent` the same samples are also taken with every pipeline rank at once, after the turns of each round
+(a diagnostic the bubble bench asks for; the prediction does not use them). On the quiet host they came out equal
+to the in-turn ones (within ~5% per chunk), and the training's own passes ran 1.05-1.25x above both (bench/
+RESULTS.md 14.16): with a core per rank, running beside the other rank is not what slows the training's passes.
+They differ where another process holds a core: then the ranks at once share what is left, as the training does.
+
 The turns go sample by sample (each round, every rank in turn times one micro-batch of each of its chunks),
 not rank by rank. A shared host's speed drifts over seconds (other processes, the cores' clocks); when each
 rank took all its samples in one window of its own, the median of each chunk carried its window's speed,
@@ -157,7 +163,8 @@ def measure_stage_tasks_first_in_turn(
     context: Callable[[], object] = nullcontext,
     repeats: int = 9,
     warmups: int = 2,
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    concurrent: bool = False,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]] | None]:
     """Per task kind, the seconds of every chunk of the pipeline (chunk index order), measured by the rank that
     runs it, the pipeline ranks taking turns sample by sample (see the module docstring): each round, every
     rank in turn runs one sample of each of its chunks (`chunk_task_sampler`), after a first sample of its first
@@ -165,7 +172,9 @@ def measure_stage_tasks_first_in_turn(
     `chunks`: this rank's `ChunkModule`s, `runners`: what runs them (the chunk or its compiled module);
     `make_input(chunk)`: a fresh input for the chunk. Returned with the same times where each rank's first chunk
     is timed by the samples that open its turns (right after the barrier: the calibration before that sample was
-    kept apart)."""
+    kept apart), and, with `concurrent` (else None), with every chunk timed by the samples that all pipeline ranks
+    take at once after the turns of each round (the ranks beside each other, as in the training run; each rank's
+    first sample of that phase kept apart too: the rank that slept through the last turn opens it cold)."""
     from trex.runtime.pipeline.timing import collector_paused
 
     params = [p for runner in runners for p in runner.parameters()]
@@ -185,6 +194,7 @@ def measure_stage_tasks_first_in_turn(
     samples: dict[int, list[tuple[float, ...]]] = {index: [] for index in samplers}
     opening = next(iter(samplers), None)  # the rank's first chunk: it opens every turn
     cold: list[tuple[float, ...]] = []
+    together: dict[int, list[tuple[float, ...]]] = {index: [] for index in samplers}
     try:
         for round_ in range(warmups + repeats):
             for turn in range(pp):
@@ -199,6 +209,16 @@ def measure_stage_tasks_first_in_turn(
                             if round_ >= warmups:
                                 samples[index].append(times)
                 dist.barrier()
+            if not concurrent:
+                continue
+            with collector_paused():  # the same samples with every rank at once, as the training runs them
+                if opening is not None:  # the rank that slept through the last turn opens cold: kept apart
+                    samplers[opening]()
+                for index, sample in samplers.items():
+                    times = sample()
+                    if round_ >= warmups:
+                        together[index].append(times)
+            dist.barrier()
     finally:
         for p, grad in saved:
             p.grad = grad
@@ -208,17 +228,17 @@ def measure_stage_tasks_first_in_turn(
 
     mine = {index: medians(rows) for index, rows in samples.items()}
     opened = {**mine, opening: medians(cold)} if cold else mine
+    at_once = {index: medians(rows) for index, rows in together.items()} if concurrent else mine
     everyone: list = [None] * dist.get_world_size(pipeline_group)
-    dist.all_gather_object(everyone, (mine, opened), group=pipeline_group)
-    merged = {index: times for part, _ in everyone for index, times in part.items()}
-    merged_opened = {index: times for _, part in everyone for index, times in part.items()}
-    missing = sorted(set(range(chunk_count)) - set(merged))
+    dist.all_gather_object(everyone, (mine, opened, at_once), group=pipeline_group)
+    merged = [{index: times for parts in everyone for index, times in parts[k].items()} for k in range(3)]
+    missing = sorted(set(range(chunk_count)) - set(merged[0]))
     if missing:
         raise RuntimeError(f"internal: no task times measured for pipeline chunks {missing}")
-    return tuple(
-        {kind: [per_chunk[c][kind] for c in range(chunk_count)] for kind in KINDS}
-        for per_chunk in (merged, merged_opened)
+    times, opened_times, together_times = (
+        {kind: [per_chunk[c][kind] for c in range(chunk_count)] for kind in KINDS} for per_chunk in merged
     )
+    return times, opened_times, together_times if concurrent else None
 
 
 def full_backward_split(times: dict[str, list[float]]) -> dict[str, list[float]]:

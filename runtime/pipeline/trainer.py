@@ -259,6 +259,8 @@ class PipelineTrainer(Trainer):
         elif opened:  # ranks sharing cores keep that calibration (`calibrate`); the warm passes' prediction beside
             predicted["predicted_first_in_turn"] = predicted["predicted"]
             predicted["predicted_warm_tasks"] = predict(calibrated)["predicted"]
+        if calibration["calibrated_concurrent"]:  # every rank timing its chunks at once, as the training runs them
+            predicted["predicted_concurrent_tasks"] = predict(calibration["calibrated_concurrent"])["predicted"]
         out = {
             "schedule": self.schedule_name,
             "pp": self.split.pp,
@@ -274,6 +276,7 @@ class PipelineTrainer(Trainer):
             "predicted_task_seconds": model_times,
             "calibrated_task_seconds": calibrated,
             "calibrated_task_seconds_first_in_turn": calibration["calibrated_first_in_turn"],
+            "calibrated_task_seconds_concurrent": calibration["calibrated_concurrent"],
             "pipeline_cores": self.pipeline_cores(),
             # when each side ran (this rank's clock, perf_counter seconds): the measured steps and the calibration
             "measured_window_s": list(training),
@@ -296,7 +299,7 @@ class PipelineTrainer(Trainer):
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else None):
             chunks, why = self.predicted_chunks()
             model_times = chunk_task_times(chunks) if chunks else None
-            calibrated, opened, calibration_note = self.calibrate_tasks()
+            calibrated, opened, concurrent, calibration_note = self.calibrate_tasks()
             # Where each rank has its own core the training's passes run warm (a rank waits a few ms at most
             # between actions), so the samples after the turn's opening one price them (RESULTS 14.15). Where the
             # ranks share cores (pp=4 on 2 cores: time slices) a rank resumes after another rank held its core,
@@ -309,6 +312,7 @@ class PipelineTrainer(Trainer):
             "model_times": model_times,
             "calibrated": calibrated,
             "calibrated_first_in_turn": opened,
+            "calibrated_concurrent": concurrent,
             "task_times": task_times,
             "overheads": overheads,
             "notes": [n for n in (calibration_note, why if not calibrated else "") if n],
@@ -332,7 +336,7 @@ class PipelineTrainer(Trainer):
             task_times=task_times,
         )
 
-    def calibrate_tasks(self) -> tuple[dict | None, dict | None, str]:
+    def calibrate_tasks(self) -> tuple[dict | None, dict | None, dict | None, str]:
         """Each chunk's F, B, I and W seconds measured on the chunk itself with the engine's own backward
         functions (`task_calibration.measure_stage_tasks`), and the same with each rank's first chunk timed by
         the sample that opens its turn (the calibration before RESULTS 14.15); (None, None, why) where that cannot
@@ -342,7 +346,7 @@ class PipelineTrainer(Trainer):
         from trex.runtime.pipeline.task_calibration import full_backward_split, measure_stage_tasks_first_in_turn
 
         if self.plan.zero == 3:
-            return None, None, "cost-model task times (the chunks' own passes are not timed alone under zero=3)"
+            return None, None, None, "cost-model task times (the chunks' own passes are not timed alone under zero=3)"
         batch = as_global_batch(self.source.global_batch(0)).to(self.device)
         rows = batch.replica_rows(self.applied.replica_index, self.applied.replicas)
         mbs = self.plan.mbs
@@ -375,7 +379,7 @@ class PipelineTrainer(Trainer):
             stack.enter_context(self.applied.loss_context())
             return stack
 
-        times, opened = measure_stage_tasks_first_in_turn(
+        times, opened, concurrent = measure_stage_tasks_first_in_turn(
             self.chunks,
             self.runners,
             make_input,
@@ -386,8 +390,10 @@ class PipelineTrainer(Trainer):
             len(self.split.chunks),
             self.applied.meshes.pipeline.get_group(),
             context=context,
+            concurrent=self.job.calibrate_concurrent,
         )
-        return full_backward_split(times), full_backward_split(opened), ""
+        together = full_backward_split(concurrent) if concurrent else None
+        return full_backward_split(times), full_backward_split(opened), together, ""
 
     def predicted_chunks(self):
         """The cost model's per-chunk times for this run (`cost_model.step.estimate_step` on the `cpu` target

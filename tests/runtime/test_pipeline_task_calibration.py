@@ -90,11 +90,26 @@ def test_the_sample_that_opens_a_turn_is_kept_apart_from_the_first_chunks_times(
     of the old calibration. The other chunks' times are the same in both."""
     config, _, chunks = _chunks()
     make_input, loss_of = _inputs(config)
-    times, opened = measure_stage_tasks_first_in_turn(
+    times, opened, concurrent = measure_stage_tasks_first_in_turn(
         chunks, chunks, make_input, loss_of, True, 0, 1, 2, None, repeats=3
     )
+    assert concurrent is None  # the samples with every rank at once are taken only when asked
     assert set(opened) == set(times) == {"F", "B", "I", "W"}
     for kind in ("F", "B", "I", "W"):
         assert opened[kind][1] == times[kind][1], kind  # the second chunk: one measurement, both tables
     assert opened["F"][0] > 0 and opened["I"][0] == 0  # the first chunk, timed by its own (opening) samples
     assert opened["F"][0] != times["F"][0]
+
+
+def test_the_samples_taken_with_every_rank_at_once_are_their_own(one_rank_group):
+    """With `concurrent`, every chunk is also timed in a phase where all pipeline ranks sample at once (after the
+    turns of each round); those medians come from their own samples, under the same first-chunk rule (I = 0)."""
+    config, _, chunks = _chunks()
+    make_input, loss_of = _inputs(config)
+    times, _, concurrent = measure_stage_tasks_first_in_turn(
+        chunks, chunks, make_input, loss_of, True, 0, 1, 2, None, repeats=3, concurrent=True
+    )
+    assert set(concurrent) == {"F", "B", "I", "W"}
+    assert all(value > 0 for value in concurrent["F"] + concurrent["B"] + concurrent["W"])
+    assert concurrent["I"][0] == 0 and concurrent["I"][1] > 0
+    assert concurrent["F"] != times["F"]  # separate samples, not a copy of the turns' medians
