@@ -48,9 +48,11 @@ def _bench_module():
 class InnerCompileLog:
     """Wraps `compile_fx_inner`: per call, its seconds, node count and call_function op histogram."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, dump: Path | None = None, name: str = ""):
         self.inner = inner
         self.calls: list[dict] = []
+        self.dump = dump  # where to write each call's graph and generated module (None: nowhere)
+        self.name = name
 
     def __call__(self, gm, example_inputs, *args, **kwargs):
         ops = collections.Counter(
@@ -59,6 +61,11 @@ class InnerCompileLog:
         start = time.perf_counter()
         compiled = self.inner(gm, example_inputs, *args, **kwargs)
         source = getattr(compiled, "source_code", "") or ""  # the generated wrapper (CompiledFxGraph)
+        if self.dump is not None:
+            self.dump.mkdir(parents=True, exist_ok=True)
+            stem = self.dump / f"{self.name}_{len(self.calls)}"
+            stem.with_suffix(".graph.txt").write_text(gm.print_readable(print_output=False))
+            stem.with_suffix(".code.py").write_text(source)
         self.calls.append(
             {
                 "seconds": time.perf_counter() - start,
@@ -90,6 +97,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--no-cprofile", action="store_true", help="time without the profiler (figures comparable)")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile's first call")
+    parser.add_argument(
+        "--dump", type=Path, help="write each compile_fx_inner call's graph and generated module into this folder"
+    )
     args = parser.parse_args()
     import torch._inductor.compile_fx as compile_fx_module
 
@@ -98,7 +108,7 @@ def main() -> None:
     torch._dynamo.reset()
 
     original = compile_fx_module.compile_fx_inner
-    trex_log = InnerCompileLog(original)
+    trex_log = InnerCompileLog(original, args.dump, "trex")
     compile_fx_module.compile_fx_inner = trex_log  # trex's backend imports it at each lowering
     profiler = None if args.no_cprofile else cProfile.Profile()
     try:
@@ -144,7 +154,7 @@ def main() -> None:
 
     inductor_log = None
     if not args.no_inductor:
-        inductor_log = InnerCompileLog(original)
+        inductor_log = InnerCompileLog(original, args.dump, "inductor")
         backend = functools.partial(compile_fx_module.compile_fx, inner_compile=inductor_log)
         inductor_first, _, inductor_phases = _first_call(
             bench, copy.deepcopy(model), input_ids, lambda m: torch.compile(m, fullgraph=True, backend=backend)

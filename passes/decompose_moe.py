@@ -8,7 +8,7 @@ the leading backend declares `decomposes_moe_primitives`, this pass inlines ever
 aten form (`trex.ops.moe_decompositions`): the gathers, routing-weight products and per-token sums
 become pointwise/reduction ops the code generator fuses, the GEMMs become `aten._grouped_mm` extern
 calls, and the min-cut partitioner may recompute a gather instead of saving its output. One inverse
-permutation (a scatter) per layer serves combine, the combine backward and the dispatch backward.
+permutation (an `index_put` into `empty`) per layer serves combine, the combine backward and the dispatch backward.
 
 The pass runs last among the MoE passes, so passes that work per MoE layer (expert parallelism,
 recompute, the Ascend patterns) still see the primitives; with any other leading backend it declines
@@ -120,7 +120,7 @@ def _dispatch(node: fx.Node, inverses) -> Plan:
     return (
         lambda h, i: aten_form.moe_dispatch(h, i, num_experts),
         [hidden, top_k_index],
-        "sort once, gather rows, offsets by searchsorted; also the inverse permutation for combine and backward",
+        "sort once, gather rows, offsets by counting the sorted ids; also the inverse permutation for combine and backward",
     )
 
 

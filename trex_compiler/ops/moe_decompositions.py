@@ -8,10 +8,10 @@ synchronisation, so the code generator fuses the row gathers and the routing-wei
 its own loops and only the GEMMs stay extern calls (`aten._grouped_mm`):
 
 * dispatch sorts the expert ids once and also returns the inverse permutation (`inverse[perm[s]] = s`,
-  one scatter): combine, the combine backward and the dispatch backward then *gather* each token's
+  one `index_put`): combine, the combine backward and the dispatch backward then *gather* each token's
   k rows through it instead of scattering (no `index_put` with accumulation: deterministic, no
-  atomics, fusable into the reductions that follow); the expert offsets come from `searchsorted` on
-  the sorted ids (a fixed-size output, where `bincount`'s size depends on the data);
+  atomics, fusable into the reductions that follow); the expert offsets count the ids <= each expert
+  (a fixed-size output, where `bincount`'s size depends on the data);
 * combine gathers the k rows of every token, scales them by the token's routing weights in token
   order and sums over k: the same products, summed in slot order;
 * the dispatch backward sums the k sorted-row gradients of every token (was: a scatter-add in
@@ -117,9 +117,17 @@ GROUPED_MM_DTYPES = (torch.bfloat16,)
 
 
 def inverse_permutation(perm: Tensor) -> Tensor:
-    """`inverse[perm[s]] = s`: one scatter, functional (usable inside a traced joint graph)."""
+    """`inverse[perm[s]] = s`: one functional `index_put` into an uninitialised buffer.
+
+    `perm` is a permutation (a sort's indices), so every element is written exactly once: no fill is needed
+    and no two writes collide. Written as `zeros.scatter`, Inductor compiled the fill and the scatter as a
+    kernel of their own (the zeros, one buffer shared by every layer after the partitioner's CSE, cannot be
+    written in place); as `empty.index_put` - the form of transformers' own `inv_perm[perm] = arange`, which
+    torch.compile traces - each layer gets its own `empty` (never CSE'd), Inductor writes it in place and
+    fuses the write into the dispatch's gather kernel: one C++ kernel fewer to build on a cold compile
+    (bench/RESULTS.md section 11, twelfth session)."""
     positions = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
-    return torch.zeros_like(perm).scatter(0, perm, positions)
+    return torch.empty_like(perm).index_put((perm,), positions)
 
 
 def moe_dispatch(hidden: Tensor, top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -128,8 +136,13 @@ def moe_dispatch(hidden: Tensor, top_k_index: Tensor, num_experts: int) -> tuple
     sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
     sorted_hidden = hidden.index_select(0, perm // top_k)
     experts = torch.arange(num_experts, device=top_k_index.device, dtype=sorted_ids.dtype)
-    # offsets[e] = number of rows routed to experts <= e (ids >= num_experts are counted by none, as bincount[:E])
-    offsets = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    # offsets[e] = number of rows routed to experts <= e (ids >= num_experts are counted by none, as bincount[:E]),
+    # as a count (a reduction Inductor fuses into the gather's kernel, arange included) where `searchsorted` was
+    # an extern call on CPU (no bucketize there) that needed the arange materialised: one buffer, shared by every
+    # layer after the partitioner's CSE and written by the first layer's gather kernel, which made that layer's
+    # kernel differ from the others' (one more C++ kernel to build). E x S integer compares per layer, against
+    # the experts' GEMMs' S x H x I multiply-adds.
+    offsets = (sorted_ids.unsqueeze(0) <= experts.unsqueeze(1)).sum(-1, dtype=torch.int32)
     return sorted_hidden, perm, offsets, inverse_permutation(perm)
 
 
