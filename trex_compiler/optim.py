@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.optim.optimizer as _optimizer_module
 
 __all__ = ["AdamW"]
 
@@ -111,16 +112,40 @@ class AdamW(torch.optim.AdamW):
 
     # -- the step -------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def step(self, closure=None):
-        """One AdamW update of every parameter that has a gradient; returns `closure()`'s loss if given."""
+        """One AdamW update of every parameter that has a gradient; returns `closure()`'s loss if given.
+
+        Step hooks and the profiler's `Optimizer.step#AdamW.step` range behave as on any torch optimizer; when
+        there are none to run and no profiler records, the step skips torch's wrapper around `step` (its
+        record_function range costs more than the rest of this method's Python).
+        """
+        if (
+            _optimizer_module._global_optimizer_pre_hooks
+            or _optimizer_module._global_optimizer_post_hooks
+            or self._optimizer_step_pre_hooks
+            or self._optimizer_step_post_hooks
+            or torch._C._autograd._profiler_enabled()
+        ):
+            return self._hooked_step(closure)
+        return self._step(closure)
+
+    def _step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        enabled = torch.is_grad_enabled()  # as torch.no_grad(), without making a context object every step
+        torch._C._set_grad_enabled(False)
+        try:
+            self._update()
+        finally:
+            torch._C._set_grad_enabled(enabled)
+        return loss
+
+    def _update(self) -> None:
         if getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None:
             super().step()  # AMP's GradScaler drives the kernel's scale/skip arguments: torch's own path
-            return loss
+            return
         for index, group in enumerate(self.param_groups):
             plan = self._plans.get(index)
             params = group["params"]
@@ -143,7 +168,8 @@ class AdamW(torch.optim.AdamW):
             )
             for bucket in plan.buckets:
                 self._step_bucket(bucket, group["amsgrad"], arguments)
-        return loss
+
+    _hooked_step = torch.optim.Optimizer.profile_hook_step(_step)
 
     def _step_bucket(self, bucket: _Bucket, amsgrad: bool, arguments: dict[str, Any]) -> None:
         grads = [p.grad for p in bucket.params]
@@ -251,3 +277,8 @@ class AdamW(torch.optim.AdamW):
         for group in self.param_groups:
             for p in group["params"]:
                 p.grad = None
+
+
+# torch's Optimizer.__init__ wraps a class's `step` in its hook/profiler wrapper unless it is marked hooked;
+# AdamW.step runs that wrapper itself when there is something for it to do.
+AdamW.step.hooked = True

@@ -6,6 +6,7 @@ import io
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import trex.optim
 
@@ -192,3 +193,21 @@ def test_a_compiled_training_step_matches_eager_with_torch_adamw():
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     for pe, pc in zip(eager.parameters(), compiled_base.parameters()):
         torch.testing.assert_close(pc, pe, rtol=1e-5, atol=1e-6)
+
+
+def test_step_hooks_and_the_profiler_range_run_as_on_torch_optimizers():
+    a = _model()
+    optimizer = trex.optim.AdamW(a.parameters(), lr=1e-2)
+    calls = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: calls.append("pre"))
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: calls.append("post"))
+    handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: calls.append("global"))
+    try:
+        _train(a, optimizer, 2)
+    finally:
+        handle.remove()
+    assert calls == ["pre", "post", "global"] * 2
+    a(torch.randn(2, 8)).sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        optimizer.step()
+    assert "Optimizer.step#AdamW.step" in {event.name for event in profile.events()}
