@@ -211,3 +211,29 @@ def test_step_hooks_and_the_profiler_range_run_as_on_torch_optimizers():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         optimizer.step()
     assert "Optimizer.step#AdamW.step" in {event.name for event in profile.events()}
+
+
+@pytest.mark.slow
+def test_tiny_qwen3_moe_trains_under_trex_with_trex_adamw_as_eager_with_torch_adamw():
+    """The bench's training step (trex.compile + trex.optim.AdamW vs eager + torch's fused AdamW), 3 steps:
+    losses and the parameters after the last update within the fp32 numerics tolerance."""
+    from trex.models import build_model, tiny_config
+
+    torch._dynamo.reset()
+    config = tiny_config("qwen3-moe")
+    eager, base = build_model(config, seed=0), build_model(config, seed=0)
+    compiled = trex.compile(base)
+    oe = torch.optim.AdamW(eager.parameters(), lr=1e-3, fused=True)
+    oc = trex.optim.AdamW(base.parameters(), lr=1e-3)
+    ids = torch.randint(0, config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        losses = []
+        for module, optimizer in ((eager, oe), (compiled, oc)):
+            loss = module(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for (name, pe), pc in zip(eager.named_parameters(), base.parameters()):
+        torch.testing.assert_close(pc, pe, rtol=1e-4, atol=1e-5, msg=name)
