@@ -56,7 +56,8 @@ def bench(family: str, dtype: torch.dtype, rounds: int, compiled: list[str]) -> 
         "torch foreach=True": (lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True), False),
         "torch default": (lambda ps: torch.optim.AdamW(ps, lr=1e-4), False),
     }
-    for kind in compiled:  # one per process: a second compiled AdamW fails Dynamo's recompile of the first
+    # one compiled AdamW per process: with both, the foreach one failed Dynamo's recompile after the fused one
+    for kind in compiled:
         makes[f"torch.compile(step), {kind}"] = (lambda ps, k=kind: torch.optim.AdamW(ps, lr=1e-4, **{k: True}), True)
     paths = {}
     for name, (make, is_compiled) in makes.items():
@@ -101,7 +102,7 @@ def main() -> None:
         "--compiled",
         default="foreach",
         help="torch.compile(step) over AdamW(foreach=True) and/or (fused=True): 'foreach', 'fused' or 'none' "
-        "(~25 s to compile foreach; with both, the second to compile fails at its first timed round in torch 2.13)",
+        "(~25 s to compile foreach; with both, the foreach one failed at its first timed round in torch 2.13)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
