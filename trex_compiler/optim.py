@@ -9,7 +9,8 @@ on a CPU is largely the optimizer's host work. `torch.optim.AdamW(fused=True)` r
 but each `step()` first walks the parameters in Python (`_init_group`: the grad, the state dict, six list
 appends per parameter), groups the lists by device and dtype again, and adds 1 to every parameter's own step
 counter with `_foreach_add_`, which on CPU is a loop of one-element kernels. On tiny Qwen3-MoE (47 parameters,
-one CPU thread) that is ~0.65 ms per step against ~0.28 ms in the kernel itself (bench/optimizer_step.py).
+one CPU thread) that is ~0.65 ms per step against ~0.28 ms in the kernel itself (bench/RESULTS.md, section 11,
+"Twelfth session: the step"; `bench/optimizer_step.py` times the paths).
 
 What this class changes, and what it keeps:
 - The same update: it calls the same `torch._fused_adamw_` kernel with the same arguments, so parameters and
