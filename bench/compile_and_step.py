@@ -1,13 +1,18 @@
 """Cold compile time, training-step time and peak memory: trex vs eager vs torch.compile (Inductor), side by side.
 
     python bench/compile_and_step.py [--steps 20] [--dtypes fp32,bf16] [--families deepseek-v4,...]
-                                     [--trex-backends inductor,eager] [--regional] [--no-inductor] [--meta]
+                                     [--trex-backends inductor,eager] [--regional] [--no-inductor] [--no-compiled-optimizer] [--meta]
 
 For each tiny model family (DeepSeek-V4, DeepSeek-V3, Qwen3-MoE) and dtype, in one process, it builds
 one model and gives every variant its own copy: eager PyTorch, `torch.compile` (Inductor, CPU) and
 `trex.compile` (its default backends, Inductor then eager, unless --trex-backends says otherwise; with
 --regional its Inductor backend compiles each distinct decoder layer once, `InductorBackend(regional=True)`).
-A training step is forward + backward + AdamW (`fused=True`, the same optimizer for every variant).
+A training step is forward + backward + AdamW: torch's `AdamW(fused=True)` for eager and torch.compile (torch's
+fastest AdamW step on this CPU, bench/optimizer_step.py), `trex.optim.AdamW` for trex (the optimizer trex gives
+its users: the same fused kernel, bit-equal updates, without the per-parameter Python of torch's step), and a
+fourth variant, "Inductor+opt", torch.compile's model with torch's compiled-optimizer recipe
+(`torch.compile(optimizer.step)` over `AdamW(foreach=True)`), so the peer also runs with torch's own compiled
+optimizer path (--no-compiled-optimizer skips it).
 Inductor's on-disk caches are off, so both compilers compile cold (after one tiny warm-up compile that
 pays Inductor's once-per-process costs for both, see `warm_up_compilers`). The steps of the variants are
 interleaved round by round, so load from other processes on the machine hits all variants alike;
@@ -37,12 +42,35 @@ from trex.models import TINY_FAMILIES, build_model, tiny_config
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-class TrainStep:
-    """One model with its own AdamW: `step()` runs forward, backward and the optimizer update."""
+def torch_fused_adamw(parameters) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(parameters, lr=1e-4, fused=True)
 
-    def __init__(self, module: torch.nn.Module, parameters, input_ids: torch.Tensor):
+
+def trex_adamw(parameters) -> torch.optim.Optimizer:
+    return trex.optim.AdamW(parameters, lr=1e-4)
+
+
+class CompiledAdamW:
+    """torch's compiled-optimizer recipe: `AdamW(foreach=True)` with its `step` under torch.compile (Inductor
+    fuses the foreach update into generated kernels); compiled at the first step."""
+
+    def __init__(self, parameters):
+        self.inner = torch.optim.AdamW(parameters, lr=1e-4, foreach=True)
+        self.compiled_step = torch.compile(self.inner.step)
+
+    def step(self) -> None:
+        self.compiled_step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+
+class TrainStep:
+    """One model with its own optimizer: `step()` runs forward, backward and the optimizer update."""
+
+    def __init__(self, module: torch.nn.Module, parameters, input_ids: torch.Tensor, optimizer=torch_fused_adamw):
         self.module = module
-        self.optimizer = torch.optim.AdamW(parameters, lr=1e-4, fused=True)
+        self.optimizer = optimizer(parameters)
         self.input_ids = input_ids
 
     def step(self) -> tuple[float, float]:
@@ -106,7 +134,13 @@ def cold_compile_setup(family: str, dtype: str) -> tuple[torch.nn.Module, torch.
 
 
 def bench_family(
-    family: str, dtype: torch.dtype, steps: int, inductor: bool, trex_backends: list[str] | None, regional: bool = False
+    family: str,
+    dtype: torch.dtype,
+    steps: int,
+    inductor: bool,
+    trex_backends: list[str] | None,
+    regional: bool = False,
+    compiled_optimizer: bool = True,
 ) -> dict:
     config = tiny_config(family)
     model = build_model(config, seed=0).to(dtype)
@@ -116,11 +150,11 @@ def bench_family(
 
     torch._dynamo.reset()  # once: a reset between variants would throw away the compiled ones before them
 
-    def add(name: str, make) -> None:
+    def add(name: str, make, optimizer=torch_fused_adamw) -> None:
         base = copy.deepcopy(model)
         start = time.perf_counter()
         module = make(base)
-        variants[name] = TrainStep(module, base.parameters(), input_ids)
+        variants[name] = TrainStep(module, base.parameters(), input_ids, optimizer)
         variants[name].step()
         row[f"{name}_first"] = time.perf_counter() - start
 
@@ -130,7 +164,7 @@ def bench_family(
 
         names = trex_backends or ["inductor", "eager"]
         trex_backends = [InductorBackend(regional=True) if name == "inductor" else name for name in names]
-    add("trex", lambda m: trex.compile(m, backend=trex_backends))
+    add("trex", lambda m: trex.compile(m, backend=trex_backends), trex_adamw)
     session = variants["trex"].module.trex
     row["trex_summary"] = session.summary()
     regional_notes = [  # what regional compilation made of each graph (--regional)
@@ -150,6 +184,8 @@ def bench_family(
         add("inductor", lambda m: torch.compile(m, fullgraph=True))
         # torch.compile's own forward and backward graph compiles, to set against trex's (item: cold compile)
         row["inductor_compile_s"] = timed.get("compile_fx_inner", [])[known:]
+        if compiled_optimizer:
+            add("inductor_opt", lambda m: torch.compile(m, fullgraph=True), CompiledAdamW)
 
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
@@ -173,34 +209,33 @@ def _ms(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1e3:.1f} ({min(samples) * 1e3:.1f}-{max(samples) * 1e3:.1f})"
 
 
+PEERS = {"eager": "eager", "inductor": "Inductor", "inductor_opt": "Inductor+opt"}
+
+
 def print_table(rows: list[dict], inductor: bool, file=None) -> None:
-    header = "| model | dtype | eager step ms | trex step ms | trex speedup vs eager |"
-    if inductor:
-        header += " Inductor step ms | trex speedup vs Inductor |"
-    header += " CPU ms per step: eager / trex" + (" / Inductor" if inductor else "")
-    header += " | trex speedup in CPU time vs eager" + (" / vs Inductor" if inductor else "") + " |"
-    header += (
-        " first call s: trex"
-        + (" / Inductor" if inductor else "")
-        + " | peak step MiB: eager / trex"
-        + (" / Inductor" if inductor else "")
-        + " |"
-    )
+    """One line per row: step times, trex's speedups per round over each peer (wall and thread CPU), first calls
+    (trex / Inductor) and peak step memory of every variant measured ("Inductor+opt": with torch's compiled
+    AdamW step)."""
+    names = [n for n in ["eager", "trex", "inductor", "inductor_opt"] if all(n in r["times"] for r in rows)]
+    peers = [n for n in names if n != "trex"]
+    label = lambda n: "trex" if n == "trex" else PEERS[n]
+    header = "| model | dtype | " + " | ".join(f"{label(n)} step ms" for n in names) + " |"
+    header += " " + " | ".join(f"trex speedup vs {PEERS[n]}" for n in peers) + " |"
+    header += " CPU ms per step: " + " / ".join(label(n) for n in names) + " |"
+    header += " trex speedup in CPU time vs " + " / vs ".join(PEERS[n] for n in peers) + " |"
+    header += " first call s: trex" + (" / Inductor" if inductor else "") + " |"
+    header += " peak step MiB: " + " / ".join(label(n) for n in names) + " |"
     print(header, file=file)
     print("|" + "---|" * (header.count("|") - 1), file=file)
     for r in rows:
-        t = r["times"]
-        line = f"| tiny {r['family']} | {r['dtype']} | {_ms(t['eager'])} | {_ms(t['trex'])} |"
-        line += f" {_ratio_cell(t['trex'], t['eager'])} |"
-        if inductor:
-            line += f" {_ms(t['inductor'])} | {_ratio_cell(t['trex'], t['inductor'])} |"
-        c = r["cpu"]
-        names = ["eager", "trex"] + (["inductor"] if inductor else [])
+        t, c = r["times"], r["cpu"]
+        line = f"| tiny {r['family']} | {r['dtype']} | " + " | ".join(_ms(t[n]) for n in names) + " |"
+        line += " " + " | ".join(_ratio_cell(t["trex"], t[n]) for n in peers) + " |"
         line += " " + " / ".join(f"{statistics.median(c[n]) * 1e3:.1f}" for n in names) + " |"
-        line += " " + " / ".join(_ratio_cell(c["trex"], c[n]) for n in names if n != "trex") + " |"
+        line += " " + " / ".join(_ratio_cell(c["trex"], c[n]) for n in peers) + " |"
         line += f" {r['trex_first']:.1f}" + (f" / {r['inductor_first']:.1f}" if inductor else "") + " |"
-        peaks = [r["peak"]["eager"], r["peak"]["trex"]] + ([r["peak"]["inductor"]] if inductor else [])
-        line += " " + " / ".join(f"{p / 2**20:.2f}" for p in peaks) + " |"  # 0.01 MiB: the memory item compares them
+        # 0.01 MiB: the memory item compares them
+        line += " " + " / ".join(f"{r['peak'][n] / 2**20:.2f}" for n in names) + " |"
         print(line, file=file, flush=True)
 
 
@@ -231,6 +266,11 @@ def main() -> None:
     parser.add_argument(
         "--no-inductor", action="store_true", help="skip torch.compile with Inductor (slow cold compile)"
     )
+    parser.add_argument(
+        "--no-compiled-optimizer",
+        action="store_true",
+        help="skip the Inductor+opt variant (torch.compile's model with torch.compile(optimizer.step))",
+    )
     parser.add_argument("--meta", action="store_true", help="also time meta-device capture of the full-size models")
     parser.add_argument(
         "--threads",
@@ -251,7 +291,17 @@ def main() -> None:
     rows = []
     for family in args.families.split(","):
         for dtype in args.dtypes.split(","):
-            rows.append(bench_family(family, DTYPES[dtype], args.steps, inductor, backends, args.regional))
+            rows.append(
+                bench_family(
+                    family,
+                    DTYPES[dtype],
+                    args.steps,
+                    inductor,
+                    backends,
+                    args.regional,
+                    compiled_optimizer=not args.no_compiled_optimizer,
+                )
+            )
             print(f"done {family} {dtype}", file=sys.stderr, flush=True)
             print_table(
                 rows[-1:], inductor, file=sys.stderr
@@ -259,7 +309,8 @@ def main() -> None:
     load = os.getloadavg()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); batch 4 x 32 tokens; "
-        "forward+backward+AdamW(fused); "
+        "forward+backward+AdamW (eager, Inductor: torch's fused=True; trex: trex.optim.AdamW; "
+        "Inductor+opt: torch.compile(step) of foreach=True); "
         f"median (min-max) of {args.steps} interleaved rounds; "
         f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n"
     )

@@ -44,10 +44,17 @@ _EXPORTS: dict[str, str] = {
     "Target": "trex.targets",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+# public sub-modules reachable as `trex.<name>` after a bare `import trex`
+_SUBMODULES: dict[str, str] = {"optim": "trex.optim"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+        globals()[name] = value
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'trex' has no attribute {name!r}")
@@ -57,4 +64,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
