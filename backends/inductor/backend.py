@@ -120,7 +120,10 @@ class InductorBackend(Backend):
     def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx_inner
 
+        from trex.backends.inductor.grouped_mm_lowering import register_grouped_mm_lowerings
+
         start = time.perf_counter()
+        register_grouped_mm_lowerings()
         region = next((n.name for n in gm.graph.nodes if n.op == "call_function"), "<empty>")
         if gm.meta.get(DECOMPOSED) == self.name and not _undecomposed_nodes(gm):  # compiled as it is
             decomposed, single_output = _tuple_output_graph(gm)

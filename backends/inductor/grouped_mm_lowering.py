@@ -1,0 +1,64 @@
+"""Inductor lowerings for trex's extern grouped GEMMs: the generated code calls `aten._grouped_mm` itself.
+
+`passes.decompose_moe` writes an fp32 grouped GEMM as `trex.extern_grouped_mm(_weight_grad)` because
+aten's meta function for `_grouped_mm` - the one tracing runs - takes bf16 only, although its kernels also
+compute fp32. Left to Inductor's default handling, such an op is a fallback kernel: the generated code calls
+`torch.ops.trex.extern_grouped_mm`, the dispatcher boxes the arguments into the Python body
+(`trex.ops.moe.grouped_mm_compute`), which checks dtypes, converts the offsets and calls `torch._grouped_mm`.
+That detour cost 18 us (forward form) and 9 us (weight-gradient form) per call over `torch._grouped_mm`'s
+own 60 us on the tiny Qwen3-MoE shapes ([256, 64] x [8, 64, 128]; bench/RESULTS.md section 11, thirteenth
+session) - 24 calls per step, ~0.35 ms of a ~6 ms step.
+
+Tracing is over once Inductor lowers the graph: its lowering of `aten._grouped_mm` (`ExternKernelChoice`
+`aten__grouped_mm`) computes the output's layout itself and never runs the meta function. So each extern op
+is lowered to that same extern kernel on the operands the Python body would hand it (the weight gradient's
+`a` transposed as a view, the offsets as int32), and the generated code calls `torch._grouped_mm` directly:
+the same kernel on the same operands, so the values are bit-identical. Operands the body would not send to
+`torch._grouped_mm` (other dtypes, mixed dtypes) keep the fallback and its per-group loop.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# The dtypes whose equal-dtype operands `trex.ops.moe.grouped_mm_compute` hands to `torch._grouped_mm`.
+_ATEN_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def register_grouped_mm_lowerings() -> None:
+    """Register the two lowerings in Inductor's table (once per process; trex's own ops only)."""
+    from torch._inductor import ir
+    from torch._inductor.kernel.mm_grouped import aten__grouped_mm, grouped_mm_args
+    from torch._inductor.lowering import fallback_handler, lowerings, register_lowering, to_dtype
+
+    import trex.ops.moe_decompositions  # noqa: F401 - defines the trex.extern_* ops
+
+    aten = torch.ops.aten
+    trex = torch.ops.trex
+
+    def aten_kernel_takes(mat_a: ir.IRNode, mat_b: ir.IRNode) -> bool:
+        return mat_a.get_dtype() in _ATEN_KERNEL_DTYPES and mat_a.get_dtype() == mat_b.get_dtype()
+
+    def aten_grouped_mm(mat_a, mat_b, offsets):
+        if offsets.get_dtype() != torch.int32:
+            offsets = to_dtype(offsets, torch.int32)
+        _, _, layout, mat_a, mat_b, offsets = grouped_mm_args(mat_a, mat_b, offsets)
+        offsets = ir.ExternKernel.realize_input(offsets)
+        return aten__grouped_mm.bind([mat_a, mat_b, offsets], layout).output_node()
+
+    @register_lowering(trex.extern_grouped_mm.default, type_promotion_kind=None)
+    def extern_grouped_mm(input, weight, offsets):
+        if not aten_kernel_takes(input, weight):
+            return fallback_handler(trex.extern_grouped_mm.default, add_to_fallback_set=False)(input, weight, offsets)
+        return aten_grouped_mm(input, weight, offsets)
+
+    @register_lowering(trex.extern_grouped_mm_weight_grad.default, type_promotion_kind=None)
+    def extern_grouped_mm_weight_grad(a, b, offsets):
+        if not aten_kernel_takes(a, b):
+            return fallback_handler(trex.extern_grouped_mm_weight_grad.default, add_to_fallback_set=False)(
+                a, b, offsets
+            )
+        return aten_grouped_mm(lowerings[aten.permute.default](a, [1, 0]), b, offsets)
