@@ -5,9 +5,10 @@ aten's meta function for `_grouped_mm` - the one tracing runs - takes bf16 only,
 compute fp32. Left to Inductor's default handling, such an op is a fallback kernel: the generated code calls
 `torch.ops.trex.extern_grouped_mm`, the dispatcher boxes the arguments into the Python body
 (`trex.ops.moe.grouped_mm_compute`), which checks dtypes, converts the offsets and calls `torch._grouped_mm`.
-That detour cost 18 us (forward form) and 9 us (weight-gradient form) per call over `torch._grouped_mm`'s
-own 60 us on the tiny Qwen3-MoE shapes ([256, 64] x [8, 64, 128]; bench/RESULTS.md section 11, thirteenth
-session) - 24 calls per step, ~0.35 ms of a ~6 ms step.
+That detour costs ~6.5 us of CPU time per call inside generated code (a compiled fp32 grouped GEMM of 256 rows,
+8 experts, 64 x 64: 82.8 -> 76.2 us in the forward form, 85.9 -> 79.4 us in the weight-gradient form;
+`bench/cpu_ops/gemm_precision_and_op_overhead.py`, bench/RESULTS.md section 11, thirteenth session) - 24 calls
+per tiny Qwen3-MoE fp32 step, ~0.16 ms of a ~5.5 ms step.
 
 Tracing is over once Inductor lowers the graph: its lowering of `aten._grouped_mm` (`ExternKernelChoice`
 `aten__grouped_mm`) computes the output's layout itself and never runs the meta function. So each extern op

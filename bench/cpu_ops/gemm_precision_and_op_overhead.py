@@ -7,6 +7,10 @@
 2. One grouped GEMM (256 rows, 8 experts, 64 x 64) called as the `trex.grouped_mm` custom op, as the
    autograd-free `trex.extern_grouped_mm`, and as `aten._grouped_mm` directly: the custom-op wrapper's
    cost per call.
+3. The same grouped GEMM, forward and weight-gradient forms, inside an Inductor-compiled function: as the fallback
+   kernel Inductor makes of `trex.extern_grouped_mm(_weight_grad)` by default (its generated code calls the op,
+   the dispatcher runs its Python body) and with trex's lowering (`backends.inductor.grouped_mm_lowering`: the
+   generated code calls `torch._grouped_mm` itself), against `torch._grouped_mm` called directly.
 
 Times are CPU time of the calling thread (one torch thread), median of 7 repeats of N calls each, so
 other processes on a shared machine inflate them less than wall time.
@@ -69,6 +73,49 @@ def main() -> None:
         ("aten._grouped_mm", lambda: torch._grouped_mm(x, w, offs=offsets)),
     ):
         print(f"| {name} | {cpu_us(fn):.1f} |")
+    inductor_grouped_mm_calls(x, w, offsets)
+
+
+def inductor_grouped_mm_calls(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Part 3 (see the module docstring). The fallback is compiled first: trex's lowering, once registered,
+    stays in Inductor's table for the rest of the process."""
+    import torch._inductor.config as inductor_config
+
+    from trex.backends.inductor.grouped_mm_lowering import register_grouped_mm_lowerings
+
+    a, b = torch.randn(x.size(0), x.size(1)), torch.randn(x.size(0), w.size(-1))
+
+    def forward(x, w, offsets):
+        return torch.ops.trex.extern_grouped_mm(x, w, offsets)
+
+    def weight_grad(a, b, offsets):
+        return torch.ops.trex.extern_grouped_mm_weight_grad(a, b, offsets)
+
+    def compiled(fn):
+        torch._dynamo.reset()
+        return torch.compile(fn, backend="inductor", fullgraph=True)
+
+    rows = {}
+    with inductor_config.patch(force_disable_caches=True):
+        fallback = (compiled(forward), compiled(weight_grad))
+        rows["Inductor, fallback kernel (the op's Python body)"] = (
+            cpu_us(lambda: fallback[0](x, w, offsets)),
+            cpu_us(lambda: fallback[1](a, b, offsets)),
+        )
+        register_grouped_mm_lowerings()
+        lowered = (compiled(forward), compiled(weight_grad))
+        rows["Inductor, trex's lowering (torch._grouped_mm in the generated code)"] = (
+            cpu_us(lambda: lowered[0](x, w, offsets)),
+            cpu_us(lambda: lowered[1](a, b, offsets)),
+        )
+    rows["torch._grouped_mm called directly"] = (
+        cpu_us(lambda: torch._grouped_mm(x, w, offs=offsets)),
+        cpu_us(lambda: torch._grouped_mm(a.t(), b, offs=offsets)),
+    )
+    print("\n| inside a compiled function, fp32 | forward form us per call | weight-gradient form us per call |")
+    print("|---|---|---|")
+    for name, (fwd, wgrad) in rows.items():
+        print(f"| {name} | {fwd:.1f} | {wgrad:.1f} |")
 
 
 if __name__ == "__main__":
