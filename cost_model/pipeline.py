@@ -205,6 +205,7 @@ def simulate_actions(
     late_recv_idle: float | None = None,
     slice_s: float | None = None,
     ready_send: float | None = None,
+    hold_on_core: bool = True,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -256,7 +257,8 @@ def simulate_actions(
     back of the queue as compute does, and the rank's next action, when ready, follows on the same core. The model
     before RESULTS 14.18 let the core go for the hold and queued the rank again after it, so the measured price,
     which already holds the sender's wait for its core, was followed by a second wait (ZB-V at pp=4 on 2 cores:
-    the gap after a send-posting action simulated at 4.3 ms median against 2.2 ms measured)."""
+    the gap after a send-posting action simulated at 4.3 ms median against 2.2 ms measured); `hold_on_core=False`
+    is that model, for the bench's side-by-side."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
@@ -426,7 +428,7 @@ def simulate_actions(
             remaining -= 1
             if receivers:
                 free[rank] = post_sends(rank, position[rank] - 1, now)
-                if free[rank] > now and slots is not None:
+                if free[rank] > now and slots is not None and hold_on_core:
                     # time slices: the send's transport thread runs on the core its rank holds (a phase of the rank's
                     # work, not a release of the core), and the rank computes on after it without queueing again
                     working[rank] = ["S", free[rank] - now, now]

@@ -307,6 +307,10 @@ def test_under_time_slices_a_send_holds_its_senders_own_core_and_the_sender_comp
     at = {(t.rank, t.microbatch): (t.start, t.end) for t in tasks}
     assert at[(0, 1)] == pytest.approx((1.4, 2.4))  # on its core after the hold (the old model: 4.1-5.1)
     assert at[(1, 0)] == pytest.approx((2.4, 5.4))  # woken at 1.1, its turn when rank 0 blocks
+    released = simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4, cores=1, slice_s=10.0, hold_on_core=False)
+    # the model before (RESULTS 14.17), kept for the bench's side-by-side: the core goes to rank 1 for the hold
+    before = {(t.rank, t.microbatch): t.start for t in released}
+    assert (before[(1, 0)], before[(0, 1)]) == pytest.approx((1.1, 4.1))
     # with a core per rank the hold is unchanged: rank 0 idle for it, no core to keep (the model at pp=2)
     own = {(t.rank, t.microbatch): t.start for t in simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4)}
     assert own[(0, 1)] == pytest.approx(1.4) and own[(1, 0)] == pytest.approx(1.1)
