@@ -205,6 +205,7 @@ def simulate_actions(
     late_recv_idle: float | None = None,
     slice_s: float | None = None,
     ready_send: float | None = None,
+    hold_on_core: bool = True,
 ) -> list[ActionTask]:
     """Event simulation of per-rank compute action lists (kind, stage, micro-batch), each rank in its order.
 
@@ -251,7 +252,13 @@ def simulate_actions(
     rank's next action, and its next send posted at the same moment (DualPipeV posts the sends of an overlapped
     forward and backward one after the other), wait that long; a send whose receive is not posted yet is only
     queued (its price is the receiver's late receive). None: posting costs nothing (the model before RESULTS
-    14.13)."""
+    14.13). Under time slices the hold is a phase of the rank's work on the core it holds (the transport thread
+    runs there): the core is not handed to a waiting rank meanwhile, a slice spent during it sends the rank to the
+    back of the queue as compute does, and the rank's next action, when ready, follows on the same core. The model
+    before RESULTS 14.18 let the core go for the hold and queued the rank again after it, so the measured price,
+    which already holds the sender's wait for its core, was followed by a second wait (ZB-V at pp=4 on 2 cores:
+    the gap after a send-posting action simulated at 4.3 ms median against 2.2 ms measured); `hold_on_core=False`
+    is that model, for the bench's side-by-side."""
     owner = {stage: rank for rank, order in orders.items() for kind, stage, _ in order}
     done: dict[tuple[str, int, int], float] = {}
     position = {rank: 0 for rank in orders}
@@ -403,6 +410,11 @@ def simulate_actions(
                 running[rank] -= step
             if state[1] > 1e-12 * max(1.0, now):
                 continue
+            if state[0] == "S":  # the sends' hold is over (time slices): the rank's next action may begin
+                free[rank] = now
+                spans[rank].append((began.pop(rank), now))
+                del working[rank]
+                continue
             kind, stage, mb = orders[rank][position[rank]]
             if state[0] == "O":
                 working[rank] = ["C", work_of(rank), now]
@@ -416,7 +428,13 @@ def simulate_actions(
             remaining -= 1
             if receivers:
                 free[rank] = post_sends(rank, position[rank] - 1, now)
-                if free[rank] > now:  # its core is held by the send's transport thread: working, to a late receive
+                if free[rank] > now and slots is not None and hold_on_core:
+                    # time slices: the send's transport thread runs on the core its rank holds (a phase of the rank's
+                    # work, not a release of the core), and the rank computes on after it without queueing again
+                    working[rank] = ["S", free[rank] - now, now]
+                    began[rank] = now
+                    free[rank] = now
+                elif free[rank] > now:  # its core is held by the send's transport thread: working, to a late receive
                     spans[rank].append((now, free[rank]))
         if slots is not None:
             for rank in list(running):

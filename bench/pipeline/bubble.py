@@ -195,6 +195,25 @@ def print_rows(rounds_of: dict, ratios: dict) -> tuple[int, int, int]:
     return within, every_round, old_within
 
 
+def print_hold_model(dumped: list) -> None:
+    """Where the ranks take the cores in time slices: per row, measured/predicted (median over rounds [each round])
+    with the model in force and with the previous one (RESULTS 14.17: a send's hold let the sender's core go and
+    queued the sender again after it), on the same runs."""
+    rows: dict = {}
+    for job in dumped:
+        bubble = job["bubble_fraction"]
+        previous = bubble.get("predicted_hold_releases_core")
+        if previous:
+            key = (job["schedule"], job["pp"], job["microbatches"])
+            rows.setdefault(key, []).append((bubble["measured"] / bubble["predicted"], bubble["measured"] / previous))
+    if not rows:
+        return
+    print("\ntime slices: measured/predicted, a send's hold on the sender's core (in force) | releasing it (14.17)")
+    for (schedule, pp, m), pairs in rows.items():
+        cells = [f"{statistics.median(column):.2f} [{' '.join(f'{r:.2f}' for r in column)}]" for column in zip(*pairs)]
+        print(f"  {schedule:12s} pp={pp} m={m}: " + " | ".join(cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pp", type=int, nargs="+", default=[2])
@@ -301,6 +320,7 @@ def main() -> int:
         f"the same rows with the old model (RESULTS 14.14: each rank's first chunk calibrated by the sample that "
         f"opens its turn), median over rounds: {old_within}"
     )
+    print_hold_model(dumped)
     print("measured/predicted bubble per schedule: min / median / max")
     for schedule, values in ratios.items():
         finite = [v for v in values if v == v]

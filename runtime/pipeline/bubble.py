@@ -180,6 +180,9 @@ def predicted_bubble(
     if runtime.get("ready_send") is not None:
         # the model before RESULTS 14.13 on the same run: posting a send to a rank already waiting costs nothing
         out["predicted_sends_free"] = bubble(times, replayed, **{**runtime, "ready_send": None})
+    if sliced and runtime.get("ready_send") is not None:
+        # the previous model on the same run (RESULTS 14.17): a send's hold lets the sender's core go, then it queues
+        out["predicted_hold_releases_core"] = bubble(times, replayed, **{**runtime, "hold_on_core": False})
     if sliced:  # the previous model on the same run (RESULTS 14.10): every working rank shares the cores at once
         out["predicted_processor_sharing"] = bubble(times, slowdowns, **{**runtime, "slice_s": None})
     if runtime.get("late_recv_idle") is not None:

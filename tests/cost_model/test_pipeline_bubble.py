@@ -293,3 +293,36 @@ def test_sends_posted_together_leave_one_after_the_other():
     assert start(before, 0) == pytest.approx(2.1) and start(before, 1) == pytest.approx(2.2)
     assert start(held, 0) == pytest.approx(2.1)  # F(0, 0)'s send first, when F(0, 1) ends
     assert start(held, 1) == pytest.approx(2.0 + 0.4 + 0.1)  # F(0, 1)'s send once the first post let go
+
+
+def test_under_time_slices_a_send_holds_its_senders_own_core_and_the_sender_computes_on():
+    """One core, slices longer than the work: rank 0's send of F(0, 0) to rank 1 (waiting since the start, its
+    receive posted) holds rank 0 for `ready_send`, and the hold is gloo's transport thread on rank 0's own core
+    (RESULTS 14.18: the measured gap after such a send is the hold, not the hold and then a turn in the run
+    queue). So the core is not handed to rank 1 during the hold, and rank 0 computes F(0, 1) right after it,
+    without queueing behind rank 1 woken meanwhile; the hold is rank 0's work (not idle) only as a core's use."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    times = {"F": [1.0, 3.0]}
+    tasks = simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4, cores=1, slice_s=10.0)
+    at = {(t.rank, t.microbatch): (t.start, t.end) for t in tasks}
+    assert at[(0, 1)] == pytest.approx((1.4, 2.4))  # on its core after the hold (the old model: 4.1-5.1)
+    assert at[(1, 0)] == pytest.approx((2.4, 5.4))  # woken at 1.1, its turn when rank 0 blocks
+    released = simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4, cores=1, slice_s=10.0, hold_on_core=False)
+    # the model before (RESULTS 14.17), kept for the bench's side-by-side: the core goes to rank 1 for the hold
+    before = {(t.rank, t.microbatch): t.start for t in released}
+    assert (before[(1, 0)], before[(0, 1)]) == pytest.approx((1.1, 4.1))
+    # with a core per rank the hold is unchanged: rank 0 idle for it, no core to keep (the model at pp=2)
+    own = {(t.rank, t.microbatch): t.start for t in simulate_actions(orders, times, 2, p2p=0.1, ready_send=0.4)}
+    assert own[(0, 1)] == pytest.approx(1.4) and own[(1, 0)] == pytest.approx(1.1)
+
+
+def test_under_time_slices_a_spent_slice_during_a_send_hold_goes_to_the_back_of_the_queue():
+    """The hold runs on the sender's core like its compute: when the slice is spent mid-hold and another rank waits,
+    the sender goes to the back of the run queue and the rest of the hold waits for its next turn."""
+    orders = {0: [("F", 0, 0), ("F", 0, 1)], 1: [("F", 1, 0), ("F", 1, 1)]}
+    tasks = simulate_actions(orders, {"F": [1.0, 1.0]}, 2, ready_send=0.4, cores=1, slice_s=1.2)
+    at = {(t.rank, t.microbatch): (t.start, t.end) for t in tasks}
+    # rank 0: F(0, 0) 0-1.0, hold 1.0-1.2 (slice spent, rank 1 woken at 1.0 waits), rank 1 1.2-2.2, hold's rest
+    # 2.2-2.4, F(0, 1) 2.4-3.4 (the old model: rank 1 1.0-2.0 on the core rank 0 let go, F(0, 1) 2.0-3.0 after it)
+    assert at[(1, 0)] == pytest.approx((1.2, 2.2))
+    assert at[(0, 1)] == pytest.approx((2.4, 3.4))
