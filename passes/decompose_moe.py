@@ -90,6 +90,8 @@ class DecomposeMoe:
                 decompositions=ctx.options.get("decompositions"),
                 cache=(traces, key),
             )
+            if node.target is ops.moe_combine.default:
+                _save_combined(outputs)
             if node.target is ops.moe_dispatch.default:
                 sorted_hidden, perm, offsets, inverse = outputs
                 outputs = (sorted_hidden, perm, offsets)
@@ -104,6 +106,22 @@ class DecomposeMoe:
 
 
 Plan = tuple[Callable[..., Any], list[fx.Node], str]
+
+
+def _save_combined(outputs: Any) -> None:
+    """The combined tokens are saved for the backward, never recomputed there (as the primitive's output was).
+
+    Recomputed, the combine is a gather Inductor inlines into whichever backward kernel its scheduler places it
+    with: the first MoE layer of the backward put it in another kernel than the other layers, so their kernels
+    became distinct sources, each one more C++ build on a cold compile. Saved, it costs one [tokens, hidden]
+    activation per layer, the size of the layer's output, whose gather inputs are saved anyway for the
+    combine backward.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for out in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+        if isinstance(out, fx.Node):
+            out.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def _val(node: Any) -> Any:

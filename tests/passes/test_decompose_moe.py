@@ -145,6 +145,12 @@ def test_eager_backend_runs_the_decomposed_layer_like_the_primitives(dtype):
     assert inverses[0].args[0].target in (aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default)
     # the expert offsets are a count, not an extern searchsorted over a materialised arange of the experts
     assert not any(n.target in (aten.scatter.src, aten.searchsorted.Tensor) for n in moe_nodes)
+    # the combined tokens are saved for the backward, never recomputed there (a recomputed gather lands in a
+    # different backward kernel per layer under Inductor): the partitioner's MUST_SAVE on the combine's output
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = [n for n in moe_nodes if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE]
+    assert [tuple(n.meta["val"].shape) for n in saved] == [tuple(x.shape)]
 
 
 def test_other_backends_keep_the_primitives():
