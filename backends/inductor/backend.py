@@ -27,6 +27,7 @@ from torch import fx
 
 from trex.backends.backend import WHOLE_GRAPH, Backend
 from trex.backends.inductor.kernel_builds import KernelBuilds, can_defer
+from trex.backends.inductor.kernel_bundles import KernelBundler, can_bundle
 from trex.backends.inductor.regions import compile_regions, plan_regions
 from trex.errors import BackendError
 
@@ -69,7 +70,13 @@ class InductorBackend(Backend):
     # kernels, where the primitives themselves would be opaque extern calls with Python bodies
     decomposes_moe_primitives: ClassVar[bool] = True
 
-    def __init__(self, regional: bool = False, runtime_checks: bool = False, background_builds: bool = False) -> None:
+    def __init__(
+        self,
+        regional: bool = False,
+        runtime_checks: bool = False,
+        background_builds: bool = False,
+        kernel_bundles: bool = True,
+    ) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
         # regions.py: a graph whose decoder layers repeat is compiled one distinct layer at a time. Opt-in
         # until its first-call saving and its step time are measured on the tiny models (bench/RESULTS.md 11)
@@ -81,6 +88,10 @@ class InductorBackend(Backend):
         # backward lowers while the forward's build. Opt-in: on this 2-vCPU machine the overlap made the first
         # call 7-10% slower (bench/kernel_build_overlap.py; bench/RESULTS.md 11, eleventh session)
         self.background_builds = background_builds
+        # kernel_bundles: a region's C++ kernels are built as one translation unit per compile thread instead of
+        # one compiler process each; the compiler's fixed cost per process was half of a kernel's build here
+        # (bench/RESULTS.md 11, fourteenth session). Same code, same flags: values and step time unchanged
+        self.kernel_bundles = kernel_bundles
 
     def trace_decompositions(self, target: Any) -> dict | None:
         """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
@@ -135,12 +146,24 @@ class InductorBackend(Backend):
         builds = KernelBuilds()
         defer = self.background_builds and can_defer(example_inputs)
         deferred = builds.deferring() if defer else contextlib.nullcontext()
-        with _region_output_strides_unreported(), _eager_roundings(decomposed), _runtime_checks(checks), deferred:
+        bundler = KernelBundler()
+        bundling = (
+            bundler.collecting() if self.kernel_bundles and can_bundle(example_inputs) else contextlib.nullcontext()
+        )
+        with (
+            _region_output_strides_unreported(),
+            _eager_roundings(decomposed),
+            _runtime_checks(checks),
+            deferred,
+            bundling,
+        ):
             if plan is None:
                 compiled = compile_fx_inner(decomposed, list(example_inputs))
             else:
                 compiled, notes = compile_regions(plan, lambda graph, inputs: compile_fx_inner(graph, list(inputs)))
                 notes.insert(0, f"regional compilation: {len(plan.regions)} regions, {plan.distinct} compiled")
+        if bundler.bundles or bundler.unbundled:
+            notes.append(bundler.summary())
         self.compile_seconds[region] = time.perf_counter() - start
         builds.on_finish.append(lambda seconds: self._add_seconds(region, seconds))
 
