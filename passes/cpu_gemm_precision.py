@@ -26,7 +26,13 @@ kernel for each new problem shape and keeps it in its primitive cache (oneDNN de
 parameters); the fp32 GEMM on upcasts runs BLAS kernels that are not generated per shape. On this
 project's AMX CPU a bf16 `mm` with a row count not seen before cost ~0.7 ms of CPU time against ~0.03 ms
 for the fp32 GEMM on upcasts (bench/cpu_ops/bf16_gemm_new_shapes.py; bench/RESULTS.md section 11,
-eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once and keep the native path.
+eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once; whether they stay native is measured:
+each is timed on this CPU at its own shape both ways (`passes.cpu_gemm_timing`, conversions included) and
+upcast when the fp32 form is `UPCAST_MARGIN` times faster. Native units are not always the faster path at
+small shapes: on the AMD EPYC with AVX512-BF16 (no AMX) of bench/RESULTS.md 11 (fourteenth session) CPU flash
+attention's bf16 backward took 926 us per call against 96 us in fp32 at tiny Qwen3-MoE's shapes.
+`CpuGemmPrecision(measure=False)` keeps every native non-grouped GEMM native (no timing, the same graph on
+every compile); the decisions in the dump carry both timings.
 
 It runs on the partitioned forward and backward graphs (`stage = "partitioned"`), not on the joint
 graph: there, the fp32 upcast of an activation is its only user, so the min-cut partitioner saved the
@@ -38,6 +44,7 @@ convert into the GEMM operand's producer or reads it once).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -46,6 +53,7 @@ from torch import fx
 from trex.graph_inline import inline_traced, on_meta_device, replace_node
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
+from trex.passes.cpu_gemm_timing import native_and_upcast_seconds
 
 aten = torch.ops.aten
 GEMMS = frozenset(
@@ -63,6 +71,10 @@ GEMMS = frozenset(
     }
 )
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# On a CPU with native units a GEMM is upcast only when its fp32 form timed this much faster here: two timings
+# of the same call move by ~10-20% on a shared 2-core machine, and a decision that flips with the noise would
+# change the compiled graph (and its roundings) from one compile to the next
+UPCAST_MARGIN = 1.25
 # GEMMs whose per-group row counts are runtime data (the routing): upcast even where the CPU has native
 # bf16 (fp16) units, whose kernels are generated per shape (see the module docstring)
 GROUPED_GEMMS = frozenset(
@@ -132,8 +144,17 @@ class CpuGemmPrecision:
     # torch.compile), so it saves bf16 activations, not the fp32 upcasts that feed only the GEMMs
     stage: ClassVar[str] = "partitioned"
 
-    def __init__(self, native: set[torch.dtype] | None = None):
+    def __init__(
+        self,
+        native: set[torch.dtype] | None = None,
+        measure: bool = True,
+        timer: Callable[[fx.Node, Callable[..., Any], list[fx.Node]], tuple[float, float] | None] | None = None,
+    ):
         self.native = native  # None: ask this CPU (tests pass a set to stand in for another CPU)
+        # On a CPU with native units, time each non-grouped GEMM both ways here and upcast it when fp32 is
+        # faster by UPCAST_MARGIN (cpu_gemm_timing); False keeps every native GEMM native (deterministic graphs)
+        self.measure = measure
+        self.timer = timer or native_and_upcast_seconds  # tests stand in a CPU's timings
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         from trex.targets import get_target
@@ -154,8 +175,20 @@ class CpuGemmPrecision:
             if node.op != "call_function" or node.target not in GEMMS:
                 continue
             dtype = _operand_dtype(node)
-            if dtype not in slow and not (dtype in LOW_PRECISION and node.target in GROUPED_GEMMS):
+            if dtype not in LOW_PRECISION:
                 continue
+            measured = None
+            if dtype not in slow and node.target not in GROUPED_GEMMS:
+                if not self.measure:
+                    continue
+                fn, inputs = _upcast_call(node, {})
+                measured = self.timer(node, fn, inputs)
+                if measured is None or measured[1] * UPCAST_MARGIN >= measured[0]:
+                    if measured is not None:
+                        decisions.append(
+                            Decision("keep", node.name, _kept_reason(dtype, measured), _timing_data(node, measured))
+                        )
+                    continue
             if node.target in GROUPED_GEMMS and not _plain_grouped_mm(node):
                 continue
             if not ctx.fuel.take():
@@ -176,17 +209,43 @@ class CpuGemmPrecision:
                 node,
                 inline_traced(gm, node, fn, inputs, inherit, decompositions),
             )
-            decisions.append(
-                Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow, False), {"op": str(node.target)})
+            reason = (
+                _upcast_reason(dtype, dtype in slow, False) if measured is None else _measured_reason(dtype, measured)
             )
-        if not slow and not decisions:
-            return _decline(
-                "this CPU multiplies bf16 and fp16 natively and the graph has no low-precision grouped GEMM"
+            data = {"op": str(node.target)} if measured is None else _timing_data(node, measured)
+            decisions.append(Decision("upcast", node.name, reason, data))
+        if not slow and not any(d.action == "upcast" for d in decisions):
+            reason = (
+                "this CPU multiplies bf16 and fp16 natively and no low-precision GEMM of the graph is faster in fp32"
             )
-        if decisions:
+            return PassResult(modified=False, decisions=[Decision("decline", "graph", reason), *decisions])
+        modified = any(d.action == "upcast" for d in decisions)
+        if modified:
             gm.graph.lint()
             gm.recompile()
-        return PassResult(modified=bool(decisions), decisions=decisions)
+        return PassResult(modified=modified, decisions=decisions)
+
+
+def _timing_data(node: fx.Node, measured: tuple[float, float]) -> dict[str, Any]:
+    return {"op": str(node.target), "native_us": measured[0] * 1e6, "fp32_upcast_us": measured[1] * 1e6}
+
+
+def _measured_reason(dtype: torch.dtype, measured: tuple[float, float]) -> str:
+    name = str(dtype).removeprefix("torch.")
+    native, upcast = (seconds * 1e6 for seconds in measured)
+    return (
+        f"{name} GEMM timed on this CPU at this shape: native {native:.1f} us, fp32 on exact upcasts {upcast:.1f} us "
+        f"(conversions included); fp32 GEMM on exact upcasts, rounded once"
+    )
+
+
+def _kept_reason(dtype: torch.dtype, measured: tuple[float, float]) -> str:
+    name = str(dtype).removeprefix("torch.")
+    native, upcast = (seconds * 1e6 for seconds in measured)
+    return (
+        f"{name} GEMM timed on this CPU at this shape: native {native:.1f} us, fp32 on exact upcasts {upcast:.1f} us "
+        f"(conversions included): not {UPCAST_MARGIN}x faster in fp32, kept native"
+    )
 
 
 def _upcast_reason(dtype: torch.dtype, slow: bool, grouped: bool) -> str:

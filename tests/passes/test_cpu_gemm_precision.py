@@ -134,7 +134,7 @@ def test_on_a_cpu_with_native_bf16_only_the_grouped_gemms_are_upcast(decomposed)
     static-shape GEMMs (`mm`, `addmm`) keep their bf16 operands."""
     from trex.passes import DecomposeMoe
 
-    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16})
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}, measure=False)  # no timing: static stay
     graph = _bf16_block_trains_like_eager(
         ["canonicalize_moe"] + ([DecomposeMoe(force=True)] if decomposed else []) + [native]
     )
@@ -217,3 +217,66 @@ def test_grouped_gemm_on_group_upcasts_equals_the_whole_operand_upcast(dtype):
     expected = torch._grouped_mm(a.float().t(), grad_out.float(), offs=offs).to(dtype)
     assert torch.equal(weight_grad, expected)
     assert not weight_grad[1].any()
+
+
+def _static_gemm_operand_dtypes(graph) -> set[torch.dtype]:
+    static = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+    return {
+        a.meta["val"].dtype
+        for module in (graph.forward, graph.backward)
+        for n in module.graph.nodes
+        if n.target in static
+        for a in n.all_input_nodes
+        if a.meta["val"].is_floating_point()
+    }
+
+
+@pytest.mark.parametrize(
+    ("native_us", "fp32_us", "upcast"),
+    [(100.0, 20.0, True), (20.0, 100.0, False), (22.0, 20.0, False)],
+    ids=["fp32_much_faster", "native_faster", "fp32_faster_within_the_margin"],
+)
+def test_on_a_cpu_with_native_bf16_a_static_gemm_is_upcast_when_it_timed_faster_in_fp32(native_us, fp32_us, upcast):
+    """The choice follows the two timings of each static-shape GEMM (here a stand-in CPU's): upcast only when the
+    fp32 form is UPCAST_MARGIN times faster; the dump carries both timings; the step trains like eager bf16
+    either way."""
+    timed = []
+
+    def timer(node, upcast_form, inputs):
+        timed.append(node.target)
+        return native_us * 1e-6, fp32_us * 1e-6
+
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)
+    graph = _bf16_block_trains_like_eager(["canonicalize_moe", native])
+    assert torch.ops.aten.mm.default in timed and ops.grouped_mm.default not in timed  # grouped: always upcast
+    assert _static_gemm_operand_dtypes(graph) == ({torch.float32} if upcast else {torch.bfloat16})
+    record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
+    static = [d for d in record.decisions if d.data.get("op", "").startswith("aten.")]
+    assert static and all(d.action == ("upcast" if upcast else "keep") for d in static)
+    assert all(d.data["native_us"] == pytest.approx(native_us) and "timed on this CPU" in d.reason for d in static)
+
+
+def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
+    """`native_and_upcast_seconds` times the node's op and its fp32 form on real example operands with the node's
+    layout (an expanded operand included), also when the pass runs under FakeTensorMode, and times each distinct
+    node once."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from trex.passes import cpu_gemm_timing
+    from trex.passes.cpu_gemm_precision import _upcast_call
+
+    a = torch.randn(64, 32, dtype=torch.bfloat16)
+    b = torch.randn(32, 1, dtype=torch.bfloat16).expand(32, 48)  # stride 0: storage of 32 values
+    gm = make_fx(torch.mm)(a, b)
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    for placeholder, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (a, b)):
+        placeholder.meta["val"] = value
+    example = cpu_gemm_timing.example_tensor(b)
+    assert example.shape == b.shape and example.stride() == b.stride() and example.dtype == torch.bfloat16
+    cpu_gemm_timing._CACHE.clear()
+    fn, inputs = _upcast_call(node, {})
+    with FakeTensorMode():
+        native, fp32 = cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs)
+    assert 0 < native < 1 and 0 < fp32 < 1
+    assert cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs) == (native, fp32)  # cached
