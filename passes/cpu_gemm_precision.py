@@ -107,6 +107,31 @@ def _operand_dtype(node: fx.Node) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
+ATTENTION_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _upcast_form(node: fx.Node) -> tuple[Any, list[fx.Node]]:
+    """The fp32 form of `node` as a function of its tensor inputs, and those inputs: converts -> the op in fp32
+    -> converts back, except CPU flash attention's backward, which becomes
+    `trex.extern_flash_attention_backward_on_upcasts` on its own low-precision operands (fp32 copies of one
+    batch element at a time: whole-operand copies and fp32 gradients alive together raised the bf16 step's
+    peak memory above Inductor's, bench/RESULTS.md 11, fourteenth session)."""
+    if node.target is not ATTENTION_BACKWARD:
+        return _upcast_call(node, {})
+    from trex.ops import cpu_attention  # noqa: F401 - registers trex.extern_flash_attention_backward_on_upcasts
+
+    inputs = list(node.all_input_nodes)
+    position = {arg: i for i, arg in enumerate(inputs)}
+    extern = torch.ops.trex.extern_flash_attention_backward_on_upcasts.default
+
+    def on_upcasts(*tensors):
+        args = fx.node.map_arg(node.args, lambda a: tensors[position[a]])
+        kwargs = fx.node.map_arg(node.kwargs, lambda a: tensors[position[a]])
+        return tuple(extern(*args, **kwargs))
+
+    return on_upcasts, inputs
+
+
 def _upcast_call(node: fx.Node, upcasts: dict[fx.Node, fx.Node]) -> tuple[Any, list[fx.Node]]:
     """A function of the node's tensor inputs computing the node's op in fp32, rounded to its dtype, and those
     inputs: a low-precision input's fp32 copy from `upcasts` where it has one (the function's own upcast of
@@ -181,7 +206,7 @@ class CpuGemmPrecision:
             if dtype not in slow and node.target not in GROUPED_GEMMS:
                 if not self.measure:
                     continue
-                fn, inputs = _upcast_call(node, {})
+                fn, inputs = _upcast_form(node)
                 measured = self.timer(node, fn, inputs)
                 if measured is None or measured[1] * UPCAST_MARGIN >= measured[0]:
                     if measured is not None:
@@ -198,6 +223,17 @@ class CpuGemmPrecision:
                 decisions.append(
                     Decision("upcast", node.name, _upcast_reason(dtype, dtype in slow, True), {"op": str(node.target)})
                 )
+                continue
+            if node.target is ATTENTION_BACKWARD:  # per batch element, on its own operands (see _upcast_form)
+                fn, inputs = _upcast_form(node)
+                replace_node(gm, node, inline_traced(gm, node, fn, inputs, inherit, decompositions))
+                reason = (
+                    _upcast_reason(dtype, dtype in slow, False)
+                    if measured is None
+                    else _measured_reason(dtype, measured)
+                )
+                data = {"op": str(node.target)} if measured is None else _timing_data(node, measured)
+                decisions.append(Decision("upcast", node.name, reason, data))
                 continue
             for arg in node.all_input_nodes:
                 value = arg.meta.get("val")

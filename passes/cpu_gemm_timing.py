@@ -75,11 +75,12 @@ def native_and_upcast_seconds(
     key = _key(node)
     if key in _CACHE:
         return _CACHE[key]
-    # Real tensors on this CPU: a pass may run under the pass manager's FakeTensorMode (or a tracing mode),
-    # which would time the fake kernels instead
+    # Real tensors on this CPU, timed as generated code calls them: a pass may run under the pass manager's
+    # FakeTensorMode (or a tracing mode), which would time the fake kernels instead, and inside the capture's
+    # Python dispatcher and torch-function handling, which add their own cost to every op a form calls
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch._C._DisablePythonDispatcher():
         _CACHE[key] = _time_both(node, upcast_form, inputs, rounds, calls)
     return _CACHE[key]
 

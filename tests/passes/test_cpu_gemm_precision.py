@@ -280,3 +280,44 @@ def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
         native, fp32 = cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs)
     assert 0 < native < 1 and 0 < fp32 < 1
     assert cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs) == (native, fp32)  # cached
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).sum()
+
+
+def test_an_attention_backward_timed_faster_in_fp32_runs_on_upcasts_a_few_heads_at_a_time():
+    """CPU flash attention's bf16 backward, when its fp32 form timed faster here (a stand-in CPU's timings),
+    becomes `trex.extern_flash_attention_backward_on_upcasts` on the bf16 operands (fp32 copies of a chunk of
+    heads at a time, not of whole operands); the step trains like eager bf16."""
+
+    def timer(node, upcast_form, inputs):
+        slow = node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        return (800e-6, 200e-6) if slow else (10e-6, 20e-6)
+
+    torch.manual_seed(0)
+    model, x = _Attention().bfloat16(), torch.randn(2, 32, 32, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)
+    compiled = trex.compile(model, backend="eager", passes=[native])
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    backward = compiled.trex.graphs[0].backward
+    targets = {n.target for n in backward.graph.nodes}
+    assert torch.ops.trex.extern_flash_attention_backward_on_upcasts.default in targets
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default not in targets
+    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
+    upcast = [d for d in record.decisions if d.action == "upcast"]
+    assert upcast and all("800.0 us" in d.reason for d in upcast)
