@@ -26,13 +26,16 @@ kernel for each new problem shape and keeps it in its primitive cache (oneDNN de
 parameters); the fp32 GEMM on upcasts runs BLAS kernels that are not generated per shape. On this
 project's AMX CPU a bf16 `mm` with a row count not seen before cost ~0.7 ms of CPU time against ~0.03 ms
 for the fp32 GEMM on upcasts (bench/cpu_ops/bf16_gemm_new_shapes.py; bench/RESULTS.md section 11,
-eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once; whether they stay native is measured:
-each is timed on this CPU at its own shape both ways (`passes.cpu_gemm_timing`, conversions included) and
-upcast when the fp32 form is `UPCAST_MARGIN` times faster. Native units are not always the faster path at
-small shapes: on the AMD EPYC with AVX512-BF16 (no AMX) of bench/RESULTS.md 11 (fourteenth session) CPU flash
-attention's bf16 backward took 926 us per call against 96 us in fp32 at tiny Qwen3-MoE's shapes.
-`CpuGemmPrecision(measure=False)` keeps every native non-grouped GEMM native (no timing, the same graph on
-every compile); the decisions in the dump carry both timings.
+eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once and keep the native path, except where an
+fp32 form with bounded fp32 copies exists and is measured faster: CPU flash attention's backward is timed on
+this CPU at its own shape both ways (`passes.cpu_gemm_timing`, conversions included) and, when the fp32 form
+is `UPCAST_MARGIN` times faster, runs in fp32 a few heads at a time (`trex.extern_flash_attention_backward_on_
+upcasts`). Native units are not always the faster path at small shapes: on the AMD EPYC with AVX512-BF16 (no
+AMX) of bench/RESULTS.md 11 (fourteenth session) that backward took ~850 us per call in bf16 against ~70 us in
+fp32 (377 us in chunks) at tiny Qwen3-MoE's shapes. Static `mm`s are not timed: their fp32 form upcasts whole
+operands, which raised tiny DeepSeek-V3 bf16's peak above Inductor's for a ~1% step gain there.
+`CpuGemmPrecision(measure=False)` times nothing (the same graph on every compile); the decisions in the dump
+carry both timings.
 
 It runs on the partitioned forward and backward graphs (`stage = "partitioned"`), not on the joint
 graph: there, the fp32 upcast of an activation is its only user, so the min-cut partitioner saved the
@@ -75,6 +78,11 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 # of the same call move by ~10-20% on a shared 2-core machine, and a decision that flips with the noise would
 # change the compiled graph (and its roundings) from one compile to the next
 UPCAST_MARGIN = 1.25
+# The GEMMs timed on a CPU with native units: those whose fp32 form keeps its fp32 copies bounded (CPU flash
+# attention's backward, a few heads at a time). A static GEMM's fp32 form upcasts whole operands: on tiny
+# DeepSeek-V3 bf16 the mm upcasts that timed faster (16.8 -> 13.2 us) raised the step's peak from 1.92 to 1.99
+# MiB, above Inductor's 1.96, for ~0.1 ms of a 9 ms step (bench/RESULTS.md 11, fourteenth session)
+BOUNDED_UPCASTS = frozenset({aten._scaled_dot_product_flash_attention_for_cpu_backward.default})
 # GEMMs whose per-group row counts are runtime data (the routing): upcast even where the CPU has native
 # bf16 (fp16) units, whose kernels are generated per shape (see the module docstring)
 GROUPED_GEMMS = frozenset(
@@ -204,7 +212,7 @@ class CpuGemmPrecision:
                 continue
             measured = None
             if dtype not in slow and node.target not in GROUPED_GEMMS:
-                if not self.measure:
+                if not self.measure or node.target not in BOUNDED_UPCASTS:
                     continue
                 fn, inputs = _upcast_form(node)
                 measured = self.timer(node, fn, inputs)

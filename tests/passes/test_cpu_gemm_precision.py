@@ -236,24 +236,36 @@ def _static_gemm_operand_dtypes(graph) -> set[torch.dtype]:
     [(100.0, 20.0, True), (20.0, 100.0, False), (22.0, 20.0, False)],
     ids=["fp32_much_faster", "native_faster", "fp32_faster_within_the_margin"],
 )
-def test_on_a_cpu_with_native_bf16_a_static_gemm_is_upcast_when_it_timed_faster_in_fp32(native_us, fp32_us, upcast):
-    """The choice follows the two timings of each static-shape GEMM (here a stand-in CPU's): upcast only when the
-    fp32 form is UPCAST_MARGIN times faster; the dump carries both timings; the step trains like eager bf16
-    either way."""
+def test_on_a_cpu_with_native_bf16_the_attention_backward_is_upcast_when_it_timed_faster_in_fp32(
+    native_us, fp32_us, upcast
+):
+    """The choice follows the two timings of the attention backward (here a stand-in CPU's): upcast only when the
+    fp32 form is UPCAST_MARGIN times faster; the static mm's are never timed (their fp32 form copies whole
+    operands); the dump carries both timings; the step trains like eager bf16 either way."""
     timed = []
 
     def timer(node, upcast_form, inputs):
         timed.append(node.target)
         return native_us * 1e-6, fp32_us * 1e-6
 
-    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)
-    graph = _bf16_block_trains_like_eager(["canonicalize_moe", native])
-    assert torch.ops.aten.mm.default in timed and ops.grouped_mm.default not in timed  # grouped: always upcast
-    assert _static_gemm_operand_dtypes(graph) == ({torch.float32} if upcast else {torch.bfloat16})
+    torch.manual_seed(0)
+    model, x = _Attention().bfloat16(), torch.randn(2, 32, 32, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(
+        model, backend="eager", passes=[CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)]
+    )
+    compiled(x).backward()
+    reference(x).backward()
+    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    assert timed == [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default]
+    graph = compiled.trex.graphs[0]
+    targets = {n.target for n in graph.backward.graph.nodes}
+    assert (torch.ops.trex.extern_flash_attention_backward_on_upcasts.default in targets) == upcast
+    assert _static_gemm_operand_dtypes(graph) == {torch.bfloat16}
     record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
-    static = [d for d in record.decisions if d.data.get("op", "").startswith("aten.")]
-    assert static and all(d.action == ("upcast" if upcast else "keep") for d in static)
-    assert all(d.data["native_us"] == pytest.approx(native_us) and "timed on this CPU" in d.reason for d in static)
+    (decision,) = [d for d in record.decisions if d.action in ("upcast", "keep")]
+    assert decision.action == ("upcast" if upcast else "keep")
+    assert decision.data["native_us"] == pytest.approx(native_us) and "timed on this CPU" in decision.reason
 
 
 def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
