@@ -37,14 +37,17 @@ def test_objects_alive_before_are_skipped_and_everything_is_handed_back():
 
 
 def test_a_process_that_froze_objects_itself_keeps_its_freeze():
+    """Not touched: no freeze (it would add the 100 fresh objects below to the permanent generation) and no
+    unfreeze (it would empty it). The count is compared within bounds, not for equality: a frozen object that
+    dies meanwhile (another thread's garbage) leaves the permanent generation, as in one CI run (-2)."""
     gc.freeze()
     try:
         count = gc.get_freeze_count()
         with skip_existing_objects():
+            fresh = [_Cycle() for _ in range(100)]  # noqa: F841
             freeze_survivors()
-            extra = _Cycle()  # noqa: F841
-            assert gc.get_freeze_count() == count  # not touched: no freeze, no unfreeze
-        assert gc.get_freeze_count() == count
+            assert count // 2 < gc.get_freeze_count() < count + 100
+        assert count // 2 < gc.get_freeze_count() < count + 100
     finally:
         gc.unfreeze()
 

@@ -275,8 +275,8 @@ def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from trex.passes import cpu_gemm_timing
     from trex.passes.cpu_gemm_precision import _upcast_call
+    from trex.passes.cpu_gemm_precision import timing as cpu_gemm_timing
 
     a = torch.randn(64, 32, dtype=torch.bfloat16)
     b = torch.randn(32, 1, dtype=torch.bfloat16).expand(32, 48)  # stride 0: storage of 32 values

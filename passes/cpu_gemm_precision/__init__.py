@@ -28,7 +28,7 @@ project's AMX CPU a bf16 `mm` with a row count not seen before cost ~0.7 ms of C
 for the fp32 GEMM on upcasts (bench/cpu_ops/bf16_gemm_new_shapes.py; bench/RESULTS.md section 11,
 eighth session). GEMMs with static shapes (`mm`, attention) meet each shape once and keep the native path, except where an
 fp32 form with bounded fp32 copies exists and is measured faster: CPU flash attention's backward is timed on
-this CPU at its own shape both ways (`passes.cpu_gemm_timing`, conversions included) and, when the fp32 form
+this CPU at its own shape both ways (`passes.cpu_gemm_precision.timing`, conversions included) and, when the fp32 form
 is `UPCAST_MARGIN` times faster, runs in fp32 a few heads at a time (`trex.extern_flash_attention_backward_on_
 upcasts`). Native units are not always the faster path at small shapes: on the AMD EPYC with AVX512-BF16 (no
 AMX) of bench/RESULTS.md 11 (fourteenth session) that backward took ~850 us per call in bf16 against ~70 us in
@@ -56,7 +56,7 @@ from torch import fx
 from trex.graph_inline import inline_traced, on_meta_device, replace_node
 from trex.pass_manager import Decision, PassContext, PassResult
 from trex.passes.canonicalize.moe import PROVENANCE_KEYS
-from trex.passes.cpu_gemm_timing import native_and_upcast_seconds
+from trex.passes.cpu_gemm_precision.timing import native_and_upcast_seconds
 
 aten = torch.ops.aten
 GEMMS = frozenset(
@@ -185,7 +185,7 @@ class CpuGemmPrecision:
     ):
         self.native = native  # None: ask this CPU (tests pass a set to stand in for another CPU)
         # On a CPU with native units, time each non-grouped GEMM both ways here and upcast it when fp32 is
-        # faster by UPCAST_MARGIN (cpu_gemm_timing); False keeps every native GEMM native (deterministic graphs)
+        # faster by UPCAST_MARGIN (cpu_gemm_precision.timing); False keeps every native GEMM native (deterministic graphs)
         self.measure = measure
         self.timer = timer or native_and_upcast_seconds  # tests stand in a CPU's timings
 
