@@ -14,26 +14,17 @@ per call, best of 5 rounds of 20 calls after two warm-up calls, one torch thread
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 import trex.ops  # noqa: F401 - registers torch.ops.trex
+from trex.passes.cpu_gemm_precision.timing import best_seconds_per_call  # the timing the pass itself uses
 
 BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
-def best_us(call, rounds: int = 5, calls: int = 20) -> float:
-    call()
-    call()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
+def best_us(call) -> float:
+    return best_seconds_per_call(call, rounds=5, calls=20) * 1e6
 
 
 def operands(batch: int, heads: int, kv_heads: int, seq: int, dim: int):

@@ -219,7 +219,12 @@ class CpuGemmPrecision:
                 if measured is None or measured[1] * UPCAST_MARGIN >= measured[0]:
                     if measured is not None:
                         decisions.append(
-                            Decision("keep", node.name, _kept_reason(dtype, measured), _timing_data(node, measured))
+                            Decision(
+                                "keep",
+                                node.name,
+                                _timed_reason(dtype, measured, upcast=False),
+                                _timing_data(node, measured),
+                            )
                         )
                     continue
             if node.target in GROUPED_GEMMS and not _plain_grouped_mm(node):
@@ -238,7 +243,7 @@ class CpuGemmPrecision:
                 reason = (
                     _upcast_reason(dtype, dtype in slow, False)
                     if measured is None
-                    else _measured_reason(dtype, measured)
+                    else _timed_reason(dtype, measured, upcast=True)
                 )
                 data = {"op": str(node.target)} if measured is None else _timing_data(node, measured)
                 decisions.append(Decision("upcast", node.name, reason, data))
@@ -253,11 +258,10 @@ class CpuGemmPrecision:
                 node,
                 inline_traced(gm, node, fn, inputs, inherit, decompositions),
             )
-            reason = (
-                _upcast_reason(dtype, dtype in slow, False) if measured is None else _measured_reason(dtype, measured)
+            # whole-operand upcasts: only where the CPU has no native units (timed GEMMs are the bounded ones above)
+            decisions.append(
+                Decision("upcast", node.name, _upcast_reason(dtype, True, False), {"op": str(node.target)})
             )
-            data = {"op": str(node.target)} if measured is None else _timing_data(node, measured)
-            decisions.append(Decision("upcast", node.name, reason, data))
         if not slow and not any(d.action == "upcast" for d in decisions):
             reason = (
                 "this CPU multiplies bf16 and fp16 natively and no low-precision GEMM of the graph is faster in fp32"
@@ -274,21 +278,17 @@ def _timing_data(node: fx.Node, measured: tuple[float, float]) -> dict[str, Any]
     return {"op": str(node.target), "native_us": measured[0] * 1e6, "fp32_upcast_us": measured[1] * 1e6}
 
 
-def _measured_reason(dtype: torch.dtype, measured: tuple[float, float]) -> str:
+def _timed_reason(dtype: torch.dtype, measured: tuple[float, float], upcast: bool) -> str:
     name = str(dtype).removeprefix("torch.")
-    native, upcast = (seconds * 1e6 for seconds in measured)
-    return (
-        f"{name} GEMM timed on this CPU at this shape: native {native:.1f} us, fp32 on exact upcasts {upcast:.1f} us "
-        f"(conversions included); fp32 GEMM on exact upcasts, rounded once"
+    native, fp32 = (seconds * 1e6 for seconds in measured)
+    verdict = (
+        "fp32 on exact upcasts, a few heads at a time, each gradient rounded once"
+        if upcast
+        else f"not {UPCAST_MARGIN}x faster in fp32, kept native"
     )
-
-
-def _kept_reason(dtype: torch.dtype, measured: tuple[float, float]) -> str:
-    name = str(dtype).removeprefix("torch.")
-    native, upcast = (seconds * 1e6 for seconds in measured)
     return (
-        f"{name} GEMM timed on this CPU at this shape: native {native:.1f} us, fp32 on exact upcasts {upcast:.1f} us "
-        f"(conversions included): not {UPCAST_MARGIN}x faster in fp32, kept native"
+        f"{name} GEMM timed on this CPU at this shape: native {native:.1f} us, fp32 on exact upcasts {fp32:.1f} us "
+        f"(conversions included): {verdict}"
     )
 
 

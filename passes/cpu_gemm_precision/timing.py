@@ -37,7 +37,7 @@ def example_tensor(value: torch.Tensor) -> torch.Tensor:
     return storage.as_strided(tuple(value.shape), tuple(value.stride()))
 
 
-def _best_of(call: Callable[[], Any], rounds: int, calls: int) -> float:
+def best_seconds_per_call(call: Callable[[], Any], rounds: int, calls: int) -> float:
     """Seconds per call: the fastest of `rounds` rounds of `calls` calls, after two warm-up calls (oneDNN
     creates and caches its primitive for a shape at the first call)."""
     call()
@@ -98,6 +98,6 @@ def _time_both(
     kwargs = fx.node.map_arg(node.kwargs, lambda a: examples[a])
     operands = [examples[a] for a in inputs]
     with torch.no_grad():
-        native = _best_of(lambda: node.target(*args, **kwargs), rounds, calls)
-        upcast = _best_of(lambda: upcast_form(*operands), rounds, calls)
+        native = best_seconds_per_call(lambda: node.target(*args, **kwargs), rounds, calls)
+        upcast = best_seconds_per_call(lambda: upcast_form(*operands), rounds, calls)
     return native, upcast
