@@ -121,8 +121,8 @@ ATTENTION_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.d
 def _upcast_form(node: fx.Node) -> tuple[Any, list[fx.Node]]:
     """The fp32 form of `node` as a function of its tensor inputs, and those inputs: converts -> the op in fp32
     -> converts back, except CPU flash attention's backward, which becomes
-    `trex.extern_flash_attention_backward_on_upcasts` on its own low-precision operands (fp32 copies of one
-    batch element at a time: whole-operand copies and fp32 gradients alive together raised the bf16 step's
+    `trex.extern_flash_attention_backward_on_upcasts` on its own low-precision operands (fp32 copies of a few
+    (batch element, head) pairs at a time: whole-operand copies and fp32 gradients alive together raised the bf16 step's
     peak memory above Inductor's, bench/RESULTS.md 11, fourteenth session)."""
     if node.target is not ATTENTION_BACKWARD:
         return _upcast_call(node, {})
@@ -169,7 +169,10 @@ class CpuGemmPrecision:
     has bf16 (fp16) operands, and on one with them no grouped GEMM has: each non-grouped one became converts
     to fp32, the GEMM in fp32 and a convert of its result back (same shape and dtype); each grouped one became
     `trex.extern_aten_grouped_mm` on the same operands, which multiplies in fp32 one group at a time (exact
-    upcasts, one rounding per element). Each rewrite consumes one unit of fuel.
+    upcasts, one rounding per element); CPU flash attention's backward - and, on a CPU with native units, one
+    that timed `UPCAST_MARGIN` times faster in fp32 - became `trex.extern_flash_attention_backward_on_upcasts`
+    on its own operands (fp32 a few heads at a time, one rounding per element). Each rewrite consumes one unit
+    of fuel.
     """
 
     name: ClassVar[str] = "cpu_gemm_precision"
