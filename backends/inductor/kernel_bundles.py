@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,7 +216,6 @@ class KernelBundler:
     unbundled: int = 0  # kernels Inductor built itself (see `bundleable`)
     failures: list[str] = field(default_factory=list)
     submit: Callable[[Callable[[], Any]], Any] | None = None  # the compile threads' pool (AsyncCompile.submit)
-    build_seconds: float = 0.0  # main-thread time spent submitting and waiting for bundles
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[KernelBundler]:
@@ -256,7 +255,6 @@ class KernelBundler:
             return
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        start = time.perf_counter()
         pending, self.pending = self.pending, []
         for group in split_into_bundles(pending, threads):
             bundle = KernelBundle(group)
@@ -269,7 +267,6 @@ class KernelBundler:
             except Exception as error:  # noqa: BLE001 - a bundle that cannot start falls back (docstring)
                 self._fall_back(bundle, error)
             self.bundles.append(bundle)
-        self.build_seconds += time.perf_counter() - start
 
     def _loaded(self, kernel: BundledKernel, threads: int) -> Callable[..., Any]:
         """The callable kernel: its bundle's entry point, once the bundle is built and loaded."""
@@ -278,13 +275,11 @@ class KernelBundler:
         bundle = kernel.bundle
         assert bundle is not None
         if bundle.fallback is None and bundle.module is None:
-            start = time.perf_counter()
             try:
                 assert bundle.get_module is not None
                 bundle.module = bundle.get_module()
             except Exception as error:  # noqa: BLE001 - build or load failure: build the kernels alone
                 self._fall_back(bundle, error)
-            self.build_seconds += time.perf_counter() - start
         if bundle.fallback is not None:
             return bundle.fallback[kernel.index]
         return getattr(bundle.module, f"kernel_{kernel.index}")
@@ -293,7 +288,14 @@ class KernelBundler:
         """Build each kernel of a failed bundle by Inductor's own path, one library per kernel."""
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-        self.failures.append(f"bundle of {len(bundle.kernels)} kernels: {type(error).__name__}: {error}"[:2000])
+        failure = f"bundle of {len(bundle.kernels)} kernels: {type(error).__name__}: {error}"[:2000]
+        self.failures.append(failure)
+        warnings.warn(
+            f"trex kernel bundles: a {failure}; building its kernels one by one instead (correct, slower cold "
+            "compile). InductorBackend(kernel_bundles=False) skips bundling.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         bundle.fallback = {
             k.index: CppPythonBindingsCodeCache.load_pybinding(list(k.argtypes), k.source) for k in bundle.kernels
         }

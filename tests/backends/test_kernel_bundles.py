@@ -98,7 +98,7 @@ def test_a_bundle_that_fails_to_build_falls_back_to_one_library_per_kernel(two_c
 
     monkeypatch.setattr(kernel_bundles, "bundle_source", lambda kernels: "this is not C++;\n")
     bundler = KernelBundler()
-    with bundler.collecting():
+    with bundler.collecting(), pytest.warns(RuntimeWarning, match="kernel_bundles=False"):
         async_compile = AsyncCompile()
         scope = {"add": async_compile.cpp_pybinding(["const float*", "const float*", "float*"], _ADD)}
         async_compile.wait(scope)

@@ -31,6 +31,34 @@ class _Block(torch.nn.Module):
         ).sum()
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).sum()
+
+
+def _bf16_attention_trains_like_eager(passes, hidden=32, seq=32):
+    """One forward+backward of a bf16 `_Attention` through trex (eager backend, `passes`) against eager: loss and
+    the projection's gradient close (bf16 tolerances). Returns trex's graph record."""
+    torch.manual_seed(0)
+    model, x = _Attention(hidden).bfloat16(), torch.randn(2, seq, hidden, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    compiled = trex.compile(model, backend="eager", passes=passes)
+    loss = compiled(x)
+    loss.backward()
+    expected = reference(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    return compiled.trex.graphs[0]
+
+
 def _gemm_dtypes(gm):
     return {
         (n.target, arg.meta["val"].dtype)
@@ -84,26 +112,8 @@ def test_fp32_gemms_are_left_alone():
 
 
 def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
-    class Attention(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.qkv = torch.nn.Linear(16, 48, bias=False)
-
-        def forward(self, x):
-            q, k, v = self.qkv(x).view(2, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().sum()
-
-    torch.manual_seed(0)
-    model, x = Attention().bfloat16(), torch.randn(2, 6, 16, dtype=torch.bfloat16)
-    reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend="eager", passes=[CpuGemmPrecision(native=set())])
-    loss = compiled(x)
-    loss.backward()
-    expected = reference(x)
-    expected.backward()
-    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
-    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
+    graph = _bf16_attention_trains_like_eager([CpuGemmPrecision(native=set())], hidden=16, seq=6)
+    record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
     ops_done = {d.data["op"] for d in record.decisions}
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops_done
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward.default" in ops_done
@@ -240,27 +250,21 @@ def test_on_a_cpu_with_native_bf16_the_attention_backward_is_upcast_when_it_time
     native_us, fp32_us, upcast
 ):
     """The choice follows the two timings of the attention backward (here a stand-in CPU's): upcast only when the
-    fp32 form is UPCAST_MARGIN times faster; the static mm's are never timed (their fp32 form copies whole
-    operands); the dump carries both timings; the step trains like eager bf16 either way."""
+    fp32 form is UPCAST_MARGIN times faster, to `trex.extern_flash_attention_backward_on_upcasts` on the bf16
+    operands; the static mm's are never timed (their fp32 form copies whole operands); the dump carries both
+    timings; the step trains like eager bf16 either way."""
     timed = []
 
     def timer(node, upcast_form, inputs):
         timed.append(node.target)
         return native_us * 1e-6, fp32_us * 1e-6
 
-    torch.manual_seed(0)
-    model, x = _Attention().bfloat16(), torch.randn(2, 32, 32, dtype=torch.bfloat16)
-    reference = copy.deepcopy(model)
-    compiled = trex.compile(
-        model, backend="eager", passes=[CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)]
-    )
-    compiled(x).backward()
-    reference(x).backward()
-    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    graph = _bf16_attention_trains_like_eager([CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)])
     assert timed == [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default]
-    graph = compiled.trex.graphs[0]
     targets = {n.target for n in graph.backward.graph.nodes}
+    # upcast: the bf16 operands go to the chunked op (fp32 copies of a few heads at a time), the aten op is gone
     assert (torch.ops.trex.extern_flash_attention_backward_on_upcasts.default in targets) == upcast
+    assert (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default in targets) != upcast
     assert _static_gemm_operand_dtypes(graph) == {torch.bfloat16}
     record = next(r for r in graph.report.records if r.name == "cpu_gemm_precision")
     (decision,) = [d for d in record.decisions if d.action in ("upcast", "keep")]
@@ -280,10 +284,9 @@ def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
 
     a = torch.randn(64, 32, dtype=torch.bfloat16)
     b = torch.randn(32, 1, dtype=torch.bfloat16).expand(32, 48)  # stride 0: storage of 32 values
-    gm = make_fx(torch.mm)(a, b)
+    gm = make_fx(torch.mm, tracing_mode="fake")(a, b)  # each node's meta["val"]: a fake tensor with its layout
     node = next(n for n in gm.graph.nodes if n.op == "call_function")
-    for placeholder, value in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (a, b)):
-        placeholder.meta["val"] = value
+    assert [tuple(arg.meta["val"].stride()) for arg in node.all_input_nodes] == [a.stride(), b.stride()]
     example = cpu_gemm_timing.example_tensor(b)
     assert example.shape == b.shape and example.stride() == b.stride() and example.dtype == torch.bfloat16
     cpu_gemm_timing._CACHE.clear()
@@ -292,44 +295,3 @@ def test_the_timing_runs_real_kernels_even_under_a_fake_tensor_mode():
         native, fp32 = cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs)
     assert 0 < native < 1 and 0 < fp32 < 1
     assert cpu_gemm_timing.native_and_upcast_seconds(node, fn, inputs) == (native, fp32)  # cached
-
-
-class _Attention(torch.nn.Module):
-    def __init__(self, hidden=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).sum()
-
-
-def test_an_attention_backward_timed_faster_in_fp32_runs_on_upcasts_a_few_heads_at_a_time():
-    """CPU flash attention's bf16 backward, when its fp32 form timed faster here (a stand-in CPU's timings),
-    becomes `trex.extern_flash_attention_backward_on_upcasts` on the bf16 operands (fp32 copies of a chunk of
-    heads at a time, not of whole operands); the step trains like eager bf16."""
-
-    def timer(node, upcast_form, inputs):
-        slow = node.target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-        return (800e-6, 200e-6) if slow else (10e-6, 20e-6)
-
-    torch.manual_seed(0)
-    model, x = _Attention().bfloat16(), torch.randn(2, 32, 32, dtype=torch.bfloat16)
-    reference = copy.deepcopy(model)
-    native = CpuGemmPrecision(native={torch.bfloat16, torch.float16}, timer=timer)
-    compiled = trex.compile(model, backend="eager", passes=[native])
-    loss = compiled(x)
-    loss.backward()
-    expected = reference(x)
-    expected.backward()
-    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
-    backward = compiled.trex.graphs[0].backward
-    targets = {n.target for n in backward.graph.nodes}
-    assert torch.ops.trex.extern_flash_attention_backward_on_upcasts.default in targets
-    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default not in targets
-    record = next(r for r in compiled.trex.graphs[0].report.records if r.name == "cpu_gemm_precision")
-    upcast = [d for d in record.decisions if d.action == "upcast"]
-    assert upcast and all("800.0 us" in d.reason for d in upcast)
