@@ -43,11 +43,9 @@ class _Attention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).float().pow(2).sum()
 
 
-def _bf16_attention_trains_like_eager(passes, hidden=32, seq=32):
-    """One forward+backward of a bf16 `_Attention` through trex (eager backend, `passes`) against eager: loss and
-    the projection's gradient close (bf16 tolerances). Returns trex's graph record."""
-    torch.manual_seed(0)
-    model, x = _Attention(hidden).bfloat16(), torch.randn(2, seq, hidden, dtype=torch.bfloat16)
+def _trains_like_eager_bf16(model: torch.nn.Module, x: torch.Tensor, passes):
+    """One forward+backward of bf16 `model` through trex (eager backend, `passes`) against eager: loss and every
+    gradient close (bf16 tolerances), gradients in bf16. Returns trex's graph record."""
     reference = copy.deepcopy(model)
     compiled = trex.compile(model, backend="eager", passes=passes)
     loss = compiled(x)
@@ -55,8 +53,18 @@ def _bf16_attention_trains_like_eager(passes, hidden=32, seq=32):
     expected = reference(x)
     expected.backward()
     torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(model.qkv.weight.grad, reference.qkv.weight.grad, rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
     return compiled.trex.graphs[0]
+
+
+def _bf16_attention_trains_like_eager(passes, hidden=32, seq=32):
+    """`_trains_like_eager_bf16` on a bf16 `_Attention` (seeded)."""
+    torch.manual_seed(0)
+    return _trains_like_eager_bf16(
+        _Attention(hidden).bfloat16(), torch.randn(2, seq, hidden, dtype=torch.bfloat16), passes
+    )
 
 
 def _gemm_dtypes(gm):
@@ -120,21 +128,9 @@ def test_cpu_attention_runs_in_fp32_and_matches_eager_bf16():
 
 
 def _bf16_block_trains_like_eager(passes):
-    """One forward+backward of a bf16 `_Block` through trex (eager backend, `passes`) against eager: loss and every
-    gradient close (bf16 tolerances), gradients in bf16. Returns trex's graph record."""
+    """`_trains_like_eager_bf16` on a bf16 `_Block` (seeded)."""
     torch.manual_seed(0)
-    model, x = _Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16)
-    reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend="eager", passes=passes)
-    loss = compiled(x)
-    loss.backward()
-    expected = reference(x)
-    expected.backward()
-    torch.testing.assert_close(loss, expected, rtol=2e-2, atol=2e-2)
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert p.grad.dtype == torch.bfloat16
-        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2)
-    return compiled.trex.graphs[0]
+    return _trains_like_eager_bf16(_Block().bfloat16(), torch.randn(12, 16, dtype=torch.bfloat16), passes)
 
 
 @pytest.mark.parametrize("decomposed", [False, True], ids=["trex_grouped_mm", "aten_grouped_mm"])
