@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     compiled = trex.compile(model, dump_dir=args.dump, progress=say)
     say(
         "first step: Dynamo capture, AOTAutograd joint trace, passes, partition and lowering (with the default Inductor backend "
-        "about 2 minutes cold on 2 cores: it compiles C++ for the forward and the backward)"
+        "20-60 s cold on 2 cores: it compiles C++ for the forward and the backward)"
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(args.seed)
