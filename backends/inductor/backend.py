@@ -76,6 +76,7 @@ class InductorBackend(Backend):
         runtime_checks: bool = False,
         background_builds: bool = False,
         kernel_bundles: bool = True,
+        cpu_grouped_gemm: str = "timed",
     ) -> None:
         self.compile_seconds: dict[str, float] = {}  # region (first node's name) -> seconds
         # regions.py: a graph whose decoder layers repeat is compiled one distinct layer at a time. Opt-in
@@ -92,6 +93,16 @@ class InductorBackend(Backend):
         # one compiler process each; the compiler's fixed cost per process was half of a kernel's build here
         # (bench/RESULTS.md 11, fourteenth session). Same code, same flags: values and step time unchanged
         self.kernel_bundles = kernel_bundles
+        # cpu_grouped_gemm: how an fp32 CPU grouped GEMM is placed, "timed" (trex's kernel where it measured
+        # faster than aten's at the problem's shapes), "trex" (always trex's kernel) or "aten" (never)
+        from trex.backends.inductor.cpu_grouped_gemm import POLICIES
+
+        if cpu_grouped_gemm not in POLICIES:
+            raise ValueError(
+                f"InductorBackend(cpu_grouped_gemm={cpu_grouped_gemm!r}): expected one of {', '.join(POLICIES)} "
+                "('timed' measures trex's grouped GEMM kernel against aten's at each problem's shapes)"
+            )
+        self.cpu_grouped_gemm = cpu_grouped_gemm
 
     def trace_decompositions(self, target: Any) -> dict | None:
         """The decompositions AOTAutograd should trace the joint graph with when this backend leads:
@@ -114,7 +125,13 @@ class InductorBackend(Backend):
 
     def prepare(self, gm: fx.GraphModule, phase: str, graph_inputs: Sequence[Any] | None) -> None:
         """Scatter-adds into zeros become sums over their index slots (`zero_fills`), so that their buffers are
-        not filled in the backward's first kernel and kept alive across the step's peak."""
+        not filled in the backward's first kernel and kept alive across the step's peak. On Dynamo's graph of an
+        fp32 CPU model with trex's MoE ops, trex's grouped GEMM kernel starts building (`cpu_grouped_gemm`), so that
+        it is built by the time the lowering times it."""
+        if phase == "captured" and self.cpu_grouped_gemm != "aten" and _fp32_cpu_moe(gm):
+            from trex.backends.inductor import cpu_grouped_gemm
+
+            cpu_grouped_gemm.start_build()
         if phase != "captured" and inductor_unavailable_reason() is None:
             from trex.backends.inductor.zero_fills import scatter_adds_as_slot_sums
 
@@ -131,6 +148,7 @@ class InductorBackend(Backend):
     def lower(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from torch._inductor.compile_fx import compile_fx_inner
 
+        from trex.backends.inductor import cpu_grouped_gemm
         from trex.backends.inductor.grouped_mm_lowering import register_grouped_mm_lowerings
 
         start = time.perf_counter()
@@ -150,7 +168,9 @@ class InductorBackend(Backend):
         bundling = (
             bundler.collecting() if self.kernel_bundles and can_bundle(example_inputs) else contextlib.nullcontext()
         )
+        placement = cpu_grouped_gemm.place(decomposed, self.cpu_grouped_gemm)
         with (
+            cpu_grouped_gemm.placing(placement),
             _region_output_strides_unreported(),
             _eager_roundings(decomposed),
             _runtime_checks(checks),
@@ -164,6 +184,8 @@ class InductorBackend(Backend):
                 notes.insert(0, f"regional compilation: {len(plan.regions)} regions, {plan.distinct} compiled")
         if bundler.bundles or bundler.unbundled:
             notes.append(bundler.summary())
+        if placement.choices:
+            notes.append(cpu_grouped_gemm.summary(placement.choices))
         self.compile_seconds[region] = time.perf_counter() - start
         builds.on_finish.append(lambda seconds: self._add_seconds(region, seconds))
 
@@ -199,6 +221,19 @@ class InductorBackend(Backend):
     def _add_seconds(self, region: str, seconds: float) -> None:
         """A deferred kernel wait is part of the region's compile time (`kernel_builds`)."""
         self.compile_seconds[region] = self.compile_seconds.get(region, 0.0) + seconds
+
+
+def _fp32_cpu_moe(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo's graph calls one of trex's MoE ops on fp32 CPU tensors (its grouped GEMMs will be fp32)."""
+    if inductor_unavailable_reason() is not None:
+        return False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "namespace", None) == "trex":
+            value = node.meta.get("example_value")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.device.type == "cpu" for v in values):
+                return True
+    return False
 
 
 @contextlib.contextmanager

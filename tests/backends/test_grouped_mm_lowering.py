@@ -1,5 +1,7 @@
 """trex's extern grouped GEMMs lowered by Inductor to a direct `torch._grouped_mm` call: the same values as
-the extern op's Python body, without the dispatcher's detour through it."""
+the extern op's Python body, without the dispatcher's detour through it. (Where trex's Inductor backend has not
+placed a grouped GEMM on its own kernel, or was told not to - `cpu_grouped_gemm="aten"`; trex's kernel:
+tests/backends/test_cpu_grouped_gemm.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 import trex
 import trex.ops.moe_decompositions  # noqa: F401 - the trex.extern_* ops
 from trex.backends.inductor import inductor_unavailable_reason
+from trex.backends.inductor.backend import InductorBackend
 from trex.backends.inductor.grouped_mm_lowering import register_grouped_mm_lowerings
 
 pytestmark = pytest.mark.skipif(inductor_unavailable_reason() is not None, reason=str(inductor_unavailable_reason()))
@@ -91,7 +94,7 @@ def test_an_fp32_moe_block_through_inductor_calls_aten_directly_and_trains_like_
     torch.manual_seed(0)
     model, x = TinyBlock(), torch.randn(12, 16)
     reference = copy.deepcopy(model)
-    compiled = trex.compile(model, backend=["inductor", "eager"])
+    compiled = trex.compile(model, backend=[InductorBackend(cpu_grouped_gemm="aten"), "eager"])
 
     def step():
         loss = compiled(x)
