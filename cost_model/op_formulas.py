@@ -293,6 +293,15 @@ def _generic(
 
 POINTWISE = _generic("pointwise", 1, note="one op per output element; bytes = inputs read + output written")
 TRANSCENDENTAL = _generic("pointwise", 4, note="exp/log/trig-class op, ~4 FLOPs per element")
+# A vectorized sine or cosine is a range reduction and a polynomial, not one hardware instruction: Arm's
+# optimized-routines `v_sinf` (the 1.9-ulp single-precision vector sine) computes n = rint(|x|/pi) with one FMA
+# and a subtraction, r = |x| - n*pi with three FMAs (pi split in three parts), r^2 with one multiply and the odd
+# polynomial with four FMAs: 18 FLOPs (an FMA counted as 2), plus ~5 bit operations for the sign. SLEEF's
+# 1-ulp `Sleef_sinf16_u10`, which PyTorch's CPU vector code calls, adds double-float steps on top. So ~20 per
+# element, where the exp/log class above keeps its ~4.
+TRIGONOMETRIC = _generic(
+    "pointwise", 20, note="sin/cos/tan: range reduction + polynomial, ~20 FLOPs per element (Arm v_sinf's count)"
+)
 REDUCTION = _generic("reduction", 0, 1, note="one op per input element")
 SOFTMAX = _generic("softmax", 0, 5, note="max, subtract, exp, sum, divide per element")
 SOFTMAX_BACKWARD = _generic("softmax", 0, 2, note="grad * out, row sum, fused subtract")
@@ -307,6 +316,40 @@ CREATION = OpFormula("creation", sympy.Integer(0), Bytes_out, _io, "fill: write 
 VIEW = OpFormula("view", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "aliases its input: no data moved")
 SYNC = OpFormula(
     "sync", sympy.Integer(0), sympy.Integer(0), lambda n: {}, "waits for a collective; its cost is on the collective"
+)
+
+# x ** n for a constant exponent: what both aten's CPU kernel and Inductor compute it as. An integral exponent
+# is repeated squaring (Inductor's `pow` lowering expands it into multiplications; aten special-cases 2 and 3):
+# floor(log2 |n|) squarings plus one multiply per further set bit, plus a reciprocal for n < 0; 0.5 and -0.5
+# are a (reciprocal) square root, the exp/log class's ~4; any other exponent, or a tensor one, exp(n * log x):
+# two transcendentals and a multiply.
+pow_flops = sympy.Symbol("pow_flops_per_element", nonnegative=True)
+
+
+def power_flops_per_element(exponent: Any) -> float:
+    """FLOPs per element of `x ** exponent` (see above); `exponent` a number, or anything else for a tensor."""
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        return 2 * 4 + 1
+    if float(exponent).is_integer():
+        n = abs(int(exponent))
+        squarings = n.bit_length() - 1 if n else 0
+        return float(squarings + max(0, bin(n).count("1") - 1) + (exponent < 0))
+    if abs(exponent) == 0.5:
+        return 4.0
+    return 2 * 4 + 1
+
+
+def _bind_pow(node: Any) -> dict | None:
+    io = _io(node)
+    if node.target is getattr(torch.ops.aten.pow, "Scalar", None):  # scalar ** tensor: exp(x * log(scalar))
+        io[pow_flops] = 4.0 + 1
+    else:
+        io[pow_flops] = power_flops_per_element(node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent"))
+    return io
+
+
+POWER = OpFormula(
+    "pointwise", pow_flops * N_out, Bytes_in + Bytes_out, _bind_pow, "x ** n: squarings for an integral n"
 )
 
 
@@ -504,6 +547,7 @@ REDUCING_COLLECTIVE = OpFormula(
 # ---------------------------------------------------------------------------------------------
 # The table: exact op-packet names first.
 
+_TRIGONOMETRIC = {"sin", "cos", "tan"}
 _TRANSCENDENTAL = {
     "exp",
     "exp2",
@@ -522,7 +566,6 @@ _TRANSCENDENTAL = {
     "erfinv",
     "rsqrt",
     "sqrt",
-    "pow",
     "silu",
     "gelu",
     "softplus",
@@ -660,6 +703,7 @@ EXACT: dict[str, OpFormula] = {
     "aten.searchsorted": GATHER,
     "aten.one_hot": GATHER,
     "aten.sort": SORT,
+    "aten.pow": POWER,
     "aten.argsort": SORT,
     "aten.topk": TOPK,
     "aten.kthvalue": TOPK,
@@ -819,9 +863,13 @@ def formula_for(target: Any) -> OpFormula | None:
     short = name.split(".")[-1]
     tags = getattr(target, "tags", ())
     if torch.Tag.pointwise in tags:
+        if short.rstrip("_") in _TRIGONOMETRIC:
+            return TRIGONOMETRIC
         return TRANSCENDENTAL if short.rstrip("_") in _TRANSCENDENTAL else POINTWISE
     if _is_view(target):
         return VIEW
+    if name.startswith("aten.") and short.rstrip("_") in _TRIGONOMETRIC:
+        return TRIGONOMETRIC
     if name.startswith("aten.") and short.rstrip("_") in _TRANSCENDENTAL:
         return TRANSCENDENTAL
     return None

@@ -27,6 +27,7 @@ _PASS_CLASSES = {
     "Recompute": "trex.passes.recompute",
     "ReorderComm": "trex.passes.reorder_comm",
     "HoistGradients": "trex.passes.hoist_gradients",
+    "ComputeOnce": "trex.passes.compute_once",
 }
 
 
@@ -56,6 +57,7 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
     "decompose_moe",  # MoE primitives -> core aten, when the leading backend generates code from aten (Inductor)
     "reorder_comm",  # collectives issued early / waited late under compute, same order on every rank
     "cost_driven_fusion",  # memory-bound chains grouped by the bytes they save; backends get whole groups
+    "compute_once",  # after the partition: broadcast-read transcendental values computed once, not in every reader
     "hoist_gradients",  # after the partition: grouped-GEMM weight gradients run as soon as their operands exist
 )
 
@@ -99,6 +101,7 @@ __all__ = [
     "DEFAULT_PIPELINE",
     "PASSES",
     "CanonicalizeMoe",
+    "ComputeOnce",
     "CostDrivenFusion",
     "CpuGemmPrecision",
     "DeadCodeElimination",

@@ -102,11 +102,15 @@ def step_matches_eager():
     loss on 8 of 24 batches, plain Inductor's on 9), for 3 elements 14%. Over N draws it is the chance that an
     F(kN, kN) variable (k elements) exceeds 4: 0.4% for a scalar over 16 batches. The bound stays 2x on a
     2-norm; what it judges is a sample of the noise large enough to tell a less accurate program from an
-    unlucky draw."""
+    unlucky draw.
 
-    def check(compiled, model, reference, config, dtype, fp32_reference=False, hold_routing=False, batches=1):
+    `tokens=(batch, sequence)` sets the token batch's shape (default (2, 16))."""
+
+    def check(
+        compiled, model, reference, config, dtype, fp32_reference=False, hold_routing=False, batches=1, tokens=(2, 16)
+    ):
         def batch(seed):
-            return torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(seed))
+            return torch.randint(0, config.vocab_size, tokens, generator=torch.Generator().manual_seed(seed))
 
         input_ids = batch(0)
         exact = copy.deepcopy(reference).float() if fp32_reference and dtype == torch.bfloat16 else None

@@ -195,6 +195,8 @@ class TrexCompiler:
         options = {
             "decompose_moe": bool(getattr(leading, "decomposes_moe_primitives", False)),
             "gemms_on_this_cpu": bool(getattr(leading, "runs_gemms_on_this_cpu", True)),
+            # passes.compute_once: the leading backend recomputes a pointwise value inside each kernel reading it
+            "inlines_pointwise_into_consumers": bool(getattr(leading, "inlines_pointwise_into_consumers", False)),
             # graph_inline.inline_traced: a rewrite traces its new nodes with the table the graph was traced with
             "decompositions": self._decompositions,
         }

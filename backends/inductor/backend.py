@@ -69,6 +69,9 @@ class InductorBackend(Backend):
     # passes.decompose_moe: Inductor fuses the gathers and sums of the MoE primitives' aten form into its
     # kernels, where the primitives themselves would be opaque extern calls with Python bodies
     decomposes_moe_primitives: ClassVar[bool] = True
+    # passes.compute_once: Inductor inlines a pointwise value into every kernel that reads it (recomputing it
+    # per element read); `trex.compute_once` realizes one (backends/inductor/compute_once_lowering.py)
+    inlines_pointwise_into_consumers: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -149,10 +152,12 @@ class InductorBackend(Backend):
         from torch._inductor.compile_fx import compile_fx_inner
 
         from trex.backends.inductor import cpu_grouped_gemm
+        from trex.backends.inductor.compute_once_lowering import register_compute_once_lowering
         from trex.backends.inductor.grouped_mm_lowering import register_grouped_mm_lowerings
 
         start = time.perf_counter()
         register_grouped_mm_lowerings()
+        register_compute_once_lowering()
         region = next((n.name for n in gm.graph.nodes if n.op == "call_function"), "<empty>")
         if gm.meta.get(DECOMPOSED) == self.name and not _undecomposed_nodes(gm):  # compiled as it is
             decomposed, single_output = _tuple_output_graph(gm)

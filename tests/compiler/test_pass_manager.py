@@ -46,13 +46,15 @@ def test_dump_dir_holds_runnable_graph_after_every_pass_and_decisions(small_moe,
         "lowering_forward.txt",
         "summary.txt",
     ]
-    for which in ("forward", "backward"):  # cpu_gemm_precision, hoist_gradients run after the partition, on each graph
+    for which in ("forward", "backward"):  # cpu_gemm_precision, compute_once, hoist_gradients: after the partition
         assert sorted(p.name for p in (tmp_path / f"graph_0_{which}").iterdir()) == [
             "000_capture.py",
             "004_cpu_gemm_precision.decisions.jsonl",
             "004_cpu_gemm_precision.py",
-            "008_hoist_gradients.decisions.jsonl",
-            "008_hoist_gradients.py",
+            "008_compute_once.decisions.jsonl",
+            "008_compute_once.py",
+            "009_hoist_gradients.decisions.jsonl",
+            "009_hoist_gradients.py",
         ]
     header = (graph_dir / "001_canonicalize_moe.py").read_text().splitlines()[:2]
     assert "canonicalize_moe" in header[0]

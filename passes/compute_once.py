@@ -1,0 +1,208 @@
+"""Values a code generator would recompute in every kernel that reads them, computed once when that is cheaper.
+
+Inductor lowers a pointwise value as an expression and inlines it into each consumer's loop; it realizes it into
+a buffer only when a heuristic says so (`StorageBox.should_realize_on_reuse`, torch/_inductor/ir.py: on CPU a
+multi-reader value whose expression uses exp/log/sigmoid/tanh, or one past an op-count or read-count
+threshold). A small value read *broadcast* escapes all of these: the rotary embedding's cos and sin tables
+(`[1, S, D]`, from `positions x inv_freq -> cat -> cos/sin -> x scaling`) are read by the query and key products
+of every layer as `[B, H, S, D]`, so every element of every one of those kernels - forward, and backward where
+the partitioner recomputes the tables - evaluates a cos or sin, the frequency product and the `cat`'s index
+select. On tiny Qwen3-MoE (fp32, 2-vCPU EPYC) realizing them took 6-8% off the whole training step
+(bench/RESULTS.md section 11, fifteenth and sixteenth sessions).
+
+The pass prices both ways with the cost model (`trex.cost_model`'s op formulas and the target's device profile):
+
+* inlined: every element each consumer computes evaluates the value's whole inlined chain (the pointwise,
+  copy and view producers back to the first value that is a buffer anyway: an input, a GEMM, a reduction, a
+  value already marked), `reads x chain FLOPs per element` at the device's vector rate;
+* once: one kernel computes the value (`numel x chain FLOPs`), writes it, and each consumer reads it
+  (`numel x itemsize x (1 + consumers)` bytes through the device's memory model, one kernel launch).
+
+Where once is cheaper it inserts `trex.compute_once(value)` (trex_compiler/ops/compute_once.py) and points the
+value's computing readers at it; the leading backend's lowering realizes it (Inductor:
+backends/inductor/compute_once_lowering.py). Only chains with a transcendental op (the op formulas'
+TRANSCENDENTAL class: exp/log/trig/...) are candidates: a chain of cheap arithmetic is what a code generator
+is right to inline (its recomputation costs less than the buffer's traffic and launch), and leaving those
+alone keeps the graphs the backend fuses as they were. Each candidate's decision, with both predicted times,
+is in the dump. The pass runs on the partitioned forward and backward graphs (stage "partitioned"), so the
+partitioner's save-or-recompute choice is made on the graph without the marks; it runs only when the leading
+backend declares `inlines_pointwise_into_consumers` (or `ComputeOnce(force=True)`).
+
+Values are unchanged: the op's value is its input's (a copy outside a code generator).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import fx
+
+import trex.ops.compute_once  # noqa: F401 - defines torch.ops.trex.compute_once
+from trex.pass_manager import Decision, PassContext, PassResult
+
+# PassContext.options key the compile driver sets: does the leading backend inline pointwise values?
+OPTION = "inlines_pointwise_into_consumers"
+# op-formula kinds a code generator inlines into a consumer's loop (a chain link) and those that read their
+# inputs element by element inside their own loop (a consumer that recomputes an inlined input)
+INLINED_KINDS = frozenset({"pointwise", "copy", "view"})
+COMPUTING_READER_KINDS = frozenset({"pointwise", "copy", "reduction", "norm", "softmax"})
+
+
+def _numel(node: fx.Node) -> int:
+    value = node.meta.get("val")
+    return value.numel() if isinstance(value, torch.Tensor) else 0
+
+
+def _formula(node: fx.Node):
+    from trex.cost_model.op_formulas import formula_for
+
+    return formula_for(node.target) if node.op == "call_function" else None
+
+
+def _kind(node: fx.Node) -> str | None:
+    formula = _formula(node)
+    return formula.kind if formula is not None else None
+
+
+def inlined_chain(value: fx.Node) -> list[fx.Node]:
+    """The nodes a code generator inlines when it inlines `value`: `value` and its pointwise, copy and view
+    producers, back to values that are buffers anyway (inputs, GEMMs, reductions, marked values)."""
+    chain: list[fx.Node] = []
+    stack, seen = [value], {value}
+    while stack:
+        node = stack.pop()
+        chain.append(node)
+        for producer in node.all_input_nodes:
+            if producer in seen or producer.target is torch.ops.trex.compute_once.default:
+                continue
+            if _kind(producer) in INLINED_KINDS and isinstance(producer.meta.get("val"), torch.Tensor):
+                seen.add(producer)
+                stack.append(producer)
+    return chain
+
+
+def computing_readers(value: fx.Node) -> list[tuple[fx.Node, int]]:
+    """The nodes that read `value` (through views) element by element in their own loops, each with the
+    number of elements it computes (its output's, or the broadcast view it reads, whichever is larger)."""
+    readers: list[tuple[fx.Node, int]] = []
+    stack = [(value, _numel(value))]
+    while stack:
+        node, read = stack.pop()
+        for user in node.users:
+            kind = _kind(user)
+            if kind == "view":
+                stack.append((user, max(read, _numel(user))))
+            elif kind in COMPUTING_READER_KINDS:
+                readers.append((user, max(read, _numel(user))))
+    return readers
+
+
+# a link priced like the op formulas' exp/log class or above (trig, a general power) makes recomputation costly
+TRANSCENDENTAL_FLOPS_PER_ELEMENT = 4.0
+
+
+def flops_per_element(node: fx.Node, cluster) -> float:
+    """What the cost model prices one element of `node` at (0 for unpriced and empty nodes)."""
+    from trex.cost_model.annotate import annotate_node
+
+    cost = annotate_node(node, cluster)
+    numel = _numel(node)
+    return cost.flops / numel if cost is not None and cost.priced and numel else 0.0
+
+
+class ComputeOnce:
+    """Invariant established (when the leading backend inlines pointwise values, or `force=True`): every
+    pointwise value whose inlined chain holds a transcendental op and whose recomputation in its readers the
+    cost model prices above computing it once is read through `trex.compute_once`. The values computed are
+    unchanged. Each insertion consumes one unit of fuel.
+    """
+
+    name: ClassVar[str] = "compute_once"
+    # the graphs that run: the partitioner decides what the backward recomputes before values are marked
+    stage: ClassVar[str] = "partitioned"
+
+    def __init__(self, force: bool = False):
+        self.force = force
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        if not (self.force or ctx.options.get(OPTION, False)):
+            return PassResult(
+                modified=False,
+                decisions=[
+                    Decision(
+                        "skip",
+                        "graph",
+                        "the leading backend computes each value once by itself (it does not declare "
+                        "inlines_pointwise_into_consumers)",
+                    )
+                ],
+            )
+        from trex.cost_model.annotate import cluster_of
+
+        cluster = cluster_of(ctx.target)
+        device = cluster.device
+        graph = gm.graph
+        decisions: list[Decision] = []
+        inserted = 0
+        for node in list(graph.nodes):
+            value = node.meta.get("val")
+            if _kind(node) not in ("pointwise", "copy") or not isinstance(value, torch.Tensor) or value.numel() == 0:
+                continue
+            if any(user.op == "output" or _kind(user) not in (*COMPUTING_READER_KINDS, "view") for user in node.users):
+                continue  # a buffer anyway: the backend realizes values a graph output or an extern op reads
+            readers = computing_readers(node)
+            reads = sum(elements for _, elements in readers)
+            if not any(elements > value.numel() for _, elements in readers):
+                continue  # no reader broadcasts it: the backend's own reuse heuristics see every read
+            chain = inlined_chain(node)
+            link_flops = [flops_per_element(link, cluster) for link in chain]
+            if max(link_flops) < TRANSCENDENTAL_FLOPS_PER_ELEMENT:
+                continue  # cheap arithmetic: what a code generator is right to inline
+            chain_flops = sum(link_flops)
+            inlined_s = reads * chain_flops / device.vector_flops()
+            traffic = value.numel() * value.element_size() * (1 + len(readers))
+            once_s = device.elementwise_time(value.numel() * chain_flops, traffic, 1)
+            data = {
+                "reads": reads,
+                "numel": value.numel(),
+                "readers": len(readers),
+                "chain_ops": len(chain),
+                "chain_flops_per_element": chain_flops,
+                "inlined_s": inlined_s,
+                "once_s": once_s,
+            }
+            if once_s >= inlined_s:
+                decisions.append(
+                    Decision(
+                        "keep_inlined",
+                        node.name,
+                        f"recomputing it in its {len(readers)} readers ({inlined_s * 1e6:.2f} us) costs no more than "
+                        f"a buffer ({once_s * 1e6:.2f} us) on {device.name}",
+                        data,
+                    )
+                )
+                continue
+            if not ctx.fuel.take():
+                break
+            with graph.inserting_after(node):
+                once = graph.call_function(torch.ops.trex.compute_once.default, (node,))
+            once.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
+            for user in list(node.users):  # every reader but the graph's output (a buffer already)
+                if user is not once and user.op != "output":
+                    user.replace_input_with(node, once)
+            inserted += 1
+            decisions.append(
+                Decision(
+                    "compute_once",
+                    node.name,
+                    f"its {len(chain)}-op chain ({chain_flops:g} FLOPs per element, with a transcendental op) "
+                    f"is read {reads / value.numel():.0f}x per element by {len(readers)} readers: computed once "
+                    f"{once_s * 1e6:.2f} us, inlined {inlined_s * 1e6:.2f} us on {device.name}",
+                    data,
+                )
+            )
+        if inserted:
+            graph.lint()
+            gm.recompile()
+        return PassResult(modified=bool(inserted), decisions=decisions)
