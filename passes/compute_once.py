@@ -7,24 +7,31 @@ threshold). A small value read *broadcast* escapes all of these: the rotary embe
 (`[1, S, D]`, from `positions x inv_freq -> cat -> cos/sin -> x scaling`) are read by the query and key products
 of every layer as `[B, H, S, D]`, so every element of every one of those kernels - forward, and backward where
 the partitioner recomputes the tables - evaluates a cos or sin, the frequency product and the `cat`'s index
-select. On tiny Qwen3-MoE (fp32, 2-vCPU EPYC) realizing them took 6-8% off the whole training step
-(bench/RESULTS.md section 11, fifteenth and sixteenth sessions).
+select. On tiny Qwen3-MoE (fp32, 2-vCPU EPYC) computing them once took 5-7% off the whole training step
+(bench/RESULTS.md section 11, sixteenth session).
 
-The pass prices both ways with the cost model (`trex.cost_model`'s op formulas and the target's device profile):
+Candidates are pointwise values some reader reads broadcast (more elements than the value has, through views), that no
+graph output or extern op reads directly (the backend makes those a buffer anyway), and whose inlined chain -
+the single-reader pointwise, copy and view producers back to the first value that is a buffer anyway (an input,
+a GEMM, a reduction, a value already marked) or is shared - holds a link the cost model prices like a transcendental (>= 4 FLOPs per
+element: exp/log, sin/cos at ~20 as a range reduction and a polynomial, a non-integral power; `x ** 3` is two
+multiplies). Cheap arithmetic is what a code generator is right to inline, and leaving it alone keeps the graphs
+the backend fuses as they were. Copies (`cat`, `clone`) are not marked: Inductor lowers a `cat` as a buffer its
+inputs' kernels write in most forms, and marking tiny DeepSeek-V4's rotated-key `cat`s (read by every query head)
+measured 3% slower in bf16 and no faster in fp32 (bench/RESULTS.md section 11, sixteenth session). The pass prices both ways with the cost model (the op formulas and the target's
+device profile):
 
-* inlined: every element each consumer computes evaluates the value's whole inlined chain (the pointwise,
-  copy and view producers back to the first value that is a buffer anyway: an input, a GEMM, a reduction, a
-  value already marked), `reads x chain FLOPs per element` at the device's vector rate;
-* once: one kernel computes the value (`numel x chain FLOPs`), writes it, and each consumer reads it
-  (`numel x itemsize x (1 + consumers)` bytes through the device's memory model, one kernel launch).
+* inlined: every element each reader computes evaluates the chain, `reads x chain FLOPs per element` at the
+  device's vector rate. The chain counted stops at producers other nodes read too (the backend may realize a
+  shared value by itself), which keeps this side low; it is high where the backend fuses two readers into one
+  loop that shares one evaluation (readers in different layers, separated by GEMMs, cannot share one);
+* once: one kernel computes the value (`numel x chain FLOPs`), writes it and each reader reads it
+  (`numel x itemsize x (1 + readers)` bytes through the device's memory model, one kernel launch).
 
 Where once is cheaper it inserts `trex.compute_once(value)` (trex_compiler/ops/compute_once.py) and points the
-value's computing readers at it; the leading backend's lowering realizes it (Inductor:
-backends/inductor/compute_once_lowering.py). Only chains with a transcendental op (the op formulas'
-TRANSCENDENTAL class: exp/log/trig/...) are candidates: a chain of cheap arithmetic is what a code generator
-is right to inline (its recomputation costs less than the buffer's traffic and launch), and leaving those
-alone keeps the graphs the backend fuses as they were. Each candidate's decision, with both predicted times,
-is in the dump. The pass runs on the partitioned forward and backward graphs (stage "partitioned"), so the
+value's readers at it (a graph output keeps the value itself); the leading backend's lowering realizes it
+(Inductor: backends/inductor/compute_once_lowering.py). Each candidate's decision, with both predicted times, is
+in the dump. The pass runs on the partitioned forward and backward graphs (stage "partitioned"), so the
 partitioner's save-or-recompute choice is made on the graph without the marks; it runs only when the leading
 backend declares `inlines_pointwise_into_consumers` (or `ComputeOnce(force=True)`).
 
@@ -47,6 +54,9 @@ OPTION = "inlines_pointwise_into_consumers"
 # inputs element by element inside their own loop (a consumer that recomputes an inlined input)
 INLINED_KINDS = frozenset({"pointwise", "copy", "view"})
 COMPUTING_READER_KINDS = frozenset({"pointwise", "copy", "reduction", "norm", "softmax"})
+# what the mark inherits from the value it marks: its value, source line and module (regional compilation
+# groups nodes by module)
+_COPIED_META = ("val", "tensor_meta", "stack_trace", "nn_module_stack", "fwd_nn_module_stack")
 
 
 def _numel(node: fx.Node) -> int:
@@ -66,8 +76,10 @@ def _kind(node: fx.Node) -> str | None:
 
 
 def inlined_chain(value: fx.Node) -> list[fx.Node]:
-    """The nodes a code generator inlines when it inlines `value`: `value` and its pointwise, copy and view
-    producers, back to values that are buffers anyway (inputs, GEMMs, reductions, marked values)."""
+    """The nodes a code generator surely inlines when it inlines `value`: `value` and its pointwise, copy and view
+    producers read by nothing else, back to values that are buffers anyway (inputs, GEMMs, reductions, marked
+    values) or that other nodes read too (a shared producer the backend may realize by itself: counting it as a
+    buffer keeps the inlined price a lower bound, so a mark is not made on a recomputation that may not happen)."""
     chain: list[fx.Node] = []
     stack, seen = [value], {value}
     while stack:
@@ -76,7 +88,11 @@ def inlined_chain(value: fx.Node) -> list[fx.Node]:
         for producer in node.all_input_nodes:
             if producer in seen or producer.target is torch.ops.trex.compute_once.default:
                 continue
-            if _kind(producer) in INLINED_KINDS and isinstance(producer.meta.get("val"), torch.Tensor):
+            if (
+                _kind(producer) in INLINED_KINDS
+                and len(producer.users) == 1
+                and isinstance(producer.meta.get("val"), torch.Tensor)
+            ):
                 seen.add(producer)
                 stack.append(producer)
     return chain
@@ -147,7 +163,7 @@ class ComputeOnce:
         inserted = 0
         for node in list(graph.nodes):
             value = node.meta.get("val")
-            if _kind(node) not in ("pointwise", "copy") or not isinstance(value, torch.Tensor) or value.numel() == 0:
+            if _kind(node) != "pointwise" or not isinstance(value, torch.Tensor) or value.numel() == 0:
                 continue
             if any(user.op == "output" or _kind(user) not in (*COMPUTING_READER_KINDS, "view") for user in node.users):
                 continue  # a buffer anyway: the backend realizes values a graph output or an extern op reads
@@ -187,7 +203,7 @@ class ComputeOnce:
                 break
             with graph.inserting_after(node):
                 once = graph.call_function(torch.ops.trex.compute_once.default, (node,))
-            once.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
+            once.meta.update({k: v for k, v in node.meta.items() if k in _COPIED_META})
             for user in list(node.users):  # every reader but the graph's output (a buffer already)
                 if user is not once and user.op != "output":
                     user.replace_input_with(node, once)
