@@ -29,7 +29,7 @@ device profile):
   (`numel x itemsize x (1 + readers)` bytes through the device's memory model, one kernel launch).
 
 Where once is cheaper it inserts `trex.compute_once(value)` (trex_compiler/ops/compute_once.py) and points the
-value's readers at it (a graph output keeps the value itself); the leading backend's lowering realizes it
+value's readers at it; the leading backend's lowering realizes it
 (Inductor: backends/inductor/compute_once_lowering.py). Each candidate's decision, with both predicted times, is
 in the dump. The pass runs on the partitioned forward and backward graphs (stage "partitioned"), so the
 partitioner's save-or-recompute choice is made on the graph without the marks; it runs only when the leading
@@ -204,9 +204,7 @@ class ComputeOnce:
             with graph.inserting_after(node):
                 once = graph.call_function(torch.ops.trex.compute_once.default, (node,))
             once.meta.update({k: v for k, v in node.meta.items() if k in _COPIED_META})
-            for user in list(node.users):  # every reader but the graph's output (a buffer already)
-                if user is not once and user.op != "output":
-                    user.replace_input_with(node, once)
+            node.replace_all_uses_with(once, delete_user_cb=lambda user, mark=once: user is not mark)
             inserted += 1
             decisions.append(
                 Decision(
