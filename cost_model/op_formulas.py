@@ -319,7 +319,7 @@ SYNC = OpFormula(
 )
 
 # x ** n for a constant exponent: what both aten's CPU kernel and Inductor compute it as. An integral exponent
-# is repeated squaring (Inductor's `pow` lowering expands it into multiplications; aten special-cases 2 and 3):
+# is repeated squaring (Inductor's `pow` lowering expands it into multiplications; aten special-cases small ones):
 # floor(log2 |n|) squarings plus one multiply per further set bit, plus a reciprocal for n < 0; 0.5 and -0.5
 # are a (reciprocal) square root, the exp/log class's ~4; any other exponent, or a tensor one, exp(n * log x):
 # two transcendentals and a multiply.
